@@ -1,0 +1,278 @@
+//! Content digests and the keys they are taken from.
+//!
+//! NSQ gives each copy of a replicated message its own ID, so copies can only be recognised by
+//! content. A [`Keyer`] takes the key out of a body (the whole body, or one field of a JSON body)
+//! and hashes it to a 128-bit [`Digest`]. xxh3-128 is the default: fast and well distributed.
+//! MD5 is offered for compatibility with tables written by other implementations.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::str::FromStr;
+
+use md5::{Digest as _, Md5};
+
+use crate::error::{KeyError, SpecError};
+
+/// A 128-bit content digest.
+///
+/// The high 64 bits choose the set of a table; the low 64 bits give the fingerprint kept in a
+/// slot. Tests and callers with their own hashing can build one with [`Digest::from_u128`].
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Digest(u128);
+
+impl Digest {
+    /// Wraps a precomputed 128-bit value.
+    pub const fn from_u128(value: u128) -> Self {
+        Digest(value)
+    }
+
+    /// The 128-bit value.
+    pub const fn as_u128(self) -> u128 {
+        self.0
+    }
+
+    /// The high 64 bits (these pick the set).
+    pub const fn hi(self) -> u64 {
+        (self.0 >> 64) as u64
+    }
+
+    /// The low 64 bits (these give the fingerprint).
+    pub const fn lo(self) -> u64 {
+        self.0 as u64
+    }
+
+    /// Big-endian bytes.
+    pub const fn to_bytes(self) -> [u8; 16] {
+        self.0.to_be_bytes()
+    }
+
+    /// From big-endian bytes.
+    pub const fn from_bytes(bytes: [u8; 16]) -> Self {
+        Digest(u128::from_be_bytes(bytes))
+    }
+}
+
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Digest({:032x})", self.0)
+    }
+}
+
+impl fmt::Display for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+/// The hash function that turns a key into a [`Digest`].
+///
+/// Defaults to: `xxh3` with seed 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DigestAlgorithm {
+    /// xxh3-128 with a seed (tables built with different seeds do not share entries).
+    Xxh3 {
+        /// The seed.
+        seed: u64,
+    },
+    /// MD5 (slower; for compatibility).
+    Md5,
+}
+
+impl Default for DigestAlgorithm {
+    fn default() -> Self {
+        DigestAlgorithm::Xxh3 { seed: 0 }
+    }
+}
+
+impl DigestAlgorithm {
+    /// Hashes `bytes`.
+    #[inline]
+    pub fn digest(&self, bytes: &[u8]) -> Digest {
+        match *self {
+            DigestAlgorithm::Xxh3 { seed: 0 } => Digest(xxhash_rust::xxh3::xxh3_128(bytes)),
+            DigestAlgorithm::Xxh3 { seed } => {
+                Digest(xxhash_rust::xxh3::xxh3_128_with_seed(bytes, seed))
+            }
+            DigestAlgorithm::Md5 => Digest::from_bytes(Md5::digest(bytes).into()),
+        }
+    }
+}
+
+impl FromStr for DigestAlgorithm {
+    type Err = SpecError;
+
+    /// Parses `xxh3`, `xxh3:<seed>` or `md5`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "xxh3" => Ok(DigestAlgorithm::Xxh3 { seed: 0 }),
+            "md5" => Ok(DigestAlgorithm::Md5),
+            _ => match s.strip_prefix("xxh3:").map(str::parse::<u64>) {
+                Some(Ok(seed)) => Ok(DigestAlgorithm::Xxh3 { seed }),
+                _ => Err(SpecError::Digest(s.to_owned())),
+            },
+        }
+    }
+}
+
+impl fmt::Display for DigestAlgorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DigestAlgorithm::Xxh3 { seed: 0 } => f.write_str("xxh3"),
+            DigestAlgorithm::Xxh3 { seed } => write!(f, "xxh3:{seed}"),
+            DigestAlgorithm::Md5 => f.write_str("md5"),
+        }
+    }
+}
+
+/// Which part of a body is the de-duplication key.
+///
+/// Defaults to: `body`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum KeySpec {
+    /// The whole body, byte for byte.
+    #[default]
+    Body,
+    /// One field of a JSON body, named by a JSON pointer (RFC 6901) such as `/id` or
+    /// `/meta/request_id`. A string field is keyed by its text; any other value by its compact
+    /// JSON form.
+    Json(String),
+}
+
+impl KeySpec {
+    /// Takes the key out of `body`.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyError`] when the key is a JSON field and the body is not JSON or lacks the field.
+    /// Callers decide what that means; the sidecar passes such bodies on as unique.
+    pub fn extract<'a>(&self, body: &'a [u8]) -> Result<Cow<'a, [u8]>, KeyError> {
+        match self {
+            KeySpec::Body => Ok(Cow::Borrowed(body)),
+            KeySpec::Json(pointer) => {
+                let value: serde_json::Value =
+                    serde_json::from_slice(body).map_err(|err| KeyError::NotJson {
+                        pointer: pointer.clone(),
+                        detail: err.to_string(),
+                    })?;
+                match value.pointer(pointer) {
+                    Some(serde_json::Value::String(text)) => {
+                        Ok(Cow::Owned(text.clone().into_bytes()))
+                    }
+                    Some(serde_json::Value::Null) | None => Err(KeyError::MissingField {
+                        pointer: pointer.clone(),
+                    }),
+                    Some(other) => Ok(Cow::Owned(other.to_string().into_bytes())),
+                }
+            }
+        }
+    }
+}
+
+impl FromStr for KeySpec {
+    type Err = SpecError;
+
+    /// Parses `body` or `json:<pointer>`; the pointer is empty or starts with `/`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "body" {
+            return Ok(KeySpec::Body);
+        }
+        match s.strip_prefix("json:") {
+            Some(pointer) if pointer.starts_with('/') => Ok(KeySpec::Json(pointer.to_owned())),
+            _ => Err(SpecError::Key(s.to_owned())),
+        }
+    }
+}
+
+impl fmt::Display for KeySpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeySpec::Body => f.write_str("body"),
+            KeySpec::Json(pointer) => write!(f, "json:{pointer}"),
+        }
+    }
+}
+
+/// Turns message bodies into digests: a [`KeySpec`] plus a [`DigestAlgorithm`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Keyer {
+    key: KeySpec,
+    algorithm: DigestAlgorithm,
+}
+
+impl Keyer {
+    /// A keyer for `key` hashed with `algorithm`.
+    pub fn new(key: KeySpec, algorithm: DigestAlgorithm) -> Self {
+        Keyer { key, algorithm }
+    }
+
+    /// The key specification.
+    pub fn key(&self) -> &KeySpec {
+        &self.key
+    }
+
+    /// The digest algorithm.
+    pub fn algorithm(&self) -> DigestAlgorithm {
+        self.algorithm
+    }
+
+    /// The digest of `body`'s key.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyError`] when the body has no key (see [`KeySpec::extract`]).
+    #[inline]
+    pub fn digest(&self, body: &[u8]) -> Result<Digest, KeyError> {
+        Ok(self.algorithm.digest(&self.key.extract(body)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn xxh3_and_md5_match_reference_values() {
+        // MD5("") is the well-known d41d8cd98f00b204e9800998ecf8427e.
+        let md5 = DigestAlgorithm::Md5.digest(b"");
+        assert_eq!(md5.to_string(), "d41d8cd98f00b204e9800998ecf8427e");
+        let a = DigestAlgorithm::default().digest(b"hello");
+        assert_eq!(a, DigestAlgorithm::Xxh3 { seed: 0 }.digest(b"hello"));
+        assert_ne!(a, DigestAlgorithm::Xxh3 { seed: 7 }.digest(b"hello"));
+        assert_ne!(a, DigestAlgorithm::default().digest(b"hello "));
+    }
+
+    #[test]
+    fn json_key_reads_the_field_and_reports_missing_ones() {
+        let keyer = Keyer::new("json:/id".parse().unwrap(), DigestAlgorithm::default());
+        let one = keyer.digest(br#"{"id":"x1","ts":1}"#).unwrap();
+        let two = keyer.digest(br#"{"ts":2, "id": "x1"}"#).unwrap();
+        assert_eq!(one, two, "same id, different other fields");
+        assert_ne!(one, keyer.digest(br#"{"id":"x2"}"#).unwrap());
+        assert_eq!(
+            keyer.digest(br#"{"other":1}"#).unwrap_err().to_string(),
+            "body has no field at JSON pointer `/id` (set by `key = \"json:/id\"`)"
+        );
+        let err = keyer.digest(b"not json").unwrap_err().to_string();
+        assert!(err.starts_with("body is not valid JSON ("), "{err}");
+        // A numeric id is keyed by its JSON text, so 7 and "7" differ only in quoting.
+        assert_eq!(
+            KeySpec::Json("/id".into()).extract(br#"{"id":7}"#).unwrap().as_ref(),
+            b"7"
+        );
+    }
+
+    #[test]
+    fn specs_parse_and_print() {
+        for text in ["body", "json:/id", "json:/a/b"] {
+            assert_eq!(text.parse::<KeySpec>().unwrap().to_string(), text);
+        }
+        for text in ["xxh3", "xxh3:42", "md5"] {
+            assert_eq!(text.parse::<DigestAlgorithm>().unwrap().to_string(), text);
+        }
+        assert_eq!(
+            "json:id".parse::<KeySpec>().unwrap_err().to_string(),
+            "invalid key `json:id`: expected `body` or `json:<JSON pointer>` such as `json:/id`"
+        );
+        assert!("sha1".parse::<DigestAlgorithm>().is_err());
+    }
+}

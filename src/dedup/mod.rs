@@ -1,0 +1,198 @@
+//! The de-duplication memory: an "opposite of a Bloom filter", made set-associative.
+//!
+//! A Bloom filter may say "seen" wrongly and never says "not seen" wrongly. This table is the
+//! reverse: a fixed array of slots where a digest picks a set and, if no slot of the set holds it,
+//! overwrites the oldest one. "Seen" is only wrong if two digests share set and fingerprint
+//! (see [`table`](crate::Table) for the odds); "not seen" is wrong once a digest has been pushed
+//! out, and the number of slots decides how long that takes (see [`sizing`](crate::sizing)).
+//!
+//! Two backends share one geometry ([`Geometry`]) and one trait ([`Store`]):
+//! - [`Table`](crate::Table): in-process, lock-free reads, one cache line per set.
+//! - the Memcached store: one item per set, shared by many consumers.
+//!
+//! [`NoStore`] de-duplicates nothing; it is the baseline for benchmarks and the `none` store.
+
+pub(crate) mod digest;
+pub(crate) mod table;
+
+use std::future::Future;
+
+use crate::error::StoreError;
+pub use digest::Digest;
+
+/// What a store knew about a digest when it was claimed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Claim {
+    /// The store did not hold the digest; it now holds it as in flight for this caller.
+    New,
+    /// Another delivery of the same content is being processed right now.
+    InFlight,
+    /// The content was processed before.
+    Duplicate,
+}
+
+/// The shape of a table: how many slots, grouped in sets of how many ways.
+///
+/// Both backends map a digest to a set the same way, so a table's contents do not depend on
+/// where it lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Geometry {
+    sets: u64,
+    ways: u32,
+}
+
+impl Geometry {
+    /// The associativities a set supports: a set must fit in one 64-byte cache line.
+    pub const SUPPORTED_WAYS: [u32; 4] = [1, 2, 4, 8];
+
+    /// Bytes one slot takes in the in-process table.
+    pub const SLOT_BYTES: u64 = 8;
+
+    /// A geometry with at least `slots` slots, rounded up to whole sets of `ways`.
+    ///
+    /// # Errors
+    ///
+    /// [`TableError`](crate::error::TableError) when `slots` is zero or `ways` is not 1, 2, 4 or 8.
+    pub fn new(slots: u64, ways: u32) -> Result<Self, crate::error::TableError> {
+        use crate::error::TableError;
+        if !Self::SUPPORTED_WAYS.contains(&ways) {
+            return Err(TableError::Ways(ways));
+        }
+        if slots == 0 {
+            return Err(TableError::ZeroSlots);
+        }
+        let sets = slots.div_ceil(u64::from(ways));
+        if sets
+            .checked_mul(u64::from(ways) * Self::SLOT_BYTES)
+            .is_none_or(|bytes| bytes > isize::MAX as u64)
+        {
+            return Err(TableError::TooLarge(slots));
+        }
+        Ok(Geometry { sets, ways })
+    }
+
+    /// The largest geometry whose in-process table fits in `bytes`.
+    ///
+    /// # Errors
+    ///
+    /// [`TableError`](crate::error::TableError) when not even one set fits, or `ways` is unsupported.
+    pub fn with_memory(bytes: u64, ways: u32) -> Result<Self, crate::error::TableError> {
+        use crate::error::TableError;
+        if !Self::SUPPORTED_WAYS.contains(&ways) {
+            return Err(TableError::Ways(ways));
+        }
+        let set_bytes = u64::from(ways) * Self::SLOT_BYTES;
+        let sets = bytes / set_bytes;
+        if sets == 0 {
+            return Err(TableError::MemoryTooSmall {
+                bytes,
+                ways,
+                minimum: set_bytes,
+            });
+        }
+        Self::new(sets * u64::from(ways), ways)
+    }
+
+    /// Number of sets.
+    pub const fn sets(&self) -> u64 {
+        self.sets
+    }
+
+    /// Slots per set.
+    pub const fn ways(&self) -> u32 {
+        self.ways
+    }
+
+    /// Total slots (buckets).
+    pub const fn slots(&self) -> u64 {
+        self.sets * self.ways as u64
+    }
+
+    /// Bytes of the in-process table.
+    pub const fn memory_bytes(&self) -> u64 {
+        self.slots() * Self::SLOT_BYTES
+    }
+
+    /// The set `digest` belongs to.
+    ///
+    /// Multiply-shift on the high 64 bits maps uniformly onto any set count, not only powers
+    /// of two, so a memory budget is used in full.
+    #[inline]
+    pub const fn set_of(&self, digest: Digest) -> u64 {
+        ((digest.hi() as u128 * self.sets as u128) >> 64) as u64
+    }
+}
+
+/// Where the de-duplication memory lives.
+///
+/// All operations act on one digest and, for `commit`, `erase` and `renew`, only if the
+/// digest's set still holds that digest (and, for a shared store, this owner's claim): they
+/// never remove another message's entry.
+///
+/// In-process tables never fail; a shared store returns [`StoreError`] and leaves the decision
+/// (requeue, or process without de-duplication) to the caller, so nothing is lost.
+pub trait Store: Send + Sync {
+    /// Claims `digest`: [`Claim::New`] if it was not held (it is now held as in flight),
+    /// otherwise what it is held as.
+    fn claim(&self, digest: Digest) -> impl Future<Output = Result<Claim, StoreError>> + Send;
+
+    /// Claims many digests; a shared store pipelines them in few round trips.
+    ///
+    /// The answers are in the order of `digests`. A digest that appears twice gets `New` once
+    /// and `InFlight` after that.
+    fn claim_many(
+        &self,
+        digests: &[Digest],
+    ) -> impl Future<Output = Result<Vec<Claim>, StoreError>> + Send {
+        async move {
+            let mut claims = Vec::with_capacity(digests.len());
+            for &digest in digests {
+                claims.push(self.claim(digest).await?);
+            }
+            Ok(claims)
+        }
+    }
+
+    /// Marks an in-flight digest as processed. Returns whether the set still held it.
+    fn commit(&self, digest: Digest) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Forgets `digest` so that a retry of the same content is not taken for a duplicate.
+    /// Returns whether the set still held it; another digest's entry is never touched.
+    fn erase(&self, digest: Digest) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Extends the lease of an in-flight claim while a long handler is still working.
+    /// Returns whether the claim was still held. Stores without leases answer `true` if the
+    /// digest is still held.
+    fn renew(&self, digest: Digest) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// The table's shape, or `None` for a store that keeps nothing.
+    fn geometry(&self) -> Option<Geometry>;
+}
+
+/// A store that keeps nothing: every claim is [`Claim::New`].
+///
+/// The baseline for benchmarks, and the `none` store of the sidecar (de-duplication off).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoStore;
+
+impl Store for NoStore {
+    async fn claim(&self, _digest: Digest) -> Result<Claim, StoreError> {
+        Ok(Claim::New)
+    }
+
+    async fn commit(&self, _digest: Digest) -> Result<bool, StoreError> {
+        Ok(true)
+    }
+
+    async fn erase(&self, _digest: Digest) -> Result<bool, StoreError> {
+        Ok(true)
+    }
+
+    async fn renew(&self, _digest: Digest) -> Result<bool, StoreError> {
+        Ok(true)
+    }
+
+    fn geometry(&self) -> Option<Geometry> {
+        None
+    }
+}

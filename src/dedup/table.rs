@@ -1,0 +1,5 @@
+//! The in-process table (work in progress).
+
+/// The in-process table.
+#[derive(Debug)]
+pub struct Table;

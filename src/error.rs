@@ -1,0 +1,89 @@
+//! Error types of the library.
+//!
+//! Each message names the knob the user controls (a flag, a config key or the input that is
+//! wrong) so that the fix is obvious from the message alone. Outcomes that happen in normal
+//! running (a duplicate, a keyless body, a store timeout) are enum variants, never panics.
+
+use std::time::Duration;
+
+/// Building a table with an impossible shape.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TableError {
+    /// `ways` was not one of the supported associativities.
+    #[error("`ways` must be 1, 2, 4 or 8 (a set must fit in one 64-byte cache line), got {0}")]
+    Ways(u32),
+    /// The slot count was zero.
+    #[error("`buckets` must be at least 1, got 0")]
+    ZeroSlots,
+    /// A memory budget too small for a single set.
+    #[error("a memory budget of {bytes} bytes holds no complete set of {ways} slots (8 bytes each); give `memory` at least {minimum} bytes")]
+    MemoryTooSmall {
+        /// The budget that was given.
+        bytes: u64,
+        /// The associativity that was asked for.
+        ways: u32,
+        /// The smallest budget that works.
+        minimum: u64,
+    },
+    /// The table would not fit in this machine's address space.
+    #[error("`buckets` = {0} is too large for this machine's address space")]
+    TooLarge(u64),
+}
+
+/// A message body from which no de-duplication key could be taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    /// The key is a JSON field but the body is not JSON.
+    #[error("body is not valid JSON ({detail}), so key `json:{pointer}` cannot be read")]
+    NotJson {
+        /// The configured JSON pointer.
+        pointer: String,
+        /// What the JSON parser said.
+        detail: String,
+    },
+    /// The body is JSON but lacks the field.
+    #[error("body has no field at JSON pointer `{pointer}` (set by `key = \"json:{pointer}\"`)")]
+    MissingField {
+        /// The configured JSON pointer.
+        pointer: String,
+    },
+}
+
+/// Parsing a key or digest specification given by the user.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// `--key` / `key` was not understood.
+    #[error("invalid key `{0}`: expected `body` or `json:<JSON pointer>` such as `json:/id`")]
+    Key(String),
+    /// `--digest` / `digest` was not understood.
+    #[error("invalid digest `{0}`: expected `xxh3`, `xxh3:<seed>` or `md5`")]
+    Digest(String),
+}
+
+/// A failed operation on a de-duplication store.
+///
+/// These are values, not panics: the consumer decides what to do with them (requeue the message
+/// or process it without de-duplication), so nothing is lost whatever the store does.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The store did not answer in time.
+    #[error("store did not answer within {0:?}; raise `memcached.timeout` if the server is slow")]
+    Timeout(Duration),
+    /// The store could not be reached.
+    #[error("store at {addr} is unavailable: {detail}")]
+    Unavailable {
+        /// The server address.
+        addr: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// Compare-and-swap kept losing against other writers of the same set.
+    #[error("gave up on a set after {attempts} compare-and-swap conflicts; the set is contended by many writers")]
+    Contended {
+        /// How many times the update was tried.
+        attempts: u32,
+    },
+    /// The server answered something this client does not understand.
+    #[error("store protocol error: {0}")]
+    Protocol(String),
+}
