@@ -1,1 +1,5 @@
-fn main() {}
+//! Benchmarks: one criterion binary, one module per area.
+
+use criterion::criterion_main;
+
+criterion_main!();

@@ -1,1 +1,12 @@
+//! The integration tests: one binary, one module per area.
+//!
+//! Tests that need servers start them themselves on free loopback ports: a real `memcached`
+//! (see `support::memcached`) and a test broker that speaks NSQ's wire protocol
+//! (see `support::broker`).
 
+mod support;
+mod util;
+
+mod cli_filter;
+mod cli_size;
+mod table;

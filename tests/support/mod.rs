@@ -1,0 +1,1 @@
+//! Test tools: servers that the integration tests start and stop themselves.
