@@ -16,6 +16,7 @@
 
 pub mod dedup;
 pub mod error;
+pub mod sizing;
 
 pub use dedup::digest::{DigestAlgorithm, KeySpec, Keyer};
 pub use dedup::table::Table;

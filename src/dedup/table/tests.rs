@@ -1,0 +1,312 @@
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::AtomicU32;
+
+use proptest::prelude::*;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+use super::*;
+
+/// The specification the table must follow, kept in the plainest form: per set, a list of
+/// `ways` optional entries with a global insertion counter for age.
+struct Model {
+    geometry: Geometry,
+    sets: Vec<Vec<Option<(Digest, Claim, u64)>>>,
+    clock: u64,
+}
+
+impl Model {
+    fn new(geometry: Geometry) -> Self {
+        let sets = (0..geometry.sets())
+            .map(|_| vec![None; geometry.ways() as usize])
+            .collect();
+        Model {
+            geometry,
+            sets,
+            clock: 0,
+        }
+    }
+
+    fn set(&mut self, digest: Digest) -> &mut Vec<Option<(Digest, Claim, u64)>> {
+        &mut self.sets[self.geometry.set_of(digest) as usize]
+    }
+
+    fn claim(&mut self, digest: Digest, as_done: bool) -> Claim {
+        self.clock += 1;
+        let clock = self.clock;
+        let set = self.set(digest);
+        if let Some((_, state, _)) = set.iter().flatten().find(|(d, ..)| *d == digest) {
+            return *state;
+        }
+        let victim = set.iter().position(Option::is_none).unwrap_or_else(|| {
+            (0..set.len())
+                .min_by_key(|&i| set[i].as_ref().unwrap().2)
+                .unwrap()
+        });
+        let state = if as_done {
+            Claim::Duplicate
+        } else {
+            Claim::InFlight
+        };
+        set[victim] = Some((digest, state, clock));
+        Claim::New
+    }
+
+    fn commit(&mut self, digest: Digest) -> bool {
+        let entry = self.set(digest).iter_mut().flatten().find(|(d, ..)| *d == digest);
+        entry.map(|entry| entry.1 = Claim::Duplicate).is_some()
+    }
+
+    fn erase(&mut self, digest: Digest) -> bool {
+        let set = self.set(digest);
+        match set.iter().position(|e| matches!(e, Some((d, ..)) if *d == digest)) {
+            Some(index) => {
+                set[index] = None;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Claim(usize),
+    ContainsAndAdd(usize),
+    Commit(usize),
+    Erase(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let index = 0usize..POOL;
+    prop_oneof![
+        3 => index.clone().prop_map(Op::Claim),
+        2 => index.clone().prop_map(Op::ContainsAndAdd),
+        2 => index.clone().prop_map(Op::Commit),
+        2 => index.prop_map(Op::Erase),
+    ]
+}
+
+const POOL: usize = 32;
+
+/// Random digests with distinct fingerprints, so that only the set mapping can make two of
+/// them meet.
+fn pool(seed: u64) -> Vec<Digest> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut fingerprints = HashSet::new();
+    std::iter::repeat_with(|| Digest::from_u128(rng.gen()))
+        .filter(|d| fingerprints.insert(fingerprint(*d)))
+        .take(POOL)
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// The table answers exactly as the model does, over random operation sequences on a
+    /// table small enough that sets overflow all the time.
+    #[test]
+    fn table_follows_the_fifo_model(
+        seed in any::<u64>(),
+        ways in prop::sample::select(vec![1u32, 2, 4, 8]),
+        sets in 1u64..6,
+        ops in prop::collection::vec(op(), 1..300),
+    ) {
+        let geometry = Geometry::new(sets * u64::from(ways), ways).unwrap();
+        let table = Table::new(geometry);
+        let mut model = Model::new(geometry);
+        let digests = pool(seed);
+        let mut ever_inserted = HashSet::new();
+        for op in ops {
+            match op {
+                Op::Claim(i) => {
+                    let got = table.claim(digests[i]);
+                    prop_assert_eq!(got, model.claim(digests[i], false), "claim {}", i);
+                    if got != Claim::New {
+                        // A digest never inserted is never reported as seen.
+                        prop_assert!(ever_inserted.contains(&i));
+                    }
+                    ever_inserted.insert(i);
+                }
+                Op::ContainsAndAdd(i) => {
+                    let seen = table.contains_and_add(digests[i]);
+                    prop_assert_eq!(seen, model.claim(digests[i], true) != Claim::New);
+                    prop_assert!(!seen || ever_inserted.contains(&i));
+                    ever_inserted.insert(i);
+                }
+                Op::Commit(i) => {
+                    prop_assert_eq!(table.commit(digests[i]), model.commit(digests[i]));
+                }
+                Op::Erase(i) => {
+                    let others: Vec<bool> =
+                        digests.iter().map(|d| table.contains(*d)).collect();
+                    prop_assert_eq!(table.erase(digests[i]), model.erase(digests[i]));
+                    // Erase removes its own digest and nothing else.
+                    prop_assert!(!table.contains(digests[i]));
+                    for (j, was) in others.iter().enumerate() {
+                        if j != i {
+                            prop_assert_eq!(table.contains(digests[j]), *was);
+                        }
+                    }
+                }
+            }
+        }
+        let held = digests.iter().filter(|d| table.contains(**d)).count() as u64;
+        prop_assert_eq!(table.occupied(), held);
+    }
+}
+
+#[test]
+fn shapes_are_validated_with_errors_that_name_the_knob() {
+    assert_eq!(Table::with_slots(0, 8).unwrap_err(), TableError::ZeroSlots);
+    assert_eq!(Table::with_slots(64, 3).unwrap_err(), TableError::Ways(3));
+    assert_eq!(Table::with_slots(64, 0).unwrap_err(), TableError::Ways(0));
+    assert_eq!(
+        Table::with_memory(63, 8).unwrap_err().to_string(),
+        "a memory budget of 63 bytes holds no complete set of 8 slots (8 bytes each); \
+         give `memory` at least 64 bytes"
+    );
+    assert!(matches!(
+        Table::with_slots(u64::MAX, 8),
+        Err(TableError::TooLarge(_))
+    ));
+    // Slots round up to whole sets; memory rounds down.
+    assert_eq!(Table::with_slots(9, 8).unwrap().slots(), 16);
+    assert_eq!(Table::with_memory(1000, 8).unwrap().slots(), 120);
+    assert_eq!(Table::with_memory(1000, 8).unwrap().memory_bytes(), 960);
+    assert_eq!(Table::with_slots(5, 1).unwrap().slots(), 5);
+}
+
+#[test]
+fn a_full_set_evicts_its_oldest_entry_and_hits_do_not_refresh_age() {
+    // One set of four ways.
+    let table = Table::with_slots(4, 4).unwrap();
+    let d: Vec<Digest> = pool(1);
+    for digest in &d[..4] {
+        assert!(!table.contains_and_add(*digest));
+    }
+    // A hit on the oldest does not make it young again.
+    assert!(table.contains_and_add(d[0]));
+    assert!(!table.contains_and_add(d[4]));
+    assert!(!table.contains(d[0]), "the oldest entry is replaced first");
+    assert!(d[1..5].iter().all(|x| table.contains(*x)));
+    // An erased slot is reused before anything is evicted.
+    assert!(table.erase(d[3]));
+    assert!(!table.contains_and_add(d[5]));
+    assert!([1, 2, 4, 5].iter().all(|&i| table.contains(d[i])));
+}
+
+#[test]
+fn commit_and_erase_act_only_on_their_own_digest() {
+    let table = Table::with_slots(1, 1).unwrap();
+    let d = pool(2);
+    assert_eq!(table.claim(d[0]), Claim::New);
+    // d[1] takes the only bucket: d[0]'s late commit and erase must not touch d[1].
+    assert_eq!(table.claim(d[1]), Claim::New);
+    assert!(!table.commit(d[0]));
+    assert!(!table.erase(d[0]));
+    assert_eq!(table.claim(d[1]), Claim::InFlight);
+    assert!(table.commit(d[1]));
+    assert_eq!(table.claim(d[1]), Claim::Duplicate);
+}
+
+/// Distinct random digests such that no set receives more than `ways` of them.
+fn digests_without_overflow(geometry: Geometry, count: usize, seed: u64) -> Vec<Digest> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut per_set: HashMap<u64, u32> = HashMap::new();
+    let mut fingerprints = HashSet::new();
+    let mut digests = Vec::with_capacity(count);
+    while digests.len() < count {
+        let digest = Digest::from_u128(rng.gen());
+        let load = per_set.entry(geometry.set_of(digest)).or_default();
+        if *load < geometry.ways() && fingerprints.insert(fingerprint(digest)) {
+            *load += 1;
+            digests.push(digest);
+        }
+    }
+    assert!(per_set.values().all(|&n| n <= geometry.ways()));
+    digests
+}
+
+#[test]
+#[cfg_attr(miri, ignore)]
+fn concurrent_claims_of_one_digest_yield_exactly_one_new() {
+    const THREADS: usize = 4;
+    // Several rounds on fresh tables: a lost race shows up within a few thousand claims.
+    for (round, ways) in [1, 8, 1, 8, 8, 8].into_iter().enumerate() {
+        // Nearly full sets, so that claims of different digests meet in the same set.
+        let geometry = Geometry::new(4096, ways).unwrap();
+        let digests = digests_without_overflow(geometry, 4000, round as u64);
+        let table = Table::new(geometry);
+        let news: Vec<AtomicU32> = digests.iter().map(|_| AtomicU32::new(0)).collect();
+        std::thread::scope(|scope| {
+            for thread in 0..THREADS {
+                let (table, digests, news) = (&table, &digests, &news);
+                scope.spawn(move || {
+                    let mut order: Vec<usize> = (0..digests.len()).collect();
+                    order.shuffle(&mut StdRng::seed_from_u64((round * THREADS + thread) as u64));
+                    for i in order {
+                        if table.claim(digests[i]) == Claim::New {
+                            news[i].fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        let counts: Vec<u32> = news.iter().map(|n| n.load(Ordering::Relaxed)).collect();
+        assert!(
+            counts.iter().all(|&n| n == 1),
+            "ways {ways}: every digest must get exactly one New, got counts {:?}",
+            counts.iter().filter(|&&n| n != 1).collect::<Vec<_>>()
+        );
+        assert_eq!(table.occupied(), digests.len() as u64);
+    }
+}
+
+#[test]
+#[cfg_attr(miri, ignore)]
+fn concurrent_claim_commit_erase_keep_the_books_balanced() {
+    const THREADS: usize = 4;
+    let geometry = Geometry::new(2048, 8).unwrap();
+    let digests = digests_without_overflow(geometry, 2000, 9);
+    let table = Table::new(geometry);
+    let news: Vec<AtomicU32> = digests.iter().map(|_| AtomicU32::new(0)).collect();
+    let erases: Vec<AtomicU32> = digests.iter().map(|_| AtomicU32::new(0)).collect();
+    std::thread::scope(|scope| {
+        for thread in 0..THREADS {
+            let (table, digests, news, erases) = (&table, &digests, &news, &erases);
+            scope.spawn(move || {
+                let mut rng = StdRng::seed_from_u64(100 + thread as u64);
+                for _ in 0..3 {
+                    let mut order: Vec<usize> = (0..digests.len()).collect();
+                    order.shuffle(&mut rng);
+                    for i in order {
+                        if table.claim(digests[i]) != Claim::New {
+                            continue;
+                        }
+                        news[i].fetch_add(1, Ordering::Relaxed);
+                        // Only the owner of a claim ends it, and nothing overflows, so its
+                        // entry is still there.
+                        if rng.gen_ratio(1, 3) {
+                            assert!(table.erase(digests[i]));
+                            erases[i].fetch_add(1, Ordering::Relaxed);
+                        } else {
+                            assert!(table.commit(digests[i]));
+                        }
+                    }
+                }
+            });
+        }
+    });
+    for (i, digest) in digests.iter().enumerate() {
+        let news = news[i].load(Ordering::Relaxed);
+        let erases = erases[i].load(Ordering::Relaxed);
+        assert!(news >= 1);
+        // Every New turned an absent digest into a present one, every erase the reverse.
+        assert_eq!(u32::from(table.contains(*digest)), news - erases, "digest {i}");
+        if table.contains(*digest) {
+            assert_eq!(table.claim(*digest), Claim::Duplicate);
+        }
+    }
+}

@@ -1,0 +1,406 @@
+//! Sizing: pure functions between table size, catch probability and window.
+//!
+//! A copy of a message arrives some number `x` of *distinct* messages after the original. It is
+//! caught if the original's entry is still in the table by then.
+//!
+//! - Classic table (`ways = 1`, N buckets): each later digest overwrites the entry with
+//!   probability 1/N, so P(caught) = (1 - 1/N)^x.
+//! - Set-associative with FIFO replacement (N slots in sets of w): each later digest lands in
+//!   the entry's set with probability p = w/N, and the entry survives while fewer than w of them
+//!   have, so P(caught) = P(Binomial(x, p) <= w - 1) = sum over k < w of C(x,k) p^k (1-p)^(x-k).
+//!
+//! Both formulas are evaluated in log space with `ln_1p`, because at the sizes people use
+//! (p around 1e-7, x around 1e7) `(1 - p)^x` computed naively loses most of its digits.
+//!
+//! # Memory
+//!
+//! The in-process table takes 8 bytes per slot ([`Geometry::SLOT_BYTES`]). In Memcached each
+//! set is one item; [`memcached_bytes_estimate`] adds memcached's per-item overhead.
+//!
+//! Worked example (1,000 msg/s, a one-hour window, so x = 3.6 M):
+//!
+//! | catch probability | `ways = 1` | `ways = 8` |
+//! |---|---|---|
+//! | 0.9  | 34,168,399 slots (273 MB) | 6,185,416 slots (49 MB) |
+//! | 0.99 | 358,196,986 slots (2.9 GB) | 9,910,168 slots (79 MB) |
+
+use std::time::Duration;
+
+use crate::dedup::Geometry;
+
+/// Memcached's per-item overhead: the item header with its CAS value (56 bytes), plus the key
+/// (`<namespace>:<set>`, about 40 bytes) and slab rounding (about 10%). An estimate, not a
+/// measurement.
+const MEMCACHED_ITEM_OVERHEAD_BYTES: u64 = 104;
+
+/// Bytes one entry takes in a Memcached item's value (digest, state, lease, age, owner).
+const MEMCACHED_ENTRY_BYTES: u64 = 34;
+
+/// The probability that a copy arriving `distinct_after` distinct messages after the original
+/// is still caught by a table of this shape.
+///
+/// `distinct_after` may be fractional (a rate times a window). Returns a value in `[0, 1]`.
+pub fn catch_probability(geometry: Geometry, distinct_after: f64) -> f64 {
+    let ways = geometry.ways();
+    if distinct_after <= 0.0 {
+        return 1.0;
+    }
+    if geometry.sets() == 1 {
+        // Every later digest lands in the one set: the entry survives exactly w - 1 of them.
+        return if distinct_after <= f64::from(ways - 1) {
+            1.0
+        } else {
+            0.0
+        };
+    }
+    let p = 1.0 / geometry.sets() as f64;
+    let ln_p = p.ln();
+    let ln_q = (-p).ln_1p();
+    let x = distinct_after;
+    // Terms of the binomial sum in log space; C(x, k) = prod_{i<k} (x - i) / (i + 1).
+    let mut ln_terms = Vec::with_capacity(ways as usize);
+    let mut ln_choose = 0.0;
+    for k in 0..ways {
+        if k > 0 {
+            let i = f64::from(k - 1);
+            if x - i <= 0.0 {
+                break; // Fewer than k later messages: C(x, k) = 0.
+            }
+            ln_choose += (x - i).ln() - (i + 1.0).ln();
+        }
+        let k = f64::from(k);
+        ln_terms.push(ln_choose + k * ln_p + (x - k) * ln_q);
+    }
+    log_sum_exp(&ln_terms).exp().clamp(0.0, 1.0)
+}
+
+fn log_sum_exp(values: &[f64]) -> f64 {
+    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if max == f64::NEG_INFINITY {
+        return max;
+    }
+    max + values.iter().map(|v| (v - max).exp()).sum::<f64>().ln()
+}
+
+/// Why a size could not be found.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SizingError {
+    /// The probability is not strictly between 0 and 1.
+    #[error("`probability` must be between 0 and 1 exclusive (0 < p < 1), got {0}")]
+    Probability(f64),
+    /// No table that fits in memory reaches the probability.
+    #[error("no table below 2^60 slots catches {probability} of copies {window_messages} messages later; lower the probability or the window")]
+    Unreachable {
+        /// The target probability.
+        probability: f64,
+        /// The window in messages.
+        window_messages: f64,
+    },
+}
+
+/// The smallest table of `ways`-way sets (whole sets) whose catch probability at
+/// `window_messages` is at least `probability`.
+///
+/// # Errors
+///
+/// [`SizingError`] if `probability` is outside (0, 1) or no table below 2^60 slots reaches it;
+/// `ways` must be 1, 2, 4 or 8 (an unsupported value is reported as unreachable).
+pub fn slots_for(
+    probability: f64,
+    ways: u32,
+    window_messages: f64,
+) -> Result<Geometry, SizingError> {
+    check_probability(probability)?;
+    let unreachable = SizingError::Unreachable {
+        probability,
+        window_messages,
+    };
+    let geometry = |sets: u64| Geometry::new(sets * u64::from(ways), ways).ok();
+    let reaches = |sets: u64| {
+        geometry(sets).is_some_and(|g| catch_probability(g, window_messages) >= probability)
+    };
+    // Grow until the target is reached, then bisect: the probability rises with the size.
+    let limit = (1u64 << 60) / u64::from(ways.max(1));
+    let mut high = 1u64;
+    while !reaches(high) {
+        if high >= limit {
+            return Err(unreachable);
+        }
+        high = (high * 2).min(limit);
+    }
+    let mut low = high / 2; // Does not reach (or is 0).
+    while high - low > 1 {
+        let mid = low + (high - low) / 2;
+        if reaches(mid) {
+            high = mid;
+        } else {
+            low = mid;
+        }
+    }
+    geometry(high).ok_or(unreachable)
+}
+
+/// The longest window, in distinct messages, over which a table of this shape still catches
+/// copies with at least `probability`.
+///
+/// # Errors
+///
+/// [`SizingError::Probability`] if `probability` is outside (0, 1).
+pub fn window_for(geometry: Geometry, probability: f64) -> Result<f64, SizingError> {
+    check_probability(probability)?;
+    if geometry.ways() == 1 && geometry.sets() > 1 {
+        // Closed form: x = ln P / ln(1 - 1/N).
+        return Ok(probability.ln() / (-1.0 / geometry.sets() as f64).ln_1p());
+    }
+    let reaches = |x: f64| catch_probability(geometry, x) >= probability;
+    let mut high = 1.0;
+    while reaches(high) {
+        high *= 2.0;
+        if high > 1e30 {
+            return Ok(high);
+        }
+    }
+    let mut low = 0.0;
+    for _ in 0..200 {
+        let mid = 0.5 * (low + high);
+        if reaches(mid) {
+            low = mid;
+        } else {
+            high = mid;
+        }
+        if high - low <= 1e-9 * high {
+            break;
+        }
+    }
+    Ok(low)
+}
+
+fn check_probability(probability: f64) -> Result<(), SizingError> {
+    if probability > 0.0 && probability < 1.0 {
+        Ok(())
+    } else {
+        Err(SizingError::Probability(probability))
+    }
+}
+
+/// Estimated Memcached memory for a table of this shape: one item per set.
+pub fn memcached_bytes_estimate(geometry: Geometry) -> u64 {
+    geometry.sets()
+        * (MEMCACHED_ITEM_OVERHEAD_BYTES + MEMCACHED_ENTRY_BYTES * u64::from(geometry.ways()))
+}
+
+/// Parses a duration such as `500ms`, `30s`, `5m`, `1h`, `2d`, `1w` or `1h30m`.
+///
+/// # Errors
+///
+/// A message stating the accepted form.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let error = || format!("expected a duration such as 30s, 5m, 1h or 2d (units ms, s, m, h, d, w), got `{text}`");
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return Err(error());
+    }
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(error)?;
+        let number: f64 = rest[..digits].parse().map_err(|_| error())?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let seconds = match &rest[..unit_len] {
+            "ms" => 0.001,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            "d" => 86_400.0,
+            "w" => 604_800.0,
+            _ => return Err(error()),
+        };
+        total += number * seconds;
+        rest = &rest[unit_len..];
+    }
+    Duration::try_from_secs_f64(total).map_err(|_| error())
+}
+
+/// Parses a byte size such as `64MiB`, `1GiB`, `100MB`, `512k` or `4096`.
+///
+/// `K`, `M`, `G`, `T` and the `iB` forms are powers of 1024; `KB`, `MB`, `GB`, `TB` are powers
+/// of 1000.
+///
+/// # Errors
+///
+/// A message stating the accepted form.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let error = || format!("expected a size such as 64MiB, 1GiB, 500MB or 4096 (bytes), got `{text}`");
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(trimmed.len());
+    let number: f64 = trimmed[..split].parse().map_err(|_| error())?;
+    let multiplier: f64 = match trimmed[split..].trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "m" | "mib" => 1024.0 * 1024.0,
+        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tib" => 1024.0f64.powi(4),
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        _ => return Err(error()),
+    };
+    let bytes = number * multiplier;
+    if !(0.0..=u64::MAX as f64).contains(&bytes) {
+        return Err(error());
+    }
+    Ok(bytes as u64)
+}
+
+/// Formats a byte count with a binary unit: `47.4 MiB`.
+pub fn format_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// Formats a duration compactly: `1s`, `10m`, `1h30m`, `2d`.
+pub fn format_duration(duration: Duration) -> String {
+    let mut seconds = duration.as_secs();
+    if seconds == 0 {
+        return format!("{}ms", duration.as_millis());
+    }
+    let mut out = String::new();
+    for (unit, size) in [("d", 86_400), ("h", 3600), ("m", 60), ("s", 1)] {
+        if seconds >= size {
+            out.push_str(&format!("{}{unit}", seconds / size));
+            seconds %= size;
+        }
+    }
+    out
+}
+
+/// Formats a count with thousands separators: `34,168,399`.
+pub fn format_count(count: u64) -> String {
+    let digits = count.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOUR_AT_1K: f64 = 3_600_000.0;
+
+    fn geometry(slots: u64, ways: u32) -> Geometry {
+        Geometry::new(slots, ways).unwrap()
+    }
+
+    #[test]
+    fn classic_table_matches_the_published_example_corrected() {
+        let g = slots_for(0.9, 1, HOUR_AT_1K).unwrap();
+        assert_eq!(g.slots(), 34_168_399);
+        // The often-quoted 1,563,461 buckets catch only about 10% of copies an hour late.
+        let p = catch_probability(geometry(1_563_461, 1), HOUR_AT_1K);
+        assert!((p - 0.1).abs() < 1e-3, "{p}");
+        assert_eq!(slots_for(0.99, 1, HOUR_AT_1K).unwrap().slots(), 358_196_986);
+    }
+
+    #[test]
+    fn eight_ways_need_far_fewer_slots() {
+        let at_90 = slots_for(0.9, 8, HOUR_AT_1K).unwrap();
+        let at_99 = slots_for(0.99, 8, HOUR_AT_1K).unwrap();
+        assert_eq!(at_90.slots() % 8, 0, "whole sets");
+        assert_eq!(at_90.slots(), 6_185_416);
+        assert_eq!(at_99.slots(), 9_910_168);
+        assert!((49.0e6..50.0e6).contains(&(at_90.memory_bytes() as f64)));
+        assert!((78.0e6..80.0e6).contains(&(at_99.memory_bytes() as f64)));
+        // The smallest: one set fewer misses the target.
+        let smaller = geometry(at_90.slots() - 8, 8);
+        assert!(catch_probability(smaller, HOUR_AT_1K) < 0.9);
+        assert!(catch_probability(at_90, HOUR_AT_1K) >= 0.9);
+    }
+
+    #[test]
+    fn one_way_binomial_equals_the_closed_form() {
+        for (slots, x) in [(1000u64, 500.0), (34_168_399, HOUR_AT_1K), (7, 3.0)] {
+            let closed = (x * (-1.0 / slots as f64).ln_1p()).exp();
+            let p = catch_probability(geometry(slots, 1), x);
+            assert!((p - closed).abs() < 1e-12, "{slots} {x}: {p} vs {closed}");
+        }
+    }
+
+    #[test]
+    fn small_cases_match_exact_binomial_sums() {
+        // 4 sets of 2 ways, 3 later digests: P(Bin(3, 1/4) <= 1) = (3/4)^3 + 3 (1/4) (3/4)^2.
+        let exact = 0.75f64.powi(3) + 3.0 * 0.25 * 0.75f64.powi(2);
+        assert!((catch_probability(geometry(8, 2), 3.0) - exact).abs() < 1e-12);
+        // One set of 8: the entry survives exactly 7 later digests.
+        assert_eq!(catch_probability(geometry(8, 8), 7.0), 1.0);
+        assert_eq!(catch_probability(geometry(8, 8), 8.0), 0.0);
+        assert_eq!(catch_probability(geometry(8, 8), 0.0), 1.0);
+    }
+
+    #[test]
+    fn solving_round_trips() {
+        for ways in [1, 2, 4, 8] {
+            for &p in &[0.5, 0.9, 0.99, 0.999] {
+                let g = slots_for(p, ways, 1e6).unwrap();
+                let window = window_for(g, p).unwrap();
+                assert!(window >= 1e6 * (1.0 - 1e-9), "{ways} {p}: {window}");
+                let back = catch_probability(g, window);
+                assert!((back - p).abs() < 1e-6, "{ways} {p}: {back}");
+            }
+        }
+    }
+
+    #[test]
+    fn bad_probabilities_are_rejected() {
+        for p in [0.0, 1.0, -0.5, 1.5, f64::NAN] {
+            assert!(slots_for(p, 8, 100.0).is_err());
+        }
+        assert_eq!(
+            slots_for(1.0, 8, 100.0).unwrap_err().to_string(),
+            "`probability` must be between 0 and 1 exclusive (0 < p < 1), got 1"
+        );
+    }
+
+    #[test]
+    fn durations_and_sizes_parse() {
+        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("2d").unwrap(), Duration::from_secs(172_800));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        for bad in ["", "5", "5x", "h", "1h 2", "-1s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_bytes("64MiB").unwrap(), 64 << 20);
+        assert_eq!(parse_bytes("1g").unwrap(), 1 << 30);
+        assert_eq!(parse_bytes("100MB").unwrap(), 100_000_000);
+        assert_eq!(parse_bytes("4096").unwrap(), 4096);
+        assert!(parse_bytes("lots").is_err());
+        assert_eq!(format_count(34_168_399), "34,168,399");
+        assert_eq!(format_count(999), "999");
+        assert_eq!(format_bytes(64 << 20), "64.0 MiB");
+        assert_eq!(format_duration(Duration::from_secs(5400)), "1h30m");
+    }
+}
