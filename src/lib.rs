@@ -14,8 +14,11 @@
 //! - `error`: error types whose messages name the knob to turn.
 #![warn(unreachable_pub, missing_docs)]
 
+pub mod cli;
+mod cmd;
 pub mod dedup;
 pub mod error;
+pub mod filter;
 pub mod sizing;
 
 pub use dedup::digest::{DigestAlgorithm, KeySpec, Keyer};

@@ -1,1 +1,38 @@
-fn main() {}
+//! The `nsq-dedupe` binary: parses flags, starts logging and hands over to the library.
+
+use std::io;
+use std::process::ExitCode;
+
+use clap::Parser;
+use nsq_dedupe::cli::{self, Cli};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    match cli::run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        // A closed stdout (`nsq-dedupe filter | head`) is how a reader says it has enough.
+        Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<io::Error>()
+            .is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe)
+            || cause
+                .downcast_ref::<nsq_dedupe::filter::FilterError>()
+                .is_some_and(|f| matches!(f, nsq_dedupe::filter::FilterError::Io(io) if io.kind() == io::ErrorKind::BrokenPipe))
+    })
+}

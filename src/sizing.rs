@@ -195,7 +195,11 @@ pub fn memcached_bytes_estimate(geometry: Geometry) -> u64 {
 ///
 /// A message stating the accepted form.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let error = || format!("expected a duration such as 30s, 5m, 1h or 2d (units ms, s, m, h, d, w), got `{text}`");
+    let error = || {
+        format!(
+            "expected a duration such as 30s, 5m, 1h or 2d (units ms, s, m, h, d, w), got `{text}`"
+        )
+    };
     let mut rest = text.trim();
     if rest.is_empty() {
         return Err(error());
@@ -234,7 +238,8 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 ///
 /// A message stating the accepted form.
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
-    let error = || format!("expected a size such as 64MiB, 1GiB, 500MB or 4096 (bytes), got `{text}`");
+    let error =
+        || format!("expected a size such as 64MiB, 1GiB, 500MB or 4096 (bytes), got `{text}`");
     let trimmed = text.trim();
     let split = trimmed
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -296,7 +301,7 @@ pub fn format_count(count: u64) -> String {
     let digits = count.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);

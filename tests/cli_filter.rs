@@ -1,1 +1,202 @@
-//! Placeholder.
+//! `nsq-dedupe filter`: exact output, counts, odd input and a closed stdout.
+
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use predicates::prelude::*;
+
+use crate::util::bin;
+
+#[test]
+fn writes_first_copies_in_order_byte_for_byte() {
+    let input: &[u8] = b"one\ntwo\none\n\xff\x00bin\r\ntwo\n\xff\x00bin\r\nthree";
+    bin()
+        .arg("filter")
+        .write_stdin(input)
+        .assert()
+        .success()
+        .stdout(&b"one\ntwo\n\xff\x00bin\r\nthree"[..])
+        .stderr("");
+}
+
+#[test]
+fn empty_input_and_a_last_record_without_newline() {
+    bin()
+        .arg("filter")
+        .write_stdin("")
+        .assert()
+        .success()
+        .stdout("");
+    bin()
+        .arg("filter")
+        .write_stdin("a\na")
+        .assert()
+        .success()
+        .stdout("a\n");
+    bin()
+        .arg("filter")
+        .write_stdin("\n\n\n")
+        .assert()
+        .success()
+        .stdout("\n");
+}
+
+#[test]
+fn very_long_lines_pass_whole() {
+    let long = "x".repeat(3 << 20);
+    let input = format!("{long}\nshort\n{long}\n{long}y\n");
+    let out = bin()
+        .arg("filter")
+        .write_stdin(input)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    assert_eq!(out, format!("{long}\nshort\n{long}y\n").into_bytes());
+}
+
+#[test]
+fn reads_files_and_stdin_in_order_with_one_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = dir.path().join("first.txt");
+    let second = dir.path().join("second.txt");
+    std::fs::write(&first, "a\nb\n").unwrap();
+    std::fs::write(&second, "b\nc\n").unwrap();
+    bin()
+        .arg("filter")
+        .arg(&first)
+        .arg("-")
+        .arg(&second)
+        .write_stdin("a\nd\n")
+        .assert()
+        .success()
+        .stdout("a\nb\nd\nc\n");
+}
+
+#[test]
+fn stats_report_counts_table_and_probability() {
+    bin()
+        .args(["filter", "--stats", "--buckets", "1024", "--ways", "8"])
+        .write_stdin("a\nb\na\nc\nb\na\n")
+        .assert()
+        .success()
+        .stdout("a\nb\nc\n")
+        .stderr(
+            "\
+records in:          6
+records out:         3
+duplicates dropped:  3
+keyless (passed):    0
+table:               1,024 buckets in sets of 8 (8.0 KiB), 3 occupied
+catch probability:   1.000000 for a copy arriving after all 3 distinct records
+",
+        );
+}
+
+#[test]
+fn json_keys_pass_keyless_records_or_stop_on_them() {
+    let input =
+        "{\"id\":\"a\",\"n\":1}\nplain text\n{\"id\":\"a\",\"n\":2}\n{\"n\":3}\nplain text\n";
+    bin()
+        .args(["filter", "--key", "json:/id", "--stats"])
+        .write_stdin(input)
+        .assert()
+        .success()
+        .stdout("{\"id\":\"a\",\"n\":1}\nplain text\n{\"n\":3}\nplain text\n")
+        .stderr(predicate::str::contains("keyless (passed):    3\n"));
+    bin()
+        .args(["filter", "--key", "json:/id", "--on-missing-key", "error"])
+        .write_stdin(input)
+        .assert()
+        .failure()
+        .stdout("{\"id\":\"a\",\"n\":1}\n")
+        .stderr(
+            "error: while filtering stdin: record 2 has no key: body is not valid JSON \
+             (expected value at line 1 column 1), so key `json:/id` cannot be read; \
+             pass `--on-missing-key pass` to let such records through\n",
+        );
+}
+
+#[test]
+fn md5_and_seeded_digests_give_the_same_answer() {
+    for digest in ["md5", "xxh3:12345"] {
+        bin()
+            .args(["filter", "--digest", digest])
+            .write_stdin("x\ny\nx\n")
+            .assert()
+            .success()
+            .stdout("x\ny\n");
+    }
+}
+
+#[test]
+fn bad_flags_and_missing_files_are_reported() {
+    bin()
+        .args(["filter", "--digest", "sha1"])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains(
+            "invalid digest `sha1`: expected `xxh3`, `xxh3:<seed>` or `md5`",
+        ));
+    bin()
+        .args(["filter", "--memory", "10"])
+        .write_stdin("a\n")
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains(
+            "a memory budget of 10 bytes holds no complete set of 8 slots",
+        ));
+    bin()
+        .args(["filter", "/nonexistent/input.txt"])
+        .assert()
+        .failure()
+        .stderr("error: cannot open input file `/nonexistent/input.txt`: No such file or directory (os error 2)\n");
+}
+
+#[test]
+fn a_closed_stdout_ends_quietly_with_success() {
+    let mut child = Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
+        .arg("filter")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || {
+        // Enough distinct records to overflow the pipe and the output buffer; ignore the
+        // error once the child has exited.
+        for i in 0..2_000_000u32 {
+            if writeln!(stdin, "record {i}").is_err() {
+                break;
+            }
+        }
+    });
+    let mut first = [0u8; 9];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"record 0\n");
+    // stdout is dropped here: the child's next write fails with a broken pipe.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "filter did not exit after stdout closed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    writer.join().unwrap();
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(status.success(), "exit status {status}, stderr: {stderr}");
+    assert_eq!(stderr, "");
+}

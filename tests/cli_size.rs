@@ -1,1 +1,156 @@
-//! Placeholder.
+//! `nsq-dedupe size`: exact output for the documented examples, and bad input.
+
+use predicates::prelude::*;
+
+use crate::util::bin;
+
+#[test]
+fn classic_table_for_an_hour_at_a_thousand_per_second() {
+    let out = bin()
+        .args([
+            "size",
+            "--probability",
+            "0.9",
+            "--rate",
+            "1000",
+            "--window",
+            "1h",
+        ])
+        .args(["--ways", "1"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    assert_eq!(
+        String::from_utf8(out).unwrap(),
+        "\
+Table:        34,168,399 buckets (one bucket per set, the classic table)
+Memory:       260.7 MiB in-process; about 4.4 GiB in Memcached
+Window:       1h at 1000 msg/s = 3,600,000 distinct messages
+Probability:  0.900000 that a copy arriving a whole window late is caught
+
+Delay           Messages later  Catch probability
+1s                       1,000  0.999971
+1m                      60,000  0.998246
+10m                    600,000  0.982593
+1h                   3,600,000  0.900000
+2h                   7,200,000  0.810000
+"
+    );
+}
+
+#[test]
+fn the_often_quoted_size_catches_one_copy_in_ten_an_hour_late() {
+    bin()
+        .args([
+            "size",
+            "--buckets",
+            "1563461",
+            "--ways",
+            "1",
+            "--rate",
+            "1000",
+        ])
+        .args(["--window", "1h"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            "Probability:  0.100000 that a copy arriving a whole window late is caught",
+        ));
+}
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let out = bin()
+        .arg("size")
+        .args(args)
+        .arg("--json")
+        .assert()
+        .success();
+    serde_json::from_slice(&out.get_output().stdout).expect("size --json prints JSON")
+}
+
+#[test]
+fn json_gives_buckets_probability_window_and_memory() {
+    let v = json(&["-p", "0.9", "--rate", "1000", "--window", "1h"]);
+    assert_eq!(v["buckets"], 6_185_416);
+    assert_eq!(v["ways"], 8);
+    assert_eq!(v["probability"], 0.9);
+    assert_eq!(v["window_messages"], 3_600_000.0);
+    assert_eq!(v["window_seconds"], 3600.0);
+    assert_eq!(v["memory_bytes"], 6_185_416 * 8);
+    let v = json(&[
+        "-p", "0.99", "--rate", "1000", "--window", "1h", "--ways", "1",
+    ]);
+    assert_eq!(v["buckets"], 358_196_986);
+    let v = json(&["-p", "0.99", "--rate", "1000", "--window", "1h"]);
+    assert_eq!(v["buckets"], 9_910_168);
+}
+
+#[test]
+fn solves_each_quantity_from_the_other_two() {
+    // Window from size and probability, then back.
+    let v = json(&["--buckets", "6185416", "-p", "0.9", "--rate", "1000"]);
+    let seconds = v["window_seconds"].as_f64().unwrap();
+    assert!((3599.0..3601.0).contains(&seconds), "{seconds}");
+    // Probability from size and a message count; no rate, so no seconds.
+    let v = json(&["--buckets", "6185416", "--messages", "3600000"]);
+    let p = v["probability"].as_f64().unwrap();
+    assert!((0.9..0.90001).contains(&p), "{p}");
+    assert!(v.get("window_seconds").is_none());
+    // Memory budget: 64 MiB of 8-byte slots.
+    let v = json(&["--memory", "64MiB", "--messages", "1000000"]);
+    assert_eq!(v["buckets"], 8 * 1024 * 1024);
+}
+
+#[test]
+fn bad_input_names_the_flag_and_the_accepted_form() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["-p", "1.5", "--rate", "1000", "--window", "1h"],
+            "invalid value '1.5' for '--probability <P>': expected a probability between 0 and 1 exclusive, such as 0.99",
+        ),
+        (
+            &["-p", "0", "--rate", "1000", "--window", "1h"],
+            "invalid value '0' for '--probability <P>'",
+        ),
+        (
+            &["-p", "0.9", "--rate", "0", "--window", "1h"],
+            "invalid value '0' for '--rate <MSG/S>': expected messages per second greater than 0",
+        ),
+        (
+            &["-p", "0.9", "--rate", "10", "--window", "an hour"],
+            "invalid value 'an hour' for '--window <DURATION>': expected a duration such as 30s, 5m, 1h or 2d",
+        ),
+        (
+            &["-p", "0.9", "--window", "1h"],
+            "`--window 1h` needs `--rate` (distinct messages per second)",
+        ),
+        (&["-p", "0.9"], "give exactly two of `--probability`, the table size"),
+        (
+            &["-p", "0.9", "--buckets", "100", "--messages", "10"],
+            "give exactly two of",
+        ),
+        (
+            &["--buckets", "0", "--messages", "10"],
+            "invalid value '0' for '--buckets <N>': expected a whole number of slots of at least 1",
+        ),
+        (
+            &["--buckets", "64", "--messages", "10", "--ways", "3"],
+            "invalid value '3' for '--ways <W>': expected 1, 2, 4 or 8",
+        ),
+        (
+            &["--memory", "12 parsecs", "--messages", "10"],
+            "invalid value '12 parsecs' for '--memory <SIZE>': expected a size such as 64MiB",
+        ),
+    ];
+    for (args, message) in cases {
+        bin()
+            .arg("size")
+            .args(*args)
+            .assert()
+            .failure()
+            .stdout("")
+            .stderr(predicate::str::contains(*message));
+    }
+}

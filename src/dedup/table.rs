@@ -383,7 +383,10 @@ impl Store for Table {
     }
 
     async fn claim_many(&self, digests: &[Digest]) -> Result<Vec<Claim>, StoreError> {
-        Ok(digests.iter().map(|&digest| Table::claim(self, digest)).collect())
+        Ok(digests
+            .iter()
+            .map(|&digest| Table::claim(self, digest))
+            .collect())
     }
 
     async fn commit(&self, digest: Digest) -> Result<bool, StoreError> {

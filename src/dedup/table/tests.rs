@@ -54,13 +54,20 @@ impl Model {
     }
 
     fn commit(&mut self, digest: Digest) -> bool {
-        let entry = self.set(digest).iter_mut().flatten().find(|(d, ..)| *d == digest);
+        let entry = self
+            .set(digest)
+            .iter_mut()
+            .flatten()
+            .find(|(d, ..)| *d == digest);
         entry.map(|entry| entry.1 = Claim::Duplicate).is_some()
     }
 
     fn erase(&mut self, digest: Digest) -> bool {
         let set = self.set(digest);
-        match set.iter().position(|e| matches!(e, Some((d, ..)) if *d == digest)) {
+        match set
+            .iter()
+            .position(|e| matches!(e, Some((d, ..)) if *d == digest))
+        {
             Some(index) => {
                 set[index] = None;
                 true
@@ -245,7 +252,9 @@ fn concurrent_claims_of_one_digest_yield_exactly_one_new() {
                 let (table, digests, news) = (&table, &digests, &news);
                 scope.spawn(move || {
                     let mut order: Vec<usize> = (0..digests.len()).collect();
-                    order.shuffle(&mut StdRng::seed_from_u64((round * THREADS + thread) as u64));
+                    order.shuffle(&mut StdRng::seed_from_u64(
+                        (round * THREADS + thread) as u64,
+                    ));
                     for i in order {
                         if table.claim(digests[i]) == Claim::New {
                             news[i].fetch_add(1, Ordering::Relaxed);
@@ -304,7 +313,11 @@ fn concurrent_claim_commit_erase_keep_the_books_balanced() {
         let erases = erases[i].load(Ordering::Relaxed);
         assert!(news >= 1);
         // Every New turned an absent digest into a present one, every erase the reverse.
-        assert_eq!(u32::from(table.contains(*digest)), news - erases, "digest {i}");
+        assert_eq!(
+            u32::from(table.contains(*digest)),
+            news - erases,
+            "digest {i}"
+        );
         if table.contains(*digest) {
             assert_eq!(table.claim(*digest), Claim::Duplicate);
         }

@@ -1,0 +1,91 @@
+//! `nsq-dedupe filter`: de-duplicates newline-delimited records from files or stdin to stdout.
+
+use std::fs::File;
+use std::io::{self, BufReader, BufWriter, Write};
+
+use anyhow::{Context, Result};
+
+use crate::cli::{FilterArgs, MissingKey};
+use crate::dedup::digest::Keyer;
+use crate::dedup::table::Table;
+use crate::filter::{filter_records, FilterStats};
+use crate::sizing::{self, format_bytes, format_count};
+
+/// Slots of the table when neither `--buckets` nor `--memory` is given: 64 MiB.
+const DEFAULT_SLOTS: u64 = 1 << 23;
+
+/// Read and write buffers: large enough that system calls are not the cost per record.
+const BUFFER_BYTES: usize = 256 * 1024;
+
+pub(crate) fn run(args: &FilterArgs) -> Result<()> {
+    let table = match (args.buckets, args.memory) {
+        (_, Some(bytes)) => Table::with_memory(bytes, args.ways)?,
+        (slots, None) => Table::with_slots(slots.unwrap_or(DEFAULT_SLOTS), args.ways)?,
+    };
+    let keyer = Keyer::new(args.key.clone(), args.digest);
+    let keyless_is_error = args.on_missing_key == MissingKey::Error;
+    let mut stats = FilterStats::default();
+    let stdout = io::stdout().lock();
+    let mut output = BufWriter::with_capacity(BUFFER_BYTES, stdout);
+    let stdin_only = [std::path::PathBuf::from("-")];
+    let files = if args.files.is_empty() {
+        &stdin_only[..]
+    } else {
+        &args.files[..]
+    };
+    let result = files.iter().try_for_each(|path| -> Result<()> {
+        if path.as_os_str() == "-" {
+            let input = BufReader::with_capacity(BUFFER_BYTES, io::stdin().lock());
+            filter_records(
+                input,
+                &mut output,
+                &table,
+                &keyer,
+                keyless_is_error,
+                &mut stats,
+            )
+            .context("while filtering stdin")?;
+        } else {
+            let file = File::open(path)
+                .with_context(|| format!("cannot open input file `{}`", path.display()))?;
+            let input = BufReader::with_capacity(BUFFER_BYTES, file);
+            filter_records(
+                input,
+                &mut output,
+                &table,
+                &keyer,
+                keyless_is_error,
+                &mut stats,
+            )
+            .with_context(|| format!("while filtering `{}`", path.display()))?;
+        }
+        Ok(())
+    });
+    let flushed = result.and_then(|()| output.flush().context("cannot write to stdout"));
+    if args.stats {
+        print_stats(&stats, &table);
+    }
+    flushed
+}
+
+fn print_stats(stats: &FilterStats, table: &Table) {
+    let geometry = table.geometry();
+    // Every record written with a key is one distinct key the table has seen.
+    let distinct = stats.records_out - stats.keyless;
+    eprintln!("records in:          {}", format_count(stats.records_in));
+    eprintln!("records out:         {}", format_count(stats.records_out));
+    eprintln!("duplicates dropped:  {}", format_count(stats.duplicates));
+    eprintln!("keyless (passed):    {}", format_count(stats.keyless));
+    eprintln!(
+        "table:               {} buckets in sets of {} ({}), {} occupied",
+        format_count(geometry.slots()),
+        geometry.ways(),
+        format_bytes(geometry.memory_bytes()),
+        format_count(table.occupied())
+    );
+    eprintln!(
+        "catch probability:   {:.6} for a copy arriving after all {} distinct records",
+        sizing::catch_probability(geometry, distinct as f64),
+        format_count(distinct)
+    );
+}

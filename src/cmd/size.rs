@@ -1,0 +1,209 @@
+//! `nsq-dedupe size`: the sizing calculator. The maths is in [`crate::sizing`]; this module
+//! checks which two quantities were given, solves the third and formats the answer.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use serde_json::json;
+
+use crate::cli::SizeArgs;
+use crate::dedup::Geometry;
+use crate::sizing::{self, format_bytes, format_count, format_duration};
+
+/// A solved sizing question: the table, the window and the probability at the window.
+#[derive(Debug)]
+struct Answer {
+    geometry: Geometry,
+    probability: f64,
+    window_messages: f64,
+    rate: Option<f64>,
+}
+
+impl Answer {
+    fn window_seconds(&self) -> Option<f64> {
+        self.rate.map(|rate| self.window_messages / rate)
+    }
+}
+
+pub(crate) fn run(args: &SizeArgs) -> Result<()> {
+    let answer = solve(args)?;
+    let out = if args.json {
+        serde_json::to_string_pretty(&to_json(&answer))? + "\n"
+    } else {
+        to_text(&answer)
+    };
+    print!("{out}");
+    Ok(())
+}
+
+fn solve(args: &SizeArgs) -> Result<Answer> {
+    let window_messages = match (args.window, args.messages, args.rate) {
+        (Some(window), _, Some(rate)) => Some(window.as_secs_f64() * rate),
+        (Some(window), _, None) => bail!(
+            "`--window {}` needs `--rate` (distinct messages per second) to count the messages \
+             in the window; or give the count itself with `--messages`",
+            format_duration(window)
+        ),
+        (None, Some(messages), _) => Some(messages),
+        (None, None, _) => None,
+    };
+    let geometry = match (args.buckets, args.memory) {
+        (Some(slots), _) => Some(Geometry::new(slots, args.ways)?),
+        (None, Some(bytes)) => Some(Geometry::with_memory(bytes, args.ways)?),
+        (None, None) => None,
+    };
+    let answer = match (args.probability, geometry, window_messages) {
+        (Some(probability), None, Some(window_messages)) => Answer {
+            geometry: sizing::slots_for(probability, args.ways, window_messages)?,
+            probability,
+            window_messages,
+            rate: args.rate,
+        },
+        (Some(probability), Some(geometry), None) => Answer {
+            geometry,
+            probability,
+            window_messages: sizing::window_for(geometry, probability)?,
+            rate: args.rate,
+        },
+        (None, Some(geometry), Some(window_messages)) => Answer {
+            geometry,
+            probability: sizing::catch_probability(geometry, window_messages),
+            window_messages,
+            rate: args.rate,
+        },
+        _ => bail!(
+            "give exactly two of `--probability`, the table size (`--buckets` or `--memory`) \
+             and the window (`--window` with `--rate`, or `--messages`); the third is computed"
+        ),
+    };
+    Ok(answer)
+}
+
+/// Delays at which to show the catch probability: round values up to twice the window, plus
+/// the window itself and twice it.
+fn delays(answer: &Answer) -> Vec<(Option<f64>, f64)> {
+    let end = 2.0 * answer.window_messages;
+    let mut rows: Vec<(Option<f64>, f64)> = match answer.rate {
+        Some(rate) => [
+            1.0,
+            60.0,
+            600.0,
+            3600.0,
+            6.0 * 3600.0,
+            86_400.0,
+            7.0 * 86_400.0,
+        ]
+        .into_iter()
+        .map(|seconds| (Some(seconds), seconds * rate))
+        .collect(),
+        None => [1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9]
+            .into_iter()
+            .map(|messages| (None, messages))
+            .collect(),
+    };
+    rows.retain(|&(_, messages)| messages < end * 0.999);
+    for messages in [answer.window_messages, end] {
+        rows.push((
+            answer
+                .window_seconds()
+                .map(|s| s * messages / answer.window_messages),
+            messages,
+        ));
+    }
+    rows.sort_by(|a, b| a.1.total_cmp(&b.1));
+    rows.dedup_by(|a, b| (a.1 - b.1).abs() <= 1e-9 * b.1.max(1.0));
+    rows
+}
+
+fn to_text(answer: &Answer) -> String {
+    let g = answer.geometry;
+    let mut out = String::new();
+    let sets = if g.ways() == 1 {
+        "one bucket per set, the classic table".to_owned()
+    } else {
+        format!("{} sets of {} ways", format_count(g.sets()), g.ways())
+    };
+    let _ = writeln!(
+        out,
+        "Table:        {} buckets ({sets})",
+        format_count(g.slots())
+    );
+    let _ = writeln!(
+        out,
+        "Memory:       {} in-process; about {} in Memcached",
+        format_bytes(g.memory_bytes()),
+        format_bytes(sizing::memcached_bytes_estimate(g))
+    );
+    let window = match (answer.window_seconds(), answer.rate) {
+        (Some(seconds), Some(rate)) => format!(
+            "{} at {rate} msg/s = {} distinct messages",
+            describe_seconds(seconds),
+            format_count(answer.window_messages.round() as u64)
+        ),
+        _ => format!(
+            "{} distinct messages",
+            format_count(answer.window_messages.round() as u64)
+        ),
+    };
+    let _ = writeln!(out, "Window:       {window}");
+    let _ = writeln!(
+        out,
+        "Probability:  {:.6} that a copy arriving a whole window late is caught",
+        answer.probability
+    );
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "{:<12}{:>18}  Catch probability",
+        "Delay", "Messages later"
+    );
+    for (seconds, messages) in delays(answer) {
+        let delay = seconds.map_or_else(|| "-".to_owned(), describe_seconds);
+        let _ = writeln!(
+            out,
+            "{delay:<12}{:>18}  {:.6}",
+            format_count(messages.round() as u64),
+            sizing::catch_probability(g, messages)
+        );
+    }
+    out
+}
+
+fn describe_seconds(seconds: f64) -> String {
+    match Duration::try_from_secs_f64(seconds) {
+        Ok(d) if d >= Duration::from_secs(1) && d.subsec_nanos() == 0 => format_duration(d),
+        Ok(d) if d >= Duration::from_secs(1) => format!("{seconds:.1}s"),
+        _ => format!("{:.0}ms", seconds * 1000.0),
+    }
+}
+
+fn to_json(answer: &Answer) -> serde_json::Value {
+    let g = answer.geometry;
+    let delays: Vec<_> = delays(answer)
+        .into_iter()
+        .map(|(seconds, messages)| {
+            json!({
+                "delay_seconds": seconds,
+                "messages": messages,
+                "probability": sizing::catch_probability(g, messages),
+            })
+        })
+        .collect();
+    let mut value = json!({
+        "buckets": g.slots(),
+        "ways": g.ways(),
+        "sets": g.sets(),
+        "probability": answer.probability,
+        "window_messages": answer.window_messages,
+        "memory_bytes": g.memory_bytes(),
+        "memcached_bytes_estimate": sizing::memcached_bytes_estimate(g),
+        "delays": delays,
+    });
+    // Keys that need a rate are present only when one was given.
+    if let (Some(rate), Some(seconds)) = (answer.rate, answer.window_seconds()) {
+        value["rate"] = json!(rate);
+        value["window_seconds"] = json!(seconds);
+    }
+    value
+}
