@@ -1,5 +1,8 @@
 //! Benchmarks: one criterion binary, one module per area.
+//!
+//! `cargo bench` runs them all; `cargo bench --bench main -- <filter>` runs a subset, for
+//! example `-- contains_and_add`.
 
-use criterion::criterion_main;
+mod table;
 
-criterion_main!();
+criterion::criterion_main!(table::benches);

@@ -53,9 +53,8 @@ const LOCK: u64 = 1 << 2;
 const STAMP_SHIFT: u32 = 3;
 const FINGERPRINT_SHIFT: u32 = 11;
 
-/// Eight slots on one 64-byte cache line; a set never straddles two lines.
-#[repr(C, align(64))]
-struct Line([AtomicU64; 8]);
+/// Slots on one cache line: sets of up to this many ways never straddle two lines.
+const LINE_SLOTS: usize = 8;
 
 /// A lock-free, set-associative table of recently seen digests.
 ///
@@ -84,7 +83,11 @@ struct Line([AtomicU64; 8]);
 /// # Ok::<(), nsq_dedupe::error::TableError>(())
 /// ```
 pub struct Table {
-    lines: Box<[Line]>,
+    /// The slots, with up to `LINE_SLOTS - 1` spare ones in front so that `base` can start on
+    /// a cache line.
+    slots: Box<[AtomicU64]>,
+    /// Index of the first slot of set 0; `slots[base]` is 64-byte aligned.
+    base: usize,
     geometry: Geometry,
 }
 
@@ -104,14 +107,28 @@ impl Table {
     /// If the allocation fails, as any allocation does; [`Geometry::new`] has already checked
     /// that the size fits the address space.
     pub fn new(geometry: Geometry) -> Self {
-        let lines = usize::try_from(geometry.slots().div_ceil(8))
-            .expect("Geometry::new bounds the table by isize::MAX bytes");
-        let zeroed = Box::<[Line]>::new_zeroed_slice(lines);
-        // SAFETY: `Line` is `repr(C)` and holds only `AtomicU64`s, which have the same in-memory
-        // representation as `u64`, for which all-zero bytes are a valid value. So a zeroed
-        // `[Line]` is fully initialised. Zeroed memory also means empty slots (state 0).
-        let lines = unsafe { zeroed.assume_init() };
-        Table { lines, geometry }
+        let len = usize::try_from(geometry.slots())
+            .expect("Geometry::new bounds the table by isize::MAX bytes")
+            + (LINE_SLOTS - 1);
+        // An 8-byte-aligned request is served by `calloc`, which maps fresh, lazily zeroed
+        // pages for large tables; asking for 64-byte alignment instead would make the
+        // allocator zero the whole table eagerly. So we align by skipping up to 7 slots.
+        let zeroed = Box::<[AtomicU64]>::new_zeroed_slice(len);
+        // SAFETY: `AtomicU64` has the same in-memory representation as `u64`, for which
+        // all-zero bytes are a valid value, so a zeroed slice is fully initialised. Zero is
+        // also the empty slot (state 0).
+        let slots = unsafe { zeroed.assume_init() };
+        let base = slots.as_ptr().align_offset(LINE_SLOTS * 8);
+        assert!(
+            base < LINE_SLOTS,
+            "an 8-byte-aligned pointer is 64-byte aligned within 7 slots"
+        );
+        advise_huge_pages(&slots);
+        Table {
+            slots,
+            base,
+            geometry,
+        }
     }
 
     /// A table of at least `slots` slots (rounded up to whole sets) in sets of `ways`.
@@ -149,11 +166,8 @@ impl Table {
 
     /// How many slots hold an entry. Scans the whole table: meant for stats, not the hot path.
     pub fn occupied(&self) -> u64 {
-        let slots = self.geometry.slots() as usize;
-        self.lines
+        self.slots[self.base..][..self.geometry.slots() as usize]
             .iter()
-            .flat_map(|line| line.0.iter())
-            .take(slots)
             .filter(|slot| slot.load(Ordering::Relaxed) & STATE_MASK != EMPTY)
             .count() as u64
     }
@@ -199,11 +213,10 @@ impl Table {
     #[inline]
     fn set(&self, digest: Digest) -> &[AtomicU64] {
         let ways = self.geometry.ways() as usize;
-        // `set_of` is below `sets`, so `first + ways <= slots`, and with ways in {1, 2, 4, 8}
-        // a set never crosses a line.
-        let first = self.geometry.set_of(digest) as usize * ways;
-        let line = &self.lines[first / 8].0;
-        &line[first % 8..first % 8 + ways]
+        // `set_of` is below `sets`, so the set lies inside the table; `base` is on a cache line
+        // and ways divide 8, so a set never crosses a line.
+        let first = self.base + self.geometry.set_of(digest) as usize * ways;
+        &self.slots[first..first + ways]
     }
 
     /// Claims `digest`, writing it with `state` if it is new.
@@ -221,11 +234,17 @@ impl Table {
         }
         let _guard = SetGuard::lock(&set[0]);
         // Scan again: another writer may have inserted this digest since the first scan.
-        // The guard's Acquire makes every earlier guard holder's writes visible here.
-        if let Some((_, word)) = find(set, fingerprint) {
+        // The guard's Acquire makes every earlier guard holder's writes visible here. Each slot
+        // is read once; the copy is only used to decide, never written back.
+        let mut words = [0u64; LINE_SLOTS];
+        for (word, slot) in words.iter_mut().zip(set) {
+            *word = slot.load(Ordering::Acquire);
+        }
+        let words = &words[..set.len()];
+        if let Some(&word) = words.iter().find(|&&word| holds(word, fingerprint)) {
             return verdict(word);
         }
-        let (victim, stamp) = choose_victim(set);
+        let (victim, stamp) = choose_victim(words);
         let entry = (fingerprint << FINGERPRINT_SHIFT) | (u64::from(stamp) << STAMP_SHIFT) | state;
         // Only guard holders insert, so a plain store cannot lose another insert. A concurrent
         // `commit` or `erase` of the evicted entry either happened before (and is overwritten,
@@ -312,12 +331,11 @@ fn insert_single(slot: &AtomicU64, fingerprint: u64, state: u64) -> Claim {
 /// `ways`; a survivor can fall further behind only if its set sees more than a hundred
 /// insert-and-erase cycles, and then the worst outcome is that a newer entry is evicted first.
 #[inline]
-fn choose_victim(set: &[AtomicU64]) -> (usize, u8) {
+fn choose_victim(words: &[u64]) -> (usize, u8) {
     let mut empty = None;
     let mut base: Option<u8> = None;
     let (mut oldest, mut min_age, mut max_age) = (0, 0i8, 0i8);
-    for (index, slot) in set.iter().enumerate() {
-        let word = slot.load(Ordering::Acquire);
+    for (index, &word) in words.iter().enumerate() {
         if word & STATE_MASK == EMPTY {
             empty.get_or_insert(index);
             continue;
@@ -341,6 +359,35 @@ fn choose_victim(set: &[AtomicU64]) -> (usize, u8) {
     let stamp = base.map_or(0, |base| base.wrapping_add(max_age as u8).wrapping_add(1));
     (empty.unwrap_or(oldest), stamp)
 }
+
+/// Asks the kernel to back the table with 2 MiB pages where the allocation covers whole ones.
+///
+/// Lookups land on random slots, so with 4 KiB pages nearly every lookup of a large table also
+/// misses the TLB. Transparent huge pages are often enabled in `madvise` mode only; this is
+/// that advice. Where the kernel declines, nothing changes.
+#[cfg(target_os = "linux")]
+fn advise_huge_pages(slots: &[AtomicU64]) {
+    const HUGE_PAGE: usize = 2 << 20;
+    let start = slots.as_ptr() as usize;
+    let end = start + std::mem::size_of_val(slots);
+    let (first, last) = (start.next_multiple_of(HUGE_PAGE), end & !(HUGE_PAGE - 1));
+    if last > first {
+        // SAFETY: `[first, last)` is page-aligned and lies inside `slots`, memory this table
+        // owns. MADV_HUGEPAGE is advice about how to back the pages: it neither unmaps them nor
+        // changes their contents (huge pages fault in zeroed, and collapsing small pages into
+        // a huge one copies them), so the slots keep their values and stay valid.
+        let _ = unsafe {
+            libc::madvise(
+                first as *mut libc::c_void,
+                last - first,
+                libc::MADV_HUGEPAGE,
+            )
+        };
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn advise_huge_pages(_slots: &[AtomicU64]) {}
 
 /// The writer guard of a set: the `LOCK` bit of its first slot.
 ///

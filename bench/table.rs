@@ -1,0 +1,152 @@
+//! `Table::contains_and_add` with hashing included, across sizes, associativity and threads,
+//! and the cost of a digest.
+//!
+//! Keys are random 16-byte values from a seeded splitmix64 generator, hashed with xxh3-128
+//! inside the measured loop, so every operation is a new digest: a miss followed by an insert,
+//! the slowest path. Baselines measured in the same run: hashing alone, and the same classic
+//! table behind a `Mutex`, as a straightforward implementation would keep it.
+
+use std::hint::black_box;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use nsq_dedupe::{Digest, DigestAlgorithm, Table};
+
+/// A seeded splitmix64 stream: cheap enough not to be what is measured.
+struct Keys(u64);
+
+impl Keys {
+    #[inline]
+    fn next(&mut self) -> [u8; 16] {
+        let mut half = || {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        let (a, b) = (half(), half());
+        let mut key = [0u8; 16];
+        key[..8].copy_from_slice(&a.to_le_bytes());
+        key[8..].copy_from_slice(&b.to_le_bytes());
+        key
+    }
+}
+
+#[inline]
+fn hash(key: &[u8; 16]) -> Digest {
+    DigestAlgorithm::Xxh3 { seed: 0 }.digest(key)
+}
+
+/// Runs `iters` operations split over `threads` threads and returns the wall time.
+fn timed_on_threads(threads: u64, iters: u64, op: impl Fn(&mut Keys) + Sync) -> Duration {
+    let start = Instant::now();
+    std::thread::scope(|scope| {
+        for thread in 0..threads {
+            let op = &op;
+            scope.spawn(move || {
+                let mut keys = Keys(thread.wrapping_mul(0x1234_5678_9ABC) ^ start_seed());
+                for _ in 0..iters / threads {
+                    op(&mut keys);
+                }
+            });
+        }
+    });
+    start.elapsed()
+}
+
+/// A different key stream for every batch, so that batches do not replay each other's keys.
+fn start_seed() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(0x5851_F42D_4C95_7F2D, Ordering::Relaxed)
+}
+
+/// The classic table behind a lock, for comparison.
+struct LockedClassic(Mutex<Vec<u128>>);
+
+impl LockedClassic {
+    fn contains_and_add(&self, digest: Digest) -> bool {
+        let mut buckets = self.0.lock().unwrap();
+        let len = buckets.len() as u128;
+        let slot = &mut buckets[((digest.hi() as u128 * len) >> 64) as usize];
+        let seen = *slot == digest.as_u128();
+        *slot = digest.as_u128();
+        seen
+    }
+}
+
+fn contains_and_add(c: &mut Criterion) {
+    let mut group = c.benchmark_group("nsq_dedupe::Table::contains_and_add");
+    // Few samples, short windows: twelve cases on a 2-core machine. Warm-up also faults in the
+    // table's pages, which the operating system zero-fills lazily.
+    group.sample_size(15);
+    group.warm_up_time(Duration::from_secs(2));
+    group.measurement_time(Duration::from_secs(3));
+    group.throughput(Throughput::Elements(1));
+    for log2_slots in [16u32, 20, 26] {
+        for ways in [1u32, 8] {
+            let table = Table::with_slots(1 << log2_slots, ways).unwrap();
+            for threads in [1u64, 2] {
+                let id = format!("slots=2^{log2_slots}/ways={ways}/threads={threads}");
+                group.bench_function(BenchmarkId::from_parameter(id), |b| {
+                    b.iter_custom(|iters| {
+                        timed_on_threads(threads, iters, |keys| {
+                            black_box(table.contains_and_add(hash(&keys.next())));
+                        })
+                    })
+                });
+            }
+        }
+    }
+    let table = Table::with_slots(1 << 20, 8).unwrap();
+    group.bench_function("baseline/xxh3-only", |b| {
+        b.iter_custom(|iters| {
+            timed_on_threads(1, iters, |keys| {
+                black_box(hash(&keys.next()));
+            })
+        })
+    });
+    let locked = LockedClassic(Mutex::new(vec![0; 1 << 20]));
+    for threads in [1u64, 2] {
+        let id = format!("baseline/mutex-classic/slots=2^20/threads={threads}");
+        group.bench_function(id, |b| {
+            b.iter_custom(|iters| {
+                timed_on_threads(threads, iters, |keys| {
+                    black_box(locked.contains_and_add(hash(&keys.next())));
+                })
+            })
+        });
+    }
+    // A stream with copies: every key is seen twice in a row (the hit path).
+    group.bench_function("slots=2^20/ways=8/threads=1/half-duplicates", |b| {
+        b.iter_custom(|iters| {
+            timed_on_threads(1, iters, |keys| {
+                let key = keys.next();
+                black_box(table.contains_and_add(hash(&key)));
+                black_box(table.contains_and_add(hash(&key)));
+            })
+        })
+    });
+    group.finish();
+}
+
+fn digest(c: &mut Criterion) {
+    let mut group = c.benchmark_group("nsq_dedupe::DigestAlgorithm::digest");
+    group.sample_size(30);
+    group.measurement_time(Duration::from_secs(2));
+    for size in [100usize, 1024] {
+        let body: Vec<u8> = (0..size).map(|i| (i * 31 % 251) as u8).collect();
+        group.throughput(Throughput::Bytes(size as u64));
+        for algorithm in [DigestAlgorithm::Xxh3 { seed: 0 }, DigestAlgorithm::Md5] {
+            let id = BenchmarkId::new(algorithm.to_string(), format!("{size}B"));
+            group.bench_with_input(id, &body, |b, body| {
+                b.iter(|| algorithm.digest(black_box(body)))
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion::criterion_group!(benches, contains_and_add, digest);
