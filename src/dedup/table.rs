@@ -326,38 +326,40 @@ fn insert_single(slot: &AtomicU64, fingerprint: u64, state: u64) -> Claim {
 /// Picks the slot a new entry goes to (the first empty slot, else the oldest entry) and the
 /// stamp it gets (one past the newest).
 ///
-/// Stamps are 8-bit and compared by wrapping difference, which orders them correctly while the
-/// live entries of a set span fewer than 128 insertions. Without erasures they span at most
-/// `ways`; a survivor can fall further behind only if its set sees more than a hundred
-/// insert-and-erase cycles, and then the worst outcome is that a newer entry is evicted first.
+/// Stamps are 8-bit and compared by wrapping difference from the first live entry's stamp,
+/// which orders them correctly while the live entries of a set span fewer than 128 insertions.
+/// Without erasures they span at most `ways`; a survivor can fall further behind only if its
+/// set sees more than a hundred insert-and-erase cycles, and then the worst outcome is that a
+/// newer entry is evicted first.
+///
+/// The loop has no branch on slot contents, only selects: which slot is oldest is random, and a
+/// mispredicted branch here, taken only once the set's cache line has arrived, would throw away
+/// the loads of the next operations that the processor had already started.
 #[inline]
 fn choose_victim(words: &[u64]) -> (usize, u8) {
-    let mut empty = None;
-    let mut base: Option<u8> = None;
-    let (mut oldest, mut min_age, mut max_age) = (0, 0i8, 0i8);
+    let live = |word: u64| word & STATE_MASK != EMPTY;
+    let stamp = |word: u64| (word >> STAMP_SHIFT) as u8;
+    let reference = words
+        .iter()
+        .rev()
+        .fold(0u8, |r, &word| if live(word) { stamp(word) } else { r });
+    // Key per slot: empty slots 0..8 (by index), live ones 8 + (age + 128) * 8 + index, so the
+    // minimum is the first empty slot, else the oldest entry.
+    let mut best = u32::MAX;
+    let mut newest = -1i32;
     for (index, &word) in words.iter().enumerate() {
-        if word & STATE_MASK == EMPTY {
-            empty.get_or_insert(index);
-            continue;
-        }
-        let stamp = (word >> STAMP_SHIFT) as u8;
-        match base {
-            None => {
-                base = Some(stamp);
-                oldest = index;
-            }
-            Some(base) => {
-                let age = stamp.wrapping_sub(base) as i8;
-                if age < min_age {
-                    min_age = age;
-                    oldest = index;
-                }
-                max_age = max_age.max(age);
-            }
-        }
+        let age = i32::from(stamp(word).wrapping_sub(reference) as i8);
+        let key = if live(word) {
+            8 + ((age + 128) as u32) * 8 + index as u32
+        } else {
+            index as u32
+        };
+        best = best.min(key);
+        newest = if live(word) { newest.max(age) } else { newest };
     }
-    let stamp = base.map_or(0, |base| base.wrapping_add(max_age as u8).wrapping_add(1));
-    (empty.unwrap_or(oldest), stamp)
+    // With no live entry, `newest` stays -1 and the stamp is `reference` = 0.
+    let stamp = reference.wrapping_add((newest + 1) as u8);
+    ((best % 8) as usize, stamp)
 }
 
 /// Asks the kernel to back the table with 2 MiB pages where the allocation covers whole ones.
