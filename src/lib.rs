@@ -24,3 +24,8 @@ pub mod sizing;
 pub use dedup::digest::{DigestAlgorithm, KeySpec, Keyer};
 pub use dedup::table::Table;
 pub use dedup::{Claim, Digest, Geometry, NoStore, Store};
+
+/// The README's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
