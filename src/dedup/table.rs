@@ -11,7 +11,8 @@
 //! +---------------------------------------+----------+------+-----+
 //! ```
 //!
-//! - `state`: 0 empty, 1 in flight, 2 done. A word whose state is 0 holds nothing.
+//! - `state`: `00` empty, `01` in flight, `11` done. Bit 0 says the slot holds an entry, so
+//!   matching a digest is one mask and one compare.
 //! - `lock`: only meaningful in the first slot of a set; it is the set's writer guard.
 //! - `stamp`: the set's insertion counter when the entry was written, so the oldest entry of a
 //!   full set is the one replaced (FIFO). A duplicate hit does not change it.
@@ -29,16 +30,22 @@
 //!
 //! # Concurrency
 //!
-//! Lookups are lock-free: a claim first scans its set with plain atomic loads and returns at
-//! once if the digest is there (the common case for duplicates). Inserting needs more care:
-//! with several ways, two threads claiming the same new digest could pick different victim
-//! slots and both report [`Claim::New`]. So inserts into a set of more than one way take the
-//! set's guard (the `lock` bit of its first slot), scan again and write while holding it; the
-//! critical section is a handful of loads and one store on one cache line, and with millions of
-//! sets two writers rarely meet. `commit` and `erase` never take the guard: they change one
-//! slot with compare-and-swap, only if it still holds their digest, and a concurrent insert
-//! that evicts that slot simply wins. With `ways = 1` there is no guard at all: the
+//! Lookups are lock-free: a claim first loads its set and returns at once if the digest is
+//! there (the common case for duplicates). Inserting needs more care: with several ways, two
+//! threads claiming the same new digest could pick different victim slots and both report
+//! [`Claim::New`]. So an insert into a set of more than one way takes the set's guard (the
+//! `lock` bit of its first slot) with one compare-and-swap, checks that the set is as it was
+//! when it decided (else it looks again), writes, and releases the guard with a plain store.
+//! That release cannot overwrite anyone: while the bit is set only the holder writes the first
+//! slot, because `commit` and `erase` wait for the bit to clear. `commit` and `erase` are
+//! single compare-and-swaps that act only if the slot still holds their digest; an insert that
+//! evicts that slot meanwhile simply wins. With `ways = 1` there is no guard at all: the
 //! compare-and-swap on the single slot is the only write, exactly the published algorithm.
+//!
+//! Each operation is specialised for its associativity (`W` = 1, 2, 4 or 8), so the loops over a
+//! set unroll, and nothing branches on slot contents: which slot is oldest is random, and a
+//! mispredicted branch taken once the set's cache line arrives would throw away the loads the
+//! processor had already started for the next operations.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -46,11 +53,13 @@ use crate::dedup::{Claim, Digest, Geometry, Store};
 use crate::error::{StoreError, TableError};
 
 const STATE_MASK: u64 = 0b11;
-const EMPTY: u64 = 0;
-const IN_FLIGHT: u64 = 1;
-const DONE: u64 = 2;
+/// Bit 0 of the state: the slot holds an entry.
+const LIVE: u64 = 0b01;
+const IN_FLIGHT: u64 = 0b01;
+const DONE: u64 = 0b11;
 const LOCK: u64 = 1 << 2;
 const STAMP_SHIFT: u32 = 3;
+const STAMP_MASK: u64 = 0xff << STAMP_SHIFT;
 const FINGERPRINT_SHIFT: u32 = 11;
 
 /// Slots on one cache line: sets of up to this many ways never straddle two lines.
@@ -97,6 +106,20 @@ impl std::fmt::Debug for Table {
             .field("geometry", &self.geometry)
             .finish_non_exhaustive()
     }
+}
+
+/// Calls `$op::<W>(set, args...)` with `W` the table's ways, so that each associativity gets
+/// its own unrolled code; the match is one predictable branch per call.
+macro_rules! on_set {
+    ($table:expr, $digest:expr, $op:ident($($arg:expr),*)) => {
+        match $table.geometry.ways() {
+            1 => $op::<1>($table.set::<1>($digest), $($arg),*),
+            2 => $op::<2>($table.set::<2>($digest), $($arg),*),
+            4 => $op::<4>($table.set::<4>($digest), $($arg),*),
+            // `Geometry` admits only 1, 2, 4 and 8.
+            _ => $op::<8>($table.set::<8>($digest), $($arg),*),
+        }
+    };
 }
 
 impl Table {
@@ -168,7 +191,7 @@ impl Table {
     pub fn occupied(&self) -> u64 {
         self.slots[self.base..][..self.geometry.slots() as usize]
             .iter()
-            .filter(|slot| slot.load(Ordering::Relaxed) & STATE_MASK != EMPTY)
+            .filter(|slot| slot.load(Ordering::Relaxed) & LIVE != 0)
             .count() as u64
     }
 
@@ -181,101 +204,135 @@ impl Table {
     /// otherwise it is inserted as done and the answer is `false`.
     #[inline]
     pub fn contains_and_add(&self, digest: Digest) -> bool {
-        self.insert(digest, DONE) != Claim::New
+        on_set!(self, digest, insert(fingerprint(digest), DONE)) != Claim::New
     }
 
     /// Two-phase check: see [`Claim`]. A [`Claim::New`] digest is held as in flight until
     /// [`commit`](Table::commit) or [`erase`](Table::erase).
     #[inline]
     pub fn claim(&self, digest: Digest) -> Claim {
-        self.insert(digest, IN_FLIGHT)
+        on_set!(self, digest, insert(fingerprint(digest), IN_FLIGHT))
     }
 
     /// Marks `digest` as processed. Returns whether its set still held it (in flight or done).
     pub fn commit(&self, digest: Digest) -> bool {
-        self.update(digest, |word| (word & !STATE_MASK) | DONE)
+        let done = |word| (word & !STATE_MASK) | DONE;
+        on_set!(self, digest, update(fingerprint(digest), done))
     }
 
     /// Empties the slot that holds `digest`. Returns whether its set still held it; another
     /// digest's entry is never touched.
     pub fn erase(&self, digest: Digest) -> bool {
-        // Keep only the guard bit: an erase must not release or take a writer's guard.
-        self.update(digest, |word| word & LOCK)
+        // Keep the stamp, so that every slot's stamp stays a valid reference for FIFO order.
+        let empty = |word| word & STAMP_MASK;
+        on_set!(self, digest, update(fingerprint(digest), empty))
     }
 
     /// Whether the set holds `digest` (in flight or done), without changing anything.
     pub fn contains(&self, digest: Digest) -> bool {
-        let fingerprint = fingerprint(digest);
-        find(self.set(digest), fingerprint).is_some()
+        on_set!(self, digest, find(fingerprint(digest))).is_some()
     }
 
-    /// The slots of `digest`'s set.
-    #[inline]
-    fn set(&self, digest: Digest) -> &[AtomicU64] {
-        let ways = self.geometry.ways() as usize;
+    /// The `W` slots of `digest`'s set, as an array so that loops over them unroll.
+    #[inline(always)]
+    fn set<const W: usize>(&self, digest: Digest) -> &[AtomicU64; W] {
         // `set_of` is below `sets`, so the set lies inside the table; `base` is on a cache line
-        // and ways divide 8, so a set never crosses a line.
-        let first = self.base + self.geometry.set_of(digest) as usize * ways;
-        &self.slots[first..first + ways]
+        // and W divides 8, so a set never crosses a line.
+        let first = self.base + self.geometry.set_of(digest) as usize * W;
+        self.slots[first..first + W]
+            .try_into()
+            .expect("a range of W slots is an array of W slots")
     }
+}
 
-    /// Claims `digest`, writing it with `state` if it is new.
-    #[inline]
-    fn insert(&self, digest: Digest, state: u64) -> Claim {
-        let fingerprint = fingerprint(digest);
-        let set = self.set(digest);
-        // Lock-free fast path: a digest that is already held needs no guard. Acquire pairs
-        // with the Release of the writer that stored it.
-        if let Some((_, word)) = find(set, fingerprint) {
+/// Loads every slot of a set.
+#[inline(always)]
+fn load<const W: usize>(set: &[AtomicU64; W]) -> [u64; W] {
+    // Acquire pairs with the Release of the writer that stored each entry.
+    std::array::from_fn(|i| set[i].load(Ordering::Acquire))
+}
+
+/// The entry that holds `fingerprint`, if any. A set holds a fingerprint at most once, so the
+/// scan needs no early exit (and no branch on slot contents).
+#[inline(always)]
+fn find<const W: usize>(set: &[AtomicU64; W], fingerprint: u64) -> Option<u64> {
+    find_in(&load(set), fingerprint)
+}
+
+#[inline(always)]
+fn find_in<const W: usize>(words: &[u64; W], fingerprint: u64) -> Option<u64> {
+    let mut matches = 0u32;
+    for (index, &word) in words.iter().enumerate() {
+        matches |= u32::from(holds(word, fingerprint)) << index;
+    }
+    (matches != 0).then(|| words[matches.trailing_zeros() as usize])
+}
+
+/// Claims `fingerprint` in `set`, writing it with `state` if it is new.
+#[inline(always)]
+fn insert<const W: usize>(set: &[AtomicU64; W], fingerprint: u64, state: u64) -> Claim {
+    // Lock-free fast path: a digest that is already held needs no guard.
+    let words = load(set);
+    if let Some(word) = find_in(&words, fingerprint) {
+        return verdict(word);
+    }
+    if W == 1 {
+        return insert_single(&set[0], words[0], fingerprint, state);
+    }
+    // Decide before taking the guard, then check under it that the set did not change (the
+    // common case); if it did, another writer may have inserted this very digest, so look and
+    // decide again. The guard's Acquire makes every earlier holder's writes visible here.
+    let (mut victim, mut stamp) = choose_victim(&words);
+    let mut guard = SetGuard::lock(&set[0], words[0]);
+    let mut now = load(set);
+    now[0] = guard.first;
+    let changed = words
+        .iter()
+        .zip(&now)
+        .fold(0, |diff, (before, after)| diff | (before ^ after));
+    if changed != 0 {
+        if let Some(word) = find_in(&now, fingerprint) {
             return verdict(word);
         }
-        if let [slot] = set {
-            return insert_single(slot, fingerprint, state);
-        }
-        let _guard = SetGuard::lock(&set[0]);
-        // Scan again: another writer may have inserted this digest since the first scan.
-        // The guard's Acquire makes every earlier guard holder's writes visible here. Each slot
-        // is read once; the copy is only used to decide, never written back.
-        let mut words = [0u64; LINE_SLOTS];
-        for (word, slot) in words.iter_mut().zip(set) {
-            *word = slot.load(Ordering::Acquire);
-        }
-        let words = &words[..set.len()];
-        if let Some(&word) = words.iter().find(|&&word| holds(word, fingerprint)) {
-            return verdict(word);
-        }
-        let (victim, stamp) = choose_victim(words);
-        let entry = (fingerprint << FINGERPRINT_SHIFT) | (u64::from(stamp) << STAMP_SHIFT) | state;
+        (victim, stamp) = choose_victim(&now);
+    }
+    let entry = (fingerprint << FINGERPRINT_SHIFT) | (u64::from(stamp) << STAMP_SHIFT) | state;
+    if victim == 0 {
+        // Written by the guard's release.
+        guard.first = entry;
+    } else {
         // Only guard holders insert, so a plain store cannot lose another insert. A concurrent
         // `commit` or `erase` of the evicted entry either happened before (and is overwritten,
-        // as an eviction should) or fails its compare-and-swap afterwards. The first slot keeps
-        // its guard bit until the guard is dropped.
-        let keep = if victim == 0 { LOCK } else { 0 };
-        set[victim].store(entry | keep, Ordering::Release);
-        Claim::New
+        // as an eviction should) or fails its compare-and-swap afterwards.
+        set[victim].store(entry, Ordering::Release);
     }
+    Claim::New
+}
 
-    /// Applies `change` to the slot that holds `digest`, if any, with compare-and-swap.
-    fn update(&self, digest: Digest, change: impl Fn(u64) -> u64) -> bool {
-        let fingerprint = fingerprint(digest);
-        for slot in self.set(digest) {
-            let mut word = slot.load(Ordering::Acquire);
-            while holds(word, fingerprint) {
-                match slot.compare_exchange_weak(
-                    word,
-                    change(word),
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                ) {
-                    Ok(_) => return true,
-                    // The guard bit or the state changed under us, or the entry was evicted:
-                    // look again.
-                    Err(actual) => word = actual,
-                }
+/// Applies `change` to the slot that holds `fingerprint`, if any, with compare-and-swap.
+#[inline(always)]
+fn update<const W: usize>(
+    set: &[AtomicU64; W],
+    fingerprint: u64,
+    change: impl Fn(u64) -> u64,
+) -> bool {
+    for slot in set {
+        let mut word = slot.load(Ordering::Acquire);
+        while holds(word, fingerprint) {
+            match slot.compare_exchange_weak(
+                word,
+                change(word),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                // The guard bit or the state changed under us, or the entry was evicted: look
+                // again.
+                Err(actual) => word = actual,
             }
         }
-        false
     }
+    false
 }
 
 /// The fingerprint kept in a slot: the top 53 bits of the digest's low half.
@@ -284,33 +341,26 @@ fn fingerprint(digest: Digest) -> u64 {
     digest.lo() >> FINGERPRINT_SHIFT
 }
 
-#[inline]
+#[inline(always)]
 fn holds(word: u64, fingerprint: u64) -> bool {
-    word & STATE_MASK != EMPTY && word >> FINGERPRINT_SHIFT == fingerprint
-}
-
-#[inline]
-fn find(set: &[AtomicU64], fingerprint: u64) -> Option<(usize, u64)> {
-    set.iter().enumerate().find_map(|(index, slot)| {
-        let word = slot.load(Ordering::Acquire);
-        holds(word, fingerprint).then_some((index, word))
-    })
+    const KEY_MASK: u64 = !0 << FINGERPRINT_SHIFT | LIVE;
+    word & KEY_MASK == (fingerprint << FINGERPRINT_SHIFT) | LIVE
 }
 
 #[inline]
 fn verdict(word: u64) -> Claim {
-    if word & STATE_MASK == IN_FLIGHT {
-        Claim::InFlight
-    } else {
+    if word & STATE_MASK == DONE {
         Claim::Duplicate
+    } else {
+        Claim::InFlight
     }
 }
 
-/// The classic one-way table: compare-and-swap on the single slot, no guard.
-#[inline]
-fn insert_single(slot: &AtomicU64, fingerprint: u64, state: u64) -> Claim {
+/// The classic one-way table: compare-and-swap on the single slot, no guard. `word` is the
+/// slot's value as last loaded.
+#[inline(always)]
+fn insert_single(slot: &AtomicU64, mut word: u64, fingerprint: u64, state: u64) -> Claim {
     let entry = (fingerprint << FINGERPRINT_SHIFT) | state;
-    let mut word = slot.load(Ordering::Acquire);
     loop {
         if holds(word, fingerprint) {
             return verdict(word);
@@ -326,38 +376,36 @@ fn insert_single(slot: &AtomicU64, fingerprint: u64, state: u64) -> Claim {
 /// Picks the slot a new entry goes to (the first empty slot, else the oldest entry) and the
 /// stamp it gets (one past the newest).
 ///
-/// Stamps are 8-bit and compared by wrapping difference from the first live entry's stamp,
-/// which orders them correctly while the live entries of a set span fewer than 128 insertions.
-/// Without erasures they span at most `ways`; a survivor can fall further behind only if its
-/// set sees more than a hundred insert-and-erase cycles, and then the worst outcome is that a
-/// newer entry is evicted first.
+/// Stamps are 8-bit and compared by wrapping difference from the first slot's stamp. Every
+/// slot keeps a stamp, live or not: never-written slots have 0, and `erase` keeps the stamp.
+/// Empty slots are filled first, so they never fall far behind, and the differences order the
+/// stamps correctly while a set's stamps span fewer than 128 insertions. Without erasures they
+/// span at most `ways`; a live entry can fall further behind only if its set sees more than a
+/// hundred insert-and-erase cycles, and then the worst outcome is that a newer entry is evicted
+/// first.
 ///
 /// The loop has no branch on slot contents, only selects: which slot is oldest is random, and a
 /// mispredicted branch here, taken only once the set's cache line has arrived, would throw away
 /// the loads of the next operations that the processor had already started.
-#[inline]
-fn choose_victim(words: &[u64]) -> (usize, u8) {
-    let live = |word: u64| word & STATE_MASK != EMPTY;
+#[inline(always)]
+fn choose_victim<const W: usize>(words: &[u64; W]) -> (usize, u8) {
     let stamp = |word: u64| (word >> STAMP_SHIFT) as u8;
-    let reference = words
-        .iter()
-        .rev()
-        .fold(0u8, |r, &word| if live(word) { stamp(word) } else { r });
+    let reference = stamp(words[0]);
     // Key per slot: empty slots 0..8 (by index), live ones 8 + (age + 128) * 8 + index, so the
     // minimum is the first empty slot, else the oldest entry.
     let mut best = u32::MAX;
-    let mut newest = -1i32;
+    let mut newest = i32::MIN;
     for (index, &word) in words.iter().enumerate() {
         let age = i32::from(stamp(word).wrapping_sub(reference) as i8);
-        let key = if live(word) {
+        let live = word & LIVE != 0;
+        let key = if live {
             8 + ((age + 128) as u32) * 8 + index as u32
         } else {
             index as u32
         };
         best = best.min(key);
-        newest = if live(word) { newest.max(age) } else { newest };
+        newest = newest.max(age);
     }
-    // With no live entry, `newest` stays -1 and the stamp is `reference` = 0.
     let stamp = reference.wrapping_add((newest + 1) as u8);
     ((best % 8) as usize, stamp)
 }
@@ -393,36 +441,56 @@ fn advise_huge_pages(_slots: &[AtomicU64]) {}
 
 /// The writer guard of a set: the `LOCK` bit of its first slot.
 ///
-/// Held for a few loads and one store. Dropping it releases the set.
+/// While the bit is set, only the holder writes the first slot (`commit` and `erase` wait for
+/// the bit to clear), so the holder releases the guard with a plain store of `first`: one
+/// locked instruction per insert, the compare-and-swap that takes the guard.
 struct SetGuard<'a> {
     word: &'a AtomicU64,
+    /// The first slot's value without the guard bit; stored back on release.
+    first: u64,
 }
 
 impl<'a> SetGuard<'a> {
-    #[inline]
-    fn lock(word: &'a AtomicU64) -> Self {
+    /// Takes the guard of the set whose first slot is `word`, last seen holding `current`.
+    #[inline(always)]
+    fn lock(word: &'a AtomicU64, mut current: u64) -> Self {
         let mut spins = 0u32;
-        // Acquire: see every write of the previous holder, which released the bit.
-        while word.fetch_or(LOCK, Ordering::Acquire) & LOCK != 0 {
-            while word.load(Ordering::Relaxed) & LOCK != 0 {
-                spins += 1;
-                if spins < 64 {
-                    std::hint::spin_loop();
-                } else {
-                    // The holder was likely descheduled: give it the core.
-                    std::thread::yield_now();
+        loop {
+            if current & LOCK == 0 {
+                // Acquire: see every write of the previous holder, which released with Release.
+                match word.compare_exchange_weak(
+                    current,
+                    current | LOCK,
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => {
+                        return SetGuard {
+                            word,
+                            first: current,
+                        }
+                    }
+                    Err(actual) => current = actual,
                 }
+                continue;
             }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                // The holder was likely descheduled: give it the core.
+                std::thread::yield_now();
+            }
+            current = word.load(Ordering::Relaxed);
         }
-        SetGuard { word }
     }
 }
 
 impl Drop for SetGuard<'_> {
-    #[inline]
+    #[inline(always)]
     fn drop(&mut self) {
         // Release: publish this holder's writes to the next holder and to lock-free readers.
-        self.word.fetch_and(!LOCK, Ordering::Release);
+        self.word.store(self.first & !LOCK, Ordering::Release);
     }
 }
 

@@ -240,23 +240,22 @@ fn digests_without_overflow(geometry: Geometry, count: usize, seed: u64) -> Vec<
 #[cfg_attr(miri, ignore)]
 fn concurrent_claims_of_one_digest_yield_exactly_one_new() {
     const THREADS: usize = 4;
-    // Several rounds on fresh tables: a lost race shows up within a few thousand claims.
-    for (round, ways) in [1, 8, 1, 8, 8, 8].into_iter().enumerate() {
-        // Nearly full sets, so that claims of different digests meet in the same set.
+    // Several rounds on fresh tables. All threads start together and walk the same order, so
+    // each digest is claimed by several threads at the same moment; sets are nearly full, so
+    // claims of different digests also meet in one set.
+    for (round, ways) in [1, 8, 2, 8, 4, 8, 8, 8].into_iter().enumerate() {
         let geometry = Geometry::new(4096, ways).unwrap();
         let digests = digests_without_overflow(geometry, 4000, round as u64);
         let table = Table::new(geometry);
         let news: Vec<AtomicU32> = digests.iter().map(|_| AtomicU32::new(0)).collect();
+        let start = std::sync::Barrier::new(THREADS);
         std::thread::scope(|scope| {
-            for thread in 0..THREADS {
-                let (table, digests, news) = (&table, &digests, &news);
+            for _ in 0..THREADS {
+                let (table, digests, news, start) = (&table, &digests, &news, &start);
                 scope.spawn(move || {
-                    let mut order: Vec<usize> = (0..digests.len()).collect();
-                    order.shuffle(&mut StdRng::seed_from_u64(
-                        (round * THREADS + thread) as u64,
-                    ));
-                    for i in order {
-                        if table.claim(digests[i]) == Claim::New {
+                    start.wait();
+                    for (i, digest) in digests.iter().enumerate() {
+                        if table.claim(*digest) == Claim::New {
                             news[i].fetch_add(1, Ordering::Relaxed);
                         }
                     }
@@ -264,10 +263,17 @@ fn concurrent_claims_of_one_digest_yield_exactly_one_new() {
             }
         });
         let counts: Vec<u32> = news.iter().map(|n| n.load(Ordering::Relaxed)).collect();
+        let wrong: Vec<(usize, u32)> = counts
+            .iter()
+            .copied()
+            .enumerate()
+            .filter(|&(_, n)| n != 1)
+            .collect();
         assert!(
-            counts.iter().all(|&n| n == 1),
-            "ways {ways}: every digest must get exactly one New, got counts {:?}",
-            counts.iter().filter(|&&n| n != 1).collect::<Vec<_>>()
+            wrong.is_empty(),
+            "ways {ways}: every digest must get exactly one New; {} did not, first (index, count): {:?}",
+            wrong.len(),
+            &wrong[..wrong.len().min(5)]
         );
         assert_eq!(table.occupied(), digests.len() as u64);
     }
@@ -282,11 +288,13 @@ fn concurrent_claim_commit_erase_keep_the_books_balanced() {
     let table = Table::new(geometry);
     let news: Vec<AtomicU32> = digests.iter().map(|_| AtomicU32::new(0)).collect();
     let erases: Vec<AtomicU32> = digests.iter().map(|_| AtomicU32::new(0)).collect();
+    let start = std::sync::Barrier::new(THREADS);
     std::thread::scope(|scope| {
         for thread in 0..THREADS {
-            let (table, digests, news, erases) = (&table, &digests, &news, &erases);
+            let (table, digests, news, erases, start) = (&table, &digests, &news, &erases, &start);
             scope.spawn(move || {
                 let mut rng = StdRng::seed_from_u64(100 + thread as u64);
+                start.wait();
                 for _ in 0..3 {
                     let mut order: Vec<usize> = (0..digests.len()).collect();
                     order.shuffle(&mut rng);
