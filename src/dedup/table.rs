@@ -5,28 +5,35 @@
 //! Each slot is one `AtomicU64`:
 //!
 //! ```text
-//!  63                                   11 10       3   2    1 0
-//! +---------------------------------------+----------+------+-----+
-//! |  fingerprint (53 bits of the digest)  | stamp(8) | lock | state|
-//! +---------------------------------------+----------+------+-----+
+//!  63                                        6 5        3   2    1 0
+//! +-------------------------------------------+----------+------+-----+
+//! |  fingerprint (58 bits of the digest)      |  cursor  | lock | state|
+//! +-------------------------------------------+----------+------+-----+
 //! ```
 //!
 //! - `state`: `00` empty, `01` in flight, `11` done. Bit 0 says the slot holds an entry, so
 //!   matching a digest is one mask and one compare.
-//! - `lock`: only meaningful in the first slot of a set; it is the set's writer guard.
-//! - `stamp`: the set's insertion counter when the entry was written, so the oldest entry of a
-//!   full set is the one replaced (FIFO). A duplicate hit does not change it.
-//! - `fingerprint`: the top 53 bits of the digest's low half. The set index comes from the high
-//!   half, so a stored entry matches another digest only if both share the set *and* those 53
+//! - `lock` and `cursor`: only meaningful in the first slot of a set. `lock` is the set's writer
+//!   guard; `cursor` is the slot the next eviction replaces.
+//! - `fingerprint`: the top 58 bits of the digest's low half. The set index comes from the high
+//!   half, so a stored entry matches another digest only if both share the set *and* those 58
 //!   bits.
+//!
+//! # Replacement
+//!
+//! A new digest goes to the first empty slot of its set; in a full set it replaces the slot at
+//! the cursor, and the cursor moves on by one. Slots fill in order and are replaced in the same
+//! order, so the oldest entry goes first (FIFO), and a duplicate hit changes nothing. After an
+//! `erase`, the slot it empties is refilled first and keeps its place in the rotation, so that
+//! entry is replaced somewhat earlier than strict FIFO would; erasures happen only when a
+//! handler fails.
 //!
 //! # False "seen"
 //!
 //! A digest that was never inserted is reported as seen only if one of the `ways` entries of
-//! its set carries the same 53-bit fingerprint: at most `ways / 2^53` per lookup,
-//! about 8.9e-16 with 8 ways (1.1e-16 with 1). At a million messages a second for a year
-//! (3.2e13 lookups) that is 0.028 expected false drops with 8 ways. Shorter fingerprints would
-//! buy nothing: the slot already fits in 8 bytes.
+//! its set carries the same 58-bit fingerprint: at most `ways / 2^58` per lookup, about 2.8e-17
+//! with 8 ways (3.5e-18 with 1). At a million messages a second for a year (3.2e13 lookups)
+//! that is 0.0009 expected false drops with 8 ways.
 //!
 //! # Concurrency
 //!
@@ -58,9 +65,9 @@ const LIVE: u64 = 0b01;
 const IN_FLIGHT: u64 = 0b01;
 const DONE: u64 = 0b11;
 const LOCK: u64 = 1 << 2;
-const STAMP_SHIFT: u32 = 3;
-const STAMP_MASK: u64 = 0xff << STAMP_SHIFT;
-const FINGERPRINT_SHIFT: u32 = 11;
+const CURSOR_SHIFT: u32 = 3;
+const CURSOR_MASK: u64 = 0b111 << CURSOR_SHIFT;
+const FINGERPRINT_SHIFT: u32 = 6;
 
 /// Slots on one cache line: sets of up to this many ways never straddle two lines.
 const LINE_SLOTS: usize = 8;
@@ -139,7 +146,7 @@ impl Table {
         let zeroed = Box::<[AtomicU64]>::new_zeroed_slice(len);
         // SAFETY: `AtomicU64` has the same in-memory representation as `u64`, for which
         // all-zero bytes are a valid value, so a zeroed slice is fully initialised. Zero is
-        // also the empty slot (state 0).
+        // also the empty slot (state 0) and a cursor at slot 0.
         let slots = unsafe { zeroed.assume_init() };
         let base = slots.as_ptr().align_offset(LINE_SLOTS * 8);
         assert!(
@@ -223,8 +230,8 @@ impl Table {
     /// Empties the slot that holds `digest`. Returns whether its set still held it; another
     /// digest's entry is never touched.
     pub fn erase(&self, digest: Digest) -> bool {
-        // Keep the stamp, so that every slot's stamp stays a valid reference for FIFO order.
-        let empty = |word| word & STAMP_MASK;
+        // Keep the set's cursor, which lives in its first slot.
+        let empty = |word| word & CURSOR_MASK;
         on_set!(self, digest, update(fingerprint(digest), empty))
     }
 
@@ -282,7 +289,7 @@ fn insert<const W: usize>(set: &[AtomicU64; W], fingerprint: u64, state: u64) ->
     // Decide before taking the guard, then check under it that the set did not change (the
     // common case); if it did, another writer may have inserted this very digest, so look and
     // decide again. The guard's Acquire makes every earlier holder's writes visible here.
-    let (mut victim, mut stamp) = choose_victim(&words);
+    let mut decision = choose_victim(&words);
     let mut guard = SetGuard::lock(&set[0], words[0]);
     let mut now = load(set);
     now[0] = guard.first;
@@ -294,13 +301,16 @@ fn insert<const W: usize>(set: &[AtomicU64; W], fingerprint: u64, state: u64) ->
         if let Some(word) = find_in(&now, fingerprint) {
             return verdict(word);
         }
-        (victim, stamp) = choose_victim(&now);
+        decision = choose_victim(&now);
     }
-    let entry = (fingerprint << FINGERPRINT_SHIFT) | (u64::from(stamp) << STAMP_SHIFT) | state;
+    let (victim, cursor) = decision;
+    let entry = (fingerprint << FINGERPRINT_SHIFT) | state;
+    let cursor = (cursor as u64) << CURSOR_SHIFT;
     if victim == 0 {
         // Written by the guard's release.
-        guard.first = entry;
+        guard.first = entry | cursor;
     } else {
+        guard.first = (guard.first & !CURSOR_MASK) | cursor;
         // Only guard holders insert, so a plain store cannot lose another insert. A concurrent
         // `commit` or `erase` of the evicted entry either happened before (and is overwritten,
         // as an eviction should) or fails its compare-and-swap afterwards.
@@ -373,41 +383,25 @@ fn insert_single(slot: &AtomicU64, mut word: u64, fingerprint: u64, state: u64) 
     }
 }
 
-/// Picks the slot a new entry goes to (the first empty slot, else the oldest entry) and the
-/// stamp it gets (one past the newest).
+/// Picks the slot a new entry goes to, and the set's cursor afterwards: the first empty slot
+/// (cursor unchanged), else the slot at the cursor (which moves on by one).
 ///
-/// Stamps are 8-bit and compared by wrapping difference from the first slot's stamp. Every
-/// slot keeps a stamp, live or not: never-written slots have 0, and `erase` keeps the stamp.
-/// Empty slots are filled first, so they never fall far behind, and the differences order the
-/// stamps correctly while a set's stamps span fewer than 128 insertions. Without erasures they
-/// span at most `ways`; a live entry can fall further behind only if its set sees more than a
-/// hundred insert-and-erase cycles, and then the worst outcome is that a newer entry is evicted
-/// first.
-///
-/// The loop has no branch on slot contents, only selects: which slot is oldest is random, and a
-/// mispredicted branch here, taken only once the set's cache line has arrived, would throw away
-/// the loads of the next operations that the processor had already started.
+/// No branch on slot contents, only selects: whether a set is full is random, and a
+/// mispredicted branch taken once the set's cache line has arrived would throw away the loads
+/// of the next operations that the processor had already started.
 #[inline(always)]
-fn choose_victim<const W: usize>(words: &[u64; W]) -> (usize, u8) {
-    let stamp = |word: u64| (word >> STAMP_SHIFT) as u8;
-    let reference = stamp(words[0]);
-    // Key per slot: empty slots 0..8 (by index), live ones 8 + (age + 128) * 8 + index, so the
-    // minimum is the first empty slot, else the oldest entry.
-    let mut best = u32::MAX;
-    let mut newest = i32::MIN;
+fn choose_victim<const W: usize>(words: &[u64; W]) -> (usize, usize) {
+    let mut live = 0u32;
     for (index, &word) in words.iter().enumerate() {
-        let age = i32::from(stamp(word).wrapping_sub(reference) as i8);
-        let live = word & LIVE != 0;
-        let key = if live {
-            8 + ((age + 128) as u32) * 8 + index as u32
-        } else {
-            index as u32
-        };
-        best = best.min(key);
-        newest = newest.max(age);
+        live |= ((word & LIVE) as u32) << index;
     }
-    let stamp = reference.wrapping_add((newest + 1) as u8);
-    ((best % 8) as usize, stamp)
+    let cursor = ((words[0] & CURSOR_MASK) >> CURSOR_SHIFT) as usize % W;
+    let first_empty = (!live).trailing_zeros() as usize;
+    if first_empty < W {
+        (first_empty, cursor)
+    } else {
+        (cursor, (cursor + 1) % W)
+    }
 }
 
 /// Asks the kernel to back the table with 2 MiB pages where the allocation covers whole ones.

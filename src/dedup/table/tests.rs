@@ -8,68 +8,68 @@ use rand::{Rng, SeedableRng};
 
 use super::*;
 
-/// The specification the table must follow, kept in the plainest form: per set, a list of
-/// `ways` optional entries with a global insertion counter for age.
+/// One set of the model: `ways` optional entries and the cursor of the next eviction.
+type ModelSet = (Vec<Option<(Digest, Claim)>>, usize);
+
+/// The specification the table must follow, kept in the plainest form.
 struct Model {
     geometry: Geometry,
-    sets: Vec<Vec<Option<(Digest, Claim, u64)>>>,
-    clock: u64,
+    sets: Vec<ModelSet>,
 }
 
 impl Model {
     fn new(geometry: Geometry) -> Self {
         let sets = (0..geometry.sets())
-            .map(|_| vec![None; geometry.ways() as usize])
+            .map(|_| (vec![None; geometry.ways() as usize], 0))
             .collect();
-        Model {
-            geometry,
-            sets,
-            clock: 0,
-        }
+        Model { geometry, sets }
     }
 
-    fn set(&mut self, digest: Digest) -> &mut Vec<Option<(Digest, Claim, u64)>> {
+    fn set(&mut self, digest: Digest) -> &mut ModelSet {
         &mut self.sets[self.geometry.set_of(digest) as usize]
     }
 
     fn claim(&mut self, digest: Digest, as_done: bool) -> Claim {
-        self.clock += 1;
-        let clock = self.clock;
-        let set = self.set(digest);
-        if let Some((_, state, _)) = set.iter().flatten().find(|(d, ..)| *d == digest) {
+        let (slots, cursor) = self.set(digest);
+        if let Some((_, state)) = slots.iter().flatten().find(|(d, _)| *d == digest) {
             return *state;
         }
-        let victim = set.iter().position(Option::is_none).unwrap_or_else(|| {
-            (0..set.len())
-                .min_by_key(|&i| set[i].as_ref().unwrap().2)
-                .unwrap()
-        });
+        // The first empty slot, else the one at the cursor, which then moves on.
+        let victim = match slots.iter().position(Option::is_none) {
+            Some(empty) => empty,
+            None => {
+                let victim = *cursor;
+                *cursor = (*cursor + 1) % slots.len();
+                victim
+            }
+        };
         let state = if as_done {
             Claim::Duplicate
         } else {
             Claim::InFlight
         };
-        set[victim] = Some((digest, state, clock));
+        slots[victim] = Some((digest, state));
         Claim::New
     }
 
     fn commit(&mut self, digest: Digest) -> bool {
         let entry = self
             .set(digest)
+            .0
             .iter_mut()
             .flatten()
-            .find(|(d, ..)| *d == digest);
+            .find(|(d, _)| *d == digest);
         entry.map(|entry| entry.1 = Claim::Duplicate).is_some()
     }
 
     fn erase(&mut self, digest: Digest) -> bool {
-        let set = self.set(digest);
-        match set
+        let slots = &mut self.set(digest).0;
+        match slots
             .iter()
-            .position(|e| matches!(e, Some((d, ..)) if *d == digest))
+            .position(|e| matches!(e, Some((d, _)) if *d == digest))
         {
             Some(index) => {
-                set[index] = None;
+                slots[index] = None;
                 true
             }
             None => false,
