@@ -345,7 +345,7 @@ fn update<const W: usize>(
     false
 }
 
-/// The fingerprint kept in a slot: the top 53 bits of the digest's low half.
+/// The fingerprint kept in a slot: the top 58 bits of the digest's low half.
 #[inline]
 fn fingerprint(digest: Digest) -> u64 {
     digest.lo() >> FINGERPRINT_SHIFT
