@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::connection::{broker_error, Connection, Identify, USER_AGENT};
-use super::consumer::random_unit;
+use super::consumer::{is_valid_name, random_unit};
 use super::error::Error;
 use super::frame::{Command, Frame, DEFAULT_MAX_FRAME_SIZE, HEARTBEAT};
 
@@ -128,6 +128,7 @@ impl Producer {
     ///
     /// # Errors
     ///
+    /// [`Error::Config`] for an invalid topic name (checked before anything is sent);
     /// [`Error::Broker`] with nsqd's error (e.g. `E_BAD_TOPIC`, `E_PUB_FAILED`); a connection
     /// error if the request was sent and the connection failed before the answer (the message
     /// may or may not be published); [`Error::NoProducer`] if no nsqd could be reached.
@@ -174,6 +175,18 @@ impl Producer {
     /// Sends `command` to the next nsqd in turn, moving on to the following ones only while
     /// the request has certainly not been written.
     async fn request(&self, command: Command) -> Result<(), Error> {
+        let topic = match &command {
+            Command::Pub { topic, .. }
+            | Command::Mpub { topic, .. }
+            | Command::Dpub { topic, .. } => topic,
+            _ => unreachable!("only publishes are requested"),
+        };
+        if !is_valid_name(topic) {
+            return Err(Error::Config {
+                field: "topic",
+                reason: format!("{topic:?} is not a valid NSQ topic name (1-64 of [.a-zA-Z0-9_-], optionally ending in #ephemeral)"),
+            });
+        }
         let n = self.conns.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let mut last = None;
