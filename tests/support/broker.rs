@@ -1060,7 +1060,7 @@ impl Conn {
             return Err(self.fatal(&format!("E_INVALID {verb} insufficient number of params")));
         }
         if params[1].len() != 16 {
-            return Err(self.fatal(&format!("E_INVALID Invalid Message ID")));
+            return Err(self.fatal("E_INVALID Invalid Message ID"));
         }
         let mut id = [0u8; 16];
         id.copy_from_slice(params[1].as_bytes());
