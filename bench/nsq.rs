@@ -5,7 +5,9 @@
 
 use bytes::{Bytes, BytesMut};
 use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
-use nsq_dedupe::nsq::frame::{encode_message_frame, Command, Frame, FrameCodec, MessageId, RawMessage};
+use nsq_dedupe::nsq::frame::{
+    encode_message_frame, Command, Frame, FrameCodec, MessageId, RawMessage,
+};
 use tokio_util::codec::Decoder;
 
 /// Frames per iteration: a read buffer's worth, as the connection sees them.
@@ -31,24 +33,28 @@ fn decode_and_fin(c: &mut Criterion) {
             );
         }
         let wire = wire.freeze();
-        group.bench_with_input(BenchmarkId::new("decode_message_encode_fin", body_len), &wire, |b, wire| {
-            let mut codec = FrameCodec::default();
-            let mut out = BytesMut::with_capacity(BATCH * 21);
-            b.iter_batched(
-                // Setup (not timed): a fresh read buffer holding BATCH frames.
-                || BytesMut::from(&wire[..]),
-                |mut input| {
-                    out.clear();
-                    while let Some(frame) = codec.decode(&mut input).expect("valid frames") {
-                        if let Frame::Message(m) = frame {
-                            Command::Fin(m.id).encode(&mut out);
+        group.bench_with_input(
+            BenchmarkId::new("decode_message_encode_fin", body_len),
+            &wire,
+            |b, wire| {
+                let mut codec = FrameCodec::default();
+                let mut out = BytesMut::with_capacity(BATCH * 21);
+                b.iter_batched(
+                    // Setup (not timed): a fresh read buffer holding BATCH frames.
+                    || BytesMut::from(&wire[..]),
+                    |mut input| {
+                        out.clear();
+                        while let Some(frame) = codec.decode(&mut input).expect("valid frames") {
+                            if let Frame::Message(m) = frame {
+                                Command::Fin(m.id).encode(&mut out);
+                            }
                         }
-                    }
-                    out.len()
-                },
-                criterion::BatchSize::SmallInput,
-            );
-        });
+                        out.len()
+                    },
+                    criterion::BatchSize::SmallInput,
+                );
+            },
+        );
     }
     group.finish();
 }

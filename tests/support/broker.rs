@@ -50,6 +50,8 @@ pub struct BrokerConfig {
     pub scan_interval: Duration,
     /// Record every RDY and in-flight change in [`Broker::flow_log`] (costly; off by default).
     pub log_flow: bool,
+    /// Keep a [`MsgRecord`] per message ID (on by default; throughput runs turn it off).
+    pub record_messages: bool,
 }
 
 impl Default for BrokerConfig {
@@ -65,6 +67,7 @@ impl Default for BrokerConfig {
             max_body_size: 5 * 1024 * 1024,
             scan_interval: Duration::from_millis(10),
             log_flow: false,
+            record_messages: true,
         }
     }
 }
@@ -775,14 +778,16 @@ impl Conn {
             };
             m.attempts = m.attempts.saturating_add(1);
             message_frame(&mut self.out, &m);
-            let r = ch.records.entry(m.id).or_insert_with(|| MsgRecord {
-                id: String::from_utf8_lossy(&m.id).into_owned(),
-                body: m.body.clone(),
-                ..MsgRecord::default()
-            });
-            r.deliveries += 1;
-            r.last_attempts = m.attempts;
-            r.delivered_at.push(now);
+            if self.shared.config.record_messages {
+                let r = ch.records.entry(m.id).or_insert_with(|| MsgRecord {
+                    id: String::from_utf8_lossy(&m.id).into_owned(),
+                    body: m.body.clone(),
+                    ..MsgRecord::default()
+                });
+                r.deliveries += 1;
+                r.last_attempts = m.attempts;
+                r.delivered_at.push(now);
+            }
             ch.in_flight.insert(
                 m.id,
                 InFlight {
@@ -821,6 +826,16 @@ impl Conn {
             let mut line_end = nl;
             if line_end > 0 && input[line_end - 1] == b'\r' {
                 line_end -= 1;
+            }
+            // Fast path for the commonest command: `FIN <16-byte id>`.
+            if line_end == 20 && &input[..4] == b"FIN " {
+                let mut id = [0u8; 16];
+                id.copy_from_slice(&input[4..20]);
+                input.advance(nl + 1);
+                if let Next::Close = self.fin_id(id) {
+                    return Next::Close;
+                }
+                continue;
             }
             let line = String::from_utf8_lossy(&input[..line_end]).into_owned();
             let params: Vec<&str> = line.split(' ').collect();
@@ -1068,12 +1083,29 @@ impl Conn {
     }
 
     fn fin(&mut self, params: &[&str]) -> Next {
-        let (id, t, chn) = match self.in_flight_check("FIN", params) {
-            Ok(x) => x,
-            Err(next) => return next,
-        };
-        let mut guard = self.shared.lock();
+        if params.len() < 2 {
+            return self.fatal("E_INVALID FIN insufficient number of params");
+        }
+        if params[1].len() != 16 {
+            return self.fatal("E_INVALID Invalid Message ID");
+        }
+        let mut id = [0u8; 16];
+        id.copy_from_slice(params[1].as_bytes());
+        self.fin_id(id)
+    }
+
+    fn fin_id(&mut self, id: [u8; 16]) -> Next {
+        let shared = self.shared.clone();
+        let mut guard = shared.lock();
         let st = &mut *guard;
+        let Some((t, chn)) = st
+            .clients
+            .get(&self.id)
+            .and_then(|c| c.subscription.clone())
+        else {
+            drop(guard);
+            return self.fatal("E_INVALID cannot FIN in current state");
+        };
         let ch = st
             .topics
             .get_mut(&t)
@@ -1090,7 +1122,11 @@ impl Conn {
             }
             st.stats.fin_failed += 1;
             drop(guard);
-            self.error(&format!("E_FIN_FAILED FIN {} failed {problem}", params[1]));
+            let text = format!(
+                "E_FIN_FAILED FIN {} failed {problem}",
+                String::from_utf8_lossy(&id)
+            );
+            self.error(&text);
             return Next::Continue;
         }
         let f = ch.in_flight.remove(&id).expect("checked");
@@ -1102,8 +1138,8 @@ impl Conn {
         if let Some(c) = st.clients.get_mut(&self.id) {
             c.in_flight -= 1;
         }
-        if self.shared.config.log_flow {
-            log_flow(&self.shared, st, self.id);
+        if shared.config.log_flow {
+            log_flow(&shared, st, self.id);
         }
         Next::Continue
     }
