@@ -376,17 +376,19 @@ impl ConnHandle {
     }
 }
 
-/// Hashes message IDs by folding their 16 bytes with one multiply each half.
+/// Hashes message IDs with a folded 64x64->128-bit multiply per 8 bytes (as foldhash does).
 ///
 /// The set holds at most `max_in_flight` IDs chosen by our own nsqd, so flooding is not a
-/// concern, and SipHash was a visible share of the per-message cost.
+/// concern, and SipHash was a visible share of the per-message cost. The fold matters: nsqd's
+/// IDs differ mostly in their last bytes, and a plain multiply would leave the low bits that
+/// pick the bucket nearly constant.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct IdHasher;
 
 impl std::hash::BuildHasher for IdHasher {
     type Hasher = IdHash;
     fn build_hasher(&self) -> IdHash {
-        IdHash(0)
+        IdHash(0x243f_6a88_85a3_08d3)
     }
 }
 
@@ -403,8 +405,8 @@ impl std::hash::Hasher for IdHash {
         for chunk in bytes.chunks(8) {
             let mut word = [0u8; 8];
             word[..chunk.len()].copy_from_slice(chunk);
-            self.0 = (self.0.rotate_left(23) ^ u64::from_le_bytes(word))
-                .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            let full = u128::from(self.0 ^ u64::from_le_bytes(word)) * 0x9e37_79b9_7f4a_7c15_u128;
+            self.0 = (full as u64) ^ ((full >> 64) as u64);
         }
     }
 }
@@ -463,5 +465,29 @@ impl Writer {
             let _ = self.write.shutdown().await;
         }
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::hash::BuildHasher;
+
+    /// Sequential nsqd-style IDs must spread over the low bits that pick a bucket.
+    #[test]
+    fn id_hash_spreads_sequential_ids() {
+        let mut buckets = [0u32; 256];
+        for i in 0..25_600u64 {
+            let text = format!("{:04x}{:012x}", 1, i);
+            let mut id = [0u8; 16];
+            id.copy_from_slice(text.as_bytes());
+            let h = IdHasher.hash_one(MessageId(id));
+            buckets[(h & 0xff) as usize] += 1;
+        }
+        let (min, max) = (buckets.iter().min().unwrap(), buckets.iter().max().unwrap());
+        assert!(
+            *min > 50 && *max < 170,
+            "bucket loads {min}..{max}, expected about 100"
+        );
     }
 }
