@@ -61,7 +61,8 @@ pub struct ConsumerConfig {
     pub max_attempts: u16,
     /// `requeue(None)` waits this long times the attempt count... Defaults to: 90 s.
     pub default_requeue_delay: Duration,
-    /// ...capped at this. Defaults to: 15 min.
+    /// ...capped at this, as is any explicit requeue delay (keep it at or below nsqd's
+    /// `--max-req-timeout`, 1 h by default, or nsqd closes the connection). Defaults to: 15 min.
     pub max_requeue_delay: Duration,
     /// First handler-failure backoff; each further failure doubles it. Zero disables backoff.
     /// Defaults to: 1 s.
@@ -403,6 +404,10 @@ impl ConsumerShared {
         self.default_requeue_delay
             .saturating_mul(u32::from(attempts.max(1)))
             .min(self.max_requeue_delay)
+    }
+
+    pub(crate) fn clamp_requeue_delay(&self, delay: Duration) -> Duration {
+        delay.min(self.max_requeue_delay)
     }
 
     pub(crate) fn on_finished(&self) {

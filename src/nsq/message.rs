@@ -90,8 +90,9 @@ impl Message {
     }
 
     /// Sends `REQ`: nsqd delivers the message again after `delay` (or the configured default,
-    /// `default_requeue_delay * attempts` capped at `max_requeue_delay`, if `None`). Counts as a
-    /// handler failure: the consumer backs off like go-nsq.
+    /// `default_requeue_delay * attempts`, if `None`), capped at `max_requeue_delay` because
+    /// nsqd treats a delay above its `--max-req-timeout` as a fatal error. Counts as a handler
+    /// failure: the consumer backs off like go-nsq.
     ///
     /// # Errors
     ///
@@ -111,7 +112,10 @@ impl Message {
 
     fn requeue_inner(mut self, delay: Option<Duration>, backoff: bool) -> Result<(), Error> {
         self.answered = true;
-        let delay = delay.unwrap_or_else(|| self.consumer.default_requeue_delay(self.attempts));
+        let delay = match delay {
+            Some(delay) => self.consumer.clamp_requeue_delay(delay),
+            None => self.consumer.default_requeue_delay(self.attempts),
+        };
         let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
         let result = self.conn.answer(self.id, Command::Req(self.id, delay_ms));
         if result.is_ok() {
