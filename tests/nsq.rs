@@ -353,6 +353,42 @@ async fn lookupd_joins_new_nsqd_and_drains_vanished_ones() {
 }
 
 #[tokio::test]
+async fn lookupd_failure_keeps_current_connections() {
+    let a = Broker::start(broker_config()).await;
+    let lookupd = Lookupd::start().await;
+    lookupd.set_producers(TOPIC, &[a.tcp_addr()]);
+    let mut c = config(&[]);
+    c.lookupd_http_addresses = vec![lookupd.http_addr().to_string()];
+    let mut consumer = Consumer::new(c).unwrap();
+    let mut events = consumer.events();
+    wait_until("connected through lookupd", Duration::from_secs(5), || {
+        consumer.stats().connections == 1
+    })
+    .await;
+    drop(lookupd);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        assert!(Instant::now() < deadline, "no LookupdFailed event");
+        if let Ok(Ok(ConsumerEvent::LookupdFailed { .. })) =
+            tokio::time::timeout(Duration::from_secs(1), events.recv()).await
+        {
+            break;
+        }
+    }
+    a.publish(TOPIC, "still subscribed");
+    next(&mut consumer, Duration::from_secs(5))
+        .await
+        .finish()
+        .unwrap();
+    wait_until("FIN", Duration::from_secs(5), || a.stats().fin_ok == 1).await;
+    assert_eq!(
+        (a.stats().connections, a.stats().cls),
+        (1, 0),
+        "the connection was kept"
+    );
+}
+
+#[tokio::test]
 async fn lookupd_client_reads_producers_and_unknown_topics() {
     let lookupd = Lookupd::start().await;
     let nsqd: SocketAddr = "127.0.0.1:4150".parse().unwrap();

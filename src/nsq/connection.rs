@@ -49,7 +49,8 @@ pub struct Identify {
     /// Bytes nsqd buffers before writing to us; 0 keeps nsqd's default.
     #[serde(skip_serializing_if = "is_zero")]
     pub output_buffer_size: i64,
-    /// Milliseconds nsqd waits before flushing its buffer; 0 keeps nsqd's default.
+    /// Milliseconds nsqd waits before flushing its buffer; 0 keeps nsqd's default, -1 turns
+    /// buffering off.
     #[serde(skip_serializing_if = "is_zero")]
     pub output_buffer_timeout: i64,
 }

@@ -93,9 +93,11 @@ pub struct ConsumerConfig {
     pub hostname: String,
     /// Reported in IDENTIFY. Defaults to: `nsq-dedupe/<version>`.
     pub user_agent: String,
-    /// nsqd's output buffer timeout (how long nsqd may hold messages before writing them);
-    /// `None` keeps nsqd's default (250 ms, flushed sooner when the buffer fills or RDY is
-    /// reached).
+    /// How long nsqd may hold messages in its output buffer before writing them. nsqd flushes
+    /// at once when the client's RDY is used up, but with spare RDY and sparse traffic a message
+    /// can wait up to this long. `Some(Duration::ZERO)` turns buffering off (IDENTIFY sends -1);
+    /// other values must be at least nsqd's `--min-output-buffer-timeout` (25 ms by default) or
+    /// nsqd refuses IDENTIFY. Defaults to: `None` (nsqd's default, 250 ms).
     pub output_buffer_timeout: Option<Duration>,
 }
 
@@ -209,9 +211,11 @@ impl ConsumerConfig {
             heartbeat_interval: self.heartbeat_interval.as_millis() as i64,
             msg_timeout: self.msg_timeout.map_or(0, |t| t.as_millis() as u64),
             output_buffer_size: 0,
-            output_buffer_timeout: self
-                .output_buffer_timeout
-                .map_or(0, |t| t.as_millis().max(1) as i64),
+            output_buffer_timeout: match self.output_buffer_timeout {
+                None => 0,
+                Some(t) if t.is_zero() => -1,
+                Some(t) => i64::try_from(t.as_millis()).unwrap_or(i64::MAX),
+            },
         }
     }
 }
