@@ -949,6 +949,48 @@ async fn producer_publishes_and_reports_errors() {
     assert_eq!(&on[24..], &[Bytes::from("y"), Bytes::from("z")]);
 }
 
+/// The shape the de-duplicating sidecar will have: consume, do async work (publish the body
+/// onward), then finish; every input ends up on the output topic exactly once.
+#[tokio::test]
+async fn consume_publish_finish_pipeline() {
+    let broker = Broker::start(broker_config()).await;
+    let mut c = config(&[broker.tcp_addr()]);
+    c.max_in_flight = 16;
+    let mut consumer = Consumer::new(c).unwrap();
+    let producer = std::sync::Arc::new(
+        Producer::new(ProducerConfig::new(vec![broker.tcp_addr().to_string()])).unwrap(),
+    );
+    broker.publish_many(TOPIC, (0..200).map(body));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while broker.stats().fin_ok < 200 {
+        assert!(
+            Instant::now() < deadline,
+            "finished {} of 200",
+            broker.stats().fin_ok
+        );
+        let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(100), consumer.next()).await
+        else {
+            continue;
+        };
+        let producer = producer.clone();
+        tokio::spawn(async move {
+            match producer.publish("output", m.body().clone()).await {
+                Ok(()) => m.finish().unwrap(),
+                Err(_) => m.requeue(None).unwrap(),
+            }
+        });
+    }
+    let mut out = broker.messages_on("output");
+    out.sort();
+    assert_eq!(out, (0..200).map(body).collect::<Vec<_>>());
+    assert_all_finished_once(&broker, 200);
+    let report = consumer.shutdown(Duration::from_secs(1)).await;
+    assert_eq!(
+        (report.requeued_unseen, report.requeued_at_deadline),
+        (0, 0)
+    );
+}
+
 #[tokio::test]
 async fn producer_fails_over_and_reports_unreachable_nsqd() {
     let dead = {

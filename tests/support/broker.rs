@@ -566,7 +566,6 @@ async fn scan_loop(shared: Arc<Shared>) {
         }
         for (topic, m) in due_pubs {
             // A deferred publish becomes a normal publish, keeping its ID.
-            st.stats.published += 0;
             let t = st.topics.entry(topic).or_default();
             if t.channels.is_empty() {
                 t.backlog.push_back(m);
@@ -1062,12 +1061,14 @@ impl Conn {
         verb: &str,
         params: &[&str],
     ) -> Result<([u8; 16], String, String), Next> {
-        let (sub, closing) = {
+        let sub = {
             let st = self.shared.lock();
-            let c = st.clients.get(&self.id).expect("client");
-            (c.subscription.clone(), c.closing)
+            st.clients
+                .get(&self.id)
+                .expect("client")
+                .subscription
+                .clone()
         };
-        let _ = closing;
         let Some((t, ch)) = sub else {
             return Err(self.fatal(&format!("E_INVALID cannot {verb} in current state")));
         };
