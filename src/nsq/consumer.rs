@@ -152,6 +152,9 @@ impl ConsumerConfig {
                 "give at least one nsqd TCP address or one nsqlookupd HTTP address".into(),
             );
         }
+        for addr in &self.lookupd_http_addresses {
+            lookupd::parse_address(addr)?;
+        }
         if self.max_in_flight == 0 {
             return bad("max_in_flight", "must be at least 1".into());
         }
@@ -1163,7 +1166,15 @@ impl Supervisor {
 
         handle.mark_closed();
         close.cancel();
-        let _ = tokio::time::timeout(Duration::from_secs(1), writer).await;
+        // The writer flushes what is queued; a peer that stopped reading must not keep the
+        // task (and the socket) alive.
+        let mut writer = writer;
+        if tokio::time::timeout(Duration::from_secs(1), &mut writer)
+            .await
+            .is_err()
+        {
+            writer.abort();
+        }
         let _ = self.control.send(Control::Down {
             addr: self.addr.clone(),
         });
@@ -1299,5 +1310,83 @@ impl Supervisor {
             Frame::Error(text) => return Err(broker_error(&self.addr, &text)),
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn valid() -> ConsumerConfig {
+        let mut c = ConsumerConfig::new("events", "dedupe");
+        c.nsqd_tcp_addresses = vec!["127.0.0.1:4150".into()];
+        c
+    }
+
+    fn field_of(c: &ConsumerConfig) -> &'static str {
+        match c.validate() {
+            Err(Error::Config { field, .. }) => field,
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_match_go_nsq() {
+        let c = ConsumerConfig::new("t", "c");
+        assert_eq!(c.max_in_flight, 1);
+        assert_eq!(c.max_attempts, 5);
+        assert_eq!(c.default_requeue_delay, Duration::from_secs(90));
+        assert_eq!(c.max_requeue_delay, Duration::from_secs(900));
+        assert_eq!(c.max_backoff, Duration::from_secs(120));
+        assert_eq!(c.lookupd_poll_interval, Duration::from_secs(60));
+        assert_eq!(
+            c.user_agent,
+            concat!("nsq-dedupe/", env!("CARGO_PKG_VERSION"))
+        );
+        assert!(valid().validate().is_ok());
+    }
+
+    #[test]
+    fn validation_names_the_setting() {
+        let mut c = valid();
+        c.topic = "bad topic".into();
+        assert_eq!(field_of(&c), "topic");
+        let mut c = valid();
+        c.channel = "x".repeat(65);
+        assert_eq!(field_of(&c), "channel");
+        let mut c = valid();
+        c.nsqd_tcp_addresses.clear();
+        assert_eq!(field_of(&c), "nsqd_tcp_addresses");
+        let mut c = valid();
+        c.lookupd_http_addresses = vec!["https://lookupd:4161".into()];
+        assert_eq!(field_of(&c), "lookupd_http_addresses");
+        let mut c = valid();
+        c.max_in_flight = 0;
+        assert_eq!(field_of(&c), "max_in_flight");
+        let mut c = valid();
+        c.heartbeat_interval = Duration::from_millis(500);
+        assert_eq!(field_of(&c), "heartbeat_interval");
+        let mut c = valid();
+        c.msg_timeout = Some(Duration::from_millis(999));
+        assert_eq!(field_of(&c), "msg_timeout");
+    }
+
+    #[test]
+    fn names_follow_nsqd_rules() {
+        assert!(is_valid_name("a.b_c-1"));
+        assert!(is_valid_name("ch#ephemeral"));
+        assert!(!is_valid_name("#ephemeral"));
+        assert!(!is_valid_name(""));
+        assert!(!is_valid_name("a b"));
+        assert!(!is_valid_name("a\nCLS"));
+        assert!(!is_valid_name(&"x".repeat(65)));
+    }
+
+    #[test]
+    fn random_unit_stays_in_range() {
+        for _ in 0..10_000 {
+            let x = random_unit();
+            assert!((0.0..1.0).contains(&x), "{x}");
+        }
     }
 }
