@@ -1097,12 +1097,24 @@ async fn broker_enforces_nsqd_rules() {
     assert_eq!(broker.stats().heartbeat_timeouts, 1);
 }
 
-/// End-to-end throughput: consume and FIN from the test broker over loopback.
+/// End-to-end throughput: consume and FIN from the test broker over loopback, 100-byte bodies,
+/// max_in_flight 2500, finishing each message inline as it arrives.
 ///
 /// `cargo test --release --test integration nsq::throughput -- --ignored --nocapture`
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark; run explicitly in release mode"]
 async fn throughput() {
+    run_throughput(false).await;
+}
+
+/// The same, but each message is finished from its own spawned task, as the sidecar will do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark; run explicitly in release mode"]
+async fn throughput_task_per_message() {
+    run_throughput(true).await;
+}
+
+async fn run_throughput(task_per_message: bool) {
     const N: usize = 500_000;
     // Per-ID records cost the broker an allocation per message; counts and depth still prove
     // that every message was finished.
@@ -1131,7 +1143,11 @@ async fn throughput() {
     first.finish().unwrap();
     for _ in 1..N {
         let m = next(&mut consumer, Duration::from_secs(10)).await;
-        m.finish().unwrap();
+        if task_per_message {
+            tokio::spawn(async move { m.finish().unwrap() });
+        } else {
+            m.finish().unwrap();
+        }
     }
     let consumed = started.elapsed();
     wait_until("all FINs at the broker", Duration::from_secs(30), || {
@@ -1140,7 +1156,8 @@ async fn throughput() {
     .await;
     let acked = started.elapsed();
     println!(
-        "nsq throughput: {N} messages of 100 bytes, max_in_flight 2500: consumed in {consumed:?}, all FINs at broker in {acked:?}: {:.0} msgs/s",
+        "nsq throughput ({}): {N} messages of 100 bytes, max_in_flight 2500: received in {consumed:?}, all FINs at broker in {acked:?}: {:.0} msgs/s",
+        if task_per_message { "task per message" } else { "inline FIN" },
         N as f64 / acked.as_secs_f64()
     );
     assert_eq!(broker.depth(TOPIC, CHANNEL), (0, 0, 0));
