@@ -673,7 +673,7 @@ async fn reconnects_after_a_drop_without_losing_or_double_finishing() {
 }
 
 #[tokio::test]
-async fn reconnect_keeps_trying_while_nsqd_is_down() {
+async fn reconnect_keeps_trying_until_nsqd_is_back() {
     // Reserve a port, then free it: connects fail until a broker listens there.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
@@ -696,6 +696,15 @@ async fn reconnect_keeps_trying_while_nsqd_is_down() {
     }
     assert_eq!(consumer.stats().connects, 0);
     assert_quiet(&mut consumer, Duration::from_millis(50)).await;
+    // nsqd comes back on the same port: the consumer joins it and consumes.
+    let broker = Broker::start_at(addr, broker_config()).await;
+    broker.publish(TOPIC, "back");
+    next(&mut consumer, Duration::from_secs(5))
+        .await
+        .finish()
+        .unwrap();
+    wait_until("FIN", Duration::from_secs(5), || broker.stats().fin_ok == 1).await;
+    assert_eq!(consumer.stats().connects, 1);
 }
 
 #[tokio::test]
