@@ -329,6 +329,14 @@ fn update<const W: usize>(
     for slot in set {
         let mut word = slot.load(Ordering::Acquire);
         while holds(word, fingerprint) {
+            if word & LOCK != 0 {
+                // The set's first slot belongs to a guard holder until it releases the guard
+                // (a few instructions later) with a plain store, which would overwrite our
+                // change: wait for it.
+                std::hint::spin_loop();
+                word = slot.load(Ordering::Acquire);
+                continue;
+            }
             match slot.compare_exchange_weak(
                 word,
                 change(word),
@@ -336,8 +344,7 @@ fn update<const W: usize>(
                 Ordering::Acquire,
             ) {
                 Ok(_) => return true,
-                // The guard bit or the state changed under us, or the entry was evicted: look
-                // again.
+                // The state changed, a guard was taken, or the entry was evicted: look again.
                 Err(actual) => word = actual,
             }
         }

@@ -3,7 +3,6 @@ use std::sync::atomic::AtomicU32;
 
 use proptest::prelude::*;
 use rand::rngs::StdRng;
-use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 use super::*;
@@ -283,51 +282,56 @@ fn concurrent_claims_of_one_digest_yield_exactly_one_new() {
 #[cfg_attr(miri, ignore)]
 fn concurrent_claim_commit_erase_keep_the_books_balanced() {
     const THREADS: usize = 4;
-    let geometry = Geometry::new(2048, 8).unwrap();
-    let digests = digests_without_overflow(geometry, 2000, 9);
-    let table = Table::new(geometry);
-    let news: Vec<AtomicU32> = digests.iter().map(|_| AtomicU32::new(0)).collect();
-    let erases: Vec<AtomicU32> = digests.iter().map(|_| AtomicU32::new(0)).collect();
-    let start = std::sync::Barrier::new(THREADS);
-    std::thread::scope(|scope| {
-        for thread in 0..THREADS {
-            let (table, digests, news, erases, start) = (&table, &digests, &news, &erases, &start);
-            scope.spawn(move || {
-                let mut rng = StdRng::seed_from_u64(100 + thread as u64);
-                start.wait();
-                for _ in 0..3 {
-                    let mut order: Vec<usize> = (0..digests.len()).collect();
-                    order.shuffle(&mut rng);
-                    for i in order {
-                        if table.claim(digests[i]) != Claim::New {
-                            continue;
-                        }
-                        news[i].fetch_add(1, Ordering::Relaxed);
-                        // Only the owner of a claim ends it, and nothing overflows, so its
-                        // entry is still there.
-                        if rng.gen_ratio(1, 3) {
-                            assert!(table.erase(digests[i]));
-                            erases[i].fetch_add(1, Ordering::Relaxed);
-                        } else {
-                            assert!(table.commit(digests[i]));
+    // Fresh tables each round, all threads starting together on the same order, so that
+    // claims, commits and erases in one set happen at the same moment.
+    for round in 0..16u64 {
+        let geometry = Geometry::new(2048, 8).unwrap();
+        let digests = digests_without_overflow(geometry, 2000, 9 + round);
+        let table = Table::new(geometry);
+        let news: Vec<AtomicU32> = digests.iter().map(|_| AtomicU32::new(0)).collect();
+        let erases: Vec<AtomicU32> = digests.iter().map(|_| AtomicU32::new(0)).collect();
+        let start = std::sync::Barrier::new(THREADS);
+        std::thread::scope(|scope| {
+            for thread in 0..THREADS {
+                let (table, digests, news, erases, start) =
+                    (&table, &digests, &news, &erases, &start);
+                scope.spawn(move || {
+                    let mut rng = StdRng::seed_from_u64(100 * round + thread as u64);
+                    start.wait();
+                    for _ in 0..2 {
+                        for (i, digest) in digests.iter().enumerate() {
+                            if table.claim(*digest) != Claim::New {
+                                continue;
+                            }
+                            news[i].fetch_add(1, Ordering::Relaxed);
+                            // Only the owner of a claim ends it, and nothing overflows, so
+                            // its entry is still there.
+                            if rng.gen_ratio(1, 2) {
+                                assert!(table.erase(*digest));
+                                erases[i].fetch_add(1, Ordering::Relaxed);
+                            } else {
+                                assert!(table.commit(*digest));
+                            }
                         }
                     }
-                }
-            });
-        }
-    });
-    for (i, digest) in digests.iter().enumerate() {
-        let news = news[i].load(Ordering::Relaxed);
-        let erases = erases[i].load(Ordering::Relaxed);
-        assert!(news >= 1);
-        // Every New turned an absent digest into a present one, every erase the reverse.
-        assert_eq!(
-            u32::from(table.contains(*digest)),
-            news - erases,
-            "digest {i}"
-        );
-        if table.contains(*digest) {
-            assert_eq!(table.claim(*digest), Claim::Duplicate);
+                });
+            }
+        });
+        for (i, digest) in digests.iter().enumerate() {
+            let news = news[i].load(Ordering::Relaxed);
+            let erases = erases[i].load(Ordering::Relaxed);
+            assert!(news >= 1);
+            // Every New turned an absent digest into a present one, every erase the reverse;
+            // what is left was committed.
+            let held = u32::from(table.contains(*digest));
+            assert_eq!(held, news - erases, "round {round}, digest {i}");
+            if held == 1 {
+                assert_eq!(
+                    table.claim(*digest),
+                    Claim::Duplicate,
+                    "round {round}, digest {i}"
+                );
+            }
         }
     }
 }
