@@ -18,5 +18,6 @@ pub mod dedup;
 pub mod error;
 
 pub use dedup::digest::{DigestAlgorithm, KeySpec, Keyer};
+pub use dedup::memcached::{MemcachedConfig, MemcachedStore};
 pub use dedup::table::Table;
 pub use dedup::{Claim, Digest, Geometry, NoStore, Store};

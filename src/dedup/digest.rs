@@ -256,7 +256,10 @@ mod tests {
         assert!(err.starts_with("body is not valid JSON ("), "{err}");
         // A numeric id is keyed by its JSON text, so 7 and "7" differ only in quoting.
         assert_eq!(
-            KeySpec::Json("/id".into()).extract(br#"{"id":7}"#).unwrap().as_ref(),
+            KeySpec::Json("/id".into())
+                .extract(br#"{"id":7}"#)
+                .unwrap()
+                .as_ref(),
             b"7"
         );
     }
