@@ -9,4 +9,5 @@ mod util;
 
 mod cli_filter;
 mod cli_size;
+mod memcached;
 mod table;

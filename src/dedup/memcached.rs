@@ -214,6 +214,8 @@ struct Inner {
 
 struct Server {
     addr: String,
+    /// `tcp://<addr>`: async-memcached reads a bare `1.2.3.4:11211` as a URL and fails.
+    dsn: String,
     /// xxh3 of `addr`: this server's seed in rendezvous hashing.
     route_seed: u64,
     clients: Pool<Client>,
@@ -285,6 +287,7 @@ impl MemcachedStore {
             .iter()
             .map(|addr| Server {
                 addr: addr.clone(),
+                dsn: format!("tcp://{addr}"),
                 route_seed: xxhash_rust::xxh3::xxh3_64(addr.as_bytes()),
                 clients: Pool::new(config.pool_size),
                 pipes: Pool::new(config.pool_size),
@@ -353,7 +356,7 @@ impl MemcachedStore {
     ) -> Result<pool::Pooled<'a, Client>, StoreError> {
         let timeout = self.inner.config.timeout;
         let connect = || async {
-            match tokio::time::timeout(timeout, Client::new(&server.addr)).await {
+            match tokio::time::timeout(timeout, Client::new(&server.dsn)).await {
                 Ok(Ok(client)) => Ok(client),
                 Ok(Err(err)) => Err(unavailable(server, &err)),
                 Err(_) => Err(StoreError::Timeout(timeout)),

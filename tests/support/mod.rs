@@ -1,1 +1,3 @@
 //! Test tools: servers that the integration tests start and stop themselves.
+
+pub mod memcached;
