@@ -86,14 +86,20 @@ enum Action {
     Renew(usize, usize),
 }
 
-const POOL: usize = 14;
+/// Sets in the property test's tables: not a power of two.
+const PROP_SETS: u64 = 3;
 
-fn action() -> impl Strategy<Value = Action> {
+/// Digests in play: one more per set than fits, so sets overflow and FIFO replacement decides.
+fn pool_size(ways: u32) -> usize {
+    (PROP_SETS * (u64::from(ways) + 1)) as usize
+}
+
+fn action(pool: usize) -> impl Strategy<Value = Action> {
     let who = 0..2usize;
-    let d = 0..POOL;
+    let d = 0..pool;
     prop_oneof![
         4 => (who.clone(), d.clone()).prop_map(|(w, d)| Action::Claim(w, d)),
-        2 => (who.clone(), prop::collection::vec(0..POOL, 1..6)).prop_map(|(w, ds)| Action::ClaimMany(w, ds)),
+        2 => (who.clone(), prop::collection::vec(0..pool, 1..6)).prop_map(|(w, ds)| Action::ClaimMany(w, ds)),
         2 => (who.clone(), d.clone()).prop_map(|(w, d)| Action::Commit(w, d)),
         2 => (who.clone(), d.clone()).prop_map(|(w, d)| Action::Erase(w, d)),
         1 => (who, d).prop_map(|(w, d)| Action::Renew(w, d)),
@@ -164,9 +170,7 @@ impl Model {
 }
 
 async fn run_case(addr: &str, ways: u32, actions: &[Action]) -> Result<(), TestCaseError> {
-    // Three sets (not a power of two) of `ways` ways, and more digests than slots, so sets
-    // overflow and FIFO replacement is exercised.
-    let geometry = Geometry::new(3 * u64::from(ways), ways).expect("valid geometry");
+    let geometry = Geometry::new(PROP_SETS * u64::from(ways), ways).expect("valid geometry");
     let namespace = unique_namespace("prop");
     let mut stores = Vec::new();
     for _ in 0..2 {
@@ -175,7 +179,7 @@ async fn run_case(addr: &str, ways: u32, actions: &[Action]) -> Result<(), TestC
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         stores.push(store);
     }
-    let pool: Vec<Digest> = (0..POOL as u64).map(digest).collect();
+    let pool: Vec<Digest> = (0..pool_size(ways) as u64).map(digest).collect();
     let mut model = Model {
         geometry,
         sets: HashMap::new(),
@@ -247,14 +251,16 @@ fn random_operations_match_the_fifo_model() {
         .build()
         .expect("tokio runtime");
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: 48,
+        cases: 64,
         max_shrink_iters: 256,
         ..ProptestConfig::default()
     });
-    let strategy = (
-        prop::sample::select(vec![1u32, 2, 4, 8]),
-        prop::collection::vec(action(), 1..40),
-    );
+    let strategy = prop::sample::select(vec![1u32, 2, 4, 8]).prop_flat_map(|ways| {
+        (
+            Just(ways),
+            prop::collection::vec(action(pool_size(ways)), 1..80),
+        )
+    });
     let addr = server.addr();
     let result = runner.run(&strategy, |(ways, actions)| {
         runtime.block_on(run_case(&addr, ways, &actions))
