@@ -2,4 +2,6 @@
 
 use criterion::criterion_main;
 
-criterion_main!();
+mod memcached;
+
+criterion_main!(memcached::benches);
