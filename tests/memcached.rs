@@ -172,9 +172,15 @@ impl Model {
 async fn run_case(addr: &str, ways: u32, actions: &[Action]) -> Result<(), TestCaseError> {
     let geometry = Geometry::new(PROP_SETS * u64::from(ways), ways).expect("valid geometry");
     let namespace = unique_namespace("prop");
+    // Owner 0 coalesces single operations into pipelines, owner 1 sends each on its own
+    // connection: both paths must give the model's answers.
     let mut stores = Vec::new();
-    for _ in 0..2 {
-        let store = MemcachedStore::connect(config(&[addr.to_owned()], &namespace), geometry)
+    for coalesce in [true, false] {
+        let config = MemcachedConfig {
+            coalesce,
+            ..config(&[addr.to_owned()], &namespace)
+        };
+        let store = MemcachedStore::connect(config, geometry)
             .await
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         stores.push(store);
@@ -355,7 +361,11 @@ async fn claim_worker_process() {
     let (geometry, digests) = contention_scenario();
     let mut tasks = Vec::new();
     for t in 0..2u64 {
-        let store = MemcachedStore::connect(config(&[addr.to_owned()], namespace), geometry)
+        let config = MemcachedConfig {
+            coalesce: seed % 2 == 0,
+            ..config(&[addr.to_owned()], namespace)
+        };
+        let store = MemcachedStore::connect(config, geometry)
             .await
             .expect("worker connects");
         let digests = digests.clone();
@@ -410,10 +420,15 @@ async fn tasks_and_processes_get_one_new_per_digest() {
         children.push((child, out));
     }
 
-    // Four tasks in this process, each a store of its own (its own owner id).
+    // Four tasks in this process, each a store of its own (its own owner id): single claims
+    // coalesced and not, and batches.
     let mut tasks = Vec::new();
     for t in 0..4u64 {
-        let store = MemcachedStore::connect(config(&[server.addr()], &namespace), geometry)
+        let config = MemcachedConfig {
+            coalesce: t < 2,
+            ..config(&[server.addr()], &namespace)
+        };
+        let store = MemcachedStore::connect(config, geometry)
             .await
             .expect("connect");
         let digests = digests.clone();
@@ -732,12 +747,22 @@ async fn unreadable_value_is_counted_and_replaced() {
 
 #[tokio::test]
 async fn killed_memcached_fails_fast_then_recovers() {
+    outage(true).await;
+}
+
+#[tokio::test]
+async fn killed_memcached_fails_fast_then_recovers_without_coalescing() {
+    outage(false).await;
+}
+
+async fn outage(coalesce: bool) {
     let mut server = MemcachedServer::start();
     let namespace = unique_namespace("outage");
     let geometry = Geometry::new(64, 4).unwrap();
     let store = MemcachedStore::connect(
         MemcachedConfig {
             timeout: Duration::from_millis(300),
+            coalesce,
             ..config(&[server.addr()], &namespace)
         },
         geometry,
@@ -817,17 +842,27 @@ async fn silent_server_times_out() {
             .unwrap_err(),
         StoreError::Timeout(Duration::from_millis(200))
     );
-    let store = MemcachedStore::new_lazy(config, geometry).unwrap();
-    assert_eq!(
-        store.claim(digest(40)).await,
-        Err(StoreError::Timeout(Duration::from_millis(200)))
-    );
-    assert_eq!(
-        store.claim_many(&[digest(41)]).await,
-        Err(StoreError::Timeout(Duration::from_millis(200)))
-    );
+    for coalesce in [true, false] {
+        let config = MemcachedConfig {
+            coalesce,
+            ..config.clone()
+        };
+        let store = MemcachedStore::new_lazy(config, geometry).unwrap();
+        assert_eq!(
+            store.claim(digest(40)).await,
+            Err(StoreError::Timeout(Duration::from_millis(200)))
+        );
+        assert_eq!(
+            store.commit(digest(40)).await,
+            Err(StoreError::Timeout(Duration::from_millis(200)))
+        );
+        assert_eq!(
+            store.claim_many(&[digest(41)]).await,
+            Err(StoreError::Timeout(Duration::from_millis(200)))
+        );
+    }
     assert!(
-        began.elapsed() < Duration::from_secs(2),
+        began.elapsed() < Duration::from_secs(3),
         "took {:?}",
         began.elapsed()
     );

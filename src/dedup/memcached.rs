@@ -67,15 +67,30 @@
 //! A claim whose write reached the server before the error leaves an in-flight entry that
 //! expires with its lease, so a redelivery is processed at the latest one lease later.
 //!
-//! # Client
+//! # Client and pipelining
 //!
-//! Single-key operations use `async-memcached`'s meta commands (`meta_get` with `v c` for the
-//! value and CAS token, `meta_set` with `C<token>` or `ME`); it closes a connection whose
-//! exchange was cut short, which our pool relies on. Its pipelined write `meta_set_multi`
-//! takes one flag list for all items, so it cannot carry a CAS token per item; batches
-//! ([`Store::claim_many`]) therefore use a small pipelined meta-protocol connection of our own
-//! (`pipeline.rs`) that sends every read of a batch in one round trip and every
-//! compare-and-swap in the next.
+//! `async-memcached` 0.9 speaks the meta protocol: `meta_get` with `v c` returns a value and
+//! its CAS token, and `meta_set` with `C<token>` (compare-and-swap) or `ME` (add) writes
+//! atomically; it closes a connection whose exchange was cut short, which our pool relies on.
+//! We use it for single operations when coalescing is off
+//! ([`MemcachedConfig::coalesce`]`= false`): each then takes a pooled connection for two round
+//! trips (read, write).
+//!
+//! It cannot do two things we need for throughput. Its pipelined write, `meta_set_multi`,
+//! applies one flag list to every item, so it cannot carry a CAS token per item; and a
+//! `Client` runs one command at a time, so concurrent operations cannot share a round trip.
+//! So batches use a small pipelined meta-protocol connection of our own (`pipeline.rs`): all
+//! reads of a batch (`mg <key> v c`) go in one round trip per server, all compare-and-swaps
+//! (`ms <key> <len> C<token>` / `ME`) in the next, and sets that lost a race are read and
+//! written again. [`Store::claim_many`] sends its digests this way, and, with coalescing on
+//! (the default), so do single operations: a background task (started on first use, ended
+//! when the last handle to the store is dropped) collects the operations that arrive while
+//! earlier pipelines are on the wire, up to [`MemcachedConfig::pool_size`] pipelines at once.
+//! Operations on one set within one pipeline are applied in arrival order and written once.
+//!
+//! In a batch, an error of one server fails the operations on that server only; for
+//! `claim_many` it fails the whole call, although claims on other servers (or written before
+//! the error) may stand as in-flight entries that expire with their lease.
 
 mod pipeline;
 mod pool;
@@ -86,6 +101,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_memcached::{Client, MetaProtocol, Status};
 use futures::future::join_all;
+use tokio::sync::{mpsc, oneshot};
 
 use self::pipeline::{PipeConn, Write, Written};
 use self::pool::Pool;
@@ -139,6 +155,10 @@ pub struct MemcachedConfig {
     /// How many times an operation reads and tries to write a set before giving up with
     /// [`StoreError::Contended`]. Defaults to: 16.
     pub max_cas_retries: u32,
+    /// Whether concurrent single operations (`claim`, `commit`, `erase`, `renew`) are sent
+    /// together in pipelines, which multiplies throughput under concurrency; when off, each
+    /// takes a pooled connection for its own round trips. Defaults to: `true`.
+    pub coalesce: bool,
 }
 
 impl Default for MemcachedConfig {
@@ -150,6 +170,7 @@ impl Default for MemcachedConfig {
             timeout: Duration::from_millis(500),
             pool_size: 8,
             max_cas_retries: 16,
+            coalesce: true,
         }
     }
 }
@@ -210,6 +231,9 @@ struct Inner {
     servers: Vec<Server>,
     /// Values that could not be decoded and were treated as empty.
     unreadable: AtomicU64,
+    /// The queue of the coalescing task (see [`coalesce`]); set on first use, `None` inside
+    /// if coalescing is off or there was no runtime. The task ends when this sender drops.
+    coalescer: std::sync::OnceLock<Option<mpsc::UnboundedSender<Request>>>,
 }
 
 struct Server {
@@ -301,6 +325,7 @@ impl MemcachedStore {
                 owner: random_owner(),
                 servers,
                 unreadable: AtomicU64::new(0),
+                coalescer: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -386,8 +411,56 @@ impl MemcachedStore {
         }
     }
 
-    /// Reads, decides and compare-and-swaps the set of `digest` until the write wins.
+    /// Applies `op` to the set of `digest`: through the coalescer if it is on, else on a
+    /// connection of its own.
     async fn update(&self, digest: Digest, op: Op) -> Result<Outcome, StoreError> {
+        match self.coalescer() {
+            Some(queue) => {
+                let (reply, answer) = oneshot::channel();
+                if queue.send(Request { op, digest, reply }).is_err() {
+                    return Err(coalescer_gone());
+                }
+                // The batch's own steps are time-limited; this bounds the wait for a free
+                // pipeline too.
+                let limit = self.operation_limit();
+                match tokio::time::timeout(limit, answer).await {
+                    Ok(Ok(result)) => result,
+                    Ok(Err(_)) => Err(coalescer_gone()),
+                    Err(_) => Err(StoreError::Timeout(limit)),
+                }
+            }
+            None => self.update_alone(digest, op).await,
+        }
+    }
+
+    /// The longest one operation may take: a connect plus a read and a write per attempt.
+    fn operation_limit(&self) -> Duration {
+        let config = &self.inner.config;
+        config
+            .timeout
+            .saturating_mul(1 + 2 * config.max_cas_retries)
+    }
+
+    /// The queue of the task that coalesces concurrent single operations into pipelines,
+    /// started on first use (we are inside a runtime then), or `None` if coalescing is off.
+    fn coalescer(&self) -> Option<&mpsc::UnboundedSender<Request>> {
+        if !self.inner.config.coalesce {
+            return None;
+        }
+        self.inner
+            .coalescer
+            .get_or_init(|| {
+                let handle = tokio::runtime::Handle::try_current().ok()?;
+                let (queue, requests) = mpsc::unbounded_channel();
+                let inner = std::sync::Arc::downgrade(&self.inner);
+                handle.spawn(coalesce(inner, requests, self.inner.config.pool_size));
+                Some(queue)
+            })
+            .as_ref()
+    }
+
+    /// Reads, decides and compare-and-swaps the set of `digest` until the write wins.
+    async fn update_alone(&self, digest: Digest, op: Op) -> Result<Outcome, StoreError> {
         let inner = &*self.inner;
         let key = self.item_key(digest);
         let server = &inner.servers[self.server_of(&key)];
@@ -463,31 +536,84 @@ impl MemcachedStore {
         })
     }
 
-    /// Claims the sets `sets` (each with the indices into `digests` it must claim, in order) on
-    /// one server, in pipelines. Returns `(index, claim)` pairs.
-    async fn claim_sets_on(
+    /// Applies `ops` in pipelines: grouped by server (all servers at once) and by set (a
+    /// set's operations in their order, then one write). Returns each operation's outcome;
+    /// an operation fails only with the server of its set.
+    async fn run_ops(&self, ops: &[(Op, Digest)]) -> Vec<Result<Outcome, StoreError>> {
+        let inner = &*self.inner;
+        let mut set_index: HashMap<u64, usize> = HashMap::new();
+        let mut per_server: Vec<Vec<(u64, Vec<usize>)>> = vec![Vec::new(); inner.servers.len()];
+        let mut server_of_op = Vec::with_capacity(ops.len());
+        for (index, (_, digest)) in ops.iter().enumerate() {
+            let set = inner.geometry.set_of(*digest);
+            let server = self.server_of(&self.key_of_set(set));
+            let slot = *set_index.entry(set).or_insert_with(|| {
+                per_server[server].push((set, Vec::new()));
+                per_server[server].len() - 1
+            });
+            per_server[server][slot].1.push(index);
+            server_of_op.push(server);
+        }
+        let results = join_all(per_server.iter().zip(&inner.servers).map(
+            |(sets, server)| async move {
+                if sets.is_empty() {
+                    Ok(Vec::new())
+                } else {
+                    self.run_sets_on(server, sets, ops).await
+                }
+            },
+        ))
+        .await;
+        let mut outcomes: Vec<Option<Result<Outcome, StoreError>>> = vec![None; ops.len()];
+        let mut failures: Vec<Option<StoreError>> = vec![None; inner.servers.len()];
+        for (server, result) in results.into_iter().enumerate() {
+            match result {
+                Ok(answers) => {
+                    for (index, outcome) in answers {
+                        outcomes[index] = Some(Ok(outcome));
+                    }
+                }
+                Err(err) => failures[server] = Some(err),
+            }
+        }
+        outcomes
+            .into_iter()
+            .zip(server_of_op)
+            .map(|(outcome, server)| {
+                outcome.unwrap_or_else(|| {
+                    Err(failures[server].clone().unwrap_or_else(|| {
+                        StoreError::Protocol("an operation of a batch went unanswered".into())
+                    }))
+                })
+            })
+            .collect()
+    }
+
+    /// [`Self::run_ops`] for the sets that live on `server`; a connection error empties the
+    /// server's pool.
+    async fn run_sets_on(
         &self,
         server: &Server,
         sets: &[(u64, Vec<usize>)],
-        digests: &[Digest],
-    ) -> Result<Vec<(usize, Claim)>, StoreError> {
-        let result = self.claim_sets_pipelined(server, sets, digests).await;
+        ops: &[(Op, Digest)],
+    ) -> Result<Vec<(usize, Outcome)>, StoreError> {
+        let result = self.run_sets_pipelined(server, sets, ops).await;
         if result.as_ref().is_err_and(is_connection_error) {
             server.pipes.clear();
         }
         result
     }
 
-    async fn claim_sets_pipelined(
+    async fn run_sets_pipelined(
         &self,
         server: &Server,
         sets: &[(u64, Vec<usize>)],
-        digests: &[Digest],
-    ) -> Result<Vec<(usize, Claim)>, StoreError> {
+        ops: &[(Op, Digest)],
+    ) -> Result<Vec<(usize, Outcome)>, StoreError> {
         let inner = &*self.inner;
         let timeout = inner.config.timeout;
         let io_error = |err: std::io::Error| unavailable(server, &err);
-        let mut answers = Vec::with_capacity(digests.len());
+        let mut answers = Vec::with_capacity(ops.len());
         let mut conn = self.pipe(server).await?;
         for chunk in sets.chunks(MAX_PIPELINE_SETS) {
             let keys: Vec<String> = chunk.iter().map(|(set, _)| self.key_of_set(*set)).collect();
@@ -506,26 +632,25 @@ impl MemcachedStore {
                     .map_err(io_error)?;
                 let facts = self.lease_facts();
                 // For each pending set: its new value (if it changed), the CAS token of the
-                // read, and the claims that the write would make true.
+                // read, and the outcomes that the write would make true.
                 let mut planned = Vec::with_capacity(pending.len());
                 for (&p, read) in pending.iter().zip(reads) {
                     let (mut entries, cas) = match read {
                         Some((value, cas)) => (self.decode_counted(Some(&value)), Some(cas)),
                         None => (Vec::new(), None),
                     };
-                    let mut claims = Vec::with_capacity(chunk[p].1.len());
+                    let mut outcomes = Vec::with_capacity(chunk[p].1.len());
                     let mut changed = false;
                     for &index in &chunk[p].1 {
-                        let (outcome, did) = apply(&mut entries, Op::Claim, digests[index], facts);
+                        let (op, digest) = ops[index];
+                        let (outcome, did) = apply(&mut entries, op, digest, facts);
                         changed |= did;
-                        if let Outcome::Claim(claim) = outcome {
-                            claims.push((index, claim));
-                        }
+                        outcomes.push((index, outcome));
                     }
                     if changed {
-                        planned.push((p, encode(&entries), cas, claims));
+                        planned.push((p, encode(&entries), cas, outcomes));
                     } else {
-                        answers.extend(claims);
+                        answers.extend(outcomes);
                     }
                 }
                 let writes: Vec<Write<'_>> = planned
@@ -545,9 +670,9 @@ impl MemcachedStore {
                         .map_err(io_error)?
                 };
                 pending.clear();
-                for ((p, _, _, claims), written) in planned.into_iter().zip(written) {
+                for ((p, _, _, outcomes), written) in planned.into_iter().zip(written) {
                     match written {
-                        Written::Stored => answers.extend(claims),
+                        Written::Stored => answers.extend(outcomes),
                         Written::Conflict => pending.push(p),
                     }
                 }
@@ -601,37 +726,13 @@ impl Store for MemcachedStore {
     /// already be written; those entries are in flight under this owner and expire with the
     /// lease.
     async fn claim_many(&self, digests: &[Digest]) -> Result<Vec<Claim>, StoreError> {
-        let inner = &*self.inner;
-        // Group the digests by set (keeping their order within a set), and the sets by server.
-        let mut set_index: HashMap<u64, usize> = HashMap::new();
-        let mut per_server: Vec<Vec<(u64, Vec<usize>)>> = vec![Vec::new(); inner.servers.len()];
-        for (index, digest) in digests.iter().enumerate() {
-            let set = inner.geometry.set_of(*digest);
-            let server = self.server_of(&self.key_of_set(set));
-            let slot = *set_index.entry(set).or_insert_with(|| {
-                per_server[server].push((set, Vec::new()));
-                per_server[server].len() - 1
-            });
-            per_server[server][slot].1.push(index);
-        }
-        let results = join_all(
-            per_server
-                .iter()
-                .zip(&inner.servers)
-                .filter(|(sets, _)| !sets.is_empty())
-                .map(|(sets, server)| self.claim_sets_on(server, sets, digests)),
-        )
-        .await;
-        let mut claims = vec![None; digests.len()];
-        for result in results {
-            for (index, claim) in result? {
-                claims[index] = Some(claim);
-            }
-        }
-        claims
+        let ops: Vec<(Op, Digest)> = digests.iter().map(|&d| (Op::Claim, d)).collect();
+        self.run_ops(&ops)
+            .await
             .into_iter()
-            .map(|claim| {
-                claim.ok_or_else(|| StoreError::Protocol("a batch claim went unanswered".into()))
+            .map(|outcome| match outcome? {
+                Outcome::Claim(claim) => Ok(claim),
+                Outcome::Held(_) => Err(StoreError::Protocol("claim gave no claim".into())),
             })
             .collect()
     }
@@ -657,6 +758,68 @@ fn held(outcome: Outcome) -> Result<bool, StoreError> {
     match outcome {
         Outcome::Held(held) => Ok(held),
         Outcome::Claim(_) => Err(StoreError::Protocol("operation gave a claim".into())),
+    }
+}
+
+/// One single operation waiting for the coalescer.
+struct Request {
+    op: Op,
+    digest: Digest,
+    /// The caller waits on the other end; if it gave up, the answer is dropped.
+    reply: oneshot::Sender<Result<Outcome, StoreError>>,
+}
+
+/// The most operations one coalesced pipeline carries.
+const MAX_COALESCED: usize = 512;
+
+/// Collects single operations that arrive while earlier pipelines are on the wire and sends
+/// them together: up to `slots` pipelines at once, each with whatever queued up meanwhile.
+///
+/// Holds only a weak reference to the store, so it ends when the last handle is dropped
+/// (the queue's sender lives in the store).
+async fn coalesce(
+    inner: std::sync::Weak<Inner>,
+    mut requests: mpsc::UnboundedReceiver<Request>,
+    slots: usize,
+) {
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(slots));
+    loop {
+        // Wait for a free pipeline first, so that requests queue up into bigger batches while
+        // all pipelines are busy.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = requests.recv().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_COALESCED {
+            match requests.try_recv() {
+                Ok(request) => batch.push(request),
+                Err(_) => break,
+            }
+        }
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let store = MemcachedStore { inner };
+        tokio::spawn(async move {
+            let ops: Vec<(Op, Digest)> = batch.iter().map(|r| (r.op, r.digest)).collect();
+            let outcomes = store.run_ops(&ops).await;
+            for (request, outcome) in batch.into_iter().zip(outcomes) {
+                let _ = request.reply.send(outcome);
+            }
+            drop(slot);
+        });
+    }
+}
+
+fn coalescer_gone() -> StoreError {
+    StoreError::Unavailable {
+        addr: "(coalescer)".into(),
+        detail: "the task that batches operations has stopped, most likely because the tokio \
+                 runtime that first used this store shut down; use the store from one runtime"
+            .into(),
     }
 }
 
