@@ -1,11 +1,11 @@
 //! Claims per second against a local memcached that this benchmark starts itself.
 //!
-//! Three ways of claiming: one task claiming one digest at a time, 64 tasks sharing one store,
-//! and pipelined batches of 100 (`claim_many`). Every claim is of a fresh digest, so every one
+//! Ways of claiming: one task claiming one digest at a time; 64 tasks sharing one store, with
+//! and without coalescing; pipelined batches of 100 (`claim_many`), from one task and from 4. Every claim is of a fresh digest, so every one
 //! reads and compare-and-swaps its set: the expensive case. After each case the memcached
 //! server's own CPU time (user + system, from `/proc/<pid>/stat`) per claim is printed.
 //!
-//! Run with `cargo bench --bench main -- memcached`. Needs `/usr/bin/memcached` (or
+//! Run with `cargo bench --bench main -- MemcachedStore`. Needs `/usr/bin/memcached` (or
 //! `$MEMCACHED_BIN`); without it the group is skipped with a message.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -99,6 +99,9 @@ fn report_cpu(case: &str, server: &Server, before: Option<u64>, claims_before: u
     if let (Some(before), Some(after)) = (before, server.cpu_ticks()) {
         let ms = (after - before) * 10;
         let n = claims - claims_before;
+        if n == 0 {
+            return; // filtered out
+        }
         eprintln!(
             "memcached CPU for {case}: {ms} ms over {n} claims = {:.2} µs per claim ({:.0} claims per CPU-second)",
             ms as f64 * 1000.0 / n.max(1) as f64,
@@ -126,6 +129,15 @@ fn claims(c: &mut Criterion) {
         namespace: "bench".into(),
         ..MemcachedConfig::default()
     };
+    let uncoalesced = runtime
+        .block_on(MemcachedStore::connect(
+            MemcachedConfig {
+                coalesce: false,
+                ..config.clone()
+            },
+            geometry,
+        ))
+        .expect("connect to the benchmark's memcached");
     let store = runtime
         .block_on(MemcachedStore::connect(config, geometry))
         .expect("connect to the benchmark's memcached");
@@ -162,42 +174,45 @@ fn claims(c: &mut Criterion) {
         claimed.load(Ordering::Relaxed),
     );
 
-    // 64 tasks sharing the store (and its pool of 8 connections), 16 claims each per iteration.
+    // 64 tasks sharing the store, 16 claims each per iteration: with coalescing (the default)
+    // their claims share pipelines; without it each takes one of the 8 pooled connections.
     const TASKS: u64 = 64;
     const PER_TASK: u64 = 16;
     group.throughput(Throughput::Elements(TASKS * PER_TASK));
-    let (before, count) = (server.cpu_ticks(), claimed.load(Ordering::Relaxed));
-    group.bench_function(BenchmarkId::new("tasks", TASKS), |b| {
-        b.iter_custom(|iters| {
-            runtime.block_on(async {
-                let start = Instant::now();
-                for _ in 0..iters {
-                    let tasks: Vec<_> = (0..TASKS)
-                        .map(|_| {
-                            let (store, digests) = (store.clone(), digests.clone());
-                            tokio::spawn(async move {
-                                for _ in 0..PER_TASK {
-                                    store.claim(digests.next()).await.expect("claim");
-                                }
+    for (name, store) in [("tasks", &store), ("tasks_uncoalesced", &uncoalesced)] {
+        let (before, count) = (server.cpu_ticks(), claimed.load(Ordering::Relaxed));
+        group.bench_function(BenchmarkId::new(name, TASKS), |b| {
+            b.iter_custom(|iters| {
+                runtime.block_on(async {
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        let tasks: Vec<_> = (0..TASKS)
+                            .map(|_| {
+                                let (store, digests) = (store.clone(), digests.clone());
+                                tokio::spawn(async move {
+                                    for _ in 0..PER_TASK {
+                                        store.claim(digests.next()).await.expect("claim");
+                                    }
+                                })
                             })
-                        })
-                        .collect();
-                    for task in tasks {
-                        task.await.expect("claim task");
+                            .collect();
+                        for task in tasks {
+                            task.await.expect("claim task");
+                        }
                     }
-                }
-                claimed.fetch_add(iters * TASKS * PER_TASK, Ordering::Relaxed);
-                start.elapsed()
+                    claimed.fetch_add(iters * TASKS * PER_TASK, Ordering::Relaxed);
+                    start.elapsed()
+                })
             })
-        })
-    });
-    report_cpu(
-        "64 tasks",
-        &server,
-        before,
-        count,
-        claimed.load(Ordering::Relaxed),
-    );
+        });
+        report_cpu(
+            name,
+            &server,
+            before,
+            count,
+            claimed.load(Ordering::Relaxed),
+        );
+    }
 
     // Pipelined batches: one round trip reads 100 sets, the next compare-and-swaps them.
     const BATCH: u64 = 100;
