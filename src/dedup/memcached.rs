@@ -355,6 +355,9 @@ impl MemcachedStore {
     /// Rendezvous hashing: the server with the highest `xxh3_64(key, seed = xxh3_64(addr))`
     /// wins. It depends only on the key and the server strings.
     pub fn server_of(&self, key: &str) -> usize {
+        if self.inner.servers.len() == 1 {
+            return 0;
+        }
         let mut best = (0, 0);
         for (index, server) in self.inner.servers.iter().enumerate() {
             let score = xxhash_rust::xxh3::xxh3_64_with_seed(key.as_bytes(), server.route_seed);
@@ -541,17 +544,22 @@ impl MemcachedStore {
     /// an operation fails only with the server of its set.
     async fn run_ops(&self, ops: &[(Op, Digest)]) -> Vec<Result<Outcome, StoreError>> {
         let inner = &*self.inner;
-        let mut set_index: HashMap<u64, usize> = HashMap::new();
-        let mut per_server: Vec<Vec<(u64, Vec<usize>)>> = vec![Vec::new(); inner.servers.len()];
+        // set -> (server, position in that server's list)
+        let mut set_index: HashMap<u64, (usize, usize)> = HashMap::with_capacity(ops.len());
+        let mut per_server: Vec<Vec<SetOps>> = vec![Vec::new(); inner.servers.len()];
         let mut server_of_op = Vec::with_capacity(ops.len());
         for (index, (_, digest)) in ops.iter().enumerate() {
             let set = inner.geometry.set_of(*digest);
-            let server = self.server_of(&self.key_of_set(set));
-            let slot = *set_index.entry(set).or_insert_with(|| {
-                per_server[server].push((set, Vec::new()));
-                per_server[server].len() - 1
+            let (server, slot) = *set_index.entry(set).or_insert_with(|| {
+                let key = self.key_of_set(set);
+                let server = self.server_of(&key);
+                per_server[server].push(SetOps {
+                    key,
+                    ops: Vec::new(),
+                });
+                (server, per_server[server].len() - 1)
             });
-            per_server[server][slot].1.push(index);
+            per_server[server][slot].ops.push(index);
             server_of_op.push(server);
         }
         let results = join_all(per_server.iter().zip(&inner.servers).map(
@@ -594,7 +602,7 @@ impl MemcachedStore {
     async fn run_sets_on(
         &self,
         server: &Server,
-        sets: &[(u64, Vec<usize>)],
+        sets: &[SetOps],
         ops: &[(Op, Digest)],
     ) -> Result<Vec<(usize, Outcome)>, StoreError> {
         let result = self.run_sets_pipelined(server, sets, ops).await;
@@ -607,7 +615,7 @@ impl MemcachedStore {
     async fn run_sets_pipelined(
         &self,
         server: &Server,
-        sets: &[(u64, Vec<usize>)],
+        sets: &[SetOps],
         ops: &[(Op, Digest)],
     ) -> Result<Vec<(usize, Outcome)>, StoreError> {
         let inner = &*self.inner;
@@ -616,7 +624,6 @@ impl MemcachedStore {
         let mut answers = Vec::with_capacity(ops.len());
         let mut conn = self.pipe(server).await?;
         for chunk in sets.chunks(MAX_PIPELINE_SETS) {
-            let keys: Vec<String> = chunk.iter().map(|(set, _)| self.key_of_set(*set)).collect();
             let mut pending: Vec<usize> = (0..chunk.len()).collect();
             let mut rounds = 0;
             while !pending.is_empty() {
@@ -625,7 +632,8 @@ impl MemcachedStore {
                     return Err(StoreError::Contended { attempts: rounds });
                 }
                 rounds += 1;
-                let pending_keys: Vec<&str> = pending.iter().map(|&p| keys[p].as_str()).collect();
+                let pending_keys: Vec<&str> =
+                    pending.iter().map(|&p| chunk[p].key.as_str()).collect();
                 let reads = tokio::time::timeout(timeout, conn.get_many(&pending_keys))
                     .await
                     .map_err(|_| StoreError::Timeout(timeout))?
@@ -639,9 +647,9 @@ impl MemcachedStore {
                         Some((value, cas)) => (self.decode_counted(Some(&value)), Some(cas)),
                         None => (Vec::new(), None),
                     };
-                    let mut outcomes = Vec::with_capacity(chunk[p].1.len());
+                    let mut outcomes = Vec::with_capacity(chunk[p].ops.len());
                     let mut changed = false;
-                    for &index in &chunk[p].1 {
+                    for &index in &chunk[p].ops {
                         let (op, digest) = ops[index];
                         let (outcome, did) = apply(&mut entries, op, digest, facts);
                         changed |= did;
@@ -656,7 +664,7 @@ impl MemcachedStore {
                 let writes: Vec<Write<'_>> = planned
                     .iter()
                     .map(|(p, value, cas, _)| Write {
-                        key: &keys[*p],
+                        key: &chunk[*p].key,
                         value,
                         cas: *cas,
                     })
@@ -759,6 +767,15 @@ fn held(outcome: Outcome) -> Result<bool, StoreError> {
         Outcome::Held(held) => Ok(held),
         Outcome::Claim(_) => Err(StoreError::Protocol("operation gave a claim".into())),
     }
+}
+
+/// The operations of one batch that fall in one set.
+#[derive(Clone)]
+struct SetOps {
+    /// The set's item key.
+    key: String,
+    /// Indices into the batch's operations, in order.
+    ops: Vec<usize>,
 }
 
 /// One single operation waiting for the coalescer.
