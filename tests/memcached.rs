@@ -952,3 +952,82 @@ async fn two_servers_share_the_keys_and_routing_is_stable() {
         .iter()
         .all(|c| *c == Claim::InFlight));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_under_load_every_call_answers_and_none_is_a_false_duplicate() {
+    let mut server = MemcachedServer::start();
+    let namespace = unique_namespace("load-outage");
+    let geometry = Geometry::new(1024, 8).unwrap();
+    let store = MemcachedStore::connect(
+        MemcachedConfig {
+            timeout: Duration::from_millis(300),
+            ..config(&[server.addr()], &namespace)
+        },
+        geometry,
+    )
+    .await
+    .unwrap();
+    let began = Instant::now();
+    let run_for = Duration::from_millis(2_500);
+    // Eight tasks claim fresh digests without pause, recording when each call started and
+    // ended and what it returned.
+    let mut tasks = Vec::new();
+    for t in 0..8u64 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut calls = Vec::new();
+            let mut n = 0;
+            while began.elapsed() < run_for && calls.len() < 100_000 {
+                n += 1;
+                let start = began.elapsed();
+                let result = store.claim(digest(1_000_000 * (t + 1) + n)).await;
+                let failed = result.is_err();
+                calls.push((start, began.elapsed(), result));
+                if failed {
+                    // Back off a little, as a consumer would.
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
+            calls
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let killed_at = began.elapsed();
+    server.stop();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let restarted_at = began.elapsed();
+    server.restart();
+
+    let (mut errors, mut after_restart_ok) = (0, 0);
+    for task in tasks {
+        for (start, end, result) in task.await.expect("load task") {
+            assert!(
+                end - start < Duration::from_secs(2),
+                "a call took {:?}",
+                end - start
+            );
+            match result {
+                // Every digest is fresh: any answer but New would be a false duplicate.
+                Ok(claim) => {
+                    assert_eq!(claim, Claim::New);
+                    assert!(
+                        !(start > killed_at + Duration::from_millis(50) && end < restarted_at),
+                        "a call during the outage succeeded"
+                    );
+                    if start > restarted_at {
+                        after_restart_ok += 1;
+                    }
+                }
+                Err(err) => {
+                    assert!(
+                        matches!(err, StoreError::Unavailable { .. } | StoreError::Timeout(_)),
+                        "{err:?}"
+                    );
+                    errors += 1;
+                }
+            }
+        }
+    }
+    assert!(errors > 0, "the outage produced no errors");
+    assert!(after_restart_ok > 0, "no claim succeeded after the restart");
+}

@@ -620,7 +620,14 @@ impl MemcachedStore {
     ) -> Result<Vec<(usize, Outcome)>, StoreError> {
         let inner = &*self.inner;
         let timeout = inner.config.timeout;
-        let io_error = |err: std::io::Error| unavailable(server, &err);
+        // An answer we cannot parse (including memcached's error lines) is a protocol error;
+        // anything else means the connection is gone.
+        let io_error = |err: std::io::Error| match err.kind() {
+            std::io::ErrorKind::InvalidData => {
+                StoreError::Protocol(format!("{}: {err}", server.addr))
+            }
+            _ => unavailable(server, &err),
+        };
         let mut answers = Vec::with_capacity(ops.len());
         let mut conn = self.pipe(server).await?;
         for chunk in sets.chunks(MAX_PIPELINE_SETS) {
