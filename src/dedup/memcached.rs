@@ -117,9 +117,6 @@ const ENTRY_BYTES: usize = 33;
 /// Bytes before the first entry.
 const HEADER_BYTES: usize = 2;
 
-/// A batch is split over several connections only in parts of at least this many sets.
-const MIN_SETS_PER_PIPELINE: usize = 32;
-
 /// Sets per pipeline round trip in a batch. Bounded so that a huge batch never fills both
 /// directions' socket buffers while we are still writing.
 const MAX_PIPELINE_SETS: usize = 256;
@@ -608,33 +605,11 @@ impl MemcachedStore {
         sets: &[SetOps],
         ops: &[(Op, Digest)],
     ) -> Result<Vec<(usize, Outcome)>, StoreError> {
-        // A large batch is split over several connections, which memcached serves on
-        // different worker threads at once; a small one stays on one connection, where
-        // splitting would only add wake-ups.
-        let parts = (sets.len() / MIN_SETS_PER_PIPELINE).clamp(1, self.inner.config.pool_size);
-        let per_part = sets.len().div_ceil(parts).max(1);
-        let results = join_all(
-            sets.chunks(per_part)
-                .map(|part| self.run_sets_pipelined(server, part, ops)),
-        )
-        .await;
-        let mut answers = Vec::with_capacity(ops.len());
-        let mut failure = None;
-        for result in results {
-            match result {
-                Ok(part) => answers.extend(part),
-                Err(err) => failure = failure.or(Some(err)),
-            }
+        let result = self.run_sets_pipelined(server, sets, ops).await;
+        if result.as_ref().is_err_and(is_connection_error) {
+            server.pipes.clear();
         }
-        match failure {
-            Some(err) => {
-                if is_connection_error(&err) {
-                    server.pipes.clear();
-                }
-                Err(err)
-            }
-            None => Ok(answers),
-        }
+        result
     }
 
     async fn run_sets_pipelined(
