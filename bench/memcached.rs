@@ -65,15 +65,20 @@ impl Server {
         })
     }
 
-    /// User plus system CPU time of the server so far, in clock ticks (100 per second on
-    /// Linux unless the kernel was built otherwise).
-    fn cpu_ticks(&self) -> Option<u64> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).ok()?;
-        // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
-        let after = &stat[stat.rfind(')')? + 2..];
-        let fields: Vec<&str> = after.split(' ').collect();
-        Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+    /// CPU ticks of the server and of this benchmark process so far.
+    fn cpu_ticks(&self) -> Option<(u64, u64)> {
+        Some((cpu_ticks(&self.child.id().to_string())?, cpu_ticks("self")?))
     }
+}
+
+/// User plus system CPU time of process `pid` so far, in clock ticks (100 per second on Linux
+/// unless the kernel was built otherwise).
+fn cpu_ticks(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let after = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = after.split(' ').collect();
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
 }
 
 impl Drop for Server {
@@ -94,18 +99,27 @@ impl Digests {
     }
 }
 
-/// Prints the server's CPU per claim between two readings.
-fn report_cpu(case: &str, server: &Server, before: Option<u64>, claims_before: u64, claims: u64) {
+/// Prints the server's and this process's CPU per claim between two readings. The client
+/// figure includes criterion's own work, which is small next to the claims.
+fn report_cpu(
+    case: &str,
+    server: &Server,
+    before: Option<(u64, u64)>,
+    claims_before: u64,
+    claims: u64,
+) {
     if let (Some(before), Some(after)) = (before, server.cpu_ticks()) {
-        let ms = (after - before) * 10;
         let n = claims - claims_before;
         if n == 0 {
             return; // filtered out
         }
+        let (server_ms, client_ms) = ((after.0 - before.0) * 10, (after.1 - before.1) * 10);
         eprintln!(
-            "memcached CPU for {case}: {ms} ms over {n} claims = {:.2} µs per claim ({:.0} claims per CPU-second)",
-            ms as f64 * 1000.0 / n.max(1) as f64,
-            n as f64 / (ms.max(1) as f64 / 1000.0)
+            "CPU for {case} over {n} claims: memcached {server_ms} ms = {:.2} µs per claim \
+             ({:.0} claims per memcached CPU-second); client {client_ms} ms = {:.2} µs per claim",
+            server_ms as f64 * 1000.0 / n as f64,
+            n as f64 / (server_ms.max(1) as f64 / 1000.0),
+            client_ms as f64 * 1000.0 / n as f64,
         );
     }
 }
