@@ -99,21 +99,40 @@ impl Digests {
     }
 }
 
-/// Prints the server's and this process's CPU per claim between two readings. The client
-/// figure includes criterion's own work, which is small next to the claims.
-fn report_cpu(
-    case: &str,
-    server: &Server,
-    before: Option<(u64, u64)>,
-    claims_before: u64,
-    claims: u64,
-) {
-    if let (Some(before), Some(after)) = (before, server.cpu_ticks()) {
-        let n = claims - claims_before;
+/// CPU time of the server and of this process, and claims made, summed over the timed
+/// routines only (not criterion's analysis). Criterion runs each routine for about half a
+/// second per sample, so the 10 ms tick resolution costs about 2%.
+#[derive(Default)]
+struct Meter {
+    server_ticks: AtomicU64,
+    client_ticks: AtomicU64,
+    claims: AtomicU64,
+}
+
+impl Meter {
+    /// Runs `routine`, which makes `claims` claims, and adds up what it cost.
+    fn record(&self, server: &Server, claims: u64, routine: impl FnOnce() -> Duration) -> Duration {
+        let before = server.cpu_ticks();
+        let elapsed = routine();
+        if let (Some(before), Some(after)) = (before, server.cpu_ticks()) {
+            // Relaxed: plain counters, read after the benchmark.
+            self.server_ticks
+                .fetch_add(after.0 - before.0, Ordering::Relaxed);
+            self.client_ticks
+                .fetch_add(after.1 - before.1, Ordering::Relaxed);
+        }
+        self.claims.fetch_add(claims, Ordering::Relaxed);
+        elapsed
+    }
+
+    /// Prints the CPU per claim since the last report and starts again.
+    fn report(&self, case: &str) {
+        let n = self.claims.swap(0, Ordering::Relaxed);
+        let server_ms = self.server_ticks.swap(0, Ordering::Relaxed) * 10;
+        let client_ms = self.client_ticks.swap(0, Ordering::Relaxed) * 10;
         if n == 0 {
             return; // filtered out
         }
-        let (server_ms, client_ms) = ((after.0 - before.0) * 10, (after.1 - before.1) * 10);
         eprintln!(
             "CPU for {case} over {n} claims: memcached {server_ms} ms = {:.2} µs per claim \
              ({:.0} claims per memcached CPU-second); client {client_ms} ms = {:.2} µs per claim",
@@ -156,7 +175,7 @@ fn claims(c: &mut Criterion) {
         .block_on(MemcachedStore::connect(config, geometry))
         .expect("connect to the benchmark's memcached");
     let digests = Arc::new(Digests(AtomicU64::new(0)));
-    let claimed = Arc::new(AtomicU64::new(0));
+    let meter = Meter::default();
 
     let mut group = c.benchmark_group("nsq_dedupe::MemcachedStore/claim");
     // Few samples of a few seconds each: the server is real and the machine is shared, so we
@@ -167,26 +186,20 @@ fn claims(c: &mut Criterion) {
 
     // One task, one claim at a time: bound by the round-trip time (read, then write).
     group.throughput(Throughput::Elements(1));
-    let (before, count) = (server.cpu_ticks(), claimed.load(Ordering::Relaxed));
     group.bench_function(BenchmarkId::new("sequential", 1), |b| {
         b.iter_custom(|iters| {
-            runtime.block_on(async {
-                let start = Instant::now();
-                for _ in 0..iters {
-                    store.claim(digests.next()).await.expect("claim");
-                }
-                claimed.fetch_add(iters, Ordering::Relaxed);
-                start.elapsed()
+            meter.record(&server, iters, || {
+                runtime.block_on(async {
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        store.claim(digests.next()).await.expect("claim");
+                    }
+                    start.elapsed()
+                })
             })
         })
     });
-    report_cpu(
-        "sequential",
-        &server,
-        before,
-        count,
-        claimed.load(Ordering::Relaxed),
-    );
+    meter.report("sequential");
 
     // 64 tasks sharing the store, 16 claims each per iteration: with coalescing (the default)
     // their claims share pipelines; without it each takes one of the 8 pooled connections.
@@ -194,102 +207,84 @@ fn claims(c: &mut Criterion) {
     const PER_TASK: u64 = 16;
     group.throughput(Throughput::Elements(TASKS * PER_TASK));
     for (name, store) in [("tasks", &store), ("tasks_uncoalesced", &uncoalesced)] {
-        let (before, count) = (server.cpu_ticks(), claimed.load(Ordering::Relaxed));
         group.bench_function(BenchmarkId::new(name, TASKS), |b| {
             b.iter_custom(|iters| {
-                runtime.block_on(async {
-                    let start = Instant::now();
-                    for _ in 0..iters {
-                        let tasks: Vec<_> = (0..TASKS)
-                            .map(|_| {
-                                let (store, digests) = (store.clone(), digests.clone());
-                                tokio::spawn(async move {
-                                    for _ in 0..PER_TASK {
-                                        store.claim(digests.next()).await.expect("claim");
-                                    }
+                meter.record(&server, iters * TASKS * PER_TASK, || {
+                    runtime.block_on(async {
+                        let start = Instant::now();
+                        for _ in 0..iters {
+                            let tasks: Vec<_> = (0..TASKS)
+                                .map(|_| {
+                                    let (store, digests) = (store.clone(), digests.clone());
+                                    tokio::spawn(async move {
+                                        for _ in 0..PER_TASK {
+                                            store.claim(digests.next()).await.expect("claim");
+                                        }
+                                    })
                                 })
-                            })
-                            .collect();
-                        for task in tasks {
-                            task.await.expect("claim task");
+                                .collect();
+                            for task in tasks {
+                                task.await.expect("claim task");
+                            }
                         }
-                    }
-                    claimed.fetch_add(iters * TASKS * PER_TASK, Ordering::Relaxed);
-                    start.elapsed()
+                        start.elapsed()
+                    })
                 })
             })
         });
-        report_cpu(
-            name,
-            &server,
-            before,
-            count,
-            claimed.load(Ordering::Relaxed),
-        );
+        meter.report(name);
     }
 
     // Pipelined batches: one round trip reads 100 sets, the next compare-and-swaps them.
     const BATCH: u64 = 100;
     group.throughput(Throughput::Elements(BATCH));
-    let (before, count) = (server.cpu_ticks(), claimed.load(Ordering::Relaxed));
     group.bench_function(BenchmarkId::new("batch", BATCH), |b| {
         b.iter_custom(|iters| {
-            runtime.block_on(async {
-                let mut elapsed = Duration::ZERO;
-                for _ in 0..iters {
-                    let batch: Vec<Digest> = (0..BATCH).map(|_| digests.next()).collect();
-                    let start = Instant::now();
-                    store.claim_many(&batch).await.expect("claim_many");
-                    elapsed += start.elapsed();
-                }
-                claimed.fetch_add(iters * BATCH, Ordering::Relaxed);
-                elapsed
+            meter.record(&server, iters * BATCH, || {
+                runtime.block_on(async {
+                    let mut elapsed = Duration::ZERO;
+                    for _ in 0..iters {
+                        let batch: Vec<Digest> = (0..BATCH).map(|_| digests.next()).collect();
+                        let start = Instant::now();
+                        store.claim_many(&batch).await.expect("claim_many");
+                        elapsed += start.elapsed();
+                    }
+                    elapsed
+                })
             })
         })
     });
-    report_cpu(
-        "batches of 100",
-        &server,
-        before,
-        count,
-        claimed.load(Ordering::Relaxed),
-    );
+    meter.report("batches of 100");
 
     // Pipelined batches from 4 tasks at once, as several consumers of one process would.
     const BATCH_TASKS: u64 = 4;
     group.throughput(Throughput::Elements(BATCH * BATCH_TASKS));
-    let (before, count) = (server.cpu_ticks(), claimed.load(Ordering::Relaxed));
     group.bench_function(BenchmarkId::new("batch_tasks", BATCH_TASKS), |b| {
         b.iter_custom(|iters| {
-            runtime.block_on(async {
-                let start = Instant::now();
-                for _ in 0..iters {
-                    let tasks: Vec<_> = (0..BATCH_TASKS)
-                        .map(|_| {
-                            let (store, digests) = (store.clone(), digests.clone());
-                            tokio::spawn(async move {
-                                let batch: Vec<Digest> =
-                                    (0..BATCH).map(|_| digests.next()).collect();
-                                store.claim_many(&batch).await.expect("claim_many");
+            meter.record(&server, iters * BATCH * BATCH_TASKS, || {
+                runtime.block_on(async {
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        let tasks: Vec<_> = (0..BATCH_TASKS)
+                            .map(|_| {
+                                let (store, digests) = (store.clone(), digests.clone());
+                                tokio::spawn(async move {
+                                    let batch: Vec<Digest> =
+                                        (0..BATCH).map(|_| digests.next()).collect();
+                                    store.claim_many(&batch).await.expect("claim_many");
+                                })
                             })
-                        })
-                        .collect();
-                    for task in tasks {
-                        task.await.expect("batch task");
+                            .collect();
+                        for task in tasks {
+                            task.await.expect("batch task");
+                        }
                     }
-                }
-                claimed.fetch_add(iters * BATCH * BATCH_TASKS, Ordering::Relaxed);
-                start.elapsed()
+                    start.elapsed()
+                })
             })
         })
     });
-    report_cpu(
-        "4 tasks × batches of 100",
-        &server,
-        before,
-        count,
-        claimed.load(Ordering::Relaxed),
-    );
+    meter.report("4 tasks × batches of 100");
     group.finish();
     eprintln!("unreadable values seen: {}", store.unreadable_values());
 }
