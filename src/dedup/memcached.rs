@@ -59,22 +59,32 @@
 //!
 //! # Errors and time limits
 //!
-//! Every network step (connect, read, write) is bounded by [`MemcachedConfig::timeout`]
-//! (500 ms by default), so one operation takes at most `(1 + 2 × max_cas_retries) × timeout`.
-//! A refused connection, a reset, a timeout or an unreadable answer is a [`StoreError`], never a
-//! `Duplicate`: the caller decides what to do with the message. A connection that saw an error
-//! is closed and the pool is emptied, so after a server restart the next operations reconnect.
-//! A claim whose write reached the server before the error leaves an in-flight entry that
-//! expires with its lease, so a redelivery is processed at the latest one lease later.
+//! Every network step (connect, read, write) and every wait for a pooled connection is bounded
+//! by [`MemcachedConfig::timeout`] (500 ms by default), and a single operation as a whole by
+//! `(1 + 2 × max_cas_retries) × timeout`. A refused connection, a reset, a timeout or an
+//! unparseable answer is a [`StoreError`], never a `Duplicate`: the caller decides what to do
+//! with the message. A connection that saw an error is closed and the pool is emptied, so after
+//! a server restart the next operations reconnect. A claim whose write reached the server before
+//! the error leaves an in-flight entry of this owner; claims of it (by anyone, this store
+//! included) answer `InFlight` until its lease expires, so a redelivery is processed at the
+//! latest one lease later.
+//!
+//! # Memory
+//!
+//! Items are stored without expiry; memcached's LRU is what eventually removes the items of a
+//! namespace nobody uses any more. A set's item takes its value (2 + 33 × entries bytes), its
+//! key and memcached's item header (about 50 bytes), so give memcached at least
+//! `sets × (ways × 33 + 120)` bytes, with headroom for its slab rounding. If memcached evicts a
+//! set's item anyway, that set is forgotten: its done entries as if pushed out, and its in-flight
+//! claims too, so a redelivery of one of those may be processed twice.
 //!
 //! # Client and pipelining
 //!
 //! `async-memcached` 0.9 speaks the meta protocol: `meta_get` with `v c` returns a value and
 //! its CAS token, and `meta_set` with `C<token>` (compare-and-swap) or `ME` (add) writes
 //! atomically; it closes a connection whose exchange was cut short, which our pool relies on.
-//! We use it for single operations when coalescing is off
-//! ([`MemcachedConfig::coalesce`]`= false`): each then takes a pooled connection for two round
-//! trips (read, write).
+//! We use it for single operations when coalescing is off ([`MemcachedConfig::coalesce`] set
+//! to `false`): each then takes a pooled connection for two round trips (read, write).
 //!
 //! It cannot do two things we need for throughput. Its pipelined write, `meta_set_multi`,
 //! applies one flag list to every item, so it cannot carry a CAS token per item; and a
@@ -149,8 +159,9 @@ pub struct MemcachedConfig {
     pub lease: Duration,
     /// Time limit of each network step: connect, read, write. Defaults to: 500 ms.
     pub timeout: Duration,
-    /// Connections per server for single operations (batches use as many again). Defaults
-    /// to: 8.
+    /// Connections per server, of each of two kinds: pipelined connections (at most this many
+    /// batches or coalesced pipelines at once) and, with coalescing off, connections for single
+    /// operations. Defaults to: 8.
     pub pool_size: usize,
     /// How many times an operation reads and tries to write a set before giving up with
     /// [`StoreError::Contended`]. Defaults to: 16.
