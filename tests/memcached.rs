@@ -1031,3 +1031,33 @@ async fn killed_under_load_every_call_answers_and_none_is_a_false_duplicate() {
     assert!(errors > 0, "the outage produced no errors");
     assert!(after_restart_ok > 0, "no claim succeeded after the restart");
 }
+
+#[test]
+fn store_outlives_the_runtime_that_first_used_it() {
+    let server = MemcachedServer::start();
+    let namespace = unique_namespace("runtimes");
+    let geometry = Geometry::new(64, 4).unwrap();
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("tokio runtime")
+    };
+    // The first runtime starts the coalescing task, then shuts down and takes it along.
+    let first = runtime();
+    let store = first
+        .block_on(MemcachedStore::connect(
+            config(&[server.addr()], &namespace),
+            geometry,
+        ))
+        .unwrap();
+    assert_eq!(first.block_on(store.claim(digest(50))), Ok(Claim::New));
+    drop(first);
+    // A second runtime gets a new task and the same table.
+    let second = runtime();
+    assert_eq!(
+        second.block_on(store.claim(digest(50))),
+        Ok(Claim::InFlight)
+    );
+    assert_eq!(second.block_on(store.commit(digest(50))), Ok(true));
+}

@@ -242,9 +242,9 @@ struct Inner {
     servers: Vec<Server>,
     /// Values that could not be decoded and were treated as empty.
     unreadable: AtomicU64,
-    /// The queue of the coalescing task (see [`coalesce`]); set on first use, `None` inside
-    /// if coalescing is off or there was no runtime. The task ends when this sender drops.
-    coalescer: std::sync::OnceLock<Option<mpsc::UnboundedSender<Request>>>,
+    /// The queue of the coalescing task (see [`coalesce`]), set on first use. The task ends
+    /// when this sender (and the clones that callers hold briefly) is dropped.
+    coalescer: std::sync::Mutex<Option<mpsc::UnboundedSender<Request>>>,
 }
 
 struct Server {
@@ -336,7 +336,7 @@ impl MemcachedStore {
                 owner: random_owner(),
                 servers,
                 unreadable: AtomicU64::new(0),
-                coalescer: std::sync::OnceLock::new(),
+                coalescer: std::sync::Mutex::new(None),
             }),
         })
     }
@@ -455,22 +455,41 @@ impl MemcachedStore {
             .saturating_mul(1 + 2 * config.max_cas_retries)
     }
 
-    /// The queue of the task that coalesces concurrent single operations into pipelines,
-    /// started on first use (we are inside a runtime then), or `None` if coalescing is off.
-    fn coalescer(&self) -> Option<&mpsc::UnboundedSender<Request>> {
+    /// The queue of the task that coalesces concurrent single operations into pipelines, or
+    /// `None` if coalescing is off or we are not inside a tokio runtime.
+    ///
+    /// The task starts on first use, on the current runtime. If that runtime has shut down
+    /// since (the task is gone), a new task starts on the current one.
+    fn coalescer(&self) -> Option<mpsc::UnboundedSender<Request>> {
         if !self.inner.config.coalesce {
             return None;
         }
-        self.inner
+        // A `std` mutex: held only to clone or replace the sender, never across an `.await`;
+        // a panic cannot leave the `Option` half-written, so a poisoned lock is still usable.
+        let mut slot = self
+            .inner
             .coalescer
-            .get_or_init(|| {
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        match &*slot {
+            Some(queue) if !queue.is_closed() => Some(queue.clone()),
+            previous => {
                 let handle = tokio::runtime::Handle::try_current().ok()?;
+                if previous.is_some() {
+                    // The old task's runtime is gone, and with it the I/O driver that idle
+                    // connections were registered with: they would fail on first use.
+                    for server in &self.inner.servers {
+                        server.pipes.clear();
+                        server.clients.clear();
+                    }
+                }
                 let (queue, requests) = mpsc::unbounded_channel();
                 let inner = std::sync::Arc::downgrade(&self.inner);
                 handle.spawn(coalesce(inner, requests, self.inner.config.pool_size));
+                *slot = Some(queue.clone());
                 Some(queue)
-            })
-            .as_ref()
+            }
+        }
     }
 
     /// Reads, decides and compare-and-swaps the set of `digest` until the write wins.
@@ -852,8 +871,8 @@ async fn coalesce(
 fn coalescer_gone() -> StoreError {
     StoreError::Unavailable {
         addr: "(coalescer)".into(),
-        detail: "the task that batches operations has stopped, most likely because the tokio \
-                 runtime that first used this store shut down; use the store from one runtime"
+        detail: "the task that batches operations stopped before answering, most likely because \
+                 the tokio runtime it ran on shut down; the next operation starts a new one"
             .into(),
     }
 }
