@@ -740,6 +740,34 @@ async fn unreadable_value_is_counted_and_replaced() {
         2,
         "a foreign format version is unreadable too"
     );
+    // A value far larger than any set is skipped, not loaded, and replaced as well.
+    let f = digest(22);
+    let huge = vec![b'x'; 200_000];
+    raw.set(store.item_key(f), huge.as_slice(), None, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.claim_many(&[f, e]).await.unwrap(),
+        [Claim::New, Claim::InFlight]
+    );
+    assert_eq!(store.unreadable_values(), 3);
+    // The single-operation path (coalescing off) counts and replaces too.
+    let single = MemcachedStore::connect(
+        MemcachedConfig {
+            coalesce: false,
+            ..config(&[server.addr()], &namespace)
+        },
+        geometry,
+    )
+    .await
+    .unwrap();
+    let g = digest(23);
+    raw.set(single.item_key(g), "\u{1}\u{9}".as_bytes(), None, None)
+        .await
+        .unwrap();
+    assert_eq!(single.claim(g).await.unwrap(), Claim::New);
+    assert_eq!(single.claim(g).await.unwrap(), Claim::InFlight);
+    assert_eq!(single.unreadable_values(), 1, "9 entries do not fit 4 ways");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -14,6 +14,9 @@ use std::io;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufStream};
 use tokio::net::TcpStream;
 
+/// Larger values are not ours (a set of 8 ways takes 266 bytes) and are not loaded.
+const MAX_VALUE_BYTES: usize = 64 * 1024;
+
 /// One item as read: its value and CAS token, or `None` when the item does not exist.
 pub(super) type Read = Option<(Vec<u8>, u64)>;
 
@@ -75,6 +78,19 @@ impl PipeConn {
                 return Err(self.unexpected("mg"));
             };
             let (len, cas) = parse_value_header(header).ok_or_else(|| self.unexpected("mg"))?;
+            if len > MAX_VALUE_BYTES {
+                // Not a value we wrote: skip it (keeping the connection in step) and hand back
+                // an empty value, which the store counts as unreadable and overwrites.
+                let skip = len as u64 + 2;
+                let skipped =
+                    tokio::io::copy(&mut (&mut self.stream).take(skip), &mut tokio::io::sink())
+                        .await?;
+                if skipped != skip {
+                    return Err(io::ErrorKind::UnexpectedEof.into());
+                }
+                reads.push(Some((Vec::new(), cas)));
+                continue;
+            }
             let mut value = vec![0; len + 2];
             self.stream.read_exact(&mut value).await?;
             if !value.ends_with(b"\r\n") {
