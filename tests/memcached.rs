@@ -296,13 +296,14 @@ fn contention_scenario() -> (Geometry, Vec<Digest>) {
 }
 
 /// One claimer: claims every digest in a seeded random order, singly or in batches of 16.
-/// Returns the digests it got `New` for, and when it started and ended (ms since the epoch).
+/// Returns the digests it got `New` for, when it started and ended (ms since the epoch), and
+/// how many of its writes lost a compare-and-swap race.
 async fn claim_all(
     store: &MemcachedStore,
     digests: &[Digest],
     seed: u64,
     batched: bool,
-) -> (Vec<Digest>, u64, u64) {
+) -> (Vec<Digest>, u64, u64, u64) {
     let mut order = digests.to_vec();
     order.shuffle(&mut StdRng::seed_from_u64(seed));
     let start = now_ms();
@@ -330,7 +331,7 @@ async fn claim_all(
             }
         }
     }
-    (news, start, now_ms())
+    (news, start, now_ms(), store.cas_conflicts())
 }
 
 /// Sleeps until the wall-clock instant `at_ms`, so claimers in different processes start
@@ -376,8 +377,8 @@ async fn claim_worker_process() {
     }
     let mut report = String::new();
     for task in tasks {
-        let (news, begin, end) = task.await.expect("worker task");
-        report.push_str(&format!("T {begin} {end}\n"));
+        let (news, begin, end, conflicts) = task.await.expect("worker task");
+        report.push_str(&format!("T {begin} {end} {conflicts}\n"));
         for d in news {
             report.push_str(&format!("N {}\n", d.as_u128()));
         }
@@ -439,9 +440,11 @@ async fn tasks_and_processes_get_one_new_per_digest() {
     }
     let mut news: HashMap<Digest, u32> = HashMap::new();
     let mut intervals = Vec::new();
+    let mut conflicts = 0;
     for task in tasks {
-        let (got, begin, end) = task.await.expect("claim task");
+        let (got, begin, end, lost) = task.await.expect("claim task");
         intervals.push((begin, end));
+        conflicts += lost;
         for d in got {
             *news.entry(d).or_default() += 1;
         }
@@ -465,12 +468,13 @@ async fn tasks_and_processes_get_one_new_per_digest() {
         let mut worker_intervals = 0;
         for line in report.lines() {
             let mut parts = line.split(' ');
-            match (parts.next(), parts.next(), parts.next()) {
-                (Some("T"), Some(begin), Some(end)) => {
+            match (parts.next(), parts.next(), parts.next(), parts.next()) {
+                (Some("T"), Some(begin), Some(end), Some(lost)) => {
                     intervals.push((begin.parse().unwrap(), end.parse().unwrap()));
+                    conflicts += lost.parse::<u64>().unwrap();
                     worker_intervals += 1;
                 }
-                (Some("N"), Some(d), None) => {
+                (Some("N"), Some(d), None, None) => {
                     *news
                         .entry(Digest::from_u128(d.parse().unwrap()))
                         .or_default() += 1;
@@ -484,7 +488,12 @@ async fn tasks_and_processes_get_one_new_per_digest() {
         );
     }
 
-    // The eight claimers really ran at the same time.
+    // The eight claimers really ran at the same time, and raced for the same sets.
+    eprintln!("compare-and-swap conflicts: {conflicts}");
+    assert!(
+        conflicts > 0,
+        "no write ever lost a race: the test did not test atomicity"
+    );
     let latest_start = intervals.iter().map(|i| i.0).max().unwrap();
     let earliest_end = intervals.iter().map(|i| i.1).min().unwrap();
     assert!(

@@ -242,6 +242,8 @@ struct Inner {
     servers: Vec<Server>,
     /// Values that could not be decoded and were treated as empty.
     unreadable: AtomicU64,
+    /// Writes that lost a compare-and-swap race and were decided again.
+    cas_conflicts: AtomicU64,
     /// The queue of the coalescing task (see [`coalesce`]), set on first use. The task ends
     /// when this sender (and the clones that callers hold briefly) is dropped.
     coalescer: std::sync::Mutex<Option<mpsc::UnboundedSender<Request>>>,
@@ -336,6 +338,7 @@ impl MemcachedStore {
                 owner: random_owner(),
                 servers,
                 unreadable: AtomicU64::new(0),
+                cas_conflicts: AtomicU64::new(0),
                 coalescer: std::sync::Mutex::new(None),
             }),
         })
@@ -383,6 +386,13 @@ impl MemcachedStore {
     pub fn unreadable_values(&self) -> u64 {
         // A statistic: no other memory depends on it, so `Relaxed` suffices.
         self.inner.unreadable.load(Ordering::Relaxed)
+    }
+
+    /// How many writes lost a compare-and-swap race to another writer of the same set and
+    /// were read and decided again: a measure of contention.
+    pub fn cas_conflicts(&self) -> u64 {
+        // A statistic, as above.
+        self.inner.cas_conflicts.load(Ordering::Relaxed)
     }
 
     fn key_of_set(&self, set: u64) -> String {
@@ -559,7 +569,10 @@ impl MemcachedStore {
                 }
                 Err(async_memcached::Error::Protocol(
                     Status::Exists | Status::NotStored | Status::NotFound,
-                )) => tokio::task::yield_now().await,
+                )) => {
+                    inner.cas_conflicts.fetch_add(1, Ordering::Relaxed);
+                    tokio::task::yield_now().await;
+                }
                 Err(err) => return Err(classify(server, err)),
             }
         }
@@ -718,7 +731,10 @@ impl MemcachedStore {
                 for ((p, _, _, outcomes), written) in planned.into_iter().zip(written) {
                     match written {
                         Written::Stored => answers.extend(outcomes),
-                        Written::Conflict => pending.push(p),
+                        Written::Conflict => {
+                            inner.cas_conflicts.fetch_add(1, Ordering::Relaxed);
+                            pending.push(p);
+                        }
                     }
                 }
                 if !pending.is_empty() {
