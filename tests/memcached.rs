@@ -596,16 +596,16 @@ async fn expired_lease_is_taken_over() {
     let server = MemcachedServer::start();
     let namespace = unique_namespace("lease");
     let geometry = Geometry::new(64, 4).unwrap();
-    let a = MemcachedStore::connect(short_lease(&server, &namespace, 400), geometry)
+    let a = MemcachedStore::connect(short_lease(&server, &namespace, 1_000), geometry)
         .await
         .unwrap();
-    let b = MemcachedStore::connect(short_lease(&server, &namespace, 400), geometry)
+    let b = MemcachedStore::connect(short_lease(&server, &namespace, 1_000), geometry)
         .await
         .unwrap();
     let d = digest(1);
     assert_eq!(a.claim(d).await.unwrap(), Claim::New);
     assert_eq!(b.claim(d).await.unwrap(), Claim::InFlight, "lease is live");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
     assert_eq!(
         b.claim(d).await.unwrap(),
         Claim::New,
@@ -629,17 +629,17 @@ async fn renew_keeps_the_claim() {
     let server = MemcachedServer::start();
     let namespace = unique_namespace("renew");
     let geometry = Geometry::new(64, 4).unwrap();
-    let a = MemcachedStore::connect(short_lease(&server, &namespace, 400), geometry)
+    let a = MemcachedStore::connect(short_lease(&server, &namespace, 1_000), geometry)
         .await
         .unwrap();
-    let b = MemcachedStore::connect(short_lease(&server, &namespace, 400), geometry)
+    let b = MemcachedStore::connect(short_lease(&server, &namespace, 1_000), geometry)
         .await
         .unwrap();
     let d = digest(2);
     assert_eq!(a.claim(d).await.unwrap(), Claim::New);
-    // 4 × 200 ms = 800 ms, twice the lease: only the renewals keep it.
-    for _ in 0..4 {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    // 5 × 400 ms = 2 s, twice the lease: only the renewals keep it.
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(400)).await;
         assert!(a.renew(d).await.unwrap());
         assert_eq!(b.claim(d).await.unwrap(), Claim::InFlight);
     }
