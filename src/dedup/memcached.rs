@@ -298,7 +298,9 @@ impl MemcachedStore {
             let mut client = store.client(server).await?;
             let timeout = store.inner.config.timeout;
             match tokio::time::timeout(timeout, client.version()).await {
-                Ok(Ok(_)) => client.set_healthy(true),
+                // With coalescing on, operations use pipelined connections only, so this one
+                // is closed rather than left idle in the pool.
+                Ok(Ok(_)) => client.set_healthy(!store.inner.config.coalesce),
                 Ok(Err(err)) => return Err(unavailable(server, &err)),
                 Err(_) => return Err(StoreError::Timeout(timeout)),
             }
