@@ -462,9 +462,8 @@ impl MemcachedStore {
     /// The longest one operation may take: a connect plus a read and a write per attempt.
     fn operation_limit(&self) -> Duration {
         let config = &self.inner.config;
-        config
-            .timeout
-            .saturating_mul(1 + 2 * config.max_cas_retries)
+        let steps = config.max_cas_retries.saturating_mul(2).saturating_add(1);
+        config.timeout.saturating_mul(steps)
     }
 
     /// The queue of the task that coalesces concurrent single operations into pipelines, or
