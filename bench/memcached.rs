@@ -155,7 +155,7 @@ fn claims(c: &mut Criterion) {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    // 1 M slots: 131 072 items of at most 266 bytes; every claim below is of a fresh digest.
+    // 1 M slots: 131 072 items of at most 275 bytes; every claim below is of a fresh digest.
     let geometry = Geometry::new(1 << 20, 8).expect("valid geometry");
     let config = MemcachedConfig {
         servers: vec![server.addr.clone()],
