@@ -207,7 +207,7 @@ fn claims(c: &mut Criterion) {
     meter.report("sequential");
 
     // 64 tasks sharing the store, 16 claims each per iteration: with coalescing (the default)
-    // their claims share pipelines; without it each takes one of the 8 pooled connections.
+    // their claims share pipelines; without it each takes one of the 4 pooled connections.
     const TASKS: u64 = 64;
     const PER_TASK: u64 = 16;
     group.throughput(Throughput::Elements(TASKS * PER_TASK));

@@ -165,7 +165,11 @@ pub struct MemcachedConfig {
     pub timeout: Duration,
     /// Connections per server, of each of two kinds: pipelined connections (at most this many
     /// batches or coalesced pipelines at once) and, with coalescing off, connections for single
-    /// operations. Defaults to: 8.
+    /// operations. Defaults to: 4.
+    ///
+    /// Coalesced pipelines grow while all are busy, so a few suffice even across a network;
+    /// fewer, larger pipelines also cost memcached less CPU per operation. With 64 tasks on a
+    /// two-core machine, 4 gave 69 k claims/s and 8 gave 50 to 60 k.
     pub pool_size: usize,
     /// How many times an operation reads and tries to write a set before giving up with
     /// [`StoreError::Contended`]. Defaults to: 16.
@@ -183,7 +187,7 @@ impl Default for MemcachedConfig {
             namespace: "nsq-dedupe".to_owned(),
             lease: Duration::from_secs(65),
             timeout: Duration::from_millis(500),
-            pool_size: 8,
+            pool_size: 4,
             max_cas_retries: 16,
             coalesce: true,
         }
