@@ -11,7 +11,9 @@
 //! `<prefix>:v<format>:<sets>x<ways>`: tables of different shapes or formats never read each
 //! other's items. Keys are routed to one of several servers by rendezvous hashing on xxh3 (see
 //! [`MemcachedStore::server_of`]), which is stable across processes, runs and Rust releases and
-//! moves only the keys of a server that is added or removed.
+//! moves only the keys of a server that is added or removed. Moved sets start empty on their
+//! new server: their digests are forgotten once (as after a memcached restart), and their
+//! in-flight claims with them, so change the server list when traffic is quiet.
 //!
 //! The value (format version 1) is compact binary, big-endian:
 //!
@@ -101,6 +103,9 @@
 //! when the last handle to the store is dropped) collects the operations that arrive while
 //! earlier pipelines are on the wire, up to [`MemcachedConfig::pool_size`] pipelines at once.
 //! Operations on one set within one pipeline are applied in arrival order and written once.
+//! The queue is unbounded, but each caller waits for its answer, so it never holds more
+//! operations than there are callers waiting. An operation whose caller stops waiting (its
+//! future dropped) may still be carried out.
 //!
 //! In a batch, an error of one server fails the operations on that server only; for
 //! `claim_many` it fails the whole call, although claims on other servers (or written before
