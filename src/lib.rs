@@ -24,6 +24,7 @@ pub mod nsq;
 pub mod sizing;
 
 pub use dedup::digest::{DigestAlgorithm, KeySpec, Keyer};
+pub use dedup::memcached::{MemcachedConfig, MemcachedStore};
 pub use dedup::table::Table;
 pub use dedup::{Claim, Digest, Geometry, NoStore, Store};
 pub use nsq::{Consumer, ConsumerConfig, Message, Producer, ProducerConfig};
