@@ -78,7 +78,7 @@ pub enum StoreError {
         detail: String,
     },
     /// Compare-and-swap kept losing against other writers of the same set.
-    #[error("gave up on a set after {attempts} compare-and-swap conflicts; the set is contended by many writers")]
+    #[error("gave up on a set after {attempts} compare-and-swap conflicts with other writers; raise `memcached.max_cas_retries` if many consumers share a hot set")]
     Contended {
         /// How many times the update was tried.
         attempts: u32,
