@@ -88,6 +88,7 @@ fn contains_and_add(c: &mut Criterion) {
     for log2_slots in [16u32, 20, 26] {
         for ways in [1u32, 8] {
             let table = Table::with_slots(1 << log2_slots, ways).unwrap();
+            table.prefault();
             for threads in [1u64, 2] {
                 let id = format!("slots=2^{log2_slots}/ways={ways}/threads={threads}");
                 group.bench_function(BenchmarkId::from_parameter(id), |b| {
@@ -101,6 +102,7 @@ fn contains_and_add(c: &mut Criterion) {
         }
     }
     let table = Table::with_slots(1 << 20, 8).unwrap();
+    table.prefault();
     group.bench_function("baseline/xxh3-only", |b| {
         b.iter_custom(|iters| {
             timed_on_threads(1, iters, |keys| {

@@ -335,3 +335,15 @@ fn concurrent_claim_commit_erase_keep_the_books_balanced() {
         }
     }
 }
+
+#[test]
+fn prefault_changes_nothing() {
+    let table = Table::with_slots(1 << 16, 8).unwrap();
+    let d = pool(3);
+    assert_eq!(table.claim(d[0]), Claim::New);
+    assert!(!table.contains_and_add(d[1]));
+    table.prefault();
+    assert_eq!(table.claim(d[0]), Claim::InFlight);
+    assert_eq!(table.claim(d[1]), Claim::Duplicate);
+    assert_eq!(table.occupied(), 2);
+}
