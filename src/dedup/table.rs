@@ -186,11 +186,14 @@ impl Table {
     /// message calls this at start-up, and benchmarks call it so that they measure lookups,
     /// not page faults. Safe to call at any time: it changes no slot.
     pub fn prefault(&self) {
-        // One slot per 4 KiB page; `fetch_or(0)` writes (so the page is backed by its own
-        // memory, not the shared zero page) without changing the value, even if other threads
-        // are using the table.
+        // One slot per 4 KiB page. A compare-and-swap of the slot's value with itself writes
+        // (so the page gets memory of its own, not the shared zero page) without changing
+        // anything, even while other threads use the table: if the slot changed meanwhile, the
+        // swap fails and the other writer has touched the page. (An idempotent `fetch_or(0)`
+        // would not do: the compiler may drop it, and did.)
         for slot in self.slots.iter().step_by(4096 / 8) {
-            slot.fetch_or(0, Ordering::Relaxed);
+            let value = slot.load(Ordering::Relaxed);
+            let _ = slot.compare_exchange(value, value, Ordering::Relaxed, Ordering::Relaxed);
         }
     }
 
