@@ -212,8 +212,10 @@ async fn message_exposes_its_fields() {
     assert_eq!(broker.records(TOPIC, CHANNEL)[0].id, id);
 }
 
-#[tokio::test]
-async fn rdy_sum_over_several_nsqd_stays_within_max_in_flight() {
+/// Consumes `per_nsqd` messages from each of three nsqd with `max_in_flight`, finishing each
+/// after `delay`, checks that every message was finished exactly once, and returns the largest
+/// sums of RDY and of messages in flight over the three connections.
+async fn rdy_scenario(max_in_flight: u32, per_nsqd: usize, delay: Duration) -> (u64, u64) {
     let brokers = [
         Broker::start(broker_config()).await,
         Broker::start(broker_config()).await,
@@ -221,30 +223,30 @@ async fn rdy_sum_over_several_nsqd_stays_within_max_in_flight() {
     ];
     let addrs: Vec<SocketAddr> = brokers.iter().map(|b| b.tcp_addr()).collect();
     let mut c = config(&addrs);
-    c.max_in_flight = 5;
+    c.max_in_flight = max_in_flight;
     let mut consumer = Consumer::new(c).unwrap();
     for (k, b) in brokers.iter().enumerate() {
-        for i in 0..30 {
+        for i in 0..per_nsqd {
             b.publish(TOPIC, body(k * 100 + i));
         }
     }
-    let got = consume_finishing(
-        &mut consumer,
-        90,
-        Duration::from_millis(20),
-        Duration::from_secs(20),
-    )
-    .await;
-    assert_eq!(got.len(), 90);
+    let total = 3 * per_nsqd;
+    let got = consume_finishing(&mut consumer, total, delay, Duration::from_secs(20)).await;
+    assert_eq!(got.len(), total);
     for b in &brokers {
-        wait_until("30 FINs per nsqd", Duration::from_secs(5), || {
-            b.stats().fin_ok == 30
+        wait_until("every FIN per nsqd", Duration::from_secs(5), || {
+            b.stats().fin_ok == per_nsqd as u64
         })
         .await;
-        assert_all_finished_once(b, 30);
+        assert_all_finished_once(b, per_nsqd);
     }
     let logs: Vec<Vec<FlowEvent>> = brokers.iter().map(|b| b.flow_log()).collect();
-    let (max_rdy, max_inf) = max_sums(&logs);
+    max_sums(&logs)
+}
+
+#[tokio::test]
+async fn rdy_sum_over_several_nsqd_stays_within_max_in_flight() {
+    let (max_rdy, max_inf) = rdy_scenario(5, 30, Duration::from_millis(20)).await;
     assert!(max_rdy <= 5, "sum of RDY reached {max_rdy}");
     assert!(max_inf <= 5, "messages in flight reached {max_inf}");
     assert!(max_rdy >= 3, "every connection got RDY (max sum {max_rdy})");
@@ -252,37 +254,7 @@ async fn rdy_sum_over_several_nsqd_stays_within_max_in_flight() {
 
 #[tokio::test]
 async fn rdy_rotates_when_connections_exceed_max_in_flight() {
-    let brokers = [
-        Broker::start(broker_config()).await,
-        Broker::start(broker_config()).await,
-        Broker::start(broker_config()).await,
-    ];
-    let addrs: Vec<SocketAddr> = brokers.iter().map(|b| b.tcp_addr()).collect();
-    let mut c = config(&addrs);
-    c.max_in_flight = 1;
-    let mut consumer = Consumer::new(c).unwrap();
-    for (k, b) in brokers.iter().enumerate() {
-        for i in 0..5 {
-            b.publish(TOPIC, body(k * 100 + i));
-        }
-    }
-    let got = consume_finishing(
-        &mut consumer,
-        15,
-        Duration::from_millis(5),
-        Duration::from_secs(20),
-    )
-    .await;
-    assert_eq!(got.len(), 15);
-    for b in &brokers {
-        wait_until("5 FINs per nsqd", Duration::from_secs(5), || {
-            b.stats().fin_ok == 5
-        })
-        .await;
-        assert_all_finished_once(b, 5);
-    }
-    let logs: Vec<Vec<FlowEvent>> = brokers.iter().map(|b| b.flow_log()).collect();
-    let (max_rdy, max_inf) = max_sums(&logs);
+    let (max_rdy, max_inf) = rdy_scenario(1, 5, Duration::from_millis(5)).await;
     assert_eq!(max_rdy, 1, "sum of RDY");
     assert_eq!(max_inf, 1, "messages in flight");
 }

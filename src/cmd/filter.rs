@@ -1,7 +1,7 @@
 //! `nsq-dedupe filter`: de-duplicates newline-delimited records from files or stdin to stdout.
 
 use std::fs::File;
-use std::io::{self, BufReader, BufWriter, Write};
+use std::io::{self, BufRead, BufReader, BufWriter, Write};
 
 use anyhow::{Context, Result};
 
@@ -34,32 +34,27 @@ pub(crate) fn run(args: &FilterArgs) -> Result<()> {
         &args.files[..]
     };
     let result = files.iter().try_for_each(|path| -> Result<()> {
-        if path.as_os_str() == "-" {
-            let input = BufReader::with_capacity(BUFFER_BYTES, io::stdin().lock());
-            filter_records(
-                input,
-                &mut output,
-                &table,
-                &keyer,
-                keyless_is_error,
-                &mut stats,
+        let (input, name): (Box<dyn BufRead>, String) = if path.as_os_str() == "-" {
+            let stdin = io::stdin().lock();
+            (
+                Box::new(BufReader::with_capacity(BUFFER_BYTES, stdin)),
+                "stdin".into(),
             )
-            .context("while filtering stdin")?;
         } else {
             let file = File::open(path)
                 .with_context(|| format!("cannot open input file `{}`", path.display()))?;
-            let input = BufReader::with_capacity(BUFFER_BYTES, file);
-            filter_records(
-                input,
-                &mut output,
-                &table,
-                &keyer,
-                keyless_is_error,
-                &mut stats,
-            )
-            .with_context(|| format!("while filtering `{}`", path.display()))?;
-        }
-        Ok(())
+            let name = format!("`{}`", path.display());
+            (Box::new(BufReader::with_capacity(BUFFER_BYTES, file)), name)
+        };
+        filter_records(
+            input,
+            &mut output,
+            &table,
+            &keyer,
+            keyless_is_error,
+            &mut stats,
+        )
+        .with_context(|| format!("while filtering {name}"))
     });
     let flushed = result.and_then(|()| output.flush().context("cannot write to stdout"));
     if args.stats {
