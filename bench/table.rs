@@ -108,6 +108,30 @@ fn contains_and_add(c: &mut Criterion) {
             }
         }
     }
+    // Batches of 64 digests claimed with `claim_many_into`, which prefetches sets ahead.
+    for log2_slots in [20u32, 26] {
+        for ways in [1u32, 8] {
+            let table = Table::with_slots(1 << log2_slots, ways).unwrap();
+            table.prefault();
+            let id = format!("claim_many_into/batch=64/slots=2^{log2_slots}/ways={ways}");
+            group.bench_function(id, |b| {
+                let mut keys = Keys(start_seed());
+                let mut digests = Vec::with_capacity(64);
+                let mut claims = Vec::with_capacity(64);
+                b.iter_custom(|iters| {
+                    let start = Instant::now();
+                    for _ in 0..iters.div_ceil(64) {
+                        digests.clear();
+                        digests.extend((0..64).map(|_| hash(&keys.next())));
+                        claims.clear();
+                        table.claim_many_into(&digests, &mut claims);
+                        black_box(&claims);
+                    }
+                    start.elapsed()
+                })
+            });
+        }
+    }
     let table = Table::with_slots(1 << 20, 8).unwrap();
     table.prefault();
     group.bench_function("baseline/xxh3-only", |b| {

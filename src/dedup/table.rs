@@ -239,6 +239,43 @@ impl Table {
         on_set!(self, digest, insert(fingerprint(digest), IN_FLIGHT))
     }
 
+    /// Claims every digest of `digests` in order, appending the answers to `claims`: the same
+    /// answers as calling [`claim`](Table::claim) on each, faster on large tables.
+    ///
+    /// A single claim waits for its set's cache line to arrive from memory before the next can
+    /// start; here the sets of the next few digests are requested while one is being decided,
+    /// so their waits overlap.
+    pub fn claim_many_into(&self, digests: &[Digest], claims: &mut Vec<Claim>) {
+        const AHEAD: usize = 8;
+        claims.reserve(digests.len());
+        for digest in digests.iter().take(AHEAD) {
+            self.prefetch(*digest);
+        }
+        for (i, digest) in digests.iter().enumerate() {
+            if let Some(next) = digests.get(i + AHEAD) {
+                self.prefetch(*next);
+            }
+            claims.push(self.claim(*digest));
+        }
+    }
+
+    /// Asks the processor to start loading `digest`'s set into cache.
+    #[inline(always)]
+    fn prefetch(&self, digest: Digest) {
+        let first =
+            self.base + self.geometry.set_of(digest) as usize * self.geometry.ways() as usize;
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a prefetch is a hint: it never faults, reads nothing into the program's
+        // state and writes nothing, so it cannot break any invariant; the pointer is in bounds
+        // of `slots` anyway, because `set_of` is below `sets`.
+        unsafe {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            _mm_prefetch::<_MM_HINT_T0>(self.slots.as_ptr().add(first).cast());
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = first;
+    }
+
     /// Marks `digest` as processed. Returns whether its set still held it (in flight or done).
     pub fn commit(&self, digest: Digest) -> bool {
         let done = |word| (word & !STATE_MASK) | DONE;

@@ -347,3 +347,17 @@ fn prefault_changes_nothing() {
     assert_eq!(table.claim(d[1]), Claim::Duplicate);
     assert_eq!(table.occupied(), 2);
 }
+
+#[test]
+fn claim_many_answers_as_single_claims_do() {
+    let geometry = Geometry::new(64, 4).unwrap();
+    let (batched, single) = (Table::new(geometry), Table::new(geometry));
+    // Repeats within the batch and sets that overflow.
+    let d = pool(4);
+    let digests: Vec<Digest> = (0..200).map(|i| d[(i * 7) % d.len()]).collect();
+    let mut claims = Vec::new();
+    batched.claim_many_into(&digests, &mut claims);
+    let expected: Vec<Claim> = digests.iter().map(|x| single.claim(*x)).collect();
+    assert_eq!(claims, expected);
+    assert!(claims.contains(&Claim::New) && claims.contains(&Claim::InFlight));
+}
