@@ -383,12 +383,13 @@ fn update<const W: usize>(
 ) -> bool {
     for slot in set {
         let mut word = slot.load(Ordering::Acquire);
+        let mut spins = 0u32;
         while holds(word, fingerprint) {
             if word & LOCK != 0 {
                 // The set's first slot belongs to a guard holder until it releases the guard
                 // (a few instructions later) with a plain store, which would overwrite our
                 // change: wait for it.
-                std::hint::spin_loop();
+                backoff(&mut spins);
                 word = slot.load(Ordering::Acquire);
                 continue;
             }
@@ -495,6 +496,18 @@ fn advise_huge_pages(slots: &[AtomicU64]) {
 #[cfg(not(target_os = "linux"))]
 fn advise_huge_pages(_slots: &[AtomicU64]) {}
 
+/// Waits a little for a set's guard to be released: spins first, then, if the holder was likely
+/// descheduled, gives it the core.
+#[inline]
+fn backoff(spins: &mut u32) {
+    *spins += 1;
+    if *spins < 64 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
+
 /// The writer guard of a set: the `LOCK` bit of its first slot.
 ///
 /// While the bit is set, only the holder writes the first slot (`commit` and `erase` wait for
@@ -530,13 +543,7 @@ impl<'a> SetGuard<'a> {
                 }
                 continue;
             }
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else {
-                // The holder was likely descheduled: give it the core.
-                std::thread::yield_now();
-            }
+            backoff(&mut spins);
             current = word.load(Ordering::Relaxed);
         }
     }
