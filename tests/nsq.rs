@@ -813,6 +813,50 @@ async fn handler_failures_back_off_then_recover() {
     assert_all_finished_once(&broker, 1);
 }
 
+/// In backoff's test phase one connection gets RDY 1; if that nsqd has nothing queued, the test
+/// RDY must move on to another nsqd (as go-nsq's redistribution does) instead of waiting there
+/// for good.
+#[tokio::test]
+async fn backoff_test_rdy_moves_off_an_idle_nsqd() {
+    let idle = Broker::start(broker_config()).await;
+    let busy = Broker::start(broker_config()).await;
+    let mut c = config(&[idle.tcp_addr(), busy.tcp_addr()]);
+    c.max_in_flight = 2;
+    c.backoff_multiplier = Duration::from_millis(50);
+    c.max_backoff = Duration::from_millis(200);
+    c.rdy_redistribute_interval = Duration::from_millis(300);
+    let mut consumer = Consumer::new(c).unwrap();
+    for i in 0..10 {
+        busy.publish(TOPIC, body(i));
+    }
+    // Two failures: the test phase after them visits both connections in turn, so without the
+    // rotation one of them leaves the test RDY on the idle nsqd.
+    let mut failures = 0;
+    let mut finished = 0;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while finished < 10 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            !left.is_zero(),
+            "only {finished} of 10 finished: the consumer stalled"
+        );
+        let m = next(&mut consumer, left).await;
+        if failures < 2 {
+            failures += 1;
+            m.requeue(Some(Duration::ZERO)).unwrap();
+        } else {
+            m.finish().unwrap();
+            finished += 1;
+        }
+    }
+    wait_until("10 FINs", Duration::from_secs(5), || {
+        busy.stats().fin_ok == 10
+    })
+    .await;
+    assert_all_finished_once(&busy, 10);
+    assert_eq!(idle.stats().fin_ok, 0);
+}
+
 #[tokio::test]
 async fn heartbeats_are_answered() {
     let broker = Broker::start(broker_config()).await;

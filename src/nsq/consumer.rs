@@ -918,6 +918,12 @@ impl ControlTask {
             self.rotation_offset = self
                 .rotation_offset
                 .wrapping_add(self.config.max_in_flight as usize);
+            // The test phase waits for a message on one connection; if that nsqd has nothing
+            // queued, none would ever come. Move the test RDY on, as go-nsq's redistribution
+            // does, so that an idle nsqd cannot stall the consumer.
+            if self.backoff == BackoffPhase::Testing {
+                self.test_rotor = self.test_rotor.wrapping_add(1);
+            }
         }
         self.rebalance();
     }
