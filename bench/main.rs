@@ -1,8 +1,10 @@
 //! Benchmarks: one criterion binary, one module per area.
 //!
 //! `cargo bench` runs them all; `cargo bench --bench main -- <filter>` runs a subset, for
-//! example `-- contains_and_add`.
+//! example `-- contains_and_add` or `-- nsq::frame`.
 
+mod memcached;
+mod nsq;
 mod table;
 
-criterion::criterion_main!(table::benches);
+criterion::criterion_main!(table::benches, nsq::benches, memcached::benches);

@@ -86,4 +86,7 @@ pub enum StoreError {
     /// The server answered something this client does not understand.
     #[error("store protocol error: {0}")]
     Protocol(String),
+    /// The store's settings are unusable; the message names the setting.
+    #[error("invalid store configuration: {0}")]
+    Config(String),
 }

@@ -12,6 +12,7 @@
 //! - [`sizing`]: pure functions between slots, catch probability and window.
 //! - `cmd`: the `size` and `filter` subcommands; `cli`: their flags.
 //! - `error`: error types whose messages name the knob to turn.
+//! - [`nsq`]: our NSQ TCP client: [`Consumer`], [`Message`], [`Producer`], nsqlookupd.
 #![warn(unreachable_pub, missing_docs)]
 
 pub mod cli;
@@ -19,11 +20,14 @@ mod cmd;
 pub mod dedup;
 pub mod error;
 pub mod filter;
+pub mod nsq;
 pub mod sizing;
 
 pub use dedup::digest::{DigestAlgorithm, KeySpec, Keyer};
+pub use dedup::memcached::{MemcachedConfig, MemcachedStore};
 pub use dedup::table::Table;
 pub use dedup::{Claim, Digest, Geometry, NoStore, Store};
+pub use nsq::{Consumer, ConsumerConfig, Message, Producer, ProducerConfig};
 
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]

@@ -9,4 +9,6 @@ mod util;
 
 mod cli_filter;
 mod cli_size;
+mod memcached;
+mod nsq;
 mod table;

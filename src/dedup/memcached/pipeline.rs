@@ -1,0 +1,178 @@
+//! A minimal pipelined meta-protocol connection, used by batches.
+//!
+//! `async-memcached` pipelines reads (`meta_get_multi`) but its pipelined write
+//! (`meta_set_multi`) applies one flag list to every item, so it cannot send a different CAS
+//! token per item. A batch of claims needs exactly that: one compare-and-swap per set, each
+//! with the token its read returned. This connection speaks the two commands a batch needs,
+//! `mg <key> v c` and `ms <key> <len> C<cas>` / `ms <key> <len> ME`, in pipelines of many keys,
+//! and reads the answers back in order (memcached answers a connection's commands in order).
+//!
+//! See: <https://github.com/memcached/memcached/wiki/MetaCommands>
+
+use std::io;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufStream};
+use tokio::net::TcpStream;
+
+/// Larger values are not ours (a set of 8 ways takes 266 bytes) and are not loaded.
+const MAX_VALUE_BYTES: usize = 64 * 1024;
+
+/// One item as read: its value and CAS token, or `None` when the item does not exist.
+pub(super) type Read = Option<(Vec<u8>, u64)>;
+
+/// How the server answered one write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Written {
+    /// `HD`: stored.
+    Stored,
+    /// `EX`, `NS` or `NF`: another writer got there first (CAS mismatch, add of an existing
+    /// item, or CAS on an item that vanished).
+    Conflict,
+}
+
+/// One write of a pipeline: the key, the new value, and the CAS token of the read it follows
+/// (`None`: the item did not exist, so write only if it still does not).
+pub(super) struct Write<'a> {
+    pub(super) key: &'a str,
+    pub(super) value: &'a [u8],
+    pub(super) cas: Option<u64>,
+}
+
+/// A TCP connection to one memcached that sends pipelines of meta commands.
+///
+/// A pipeline that is cut short (an error, or the future being dropped on timeout) leaves
+/// unread answers on the socket, so the pool discards the connection unless the caller marks
+/// it healthy after a complete exchange.
+pub(super) struct PipeConn {
+    stream: BufStream<TcpStream>,
+    line: Vec<u8>,
+}
+
+impl PipeConn {
+    /// Connects to `addr` (`host:port`).
+    pub(super) async fn connect(addr: &str) -> io::Result<Self> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        Ok(PipeConn {
+            stream: BufStream::with_capacity(64 * 1024, 64 * 1024, stream),
+            line: Vec::with_capacity(128),
+        })
+    }
+
+    /// Reads `keys` in one round trip, with their CAS tokens.
+    pub(super) async fn get_many(&mut self, keys: &[&str]) -> io::Result<Vec<Read>> {
+        for key in keys {
+            self.stream.write_all(b"mg ").await?;
+            self.stream.write_all(key.as_bytes()).await?;
+            self.stream.write_all(b" v c\r\n").await?;
+        }
+        self.stream.flush().await?;
+        let mut reads = Vec::with_capacity(keys.len());
+        for _ in keys {
+            self.read_line().await?;
+            if self.line.starts_with(b"EN") {
+                reads.push(None);
+                continue;
+            }
+            let Some(header) = self.line.strip_prefix(b"VA ") else {
+                return Err(self.unexpected("mg"));
+            };
+            let (len, cas) = parse_value_header(header).ok_or_else(|| self.unexpected("mg"))?;
+            if len > MAX_VALUE_BYTES {
+                // Not a value we wrote: skip it (keeping the connection in step) and hand back
+                // an empty value, which the store counts as unreadable and overwrites.
+                let skip = len as u64 + 2;
+                let skipped =
+                    tokio::io::copy(&mut (&mut self.stream).take(skip), &mut tokio::io::sink())
+                        .await?;
+                if skipped != skip {
+                    return Err(io::ErrorKind::UnexpectedEof.into());
+                }
+                reads.push(Some((Vec::new(), cas)));
+                continue;
+            }
+            let mut value = vec![0; len + 2];
+            self.stream.read_exact(&mut value).await?;
+            if !value.ends_with(b"\r\n") {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "memcached value not terminated by CRLF",
+                ));
+            }
+            value.truncate(len);
+            reads.push(Some((value, cas)));
+        }
+        Ok(reads)
+    }
+
+    /// Writes `writes` in one round trip, each as a compare-and-swap or an add.
+    pub(super) async fn set_many(&mut self, writes: &[Write<'_>]) -> io::Result<Vec<Written>> {
+        for write in writes {
+            let mode = match write.cas {
+                Some(cas) => format!("C{cas}"),
+                None => "ME".to_owned(),
+            };
+            let header = format!("ms {} {} {mode}\r\n", write.key, write.value.len());
+            self.stream.write_all(header.as_bytes()).await?;
+            self.stream.write_all(write.value).await?;
+            self.stream.write_all(b"\r\n").await?;
+        }
+        self.stream.flush().await?;
+        let mut written = Vec::with_capacity(writes.len());
+        for _ in writes {
+            self.read_line().await?;
+            written.push(match self.line.get(..2) {
+                Some(b"HD") => Written::Stored,
+                Some(b"EX" | b"NS" | b"NF") => Written::Conflict,
+                _ => return Err(self.unexpected("ms")),
+            });
+        }
+        Ok(written)
+    }
+
+    /// Reads one CRLF-terminated line into `self.line`, without the CRLF.
+    async fn read_line(&mut self) -> io::Result<()> {
+        self.line.clear();
+        let n = self.stream.read_until(b'\n', &mut self.line).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        if !self.line.ends_with(b"\r\n") {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        self.line.truncate(self.line.len() - 2);
+        Ok(())
+    }
+
+    fn unexpected(&self, command: &str) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "unexpected answer to `{command}`: {:?}",
+                String::from_utf8_lossy(&self.line)
+            ),
+        )
+    }
+}
+
+/// Parses `<len> c<cas>` (flags in any order) from a `VA` line.
+fn parse_value_header(header: &[u8]) -> Option<(usize, u64)> {
+    let text = std::str::from_utf8(header).ok()?;
+    let mut parts = text.split(' ');
+    let len = parts.next()?.parse().ok()?;
+    let cas = parts.find_map(|flag| flag.strip_prefix('c')?.parse().ok())?;
+    Some((len, cas))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_value_header;
+
+    #[test]
+    fn value_header_gives_length_and_cas() {
+        assert_eq!(parse_value_header(b"35 c17"), Some((35, 17)));
+        assert_eq!(parse_value_header(b"0 t-1 c9"), Some((0, 9)));
+        assert_eq!(parse_value_header(b"35"), None);
+        assert_eq!(parse_value_header(b"x c1"), None);
+    }
+}

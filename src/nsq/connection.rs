@@ -1,0 +1,494 @@
+//! One TCP connection to nsqd: the handshake and the two halves that carry frames.
+//!
+//! [`Connection::connect`] opens the socket, sends the `"  V2"` magic and IDENTIFY (with feature
+//! negotiation, so nsqd answers with its settings as JSON), and returns a connection whose read
+//! half yields [`Frame`]s. The consumer then splits it: the read half stays in the connection's
+//! task and the write half goes to a [`Writer`] task fed by a channel, so FIN/REQ/TOUCH from any
+//! task are written as soon as the writer runs, batched with whatever else is queued, never
+//! held back by a timer.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio_util::codec::FramedRead;
+use tokio_util::sync::CancellationToken;
+
+use super::error::Error;
+use super::frame::{
+    error_code, is_non_fatal_error, Command, Frame, FrameCodec, MessageId, MAGIC_V2,
+};
+
+/// The user agent we announce: `nsq-dedupe/<version>`.
+pub const USER_AGENT: &str = concat!("nsq-dedupe/", env!("CARGO_PKG_VERSION"));
+
+/// What we tell nsqd about ourselves in IDENTIFY.
+#[derive(Debug, Clone, Serialize)]
+pub struct Identify {
+    /// Shown in nsqd's stats. Defaults to the short host name.
+    pub client_id: String,
+    /// Our host name.
+    pub hostname: String,
+    /// Defaults to [`USER_AGENT`].
+    pub user_agent: String,
+    /// Always `true`: we want nsqd's settings back as JSON.
+    pub feature_negotiation: bool,
+    /// Milliseconds between heartbeats; nsqd accepts 1000..=60000 (or -1 to disable, which
+    /// forbids SUB).
+    pub heartbeat_interval: i64,
+    /// Milliseconds before nsqd redelivers an unfinished message; 0 keeps nsqd's default.
+    pub msg_timeout: u64,
+    /// Bytes nsqd buffers before writing to us; 0 keeps nsqd's default.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub output_buffer_size: i64,
+    /// Milliseconds nsqd waits before flushing its buffer; 0 keeps nsqd's default, -1 turns
+    /// buffering off.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub output_buffer_timeout: i64,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
+}
+
+/// nsqd's answer to IDENTIFY under feature negotiation. Missing fields take nsqd's defaults.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct IdentifyResponse {
+    /// The largest RDY nsqd accepts (`--max-rdy-count`); above it is a fatal `E_INVALID`.
+    pub max_rdy_count: u32,
+    /// nsqd's version.
+    pub version: String,
+    /// The largest msg_timeout nsqd accepts, in milliseconds.
+    pub max_msg_timeout: u64,
+    /// The msg_timeout in force for this connection, in milliseconds.
+    pub msg_timeout: u64,
+    /// Whether nsqd wants AUTH, which we do not support.
+    pub auth_required: bool,
+    /// Whether nsqd switched to TLS (we never ask).
+    pub tls_v1: bool,
+    /// Whether nsqd switched to deflate (we never ask).
+    pub deflate: bool,
+    /// Whether nsqd switched to snappy (we never ask).
+    pub snappy: bool,
+}
+
+impl Default for IdentifyResponse {
+    fn default() -> Self {
+        IdentifyResponse {
+            max_rdy_count: 2500,
+            version: String::new(),
+            max_msg_timeout: 15 * 60 * 1000,
+            msg_timeout: 60_000,
+            auth_required: false,
+            tls_v1: false,
+            deflate: false,
+            snappy: false,
+        }
+    }
+}
+
+/// An open, identified connection to one nsqd.
+#[derive(Debug)]
+pub struct Connection {
+    addr: Arc<str>,
+    reader: FramedRead<OwnedReadHalf, FrameCodec>,
+    writer: OwnedWriteHalf,
+    settings: IdentifyResponse,
+}
+
+impl Connection {
+    /// Connects to `addr`, sends the magic and IDENTIFY, and reads nsqd's settings.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when the whole handshake takes longer than `connect_timeout`,
+    /// [`Error::Io`] for socket errors, [`Error::Broker`] when nsqd refuses IDENTIFY, and
+    /// [`Error::UnexpectedResponse`] when nsqd asks for AUTH or a transport upgrade we did not
+    /// request.
+    pub async fn connect(
+        addr: &str,
+        identify: &Identify,
+        max_frame_size: usize,
+        connect_timeout: Duration,
+    ) -> Result<Connection, Error> {
+        let fut = Self::connect_inner(addr, identify, max_frame_size);
+        match tokio::time::timeout(connect_timeout, fut).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::Timeout {
+                addr: addr.to_string(),
+                what: "connecting and IDENTIFY",
+                after: connect_timeout,
+                knob: "connect_timeout",
+            }),
+        }
+    }
+
+    async fn connect_inner(
+        addr: &str,
+        identify: &Identify,
+        max_frame_size: usize,
+    ) -> Result<Connection, Error> {
+        let io = |source| Error::Io {
+            addr: addr.to_string(),
+            source,
+        };
+        let stream = TcpStream::connect(addr).await.map_err(io)?;
+        stream.set_nodelay(true).map_err(io)?;
+        let (read, write) = stream.into_split();
+        let mut conn = Connection {
+            addr: addr.into(),
+            reader: FramedRead::with_capacity(read, FrameCodec::new(max_frame_size), 64 * 1024),
+            writer: write,
+            settings: IdentifyResponse::default(),
+        };
+        let body = serde_json::to_vec(identify).expect("IDENTIFY serialises");
+        let mut buf = BytesMut::with_capacity(64 + body.len());
+        buf.extend_from_slice(MAGIC_V2);
+        Command::Identify(Bytes::from(body)).encode(&mut buf);
+        conn.writer.write_all(&buf).await.map_err(io)?;
+        let answer = conn.expect_response("IDENTIFY").await?;
+        if answer.first() == Some(&b'{') {
+            conn.settings =
+                serde_json::from_slice(&answer).map_err(|e| Error::UnexpectedResponse {
+                    addr: addr.to_string(),
+                    command: "IDENTIFY",
+                    answer: format!("{} ({e})", String::from_utf8_lossy(&answer)),
+                })?;
+        } else if &answer[..] != b"OK" {
+            return Err(conn.unexpected("IDENTIFY", &answer));
+        }
+        if conn.settings.auth_required
+            || conn.settings.tls_v1
+            || conn.settings.deflate
+            || conn.settings.snappy
+        {
+            return Err(Error::UnexpectedResponse {
+                addr: addr.to_string(),
+                command: "IDENTIFY",
+                answer: format!(
+                    "settings requiring AUTH/TLS/compression, which nsq-dedupe does not support: {:?}",
+                    conn.settings
+                ),
+            });
+        }
+        Ok(conn)
+    }
+
+    /// Subscribes to `topic`/`channel` and waits for `OK`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Broker`] when nsqd refuses (bad names, heartbeats disabled), or socket errors.
+    pub async fn subscribe(&mut self, topic: &str, channel: &str) -> Result<(), Error> {
+        self.send(&Command::Sub {
+            topic: topic.to_string(),
+            channel: channel.to_string(),
+        })
+        .await?;
+        let answer = self.expect_response("SUB").await?;
+        if &answer[..] != b"OK" {
+            return Err(self.unexpected("SUB", &answer));
+        }
+        Ok(())
+    }
+
+    /// Writes one command and flushes it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] when the socket fails.
+    pub async fn send(&mut self, command: &Command) -> Result<(), Error> {
+        let mut buf = BytesMut::new();
+        command.encode(&mut buf);
+        self.writer
+            .write_all(&buf)
+            .await
+            .map_err(|source| Error::Io {
+                addr: self.addr.to_string(),
+                source,
+            })
+    }
+
+    /// Reads the next frame. `Ok(None)` means nsqd closed the socket cleanly.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Protocol`] for malformed frames and socket errors.
+    pub async fn read_frame(&mut self) -> Result<Option<Frame>, Error> {
+        match self.reader.next().await {
+            None => Ok(None),
+            Some(Ok(frame)) => Ok(Some(frame)),
+            Some(Err(source)) => Err(Error::Protocol {
+                addr: self.addr.to_string(),
+                source,
+            }),
+        }
+    }
+
+    /// Reads the answer to a command, answering heartbeats on the way. An error frame
+    /// becomes [`Error::Broker`].
+    async fn expect_response(&mut self, command: &'static str) -> Result<Bytes, Error> {
+        loop {
+            match self.read_frame().await? {
+                None => {
+                    return Err(Error::ConnectionClosed {
+                        addr: self.addr.to_string(),
+                    })
+                }
+                Some(Frame::Response(data)) if &data[..] == super::frame::HEARTBEAT => {
+                    self.send(&Command::Nop).await?;
+                }
+                Some(Frame::Response(data)) => return Ok(data),
+                Some(Frame::Error(text)) => return Err(broker_error(&self.addr, &text)),
+                Some(Frame::Message(_)) => return Err(self.unexpected(command, b"a message")),
+            }
+        }
+    }
+
+    fn unexpected(&self, command: &'static str, answer: &[u8]) -> Error {
+        Error::UnexpectedResponse {
+            addr: self.addr.to_string(),
+            command,
+            answer: String::from_utf8_lossy(answer).into_owned(),
+        }
+    }
+
+    /// The address we connected to.
+    pub fn addr(&self) -> &Arc<str> {
+        &self.addr
+    }
+
+    /// nsqd's settings from the IDENTIFY response.
+    pub fn settings(&self) -> &IdentifyResponse {
+        &self.settings
+    }
+
+    /// Splits into the frame reader and the raw write half.
+    pub fn into_parts(self) -> (FramedRead<OwnedReadHalf, FrameCodec>, OwnedWriteHalf) {
+        (self.reader, self.writer)
+    }
+}
+
+/// Builds [`Error::Broker`] from an error frame's text.
+pub(crate) fn broker_error(addr: &str, text: &[u8]) -> Error {
+    Error::Broker {
+        addr: addr.to_string(),
+        code: String::from_utf8_lossy(error_code(text)).into_owned(),
+        text: String::from_utf8_lossy(text).into_owned(),
+        fatal: !is_non_fatal_error(text),
+    }
+}
+
+/// The shared end of a live consumer connection: the writer's queue and the IDs in flight.
+///
+/// Held by the connection's task and by every [`Message`](super::Message) that came from it.
+/// The in-flight set is the single source of truth for "does anyone still owe nsqd an answer
+/// for this ID": FIN/REQ remove the ID before queueing the command, so a message is answered at
+/// most once however many tasks race (the handler, the message's drop, shutdown's final REQ).
+#[derive(Debug)]
+pub(crate) struct ConnHandle {
+    pub(crate) addr: Arc<str>,
+    /// Commands for the [`Writer`] task. Its receiver is closed when the connection ends, so a
+    /// late FIN fails with [`Error::ConnectionClosed`] instead of vanishing.
+    commands: mpsc::UnboundedSender<Command>,
+    /// `std` mutex: held for one set operation, never across an `.await`.
+    in_flight: Mutex<HashSet<MessageId, IdHasher>>,
+    closed: AtomicBool,
+}
+
+impl ConnHandle {
+    /// A handle and the receiving end for its [`Writer`].
+    pub(crate) fn new(addr: Arc<str>) -> (Arc<ConnHandle>, mpsc::UnboundedReceiver<Command>) {
+        let (commands, rx) = mpsc::unbounded_channel();
+        let handle = ConnHandle {
+            addr,
+            commands,
+            in_flight: Mutex::new(HashSet::with_capacity_and_hasher(64, IdHasher)),
+            closed: AtomicBool::new(false),
+        };
+        (Arc::new(handle), rx)
+    }
+
+    /// Queues a command that answers no message (RDY, NOP, CLS).
+    pub(crate) fn send(&self, command: Command) -> Result<(), Error> {
+        self.commands
+            .send(command)
+            .map_err(|_| Error::ConnectionClosed {
+                addr: self.addr.to_string(),
+            })
+    }
+
+    /// Records a delivered message as in flight.
+    pub(crate) fn track(&self, id: MessageId) {
+        self.in_flight.lock().expect("in-flight lock").insert(id);
+    }
+
+    /// Answers message `id` with `command` (FIN or REQ) if it is still in flight here.
+    pub(crate) fn answer(&self, id: MessageId, command: Command) -> Result<(), Error> {
+        let removed = self.in_flight.lock().expect("in-flight lock").remove(&id);
+        if !removed {
+            return Err(if self.is_closed() {
+                Error::ConnectionClosed {
+                    addr: self.addr.to_string(),
+                }
+            } else {
+                Error::NotInFlight { id: id.to_string() }
+            });
+        }
+        self.send(command)
+    }
+
+    /// Whether `id` is still owed an answer.
+    pub(crate) fn is_in_flight(&self, id: &MessageId) -> bool {
+        self.in_flight.lock().expect("in-flight lock").contains(id)
+    }
+
+    /// How many messages are owed an answer.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight.lock().expect("in-flight lock").len()
+    }
+
+    /// Takes every ID still in flight, so the caller can requeue them.
+    pub(crate) fn take_in_flight(&self) -> Vec<MessageId> {
+        self.in_flight
+            .lock()
+            .expect("in-flight lock")
+            .drain()
+            .collect()
+    }
+
+    /// Marks the connection as gone; later answers fail with [`Error::ConnectionClosed`].
+    pub(crate) fn mark_closed(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+
+    /// Whether the connection has ended.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+}
+
+/// Hashes message IDs with a folded 64x64->128-bit multiply per 8 bytes (as foldhash does).
+///
+/// The set holds at most `max_in_flight` IDs chosen by our own nsqd, so flooding is not a
+/// concern, and SipHash was a visible share of the per-message cost. The fold matters: nsqd's
+/// IDs differ mostly in their last bytes, and a plain multiply would leave the low bits that
+/// pick the bucket nearly constant.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct IdHasher;
+
+impl std::hash::BuildHasher for IdHasher {
+    type Hasher = IdHash;
+    fn build_hasher(&self) -> IdHash {
+        IdHash(0x243f_6a88_85a3_08d3)
+    }
+}
+
+/// The hasher built by [`IdHasher`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct IdHash(u64);
+
+impl std::hash::Hasher for IdHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            let full = u128::from(self.0 ^ u64::from_le_bytes(word)) * 0x9e37_79b9_7f4a_7c15_u128;
+            self.0 = (full as u64) ^ ((full >> 64) as u64);
+        }
+    }
+}
+
+/// The task that owns a connection's write half.
+///
+/// It waits for one command, then takes everything else already queued (up to 64 KiB) and
+/// writes it in one go: acknowledgements go out as soon as the task runs, batched with their
+/// neighbours, without a flush timer.
+pub(crate) struct Writer {
+    pub(crate) write: OwnedWriteHalf,
+    pub(crate) commands: mpsc::UnboundedReceiver<Command>,
+    /// Cancelled by the connection's owner to close: the writer writes what is queued, then
+    /// shuts the socket's write side and closes its queue.
+    pub(crate) close: CancellationToken,
+}
+
+const WRITE_BATCH_BYTES: usize = 64 * 1024;
+
+impl Writer {
+    /// Runs until closed or the socket fails.
+    ///
+    /// # Errors
+    ///
+    /// The socket error that stopped it.
+    pub(crate) async fn run(mut self) -> std::io::Result<()> {
+        let mut buf = BytesMut::with_capacity(WRITE_BATCH_BYTES);
+        let result = loop {
+            let first = tokio::select! {
+                biased;
+                cmd = self.commands.recv() => cmd,
+                _ = self.close.cancelled() => None,
+            };
+            let Some(first) = first else { break Ok(()) };
+            first.encode(&mut buf);
+            while buf.len() < WRITE_BATCH_BYTES {
+                match self.commands.try_recv() {
+                    Ok(cmd) => cmd.encode(&mut buf),
+                    Err(_) => break,
+                }
+            }
+            if let Err(e) = self.write.write_all(&buf).await {
+                break Err(e);
+            }
+            buf.clear();
+        };
+        // Close the queue first so nothing new arrives, then write what is already in it.
+        self.commands.close();
+        if result.is_ok() {
+            while let Ok(cmd) = self.commands.try_recv() {
+                cmd.encode(&mut buf);
+            }
+            if !buf.is_empty() {
+                self.write.write_all(&buf).await?;
+            }
+            let _ = self.write.shutdown().await;
+        }
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::hash::BuildHasher;
+
+    /// Sequential nsqd-style IDs must spread over the low bits that pick a bucket.
+    #[test]
+    fn id_hash_spreads_sequential_ids() {
+        let mut buckets = [0u32; 256];
+        for i in 0..25_600u64 {
+            let text = format!("{:04x}{:012x}", 1, i);
+            let mut id = [0u8; 16];
+            id.copy_from_slice(text.as_bytes());
+            let h = IdHasher.hash_one(MessageId(id));
+            buckets[(h & 0xff) as usize] += 1;
+        }
+        let (min, max) = (buckets.iter().min().unwrap(), buckets.iter().max().unwrap());
+        assert!(
+            *min > 50 && *max < 170,
+            "bucket loads {min}..{max}, expected about 100"
+        );
+    }
+}

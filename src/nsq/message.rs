@@ -1,0 +1,180 @@
+//! A message received by the [`Consumer`](super::Consumer), and how it is answered.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::connection::ConnHandle;
+use super::consumer::ConsumerShared;
+use super::error::Error;
+use super::frame::{Command, MessageId, RawMessage};
+
+/// One delivery of a message from nsqd.
+///
+/// Answer it exactly once with [`finish`](Message::finish) or [`requeue`](Message::requeue)
+/// (both consume it), from any task, after any amount of async work; [`touch`](Message::touch)
+/// it meanwhile if the work may outlast nsqd's `msg_timeout`. The answer is queued to the
+/// connection's writer at once and written as soon as that task runs.
+///
+/// A message dropped without an answer is requeued with the default delay and a warning, so
+/// nothing is left in flight unknowingly. If the connection it came from has closed, answers
+/// fail with [`Error::ConnectionClosed`]: nsqd delivers the message again after `msg_timeout`.
+pub struct Message {
+    id: MessageId,
+    attempts: u16,
+    timestamp_ns: i64,
+    body: Bytes,
+    conn: Arc<ConnHandle>,
+    consumer: Arc<ConsumerShared>,
+    answered: bool,
+}
+
+impl Message {
+    pub(crate) fn new(
+        raw: RawMessage,
+        conn: Arc<ConnHandle>,
+        consumer: Arc<ConsumerShared>,
+    ) -> Self {
+        Message {
+            id: raw.id,
+            attempts: raw.attempts,
+            timestamp_ns: raw.timestamp_ns,
+            body: raw.body,
+            conn,
+            consumer,
+            answered: false,
+        }
+    }
+
+    /// The ID nsqd gave this message. Copies of one payload on different nsqd have different
+    /// IDs; redeliveries by the same nsqd keep it.
+    pub fn id(&self) -> &MessageId {
+        &self.id
+    }
+
+    /// How many times nsqd has delivered this message, this delivery included (starts at 1).
+    pub fn attempts(&self) -> u16 {
+        self.attempts
+    }
+
+    /// When nsqd first received the message, in nanoseconds since the Unix epoch.
+    pub fn timestamp(&self) -> i64 {
+        self.timestamp_ns
+    }
+
+    /// The payload. Shares the connection's read buffer; cloning it is cheap.
+    pub fn body(&self) -> &Bytes {
+        &self.body
+    }
+
+    /// The address of the nsqd that delivered it, as configured or discovered.
+    pub fn nsqd_address(&self) -> &str {
+        &self.conn.addr
+    }
+
+    /// Sends `FIN`: the message is done. Counts as a handler success for backoff.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotInFlight`] if it was already answered (e.g. by shutdown's final REQ), or
+    /// [`Error::ConnectionClosed`] if its connection is gone (nsqd will redeliver it).
+    pub fn finish(mut self) -> Result<(), Error> {
+        self.answered = true;
+        let result = self.conn.answer(self.id, Command::Fin(self.id));
+        if result.is_ok() {
+            self.consumer.on_finished();
+        }
+        result
+    }
+
+    /// Sends `REQ`: nsqd delivers the message again after `delay` (or the configured default,
+    /// `default_requeue_delay * attempts`, if `None`), capped at `max_requeue_delay` because
+    /// nsqd treats a delay above its `--max-req-timeout` as a fatal error. Counts as a handler
+    /// failure: the consumer backs off like go-nsq.
+    ///
+    /// # Errors
+    ///
+    /// As for [`finish`](Message::finish).
+    pub fn requeue(self, delay: Option<Duration>) -> Result<(), Error> {
+        self.requeue_inner(delay, true)
+    }
+
+    /// Like [`requeue`](Message::requeue) but without triggering backoff.
+    ///
+    /// # Errors
+    ///
+    /// As for [`finish`](Message::finish).
+    pub fn requeue_without_backoff(self, delay: Option<Duration>) -> Result<(), Error> {
+        self.requeue_inner(delay, false)
+    }
+
+    fn requeue_inner(mut self, delay: Option<Duration>, backoff: bool) -> Result<(), Error> {
+        self.answered = true;
+        let delay = match delay {
+            Some(delay) => self.consumer.clamp_requeue_delay(delay),
+            None => self.consumer.default_requeue_delay(self.attempts),
+        };
+        let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        let result = self.conn.answer(self.id, Command::Req(self.id, delay_ms));
+        if result.is_ok() {
+            self.consumer.on_requeued(backoff);
+        }
+        result
+    }
+
+    /// Sends `TOUCH`: nsqd restarts this message's `msg_timeout`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotInFlight`] if the message was already answered, or
+    /// [`Error::ConnectionClosed`] if its connection is gone.
+    pub fn touch(&self) -> Result<(), Error> {
+        if !self.conn.is_in_flight(&self.id) {
+            return Err(if self.conn.is_closed() {
+                Error::ConnectionClosed {
+                    addr: self.conn.addr.to_string(),
+                }
+            } else {
+                Error::NotInFlight {
+                    id: self.id.to_string(),
+                }
+            });
+        }
+        self.conn.send(Command::Touch(self.id))?;
+        self.consumer.on_touched();
+        Ok(())
+    }
+}
+
+impl Drop for Message {
+    fn drop(&mut self) {
+        if self.answered || !self.conn.is_in_flight(&self.id) {
+            return;
+        }
+        let delay = self.consumer.default_requeue_delay(self.attempts);
+        let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        match self.conn.answer(self.id, Command::Req(self.id, delay_ms)) {
+            Ok(()) => {
+                self.consumer.on_requeued(false);
+                tracing::warn!(id = %self.id, nsqd = %self.conn.addr, delay_ms, "Message dropped without an answer; requeued.");
+            }
+            Err(error) => {
+                tracing::warn!(id = %self.id, nsqd = %self.conn.addr, %error, "Message dropped without an answer and could not be requeued; nsqd will redeliver it after msg_timeout.");
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Message {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Message")
+            .field("id", &self.id)
+            .field("attempts", &self.attempts)
+            .field("timestamp_ns", &self.timestamp_ns)
+            .field("body_len", &self.body.len())
+            .field("nsqd", &self.conn.addr)
+            .finish()
+    }
+}
