@@ -1,0 +1,849 @@
+//! The sidecar end to end: test brokers (`support::broker`), a real memcached
+//! (`support::memcached`), and the `nsq-dedupe run` binary as a child process.
+//!
+//! Every wait is bounded in time, every server is on loopback and is stopped when its test ends
+//! (brokers and memcached on drop, child processes by `ChildGuard`). Message timeouts are 1-2 s
+//! so that redelivery and lease expiry happen within the test's time.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use nsq_dedupe::config::{ConfigError, Dur, RawConfig, SinkKind, StoreKind};
+use nsq_dedupe::metrics::get;
+use nsq_dedupe::sidecar::{RunError, RunReport};
+use nsq_dedupe::sink::{Handler, HandlerError};
+use nsq_dedupe::{Metrics, Settings, Sidecar};
+use rand::{Rng, SeedableRng};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::support::broker::{Broker, BrokerConfig};
+use crate::support::memcached::MemcachedServer;
+
+const TOPIC: &str = "events";
+const CHANNEL: &str = "dedupe";
+
+/// A configuration with short timers for `addrs`, metrics on a free loopback port.
+fn raw_config(addrs: &[SocketAddr]) -> RawConfig {
+    let list = addrs
+        .iter()
+        .map(|a| format!("\"{a}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    RawConfig::from_toml(
+        &format!(
+            r#"
+[source]
+nsqd_tcp_addresses = [{list}]
+topic = "{TOPIC}"
+channel = "{CHANNEL}"
+max_in_flight = 200
+msg_timeout = "2s"
+heartbeat_interval = "1s"
+backoff = "10ms"
+max_backoff = "200ms"
+
+[dedupe]
+in_flight_requeue_delay = "50ms"
+store_error_requeue_delay = "100ms"
+
+[store]
+kind = "memory"
+buckets = 1048576
+ways = 8
+window = "1m"
+
+[metrics]
+address = "127.0.0.1:0"
+status_interval = "2s"
+
+[shutdown]
+grace = "2s"
+"#
+        ),
+        "test",
+    )
+    .expect("the test configuration parses")
+}
+
+/// Counts handler calls per body, and successful ones.
+#[derive(Clone, Default)]
+struct Recorder {
+    calls: Arc<Mutex<HashMap<Bytes, u32>>>,
+    delivered: Arc<Mutex<HashMap<Bytes, u32>>>,
+}
+
+impl Recorder {
+    fn call(&self, body: &Bytes) {
+        *self.calls.lock().unwrap().entry(body.clone()).or_default() += 1;
+    }
+    fn deliver(&self, body: Bytes) {
+        *self.delivered.lock().unwrap().entry(body).or_default() += 1;
+    }
+    fn distinct_delivered(&self) -> usize {
+        self.delivered.lock().unwrap().len()
+    }
+    fn delivered(&self) -> HashMap<Bytes, u32> {
+        self.delivered.lock().unwrap().clone()
+    }
+    fn calls(&self) -> HashMap<Bytes, u32> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+/// A sidecar running in a task, stopped by `stop`.
+struct Running {
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<RunReport, RunError>>,
+    metrics: Arc<Metrics>,
+    metrics_addr: Option<SocketAddr>,
+}
+
+impl Running {
+    async fn start<H: Handler>(settings: Settings, handler: H) -> Running {
+        let sidecar = Sidecar::with_handler(settings, handler)
+            .await
+            .expect("the sidecar starts");
+        let metrics = sidecar.metrics();
+        let metrics_addr = sidecar.metrics_address();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(sidecar.run(async move {
+            let _ = stopped.await;
+        }));
+        Running {
+            stop: Some(stop),
+            task,
+            metrics,
+            metrics_addr,
+        }
+    }
+
+    async fn stop(mut self) -> RunReport {
+        let _ = self.stop.take().unwrap().send(());
+        tokio::time::timeout(Duration::from_secs(15), &mut self.task)
+            .await
+            .expect("the sidecar stops within 15 s")
+            .expect("the sidecar task does not panic")
+            .expect("the sidecar ends without error")
+    }
+}
+
+/// Polls `cond` every 10 ms until it holds; panics after `limit` with `what` and `detail()`.
+async fn wait_until(
+    what: &str,
+    limit: Duration,
+    mut cond: impl FnMut() -> bool,
+    detail: impl Fn() -> String,
+) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}: {}",
+            detail()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn payload(i: usize) -> Bytes {
+    Bytes::from(format!("{{\"id\":\"p{i:05}\",\"amount\":{}}}", i * 7))
+}
+
+fn drained(broker: &Broker) -> bool {
+    broker.depth(TOPIC, CHANNEL) == (0, 0, 0)
+}
+
+/// GET /metrics from the sidecar's metrics server.
+fn scrape(addr: SocketAddr) -> String {
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    text
+}
+
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicated_stream_reaches_the_sink_exactly_once() {
+    let a = Broker::start(BrokerConfig::default()).await;
+    let b = Broker::start(BrokerConfig::default()).await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let mut order_b: Vec<usize> = (0..10_000).collect();
+    rand::seq::SliceRandom::shuffle(&mut order_b[..], &mut rng);
+    a.publish_many(TOPIC, (0..10_000).map(payload));
+    b.publish_many(TOPIC, order_b.iter().map(|&i| payload(i)));
+    a.publish_many(TOPIC, (10_000..10_500).map(payload));
+
+    let mut raw = raw_config(&[a.tcp_addr(), b.tcp_addr()]);
+    raw.dedupe.key = Some("json:/id".into());
+    let settings = raw.validate().unwrap();
+    let recorder = Recorder::default();
+    let r = recorder.clone();
+    let running = Running::start(settings, move |body: Bytes| {
+        let r = r.clone();
+        async move {
+            r.call(&body);
+            r.deliver(body);
+            Ok::<(), HandlerError>(())
+        }
+    })
+    .await;
+    wait_until(
+        "10 500 distinct payloads and both brokers drained",
+        Duration::from_secs(60),
+        || recorder.distinct_delivered() == 10_500 && drained(&a) && drained(&b),
+        || {
+            format!(
+                "{} distinct, depths {:?} {:?}",
+                recorder.distinct_delivered(),
+                a.depth(TOPIC, CHANNEL),
+                b.depth(TOPIC, CHANNEL)
+            )
+        },
+    )
+    .await;
+    let text = scrape(running.metrics_addr.unwrap());
+    let report = running.stop().await;
+
+    let delivered = recorder.delivered();
+    let twice: Vec<_> = delivered.iter().filter(|(_, &n)| n != 1).collect();
+    assert!(
+        twice.is_empty(),
+        "{} payloads delivered more than once, e.g. {:?}",
+        twice.len(),
+        twice.first()
+    );
+    for i in 0..10_500 {
+        assert_eq!(delivered.get(&payload(i)), Some(&1), "payload {i}");
+    }
+    let m = &running_metrics(&text);
+    assert_eq!(m("nsq_dedupe_unique_total"), 10_500.0);
+    assert_eq!(m("nsq_dedupe_handler_successes_total"), 10_500.0);
+    assert_eq!(
+        m("nsq_dedupe_duplicates_total") + m("nsq_dedupe_unique_total"),
+        20_500.0,
+        "every message was either delivered or a duplicate"
+    );
+    assert!(text.contains(&format!(
+        "nsq_dedupe_received_total{{source=\"{}\"}} 10500",
+        a.tcp_addr()
+    )));
+    assert!(text.contains("nsq_dedupe_catch_probability "));
+    assert!(report.shutdown.clean, "{report:?}");
+}
+
+fn running_metrics(text: &str) -> impl Fn(&str) -> f64 + '_ {
+    move |name| metric(text, name).unwrap_or_else(|| panic!("metric {name} missing in:\n{text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flaky_sink_gets_every_payload_at_least_once() {
+    let a = Broker::start(BrokerConfig::default()).await;
+    let b = Broker::start(BrokerConfig::default()).await;
+    const N: usize = 2_000;
+    a.publish_many(TOPIC, (0..N).map(payload));
+    b.publish_many(TOPIC, (0..N).rev().map(payload));
+    let mut raw = raw_config(&[a.tcp_addr(), b.tcp_addr()]);
+    raw.source.max_attempts = Some(50);
+    let settings = raw.validate().unwrap();
+    let recorder = Recorder::default();
+    let r = recorder.clone();
+    let rng = Arc::new(Mutex::new(rand::rngs::StdRng::seed_from_u64(10)));
+    let running = Running::start(settings, move |body: Bytes| {
+        let r = r.clone();
+        let fail = rng.lock().unwrap().gen_bool(0.1);
+        async move {
+            r.call(&body);
+            if fail {
+                return Err(HandlerError::Retry("flaky sink: injected failure".into()));
+            }
+            r.deliver(body);
+            Ok(())
+        }
+    })
+    .await;
+    wait_until(
+        "every payload delivered and both brokers drained",
+        Duration::from_secs(60),
+        || recorder.distinct_delivered() == N && drained(&a) && drained(&b),
+        || format!("{} distinct delivered", recorder.distinct_delivered()),
+    )
+    .await;
+    let metrics = running.metrics.clone();
+    running.stop().await;
+    let delivered = recorder.delivered();
+    for i in 0..N {
+        assert!(
+            delivered.get(&payload(i)).copied().unwrap_or(0) >= 1,
+            "payload {i} never delivered"
+        );
+    }
+    let total: u32 = delivered.values().sum();
+    let failures: u32 = recorder.calls().values().sum::<u32>() - total;
+    let extra = total as usize - N;
+    println!(
+        "flaky sink: {N} distinct payloads (each published to 2 nsqd), {failures} injected failures, {total} deliveries, {extra} extra deliveries ({:.2}%)",
+        100.0 * extra as f64 / N as f64
+    );
+    assert!(
+        failures > 0,
+        "the sink never failed, so the test proved nothing"
+    );
+    assert_eq!(get(&metrics.handler_failures), u64::from(failures));
+    assert_eq!(get(&metrics.dead_lettered), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_handler_is_touched_not_redelivered() {
+    let a = Broker::start(BrokerConfig::default()).await;
+    const N: usize = 20;
+    a.publish_many(TOPIC, (0..N).map(payload));
+    let mut raw = raw_config(&[a.tcp_addr()]);
+    raw.source.msg_timeout = Some(Dur(Duration::from_secs(1)));
+    let settings = raw.validate().unwrap();
+    let recorder = Recorder::default();
+    let r = recorder.clone();
+    let running = Running::start(settings, move |body: Bytes| {
+        let r = r.clone();
+        async move {
+            r.call(&body);
+            // Two and a half message timeouts.
+            tokio::time::sleep(Duration::from_millis(2_500)).await;
+            r.deliver(body);
+            Ok(())
+        }
+    })
+    .await;
+    wait_until(
+        "every slow payload delivered and the broker drained",
+        Duration::from_secs(20),
+        || recorder.distinct_delivered() == N && drained(&a),
+        || format!("{} delivered", recorder.distinct_delivered()),
+    )
+    .await;
+    let metrics = running.metrics.clone();
+    running.stop().await;
+    for (body, n) in recorder.calls() {
+        assert_eq!(n, 1, "{body:?} handled {n} times");
+    }
+    assert_eq!(recorder.calls().len(), N);
+    let stats = a.stats();
+    assert_eq!(
+        stats.timeouts, 0,
+        "nsqd timed a message out despite TOUCH: {stats:?}"
+    );
+    assert!(stats.touch_ok >= N as u64, "{stats:?}");
+    assert_eq!(stats.fin_ok, N as u64);
+    assert!(get(&metrics.touches) >= N as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_without_the_key_pass_as_unique_and_are_counted() {
+    let a = Broker::start(BrokerConfig::default()).await;
+    let keyless: Vec<Bytes> = vec![
+        Bytes::from_static(b"not json at all"),
+        Bytes::from_static(b"{\"other\":1}"),
+        Bytes::from_static(b"{\"other\":1}"),
+        Bytes::from_static(b"\xff\xfe binary"),
+    ];
+    a.publish_many(TOPIC, keyless.iter().cloned());
+    a.publish_many(TOPIC, [payload(1), payload(1), payload(2)]);
+    let mut raw = raw_config(&[a.tcp_addr()]);
+    raw.dedupe.key = Some("json:/id".into());
+    let settings = raw.validate().unwrap();
+    let recorder = Recorder::default();
+    let r = recorder.clone();
+    let running = Running::start(settings, move |body: Bytes| {
+        let r = r.clone();
+        async move {
+            r.deliver(body);
+            Ok(())
+        }
+    })
+    .await;
+    wait_until(
+        "7 messages decided",
+        Duration::from_secs(20),
+        || a.stats().fin_ok == 7,
+        || format!("{:?}", a.stats()),
+    )
+    .await;
+    let metrics = running.metrics.clone();
+    running.stop().await;
+    let delivered = recorder.delivered();
+    // Keyless bodies are never de-duplicated: both `{"other":1}` arrive.
+    assert_eq!(delivered.get(&keyless[1]), Some(&2));
+    assert_eq!(delivered.get(&keyless[0]), Some(&1));
+    assert_eq!(delivered.get(&keyless[3]), Some(&1));
+    assert_eq!(delivered.get(&payload(1)), Some(&1));
+    assert_eq!(delivered.get(&payload(2)), Some(&1));
+    assert_eq!(get(&metrics.keyless), 4);
+    assert_eq!(get(&metrics.duplicates), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memcached_outage_with_requeue_loses_nothing() {
+    let mut memcached = MemcachedServer::start();
+    let a = Broker::start(BrokerConfig::default()).await;
+    let b = Broker::start(BrokerConfig::default()).await;
+    const N: usize = 3_000;
+    a.publish_many(TOPIC, (0..N).map(payload));
+    b.publish_many(TOPIC, (0..N).map(payload));
+    let mut raw = raw_config(&[a.tcp_addr(), b.tcp_addr()]);
+    raw.source.max_in_flight = Some(20);
+    raw.store.kind = Some(StoreKind::Memcached);
+    raw.store.memcached_addresses = Some(vec![memcached.addr()]);
+    raw.store.buckets = Some(1 << 16);
+    raw.store.timeout = Some(Dur(Duration::from_millis(200)));
+    raw.source.max_attempts = Some(1000);
+    let settings = raw.validate().unwrap();
+    let recorder = Recorder::default();
+    let r = recorder.clone();
+    let running = Running::start(settings, move |body: Bytes| {
+        let r = r.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            r.deliver(body);
+            Ok(())
+        }
+    })
+    .await;
+    wait_until(
+        "300 deliveries before the outage",
+        Duration::from_secs(30),
+        || recorder.distinct_delivered() >= 300,
+        String::new,
+    )
+    .await;
+    memcached.stop();
+    let at_stop = recorder.distinct_delivered();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let during = recorder.distinct_delivered();
+    memcached.restart();
+    wait_until(
+        "every payload delivered after memcached came back",
+        Duration::from_secs(60),
+        || recorder.distinct_delivered() == N && drained(&a) && drained(&b),
+        || format!("{} distinct delivered", recorder.distinct_delivered()),
+    )
+    .await;
+    let metrics = running.metrics.clone();
+    running.stop().await;
+    let delivered = recorder.delivered();
+    for i in 0..N {
+        assert!(delivered.contains_key(&payload(i)), "payload {i} lost");
+    }
+    let extra: u32 = delivered.values().sum::<u32>() - N as u32;
+    println!(
+        "memcached outage: {at_stop} delivered at stop, {during} after 1.5 s down, {} store errors, {} requeued for store errors, {extra} extra deliveries (the restart emptied the table)",
+        get(&metrics.store_errors),
+        get(&metrics.store_error_requeues)
+    );
+    assert!(get(&metrics.store_errors) > 0, "the outage was not noticed");
+    assert!(get(&metrics.store_error_requeues) > 0);
+    assert!(
+        during - at_stop < 100,
+        "with policy requeue, little is delivered while the store is down ({at_stop} -> {during})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_example_config_loads() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let raw =
+                RawConfig::from_file(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            raw.validate()
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            n += 1;
+        }
+    }
+    assert!(
+        n >= 3,
+        "expected at least 3 example configs in config/, found {n}"
+    );
+}
+
+fn bad_config(text: &str) -> String {
+    match RawConfig::from_toml(text, "bad.toml").and_then(|raw| raw.validate()) {
+        Ok(_) => panic!("accepted:\n{text}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+const SOURCE: &str = "[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"127.0.0.1:4150\"]\n";
+
+#[test]
+fn malformed_configs_are_rejected_with_the_key_named() {
+    let e = bad_config("[source]\ntopic = \"t\"\nnsqd_tcp_adresses = [\"a:1\"]\n");
+    assert!(
+        e.starts_with("invalid config file bad.toml: TOML parse error at line 3"),
+        "{e}"
+    );
+    assert!(e.contains("unknown field `nsqd_tcp_adresses`"), "{e}");
+    let e = bad_config(&format!("{SOURCE}[store]\nbuckets = \"many\"\n"));
+    assert!(
+        e.contains("buckets") && e.contains("invalid type: string \"many\""),
+        "{e}"
+    );
+    let e = bad_config(&format!("{SOURCE}[store]\nkind = \"redis\"\n"));
+    assert!(
+        e.contains("unknown variant `redis`") && e.contains("memcached"),
+        "{e}"
+    );
+    let e = bad_config(
+        "[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"a:1\"]\nmsg_timeout = \"10 parsecs\"\n",
+    );
+    assert!(
+        e.contains("msg_timeout") && e.contains("`10 parsecs`"),
+        "{e}"
+    );
+    assert_eq!(
+        bad_config("[source]\ntopic = \"t\"\n"),
+        "`source.nsqd_tcp_addresses` is required: set it in the config file or pass `--nsqd-tcp-address or --lookupd-http-address`"
+    );
+    assert_eq!(
+        bad_config("[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"localhost\"]\n"),
+        "invalid `source.nsqd_tcp_addresses` = \"localhost\": expected host:port such as 127.0.0.1:4150"
+    );
+    assert_eq!(
+        bad_config(&format!("{SOURCE}[sink]\nkind = \"http\"\n")),
+        "`sink.post` is required: set it in the config file or pass `--post`"
+    );
+    let e = bad_config(&format!(
+        "{SOURCE}[sink]\nkind = \"http\"\npost = \"https://example.com/x\"\n"
+    ));
+    assert!(
+        e.starts_with("invalid `sink.post` = \"https://example.com/x\"") && e.contains("TLS proxy"),
+        "{e}"
+    );
+    assert_eq!(
+        bad_config(&format!("{SOURCE}[sink]\nkind = \"nsq\"\ndestination_nsqd_tcp_addresses = [\"127.0.0.1:4150\"]\n")),
+        "`sink.destination_topic` is required: set it in the config file or pass `--destination-topic`"
+    );
+    assert_eq!(
+        bad_config(&format!("{SOURCE}[store]\nbuckets = 1000\nprobability = 0.9\n")),
+        "invalid `store.probability` = 0.9: give either `store.buckets` or `store.probability` with `store.rate` and `store.window`, not both"
+    );
+    assert_eq!(
+        bad_config(&format!("{SOURCE}[store]\nprobability = 0.9\nwindow = \"1h\"\n")),
+        "`store.rate` is required: set it in the config file or pass `the config file (with store.probability)`"
+    );
+    assert_eq!(
+        bad_config(&format!("{SOURCE}[store]\nprobability = 1.5\nrate = 10\nwindow = \"1h\"\n")),
+        "invalid `store.probability` = 1.5: `probability` must be between 0 and 1 exclusive (0 < p < 1), got 1.5"
+    );
+    assert_eq!(
+        bad_config(&format!("{SOURCE}[store]\nkind = \"memcached\"\nlease = \"5s\"\n")),
+        "invalid `store.lease` = 5s: must be at least `source.msg_timeout` (60s), or another delivery may take over a claim whose handler is still running"
+    );
+    assert_eq!(
+        bad_config(&format!("{SOURCE}[dedupe]\nkey = \"id\"\n")),
+        "invalid `dedupe.key` = \"id\": invalid key `id`: expected `body` or `json:<JSON pointer>` such as `json:/id`"
+    );
+    assert_eq!(
+        bad_config(&format!("{SOURCE}[metrics]\naddress = \"localhost\"\n")),
+        "invalid `metrics.address` = \"localhost\": expected ip:port such as 127.0.0.1:9150, or \"off\""
+    );
+    assert_eq!(
+        bad_config(&format!("{SOURCE}[dead_letter]\nkind = \"file\"\n")),
+        "`dead_letter.path` is required: set it in the config file or pass `the config file (with dead_letter.kind = \"file\")`"
+    );
+    assert!(matches!(
+        RawConfig::from_file(Path::new("/nonexistent/nsq-dedupe.toml")),
+        Err(ConfigError::Read { .. })
+    ));
+}
+
+/// Kills the child process when dropped, so a failing test leaves nothing behind.
+struct ChildGuard(Option<Child>);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn sidecar_binary() -> std::path::PathBuf {
+    assert_cmd::cargo::cargo_bin("nsq-dedupe")
+}
+
+#[test]
+fn run_reports_bad_config_files_and_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(
+        &path,
+        "[source]\ntopic = \"t\"\n[stor]\nkind = \"memory\"\n",
+    )
+    .unwrap();
+    let out = Command::new(sidecar_binary())
+        .args(["run", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("unknown field `stor`"), "{stderr}");
+    assert!(stderr.contains(&path.display().to_string()), "{stderr}");
+
+    let out = Command::new(sidecar_binary())
+        .args([
+            "run",
+            "--topic",
+            "t",
+            "--nsqd-tcp-address",
+            "127.0.0.1:1",
+            "--sink",
+            "nsq",
+            "--metrics-address",
+            "off",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("`sink.destination_nsqd_tcp_addresses` is required"),
+        "{stderr}"
+    );
+
+    let out = Command::new(sidecar_binary())
+        .args(["run", "--topic", "t"])
+        .env("NSQ_DEDUPE_CONFIG", dir.path().join("missing.toml"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot read config file") && stderr.contains("missing.toml"),
+        "{stderr}"
+    );
+}
+
+fn spawn_sidecar(config: &Path, log: &Path) -> Child {
+    Command::new(sidecar_binary())
+        .args(["run", "--config"])
+        .arg(config)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)
+                .unwrap(),
+        )
+        .spawn()
+        .expect("the nsq-dedupe binary runs")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_and_restart_with_memcached_loses_nothing() {
+    let memcached = MemcachedServer::start();
+    let a = Broker::start(BrokerConfig::default()).await;
+    const N: usize = 4_000;
+    a.publish_many(TOPIC, (0..N).map(payload));
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("crash.toml");
+    let log = dir.path().join("sidecar.log");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[source]
+nsqd_tcp_addresses = ["{addr}"]
+topic = "{TOPIC}"
+channel = "{CHANNEL}"
+max_in_flight = 5
+msg_timeout = "1s"
+heartbeat_interval = "1s"
+backoff = "10ms"
+max_backoff = "200ms"
+
+[dedupe]
+in_flight_requeue_delay = "200ms"
+
+[store]
+kind = "memcached"
+memcached_addresses = ["{mc}"]
+namespace = "crash-test"
+buckets = 65536
+lease = "1500ms"
+
+[sink]
+kind = "nsq"
+destination_nsqd_tcp_addresses = ["{addr}"]
+destination_topic = "events.unique"
+
+[metrics]
+address = "off"
+
+[shutdown]
+grace = "2s"
+"#,
+            addr = a.tcp_addr(),
+            mc = memcached.addr()
+        ),
+    )
+    .unwrap();
+    let out_count = || a.messages_on("events.unique").len();
+    let mut child = ChildGuard(Some(spawn_sidecar(&config, &log)));
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_until(
+        "the first 400 republished",
+        Duration::from_secs(30),
+        || out_count() >= 400,
+        log_text,
+    )
+    .await;
+    // SIGKILL: no chance to answer anything; in-flight messages and claims are left behind.
+    let mut first = child.0.take().unwrap();
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let at_kill = out_count();
+    assert!(
+        at_kill < N,
+        "the whole stream was done before the kill; nothing was tested"
+    );
+    let mut second = ChildGuard(Some(spawn_sidecar(&config, &log)));
+    wait_until(
+        "every payload republished after the restart",
+        Duration::from_secs(60),
+        || {
+            let out: HashSet<Bytes> = a.messages_on("events.unique").into_iter().collect();
+            out.len() == N && drained(&a)
+        },
+        || {
+            format!(
+                "{} republished, depth {:?}\n{}",
+                out_count(),
+                a.depth(TOPIC, CHANNEL),
+                log_text()
+            )
+        },
+    )
+    .await;
+    // A graceful stop: SIGTERM, exit status 0.
+    let mut child = second.0.take().unwrap();
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "no exit within 15 s of SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        status.success(),
+        "exit status {status:?} after SIGTERM\n{}",
+        log_text()
+    );
+    let out = a.messages_on("events.unique");
+    let distinct: HashSet<&Bytes> = out.iter().collect();
+    for i in 0..N {
+        assert!(distinct.contains(&payload(i)), "payload {i} lost");
+    }
+    println!(
+        "crash: killed after {at_kill} of {N} republished; {} republished in all, {} extra",
+        out.len(),
+        out.len() - N
+    );
+    let log = log_text();
+    let last_stop = log
+        .lines()
+        .rfind(|l| l.contains("Sidecar stopped."))
+        .unwrap_or_default()
+        .to_owned();
+    println!("crash: second run's final status: {last_stop}");
+    assert!(log.contains("Sidecar stopped."));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sink_kind_flag_overrides_are_applied() {
+    // The stdout sink through the binary, configured by flags alone (no file).
+    let a = Broker::start(BrokerConfig::default()).await;
+    a.publish_many(TOPIC, [payload(1), payload(2), payload(1)]);
+    let mut child = ChildGuard(Some(
+        Command::new(sidecar_binary())
+            .args([
+                "run",
+                "--topic",
+                TOPIC,
+                "--channel",
+                CHANNEL,
+                "--nsqd-tcp-address",
+            ])
+            .arg(a.tcp_addr().to_string())
+            .args([
+                "--key",
+                "json:/id",
+                "--buckets",
+                "4096",
+                "--ways",
+                "8",
+                "--sink",
+                "stdout",
+                "--metrics-address",
+                "off",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    ));
+    wait_until(
+        "3 messages decided",
+        Duration::from_secs(20),
+        || a.stats().fin_ok == 3,
+        || format!("{:?}", a.stats()),
+    )
+    .await;
+    let mut c = child.0.take().unwrap();
+    let pid = c.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let status = c.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    let mut out = String::new();
+    c.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    let mut lines: Vec<&str> = out.lines().collect();
+    lines.sort();
+    let expected = [payload(1), payload(2)];
+    let expected: Vec<&str> = expected
+        .iter()
+        .map(|b| std::str::from_utf8(b).unwrap())
+        .collect();
+    assert_eq!(lines, expected);
+    let _ = SinkKind::Stdout;
+}
