@@ -110,6 +110,14 @@ impl Running {
         let sidecar = Sidecar::with_handler(settings, handler)
             .await
             .expect("the sidecar starts");
+        Running::from_sidecar(sidecar)
+    }
+
+    async fn start_configured(settings: Settings) -> Running {
+        Running::from_sidecar(Sidecar::new(settings).await.expect("the sidecar starts"))
+    }
+
+    fn from_sidecar<H: Handler>(sidecar: Sidecar<H>) -> Running {
         let metrics = sidecar.metrics();
         let metrics_addr = sidecar.metrics_address();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -846,4 +854,274 @@ async fn sink_kind_flag_overrides_are_applied() {
         .collect();
     assert_eq!(lines, expected);
     let _ = SinkKind::Stdout;
+}
+
+/// A test HTTP endpoint: answers 503 to the first POST of each body, 400 to bodies containing
+/// `reject`, holds the first POST of bodies containing `slow` past the sink's timeout, and
+/// 200 otherwise. Records the bodies it answered 200 to, and the headers it saw.
+struct TestEndpoint {
+    addr: SocketAddr,
+    accepted: Arc<Mutex<HashMap<Bytes, u32>>>,
+    seen_header: Arc<Mutex<bool>>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for TestEndpoint {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl TestEndpoint {
+    async fn start() -> TestEndpoint {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted: Arc<Mutex<HashMap<Bytes, u32>>> = Arc::default();
+        let seen_header: Arc<Mutex<bool>> = Arc::default();
+        let posts: Arc<Mutex<HashMap<Bytes, u32>>> = Arc::default();
+        let (acc, hdr) = (accepted.clone(), seen_header.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut s, _)) = listener.accept().await else {
+                    return;
+                };
+                let (acc, hdr, posts) = (acc.clone(), hdr.clone(), posts.clone());
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    let (head_end, length) = loop {
+                        let n = match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        buf.extend_from_slice(&chunk[..n]);
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let head = String::from_utf8_lossy(&buf[..i]).to_lowercase();
+                            let length = head
+                                .lines()
+                                .find_map(|l| l.strip_prefix("content-length: "))
+                                .and_then(|v| v.trim().parse::<usize>().ok())
+                                .unwrap_or(0);
+                            if head.contains("x-test: yes") {
+                                *hdr.lock().unwrap() = true;
+                            }
+                            break (i + 4, length);
+                        }
+                    };
+                    while buf.len() < head_end + length {
+                        let n = match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        buf.extend_from_slice(&chunk[..n]);
+                    }
+                    let body = Bytes::copy_from_slice(&buf[head_end..head_end + length]);
+                    let attempt = {
+                        let mut p = posts.lock().unwrap();
+                        let n = p.entry(body.clone()).or_default();
+                        *n += 1;
+                        *n
+                    };
+                    let text = String::from_utf8_lossy(&body).into_owned();
+                    let status = if text.contains("reject") {
+                        "400 Bad Request"
+                    } else if attempt == 1 && text.contains("slow") {
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                        "200 OK"
+                    } else if attempt == 1 {
+                        "503 Service Unavailable"
+                    } else {
+                        *acc.lock().unwrap().entry(body).or_default() += 1;
+                        "200 OK"
+                    };
+                    let _ = s
+                        .write_all(format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").as_bytes())
+                        .await;
+                });
+            }
+        });
+        TestEndpoint {
+            addr,
+            accepted,
+            seen_header,
+            task,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_sink_retries_5xx_and_timeouts_and_dead_letters_4xx() {
+    let endpoint = TestEndpoint::start().await;
+    let a = Broker::start(BrokerConfig::default()).await;
+    let mut bodies: Vec<Bytes> = (0..50).map(payload).collect();
+    bodies.push(Bytes::from_static(b"{\"id\":\"slow-1\"}"));
+    bodies.push(Bytes::from_static(b"{\"id\":\"reject-1\"}"));
+    bodies.push(Bytes::from_static(b"{\"id\":\"reject-2\"}"));
+    a.publish_many(TOPIC, bodies.iter().cloned());
+    a.publish_many(TOPIC, (0..50).map(payload)); // copies
+    let dir = tempfile::tempdir().unwrap();
+    let dead = dir.path().join("dead.ndjson");
+    let mut raw = raw_config(&[a.tcp_addr()]);
+    raw.dedupe.key = Some("json:/id".into());
+    raw.sink.kind = Some(SinkKind::Http);
+    raw.sink.post = Some(format!("http://{}/ingest?src=test", endpoint.addr));
+    raw.sink.headers = Some([("X-Test".to_string(), "yes".to_string())].into());
+    raw.sink.timeout = Some(Dur(Duration::from_millis(500)));
+    raw.dead_letter =
+        Some(toml::from_str(&format!("kind = \"file\"\npath = \"{}\"\n", dead.display())).unwrap());
+    let running = Running::start_configured(raw.validate().unwrap()).await;
+    let accepted = || endpoint.accepted.lock().unwrap().clone();
+    wait_until(
+        "51 bodies accepted, 2 dead-lettered, broker drained",
+        Duration::from_secs(30),
+        || {
+            accepted().len() == 51
+                && drained(&a)
+                && std::fs::read_to_string(&dead)
+                    .unwrap_or_default()
+                    .lines()
+                    .count()
+                    == 2
+        },
+        || {
+            format!(
+                "{} accepted, depth {:?}",
+                accepted().len(),
+                a.depth(TOPIC, CHANNEL)
+            )
+        },
+    )
+    .await;
+    let metrics = running.metrics.clone();
+    running.stop().await;
+    for body in &bodies[..51] {
+        assert_eq!(accepted().get(body), Some(&1), "{body:?}");
+    }
+    assert!(
+        *endpoint.seen_header.lock().unwrap(),
+        "the configured header was not sent"
+    );
+    let dead_lines = std::fs::read_to_string(&dead).unwrap();
+    let mut ids: Vec<String> = dead_lines
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            assert!(v["reason"].as_str().unwrap().contains("HTTP 400"), "{l}");
+            assert_eq!(v["source"], a.tcp_addr().to_string());
+            serde_json::from_str::<serde_json::Value>(v["body"].as_str().unwrap()).unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["reject-1", "reject-2"]);
+    assert_eq!(get(&metrics.dead_lettered), 2);
+    // 51 first tries failed with 503 or a timeout.
+    assert_eq!(get(&metrics.retries), 51);
+    assert_eq!(get(&metrics.duplicates), 50);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_past_max_attempts_goes_to_the_dead_letter_topic_then_fin() {
+    let a = Broker::start(BrokerConfig::default()).await;
+    a.publish_many(TOPIC, [payload(1), payload(2)]);
+    let mut raw = raw_config(&[a.tcp_addr()]);
+    raw.source.max_attempts = Some(3);
+    raw.dead_letter = Some(toml::from_str("kind = \"nsq\"\ntopic = \"events.dead\"\n").unwrap());
+    let settings = raw.validate().unwrap();
+    let recorder = Recorder::default();
+    let r = recorder.clone();
+    let running = Running::start(settings, move |body: Bytes| {
+        let r = r.clone();
+        async move {
+            r.call(&body);
+            if body == payload(1) {
+                return Err(HandlerError::Retry("always fails".into()));
+            }
+            r.deliver(body);
+            Ok(())
+        }
+    })
+    .await;
+    wait_until(
+        "payload 1 dead-lettered and the broker drained",
+        Duration::from_secs(20),
+        || a.messages_on("events.dead").len() == 1 && drained(&a),
+        || format!("{:?} {:?}", a.depth(TOPIC, CHANNEL), recorder.calls()),
+    )
+    .await;
+    running.stop().await;
+    assert_eq!(a.messages_on("events.dead"), [payload(1)]);
+    assert_eq!(
+        recorder.calls().get(&payload(1)),
+        Some(&3),
+        "tried max_attempts times"
+    );
+    assert_eq!(recorder.delivered().get(&payload(2)), Some(&1));
+    let records = a.records(TOPIC, CHANNEL);
+    let failed = records.iter().find(|r| r.body == payload(1)).unwrap();
+    assert_eq!((failed.req_ok, failed.fin_ok), (2, 1), "{failed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_waits_for_handlers_within_grace_and_requeues_the_rest() {
+    let a = Broker::start(BrokerConfig::default()).await;
+    a.publish_many(TOPIC, (0..6).map(payload));
+    let mut raw = raw_config(&[a.tcp_addr()]);
+    raw.shutdown.grace = Some(Dur(Duration::from_secs(1)));
+    let settings = raw.validate().unwrap();
+    let started = Recorder::default();
+    let r = started.clone();
+    let running = Running::start(settings.clone(), move |body: Bytes| {
+        let r = r.clone();
+        async move {
+            r.call(&body);
+            // Even payloads finish within the grace period, odd ones do not.
+            let i: usize = std::str::from_utf8(&body[8..13]).unwrap().parse().unwrap();
+            let work = if i % 2 == 0 { 300 } else { 5_000 };
+            tokio::time::sleep(Duration::from_millis(work)).await;
+            r.deliver(body);
+            Ok(())
+        }
+    })
+    .await;
+    wait_until(
+        "6 handlers running",
+        Duration::from_secs(10),
+        || started.calls().len() == 6,
+        String::new,
+    )
+    .await;
+    let report = running.stop().await;
+    assert_eq!(report.shutdown.requeued_at_deadline, 3, "{report:?}");
+    let records = a.records(TOPIC, CHANNEL);
+    assert_eq!(records.iter().map(|r| r.fin_ok).sum::<u32>(), 3);
+    assert_eq!(records.iter().map(|r| r.req_ok).sum::<u32>(), 3);
+    for i in [0, 2, 4] {
+        assert!(started.delivered().contains_key(&payload(i)));
+    }
+    // Nothing lost: a second sidecar picks up the three that were requeued.
+    let second = Recorder::default();
+    let r = second.clone();
+    let running = Running::start(settings, move |body: Bytes| {
+        let r = r.clone();
+        async move {
+            r.deliver(body);
+            Ok(())
+        }
+    })
+    .await;
+    wait_until(
+        "the 3 requeued delivered",
+        Duration::from_secs(10),
+        || second.distinct_delivered() == 3 && drained(&a),
+        String::new,
+    )
+    .await;
+    running.stop().await;
+    for i in [1, 3, 5] {
+        assert!(second.delivered().contains_key(&payload(i)), "payload {i}");
+    }
 }
