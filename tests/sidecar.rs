@@ -1080,7 +1080,7 @@ async fn shutdown_waits_for_handlers_within_grace_and_requeues_the_rest() {
             r.call(&body);
             // Even payloads finish within the grace period, odd ones do not.
             let i: usize = std::str::from_utf8(&body[8..13]).unwrap().parse().unwrap();
-            let work = if i % 2 == 0 { 300 } else { 5_000 };
+            let work = if i.is_multiple_of(2) { 300 } else { 5_000 };
             tokio::time::sleep(Duration::from_millis(work)).await;
             r.deliver(body);
             Ok(())
