@@ -466,11 +466,11 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
 ///
 /// # tokio_test_block_on(async {
 /// let table = std::sync::Arc::new(Table::with_slots(1024, 8).unwrap());
-/// let records = futures::stream::iter(["a", "b", "a", "c", "b"].map(Bytes::from_static));
+/// let records = futures::stream::iter(["a", "b", "a", "c", "b"].map(Bytes::from));
 /// let unique: Vec<Bytes> = filter_stream(table, Keyer::new("body".parse().unwrap(), Default::default()), records)
 ///     .collect()
 ///     .await;
-/// assert_eq!(unique, ["a", "b", "c"].map(Bytes::from_static));
+/// assert_eq!(unique, ["a", "b", "c"].map(Bytes::from));
 /// # });
 /// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
 /// #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)

@@ -76,9 +76,21 @@ pub async fn build_store(store: &StoreSettings) -> Result<Backend, RunError> {
         StoreSettings::Memory(geometry) => Backend::Memory(Table::new(*geometry)),
         StoreSettings::None => Backend::None(NoStore),
         StoreSettings::Memcached(config, geometry) => {
-            // Lazy: a Memcached server that is down at start is a store error per message
-            // (handled by `on_store_error`), not a reason to refuse to start.
-            Backend::Memcached(MemcachedStore::new_lazy(config.clone(), *geometry)?)
+            // A Memcached server that is down at start is a store error per message (handled
+            // by `on_store_error`), not a reason to refuse to start; but say so at once.
+            let probe = MemcachedStore::connect(config.clone(), *geometry);
+            match tokio::time::timeout(config.timeout * 4, probe).await {
+                Ok(Ok(store)) => Backend::Memcached(store),
+                Ok(Err(error @ crate::error::StoreError::Config(_))) => return Err(error.into()),
+                Ok(Err(error)) => {
+                    tracing::warn!(servers = ?config.servers, %error, "Memcached is not answering; messages follow `dedupe.on_store_error` until it does.");
+                    Backend::Memcached(MemcachedStore::new_lazy(config.clone(), *geometry)?)
+                }
+                Err(_) => {
+                    tracing::warn!(servers = ?config.servers, "Memcached did not answer in time; messages follow `dedupe.on_store_error` until it does.");
+                    Backend::Memcached(MemcachedStore::new_lazy(config.clone(), *geometry)?)
+                }
+            }
         }
     })
 }

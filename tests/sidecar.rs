@@ -486,6 +486,20 @@ async fn every_example_config_loads() {
         n >= 3,
         "expected at least 3 example configs in config/, found {n}"
     );
+    // The README's TOML examples too.
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let blocks: Vec<&str> = readme
+        .split("```toml\n")
+        .skip(1)
+        .map(|b| b.split("```").next().unwrap())
+        .collect();
+    assert!(!blocks.is_empty(), "the README has no TOML example");
+    for block in blocks {
+        RawConfig::from_toml(block, "README.md")
+            .and_then(|raw| raw.validate())
+            .unwrap_or_else(|e| panic!("README example: {e}\n{block}"));
+    }
 }
 
 fn bad_config(text: &str) -> String {
@@ -1124,4 +1138,157 @@ async fn shutdown_waits_for_handlers_within_grace_and_requeues_the_rest() {
     for i in [1, 3, 5] {
         assert!(second.delivered().contains_key(&payload(i)), "payload {i}");
     }
+}
+
+/// One timed pass of [`throughput`]: `n` distinct 100-byte bodies through `run` to the null
+/// sink with `store`; returns messages per second from the first delivery to the last FIN.
+async fn timed_pass(store: StoreKind, n: usize, pass: usize) -> f64 {
+    let broker = Broker::start(BrokerConfig {
+        record_messages: false,
+        ..BrokerConfig::default()
+    })
+    .await;
+    let mut all = bytes::BytesMut::with_capacity(n * 100);
+    for i in 0..n {
+        let mut b = [b'x'; 100];
+        b[..12].copy_from_slice(format!("{pass:03}{i:09}").as_bytes());
+        all.extend_from_slice(&b);
+    }
+    let all = all.freeze();
+    let mut raw = raw_config(&[broker.tcp_addr()]);
+    raw.source.max_in_flight = Some(2500);
+    raw.source.msg_timeout = Some(Dur(Duration::from_secs(60)));
+    raw.source.heartbeat_interval = Some(Dur(Duration::from_secs(30)));
+    raw.store.kind = Some(store);
+    raw.store.buckets = Some(8 * 1024 * 1024);
+    raw.sink.kind = Some(SinkKind::Null);
+    raw.metrics.address = Some("off".into());
+    raw.metrics.status_interval = Some(Dur(Duration::from_secs(3600)));
+    let running = Running::start_configured(raw.validate().unwrap()).await;
+    // Connected and subscribed before the clock starts.
+    wait_until(
+        "the sidecar subscribed",
+        Duration::from_secs(10),
+        || broker.clients().iter().any(|c| c.rdy > 0),
+        String::new,
+    )
+    .await;
+    let started = Instant::now();
+    broker.publish_many(TOPIC, (0..n).map(|i| all.slice(i * 100..(i + 1) * 100)));
+    wait_until(
+        "all FINs at the broker",
+        Duration::from_secs(120),
+        || broker.stats().fin_ok == n as u64,
+        || format!("{:?}", broker.stats()),
+    )
+    .await;
+    let elapsed = started.elapsed();
+    let metrics = running.metrics.clone();
+    running.stop().await;
+    let expected_unique = if store == StoreKind::None {
+        0
+    } else {
+        n as u64
+    };
+    if store != StoreKind::None {
+        assert_eq!(get(&metrics.unique), expected_unique);
+    }
+    assert_eq!(get(&metrics.handler_successes), n as u64);
+    assert_eq!(broker.depth(TOPIC, CHANNEL), (0, 0, 0));
+    n as f64 / elapsed.as_secs_f64()
+}
+
+/// End-to-end throughput of `run`: test broker -> de-dup -> null sink, with the in-process
+/// table against the `none` store, alternating, best of three each.
+///
+/// `cargo test --release --test integration sidecar::throughput -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark; run explicitly in release mode"]
+async fn throughput() {
+    const N: usize = 300_000;
+    let (mut none, mut memory) = (Vec::new(), Vec::new());
+    for pass in 0..3 {
+        none.push(timed_pass(StoreKind::None, N, 2 * pass).await);
+        memory.push(timed_pass(StoreKind::Memory, N, 2 * pass + 1).await);
+    }
+    let best = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    let (none_best, memory_best) = (best(&none), best(&memory));
+    println!("sidecar throughput, {N} distinct 100-byte messages, max_in_flight 2500, null sink:");
+    println!(
+        "  store none:   {:>9.0} msgs/s (passes: {:?})",
+        none_best,
+        none.iter().map(|x| x.round()).collect::<Vec<_>>()
+    );
+    println!(
+        "  store memory: {:>9.0} msgs/s (passes: {:?})",
+        memory_best,
+        memory.iter().map(|x| x.round()).collect::<Vec<_>>()
+    );
+    println!("  ratio memory/none: {:.3}", memory_best / none_best);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn second_signal_exits_at_once_and_nsqd_keeps_the_message() {
+    // An HTTP endpoint that accepts connections and never answers: the handler hangs.
+    let black_hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = Broker::start(BrokerConfig::default()).await;
+    a.publish(TOPIC, payload(1));
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("hang.toml");
+    let log = dir.path().join("sidecar.log");
+    std::fs::write(
+        &config,
+        format!(
+            "[source]\nnsqd_tcp_addresses = [\"{}\"]\ntopic = \"{TOPIC}\"\nchannel = \"{CHANNEL}\"\n\
+             [sink]\nkind = \"http\"\npost = \"http://{}/\"\ntimeout = \"60s\"\n\
+             [metrics]\naddress = \"off\"\n[shutdown]\ngrace = \"30s\"\n",
+            a.tcp_addr(),
+            black_hole.local_addr().unwrap()
+        ),
+    )
+    .unwrap();
+    let mut guard = ChildGuard(Some(spawn_sidecar(&config, &log)));
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_until(
+        "the message in flight",
+        Duration::from_secs(20),
+        || a.depth(TOPIC, CHANNEL).2 == 1,
+        log_text,
+    )
+    .await;
+    let child = guard.0.as_mut().unwrap();
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "exited before the grace period:\n{}",
+        log_text()
+    );
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still running 3 s after the second signal"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(status.code(), Some(130), "{}", log_text());
+    // The message was never finished: nsqd still holds it (in flight until its timeout, then
+    // queued again), so it is not lost.
+    let (queued, deferred, in_flight) = a.depth(TOPIC, CHANNEL);
+    assert_eq!(queued + deferred + in_flight, 1);
+    assert_eq!(a.stats().fin_ok, 0);
 }
