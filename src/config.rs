@@ -115,6 +115,22 @@ pub enum ConfigError {
         /// The flag that sets it.
         flag: &'static str,
     },
+    /// A value that another one needs is missing (there is no flag for it).
+    #[error("`{key}` is required with {with}: set it in the config file")]
+    Required {
+        /// The missing key, as `section.name`.
+        key: &'static str,
+        /// The setting that needs it.
+        with: &'static str,
+    },
+    /// The NSQ consumer refused a setting.
+    #[error("invalid `source.{field}`: {reason}")]
+    Source {
+        /// The consumer's name for the setting (as in the config file).
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 /// A duration written as `500ms`, `30s`, `5m`, `1h`, `1h30m`.
@@ -436,10 +452,12 @@ impl RawConfig {
         source.backoff_multiplier = backoff;
         source.max_backoff = max_backoff;
         source.max_requeue_delay = source.max_requeue_delay.max(max_backoff);
-        source.validate().map_err(|error| ConfigError::Invalid {
-            key: "source",
-            value: String::new(),
-            reason: error.to_string(),
+        source.validate().map_err(|error| match error {
+            crate::nsq::Error::Config { field, reason } => ConfigError::Source { field, reason },
+            other => ConfigError::Source {
+                field: "topic",
+                reason: other.to_string(),
+            },
         })?;
 
         let dd = &self.dedupe;
@@ -538,17 +556,17 @@ impl RawConfig {
             (Some(buckets), None) => Geometry::new(buckets, ways)
                 .map_err(|e| invalid("store.buckets", buckets.to_string(), e.to_string()))?,
             (None, Some(probability)) => {
-                let rate = st.rate.ok_or(ConfigError::Missing {
+                let rate = st.rate.ok_or(ConfigError::Required {
                     key: "store.rate",
-                    flag: "the config file (with store.probability)",
+                    with: "`store.probability`",
                 })?;
                 if !(rate > 0.0 && rate.is_finite()) {
                     return Err(invalid("store.rate", rate.to_string(), "must be more than 0 messages per second"));
                 }
                 if st.window.is_none() {
-                    return Err(ConfigError::Missing {
+                    return Err(ConfigError::Required {
                         key: "store.window",
-                        flag: "the config file (with store.probability)",
+                        with: "`store.probability`",
                     });
                 }
                 let messages = rate * window.as_secs_f64();
@@ -586,6 +604,14 @@ impl RawConfig {
                     config.servers = servers.clone();
                 }
                 if let Some(ns) = &st.namespace {
+                    if ns.is_empty() || ns.len() > 160 || !ns.bytes().all(|b| b.is_ascii_graphic())
+                    {
+                        return Err(invalid(
+                            "store.namespace",
+                            quote(Some(ns)),
+                            "must be 1 to 160 printable ASCII characters without spaces",
+                        ));
+                    }
                     config.namespace = ns.clone();
                 }
                 config.lease = st
@@ -599,6 +625,9 @@ impl RawConfig {
                     ));
                 }
                 if let Some(Dur(t)) = st.timeout {
+                    if t.is_zero() {
+                        return Err(invalid("store.timeout", "\"0s\"", "must be more than 0"));
+                    }
                     config.timeout = t;
                 }
                 // Reuse the store's own checks, which name the key.
@@ -677,15 +706,15 @@ impl RawConfig {
         };
         Ok(Some(match dl.kind {
             DeadLetterKind::File => {
-                DeadLetterSettings::File(dl.path.clone().ok_or(ConfigError::Missing {
+                DeadLetterSettings::File(dl.path.clone().ok_or(ConfigError::Required {
                     key: "dead_letter.path",
-                    flag: "the config file (with dead_letter.kind = \"file\")",
+                    with: "`dead_letter.kind = \"file\"`",
                 })?)
             }
             DeadLetterKind::Nsq => {
-                let topic = dl.topic.clone().ok_or(ConfigError::Missing {
+                let topic = dl.topic.clone().ok_or(ConfigError::Required {
                     key: "dead_letter.topic",
-                    flag: "the config file (with dead_letter.kind = \"nsq\")",
+                    with: "`dead_letter.kind = \"nsq\"`",
                 })?;
                 check_topic("dead_letter.topic", &topic)?;
                 let addrs = dl
@@ -694,9 +723,10 @@ impl RawConfig {
                     .or_else(|| self.source.nsqd_tcp_addresses.clone())
                     .unwrap_or_default();
                 if addrs.is_empty() {
-                    return Err(ConfigError::Missing {
+                    return Err(ConfigError::Required {
                         key: "dead_letter.nsqd_tcp_addresses",
-                        flag: "the config file",
+                        with:
+                            "`dead_letter.kind = \"nsq\"` when `source.nsqd_tcp_addresses` is empty",
                     });
                 }
                 DeadLetterSettings::Nsq {

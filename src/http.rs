@@ -167,7 +167,7 @@ async fn post_inner(
     bytes.extend_from_slice(body);
     stream.write_all(&bytes).await.map_err(io)?;
     let head = read_head(&mut stream).await.map_err(io)?;
-    let Some(head) = head else {
+    let Some((head, body_read)) = head else {
         return Err(HttpError::Malformed {
             url: url.to_string(),
             detail: "connection closed before a complete response head".into(),
@@ -180,27 +180,32 @@ async fn post_inner(
             String::from_utf8_lossy(head.split(|&b| b == b'\n').next().unwrap_or_default())
         ),
     })?;
-    // Drain a little of the body so the server does not see a reset before it is done, then
-    // close: we asked for `Connection: close`.
+    // Read (and discard) the body, so that the server does not see a reset while it is still
+    // writing: exactly Content-Length bytes if given, else until the server closes, which
+    // `Connection: close` asked for. The status is known already, so a server that keeps the
+    // connection open anyway costs at most a short wait, never an error.
+    let mut remaining = content_length(&head).map_or(MAX_BODY_BYTES, |n| n.min(MAX_BODY_BYTES));
+    remaining = remaining.saturating_sub(body_read);
     let mut sink = [0u8; 4096];
-    let mut drained = 0;
-    while drained < MAX_BODY_BYTES {
-        match tokio::time::timeout(Duration::from_millis(50), stream.read(&mut sink)).await {
-            Ok(Ok(n)) if n > 0 => drained += n,
+    while remaining > 0 {
+        match tokio::time::timeout(Duration::from_millis(100), stream.read(&mut sink)).await {
+            Ok(Ok(n)) if n > 0 => remaining = remaining.saturating_sub(n),
             _ => break,
         }
     }
     Ok(status)
 }
 
-/// Reads up to the blank line that ends an HTTP head. `None` if the peer closed first.
-async fn read_head(stream: &mut TcpStream) -> std::io::Result<Option<Vec<u8>>> {
+/// Reads up to the blank line that ends an HTTP head; returns the head and how many bytes
+/// after it were read too. `None` if the peer closed first.
+async fn read_head(stream: &mut TcpStream) -> std::io::Result<Option<(Vec<u8>, usize)>> {
     let mut head = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     loop {
         if let Some(end) = find(&head, b"\r\n\r\n") {
+            let extra = head.len() - (end + 4);
             head.truncate(end + 4);
-            return Ok(Some(head));
+            return Ok(Some((head, extra)));
         }
         if head.len() > MAX_HEAD_BYTES {
             return Err(std::io::Error::new(
@@ -218,6 +223,15 @@ async fn read_head(stream: &mut TcpStream) -> std::io::Result<Option<Vec<u8>>> {
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+fn content_length(head: &[u8]) -> Option<usize> {
+    std::str::from_utf8(head).ok()?.lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.trim()
+            .eq_ignore_ascii_case("content-length")
+            .then(|| value.trim().parse().ok())?
+    })
 }
 
 fn parse_status(head: &[u8]) -> Option<u16> {
@@ -263,7 +277,7 @@ pub async fn serve_text<F, S>(
         tokio::spawn(async move {
             let answer = async {
                 let head = read_head(&mut stream).await?;
-                let response = match head.as_deref().map(request_line) {
+                let response = match head.as_ref().map(|(head, _)| request_line(head)) {
                     Some(Some(("GET", target))) if target.split('?').next() == Some(path) => {
                         response(200, "OK", "text/plain; version=0.0.4", &render())
                     }
@@ -337,6 +351,11 @@ mod tests {
         assert_eq!(parse_status(b"HTTP/1.0 500\r\n\r\n"), Some(500));
         assert_eq!(parse_status(b"SSH-2.0\r\n\r\n"), None);
         assert_eq!(parse_status(b"HTTP/1.1 2000 x\r\n\r\n"), None);
+        assert_eq!(
+            content_length(b"HTTP/1.1 200 OK\r\ncontent-LENGTH: 12\r\n\r\n"),
+            Some(12)
+        );
+        assert_eq!(content_length(b"HTTP/1.1 200 OK\r\n\r\n"), None);
     }
 
     #[tokio::test]

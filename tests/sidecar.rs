@@ -564,8 +564,10 @@ fn malformed_configs_are_rejected_with_the_key_named() {
         "invalid `store.probability` = 0.9: give either `store.buckets` or `store.probability` with `store.rate` and `store.window`, not both"
     );
     assert_eq!(
-        bad_config(&format!("{SOURCE}[store]\nprobability = 0.9\nwindow = \"1h\"\n")),
-        "`store.rate` is required: set it in the config file or pass `the config file (with store.probability)`"
+        bad_config(&format!(
+            "{SOURCE}[store]\nprobability = 0.9\nwindow = \"1h\"\n"
+        )),
+        "`store.rate` is required with `store.probability`: set it in the config file"
     );
     assert_eq!(
         bad_config(&format!("{SOURCE}[store]\nprobability = 1.5\nrate = 10\nwindow = \"1h\"\n")),
@@ -585,7 +587,22 @@ fn malformed_configs_are_rejected_with_the_key_named() {
     );
     assert_eq!(
         bad_config(&format!("{SOURCE}[dead_letter]\nkind = \"file\"\n")),
-        "`dead_letter.path` is required: set it in the config file or pass `the config file (with dead_letter.kind = \"file\")`"
+        "`dead_letter.path` is required with `dead_letter.kind = \"file\"`: set it in the config file"
+    );
+    assert_eq!(
+        bad_config("[source]\ntopic = \"t\"\nlookupd_http_addresses = [\"https://x:4161\"]\n")
+            .split(':')
+            .next()
+            .unwrap(),
+        "invalid `source.lookupd_http_addresses`"
+    );
+    assert_eq!(
+        bad_config(&format!("{SOURCE}[store]\nkind = \"memcached\"\nnamespace = \"my table\"\n")),
+        "invalid `store.namespace` = \"my table\": must be 1 to 160 printable ASCII characters without spaces"
+    );
+    assert_eq!(
+        bad_config(&format!("{SOURCE}[sink]\nkind = \"nsq\"\ndestination_nsqd_tcp_addresses = [\"127.0.0.1:4150\"]\ndestination_topic = \"bad topic!\"\n")),
+        "invalid `sink.destination_topic` = \"bad topic!\": NSQ topic names are 1 to 64 of letters, digits, '.', '_' and '-'"
     );
     assert!(matches!(
         RawConfig::from_file(Path::new("/nonexistent/nsq-dedupe.toml")),
