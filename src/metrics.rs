@@ -118,6 +118,8 @@ pub struct Metrics {
     pub touches: AtomicU64,
     /// Lease renewals that failed or found the claim gone.
     pub renew_failures: AtomicU64,
+    /// Handler calls given up at shutdown (claim erased, message requeued).
+    pub abandoned: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -144,6 +146,7 @@ impl Default for Metrics {
             answer_failures: AtomicU64::new(0),
             touches: AtomicU64::new(0),
             renew_failures: AtomicU64::new(0),
+            abandoned: AtomicU64::new(0),
         }
     }
 }
@@ -234,7 +237,7 @@ impl Metrics {
             let source = source.replace('\\', "\\\\").replace('"', "\\\"");
             let _ = writeln!(out, "nsq_dedupe_received_total{{source=\"{source}\"}} {n}");
         }
-        let counters: [(&str, &str, &AtomicU64); 17] = [
+        let counters: [(&str, &str, &AtomicU64); 18] = [
             (
                 "unique_total",
                 "Messages claimed as new and handed to the handler.",
@@ -319,6 +322,11 @@ impl Metrics {
                 "renew_failures_total",
                 "Lease renewals that failed.",
                 &self.renew_failures,
+            ),
+            (
+                "abandoned_total",
+                "Handler calls given up at shutdown (claim erased, message requeued).",
+                &self.abandoned,
             ),
         ];
         for (name, help, value) in counters {

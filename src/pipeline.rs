@@ -197,6 +197,8 @@ struct Inner<S, H> {
     store_error_logged_at: AtomicU64,
     /// Store errors not logged since the last one that was.
     store_errors_unlogged: AtomicU64,
+    /// Cancelled by [`Dedupe::abandon`]: running handlers are dropped and their claims erased.
+    abandon: tokio_util::sync::CancellationToken,
 }
 
 impl<S: Store, H: Handler> Dedupe<S, H> {
@@ -219,6 +221,7 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
                 metrics,
                 store_error_logged_at: AtomicU64::new(0),
                 store_errors_unlogged: AtomicU64::new(0),
+                abandon: tokio_util::sync::CancellationToken::new(),
             }),
         }
     }
@@ -236,6 +239,14 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
     /// The handler.
     pub fn handler(&self) -> &H {
         &self.inner.handler
+    }
+
+    /// Gives up on every running and future handler call: each is dropped, its claim erased
+    /// (so that a redelivery is not held back as in flight until a lease expires) and its
+    /// message requeued. For shutdown, after the grace period: the consumer has requeued
+    /// those messages already.
+    pub fn abandon(&self) {
+        self.inner.abandon.cancel();
     }
 
     /// Decides one message and answers it (FIN or REQ) before returning. See the module docs.
@@ -311,10 +322,21 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
             loop {
                 tokio::select! {
                     biased;
-                    result = &mut handled => break result,
+                    result = &mut handled => break Some(result),
                     _ = ticker.tick() => self.keep_alive(&message, digest).await,
+                    _ = inner.abandon.cancelled() => break None,
                 }
             }
+        };
+        let Some(result) = result else {
+            inc(&metrics.abandoned);
+            if let Some(digest) = digest {
+                if let Err(error) = inner.store.erase(digest).await {
+                    self.store_error("erase", &error);
+                }
+            }
+            self.answer(message.requeue_without_backoff(Some(Duration::ZERO)));
+            return Outcome::Requeued;
         };
         metrics.handler_duration.observe(started.elapsed());
         match result {

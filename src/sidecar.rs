@@ -266,8 +266,18 @@ impl<H: Handler> Sidecar<H> {
                 "Handlers still running after the grace period; their messages were requeued."
             );
         }
-        // Give a finishing handler a moment; the messages are requeued anyway.
-        let _ = tokio::time::timeout(Duration::from_millis(200), tracker.wait()).await;
+        // Their messages are requeued already; drop the handlers and erase their claims, so a
+        // redelivery is not held back by a claim nobody works on.
+        dedupe.abandon();
+        if tokio::time::timeout(Duration::from_secs(2), tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                handlers = tracker.len(),
+                "Handlers did not stop within 2 s of being abandoned."
+            );
+        }
         if let Err(error) = dedupe.handler().flush().await {
             tracing::error!(%error, "Flushing the sink failed.");
         }

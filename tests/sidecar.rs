@@ -24,6 +24,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::support::broker::{Broker, BrokerConfig};
+use crate::support::lookupd::Lookupd;
 use crate::support::memcached::MemcachedServer;
 
 const TOPIC: &str = "events";
@@ -1125,8 +1126,15 @@ async fn shutdown_waits_for_handlers_within_grace_and_requeues_the_rest() {
         String::new,
     )
     .await;
+    let metrics = running.metrics.clone();
     let report = running.stop().await;
     assert_eq!(report.shutdown.requeued_at_deadline, 3, "{report:?}");
+    assert_eq!(report.abandoned_handlers, 3, "{report:?}");
+    assert_eq!(
+        get(&metrics.abandoned),
+        3,
+        "the slow handlers were dropped, not left running"
+    );
     let records = a.records(TOPIC, CHANNEL);
     assert_eq!(records.iter().map(|r| r.fin_ok).sum::<u32>(), 3);
     assert_eq!(records.iter().map(|r| r.req_ok).sum::<u32>(), 3);
@@ -1308,4 +1316,78 @@ async fn second_signal_exits_at_once_and_nsqd_keeps_the_message() {
     let (queued, deferred, in_flight) = a.depth(TOPIC, CHANNEL);
     assert_eq!(queued + deferred + in_flight, 1);
     assert_eq!(a.stats().fin_ok, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_error_policy_process_delivers_without_de_duplication() {
+    // Nothing listens on this port: every claim fails fast with a store error.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let a = Broker::start(BrokerConfig::default()).await;
+    a.publish_many(TOPIC, [payload(1), payload(2), payload(1)]);
+    let mut raw = raw_config(&[a.tcp_addr()]);
+    raw.store.kind = Some(StoreKind::Memcached);
+    raw.store.memcached_addresses = Some(vec![dead.to_string()]);
+    raw.store.timeout = Some(Dur(Duration::from_millis(100)));
+    raw.dedupe.on_store_error = Some(nsq_dedupe::pipeline::StoreErrorPolicy::Process);
+    let recorder = Recorder::default();
+    let r = recorder.clone();
+    let running = Running::start(raw.validate().unwrap(), move |body: Bytes| {
+        let r = r.clone();
+        async move {
+            r.deliver(body);
+            Ok(())
+        }
+    })
+    .await;
+    wait_until(
+        "3 messages finished",
+        Duration::from_secs(20),
+        || a.stats().fin_ok == 3,
+        || format!("{:?}", a.stats()),
+    )
+    .await;
+    let metrics = running.metrics.clone();
+    running.stop().await;
+    // Duplicates possible, nothing lost: the copy of payload 1 is delivered too.
+    assert_eq!(recorder.delivered().get(&payload(1)), Some(&2));
+    assert_eq!(recorder.delivered().get(&payload(2)), Some(&1));
+    assert_eq!(get(&metrics.store_error_processed), 3);
+    assert!(get(&metrics.store_errors) >= 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nsqd_found_through_lookupd() {
+    let a = Broker::start(BrokerConfig::default()).await;
+    let b = Broker::start(BrokerConfig::default()).await;
+    let lookupd = Lookupd::start().await;
+    lookupd.set_producers(TOPIC, &[a.tcp_addr(), b.tcp_addr()]);
+    a.publish_many(TOPIC, (0..100).map(payload));
+    b.publish_many(TOPIC, (0..100).map(payload));
+    let mut raw = raw_config(&[]);
+    raw.source.nsqd_tcp_addresses = None;
+    raw.source.lookupd_http_addresses = Some(vec![format!("http://{}", lookupd.http_addr())]);
+    raw.source.lookupd_poll_interval = Some(Dur(Duration::from_millis(200)));
+    let recorder = Recorder::default();
+    let r = recorder.clone();
+    let running = Running::start(raw.validate().unwrap(), move |body: Bytes| {
+        let r = r.clone();
+        async move {
+            r.deliver(body);
+            Ok(())
+        }
+    })
+    .await;
+    wait_until(
+        "both nsqd drained",
+        Duration::from_secs(20),
+        || drained(&a) && drained(&b) && recorder.distinct_delivered() == 100,
+        || format!("{} delivered", recorder.distinct_delivered()),
+    )
+    .await;
+    running.stop().await;
+    assert!(recorder.delivered().values().all(|&n| n == 1));
+    assert!(lookupd.lookups() >= 1);
 }
