@@ -89,7 +89,7 @@ enum Action {
 /// Sets in the property test's tables: not a power of two.
 const PROP_SETS: u64 = 3;
 
-/// Digests in play: one more per set than fits, so sets overflow and FIFO replacement decides.
+/// Digests in play: one more per set than fits, so sets overflow and replacement decides.
 fn pool_size(ways: u32) -> usize {
     (PROP_SETS * (u64::from(ways) + 1)) as usize
 }
@@ -112,36 +112,58 @@ enum ModelState {
     Done,
 }
 
-/// The table as specified: per-set FIFO (oldest first), owners, no lease expiry (leases in
-/// this test outlive it).
+/// The table as specified (the in-process table's rules): per set, `ways` slots and a
+/// cursor; a new digest takes the first empty slot, else the slot at the cursor, which then
+/// moves on; owners; no lease expiry (leases in this test outlive it).
 struct Model {
     geometry: Geometry,
-    sets: HashMap<u64, Vec<(Digest, ModelState, usize)>>,
+    sets: HashMap<u64, ModelSet>,
+}
+
+#[derive(Clone)]
+struct ModelSet {
+    cursor: usize,
+    slots: Vec<Option<(Digest, ModelState, usize)>>,
 }
 
 impl Model {
-    fn set(&mut self, d: Digest) -> &mut Vec<(Digest, ModelState, usize)> {
-        self.sets.entry(self.geometry.set_of(d)).or_default()
+    fn set(&mut self, d: Digest) -> &mut ModelSet {
+        let ways = self.geometry.ways() as usize;
+        self.sets
+            .entry(self.geometry.set_of(d))
+            .or_insert_with(|| ModelSet {
+                cursor: 0,
+                slots: vec![None; ways],
+            })
+    }
+
+    fn find(&mut self, d: Digest) -> Option<&mut (Digest, ModelState, usize)> {
+        self.set(d).slots.iter_mut().flatten().find(|e| e.0 == d)
     }
 
     fn claim(&mut self, who: usize, d: Digest) -> Claim {
-        let ways = self.geometry.ways() as usize;
-        let set = self.set(d);
-        if let Some(entry) = set.iter().find(|e| e.0 == d) {
+        if let Some(entry) = self.find(d) {
             return match entry.1 {
                 ModelState::InFlight => Claim::InFlight,
                 ModelState::Done => Claim::Duplicate,
             };
         }
-        if set.len() == ways {
-            set.remove(0);
-        }
-        set.push((d, ModelState::InFlight, who));
+        let set = self.set(d);
+        let ways = set.slots.len();
+        let victim = match set.slots.iter().position(Option::is_none) {
+            Some(empty) => empty,
+            None => {
+                let victim = set.cursor;
+                set.cursor = (set.cursor + 1) % ways;
+                victim
+            }
+        };
+        set.slots[victim] = Some((d, ModelState::InFlight, who));
         Claim::New
     }
 
     fn commit(&mut self, who: usize, d: Digest) -> bool {
-        match self.set(d).iter_mut().find(|e| e.0 == d) {
+        match self.find(d) {
             Some(e) if e.1 == ModelState::Done => true,
             Some(e) if e.2 == who => {
                 e.1 = ModelState::Done;
@@ -153,9 +175,13 @@ impl Model {
 
     fn erase(&mut self, who: usize, d: Digest) -> bool {
         let set = self.set(d);
-        match set.iter().position(|e| e.0 == d && e.2 == who) {
-            Some(i) => {
-                set.remove(i);
+        match set
+            .slots
+            .iter_mut()
+            .find(|slot| slot.is_some_and(|e| e.0 == d && e.2 == who))
+        {
+            Some(slot) => {
+                *slot = None;
                 true
             }
             None => false,
@@ -163,9 +189,8 @@ impl Model {
     }
 
     fn renew(&mut self, who: usize, d: Digest) -> bool {
-        self.set(d)
-            .iter()
-            .any(|e| e.0 == d && e.2 == who && e.1 == ModelState::InFlight)
+        self.find(d)
+            .is_some_and(|e| e.2 == who && e.1 == ModelState::InFlight)
     }
 }
 
@@ -231,7 +256,13 @@ async fn run_case(addr: &str, ways: u32, actions: &[Action]) -> Result<(), TestC
                 prop_assert_eq!(got, model.erase(*who, pool[*i]), "{:?}", action);
                 // Erase never removes another digest: every other entry of the set is still
                 // held (checked without changing anything but an in-flight lease).
-                let others = model.set(pool[*i]).clone();
+                let others: Vec<_> = model
+                    .set(pool[*i])
+                    .slots
+                    .iter()
+                    .flatten()
+                    .copied()
+                    .collect();
                 for (other, state, owner) in others {
                     let held = match state {
                         ModelState::InFlight => stores[owner].renew(other).await.map_err(fail)?,
@@ -250,7 +281,7 @@ async fn run_case(addr: &str, ways: u32, actions: &[Action]) -> Result<(), TestC
 }
 
 #[test]
-fn random_operations_match_the_fifo_model() {
+fn random_operations_match_the_table_model() {
     let server = MemcachedServer::start();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -771,7 +802,7 @@ async fn unreadable_value_is_counted_and_replaced() {
     .await
     .unwrap();
     let g = digest(23);
-    raw.set(single.item_key(g), "\u{1}\u{9}".as_bytes(), None, None)
+    raw.set(single.item_key(g), "\u{1}\u{0}\u{9}".as_bytes(), None, None)
         .await
         .unwrap();
     assert_eq!(single.claim(g).await.unwrap(), Claim::New);

@@ -673,7 +673,7 @@ async fn reconnects_after_a_drop_without_losing_or_double_finishing() {
 }
 
 #[tokio::test]
-async fn reconnect_keeps_trying_while_nsqd_is_down() {
+async fn reconnect_keeps_trying_until_nsqd_is_back() {
     // Reserve a port, then free it: connects fail until a broker listens there.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
@@ -696,6 +696,15 @@ async fn reconnect_keeps_trying_while_nsqd_is_down() {
     }
     assert_eq!(consumer.stats().connects, 0);
     assert_quiet(&mut consumer, Duration::from_millis(50)).await;
+    // nsqd comes back on the same port: the consumer joins it and consumes.
+    let broker = Broker::start_at(addr, broker_config()).await;
+    broker.publish(TOPIC, "back");
+    next(&mut consumer, Duration::from_secs(5))
+        .await
+        .finish()
+        .unwrap();
+    wait_until("FIN", Duration::from_secs(5), || broker.stats().fin_ok == 1).await;
+    assert_eq!(consumer.stats().connects, 1);
 }
 
 #[tokio::test]
@@ -1097,12 +1106,24 @@ async fn broker_enforces_nsqd_rules() {
     assert_eq!(broker.stats().heartbeat_timeouts, 1);
 }
 
-/// End-to-end throughput: consume and FIN from the test broker over loopback.
+/// End-to-end throughput: consume and FIN from the test broker over loopback, 100-byte bodies,
+/// max_in_flight 2500, finishing each message inline as it arrives.
 ///
 /// `cargo test --release --test integration nsq::throughput -- --ignored --nocapture`
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark; run explicitly in release mode"]
 async fn throughput() {
+    run_throughput(false).await;
+}
+
+/// The same, but each message is finished from its own spawned task, as the sidecar will do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark; run explicitly in release mode"]
+async fn throughput_task_per_message() {
+    run_throughput(true).await;
+}
+
+async fn run_throughput(task_per_message: bool) {
     const N: usize = 500_000;
     // Per-ID records cost the broker an allocation per message; counts and depth still prove
     // that every message was finished.
@@ -1131,7 +1152,11 @@ async fn throughput() {
     first.finish().unwrap();
     for _ in 1..N {
         let m = next(&mut consumer, Duration::from_secs(10)).await;
-        m.finish().unwrap();
+        if task_per_message {
+            tokio::spawn(async move { m.finish().unwrap() });
+        } else {
+            m.finish().unwrap();
+        }
     }
     let consumed = started.elapsed();
     wait_until("all FINs at the broker", Duration::from_secs(30), || {
@@ -1140,7 +1165,8 @@ async fn throughput() {
     .await;
     let acked = started.elapsed();
     println!(
-        "nsq throughput: {N} messages of 100 bytes, max_in_flight 2500: consumed in {consumed:?}, all FINs at broker in {acked:?}: {:.0} msgs/s",
+        "nsq throughput ({}): {N} messages of 100 bytes, max_in_flight 2500: received in {consumed:?}, all FINs at broker in {acked:?}: {:.0} msgs/s",
+        if task_per_message { "task per message" } else { "inline FIN" },
         N as f64 / acked.as_secs_f64()
     );
     assert_eq!(broker.depth(TOPIC, CHANNEL), (0, 0, 0));

@@ -282,9 +282,14 @@ static NEXT_NODE: AtomicU16 = AtomicU16::new(1);
 impl Broker {
     /// Starts a broker on a free loopback port.
     pub async fn start(config: BrokerConfig) -> Broker {
-        let listener = TcpListener::bind("127.0.0.1:0")
+        Broker::start_at("127.0.0.1:0".parse().expect("address"), config).await
+    }
+
+    /// Starts a broker on `addr` (to bring an nsqd "back" on the port a client knows).
+    pub async fn start_at(addr: SocketAddr, config: BrokerConfig) -> Broker {
+        let listener = TcpListener::bind(addr)
             .await
-            .expect("bind 127.0.0.1:0");
+            .expect("bind the broker's address");
         let addr = listener.local_addr().expect("local addr");
         let shared = Arc::new(Shared {
             config,

@@ -14,7 +14,7 @@ use std::io;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufStream};
 use tokio::net::TcpStream;
 
-/// Larger values are not ours (a set of 8 ways takes 266 bytes) and are not loaded.
+/// Larger values are not ours (a set of 8 ways takes 275 bytes) and are not loaded.
 const MAX_VALUE_BYTES: usize = 64 * 1024;
 
 /// One item as read: its value and CAS token, or `None` when the item does not exist.
