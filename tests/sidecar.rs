@@ -165,6 +165,8 @@ fn payload(i: usize) -> Bytes {
     Bytes::from(format!("{{\"id\":\"p{i:05}\",\"amount\":{}}}", i * 7))
 }
 
+/// Nothing queued, deferred or in flight. A channel nobody subscribed to yet also counts as
+/// drained, so callers check delivered counts too.
 fn drained(broker: &Broker) -> bool {
     broker.depth(TOPIC, CHANNEL) == (0, 0, 0)
 }
@@ -246,10 +248,13 @@ async fn replicated_stream_reaches_the_sink_exactly_once() {
         20_500.0,
         "every message was either delivered or a duplicate"
     );
-    assert!(text.contains(&format!(
-        "nsq_dedupe_received_total{{source=\"{}\"}} 10500",
-        a.tcp_addr()
-    )));
+    // Received counts deliveries: copies requeued because they were in flight come back.
+    let received = |addr: SocketAddr| m(&format!("nsq_dedupe_received_total{{source=\"{addr}\"}}"));
+    assert!(received(a.tcp_addr()) >= 10_500.0 && received(b.tcp_addr()) >= 10_000.0);
+    assert_eq!(
+        received(a.tcp_addr()) + received(b.tcp_addr()),
+        20_500.0 + m("nsq_dedupe_in_flight_requeues_total")
+    );
     assert!(text.contains("nsq_dedupe_catch_probability "));
     assert!(report.shutdown.clean, "{report:?}");
 }
@@ -1383,11 +1388,51 @@ async fn nsqd_found_through_lookupd() {
     wait_until(
         "both nsqd drained",
         Duration::from_secs(20),
-        || drained(&a) && drained(&b) && recorder.distinct_delivered() == 100,
+        || drained(&a) && drained(&b) && a.stats().fin_ok == 100 && b.stats().fin_ok == 100,
         || format!("{} delivered", recorder.distinct_delivered()),
     )
     .await;
     running.stop().await;
     assert!(recorder.delivered().values().all(|&n| n == 1));
     assert!(lookupd.lookups() >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_in_flight_are_finished_with_policy_finish() {
+    let a = Broker::start(BrokerConfig::default()).await;
+    let b = Broker::start(BrokerConfig::default()).await;
+    a.publish_many(TOPIC, (0..20).map(payload));
+    b.publish_many(TOPIC, (0..20).map(payload));
+    let mut raw = raw_config(&[a.tcp_addr(), b.tcp_addr()]);
+    raw.dedupe.on_in_flight = Some(nsq_dedupe::pipeline::InFlightPolicy::Finish);
+    let recorder = Recorder::default();
+    let r = recorder.clone();
+    let running = Running::start(raw.validate().unwrap(), move |body: Bytes| {
+        let r = r.clone();
+        async move {
+            // Slow enough that the copy from the other nsqd arrives while this one runs.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            r.deliver(body);
+            Ok(())
+        }
+    })
+    .await;
+    wait_until(
+        "both drained",
+        Duration::from_secs(20),
+        || drained(&a) && drained(&b) && a.stats().fin_ok + b.stats().fin_ok == 40,
+        || format!("{} delivered", recorder.distinct_delivered()),
+    )
+    .await;
+    let metrics = running.metrics.clone();
+    running.stop().await;
+    assert_eq!(recorder.distinct_delivered(), 20);
+    assert!(recorder.delivered().values().all(|&n| n == 1));
+    assert!(
+        get(&metrics.in_flight_finished) > 0,
+        "no copy was found in flight"
+    );
+    assert_eq!(get(&metrics.in_flight_requeues), 0);
+    let fins = a.stats().fin_ok + b.stats().fin_ok;
+    assert_eq!((fins, a.stats().req_ok + b.stats().req_ok), (40, 0));
 }
