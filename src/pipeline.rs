@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 
 use crate::dedup::digest::Keyer;
 use crate::dedup::{Claim, Digest, Store};
@@ -313,7 +313,22 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
         let metrics = &*inner.metrics;
         let started = Instant::now();
         let result = {
-            let handled = inner.handler.handle(message.body().clone());
+            // A panicking handler is a failed delivery: its claim must be erased, or the
+            // in-process table (which has no leases) would hold it in flight for ever and
+            // requeue every redelivery as a copy.
+            let handled =
+                std::panic::AssertUnwindSafe(inner.handler.handle(message.body().clone()))
+                    .catch_unwind()
+                    .map(|outcome| {
+                        outcome.unwrap_or_else(|panic| {
+                            let what = panic
+                                .downcast_ref::<&str>()
+                                .map(|s| (*s).to_owned())
+                                .or_else(|| panic.downcast_ref::<String>().cloned())
+                                .unwrap_or_default();
+                            Err(HandlerError::Retry(format!("handler panicked: {what}")))
+                        })
+                    });
             tokio::pin!(handled);
             let keepalive = inner.policy.keepalive;
             let mut ticker =

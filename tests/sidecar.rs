@@ -1436,3 +1436,36 @@ async fn copies_in_flight_are_finished_with_policy_finish() {
     let fins = a.stats().fin_ok + b.stats().fin_ok;
     assert_eq!((fins, a.stats().req_ok + b.stats().req_ok), (40, 0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_is_retried_not_stuck() {
+    let a = Broker::start(BrokerConfig::default()).await;
+    a.publish_many(TOPIC, [payload(1), payload(2)]);
+    let raw = raw_config(&[a.tcp_addr()]);
+    let recorder = Recorder::default();
+    let r = recorder.clone();
+    let running = Running::start(raw.validate().unwrap(), move |body: Bytes| {
+        let r = r.clone();
+        async move {
+            r.call(&body);
+            if body == payload(1) && r.calls().get(&body) == Some(&1) {
+                panic!("handler bug on the first try");
+            }
+            r.deliver(body);
+            Ok(())
+        }
+    })
+    .await;
+    wait_until(
+        "both delivered",
+        Duration::from_secs(10),
+        || recorder.distinct_delivered() == 2 && a.stats().fin_ok == 2,
+        || format!("{:?}", recorder.calls()),
+    )
+    .await;
+    let metrics = running.metrics.clone();
+    running.stop().await;
+    assert_eq!(recorder.calls().get(&payload(1)), Some(&2));
+    assert_eq!(get(&metrics.handler_failures), 1);
+    assert_eq!(get(&metrics.erased), 1);
+}
