@@ -449,7 +449,11 @@ impl RawConfig {
                 format!("must be at least `source.backoff` ({backoff:?})"),
             ));
         }
-        source.backoff_multiplier = backoff;
+        // The consumer's go-nsq-style RDY backoff is off: with several nsqd, its test phase
+        // gives RDY 1 to one connection and stays there until a message arrives on it, so if
+        // that nsqd has nothing queued the others are never read again. Failed messages are
+        // still requeued with a delay that doubles per attempt (see `Policy::retry_delay`).
+        source.backoff_multiplier = Duration::ZERO;
         source.max_backoff = max_backoff;
         source.max_requeue_delay = source.max_requeue_delay.max(max_backoff);
         source.validate().map_err(|error| match error {

@@ -265,6 +265,18 @@ fn running_metrics(text: &str) -> impl Fn(&str) -> f64 + '_ {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flaky_sink_gets_every_payload_at_least_once() {
+    flaky_sink(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flaky_sink_with_memcached_gets_every_payload_at_least_once() {
+    let memcached = MemcachedServer::start();
+    flaky_sink(Some(&memcached)).await;
+}
+
+/// A sink failing 10% of calls at random, two replicated nsqd, the in-process table or
+/// `memcached`.
+async fn flaky_sink(memcached: Option<&MemcachedServer>) {
     let a = Broker::start(BrokerConfig::default()).await;
     let b = Broker::start(BrokerConfig::default()).await;
     const N: usize = 2_000;
@@ -272,6 +284,15 @@ async fn flaky_sink_gets_every_payload_at_least_once() {
     b.publish_many(TOPIC, (0..N).rev().map(payload));
     let mut raw = raw_config(&[a.tcp_addr(), b.tcp_addr()]);
     raw.source.max_attempts = Some(50);
+    let store = match memcached {
+        Some(server) => {
+            raw.store.kind = Some(StoreKind::Memcached);
+            raw.store.memcached_addresses = Some(vec![server.addr()]);
+            raw.store.buckets = Some(1 << 16);
+            "memcached"
+        }
+        None => "memory",
+    };
     let settings = raw.validate().unwrap();
     let recorder = Recorder::default();
     let r = recorder.clone();
@@ -293,7 +314,29 @@ async fn flaky_sink_gets_every_payload_at_least_once() {
         "every payload delivered and both brokers drained",
         Duration::from_secs(60),
         || recorder.distinct_delivered() == N && drained(&a) && drained(&b),
-        || format!("{} distinct delivered", recorder.distinct_delivered()),
+        || {
+            format!(
+                "{} distinct delivered, depths {:?} {:?}, clients {:?} {:?}, stats {:?} {:?}\n{}",
+                recorder.distinct_delivered(),
+                a.depth(TOPIC, CHANNEL),
+                b.depth(TOPIC, CHANNEL),
+                a.clients()
+                    .iter()
+                    .map(|c| (c.rdy, c.in_flight))
+                    .collect::<Vec<_>>(),
+                b.clients()
+                    .iter()
+                    .map(|c| (c.rdy, c.in_flight))
+                    .collect::<Vec<_>>(),
+                a.stats(),
+                b.stats(),
+                scrape(running.metrics_addr.unwrap())
+                    .lines()
+                    .filter(|l| !l.starts_with('#') && !l.contains("_bucket"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            )
+        },
     )
     .await;
     let metrics = running.metrics.clone();
@@ -309,7 +352,7 @@ async fn flaky_sink_gets_every_payload_at_least_once() {
     let failures: u32 = recorder.calls().values().sum::<u32>() - total;
     let extra = total as usize - N;
     println!(
-        "flaky sink: {N} distinct payloads (each published to 2 nsqd), {failures} injected failures, {total} deliveries, {extra} extra deliveries ({:.2}%)",
+        "flaky sink, {store} store: {N} distinct payloads (each published to 2 nsqd), {failures} injected failures, {total} deliveries, {extra} extra deliveries ({:.2}%)",
         100.0 * extra as f64 / N as f64
     );
     assert!(
