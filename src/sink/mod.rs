@@ -87,10 +87,13 @@ pub enum Sink {
 
 impl Handler for Sink {
     async fn handle(&self, body: Bytes) -> Result<(), HandlerError> {
+        // Boxed: these futures are up to kilobytes, and an enum's future is as large as its
+        // largest arm, which every message's task would carry. Next to a write or a network
+        // round trip the allocation is free.
         match self {
-            Sink::Stdout(sink) => sink.handle(body).await,
-            Sink::Nsq(sink) => sink.handle(body).await,
-            Sink::Http(sink) => sink.handle(body).await,
+            Sink::Stdout(sink) => Box::pin(sink.handle(body)).await,
+            Sink::Nsq(sink) => Box::pin(sink.handle(body)).await,
+            Sink::Http(sink) => Box::pin(sink.handle(body)).await,
             Sink::Null => Ok(()),
         }
     }
