@@ -30,6 +30,66 @@ pub enum Command {
     Size(SizeArgs),
     /// Write each newline-delimited record whose key was not seen before; drop the copies.
     Filter(FilterArgs),
+    /// Consume an NSQ topic, drop the copies, deliver the rest to a sink (the sidecar).
+    ///
+    /// Settings come from `--config FILE` (TOML) and these flags, which override the file.
+    Run(Box<RunArgs>),
+}
+
+/// Flags of `nsq-dedupe run`. Each overrides the config file's key of the same name.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// TOML config file (see config/ for examples).
+    #[arg(long, short = 'c', value_name = "FILE", env = "NSQ_DEDUPE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// nsqd TCP address to consume from (repeatable). `source.nsqd_tcp_addresses`.
+    #[arg(long = "nsqd-tcp-address", value_name = "ADDR")]
+    pub nsqd_tcp_addresses: Vec<String>,
+    /// nsqlookupd HTTP address, host:port or URL (repeatable). `source.lookupd_http_addresses`.
+    #[arg(long = "lookupd-http-address", value_name = "ADDR")]
+    pub lookupd_http_addresses: Vec<String>,
+    /// Topic to consume. `source.topic`.
+    #[arg(long, value_name = "TOPIC")]
+    pub topic: Option<String>,
+    /// Channel to consume (default nsq-dedupe). `source.channel`.
+    #[arg(long, value_name = "CHANNEL")]
+    pub channel: Option<String>,
+    /// Messages in flight at once (default 200). `source.max_in_flight`.
+    #[arg(long, value_name = "N")]
+    pub max_in_flight: Option<u32>,
+    /// nsqd's redelivery timeout for this consumer, such as 60s. `source.msg_timeout`.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub msg_timeout: Option<Duration>,
+    /// Key of a body: `body` or `json:<pointer>`. `dedupe.key`.
+    #[arg(long, value_name = "KEY")]
+    pub key: Option<String>,
+    /// Where the table lives. `store.kind`.
+    #[arg(long, value_enum, value_name = "STORE")]
+    pub store: Option<crate::config::StoreKind>,
+    /// Memcached server host:port (repeatable). `store.memcached_addresses`.
+    #[arg(long = "memcached-address", value_name = "ADDR")]
+    pub memcached_addresses: Vec<String>,
+    /// Table size in slots. `store.buckets`.
+    #[arg(long, value_name = "N", value_parser = parse_buckets)]
+    pub buckets: Option<u64>,
+    /// Slots per set: 1, 2, 4 or 8. `store.ways`.
+    #[arg(long, value_name = "W", value_parser = parse_ways)]
+    pub ways: Option<u32>,
+    /// Where unique messages go. `sink.kind`.
+    #[arg(long, value_enum, value_name = "SINK")]
+    pub sink: Option<crate::config::SinkKind>,
+    /// nsqd TCP address to publish to (repeatable; nsq sink). `sink.destination_nsqd_tcp_addresses`.
+    #[arg(long = "destination-nsqd-tcp-address", value_name = "ADDR")]
+    pub destination_nsqd_tcp_addresses: Vec<String>,
+    /// Topic to publish to (nsq sink). `sink.destination_topic`.
+    #[arg(long, value_name = "TOPIC")]
+    pub destination_topic: Option<String>,
+    /// URL to POST each message to (http sink; http:// only). `sink.post`.
+    #[arg(long, value_name = "URL")]
+    pub post: Option<String>,
+    /// Where to serve Prometheus metrics, ip:port or `off`. `metrics.address`.
+    #[arg(long, value_name = "ADDR", env = "NSQ_DEDUPE_METRICS_ADDRESS")]
+    pub metrics_address: Option<String>,
 }
 
 /// Flags of `nsq-dedupe size`.
@@ -108,6 +168,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Size(args) => crate::cmd::size::run(&args),
         Command::Filter(args) => crate::cmd::filter::run(&args),
+        Command::Run(args) => crate::cmd::run::run(&args),
     }
 }
 

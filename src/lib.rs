@@ -13,21 +13,60 @@
 //! - `cmd`: the `size` and `filter` subcommands; `cli`: their flags.
 //! - `error`: error types whose messages name the knob to turn.
 //! - [`nsq`]: our NSQ TCP client: [`Consumer`], [`Message`], [`Producer`], nsqlookupd.
+//! - [`pipeline`]: [`Dedupe`], the de-duplicating step (claim, handle, commit or erase, FIN or
+//!   REQ), and [`filter_stream`](pipeline::filter_stream) for plain streams of records.
+//! - [`sink`]: the [`Handler`](sink::Handler) trait, the sidecar's sinks and the dead-letter.
+//! - [`config`]: the TOML configuration and its validation into [`Settings`].
+//! - [`sidecar`]: [`run`], the `nsq-dedupe run` service, and [`Sidecar`] for custom handlers.
+//! - [`metrics`]: counters in Prometheus' text format; `http`: a minimal HTTP/1.1 client and
+//!   server for the http sink and the metrics endpoint.
+//!
+//! # Example: de-duplicating a stream of records
+//!
+//! ```
+//! use bytes::Bytes;
+//! use futures::StreamExt;
+//! use nsq_dedupe::{pipeline::filter_stream, Keyer, Table};
+//!
+//! let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+//! runtime.block_on(async {
+//!     let table = std::sync::Arc::new(Table::with_slots(1 << 16, 8).unwrap());
+//!     let keyer = Keyer::new("json:/id".parse().unwrap(), Default::default());
+//!     let records = futures::stream::iter([
+//!         Bytes::from_static(br#"{"id":1,"v":"a"}"#),
+//!         Bytes::from_static(br#"{"id":1,"v":"a (copy)"}"#),
+//!         Bytes::from_static(br#"{"id":2,"v":"b"}"#),
+//!     ]);
+//!     let unique: Vec<Bytes> = filter_stream(table, keyer, records).collect().await;
+//!     assert_eq!(unique.len(), 2);
+//! });
+//! ```
 #![warn(unreachable_pub, missing_docs)]
 
 pub mod cli;
 mod cmd;
+pub mod config;
 pub mod dedup;
 pub mod error;
 pub mod filter;
+pub mod http;
+pub mod metrics;
 pub mod nsq;
+pub mod pipeline;
+pub mod sidecar;
+pub mod sink;
 pub mod sizing;
 
+pub use config::Settings;
+pub use dedup::backend::Backend;
 pub use dedup::digest::{DigestAlgorithm, KeySpec, Keyer};
 pub use dedup::memcached::{MemcachedConfig, MemcachedStore};
 pub use dedup::table::Table;
 pub use dedup::{Claim, Digest, Geometry, NoStore, Store};
+pub use metrics::Metrics;
 pub use nsq::{Consumer, ConsumerConfig, Message, Producer, ProducerConfig};
+pub use pipeline::Dedupe;
+pub use sidecar::{run, Sidecar};
 
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]

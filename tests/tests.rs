@@ -11,4 +11,5 @@ mod cli_filter;
 mod cli_size;
 mod memcached;
 mod nsq;
+mod sidecar;
 mod table;

@@ -1,0 +1,76 @@
+//! The de-dup filter in your own program: the sidecar's pipeline with your own async handler,
+//! and the same filter over a plain stream of records.
+//!
+//! ```sh
+//! cargo run --example custom_handler -- 127.0.0.1:4150 events
+//! ```
+//!
+//! consumes `events` from that nsqd, drops the copies (keyed on the JSON field `id`) and
+//! prints the rest, until Ctrl-C. Without arguments it only runs the stream part.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use nsq_dedupe::pipeline::filter_stream;
+use nsq_dedupe::sink::HandlerError;
+use nsq_dedupe::{Keyer, Settings, Sidecar, Table};
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .init();
+
+    // 1. A plain stream of records, de-duplicated by their `id` field.
+    let table = Arc::new(Table::with_slots(1 << 16, 8)?);
+    let keyer = Keyer::new("json:/id".parse()?, Default::default());
+    let records = futures::stream::iter([
+        Bytes::from_static(br#"{"id":"a","n":1}"#),
+        Bytes::from_static(br#"{"id":"b","n":2}"#),
+        Bytes::from_static(br#"{"id":"a","n":1}"#),
+    ]);
+    let unique: Vec<Bytes> = filter_stream(table, keyer, records).collect().await;
+    assert_eq!(unique.len(), 2);
+    eprintln!("stream: {} of 3 records are unique", unique.len());
+
+    // 2. NSQ in, your handler out, with everything `nsq-dedupe run` does around it: claims,
+    //    TOUCH and lease renewal while the handler runs, commit before FIN, erase before REQ.
+    let mut args = std::env::args().skip(1);
+    let (Some(nsqd), Some(topic)) = (args.next(), args.next()) else {
+        return Ok(());
+    };
+    let settings = Settings::from_toml(&format!(
+        r#"
+        [source]
+        nsqd_tcp_addresses = ["{nsqd}"]
+        topic = "{topic}"
+        [dedupe]
+        key = "json:/id"
+        [store]
+        probability = 0.99
+        rate = 100
+        window = "10m"
+        [metrics]
+        address = "127.0.0.1:0"
+        "#
+    ))?;
+    let handler = |body: Bytes| async move {
+        // Your work here. An error is retried with backoff (`Retry`), or sent to the
+        // dead-letter (`Reject`); `Ok` FINishes the message.
+        if body.is_empty() {
+            return Err(HandlerError::Reject("empty body".into()));
+        }
+        println!("{}", String::from_utf8_lossy(&body));
+        Ok(())
+    };
+    let sidecar = Sidecar::with_handler(settings, handler).await?;
+    eprintln!("metrics at http://{:?}/metrics", sidecar.metrics_address());
+    let report = sidecar
+        .run(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    eprintln!("stopped: {report:?}");
+    Ok(())
+}

@@ -1,0 +1,124 @@
+//! Runtime choice of store: the in-process table, Memcached, or none.
+//!
+//! [`Backend`] is an enum rather than a `Box<dyn Store>` because [`Store`]'s methods return
+//! `impl Future` (not object-safe), and because a `match` per call keeps the hot path free of
+//! allocation and virtual calls: the in-process arm compiles down to the table's own calls.
+//!
+//! The Memcached arm boxes its futures. An enum's future is as large as its largest arm, and
+//! the Memcached store's are about 1.7 KB: unboxed, every message's task (which holds several
+//! of them) would be copied around at that size, in-process table or not. One allocation
+//! next to a network round trip costs nothing measurable.
+
+use crate::dedup::memcached::MemcachedStore;
+use crate::dedup::table::Table;
+use crate::dedup::{Claim, Digest, Geometry, NoStore, Store};
+use crate::error::StoreError;
+
+/// A store chosen at run time (`store.kind = "memory" | "memcached" | "none"`).
+#[derive(Debug)]
+pub enum Backend {
+    /// The in-process, lock-free table.
+    Memory(Table),
+    /// The table shared through Memcached.
+    Memcached(MemcachedStore),
+    /// No de-duplication: every claim is [`Claim::New`].
+    None(NoStore),
+}
+
+impl Backend {
+    /// The name used in config files, flags and metrics labels.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Backend::Memory(_) => "memory",
+            Backend::Memcached(_) => "memcached",
+            Backend::None(_) => "none",
+        }
+    }
+
+    /// Fraction of slots that hold an entry, where the store can tell cheaply enough for a
+    /// periodic report: only the in-process table (a scan of its slots) answers.
+    pub fn occupancy(&self) -> Option<f64> {
+        match self {
+            Backend::Memory(table) => Some(table.occupancy()),
+            Backend::Memcached(_) | Backend::None(_) => None,
+        }
+    }
+}
+
+impl Store for Backend {
+    async fn claim(&self, digest: Digest) -> Result<Claim, StoreError> {
+        match self {
+            Backend::Memory(table) => Ok(table.claim(digest)),
+            Backend::Memcached(store) => Box::pin(store.claim(digest)).await,
+            Backend::None(_) => Ok(Claim::New),
+        }
+    }
+
+    async fn claim_many(&self, digests: &[Digest]) -> Result<Vec<Claim>, StoreError> {
+        match self {
+            Backend::Memory(table) => Store::claim_many(table, digests).await,
+            Backend::Memcached(store) => Box::pin(store.claim_many(digests)).await,
+            Backend::None(store) => store.claim_many(digests).await,
+        }
+    }
+
+    async fn commit(&self, digest: Digest) -> Result<bool, StoreError> {
+        match self {
+            Backend::Memory(table) => Ok(table.commit(digest)),
+            Backend::Memcached(store) => Box::pin(store.commit(digest)).await,
+            Backend::None(_) => Ok(true),
+        }
+    }
+
+    async fn erase(&self, digest: Digest) -> Result<bool, StoreError> {
+        match self {
+            Backend::Memory(table) => Ok(table.erase(digest)),
+            Backend::Memcached(store) => Box::pin(store.erase(digest)).await,
+            Backend::None(_) => Ok(true),
+        }
+    }
+
+    async fn renew(&self, digest: Digest) -> Result<bool, StoreError> {
+        match self {
+            Backend::Memory(table) => Ok(table.contains(digest)),
+            Backend::Memcached(store) => Box::pin(store.renew(digest)).await,
+            Backend::None(_) => Ok(true),
+        }
+    }
+
+    fn geometry(&self) -> Option<Geometry> {
+        match self {
+            Backend::Memory(table) => Some(table.geometry()),
+            Backend::Memcached(store) => store.geometry(),
+            Backend::None(_) => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn memory_backend_answers_like_the_table() {
+        let backend = Backend::Memory(Table::with_slots(64, 8).unwrap());
+        let d = Digest::from_u128(42);
+        assert_eq!(backend.claim(d).await, Ok(Claim::New));
+        assert_eq!(backend.claim(d).await, Ok(Claim::InFlight));
+        assert_eq!(backend.commit(d).await, Ok(true));
+        assert_eq!(backend.claim(d).await, Ok(Claim::Duplicate));
+        assert_eq!(backend.erase(d).await, Ok(true));
+        assert_eq!(backend.claim(d).await, Ok(Claim::New));
+        assert_eq!(backend.kind(), "memory");
+        assert!(backend.occupancy().unwrap() > 0.0);
+    }
+
+    #[tokio::test]
+    async fn none_backend_keeps_nothing() {
+        let backend = Backend::None(NoStore);
+        let d = Digest::from_u128(7);
+        assert_eq!(backend.claim(d).await, Ok(Claim::New));
+        assert_eq!(backend.claim(d).await, Ok(Claim::New));
+        assert_eq!(backend.geometry(), None);
+    }
+}

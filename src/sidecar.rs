@@ -1,0 +1,386 @@
+//! Provides [`run`]: the `nsq-dedupe run` service, from validated [`Settings`] to a stopped
+//! consumer.
+//!
+//! Tasks: the main loop takes messages from the [`Consumer`] and spawns one task per message
+//! (tracked by a [`TaskTracker`]), which runs [`Dedupe::process`]; a status task logs one line
+//! every `status_interval`; the metrics server answers `GET /metrics`. When `shutdown`
+//! completes, we stop taking messages (the consumer sends `CLS`), let the running handlers
+//! finish within the grace period (the consumer REQs whatever is still unanswered when it
+//! ends), flush the sink and return.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{DeadLetterSettings, Settings, SinkSettings, StoreSettings};
+use crate::dedup::backend::Backend;
+use crate::metrics::{get, Metrics, TableView};
+use crate::nsq::{Consumer, ConsumerEvent, ShutdownReport};
+use crate::pipeline::Dedupe;
+use crate::sink::{DeadLetter, Handler, HttpSink, NsqSink, Sink, StdoutSink};
+use crate::{MemcachedStore, NoStore, Table};
+
+/// Why the service could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The store could not be built.
+    #[error("store: {0}")]
+    Store(#[from] crate::error::StoreError),
+    /// The table could not be allocated.
+    #[error("table: {0}")]
+    Table(#[from] crate::error::TableError),
+    /// The consumer or a producer could not be built.
+    #[error("NSQ: {0}")]
+    Nsq(#[from] crate::nsq::Error),
+    /// The dead-letter could not be opened.
+    #[error("dead-letter: {0}")]
+    DeadLetter(#[from] crate::sink::DeadLetterError),
+    /// The metrics address could not be bound.
+    #[error("cannot listen on metrics address {addr}: {source} (change `--metrics-address` / `metrics.address`, or set it to \"off\")")]
+    Metrics {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// What a run did, for callers and tests.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    /// The consumer's shutdown report.
+    pub shutdown: ShutdownReport,
+    /// Handlers still running when the grace period ended (their messages were requeued).
+    pub abandoned_handlers: usize,
+}
+
+/// A built, not yet running, sidecar: the store, the handler and the metrics listener.
+pub struct Sidecar<H> {
+    settings: Settings,
+    dedupe: Dedupe<Backend, H>,
+    metrics_listener: Option<TcpListener>,
+}
+
+/// Builds the store the settings ask for.
+///
+/// # Errors
+///
+/// [`RunError`] if the table cannot be allocated or Memcached does not answer.
+pub async fn build_store(store: &StoreSettings) -> Result<Backend, RunError> {
+    Ok(match store {
+        StoreSettings::Memory(geometry) => Backend::Memory(Table::new(*geometry)),
+        StoreSettings::None => Backend::None(NoStore),
+        StoreSettings::Memcached(config, geometry) => {
+            // A Memcached server that is down at start is a store error per message (handled
+            // by `on_store_error`), not a reason to refuse to start; but say so at once.
+            let probe = MemcachedStore::connect(config.clone(), *geometry);
+            match tokio::time::timeout(config.timeout * 4, probe).await {
+                Ok(Ok(store)) => Backend::Memcached(store),
+                Ok(Err(error @ crate::error::StoreError::Config(_))) => return Err(error.into()),
+                Ok(Err(error)) => {
+                    tracing::warn!(servers = ?config.servers, %error, "Memcached is not answering; messages follow `dedupe.on_store_error` until it does.");
+                    Backend::Memcached(MemcachedStore::new_lazy(config.clone(), *geometry)?)
+                }
+                Err(_) => {
+                    tracing::warn!(servers = ?config.servers, "Memcached did not answer in time; messages follow `dedupe.on_store_error` until it does.");
+                    Backend::Memcached(MemcachedStore::new_lazy(config.clone(), *geometry)?)
+                }
+            }
+        }
+    })
+}
+
+/// Builds the sink the settings ask for.
+///
+/// # Errors
+///
+/// [`RunError::Nsq`] for an unusable producer configuration.
+pub fn build_sink(sink: &SinkSettings) -> Result<Sink, RunError> {
+    Ok(match sink {
+        SinkSettings::Stdout => Sink::Stdout(StdoutSink::default()),
+        SinkSettings::Null => Sink::Null,
+        SinkSettings::Nsq {
+            nsqd_tcp_addresses,
+            topic,
+        } => Sink::Nsq(NsqSink::new(nsqd_tcp_addresses.clone(), topic.clone())?),
+        SinkSettings::Http {
+            url,
+            headers,
+            timeout,
+        } => Sink::Http(HttpSink::new(url.clone(), headers.clone(), *timeout)),
+    })
+}
+
+impl Sidecar<Sink> {
+    /// Builds the store, the configured sink and the dead-letter, and binds the metrics
+    /// address.
+    ///
+    /// # Errors
+    ///
+    /// [`RunError`] naming what could not be built.
+    pub async fn new(settings: Settings) -> Result<Self, RunError> {
+        let sink = build_sink(&settings.sink)?;
+        Self::with_handler(settings, sink).await
+    }
+}
+
+impl<H: Handler> Sidecar<H> {
+    /// Like [`Sidecar::new`] with the library user's own handler instead of the configured
+    /// sink (`settings.sink` is ignored).
+    ///
+    /// # Errors
+    ///
+    /// [`RunError`] naming what could not be built.
+    pub async fn with_handler(settings: Settings, handler: H) -> Result<Self, RunError> {
+        let store = build_store(&settings.store).await?;
+        let dead_letter = match &settings.dead_letter {
+            None => None,
+            Some(DeadLetterSettings::File(path)) => Some(DeadLetter::file(path.clone())?),
+            Some(DeadLetterSettings::Nsq {
+                nsqd_tcp_addresses,
+                topic,
+            }) => Some(DeadLetter::nsq(nsqd_tcp_addresses.clone(), topic.clone())?),
+        };
+        let metrics_listener = match settings.metrics_address {
+            None => None,
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| RunError::Metrics { addr, source })?,
+            ),
+        };
+        let dedupe = Dedupe::new(
+            store,
+            settings.keyer.clone(),
+            handler,
+            settings.policy.clone(),
+            dead_letter,
+            Arc::new(Metrics::default()),
+        );
+        Ok(Sidecar {
+            settings,
+            dedupe,
+            metrics_listener,
+        })
+    }
+
+    /// The bound metrics address (useful with port 0).
+    pub fn metrics_address(&self) -> Option<SocketAddr> {
+        self.metrics_listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
+    }
+
+    /// The counters, shared with the running pipeline.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.dedupe.metrics().clone()
+    }
+
+    /// Consumes until `shutdown` completes, then stops gracefully (see the module docs).
+    ///
+    /// # Errors
+    ///
+    /// [`RunError::Nsq`] if the consumer cannot be started.
+    pub async fn run(self, shutdown: impl Future) -> Result<RunReport, RunError> {
+        let Sidecar {
+            settings,
+            dedupe,
+            metrics_listener,
+        } = self;
+        let mut consumer = Consumer::new(settings.source.clone())?;
+        let background = CancellationToken::new();
+        // Stops the background tasks whichever way we leave this function.
+        let _stop_background = background.clone().drop_guard();
+        let table = table_view(&dedupe, &settings);
+        tracing::info!(
+            topic = %settings.source.topic,
+            channel = %settings.source.channel,
+            nsqd = ?settings.source.nsqd_tcp_addresses,
+            lookupd = ?settings.source.lookupd_http_addresses,
+            store = dedupe.store().kind(),
+            buckets = table.geometry.map(|g| g.slots()),
+            ways = table.geometry.map(|g| g.ways()),
+            sink = ?settings.sink,
+            "Sidecar started."
+        );
+        if let Some(listener) = metrics_listener {
+            let metrics = dedupe.metrics().clone();
+            let store = dedupe.clone();
+            let window = settings.window;
+            let render = Arc::new(move || {
+                let view = TableView {
+                    geometry: crate::Store::geometry(store.store()),
+                    occupancy: store.store().occupancy(),
+                    window,
+                };
+                metrics.render(&view)
+            });
+            if let Ok(addr) = listener.local_addr() {
+                tracing::info!(%addr, "Serving metrics at /metrics.");
+            }
+            let stop = background.clone();
+            tokio::spawn(crate::http::serve_text(
+                listener,
+                "/metrics",
+                render,
+                async move { stop.cancelled().await },
+            ));
+        }
+        tokio::spawn(log_events(consumer.events(), background.clone()));
+        tokio::spawn(status_loop(
+            dedupe.clone(),
+            settings.status_interval,
+            settings.window,
+            background.clone(),
+        ));
+
+        let tracker = TaskTracker::new();
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                biased;
+                _ = &mut shutdown => break,
+                message = consumer.next() => match message {
+                    Some(message) => {
+                        let dedupe = dedupe.clone();
+                        tracker.spawn(async move { dedupe.process(message).await });
+                    }
+                    None => break,
+                },
+            }
+        }
+        tracing::info!(grace = ?settings.grace, running = tracker.len(), "Shutting down: no new messages; waiting for running handlers.");
+        // The consumer sends CLS, REQs what it received but never handed out, waits up to the
+        // grace period for the running handlers' answers and REQs what is left.
+        let report = consumer.shutdown(settings.grace).await;
+        tracker.close();
+        let abandoned = tracker.len();
+        if abandoned > 0 {
+            tracing::warn!(
+                handlers = abandoned,
+                "Handlers still running after the grace period; their messages were requeued."
+            );
+        }
+        // Their messages are requeued already; drop the handlers and erase their claims, so a
+        // redelivery is not held back by a claim nobody works on.
+        dedupe.abandon();
+        if tokio::time::timeout(Duration::from_secs(2), tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                handlers = tracker.len(),
+                "Handlers did not stop within 2 s of being abandoned."
+            );
+        }
+        if let Err(error) = dedupe.handler().flush().await {
+            tracing::error!(%error, "Flushing the sink failed.");
+        }
+        log_status(&dedupe, settings.window, "Sidecar stopped.");
+        tracing::info!(
+            requeued_unseen = report.requeued_unseen,
+            requeued_at_deadline = report.requeued_at_deadline,
+            clean = report.clean,
+            "Consumer closed."
+        );
+        Ok(RunReport {
+            shutdown: report,
+            abandoned_handlers: abandoned,
+        })
+    }
+}
+
+/// Runs the sidecar described by `settings` with its configured sink until `shutdown`
+/// completes. The binary passes a signal future; tests pass any future.
+///
+/// # Errors
+///
+/// [`RunError`] if something cannot be built or started.
+pub async fn run(settings: Settings, shutdown: impl Future) -> Result<RunReport, RunError> {
+    Sidecar::new(settings).await?.run(shutdown).await
+}
+
+fn table_view<H: Handler>(dedupe: &Dedupe<Backend, H>, settings: &Settings) -> TableView {
+    TableView {
+        geometry: crate::Store::geometry(dedupe.store()),
+        occupancy: None,
+        window: settings.window,
+    }
+}
+
+fn log_status<H: Handler>(dedupe: &Dedupe<Backend, H>, window: Duration, what: &str) {
+    let m = dedupe.metrics();
+    let view = TableView {
+        geometry: crate::Store::geometry(dedupe.store()),
+        occupancy: dedupe.store().occupancy(),
+        window,
+    };
+    let secs = m.uptime().as_secs_f64().max(1e-3);
+    tracing::info!(
+        received = m.received_total(),
+        rate = format_args!("{:.1}", m.received_total() as f64 / secs),
+        unique = get(&m.unique),
+        duplicates = get(&m.duplicates),
+        in_flight_requeues = get(&m.in_flight_requeues),
+        keyless = get(&m.keyless),
+        failures = get(&m.handler_failures),
+        dead_lettered = get(&m.dead_lettered),
+        store_errors = get(&m.store_errors),
+        occupancy = view.occupancy.map(|o| format!("{o:.4}")),
+        catch_probability = m.catch_probability(&view).map(|p| format!("{p:.6}")),
+        "{what}"
+    );
+}
+
+async fn status_loop<H: Handler>(
+    dedupe: Dedupe<Backend, H>,
+    every: Duration,
+    window: Duration,
+    stop: CancellationToken,
+) {
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = ticker.tick() => log_status(&dedupe, window, "Status."),
+        }
+    }
+}
+
+async fn log_events(
+    mut events: tokio::sync::broadcast::Receiver<ConsumerEvent>,
+    stop: CancellationToken,
+) {
+    loop {
+        let event = tokio::select! {
+            _ = stop.cancelled() => return,
+            event = events.recv() => event,
+        };
+        match event {
+            Ok(ConsumerEvent::Connected { addr }) => tracing::info!(%addr, "Connected to nsqd."),
+            Ok(ConsumerEvent::Disconnected {
+                addr,
+                error,
+                in_flight,
+            }) => {
+                tracing::warn!(%addr, %error, in_flight, "Disconnected from nsqd; reconnecting.")
+            }
+            Ok(ConsumerEvent::ConnectFailed { addr, error }) => {
+                tracing::warn!(%addr, %error, "Connecting to nsqd failed.")
+            }
+            Ok(ConsumerEvent::LookupdFailed { addr, error }) => {
+                tracing::warn!(%addr, %error, "nsqlookupd query failed.")
+            }
+            Ok(other) => tracing::debug!(event = ?other, "Consumer event."),
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                tracing::debug!(missed = n, "Consumer events missed.")
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        }
+    }
+}

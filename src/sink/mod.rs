@@ -1,0 +1,107 @@
+//! Where unique messages go: the [`Handler`] trait, the sidecar's sinks, and the dead-letter.
+//!
+//! A handler gets each unique body and answers success or a [`HandlerError`]: `Retry` (the
+//! message is requeued with backoff; after `max_attempts` it goes to the dead-letter) or
+//! `Reject` (it goes to the dead-letter at once). The sidecar's sinks ([`Sink`]) are handlers;
+//! library users implement [`Handler`] for their own type, or pass an async closure.
+
+mod dead_letter;
+mod http;
+mod nsq;
+mod stdout;
+
+use std::future::Future;
+
+use bytes::Bytes;
+
+pub use dead_letter::{DeadLetter, DeadLetterError, DeadLetterRecord};
+pub use http::HttpSink;
+pub use nsq::NsqSink;
+pub use stdout::StdoutSink;
+
+/// Why a handler did not take a message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HandlerError {
+    /// A transient failure (a timeout, a 5xx, a broken connection): try again later.
+    #[error("{0}")]
+    Retry(String),
+    /// The message can never be taken (a 4xx): send it to the dead-letter now.
+    #[error("rejected: {0}")]
+    Reject(String),
+}
+
+/// Receives each unique message body.
+///
+/// Called concurrently from many tasks (up to `max_in_flight` at once); the message is
+/// finished at nsqd only after the returned future resolves to `Ok`. A handler may take longer
+/// than nsqd's message timeout: the pipeline TOUCHes the message and renews its claim meanwhile.
+///
+/// Any `Fn(Bytes) -> impl Future<Output = Result<(), HandlerError>>` is a handler:
+///
+/// ```
+/// use bytes::Bytes;
+/// use nsq_dedupe::sink::{Handler, HandlerError};
+///
+/// fn assert_handler<H: Handler>(_: &H) {}
+/// let handler = |body: Bytes| async move {
+///     if body.is_empty() {
+///         return Err(HandlerError::Reject("empty body".into()));
+///     }
+///     Ok(())
+/// };
+/// assert_handler(&handler);
+/// ```
+pub trait Handler: Send + Sync + 'static {
+    /// Takes one body. `Ok` means it is delivered (the message will be finished).
+    fn handle(&self, body: Bytes) -> impl Future<Output = Result<(), HandlerError>> + Send;
+
+    /// Writes out anything buffered; called once at shutdown.
+    fn flush(&self) -> impl Future<Output = Result<(), HandlerError>> + Send {
+        async { Ok(()) }
+    }
+}
+
+impl<F, Fut> Handler for F
+where
+    F: Fn(Bytes) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), HandlerError>> + Send,
+{
+    fn handle(&self, body: Bytes) -> impl Future<Output = Result<(), HandlerError>> + Send {
+        self(body)
+    }
+}
+
+/// The sidecar's sinks, chosen by `sink.kind`. An enum, so the hot path calls it without
+/// boxing.
+#[derive(Debug)]
+pub enum Sink {
+    /// One record per line on standard output.
+    Stdout(StdoutSink),
+    /// Publish to a topic on one or more nsqd.
+    Nsq(NsqSink),
+    /// POST to a URL.
+    Http(HttpSink),
+    /// Accept and discard everything (benchmarks, dry runs).
+    Null,
+}
+
+impl Handler for Sink {
+    async fn handle(&self, body: Bytes) -> Result<(), HandlerError> {
+        // Boxed: these futures are up to kilobytes, and an enum's future is as large as its
+        // largest arm, which every message's task would carry. Next to a write or a network
+        // round trip the allocation is free.
+        match self {
+            Sink::Stdout(sink) => Box::pin(sink.handle(body)).await,
+            Sink::Nsq(sink) => Box::pin(sink.handle(body)).await,
+            Sink::Http(sink) => Box::pin(sink.handle(body)).await,
+            Sink::Null => Ok(()),
+        }
+    }
+
+    async fn flush(&self) -> Result<(), HandlerError> {
+        match self {
+            Sink::Stdout(sink) => sink.flush().await,
+            Sink::Nsq(_) | Sink::Http(_) | Sink::Null => Ok(()),
+        }
+    }
+}

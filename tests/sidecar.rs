@@ -1,0 +1,1531 @@
+//! The sidecar end to end: test brokers (`support::broker`), a real memcached
+//! (`support::memcached`), and the `nsq-dedupe run` binary as a child process.
+//!
+//! Every wait is bounded in time, every server is on loopback and is stopped when its test ends
+//! (brokers and memcached on drop, child processes by `ChildGuard`). Message timeouts are 1-2 s
+//! so that redelivery and lease expiry happen within the test's time.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use nsq_dedupe::config::{ConfigError, Dur, RawConfig, SinkKind, StoreKind};
+use nsq_dedupe::metrics::get;
+use nsq_dedupe::sidecar::{RunError, RunReport};
+use nsq_dedupe::sink::{Handler, HandlerError};
+use nsq_dedupe::{Metrics, Settings, Sidecar};
+use rand::{Rng, SeedableRng};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::support::broker::{Broker, BrokerConfig};
+use crate::support::lookupd::Lookupd;
+use crate::support::memcached::MemcachedServer;
+
+const TOPIC: &str = "events";
+const CHANNEL: &str = "dedupe";
+
+/// A configuration with short timers for `addrs`, metrics on a free loopback port.
+fn raw_config(addrs: &[SocketAddr]) -> RawConfig {
+    let list = addrs
+        .iter()
+        .map(|a| format!("\"{a}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    RawConfig::from_toml(
+        &format!(
+            r#"
+[source]
+nsqd_tcp_addresses = [{list}]
+topic = "{TOPIC}"
+channel = "{CHANNEL}"
+max_in_flight = 200
+msg_timeout = "2s"
+heartbeat_interval = "1s"
+backoff = "10ms"
+max_backoff = "200ms"
+
+[dedupe]
+in_flight_requeue_delay = "50ms"
+store_error_requeue_delay = "100ms"
+
+[store]
+kind = "memory"
+buckets = 1048576
+ways = 8
+window = "1m"
+
+[metrics]
+address = "127.0.0.1:0"
+status_interval = "2s"
+
+[shutdown]
+grace = "2s"
+"#
+        ),
+        "test",
+    )
+    .expect("the test configuration parses")
+}
+
+/// Counts handler calls per body, and successful ones.
+#[derive(Clone, Default)]
+struct Recorder {
+    calls: Arc<Mutex<HashMap<Bytes, u32>>>,
+    delivered: Arc<Mutex<HashMap<Bytes, u32>>>,
+}
+
+impl Recorder {
+    fn call(&self, body: &Bytes) {
+        *self.calls.lock().unwrap().entry(body.clone()).or_default() += 1;
+    }
+    fn deliver(&self, body: Bytes) {
+        *self.delivered.lock().unwrap().entry(body).or_default() += 1;
+    }
+    fn distinct_delivered(&self) -> usize {
+        self.delivered.lock().unwrap().len()
+    }
+    fn delivered(&self) -> HashMap<Bytes, u32> {
+        self.delivered.lock().unwrap().clone()
+    }
+    fn calls(&self) -> HashMap<Bytes, u32> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+/// A sidecar running in a task, stopped by `stop`.
+struct Running {
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<RunReport, RunError>>,
+    metrics: Arc<Metrics>,
+    metrics_addr: Option<SocketAddr>,
+}
+
+impl Running {
+    async fn start<H: Handler>(settings: Settings, handler: H) -> Running {
+        let sidecar = Sidecar::with_handler(settings, handler)
+            .await
+            .expect("the sidecar starts");
+        Running::from_sidecar(sidecar)
+    }
+
+    async fn start_configured(settings: Settings) -> Running {
+        Running::from_sidecar(Sidecar::new(settings).await.expect("the sidecar starts"))
+    }
+
+    fn from_sidecar<H: Handler>(sidecar: Sidecar<H>) -> Running {
+        let metrics = sidecar.metrics();
+        let metrics_addr = sidecar.metrics_address();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(sidecar.run(async move {
+            let _ = stopped.await;
+        }));
+        Running {
+            stop: Some(stop),
+            task,
+            metrics,
+            metrics_addr,
+        }
+    }
+
+    async fn stop(mut self) -> RunReport {
+        let _ = self.stop.take().unwrap().send(());
+        tokio::time::timeout(Duration::from_secs(15), &mut self.task)
+            .await
+            .expect("the sidecar stops within 15 s")
+            .expect("the sidecar task does not panic")
+            .expect("the sidecar ends without error")
+    }
+}
+
+/// Polls `cond` every 10 ms until it holds; panics after `limit` with `what` and `detail()`.
+async fn wait_until(
+    what: &str,
+    limit: Duration,
+    mut cond: impl FnMut() -> bool,
+    detail: impl Fn() -> String,
+) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}: {}",
+            detail()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn payload(i: usize) -> Bytes {
+    Bytes::from(format!("{{\"id\":\"p{i:05}\",\"amount\":{}}}", i * 7))
+}
+
+/// Nothing queued, deferred or in flight. A channel nobody subscribed to yet also counts as
+/// drained, so callers check delivered counts too.
+fn drained(broker: &Broker) -> bool {
+    broker.depth(TOPIC, CHANNEL) == (0, 0, 0)
+}
+
+/// GET /metrics from the sidecar's metrics server.
+fn scrape(addr: SocketAddr) -> String {
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    text
+}
+
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicated_stream_reaches_the_sink_exactly_once() {
+    let a = Broker::start(BrokerConfig::default()).await;
+    let b = Broker::start(BrokerConfig::default()).await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let mut order_b: Vec<usize> = (0..10_000).collect();
+    rand::seq::SliceRandom::shuffle(&mut order_b[..], &mut rng);
+    a.publish_many(TOPIC, (0..10_000).map(payload));
+    b.publish_many(TOPIC, order_b.iter().map(|&i| payload(i)));
+    a.publish_many(TOPIC, (10_000..10_500).map(payload));
+
+    let mut raw = raw_config(&[a.tcp_addr(), b.tcp_addr()]);
+    raw.dedupe.key = Some("json:/id".into());
+    let settings = raw.validate().unwrap();
+    let recorder = Recorder::default();
+    let r = recorder.clone();
+    let running = Running::start(settings, move |body: Bytes| {
+        let r = r.clone();
+        async move {
+            r.call(&body);
+            r.deliver(body);
+            Ok::<(), HandlerError>(())
+        }
+    })
+    .await;
+    wait_until(
+        "10 500 distinct payloads and both brokers drained",
+        Duration::from_secs(60),
+        || recorder.distinct_delivered() == 10_500 && drained(&a) && drained(&b),
+        || {
+            format!(
+                "{} distinct, depths {:?} {:?}",
+                recorder.distinct_delivered(),
+                a.depth(TOPIC, CHANNEL),
+                b.depth(TOPIC, CHANNEL)
+            )
+        },
+    )
+    .await;
+    let text = scrape(running.metrics_addr.unwrap());
+    let report = running.stop().await;
+
+    let delivered = recorder.delivered();
+    let twice: Vec<_> = delivered.iter().filter(|(_, &n)| n != 1).collect();
+    assert!(
+        twice.is_empty(),
+        "{} payloads delivered more than once, e.g. {:?}",
+        twice.len(),
+        twice.first()
+    );
+    for i in 0..10_500 {
+        assert_eq!(delivered.get(&payload(i)), Some(&1), "payload {i}");
+    }
+    let m = &running_metrics(&text);
+    assert_eq!(m("nsq_dedupe_unique_total"), 10_500.0);
+    assert_eq!(m("nsq_dedupe_handler_successes_total"), 10_500.0);
+    assert_eq!(
+        m("nsq_dedupe_duplicates_total") + m("nsq_dedupe_unique_total"),
+        20_500.0,
+        "every message was either delivered or a duplicate"
+    );
+    // Received counts deliveries: copies requeued because they were in flight come back.
+    let received = |addr: SocketAddr| m(&format!("nsq_dedupe_received_total{{source=\"{addr}\"}}"));
+    assert!(received(a.tcp_addr()) >= 10_500.0 && received(b.tcp_addr()) >= 10_000.0);
+    assert_eq!(
+        received(a.tcp_addr()) + received(b.tcp_addr()),
+        20_500.0 + m("nsq_dedupe_in_flight_requeues_total")
+    );
+    assert!(text.contains("nsq_dedupe_catch_probability "));
+    assert!(report.shutdown.clean, "{report:?}");
+}
+
+fn running_metrics(text: &str) -> impl Fn(&str) -> f64 + '_ {
+    move |name| metric(text, name).unwrap_or_else(|| panic!("metric {name} missing in:\n{text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flaky_sink_gets_every_payload_at_least_once() {
+    flaky_sink(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flaky_sink_with_memcached_gets_every_payload_at_least_once() {
+    let memcached = MemcachedServer::start();
+    flaky_sink(Some(&memcached)).await;
+}
+
+/// A sink failing 10% of calls at random, two replicated nsqd, the in-process table or
+/// `memcached`.
+async fn flaky_sink(memcached: Option<&MemcachedServer>) {
+    let a = Broker::start(BrokerConfig::default()).await;
+    let b = Broker::start(BrokerConfig::default()).await;
+    const N: usize = 2_000;
+    a.publish_many(TOPIC, (0..N).map(payload));
+    b.publish_many(TOPIC, (0..N).rev().map(payload));
+    let mut raw = raw_config(&[a.tcp_addr(), b.tcp_addr()]);
+    raw.source.max_attempts = Some(50);
+    let store = match memcached {
+        Some(server) => {
+            raw.store.kind = Some(StoreKind::Memcached);
+            raw.store.memcached_addresses = Some(vec![server.addr()]);
+            raw.store.buckets = Some(1 << 16);
+            "memcached"
+        }
+        None => "memory",
+    };
+    let settings = raw.validate().unwrap();
+    let recorder = Recorder::default();
+    let r = recorder.clone();
+    let rng = Arc::new(Mutex::new(rand::rngs::StdRng::seed_from_u64(10)));
+    let running = Running::start(settings, move |body: Bytes| {
+        let r = r.clone();
+        let fail = rng.lock().unwrap().gen_bool(0.1);
+        async move {
+            r.call(&body);
+            if fail {
+                return Err(HandlerError::Retry("flaky sink: injected failure".into()));
+            }
+            r.deliver(body);
+            Ok(())
+        }
+    })
+    .await;
+    wait_until(
+        "every payload delivered and both brokers drained",
+        Duration::from_secs(60),
+        || recorder.distinct_delivered() == N && drained(&a) && drained(&b),
+        || {
+            format!(
+                "{} distinct delivered, depths {:?} {:?}, clients {:?} {:?}, stats {:?} {:?}\n{}",
+                recorder.distinct_delivered(),
+                a.depth(TOPIC, CHANNEL),
+                b.depth(TOPIC, CHANNEL),
+                a.clients()
+                    .iter()
+                    .map(|c| (c.rdy, c.in_flight))
+                    .collect::<Vec<_>>(),
+                b.clients()
+                    .iter()
+                    .map(|c| (c.rdy, c.in_flight))
+                    .collect::<Vec<_>>(),
+                a.stats(),
+                b.stats(),
+                scrape(running.metrics_addr.unwrap())
+                    .lines()
+                    .filter(|l| !l.starts_with('#') && !l.contains("_bucket"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            )
+        },
+    )
+    .await;
+    let metrics = running.metrics.clone();
+    running.stop().await;
+    let delivered = recorder.delivered();
+    for i in 0..N {
+        assert!(
+            delivered.get(&payload(i)).copied().unwrap_or(0) >= 1,
+            "payload {i} never delivered"
+        );
+    }
+    let total: u32 = delivered.values().sum();
+    let failures: u32 = recorder.calls().values().sum::<u32>() - total;
+    let extra = total as usize - N;
+    println!(
+        "flaky sink, {store} store: {N} distinct payloads (each published to 2 nsqd), {failures} injected failures, {total} deliveries, {extra} extra deliveries ({:.2}%)",
+        100.0 * extra as f64 / N as f64
+    );
+    assert!(
+        failures > 0,
+        "the sink never failed, so the test proved nothing"
+    );
+    assert_eq!(get(&metrics.handler_failures), u64::from(failures));
+    assert_eq!(get(&metrics.dead_lettered), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_handler_is_touched_not_redelivered() {
+    let a = Broker::start(BrokerConfig::default()).await;
+    const N: usize = 20;
+    a.publish_many(TOPIC, (0..N).map(payload));
+    let mut raw = raw_config(&[a.tcp_addr()]);
+    raw.source.msg_timeout = Some(Dur(Duration::from_secs(1)));
+    let settings = raw.validate().unwrap();
+    let recorder = Recorder::default();
+    let r = recorder.clone();
+    let running = Running::start(settings, move |body: Bytes| {
+        let r = r.clone();
+        async move {
+            r.call(&body);
+            // Two and a half message timeouts.
+            tokio::time::sleep(Duration::from_millis(2_500)).await;
+            r.deliver(body);
+            Ok(())
+        }
+    })
+    .await;
+    wait_until(
+        "every slow payload delivered and the broker drained",
+        Duration::from_secs(20),
+        || recorder.distinct_delivered() == N && drained(&a),
+        || format!("{} delivered", recorder.distinct_delivered()),
+    )
+    .await;
+    let metrics = running.metrics.clone();
+    running.stop().await;
+    for (body, n) in recorder.calls() {
+        assert_eq!(n, 1, "{body:?} handled {n} times");
+    }
+    assert_eq!(recorder.calls().len(), N);
+    let stats = a.stats();
+    assert_eq!(
+        stats.timeouts, 0,
+        "nsqd timed a message out despite TOUCH: {stats:?}"
+    );
+    assert!(stats.touch_ok >= N as u64, "{stats:?}");
+    assert_eq!(stats.fin_ok, N as u64);
+    assert!(get(&metrics.touches) >= N as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_without_the_key_pass_as_unique_and_are_counted() {
+    let a = Broker::start(BrokerConfig::default()).await;
+    let keyless: Vec<Bytes> = vec![
+        Bytes::from_static(b"not json at all"),
+        Bytes::from_static(b"{\"other\":1}"),
+        Bytes::from_static(b"{\"other\":1}"),
+        Bytes::from_static(b"\xff\xfe binary"),
+    ];
+    a.publish_many(TOPIC, keyless.iter().cloned());
+    a.publish_many(TOPIC, [payload(1), payload(1), payload(2)]);
+    let mut raw = raw_config(&[a.tcp_addr()]);
+    raw.dedupe.key = Some("json:/id".into());
+    let settings = raw.validate().unwrap();
+    let recorder = Recorder::default();
+    let r = recorder.clone();
+    let running = Running::start(settings, move |body: Bytes| {
+        let r = r.clone();
+        async move {
+            r.deliver(body);
+            Ok(())
+        }
+    })
+    .await;
+    wait_until(
+        "7 messages decided",
+        Duration::from_secs(20),
+        || a.stats().fin_ok == 7,
+        || format!("{:?}", a.stats()),
+    )
+    .await;
+    let metrics = running.metrics.clone();
+    running.stop().await;
+    let delivered = recorder.delivered();
+    // Keyless bodies are never de-duplicated: both `{"other":1}` arrive.
+    assert_eq!(delivered.get(&keyless[1]), Some(&2));
+    assert_eq!(delivered.get(&keyless[0]), Some(&1));
+    assert_eq!(delivered.get(&keyless[3]), Some(&1));
+    assert_eq!(delivered.get(&payload(1)), Some(&1));
+    assert_eq!(delivered.get(&payload(2)), Some(&1));
+    assert_eq!(get(&metrics.keyless), 4);
+    assert_eq!(get(&metrics.duplicates), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memcached_outage_with_requeue_loses_nothing() {
+    let mut memcached = MemcachedServer::start();
+    let a = Broker::start(BrokerConfig::default()).await;
+    let b = Broker::start(BrokerConfig::default()).await;
+    const N: usize = 3_000;
+    a.publish_many(TOPIC, (0..N).map(payload));
+    b.publish_many(TOPIC, (0..N).map(payload));
+    let mut raw = raw_config(&[a.tcp_addr(), b.tcp_addr()]);
+    raw.source.max_in_flight = Some(20);
+    raw.store.kind = Some(StoreKind::Memcached);
+    raw.store.memcached_addresses = Some(vec![memcached.addr()]);
+    raw.store.buckets = Some(1 << 16);
+    raw.store.timeout = Some(Dur(Duration::from_millis(200)));
+    raw.source.max_attempts = Some(1000);
+    let settings = raw.validate().unwrap();
+    let recorder = Recorder::default();
+    let r = recorder.clone();
+    let running = Running::start(settings, move |body: Bytes| {
+        let r = r.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            r.deliver(body);
+            Ok(())
+        }
+    })
+    .await;
+    wait_until(
+        "300 deliveries before the outage",
+        Duration::from_secs(30),
+        || recorder.distinct_delivered() >= 300,
+        String::new,
+    )
+    .await;
+    memcached.stop();
+    let at_stop = recorder.distinct_delivered();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let during = recorder.distinct_delivered();
+    memcached.restart();
+    wait_until(
+        "every payload delivered after memcached came back",
+        Duration::from_secs(60),
+        || recorder.distinct_delivered() == N && drained(&a) && drained(&b),
+        || format!("{} distinct delivered", recorder.distinct_delivered()),
+    )
+    .await;
+    let metrics = running.metrics.clone();
+    running.stop().await;
+    let delivered = recorder.delivered();
+    for i in 0..N {
+        assert!(delivered.contains_key(&payload(i)), "payload {i} lost");
+    }
+    let extra: u32 = delivered.values().sum::<u32>() - N as u32;
+    println!(
+        "memcached outage: {at_stop} delivered at stop, {during} after 1.5 s down, {} store errors, {} requeued for store errors, {extra} extra deliveries (the restart emptied the table)",
+        get(&metrics.store_errors),
+        get(&metrics.store_error_requeues)
+    );
+    assert!(get(&metrics.store_errors) > 0, "the outage was not noticed");
+    assert!(get(&metrics.store_error_requeues) > 0);
+    assert!(
+        during - at_stop < 100,
+        "with policy requeue, little is delivered while the store is down ({at_stop} -> {during})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_example_config_loads() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let raw =
+                RawConfig::from_file(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            raw.validate()
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            n += 1;
+        }
+    }
+    assert!(
+        n >= 3,
+        "expected at least 3 example configs in config/, found {n}"
+    );
+    // The README's TOML examples too.
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let blocks: Vec<&str> = readme
+        .split("```toml\n")
+        .skip(1)
+        .map(|b| b.split("```").next().unwrap())
+        .collect();
+    assert!(!blocks.is_empty(), "the README has no TOML example");
+    for block in blocks {
+        RawConfig::from_toml(block, "README.md")
+            .and_then(|raw| raw.validate())
+            .unwrap_or_else(|e| panic!("README example: {e}\n{block}"));
+    }
+}
+
+fn bad_config(text: &str) -> String {
+    match RawConfig::from_toml(text, "bad.toml").and_then(|raw| raw.validate()) {
+        Ok(_) => panic!("accepted:\n{text}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+const SOURCE: &str = "[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"127.0.0.1:4150\"]\n";
+
+#[test]
+fn malformed_configs_are_rejected_with_the_key_named() {
+    let e = bad_config("[source]\ntopic = \"t\"\nnsqd_tcp_adresses = [\"a:1\"]\n");
+    assert!(
+        e.starts_with("invalid config file bad.toml: TOML parse error at line 3"),
+        "{e}"
+    );
+    assert!(e.contains("unknown field `nsqd_tcp_adresses`"), "{e}");
+    let e = bad_config(&format!("{SOURCE}[store]\nbuckets = \"many\"\n"));
+    assert!(
+        e.contains("buckets") && e.contains("invalid type: string \"many\""),
+        "{e}"
+    );
+    let e = bad_config(&format!("{SOURCE}[store]\nkind = \"redis\"\n"));
+    assert!(
+        e.contains("unknown variant `redis`") && e.contains("memcached"),
+        "{e}"
+    );
+    let e = bad_config(
+        "[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"a:1\"]\nmsg_timeout = \"10 parsecs\"\n",
+    );
+    assert!(
+        e.contains("msg_timeout") && e.contains("`10 parsecs`"),
+        "{e}"
+    );
+    assert_eq!(
+        bad_config("[source]\ntopic = \"t\"\n"),
+        "`source.nsqd_tcp_addresses` is required: set it in the config file or pass `--nsqd-tcp-address or --lookupd-http-address`"
+    );
+    assert_eq!(
+        bad_config("[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"localhost\"]\n"),
+        "invalid `source.nsqd_tcp_addresses` = \"localhost\": expected host:port such as 127.0.0.1:4150"
+    );
+    assert_eq!(
+        bad_config(&format!("{SOURCE}[sink]\nkind = \"http\"\n")),
+        "`sink.post` is required: set it in the config file or pass `--post`"
+    );
+    let e = bad_config(&format!(
+        "{SOURCE}[sink]\nkind = \"http\"\npost = \"https://example.com/x\"\n"
+    ));
+    assert!(
+        e.starts_with("invalid `sink.post` = \"https://example.com/x\"") && e.contains("TLS proxy"),
+        "{e}"
+    );
+    assert_eq!(
+        bad_config(&format!("{SOURCE}[sink]\nkind = \"nsq\"\ndestination_nsqd_tcp_addresses = [\"127.0.0.1:4150\"]\n")),
+        "`sink.destination_topic` is required: set it in the config file or pass `--destination-topic`"
+    );
+    assert_eq!(
+        bad_config(&format!("{SOURCE}[store]\nbuckets = 1000\nprobability = 0.9\n")),
+        "invalid `store.probability` = 0.9: give either `store.buckets` or `store.probability` with `store.rate` and `store.window`, not both"
+    );
+    assert_eq!(
+        bad_config(&format!(
+            "{SOURCE}[store]\nprobability = 0.9\nwindow = \"1h\"\n"
+        )),
+        "`store.rate` is required with `store.probability`: set it in the config file"
+    );
+    assert_eq!(
+        bad_config(&format!("{SOURCE}[store]\nprobability = 1.5\nrate = 10\nwindow = \"1h\"\n")),
+        "invalid `store.probability` = 1.5: `probability` must be between 0 and 1 exclusive (0 < p < 1), got 1.5"
+    );
+    assert_eq!(
+        bad_config(&format!("{SOURCE}[store]\nkind = \"memcached\"\nlease = \"5s\"\n")),
+        "invalid `store.lease` = 5s: must be at least `source.msg_timeout` (60s), or another delivery may take over a claim whose handler is still running"
+    );
+    assert_eq!(
+        bad_config(&format!("{SOURCE}[dedupe]\nkey = \"id\"\n")),
+        "invalid `dedupe.key` = \"id\": invalid key `id`: expected `body` or `json:<JSON pointer>` such as `json:/id`"
+    );
+    assert_eq!(
+        bad_config(&format!("{SOURCE}[metrics]\naddress = \"localhost\"\n")),
+        "invalid `metrics.address` = \"localhost\": expected ip:port such as 127.0.0.1:9150, or \"off\""
+    );
+    assert_eq!(
+        bad_config(&format!("{SOURCE}[dead_letter]\nkind = \"file\"\n")),
+        "`dead_letter.path` is required with `dead_letter.kind = \"file\"`: set it in the config file"
+    );
+    assert_eq!(
+        bad_config("[source]\ntopic = \"t\"\nlookupd_http_addresses = [\"https://x:4161\"]\n")
+            .split(':')
+            .next()
+            .unwrap(),
+        "invalid `source.lookupd_http_addresses`"
+    );
+    assert_eq!(
+        bad_config(&format!("{SOURCE}[store]\nkind = \"memcached\"\nnamespace = \"my table\"\n")),
+        "invalid `store.namespace` = \"my table\": must be 1 to 160 printable ASCII characters without spaces"
+    );
+    assert_eq!(
+        bad_config(&format!("{SOURCE}[sink]\nkind = \"nsq\"\ndestination_nsqd_tcp_addresses = [\"127.0.0.1:4150\"]\ndestination_topic = \"bad topic!\"\n")),
+        "invalid `sink.destination_topic` = \"bad topic!\": NSQ topic names are 1 to 64 of letters, digits, '.', '_' and '-'"
+    );
+    assert!(matches!(
+        RawConfig::from_file(Path::new("/nonexistent/nsq-dedupe.toml")),
+        Err(ConfigError::Read { .. })
+    ));
+}
+
+/// Kills the child process when dropped, so a failing test leaves nothing behind.
+struct ChildGuard(Option<Child>);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn sidecar_binary() -> std::path::PathBuf {
+    assert_cmd::cargo::cargo_bin("nsq-dedupe")
+}
+
+#[test]
+fn run_reports_bad_config_files_and_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(
+        &path,
+        "[source]\ntopic = \"t\"\n[stor]\nkind = \"memory\"\n",
+    )
+    .unwrap();
+    let out = Command::new(sidecar_binary())
+        .args(["run", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("unknown field `stor`"), "{stderr}");
+    assert!(stderr.contains(&path.display().to_string()), "{stderr}");
+
+    let out = Command::new(sidecar_binary())
+        .args([
+            "run",
+            "--topic",
+            "t",
+            "--nsqd-tcp-address",
+            "127.0.0.1:1",
+            "--sink",
+            "nsq",
+            "--metrics-address",
+            "off",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("`sink.destination_nsqd_tcp_addresses` is required"),
+        "{stderr}"
+    );
+
+    let out = Command::new(sidecar_binary())
+        .args(["run", "--topic", "t"])
+        .env("NSQ_DEDUPE_CONFIG", dir.path().join("missing.toml"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot read config file") && stderr.contains("missing.toml"),
+        "{stderr}"
+    );
+}
+
+fn spawn_sidecar(config: &Path, log: &Path) -> Child {
+    Command::new(sidecar_binary())
+        .args(["run", "--config"])
+        .arg(config)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)
+                .unwrap(),
+        )
+        .spawn()
+        .expect("the nsq-dedupe binary runs")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_and_restart_with_memcached_loses_nothing() {
+    let memcached = MemcachedServer::start();
+    let a = Broker::start(BrokerConfig::default()).await;
+    const N: usize = 4_000;
+    a.publish_many(TOPIC, (0..N).map(payload));
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("crash.toml");
+    let log = dir.path().join("sidecar.log");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[source]
+nsqd_tcp_addresses = ["{addr}"]
+topic = "{TOPIC}"
+channel = "{CHANNEL}"
+max_in_flight = 5
+msg_timeout = "1s"
+heartbeat_interval = "1s"
+backoff = "10ms"
+max_backoff = "200ms"
+
+[dedupe]
+in_flight_requeue_delay = "200ms"
+
+[store]
+kind = "memcached"
+memcached_addresses = ["{mc}"]
+namespace = "crash-test"
+buckets = 65536
+lease = "1500ms"
+
+[sink]
+kind = "nsq"
+destination_nsqd_tcp_addresses = ["{addr}"]
+destination_topic = "events.unique"
+
+[metrics]
+address = "off"
+
+[shutdown]
+grace = "2s"
+"#,
+            addr = a.tcp_addr(),
+            mc = memcached.addr()
+        ),
+    )
+    .unwrap();
+    let out_count = || a.messages_on("events.unique").len();
+    let mut child = ChildGuard(Some(spawn_sidecar(&config, &log)));
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_until(
+        "the first 400 republished",
+        Duration::from_secs(30),
+        || out_count() >= 400,
+        log_text,
+    )
+    .await;
+    // SIGKILL: no chance to answer anything; in-flight messages and claims are left behind.
+    let mut first = child.0.take().unwrap();
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let at_kill = out_count();
+    assert!(
+        at_kill < N,
+        "the whole stream was done before the kill; nothing was tested"
+    );
+    let mut second = ChildGuard(Some(spawn_sidecar(&config, &log)));
+    wait_until(
+        "every payload republished after the restart",
+        Duration::from_secs(60),
+        || {
+            let out: HashSet<Bytes> = a.messages_on("events.unique").into_iter().collect();
+            out.len() == N && drained(&a)
+        },
+        || {
+            format!(
+                "{} republished, depth {:?}\n{}",
+                out_count(),
+                a.depth(TOPIC, CHANNEL),
+                log_text()
+            )
+        },
+    )
+    .await;
+    // A graceful stop: SIGTERM, exit status 0.
+    let mut child = second.0.take().unwrap();
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "no exit within 15 s of SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        status.success(),
+        "exit status {status:?} after SIGTERM\n{}",
+        log_text()
+    );
+    let out = a.messages_on("events.unique");
+    let distinct: HashSet<&Bytes> = out.iter().collect();
+    for i in 0..N {
+        assert!(distinct.contains(&payload(i)), "payload {i} lost");
+    }
+    println!(
+        "crash: killed after {at_kill} of {N} republished; {} republished in all, {} extra",
+        out.len(),
+        out.len() - N
+    );
+    let log = log_text();
+    let last_stop = log
+        .lines()
+        .rfind(|l| l.contains("Sidecar stopped."))
+        .unwrap_or_default()
+        .to_owned();
+    println!("crash: second run's final status: {last_stop}");
+    assert!(log.contains("Sidecar stopped."));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sink_kind_flag_overrides_are_applied() {
+    // The stdout sink through the binary, configured by flags alone (no file).
+    let a = Broker::start(BrokerConfig::default()).await;
+    a.publish_many(TOPIC, [payload(1), payload(2), payload(1)]);
+    let mut child = ChildGuard(Some(
+        Command::new(sidecar_binary())
+            .args([
+                "run",
+                "--topic",
+                TOPIC,
+                "--channel",
+                CHANNEL,
+                "--nsqd-tcp-address",
+            ])
+            .arg(a.tcp_addr().to_string())
+            .args([
+                "--key",
+                "json:/id",
+                "--buckets",
+                "4096",
+                "--ways",
+                "8",
+                "--sink",
+                "stdout",
+                "--metrics-address",
+                "off",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    ));
+    wait_until(
+        "3 messages decided",
+        Duration::from_secs(20),
+        || a.stats().fin_ok == 3,
+        || format!("{:?}", a.stats()),
+    )
+    .await;
+    let mut c = child.0.take().unwrap();
+    let pid = c.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let status = c.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    let mut out = String::new();
+    c.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    let mut lines: Vec<&str> = out.lines().collect();
+    lines.sort();
+    let expected = [payload(1), payload(2)];
+    let expected: Vec<&str> = expected
+        .iter()
+        .map(|b| std::str::from_utf8(b).unwrap())
+        .collect();
+    assert_eq!(lines, expected);
+    let _ = SinkKind::Stdout;
+}
+
+/// A test HTTP endpoint: answers 503 to the first POST of each body, 400 to bodies containing
+/// `reject`, holds the first POST of bodies containing `slow` past the sink's timeout, and
+/// 200 otherwise. Records the bodies it answered 200 to, and the headers it saw.
+struct TestEndpoint {
+    addr: SocketAddr,
+    accepted: Arc<Mutex<HashMap<Bytes, u32>>>,
+    seen_header: Arc<Mutex<bool>>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for TestEndpoint {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl TestEndpoint {
+    async fn start() -> TestEndpoint {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted: Arc<Mutex<HashMap<Bytes, u32>>> = Arc::default();
+        let seen_header: Arc<Mutex<bool>> = Arc::default();
+        let posts: Arc<Mutex<HashMap<Bytes, u32>>> = Arc::default();
+        let (acc, hdr) = (accepted.clone(), seen_header.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut s, _)) = listener.accept().await else {
+                    return;
+                };
+                let (acc, hdr, posts) = (acc.clone(), hdr.clone(), posts.clone());
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    let (head_end, length) = loop {
+                        let n = match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        buf.extend_from_slice(&chunk[..n]);
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let head = String::from_utf8_lossy(&buf[..i]).to_lowercase();
+                            let length = head
+                                .lines()
+                                .find_map(|l| l.strip_prefix("content-length: "))
+                                .and_then(|v| v.trim().parse::<usize>().ok())
+                                .unwrap_or(0);
+                            if head.contains("x-test: yes") {
+                                *hdr.lock().unwrap() = true;
+                            }
+                            break (i + 4, length);
+                        }
+                    };
+                    while buf.len() < head_end + length {
+                        let n = match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        buf.extend_from_slice(&chunk[..n]);
+                    }
+                    let body = Bytes::copy_from_slice(&buf[head_end..head_end + length]);
+                    let attempt = {
+                        let mut p = posts.lock().unwrap();
+                        let n = p.entry(body.clone()).or_default();
+                        *n += 1;
+                        *n
+                    };
+                    let text = String::from_utf8_lossy(&body).into_owned();
+                    let status = if text.contains("reject") {
+                        "400 Bad Request"
+                    } else if attempt == 1 && text.contains("slow") {
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                        "200 OK"
+                    } else if attempt == 1 {
+                        "503 Service Unavailable"
+                    } else {
+                        *acc.lock().unwrap().entry(body).or_default() += 1;
+                        "200 OK"
+                    };
+                    let _ = s
+                        .write_all(format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").as_bytes())
+                        .await;
+                });
+            }
+        });
+        TestEndpoint {
+            addr,
+            accepted,
+            seen_header,
+            task,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_sink_retries_5xx_and_timeouts_and_dead_letters_4xx() {
+    let endpoint = TestEndpoint::start().await;
+    let a = Broker::start(BrokerConfig::default()).await;
+    let mut bodies: Vec<Bytes> = (0..50).map(payload).collect();
+    bodies.push(Bytes::from_static(b"{\"id\":\"slow-1\"}"));
+    bodies.push(Bytes::from_static(b"{\"id\":\"reject-1\"}"));
+    bodies.push(Bytes::from_static(b"{\"id\":\"reject-2\"}"));
+    a.publish_many(TOPIC, bodies.iter().cloned());
+    a.publish_many(TOPIC, (0..50).map(payload)); // copies
+    let dir = tempfile::tempdir().unwrap();
+    let dead = dir.path().join("dead.ndjson");
+    let mut raw = raw_config(&[a.tcp_addr()]);
+    raw.dedupe.key = Some("json:/id".into());
+    raw.sink.kind = Some(SinkKind::Http);
+    raw.sink.post = Some(format!("http://{}/ingest?src=test", endpoint.addr));
+    raw.sink.headers = Some([("X-Test".to_string(), "yes".to_string())].into());
+    raw.sink.timeout = Some(Dur(Duration::from_millis(500)));
+    raw.dead_letter =
+        Some(toml::from_str(&format!("kind = \"file\"\npath = \"{}\"\n", dead.display())).unwrap());
+    let running = Running::start_configured(raw.validate().unwrap()).await;
+    let accepted = || endpoint.accepted.lock().unwrap().clone();
+    wait_until(
+        "51 bodies accepted, 2 dead-lettered, broker drained",
+        Duration::from_secs(30),
+        || {
+            accepted().len() == 51
+                && drained(&a)
+                && std::fs::read_to_string(&dead)
+                    .unwrap_or_default()
+                    .lines()
+                    .count()
+                    == 2
+        },
+        || {
+            format!(
+                "{} accepted, depth {:?}",
+                accepted().len(),
+                a.depth(TOPIC, CHANNEL)
+            )
+        },
+    )
+    .await;
+    let metrics = running.metrics.clone();
+    running.stop().await;
+    for body in &bodies[..51] {
+        assert_eq!(accepted().get(body), Some(&1), "{body:?}");
+    }
+    assert!(
+        *endpoint.seen_header.lock().unwrap(),
+        "the configured header was not sent"
+    );
+    let dead_lines = std::fs::read_to_string(&dead).unwrap();
+    let mut ids: Vec<String> = dead_lines
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            assert!(v["reason"].as_str().unwrap().contains("HTTP 400"), "{l}");
+            assert_eq!(v["source"], a.tcp_addr().to_string());
+            serde_json::from_str::<serde_json::Value>(v["body"].as_str().unwrap()).unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["reject-1", "reject-2"]);
+    assert_eq!(get(&metrics.dead_lettered), 2);
+    // 51 first tries failed with 503 or a timeout.
+    assert_eq!(get(&metrics.retries), 51);
+    assert_eq!(get(&metrics.duplicates), 50);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_past_max_attempts_goes_to_the_dead_letter_topic_then_fin() {
+    let a = Broker::start(BrokerConfig::default()).await;
+    a.publish_many(TOPIC, [payload(1), payload(2)]);
+    let mut raw = raw_config(&[a.tcp_addr()]);
+    raw.source.max_attempts = Some(3);
+    raw.dead_letter = Some(toml::from_str("kind = \"nsq\"\ntopic = \"events.dead\"\n").unwrap());
+    let settings = raw.validate().unwrap();
+    let recorder = Recorder::default();
+    let r = recorder.clone();
+    let running = Running::start(settings, move |body: Bytes| {
+        let r = r.clone();
+        async move {
+            r.call(&body);
+            if body == payload(1) {
+                return Err(HandlerError::Retry("always fails".into()));
+            }
+            r.deliver(body);
+            Ok(())
+        }
+    })
+    .await;
+    wait_until(
+        "payload 1 dead-lettered and the broker drained",
+        Duration::from_secs(20),
+        || a.messages_on("events.dead").len() == 1 && drained(&a),
+        || format!("{:?} {:?}", a.depth(TOPIC, CHANNEL), recorder.calls()),
+    )
+    .await;
+    running.stop().await;
+    assert_eq!(a.messages_on("events.dead"), [payload(1)]);
+    assert_eq!(
+        recorder.calls().get(&payload(1)),
+        Some(&3),
+        "tried max_attempts times"
+    );
+    assert_eq!(recorder.delivered().get(&payload(2)), Some(&1));
+    let records = a.records(TOPIC, CHANNEL);
+    let failed = records.iter().find(|r| r.body == payload(1)).unwrap();
+    assert_eq!((failed.req_ok, failed.fin_ok), (2, 1), "{failed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_waits_for_handlers_within_grace_and_requeues_the_rest() {
+    let a = Broker::start(BrokerConfig::default()).await;
+    a.publish_many(TOPIC, (0..6).map(payload));
+    let mut raw = raw_config(&[a.tcp_addr()]);
+    raw.shutdown.grace = Some(Dur(Duration::from_secs(1)));
+    let settings = raw.validate().unwrap();
+    let started = Recorder::default();
+    let r = started.clone();
+    let running = Running::start(settings.clone(), move |body: Bytes| {
+        let r = r.clone();
+        async move {
+            r.call(&body);
+            // Even payloads finish within the grace period, odd ones do not.
+            let i: usize = std::str::from_utf8(&body[8..13]).unwrap().parse().unwrap();
+            let work = if i.is_multiple_of(2) { 300 } else { 5_000 };
+            tokio::time::sleep(Duration::from_millis(work)).await;
+            r.deliver(body);
+            Ok(())
+        }
+    })
+    .await;
+    wait_until(
+        "6 handlers running",
+        Duration::from_secs(10),
+        || started.calls().len() == 6,
+        String::new,
+    )
+    .await;
+    let metrics = running.metrics.clone();
+    let report = running.stop().await;
+    assert_eq!(report.shutdown.requeued_at_deadline, 3, "{report:?}");
+    assert_eq!(report.abandoned_handlers, 3, "{report:?}");
+    assert_eq!(
+        get(&metrics.abandoned),
+        3,
+        "the slow handlers were dropped, not left running"
+    );
+    let records = a.records(TOPIC, CHANNEL);
+    assert_eq!(records.iter().map(|r| r.fin_ok).sum::<u32>(), 3);
+    assert_eq!(records.iter().map(|r| r.req_ok).sum::<u32>(), 3);
+    for i in [0, 2, 4] {
+        assert!(started.delivered().contains_key(&payload(i)));
+    }
+    // Nothing lost: a second sidecar picks up the three that were requeued.
+    let second = Recorder::default();
+    let r = second.clone();
+    let running = Running::start(settings, move |body: Bytes| {
+        let r = r.clone();
+        async move {
+            r.deliver(body);
+            Ok(())
+        }
+    })
+    .await;
+    wait_until(
+        "the 3 requeued delivered",
+        Duration::from_secs(10),
+        || second.distinct_delivered() == 3 && drained(&a),
+        String::new,
+    )
+    .await;
+    running.stop().await;
+    for i in [1, 3, 5] {
+        assert!(second.delivered().contains_key(&payload(i)), "payload {i}");
+    }
+}
+
+/// One timed pass of [`throughput`]: `n` distinct 100-byte bodies through `run` to the null
+/// sink with `store`; returns messages per second from the publish to the last FIN.
+///
+/// Steady state: the sidecar first handles `WARM_UP` other messages, so connecting, RDY
+/// ramp-up and the first touch of the table's memory (64 MiB zeroed by the kernel) are not
+/// timed; a long-running sidecar pays them once.
+async fn timed_pass(store: StoreKind, n: usize, pass: usize) -> f64 {
+    const WARM_UP: usize = 100_000;
+    let broker = Broker::start(BrokerConfig {
+        record_messages: false,
+        ..BrokerConfig::default()
+    })
+    .await;
+    let bodies = |prefix: &str, count: usize| {
+        let mut all = bytes::BytesMut::with_capacity(count * 100);
+        for i in 0..count {
+            let mut b = [b'x'; 100];
+            b[..13].copy_from_slice(format!("{prefix}{pass:03}{i:09}").as_bytes());
+            all.extend_from_slice(&b);
+        }
+        let all = all.freeze();
+        (0..count).map(move |i| all.slice(i * 100..(i + 1) * 100))
+    };
+    let mut raw = raw_config(&[broker.tcp_addr()]);
+    raw.source.max_in_flight = Some(2500);
+    raw.source.msg_timeout = Some(Dur(Duration::from_secs(60)));
+    raw.source.heartbeat_interval = Some(Dur(Duration::from_secs(30)));
+    raw.store.kind = Some(store);
+    raw.store.buckets = Some(8 * 1024 * 1024);
+    raw.sink.kind = Some(SinkKind::Null);
+    raw.metrics.address = Some("off".into());
+    raw.metrics.status_interval = Some(Dur(Duration::from_secs(3600)));
+    broker.publish_many(TOPIC, bodies("w", WARM_UP));
+    let running = Running::start_configured(raw.validate().unwrap()).await;
+    wait_until(
+        "the warm-up finished",
+        Duration::from_secs(60),
+        || broker.stats().fin_ok == WARM_UP as u64,
+        || format!("{:?}", broker.stats()),
+    )
+    .await;
+    let timed = bodies("t", n).collect::<Vec<_>>();
+    let started = Instant::now();
+    broker.publish_many(TOPIC, timed);
+    wait_until(
+        "all FINs at the broker",
+        Duration::from_secs(120),
+        || broker.stats().fin_ok == (WARM_UP + n) as u64,
+        || format!("{:?}", broker.stats()),
+    )
+    .await;
+    let elapsed = started.elapsed();
+    let metrics = running.metrics.clone();
+    running.stop().await;
+    assert_eq!(get(&metrics.unique), (WARM_UP + n) as u64);
+    assert_eq!(get(&metrics.handler_successes), (WARM_UP + n) as u64);
+    assert_eq!(broker.depth(TOPIC, CHANNEL), (0, 0, 0));
+    n as f64 / elapsed.as_secs_f64()
+}
+
+/// End-to-end throughput of `run`: test broker -> de-dup -> null sink, with the in-process
+/// table against the `none` store, alternating which runs first, best of five each.
+///
+/// `cargo test --release --test integration sidecar::throughput -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark; run explicitly in release mode"]
+async fn throughput() {
+    const N: usize = 300_000;
+    let (mut none, mut memory) = (Vec::new(), Vec::new());
+    // Alternate which goes first, so that neither always runs on a warmer (or busier) machine.
+    for pass in 0..5 {
+        if pass % 2 == 0 {
+            none.push(timed_pass(StoreKind::None, N, 2 * pass).await);
+            memory.push(timed_pass(StoreKind::Memory, N, 2 * pass + 1).await);
+        } else {
+            memory.push(timed_pass(StoreKind::Memory, N, 2 * pass + 1).await);
+            none.push(timed_pass(StoreKind::None, N, 2 * pass).await);
+        }
+    }
+    let best = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    let (none_best, memory_best) = (best(&none), best(&memory));
+    println!("sidecar throughput, {N} distinct 100-byte messages after a warm-up, max_in_flight 2500, null sink:");
+    println!(
+        "  store none:   {:>9.0} msgs/s (passes: {:?})",
+        none_best,
+        none.iter().map(|x| x.round()).collect::<Vec<_>>()
+    );
+    println!(
+        "  store memory: {:>9.0} msgs/s (passes: {:?})",
+        memory_best,
+        memory.iter().map(|x| x.round()).collect::<Vec<_>>()
+    );
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!(
+        "  ratio memory/none: {:.3} (best of each), {:.3} (medians)",
+        memory_best / none_best,
+        median(&memory) / median(&none)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn second_signal_exits_at_once_and_nsqd_keeps_the_message() {
+    // An HTTP endpoint that accepts connections and never answers: the handler hangs.
+    let black_hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = Broker::start(BrokerConfig::default()).await;
+    a.publish(TOPIC, payload(1));
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("hang.toml");
+    let log = dir.path().join("sidecar.log");
+    std::fs::write(
+        &config,
+        format!(
+            "[source]\nnsqd_tcp_addresses = [\"{}\"]\ntopic = \"{TOPIC}\"\nchannel = \"{CHANNEL}\"\n\
+             [sink]\nkind = \"http\"\npost = \"http://{}/\"\ntimeout = \"60s\"\n\
+             [metrics]\naddress = \"off\"\n[shutdown]\ngrace = \"30s\"\n",
+            a.tcp_addr(),
+            black_hole.local_addr().unwrap()
+        ),
+    )
+    .unwrap();
+    let mut guard = ChildGuard(Some(spawn_sidecar(&config, &log)));
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_until(
+        "the message in flight",
+        Duration::from_secs(20),
+        || a.depth(TOPIC, CHANNEL).2 == 1,
+        log_text,
+    )
+    .await;
+    let child = guard.0.as_mut().unwrap();
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "exited before the grace period:\n{}",
+        log_text()
+    );
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still running 3 s after the second signal"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(status.code(), Some(130), "{}", log_text());
+    // The message was never finished: nsqd still holds it (in flight until its timeout, then
+    // queued again), so it is not lost.
+    let (queued, deferred, in_flight) = a.depth(TOPIC, CHANNEL);
+    assert_eq!(queued + deferred + in_flight, 1);
+    assert_eq!(a.stats().fin_ok, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_error_policy_process_delivers_without_de_duplication() {
+    // Nothing listens on this port: every claim fails fast with a store error.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let a = Broker::start(BrokerConfig::default()).await;
+    a.publish_many(TOPIC, [payload(1), payload(2), payload(1)]);
+    let mut raw = raw_config(&[a.tcp_addr()]);
+    raw.store.kind = Some(StoreKind::Memcached);
+    raw.store.memcached_addresses = Some(vec![dead.to_string()]);
+    raw.store.timeout = Some(Dur(Duration::from_millis(100)));
+    raw.dedupe.on_store_error = Some(nsq_dedupe::pipeline::StoreErrorPolicy::Process);
+    let recorder = Recorder::default();
+    let r = recorder.clone();
+    let running = Running::start(raw.validate().unwrap(), move |body: Bytes| {
+        let r = r.clone();
+        async move {
+            r.deliver(body);
+            Ok(())
+        }
+    })
+    .await;
+    wait_until(
+        "3 messages finished",
+        Duration::from_secs(20),
+        || a.stats().fin_ok == 3,
+        || format!("{:?}", a.stats()),
+    )
+    .await;
+    let metrics = running.metrics.clone();
+    running.stop().await;
+    // Duplicates possible, nothing lost: the copy of payload 1 is delivered too.
+    assert_eq!(recorder.delivered().get(&payload(1)), Some(&2));
+    assert_eq!(recorder.delivered().get(&payload(2)), Some(&1));
+    assert_eq!(get(&metrics.store_error_processed), 3);
+    assert!(get(&metrics.store_errors) >= 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nsqd_found_through_lookupd() {
+    let a = Broker::start(BrokerConfig::default()).await;
+    let b = Broker::start(BrokerConfig::default()).await;
+    let lookupd = Lookupd::start().await;
+    lookupd.set_producers(TOPIC, &[a.tcp_addr(), b.tcp_addr()]);
+    a.publish_many(TOPIC, (0..100).map(payload));
+    b.publish_many(TOPIC, (0..100).map(payload));
+    let mut raw = raw_config(&[]);
+    raw.source.nsqd_tcp_addresses = None;
+    raw.source.lookupd_http_addresses = Some(vec![format!("http://{}", lookupd.http_addr())]);
+    raw.source.lookupd_poll_interval = Some(Dur(Duration::from_millis(200)));
+    let recorder = Recorder::default();
+    let r = recorder.clone();
+    let running = Running::start(raw.validate().unwrap(), move |body: Bytes| {
+        let r = r.clone();
+        async move {
+            r.deliver(body);
+            Ok(())
+        }
+    })
+    .await;
+    wait_until(
+        "both nsqd drained",
+        Duration::from_secs(20),
+        || drained(&a) && drained(&b) && a.stats().fin_ok == 100 && b.stats().fin_ok == 100,
+        || format!("{} delivered", recorder.distinct_delivered()),
+    )
+    .await;
+    running.stop().await;
+    assert!(recorder.delivered().values().all(|&n| n == 1));
+    assert!(lookupd.lookups() >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_in_flight_are_finished_with_policy_finish() {
+    let a = Broker::start(BrokerConfig::default()).await;
+    let b = Broker::start(BrokerConfig::default()).await;
+    a.publish_many(TOPIC, (0..20).map(payload));
+    b.publish_many(TOPIC, (0..20).map(payload));
+    let mut raw = raw_config(&[a.tcp_addr(), b.tcp_addr()]);
+    raw.dedupe.on_in_flight = Some(nsq_dedupe::pipeline::InFlightPolicy::Finish);
+    let recorder = Recorder::default();
+    let r = recorder.clone();
+    let running = Running::start(raw.validate().unwrap(), move |body: Bytes| {
+        let r = r.clone();
+        async move {
+            // Slow enough that the copy from the other nsqd arrives while this one runs.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            r.deliver(body);
+            Ok(())
+        }
+    })
+    .await;
+    wait_until(
+        "both drained",
+        Duration::from_secs(20),
+        || drained(&a) && drained(&b) && a.stats().fin_ok + b.stats().fin_ok == 40,
+        || format!("{} delivered", recorder.distinct_delivered()),
+    )
+    .await;
+    let metrics = running.metrics.clone();
+    running.stop().await;
+    assert_eq!(recorder.distinct_delivered(), 20);
+    assert!(recorder.delivered().values().all(|&n| n == 1));
+    assert!(
+        get(&metrics.in_flight_finished) > 0,
+        "no copy was found in flight"
+    );
+    assert_eq!(get(&metrics.in_flight_requeues), 0);
+    let fins = a.stats().fin_ok + b.stats().fin_ok;
+    assert_eq!((fins, a.stats().req_ok + b.stats().req_ok), (40, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_is_retried_not_stuck() {
+    let a = Broker::start(BrokerConfig::default()).await;
+    a.publish_many(TOPIC, [payload(1), payload(2)]);
+    let raw = raw_config(&[a.tcp_addr()]);
+    let recorder = Recorder::default();
+    let r = recorder.clone();
+    let running = Running::start(raw.validate().unwrap(), move |body: Bytes| {
+        let r = r.clone();
+        async move {
+            r.call(&body);
+            if body == payload(1) && r.calls().get(&body) == Some(&1) {
+                panic!("handler bug on the first try");
+            }
+            r.deliver(body);
+            Ok(())
+        }
+    })
+    .await;
+    wait_until(
+        "both delivered",
+        Duration::from_secs(10),
+        || recorder.distinct_delivered() == 2 && a.stats().fin_ok == 2,
+        || format!("{:?}", recorder.calls()),
+    )
+    .await;
+    let metrics = running.metrics.clone();
+    running.stop().await;
+    assert_eq!(recorder.calls().get(&payload(1)), Some(&2));
+    assert_eq!(get(&metrics.handler_failures), 1);
+    assert_eq!(get(&metrics.erased), 1);
+}
