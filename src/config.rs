@@ -14,7 +14,7 @@
 //! max_in_flight = 200               # default
 //! msg_timeout = "60s"               # default
 //! max_attempts = 5                  # default; then the dead-letter
-//! backoff = "1s"                    # handler-failure REQ delay, doubling per attempt
+//! backoff = "1s"                    # handler-failure REQ delay and consumer pause, doubling
 //! max_backoff = "2m"
 //!
 //! [dedupe]
@@ -449,11 +449,9 @@ impl RawConfig {
                 format!("must be at least `source.backoff` ({backoff:?})"),
             ));
         }
-        // The consumer's go-nsq-style RDY backoff is off: with several nsqd, its test phase
-        // gives RDY 1 to one connection and stays there until a message arrives on it, so if
-        // that nsqd has nothing queued the others are never read again. Failed messages are
-        // still requeued with a delay that doubles per attempt (see `Policy::retry_delay`).
-        source.backoff_multiplier = Duration::ZERO;
+        // go-nsq-style RDY backoff on handler failures: a failing sink slows consumption down
+        // instead of cycling messages through requeues at full speed.
+        source.backoff_multiplier = backoff;
         source.max_backoff = max_backoff;
         source.max_requeue_delay = source.max_requeue_delay.max(max_backoff);
         source.validate().map_err(|error| match error {

@@ -395,7 +395,7 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
                 inc(&metrics.retries);
                 let delay = inner.policy.retry_delay(attempts);
                 tracing::debug!(id = %message.id(), attempts, %error, delay_ms = delay.as_millis() as u64, "Handler failed; requeued.");
-                self.answer(message.requeue_without_backoff(Some(delay)));
+                self.answer(message.requeue(Some(delay)));
                 Outcome::Retried
             }
         }
@@ -457,7 +457,7 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
         let Some(dead_letter) = &inner.dead_letter else {
             inc(&metrics.dead_letter_failures);
             tracing::warn!(id = %message.id(), attempts = message.attempts(), %reason, "Message undeliverable and no `dead_letter` is configured; requeued with the longest delay.");
-            self.answer(message.requeue_without_backoff(Some(inner.policy.max_backoff)));
+            self.answer(message.requeue(Some(inner.policy.max_backoff)));
             return Outcome::Requeued;
         };
         let id = message.id().to_string();
@@ -481,7 +481,7 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
                 inc(&metrics.dead_letter_failures);
                 tracing::error!(%id, error = %dl_error, "Dead-letter did not accept the message; requeued.");
                 let delay = inner.policy.retry_delay(message.attempts());
-                self.answer(message.requeue_without_backoff(Some(delay)));
+                self.answer(message.requeue(Some(delay)));
                 Outcome::Requeued
             }
         }
