@@ -1,6 +1,6 @@
 //! The `nsq-dedupe` binary: parses flags, starts logging and hands over to the library.
 
-use std::io;
+use std::io::{self, IsTerminal};
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -10,6 +10,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_writer(io::stderr)
+        // Colours only for a person at a terminal, not in log files.
+        .with_ansi(io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
