@@ -58,6 +58,10 @@ pub struct ConsumerConfig {
     pub heartbeat_interval: Duration,
     /// Messages delivered more often than this are logged and finished without being handed
     /// out; 0 disables the check. Defaults to: `5` (go-nsq).
+    ///
+    /// Finishing drops the message for good. A consumer that must not lose messages sets 0 and
+    /// decides itself what to do with a message that keeps failing, as the sidecar does with
+    /// its dead-letter.
     pub max_attempts: u16,
     /// `requeue(None)` waits this long times the attempt count... Defaults to: 90 s.
     pub default_requeue_delay: Duration,
