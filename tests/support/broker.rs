@@ -222,6 +222,17 @@ struct Channel {
     subscribers: Vec<u64>,
 }
 
+impl Channel {
+    /// Why `client` may not FIN, REQ or TOUCH message `id`, in nsqd's words; `None` if it may.
+    fn ownership_problem(&self, id: &[u8; 16], client: u64) -> Option<&'static str> {
+        match self.in_flight.get(id) {
+            None => Some("ID not in flight"),
+            Some(f) if f.client != client => Some("client does not own message"),
+            Some(_) => None,
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Topic {
     log: Vec<Bytes>,
@@ -1117,11 +1128,7 @@ impl Conn {
             .get_mut(&t)
             .and_then(|t| t.channels.get_mut(&chn))
             .expect("channel");
-        let problem = match ch.in_flight.get(&id) {
-            None => Some("ID not in flight"),
-            Some(f) if f.client != self.id => Some("client does not own message"),
-            Some(_) => None,
-        };
+        let problem = ch.ownership_problem(&id, self.id);
         if let Some(problem) = problem {
             if let Some(r) = ch.records.get_mut(&id) {
                 r.fin_failed += 1;
@@ -1172,11 +1179,7 @@ impl Conn {
             .get_mut(&t)
             .and_then(|t| t.channels.get_mut(&chn))
             .expect("channel");
-        let problem = match ch.in_flight.get(&id) {
-            None => Some("ID not in flight"),
-            Some(f) if f.client != self.id => Some("client does not own message"),
-            Some(_) => None,
-        };
+        let problem = ch.ownership_problem(&id, self.id);
         if let Some(problem) = problem {
             if let Some(r) = ch.records.get_mut(&id) {
                 r.req_failed += 1;
@@ -1232,14 +1235,12 @@ impl Conn {
             .get_mut(&t)
             .and_then(|t| t.channels.get_mut(&chn))
             .expect("channel");
-        let problem = match ch.in_flight.get_mut(&id) {
-            None => Some("ID not in flight"),
-            Some(f) if f.client != self.id => Some("client does not own message"),
-            Some(f) => {
+        let problem = ch.ownership_problem(&id, self.id);
+        if problem.is_none() {
+            if let Some(f) = ch.in_flight.get_mut(&id) {
                 f.deadline = Instant::now() + timeout;
-                None
             }
-        };
+        }
         let r = ch.records.get_mut(&id);
         if let Some(problem) = problem {
             if let Some(r) = r {
