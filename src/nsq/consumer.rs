@@ -652,6 +652,19 @@ enum BackoffPhase {
     Testing,
 }
 
+/// The live state of the connection to `addr`, which the caller has just seen to be live.
+///
+/// # Panics
+///
+/// If `addr` has no live connection: `rebalance` lists live connections first and changes
+/// none in between, so that would be a broken invariant.
+fn live_mut<'a>(entries: &'a mut HashMap<Arc<str>, Entry>, addr: &str) -> &'a mut Live {
+    entries
+        .get_mut(addr)
+        .and_then(|e| e.live.as_mut())
+        .expect("rebalance lists only live connections")
+}
+
 struct Entry {
     from_lookupd: bool,
     /// Set to a deadline to make the supervisor drain and stop.
@@ -972,11 +985,7 @@ impl ControlTask {
         let now = Instant::now();
         // Decreases first.
         for (addr, _) in &live {
-            let live = self
-                .entries
-                .get_mut(addr)
-                .and_then(|e| e.live.as_mut())
-                .expect("live");
+            let live = live_mut(&mut self.entries, addr);
             let target = targets.get(addr).copied().unwrap_or(0).min(live.max_rdy);
             if target < live.rdy_sent {
                 let _ = live.conn.send(Command::Rdy(target));
@@ -991,11 +1000,7 @@ impl ControlTask {
             .map(|l| u64::from(holding(l)))
             .sum();
         for (addr, _) in &live {
-            let live = self
-                .entries
-                .get_mut(addr)
-                .and_then(|e| e.live.as_mut())
-                .expect("live");
+            let live = live_mut(&mut self.entries, addr);
             let target = targets.get(addr).copied().unwrap_or(0).min(live.max_rdy);
             if target > live.rdy_sent {
                 let old = u64::from(holding(live));
