@@ -80,6 +80,14 @@ struct Recorder {
     delivered: Arc<Mutex<HashMap<Bytes, u32>>>,
 }
 
+/// A handler that records each body as delivered and always succeeds.
+impl Handler for Recorder {
+    async fn handle(&self, body: Bytes) -> Result<(), HandlerError> {
+        self.deliver(body);
+        Ok(())
+    }
+}
+
 impl Recorder {
     fn call(&self, body: &Bytes) {
         *self.calls.lock().unwrap().entry(body.clone()).or_default() += 1;
@@ -422,15 +430,7 @@ async fn bodies_without_the_key_pass_as_unique_and_are_counted() {
     raw.dedupe.key = Some("json:/id".into());
     let settings = raw.validate().unwrap();
     let recorder = Recorder::default();
-    let r = recorder.clone();
-    let running = Running::start(settings, move |body: Bytes| {
-        let r = r.clone();
-        async move {
-            r.deliver(body);
-            Ok(())
-        }
-    })
-    .await;
+    let running = Running::start(settings, recorder.clone()).await;
     wait_until(
         "7 messages decided",
         Duration::from_secs(20),
@@ -1191,15 +1191,7 @@ async fn shutdown_waits_for_handlers_within_grace_and_requeues_the_rest() {
     }
     // Nothing lost: a second sidecar picks up the three that were requeued.
     let second = Recorder::default();
-    let r = second.clone();
-    let running = Running::start(settings, move |body: Bytes| {
-        let r = r.clone();
-        async move {
-            r.deliver(body);
-            Ok(())
-        }
-    })
-    .await;
+    let running = Running::start(settings, second.clone()).await;
     wait_until(
         "the 3 requeued delivered",
         Duration::from_secs(10),
@@ -1398,15 +1390,7 @@ async fn store_error_policy_process_delivers_without_de_duplication() {
     raw.store.timeout = Some(Dur(Duration::from_millis(100)));
     raw.dedupe.on_store_error = Some(nsq_dedupe::pipeline::StoreErrorPolicy::Process);
     let recorder = Recorder::default();
-    let r = recorder.clone();
-    let running = Running::start(raw.validate().unwrap(), move |body: Bytes| {
-        let r = r.clone();
-        async move {
-            r.deliver(body);
-            Ok(())
-        }
-    })
-    .await;
+    let running = Running::start(raw.validate().unwrap(), recorder.clone()).await;
     wait_until(
         "3 messages finished",
         Duration::from_secs(20),
@@ -1436,15 +1420,7 @@ async fn nsqd_found_through_lookupd() {
     raw.source.lookupd_http_addresses = Some(vec![format!("http://{}", lookupd.http_addr())]);
     raw.source.lookupd_poll_interval = Some(Dur(Duration::from_millis(200)));
     let recorder = Recorder::default();
-    let r = recorder.clone();
-    let running = Running::start(raw.validate().unwrap(), move |body: Bytes| {
-        let r = r.clone();
-        async move {
-            r.deliver(body);
-            Ok(())
-        }
-    })
-    .await;
+    let running = Running::start(raw.validate().unwrap(), recorder.clone()).await;
     wait_until(
         "both nsqd drained",
         Duration::from_secs(20),
