@@ -204,6 +204,31 @@ fn a_full_set_evicts_its_oldest_entry_and_hits_do_not_refresh_age() {
 }
 
 #[test]
+fn digests_that_share_part_of_a_fingerprint_are_told_apart() {
+    // One set of eight ways. The 8-way insert first screens slots on the upper 32 bits of their
+    // word; these digests share those bits (and the set) and differ below them, or are zero
+    // there, as an empty slot is.
+    let table = Table::with_slots(8, 8).unwrap();
+    let digest = |lo: u64| Digest::from_u128(u128::from(lo) | 7 << 64);
+    let shared = 0xDEAD_BEEF << 32;
+    let upper_zero = [1 << 6, 2 << 6, 3 << 6];
+    for lo in [shared | 1 << 6, shared | 2 << 6, shared | 1 << 31] {
+        assert_eq!(table.claim(digest(lo)), Claim::New, "{lo:#x}");
+    }
+    for lo in upper_zero {
+        assert_eq!(table.claim(digest(lo)), Claim::New, "{lo:#x}");
+    }
+    assert_eq!(table.occupied(), 6);
+    assert!(table.commit(digest(shared | 2 << 6)));
+    assert_eq!(table.claim(digest(shared | 1 << 6)), Claim::InFlight);
+    assert_eq!(table.claim(digest(shared | 2 << 6)), Claim::Duplicate);
+    assert_eq!(table.claim(digest(shared | 3 << 6)), Claim::New);
+    assert_eq!(table.claim(digest(upper_zero[1])), Claim::InFlight);
+    // The low 6 bits are not part of the fingerprint: this is the same entry.
+    assert_eq!(table.claim(digest(upper_zero[1] | 5)), Claim::InFlight);
+}
+
+#[test]
 fn commit_and_erase_act_only_on_their_own_digest() {
     let table = Table::with_slots(1, 1).unwrap();
     let d = pool(2);
