@@ -7,6 +7,8 @@
 //! table behind a `Mutex`, as a straightforward implementation would keep it.
 
 use std::hint::black_box;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -70,6 +72,37 @@ fn start_seed() -> u64 {
     NEXT.fetch_add(0x5851_F42D_4C95_7F2D, Ordering::Relaxed)
 }
 
+/// An array of `len` zeroed words in memory like a table's: lazily zeroed, on huge pages where
+/// the kernel grants them, every page touched.
+fn words_like_a_table(len: usize) -> Box<[AtomicU64]> {
+    // SAFETY: all-zero bytes are a valid `AtomicU64`.
+    let words = unsafe { Box::<[AtomicU64]>::new_zeroed_slice(len).assume_init() };
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE_PAGE: usize = 2 << 20;
+        let start = words.as_ptr() as usize;
+        let (first, last) = (
+            start.next_multiple_of(HUGE_PAGE),
+            (start + len * 8) & !(HUGE_PAGE - 1),
+        );
+        if last > first {
+            // SAFETY: the range is page-aligned and inside `words`; the advice changes how the
+            // pages are backed, not what they hold.
+            unsafe {
+                libc::madvise(
+                    first as *mut libc::c_void,
+                    last - first,
+                    libc::MADV_HUGEPAGE,
+                )
+            };
+        }
+    }
+    for word in words.iter().step_by(4096 / 8) {
+        let _ = word.compare_exchange(0, 0, Relaxed, Relaxed);
+    }
+    words
+}
+
 /// The classic table behind a lock, for comparison.
 struct LockedClassic(Mutex<Vec<u128>>);
 
@@ -131,6 +164,24 @@ fn contains_and_add(c: &mut Criterion) {
                 })
             });
         }
+    }
+    // The floor under any table of this kind: hashing, one load and one compare-and-swap of a
+    // random word of an array the same size, with nothing decided. A table cannot beat it;
+    // how close it comes is what its design costs.
+    for log2_slots in [20u32, 26] {
+        let array = words_like_a_table(1 << log2_slots);
+        let id = format!("baseline/hash-load-cas/slots=2^{log2_slots}");
+        group.bench_function(id, |b| {
+            b.iter_custom(|iters| {
+                timed_on_threads(1, iters, |keys| {
+                    let digest = hash(&keys.next());
+                    let word = &array[((digest.hi() as u128 * array.len() as u128) >> 64) as usize];
+                    let seen = word.load(Acquire);
+                    let swap = word.compare_exchange(seen, digest.lo(), AcqRel, Relaxed);
+                    black_box(swap.is_ok());
+                })
+            })
+        });
     }
     let table = Table::with_slots(1 << 20, 8).unwrap();
     table.prefault();
