@@ -775,10 +775,9 @@ impl Store for Table {
     }
 
     async fn claim_many(&self, digests: &[Digest]) -> Result<Vec<Claim>, StoreError> {
-        Ok(digests
-            .iter()
-            .map(|&digest| Table::claim(self, digest))
-            .collect())
+        let mut claims = Vec::with_capacity(digests.len());
+        self.claim_many_into(digests, &mut claims);
+        Ok(claims)
     }
 
     async fn commit(&self, digest: Digest) -> Result<bool, StoreError> {
