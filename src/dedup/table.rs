@@ -363,10 +363,10 @@ fn insert_portable<const W: usize>(set: &[AtomicU64; W], fingerprint: u64, state
     let mut now = load(set);
     now[0] = guard.first;
     if now != words {
-        if let Some(word) = find_in(&now, fingerprint) {
-            return verdict(word);
+        match decide_again(&now, fingerprint) {
+            Ok(again) => decision = again,
+            Err(claim) => return claim,
         }
-        decision = choose_victim(&now);
     }
     write_locked(
         set,
@@ -374,6 +374,17 @@ fn insert_portable<const W: usize>(set: &[AtomicU64; W], fingerprint: u64, state
         decision,
         (fingerprint << FINGERPRINT_SHIFT) | state,
     )
+}
+
+/// For an insert that finds, under the set's guard, that the set changed since it chose its
+/// victim: another writer may have inserted this very digest, so look again (`Err` with the
+/// answer if it is there), else choose the victim again.
+#[inline(always)]
+fn decide_again<const W: usize>(now: &[u64; W], fingerprint: u64) -> Result<(usize, usize), Claim> {
+    match find_in(now, fingerprint) {
+        Some(word) => Err(verdict(word)),
+        None => Ok(choose_victim(now)),
+    }
 }
 
 /// Writes `entry` into the slot `decision` picked ([`choose_victim`]) and sets the set's cursor
@@ -423,7 +434,7 @@ mod line {
     use std::sync::atomic::{AtomicU64, Ordering};
 
     use super::{
-        choose_victim, find_in, verdict, write_locked, Claim, SetGuard, CURSOR_MASK, CURSOR_SHIFT,
+        decide_again, find_in, verdict, write_locked, Claim, SetGuard, CURSOR_MASK, CURSOR_SHIFT,
         FINGERPRINT_SHIFT, LINE_SLOTS, LOCK,
     };
 
@@ -510,7 +521,7 @@ mod line {
             }
         }
 
-        /// [`choose_victim`] for the whole line.
+        /// [`super::choose_victim`] for the whole line.
         #[inline(always)]
         fn choose_victim(self) -> (usize, usize) {
             let empty = !self.halves_with_bit_0() & LOWER_HALVES;
@@ -573,10 +584,10 @@ mod line {
         if !now.is_locked(before) {
             let mut words = now.words();
             words[0] = first;
-            if let Some(word) = find_in(&words, fingerprint) {
-                return verdict(word);
+            match decide_again(&words, fingerprint) {
+                Ok(again) => decision = again,
+                Err(claim) => return claim,
             }
-            decision = choose_victim(&words);
         }
         write_locked(
             set,
@@ -586,6 +597,7 @@ mod line {
         )
     }
 }
+
 /// Applies `change` to the slot that holds `fingerprint`, if any, with compare-and-swap.
 #[inline(always)]
 fn update<const W: usize>(
