@@ -622,17 +622,24 @@ fn short_lease(server: &MemcachedServer, namespace: &str, lease_ms: u64) -> Memc
     }
 }
 
+/// Two stores (two owners) on the same server and namespace, as two consumer processes are.
+async fn two_stores(
+    config: MemcachedConfig,
+    geometry: Geometry,
+) -> (MemcachedStore, MemcachedStore) {
+    let a = MemcachedStore::connect(config.clone(), geometry)
+        .await
+        .unwrap();
+    let b = MemcachedStore::connect(config, geometry).await.unwrap();
+    (a, b)
+}
+
 #[tokio::test]
 async fn expired_lease_is_taken_over() {
     let server = MemcachedServer::start();
     let namespace = unique_namespace("lease");
     let geometry = Geometry::new(64, 4).unwrap();
-    let a = MemcachedStore::connect(short_lease(&server, &namespace, 1_000), geometry)
-        .await
-        .unwrap();
-    let b = MemcachedStore::connect(short_lease(&server, &namespace, 1_000), geometry)
-        .await
-        .unwrap();
+    let (a, b) = two_stores(short_lease(&server, &namespace, 1_000), geometry).await;
     let d = digest(1);
     assert_eq!(a.claim(d).await.unwrap(), Claim::New);
     assert_eq!(b.claim(d).await.unwrap(), Claim::InFlight, "lease is live");
@@ -660,12 +667,7 @@ async fn renew_keeps_the_claim() {
     let server = MemcachedServer::start();
     let namespace = unique_namespace("renew");
     let geometry = Geometry::new(64, 4).unwrap();
-    let a = MemcachedStore::connect(short_lease(&server, &namespace, 1_000), geometry)
-        .await
-        .unwrap();
-    let b = MemcachedStore::connect(short_lease(&server, &namespace, 1_000), geometry)
-        .await
-        .unwrap();
+    let (a, b) = two_stores(short_lease(&server, &namespace, 1_000), geometry).await;
     let d = digest(2);
     assert_eq!(a.claim(d).await.unwrap(), Claim::New);
     // 5 × 400 ms = 2 s, twice the lease: only the renewals keep it.
@@ -685,12 +687,7 @@ async fn commit_and_erase_by_a_non_owner_do_nothing() {
     let server = MemcachedServer::start();
     let namespace = unique_namespace("owner");
     let geometry = Geometry::new(64, 4).unwrap();
-    let a = MemcachedStore::connect(config(&[server.addr()], &namespace), geometry)
-        .await
-        .unwrap();
-    let b = MemcachedStore::connect(config(&[server.addr()], &namespace), geometry)
-        .await
-        .unwrap();
+    let (a, b) = two_stores(config(&[server.addr()], &namespace), geometry).await;
     let (d, never) = (digest(3), digest(4));
     assert_eq!(a.claim(d).await.unwrap(), Claim::New);
     assert!(!b.commit(d).await.unwrap());
