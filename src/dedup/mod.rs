@@ -13,6 +13,7 @@
 //! [`NoStore`] de-duplicates nothing; it is the baseline for benchmarks and the `none` store.
 
 pub(crate) mod backend;
+pub mod clock;
 pub(crate) mod digest;
 pub(crate) mod memcached;
 pub(crate) mod table;
