@@ -1,7 +1,8 @@
 //! Error types of the library.
 //!
-//! Each message names the knob the user controls (a flag, a config key or the input that is
-//! wrong) so that the fix is obvious from the message alone. Outcomes that happen in normal
+//! Each message says what is wrong and what is accepted. Where one setting is at fault and the
+//! library cannot know whether the user typed a flag or a config key, the caller (the binary or
+//! the config's validation) puts that name in front. Outcomes that happen in normal
 //! running (a duplicate, a keyless body, a store timeout) are enum variants, never panics.
 
 use std::time::Duration;
@@ -10,13 +11,13 @@ use std::time::Duration;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TableError {
     /// `ways` was not one of the supported associativities.
-    #[error("`ways` must be 1, 2, 4 or 8 (a set must fit in one 64-byte cache line), got {0}")]
+    #[error("{0} ways: expected 1, 2, 4 or 8 (a set must fit in one 64-byte cache line)")]
     Ways(u32),
     /// The slot count was zero.
-    #[error("`buckets` must be at least 1, got 0")]
+    #[error("a table needs at least 1 slot, got 0")]
     ZeroSlots,
     /// A memory budget too small for a single set.
-    #[error("a memory budget of {bytes} bytes holds no complete set of {ways} slots (8 bytes each); give `memory` at least {minimum} bytes")]
+    #[error("a budget of {bytes} B holds no complete set of {ways} slots (8 B each); the smallest table of {ways} ways takes {minimum} B")]
     MemoryTooSmall {
         /// The budget that was given.
         bytes: u64,
@@ -26,7 +27,7 @@ pub enum TableError {
         minimum: u64,
     },
     /// The table would not fit in this machine's address space.
-    #[error("`buckets` = {0} is too large for this machine's address space")]
+    #[error("{0} slots are too many for this machine's address space")]
     TooLarge(u64),
 }
 
@@ -67,7 +68,7 @@ pub enum SpecError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
     /// The store did not answer in time.
-    #[error("store did not answer within {0:?}; raise `memcached.timeout` if the server is slow")]
+    #[error("store did not answer within {0:?}; raise `store.timeout` if the server is slow")]
     Timeout(Duration),
     /// The store could not be reached.
     #[error("store at {addr} is unavailable: {detail}")]
@@ -78,7 +79,7 @@ pub enum StoreError {
         detail: String,
     },
     /// Compare-and-swap kept losing against other writers of the same set.
-    #[error("gave up on a set after {attempts} compare-and-swap conflicts with other writers; raise `memcached.max_cas_retries` if many consumers share a hot set")]
+    #[error("gave up on a set after {attempts} compare-and-swap conflicts with other writers of the same set")]
     Contended {
         /// How many times the update was tried.
         attempts: u32,

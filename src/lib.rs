@@ -10,7 +10,6 @@
 //! - [`dedup`]: the [`Store`] trait, [`Claim`], [`Geometry`], digests and keys.
 //! - [`Table`]: the in-process, lock-free, set-associative table.
 //! - [`sizing`]: pure functions between slots, catch probability and window.
-//! - `cmd`: the `run`, `size` and `filter` subcommands; `cli`: their flags.
 //! - `error`: error types whose messages name the knob to turn.
 //! - [`nsq`]: our NSQ TCP client: [`Consumer`], [`Message`], [`Producer`], nsqlookupd.
 //! - [`pipeline`]: [`Dedupe`], the de-duplicating step (claim, handle, commit or erase, FIN or
@@ -43,8 +42,6 @@
 //! ```
 #![warn(unreachable_pub, missing_docs)]
 
-pub mod cli;
-mod cmd;
 pub mod config;
 pub mod dedup;
 pub mod error;

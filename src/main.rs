@@ -4,7 +4,11 @@ use std::io::{self, IsTerminal};
 use std::process::ExitCode;
 
 use clap::Parser;
-use nsq_dedupe::cli::{self, Cli};
+
+use cli::Cli;
+
+mod cli;
+mod cmd;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

@@ -29,19 +29,19 @@ use crate::{MemcachedStore, NoStore, Table};
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     /// The store could not be built.
-    #[error("store: {0}")]
+    #[error("cannot open the de-duplication store")]
     Store(#[from] crate::error::StoreError),
     /// The table could not be allocated.
-    #[error("table: {0}")]
+    #[error("cannot build the in-process table")]
     Table(#[from] crate::error::TableError),
     /// The consumer or a producer could not be built.
-    #[error("NSQ: {0}")]
+    #[error("the NSQ client failed")]
     Nsq(#[from] crate::nsq::Error),
     /// The dead-letter could not be opened.
-    #[error("dead-letter: {0}")]
+    #[error("cannot open the dead-letter")]
     DeadLetter(#[from] crate::sink::DeadLetterError),
     /// The metrics address could not be bound.
-    #[error("cannot listen on metrics address {addr}: {source} (change `--metrics-address` / `metrics.address`, or set it to \"off\")")]
+    #[error("cannot listen on metrics address {addr} (change `--metrics-address` / `metrics.address`, or set it to \"off\")")]
     Metrics {
         /// The address.
         addr: SocketAddr,

@@ -75,7 +75,10 @@ fn json_gives_buckets_probability_window_and_memory() {
     let v = json(&["-p", "0.9", "--rate", "1000", "--window", "1h"]);
     assert_eq!(v["buckets"], 6_185_416);
     assert_eq!(v["ways"], 8);
-    assert_eq!(v["probability"], 0.9);
+    // The table reaches at least the target; the smallest such table overshoots it a little.
+    assert_eq!(v["target_probability"], 0.9);
+    let achieved = v["probability"].as_f64().unwrap();
+    assert!((0.9..0.900001).contains(&achieved), "{achieved}");
     assert_eq!(v["window_messages"], 3_600_000.0);
     assert_eq!(v["window_seconds"], 3600.0);
     assert_eq!(v["memory_bytes"], 6_185_416 * 8);

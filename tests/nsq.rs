@@ -15,6 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::support::broker::{Broker, BrokerConfig, Fault, FlowEvent};
 use crate::support::lookupd::Lookupd;
+use crate::util::wait_until;
 
 const TOPIC: &str = "events";
 const CHANNEL: &str = "dedupe";
@@ -44,18 +45,6 @@ fn broker_config() -> BrokerConfig {
 
 fn body(i: usize) -> Bytes {
     Bytes::from(format!("message-{i:05}"))
-}
-
-/// Polls `cond` every 10 ms until it holds; panics after `limit`.
-async fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !cond() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// The next message, or a panic after `limit`.

@@ -26,6 +26,7 @@ use tokio::task::JoinHandle;
 use crate::support::broker::{Broker, BrokerConfig};
 use crate::support::lookupd::Lookupd;
 use crate::support::memcached::MemcachedServer;
+use crate::util::wait_until_or;
 
 const TOPIC: &str = "events";
 const CHANNEL: &str = "dedupe";
@@ -151,24 +152,6 @@ impl Running {
     }
 }
 
-/// Polls `cond` every 10 ms until it holds; panics after `limit` with `what` and `detail()`.
-async fn wait_until(
-    what: &str,
-    limit: Duration,
-    mut cond: impl FnMut() -> bool,
-    detail: impl Fn() -> String,
-) {
-    let deadline = Instant::now() + limit;
-    while !cond() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {limit:?} waiting for {what}: {}",
-            detail()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 fn payload(i: usize) -> Bytes {
     Bytes::from(format!("{{\"id\":\"p{i:05}\",\"amount\":{}}}", i * 7))
 }
@@ -220,7 +203,7 @@ async fn replicated_stream_reaches_the_sink_exactly_once() {
         }
     })
     .await;
-    wait_until(
+    wait_until_or(
         "10 500 distinct payloads and both brokers drained",
         Duration::from_secs(60),
         || recorder.distinct_delivered() == 10_500 && drained(&a) && drained(&b),
@@ -318,7 +301,7 @@ async fn flaky_sink(memcached: Option<&MemcachedServer>) {
         }
     })
     .await;
-    wait_until(
+    wait_until_or(
         "every payload delivered and both brokers drained",
         Duration::from_secs(60),
         || recorder.distinct_delivered() == N && drained(&a) && drained(&b),
@@ -392,7 +375,7 @@ async fn slow_handler_is_touched_not_redelivered() {
         }
     })
     .await;
-    wait_until(
+    wait_until_or(
         "every slow payload delivered and the broker drained",
         Duration::from_secs(20),
         || recorder.distinct_delivered() == N && drained(&a),
@@ -431,7 +414,7 @@ async fn bodies_without_the_key_pass_as_unique_and_are_counted() {
     let settings = raw.validate().unwrap();
     let recorder = Recorder::default();
     let running = Running::start(settings, recorder.clone()).await;
-    wait_until(
+    wait_until_or(
         "7 messages decided",
         Duration::from_secs(20),
         || a.stats().fin_ok == 7,
@@ -478,7 +461,7 @@ async fn memcached_outage_with_requeue_loses_nothing() {
         }
     })
     .await;
-    wait_until(
+    wait_until_or(
         "300 deliveries before the outage",
         Duration::from_secs(30),
         || recorder.distinct_delivered() >= 300,
@@ -490,7 +473,7 @@ async fn memcached_outage_with_requeue_loses_nothing() {
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let during = recorder.distinct_delivered();
     memcached.restart();
-    wait_until(
+    wait_until_or(
         "every payload delivered after memcached came back",
         Duration::from_secs(60),
         || recorder.distinct_delivered() == N && drained(&a) && drained(&b),
@@ -587,7 +570,7 @@ fn malformed_configs_are_rejected_with_the_key_named() {
     );
     assert_eq!(
         bad_config("[source]\ntopic = \"t\"\n"),
-        "`source.nsqd_tcp_addresses` is required: set it in the config file or pass `--nsqd-tcp-address or --lookupd-http-address`"
+        "`source.nsqd_tcp_addresses` is required: set it in the config file or pass `--nsqd-tcp-address` or `--lookupd-http-address`"
     );
     assert_eq!(
         bad_config("[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"localhost\"]\n"),
@@ -632,18 +615,15 @@ fn malformed_configs_are_rejected_with_the_key_named() {
     );
     assert_eq!(
         bad_config(&format!("{SOURCE}[metrics]\naddress = \"localhost\"\n")),
-        "invalid `metrics.address` = \"localhost\": expected ip:port such as 127.0.0.1:9150, or \"off\""
+        "invalid `metrics.address` = \"localhost\": invalid socket address; expected host:port such as 127.0.0.1:9150 or localhost:9150, or \"off\""
     );
     assert_eq!(
         bad_config(&format!("{SOURCE}[dead_letter]\nkind = \"file\"\n")),
         "`dead_letter.path` is required with `dead_letter.kind = \"file\"`: set it in the config file"
     );
     assert_eq!(
-        bad_config("[source]\ntopic = \"t\"\nlookupd_http_addresses = [\"https://x:4161\"]\n")
-            .split(':')
-            .next()
-            .unwrap(),
-        "invalid `source.lookupd_http_addresses`"
+        bad_config("[source]\ntopic = \"t\"\nlookupd_http_addresses = [\"https://x:4161\"]\n"),
+        "invalid `source.lookupd_http_addresses` = \"https://x:4161\": https is not supported; use http://host:port"
     );
     assert_eq!(
         bad_config(&format!("{SOURCE}[store]\nkind = \"memcached\"\nnamespace = \"my table\"\n")),
@@ -651,7 +631,7 @@ fn malformed_configs_are_rejected_with_the_key_named() {
     );
     assert_eq!(
         bad_config(&format!("{SOURCE}[sink]\nkind = \"nsq\"\ndestination_nsqd_tcp_addresses = [\"127.0.0.1:4150\"]\ndestination_topic = \"bad topic!\"\n")),
-        "invalid `sink.destination_topic` = \"bad topic!\": NSQ topic names are 1 to 64 of letters, digits, '.', '_' and '-'"
+        "invalid `sink.destination_topic` = \"bad topic!\": NSQ topic names are 1 to 64 of letters, digits, '.', '_' and '-', optionally ending in #ephemeral"
     );
     assert!(matches!(
         RawConfig::from_file(Path::new("/nonexistent/nsq-dedupe.toml")),
@@ -798,7 +778,7 @@ grace = "2s"
     let out_count = || a.messages_on("events.unique").len();
     let mut child = ChildGuard(Some(spawn_sidecar(&config, &log)));
     let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
-    wait_until(
+    wait_until_or(
         "the first 400 republished",
         Duration::from_secs(30),
         || out_count() >= 400,
@@ -815,7 +795,7 @@ grace = "2s"
         "the whole stream was done before the kill; nothing was tested"
     );
     let mut second = ChildGuard(Some(spawn_sidecar(&config, &log)));
-    wait_until(
+    wait_until_or(
         "every payload republished after the restart",
         Duration::from_secs(60),
         || {
@@ -907,7 +887,7 @@ async fn sink_kind_flag_overrides_are_applied() {
             .spawn()
             .unwrap(),
     ));
-    wait_until(
+    wait_until_or(
         "3 messages decided",
         Duration::from_secs(20),
         || a.stats().fin_ok == 3,
@@ -1052,7 +1032,7 @@ async fn http_sink_retries_5xx_and_timeouts_and_dead_letters_4xx() {
         Some(toml::from_str(&format!("kind = \"file\"\npath = \"{}\"\n", dead.display())).unwrap());
     let running = Running::start_configured(raw.validate().unwrap()).await;
     let accepted = || endpoint.accepted.lock().unwrap().clone();
-    wait_until(
+    wait_until_or(
         "51 bodies accepted, 2 dead-lettered, broker drained",
         Duration::from_secs(30),
         || {
@@ -1125,7 +1105,7 @@ async fn failing_past_max_attempts_goes_to_the_dead_letter_topic_then_fin() {
         }
     })
     .await;
-    wait_until(
+    wait_until_or(
         "payload 1 dead-lettered and the broker drained",
         Duration::from_secs(20),
         || a.messages_on("events.dead").len() == 1 && drained(&a),
@@ -1167,7 +1147,7 @@ async fn shutdown_waits_for_handlers_within_grace_and_requeues_the_rest() {
         }
     })
     .await;
-    wait_until(
+    wait_until_or(
         "6 handlers running",
         Duration::from_secs(10),
         || started.calls().len() == 6,
@@ -1192,7 +1172,7 @@ async fn shutdown_waits_for_handlers_within_grace_and_requeues_the_rest() {
     // Nothing lost: a second sidecar picks up the three that were requeued.
     let second = Recorder::default();
     let running = Running::start(settings, second.clone()).await;
-    wait_until(
+    wait_until_or(
         "the 3 requeued delivered",
         Duration::from_secs(10),
         || second.distinct_delivered() == 3 && drained(&a),
@@ -1239,7 +1219,7 @@ async fn timed_pass(store: StoreKind, n: usize, pass: usize) -> f64 {
     raw.metrics.status_interval = Some(Dur(Duration::from_secs(3600)));
     broker.publish_many(TOPIC, bodies("w", WARM_UP));
     let running = Running::start_configured(raw.validate().unwrap()).await;
-    wait_until(
+    wait_until_or(
         "the warm-up finished",
         Duration::from_secs(60),
         || broker.stats().fin_ok == WARM_UP as u64,
@@ -1249,7 +1229,7 @@ async fn timed_pass(store: StoreKind, n: usize, pass: usize) -> f64 {
     let timed = bodies("t", n).collect::<Vec<_>>();
     let started = Instant::now();
     broker.publish_many(TOPIC, timed);
-    wait_until(
+    wait_until_or(
         "all FINs at the broker",
         Duration::from_secs(120),
         || broker.stats().fin_ok == (WARM_UP + n) as u64,
@@ -1331,7 +1311,7 @@ async fn second_signal_exits_at_once_and_nsqd_keeps_the_message() {
     .unwrap();
     let mut guard = ChildGuard(Some(spawn_sidecar(&config, &log)));
     let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
-    wait_until(
+    wait_until_or(
         "the message in flight",
         Duration::from_secs(20),
         || a.depth(TOPIC, CHANNEL).2 == 1,
@@ -1391,7 +1371,7 @@ async fn store_error_policy_process_delivers_without_de_duplication() {
     raw.dedupe.on_store_error = Some(nsq_dedupe::pipeline::StoreErrorPolicy::Process);
     let recorder = Recorder::default();
     let running = Running::start(raw.validate().unwrap(), recorder.clone()).await;
-    wait_until(
+    wait_until_or(
         "3 messages finished",
         Duration::from_secs(20),
         || a.stats().fin_ok == 3,
@@ -1421,7 +1401,7 @@ async fn nsqd_found_through_lookupd() {
     raw.source.lookupd_poll_interval = Some(Dur(Duration::from_millis(200)));
     let recorder = Recorder::default();
     let running = Running::start(raw.validate().unwrap(), recorder.clone()).await;
-    wait_until(
+    wait_until_or(
         "both nsqd drained",
         Duration::from_secs(20),
         || drained(&a) && drained(&b) && a.stats().fin_ok == 100 && b.stats().fin_ok == 100,
@@ -1453,7 +1433,7 @@ async fn copies_in_flight_are_finished_with_policy_finish() {
         }
     })
     .await;
-    wait_until(
+    wait_until_or(
         "both drained",
         Duration::from_secs(20),
         || drained(&a) && drained(&b) && a.stats().fin_ok + b.stats().fin_ok == 40,
@@ -1492,7 +1472,7 @@ async fn a_panicking_handler_is_retried_not_stuck() {
         }
     })
     .await;
-    wait_until(
+    wait_until_or(
         "both delivered",
         Duration::from_secs(10),
         || recorder.distinct_delivered() == 2 && a.stats().fin_ok == 2,

@@ -6,21 +6,21 @@ use std::io::{self, BufRead, BufReader, BufWriter, Write};
 use anyhow::{Context, Result};
 
 use crate::cli::{FilterArgs, MissingKey};
-use crate::dedup::digest::Keyer;
-use crate::dedup::table::Table;
-use crate::filter::{filter_records, FilterStats};
-use crate::sizing::{self, format_bytes, format_count};
-
-/// Slots of the table when neither `--buckets` nor `--memory` is given: 64 MiB.
-const DEFAULT_SLOTS: u64 = 1 << 23;
+use nsq_dedupe::filter::{filter_records, FilterStats};
+use nsq_dedupe::sizing::{self, format_bytes, format_count};
+use nsq_dedupe::{Geometry, Keyer, Table};
 
 /// Read and write buffers: large enough that system calls are not the cost per record.
 const BUFFER_BYTES: usize = 256 * 1024;
 
 pub(crate) fn run(args: &FilterArgs) -> Result<()> {
     let table = match (args.buckets, args.memory) {
-        (_, Some(bytes)) => Table::with_memory(bytes, args.ways)?,
-        (slots, None) => Table::with_slots(slots.unwrap_or(DEFAULT_SLOTS), args.ways)?,
+        (_, Some(bytes)) => Table::with_memory(bytes, args.ways).context("invalid `--memory`")?,
+        (Some(slots), None) => {
+            Table::with_slots(slots, args.ways).context("invalid `--buckets`")?
+        }
+        (None, None) => Table::with_slots(Geometry::DEFAULT_SLOTS, args.ways)
+            .context("cannot build the default table (64 MiB); give a smaller `--memory`")?,
     };
     let keyer = Keyer::new(args.key.clone(), args.digest);
     let keyless_is_error = args.on_missing_key == MissingKey::Error;
@@ -79,8 +79,8 @@ fn print_stats(stats: &FilterStats, table: &Table) {
         format_count(table.occupied())
     );
     eprintln!(
-        "catch probability:   {:.6} for a copy arriving after all {} distinct records",
-        sizing::catch_probability(geometry, distinct as f64),
+        "catch probability:   {} for a copy arriving after all {} distinct records",
+        super::format_probability(sizing::catch_probability(geometry, distinct as f64)),
         format_count(distinct)
     );
 }

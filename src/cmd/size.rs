@@ -1,21 +1,26 @@
-//! `nsq-dedupe size`: the sizing calculator. The maths is in [`crate::sizing`]; this module
+//! `nsq-dedupe size`: the sizing calculator. The maths is in `nsq_dedupe::sizing`; this module
 //! checks which two quantities were given, solves the third and formats the answer.
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context as _, Result};
 use serde_json::json;
 
+use super::format_probability;
 use crate::cli::SizeArgs;
-use crate::dedup::Geometry;
-use crate::sizing::{self, format_bytes, format_count, format_duration};
+use nsq_dedupe::sizing::{self, format_bytes, format_count, format_duration};
+use nsq_dedupe::Geometry;
 
 /// A solved sizing question: the table, the window and the probability at the window.
 #[derive(Debug)]
 struct Answer {
     geometry: Geometry,
+    /// The probability the table achieves for a copy a whole window late: at least the target,
+    /// and more when the smallest table that reaches the target overshoots it.
     probability: f64,
+    /// The probability asked for, when one was.
+    target: Option<f64>,
     window_messages: f64,
     rate: Option<f64>,
 }
@@ -49,26 +54,34 @@ fn solve(args: &SizeArgs) -> Result<Answer> {
         (None, None, _) => None,
     };
     let geometry = match (args.buckets, args.memory) {
-        (Some(slots), _) => Some(Geometry::new(slots, args.ways)?),
-        (None, Some(bytes)) => Some(Geometry::with_memory(bytes, args.ways)?),
+        (Some(slots), _) => Some(Geometry::new(slots, args.ways).context("invalid `--buckets`")?),
+        (None, Some(bytes)) => {
+            Some(Geometry::with_memory(bytes, args.ways).context("invalid `--memory`")?)
+        }
         (None, None) => None,
     };
     let answer = match (args.probability, geometry, window_messages) {
-        (Some(probability), None, Some(window_messages)) => Answer {
-            geometry: sizing::slots_for(probability, args.ways, window_messages)?,
-            probability,
-            window_messages,
-            rate: args.rate,
-        },
-        (Some(probability), Some(geometry), None) => Answer {
+        (Some(target), None, Some(window_messages)) => {
+            let geometry = sizing::slots_for(target, args.ways, window_messages)?;
+            Answer {
+                geometry,
+                probability: sizing::catch_probability(geometry, window_messages),
+                target: Some(target),
+                window_messages,
+                rate: args.rate,
+            }
+        }
+        (Some(target), Some(geometry), None) => Answer {
             geometry,
-            probability,
-            window_messages: sizing::window_for(geometry, probability)?,
+            probability: target,
+            target: Some(target),
+            window_messages: sizing::window_for(geometry, target)?,
             rate: args.rate,
         },
         (None, Some(geometry), Some(window_messages)) => Answer {
             geometry,
             probability: sizing::catch_probability(geometry, window_messages),
+            target: None,
             window_messages,
             rate: args.rate,
         },
@@ -122,12 +135,12 @@ fn to_text(answer: &Answer) -> String {
     let sets = if g.ways() == 1 {
         "one bucket per set, the classic table".to_owned()
     } else {
-        format!("{} sets of {} ways", format_count(g.sets()), g.ways())
+        format!("{} of {} ways", plural(g.sets(), "set", "sets"), g.ways())
     };
     let _ = writeln!(
         out,
-        "Table:        {} buckets ({sets})",
-        format_count(g.slots())
+        "Table:        {} ({sets})",
+        plural(g.slots(), "bucket", "buckets")
     );
     let _ = writeln!(
         out,
@@ -147,10 +160,16 @@ fn to_text(answer: &Answer) -> String {
         ),
     };
     let _ = writeln!(out, "Window:       {window}");
+    let target = match answer.target {
+        Some(target) if format_probability(target) != format_probability(answer.probability) => {
+            format!(" (the target was {})", format_probability(target))
+        }
+        _ => String::new(),
+    };
     let _ = writeln!(
         out,
-        "Probability:  {:.6} that a copy arriving a whole window late is caught",
-        answer.probability
+        "Probability:  {} that a copy arriving a whole window late is caught{target}",
+        format_probability(answer.probability)
     );
     let _ = writeln!(out);
     let _ = writeln!(
@@ -162,12 +181,21 @@ fn to_text(answer: &Answer) -> String {
         let delay = seconds.map_or_else(|| "-".to_owned(), describe_seconds);
         let _ = writeln!(
             out,
-            "{delay:<12}{:>18}  {:.6}",
+            "{delay:<12}{:>18}  {}",
             format_count(messages.round() as u64),
-            sizing::catch_probability(g, messages)
+            format_probability(sizing::catch_probability(g, messages))
         );
     }
     out
+}
+
+/// `count` with the singular or the plural noun: "1 set", "2 sets".
+fn plural(count: u64, one: &str, many: &str) -> String {
+    format!(
+        "{} {}",
+        format_count(count),
+        if count == 1 { one } else { many }
+    )
 }
 
 fn describe_seconds(seconds: f64) -> String {
@@ -195,6 +223,7 @@ fn to_json(answer: &Answer) -> serde_json::Value {
         "ways": g.ways(),
         "sets": g.sets(),
         "probability": answer.probability,
+        "target_probability": answer.target,
         "window_messages": answer.window_messages,
         "memory_bytes": g.memory_bytes(),
         "memcached_bytes_estimate": sizing::memcached_bytes_estimate(g),

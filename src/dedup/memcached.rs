@@ -199,11 +199,35 @@ impl Default for MemcachedConfig {
     }
 }
 
+/// The rule for a namespace: it becomes part of every key, and Memcached keys are printable
+/// ASCII without spaces, at most 250 bytes with the rest of the key.
+///
+/// # Errors
+///
+/// What is wrong, for an error message that names the setting.
+pub(crate) fn check_namespace(namespace: &str) -> Result<(), &'static str> {
+    if namespace.is_empty()
+        || namespace.len() > 160
+        || !namespace.bytes().all(|b| b.is_ascii_graphic())
+    {
+        Err("must be 1 to 160 printable ASCII characters without spaces")
+    } else {
+        Ok(())
+    }
+}
+
 impl MemcachedConfig {
-    fn validate(&self) -> Result<(), StoreError> {
+    /// Checks every setting without connecting or building anything.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Config`] naming the first setting that is wrong.
+    pub fn validate(&self) -> Result<(), StoreError> {
         let invalid = |detail: String| Err(StoreError::Config(detail));
         if self.servers.is_empty() {
-            return invalid("`memcached.servers` is empty; give at least one host:port".into());
+            return invalid(
+                "`store.memcached_addresses` is empty; give at least one host:port".into(),
+            );
         }
         if let Some(bad) = self
             .servers
@@ -211,26 +235,24 @@ impl MemcachedConfig {
             .find(|s| s.is_empty() || s.chars().any(char::is_whitespace))
         {
             return invalid(format!(
-                "`memcached.servers` entry {bad:?} is not a host:port"
+                "`store.memcached_addresses` entry {bad:?} is not a host:port"
             ));
         }
         let ns = &self.namespace;
-        if ns.is_empty() || ns.len() > 160 || !ns.bytes().all(|b| b.is_ascii_graphic()) {
-            return invalid(format!(
-                "`memcached.namespace` must be 1 to 160 printable ASCII characters without spaces, got {ns:?}"
-            ));
+        if let Err(reason) = check_namespace(ns) {
+            return invalid(format!("`store.namespace` = {ns:?}: {reason}"));
         }
         if self.lease.as_millis() == 0 {
-            return invalid("`memcached.lease` must be at least 1 ms".into());
+            return invalid("`store.lease` must be at least 1 ms".into());
         }
         if self.timeout.is_zero() {
-            return invalid("`memcached.timeout` must be more than 0".into());
+            return invalid("`store.timeout` must be more than 0".into());
         }
         if self.pool_size == 0 {
-            return invalid("`memcached.pool_size` must be at least 1".into());
+            return invalid("`pool_size` (MemcachedConfig) must be at least 1".into());
         }
         if self.max_cas_retries == 0 {
-            return invalid("`memcached.max_cas_retries` must be at least 1".into());
+            return invalid("`max_cas_retries` (MemcachedConfig) must be at least 1".into());
         }
         Ok(())
     }
@@ -1393,21 +1415,21 @@ mod tests {
             servers: vec![],
             ..Default::default()
         })
-        .contains("memcached.servers"));
+        .contains("store.memcached_addresses"));
         assert!(bad(MemcachedConfig {
             namespace: "a b".into(),
             ..Default::default()
         })
-        .contains("memcached.namespace"));
+        .contains("store.namespace"));
         assert!(bad(MemcachedConfig {
             pool_size: 0,
             ..Default::default()
         })
-        .contains("memcached.pool_size"));
+        .contains("`pool_size`"));
         assert!(bad(MemcachedConfig {
             max_cas_retries: 0,
             ..Default::default()
         })
-        .contains("memcached.max_cas_retries"));
+        .contains("`max_cas_retries`"));
     }
 }

@@ -51,6 +51,9 @@ impl Geometry {
     /// Bytes one slot takes in the in-process table.
     pub const SLOT_BYTES: u64 = 8;
 
+    /// Slots of a table when no size is given: 8,388,608, which is 64 MiB in-process.
+    pub const DEFAULT_SLOTS: u64 = 1 << 23;
+
     /// A geometry with at least `slots` slots, rounded up to whole sets of `ways`.
     ///
     /// # Errors

@@ -22,6 +22,7 @@ pub mod lookupd;
 mod message;
 mod producer;
 
+pub(crate) use consumer::is_valid_name;
 pub use consumer::{
     Consumer, ConsumerConfig, ConsumerEvent, ConsumerStats, ShutdownReport, RDY_SETTLE,
 };

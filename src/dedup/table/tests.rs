@@ -170,8 +170,8 @@ fn shapes_are_validated_with_errors_that_name_the_knob() {
     assert_eq!(Table::with_slots(64, 0).unwrap_err(), TableError::Ways(0));
     assert_eq!(
         Table::with_memory(63, 8).unwrap_err().to_string(),
-        "a memory budget of 63 bytes holds no complete set of 8 slots (8 bytes each); \
-         give `memory` at least 64 bytes"
+        "a budget of 63 B holds no complete set of 8 slots (8 B each); \
+         the smallest table of 8 ways takes 64 B"
     );
     assert!(matches!(
         Table::with_slots(u64::MAX, 8),

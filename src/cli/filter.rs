@@ -1,0 +1,46 @@
+//! Flags of `nsq-dedupe filter`.
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use nsq_dedupe::{DigestAlgorithm, KeySpec};
+
+use super::parse::{parse_buckets, parse_memory, parse_ways};
+
+/// Flags of `nsq-dedupe filter`.
+#[derive(Debug, Args)]
+pub(crate) struct FilterArgs {
+    /// Table size in slots (buckets). Defaults to 8,388,608 slots (64 MiB).
+    #[arg(long, value_name = "N", value_parser = parse_buckets, conflicts_with = "memory")]
+    pub(crate) buckets: Option<u64>,
+    /// Table size as memory, such as 64MiB.
+    #[arg(long, value_name = "SIZE", value_parser = parse_memory)]
+    pub(crate) memory: Option<u64>,
+    /// Slots per set: 1 (the classic one-bucket table), 2, 4 or 8.
+    #[arg(long, value_name = "W", default_value_t = 8, value_parser = parse_ways)]
+    pub(crate) ways: u32,
+    /// The key of a record: `body` (the whole line) or `json:<pointer>`, such as `json:/id`.
+    #[arg(long, value_name = "KEY", default_value = "body")]
+    pub(crate) key: KeySpec,
+    /// Digest of the key: `xxh3`, `xxh3:<seed>` or `md5`.
+    #[arg(long, value_name = "DIGEST", default_value = "xxh3")]
+    pub(crate) digest: DigestAlgorithm,
+    /// What to do with a record that has no key: pass it on (and count it) or stop with an error.
+    #[arg(long, value_enum, value_name = "POLICY", default_value_t = MissingKey::Pass)]
+    pub(crate) on_missing_key: MissingKey,
+    /// Print counts and the table's catch probability to stderr at the end.
+    #[arg(long)]
+    pub(crate) stats: bool,
+    /// Files to read in order; none or `-` reads stdin.
+    #[arg(value_name = "FILE")]
+    pub(crate) files: Vec<PathBuf>,
+}
+
+/// What happens to a record whose key cannot be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum MissingKey {
+    /// Treat it as unique: write it and count it.
+    Pass,
+    /// Stop with an error naming the record.
+    Error,
+}

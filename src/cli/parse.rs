@@ -1,0 +1,65 @@
+//! Value parsers shared by the subcommands' flags: each says what it expected and what it got.
+
+use std::time::Duration;
+
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+
+/// A parser for a closed set of names, such as `--store memory|memcached|none`, from the
+/// library's own table of names.
+pub(crate) fn named<T: Copy + Send + Sync + 'static>(
+    names: &'static [(&'static str, T)],
+) -> impl TypedValueParser<Value = T> {
+    PossibleValuesParser::new(names.iter().map(|(name, _)| *name)).map(move |text: String| {
+        names
+            .iter()
+            .find(|(name, _)| *name == text)
+            .map(|(_, value)| *value)
+            .expect("clap accepts only the listed names")
+    })
+}
+
+pub(crate) fn parse_probability(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(p) if p > 0.0 && p < 1.0 => Ok(p),
+        _ => Err("expected a probability between 0 and 1 exclusive, such as 0.99".to_owned()),
+    }
+}
+
+pub(crate) fn parse_buckets(text: &str) -> Result<u64, String> {
+    match text.replace(['_', ','], "").parse::<u64>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err("expected a whole number of slots of at least 1, such as 1048576".to_owned()),
+    }
+}
+
+pub(crate) fn parse_memory(text: &str) -> Result<u64, String> {
+    nsq_dedupe::sizing::parse_bytes(text)
+}
+
+pub(crate) fn parse_rate(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(rate) if rate > 0.0 && rate.is_finite() => Ok(rate),
+        _ => Err("expected messages per second greater than 0, such as 1000".to_owned()),
+    }
+}
+
+pub(crate) fn parse_messages(text: &str) -> Result<f64, String> {
+    match text.replace(['_', ','], "").parse::<f64>() {
+        Ok(count) if count >= 1.0 && count.is_finite() && count.fract() == 0.0 => Ok(count),
+        _ => Err("expected a whole count of messages of at least 1, such as 3600000".to_owned()),
+    }
+}
+
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
+    match nsq_dedupe::sizing::parse_duration(text)? {
+        d if d.is_zero() => Err("expected a duration greater than 0".to_owned()),
+        d => Ok(d),
+    }
+}
+
+pub(crate) fn parse_ways(text: &str) -> Result<u32, String> {
+    match text.parse::<u32>() {
+        Ok(ways) if nsq_dedupe::Geometry::SUPPORTED_WAYS.contains(&ways) => Ok(ways),
+        _ => Err("expected 1, 2, 4 or 8".to_owned()),
+    }
+}

@@ -1,0 +1,75 @@
+//! `run` flags of the `[source]` section: what to consume.
+
+use std::time::Duration;
+
+use clap::Args;
+use nsq_dedupe::config::{Dur, RawConfig};
+
+use super::Overlay;
+use crate::cli::parse::parse_duration;
+
+/// What to consume.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Source")]
+pub(crate) struct SourceFlags {
+    /// nsqd TCP address to consume from (repeatable). `source.nsqd_tcp_addresses`.
+    #[arg(long = "nsqd-tcp-address", value_name = "ADDR")]
+    pub(crate) nsqd_tcp_addresses: Vec<String>,
+    /// nsqlookupd HTTP address, host:port or URL (repeatable). `source.lookupd_http_addresses`.
+    #[arg(long = "lookupd-http-address", value_name = "ADDR")]
+    pub(crate) lookupd_http_addresses: Vec<String>,
+    /// Topic to consume. `source.topic`.
+    #[arg(long, value_name = "TOPIC")]
+    pub(crate) topic: Option<String>,
+    /// Channel to consume (default nsq-dedupe). `source.channel`.
+    #[arg(long, value_name = "CHANNEL")]
+    pub(crate) channel: Option<String>,
+    /// Messages in flight at once (default 200). `source.max_in_flight`.
+    #[arg(long, value_name = "N")]
+    pub(crate) max_in_flight: Option<u32>,
+    /// nsqd's redelivery timeout for this consumer, such as 60s. `source.msg_timeout`.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) msg_timeout: Option<Duration>,
+}
+
+impl SourceFlags {
+    pub(super) fn apply(&self, raw: &mut RawConfig, overlay: &mut Overlay<'_>) {
+        let source = &mut raw.source;
+        overlay.list(
+            &mut source.nsqd_tcp_addresses,
+            &self.nsqd_tcp_addresses,
+            "source.nsqd_tcp_addresses",
+            "--nsqd-tcp-address",
+        );
+        overlay.list(
+            &mut source.lookupd_http_addresses,
+            &self.lookupd_http_addresses,
+            "source.lookupd_http_addresses",
+            "--lookupd-http-address",
+        );
+        overlay.value(
+            &mut source.topic,
+            self.topic.as_ref(),
+            "source.topic",
+            "--topic",
+        );
+        overlay.value(
+            &mut source.channel,
+            self.channel.as_ref(),
+            "source.channel",
+            "--channel",
+        );
+        overlay.value(
+            &mut source.max_in_flight,
+            self.max_in_flight.as_ref(),
+            "source.max_in_flight",
+            "--max-in-flight",
+        );
+        overlay.value(
+            &mut source.msg_timeout,
+            self.msg_timeout.map(Dur).as_ref(),
+            "source.msg_timeout",
+            "--msg-timeout",
+        );
+    }
+}

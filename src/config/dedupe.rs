@@ -1,0 +1,62 @@
+//! `[dedupe]`: how bodies are keyed and what the pipeline does with each outcome, validated
+//! into a [`Keyer`] and the pipeline's [`Policy`].
+//!
+//! Defaults are [`Policy::default`]'s; this module only overrides what the file or flags set.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::source::Source;
+use super::{invalid, quote, ConfigError, Dur};
+use crate::dedup::digest::{DigestAlgorithm, KeySpec, Keyer};
+use crate::pipeline::{InFlightPolicy, Policy, StoreErrorPolicy};
+
+/// `[dedupe]`.
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDedupe {
+    pub key: Option<String>,
+    pub digest: Option<String>,
+    pub on_in_flight: Option<InFlightPolicy>,
+    pub in_flight_requeue_delay: Option<Dur>,
+    pub on_store_error: Option<StoreErrorPolicy>,
+    pub store_error_requeue_delay: Option<Dur>,
+}
+
+impl RawDedupe {
+    pub(super) fn validate(&self, source: &Source) -> Result<(Keyer, Policy), ConfigError> {
+        let key: KeySpec = self.key.as_deref().unwrap_or("body").parse().map_err(
+            |e: crate::error::SpecError| {
+                invalid("dedupe.key", quote(self.key.as_deref()), e.to_string())
+            },
+        )?;
+        let digest: DigestAlgorithm = self.digest.as_deref().unwrap_or("xxh3").parse().map_err(
+            |e: crate::error::SpecError| {
+                invalid(
+                    "dedupe.digest",
+                    quote(self.digest.as_deref()),
+                    e.to_string(),
+                )
+            },
+        )?;
+        let defaults = Policy::default();
+        let policy = Policy {
+            on_in_flight: self.on_in_flight.unwrap_or(defaults.on_in_flight),
+            in_flight_requeue_delay: self
+                .in_flight_requeue_delay
+                .map_or(defaults.in_flight_requeue_delay, |d| d.0),
+            on_store_error: self.on_store_error.unwrap_or(defaults.on_store_error),
+            store_error_requeue_delay: self
+                .store_error_requeue_delay
+                .map_or(defaults.store_error_requeue_delay, |d| d.0),
+            backoff: source.backoff,
+            max_backoff: source.max_backoff,
+            max_attempts: source.max_attempts,
+            // Touch and renew twice per message timeout, so one late keepalive is not fatal.
+            keepalive: (source.msg_timeout / 2).max(Duration::from_millis(100)),
+        };
+        Ok((Keyer::new(key, digest), policy))
+    }
+}

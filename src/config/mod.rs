@@ -1,0 +1,419 @@
+//! The sidecar's configuration: a TOML file and flags, merged, then validated into [`Settings`].
+//!
+//! Two stages, as ripgrep's low-level and high-level arguments: [`RawConfig`] is what the file
+//! says (every key optional, unknown keys rejected), flags overwrite its fields, and
+//! [`RawConfig::validate`] turns it into [`Settings`], checking every value and naming the key
+//! and the value when one is wrong.
+//!
+//! ```toml
+//! [source]                          # what to consume (names as in NSQ's own tools)
+//! nsqd_tcp_addresses = ["127.0.0.1:4150"]
+//! lookupd_http_addresses = []       # host:port or http://host:port
+//! topic = "events"
+//! channel = "nsq-dedupe"            # default
+//! max_in_flight = 200               # default
+//! msg_timeout = "60s"               # default
+//! max_attempts = 5                  # default; then the dead-letter
+//! backoff = "1s"                    # handler-failure REQ delay and consumer pause, doubling
+//! max_backoff = "2m"
+//!
+//! [dedupe]
+//! key = "json:/id"                  # or "body" (default)
+//! digest = "xxh3"                   # or "xxh3:<seed>", "md5"
+//! on_in_flight = "requeue"          # or "finish"
+//! in_flight_requeue_delay = "1s"
+//! on_store_error = "requeue"        # or "process"
+//! store_error_requeue_delay = "1s"
+//!
+//! [store]
+//! kind = "memory"                   # or "memcached", "none"
+//! ways = 8
+//! buckets = 8388608                 # or: probability + rate + window
+//! # probability = 0.99
+//! # rate = 1000
+//! # window = "1h"
+//! memcached_addresses = ["127.0.0.1:11211"]
+//! namespace = "nsq-dedupe"
+//! lease = "65s"                     # default: msg_timeout + 5 s
+//! timeout = "500ms"
+//!
+//! [sink]
+//! kind = "stdout"                   # or "nsq", "http", "null"
+//! destination_nsqd_tcp_addresses = ["127.0.0.1:4150"]
+//! destination_topic = "events.unique"
+//! post = "http://127.0.0.1:8080/ingest"
+//! headers = { "Content-Type" = "application/json" }
+//! timeout = "10s"
+//!
+//! [dead_letter]                     # optional
+//! kind = "file"                     # or "nsq"
+//! path = "/var/lib/nsq-dedupe/dead-letter.ndjson"
+//! # nsqd_tcp_addresses = [...]; topic = "events.dead"
+//!
+//! [metrics]
+//! address = "127.0.0.1:9150"        # or "off"
+//! status_interval = "10s"
+//!
+//! [shutdown]
+//! grace = "10s"
+//! ```
+//!
+//! # Layout
+//!
+//! Each TOML section has its own module, with its raw form and the validation that turns it
+//! into what the component needs; the rules themselves (name syntax, table shapes, Memcached
+//! settings) belong to the components and are only called from here:
+//! `source` (`[source]`), `dedupe` (`[dedupe]`), `store` (`[store]`), `sink` (`[sink]` and
+//! `[dead_letter]`) and `service` (`[metrics]`, `[shutdown]`).
+
+mod dedupe;
+mod service;
+mod sink;
+mod source;
+mod store;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::dedup::digest::Keyer;
+use crate::nsq::ConsumerConfig;
+use crate::pipeline::Policy;
+
+pub use dedupe::RawDedupe;
+pub use service::{RawMetrics, RawShutdown};
+pub use sink::{
+    DeadLetterKind, DeadLetterSettings, RawDeadLetter, RawSink, SinkKind, SinkSettings,
+};
+pub use source::RawSource;
+pub use store::{RawStore, StoreKind, StoreSettings, DEFAULT_WINDOW};
+
+/// A configuration that cannot be used. Each message names what the user typed: the flag when
+/// the value came from a flag, else the config key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path} (check `--config` / NSQ_DEDUPE_CONFIG)")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this schema (unknown key, wrong type, bad value).
+    #[error("invalid config file {path}: {message}")]
+    Parse {
+        /// The file (or `<string>`).
+        path: String,
+        /// The TOML parser's message, which names the key, its line and the value.
+        message: String,
+    },
+    /// A value is out of range or inconsistent with another.
+    #[error("invalid `{}` = {value}: {reason}", flag.unwrap_or(key))]
+    Invalid {
+        /// The key, as `section.name`.
+        key: &'static str,
+        /// The flag the value came from, if it came from one.
+        flag: Option<&'static str>,
+        /// The value given.
+        value: String,
+        /// What is wrong and what is accepted.
+        reason: String,
+    },
+    /// A required value is missing.
+    #[error(
+        "`{key}` is required: set it in the config file or pass {}",
+        flag_list(flags)
+    )]
+    Missing {
+        /// The key, as `section.name`.
+        key: &'static str,
+        /// The flags that set it (any one of them).
+        flags: &'static [&'static str],
+    },
+    /// A value that another one needs is missing (there is no flag for it).
+    #[error("`{key}` is required with {with}: set it in the config file")]
+    Required {
+        /// The missing key, as `section.name`.
+        key: &'static str,
+        /// The setting that needs it.
+        with: &'static str,
+    },
+    /// The NSQ consumer refused its settings for a reason no single key explains.
+    #[error("the NSQ consumer cannot start with these `[source]` settings")]
+    Consumer(#[source] crate::nsq::Error),
+    /// The shared table's settings are unusable; the store's message names the key.
+    #[error(transparent)]
+    Store(#[from] crate::error::StoreError),
+}
+
+impl ConfigError {
+    /// Names the flag instead of the key when the value came from a flag.
+    fn naming_flags(self, flags: &FlagOrigins) -> Self {
+        match self {
+            ConfigError::Invalid {
+                key,
+                flag: None,
+                value,
+                reason,
+            } => ConfigError::Invalid {
+                key,
+                flag: flags.flag_for(key),
+                value,
+                reason,
+            },
+            other => other,
+        }
+    }
+}
+
+fn flag_list(flags: &[&str]) -> String {
+    flags
+        .iter()
+        .map(|flag| format!("`{flag}`"))
+        .collect::<Vec<_>>()
+        .join(" or ")
+}
+
+/// Which config keys were set by which flag, so that errors name what the user typed.
+#[derive(Debug, Clone, Default)]
+pub struct FlagOrigins(BTreeMap<&'static str, &'static str>);
+
+impl FlagOrigins {
+    /// Records that `flag` set `key` (as `section.name`).
+    pub fn record(&mut self, key: &'static str, flag: &'static str) {
+        self.0.insert(key, flag);
+    }
+
+    /// The flag that set `key`, if one did.
+    pub fn flag_for(&self, key: &str) -> Option<&'static str> {
+        self.0.get(key).copied()
+    }
+}
+
+/// A duration written as `500ms`, `30s`, `5m`, `1h`, `1h30m`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dur(pub Duration);
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        crate::sizing::parse_duration(&text)
+            .map(Dur)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// The configuration as written: every key optional, unknown keys rejected.
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    #[serde(default)]
+    pub source: RawSource,
+    #[serde(default)]
+    pub dedupe: RawDedupe,
+    #[serde(default)]
+    pub store: RawStore,
+    #[serde(default)]
+    pub sink: RawSink,
+    pub dead_letter: Option<RawDeadLetter>,
+    #[serde(default)]
+    pub metrics: RawMetrics,
+    #[serde(default)]
+    pub shutdown: RawShutdown,
+    /// Which keys flags set (not part of the file).
+    #[serde(skip)]
+    pub flags: FlagOrigins,
+}
+
+/// Everything `run` needs, checked.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The consumer's configuration.
+    pub source: ConsumerConfig,
+    /// How bodies are keyed.
+    pub keyer: Keyer,
+    /// The pipeline's decisions.
+    pub policy: Policy,
+    /// The store.
+    pub store: StoreSettings,
+    /// The window the catch probability is reported for.
+    pub window: Duration,
+    /// The sink.
+    pub sink: SinkSettings,
+    /// The dead-letter, if any.
+    pub dead_letter: Option<DeadLetterSettings>,
+    /// Where metrics are served, if anywhere.
+    pub metrics_address: Option<SocketAddr>,
+    /// How often the one-line status is logged.
+    pub status_interval: Duration,
+    /// How long in-flight handlers may finish at shutdown.
+    pub grace: Duration,
+}
+
+impl RawConfig {
+    /// Parses TOML text; `origin` names it in errors.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Parse`] naming the key, line and value.
+    pub fn from_toml(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|error| ConfigError::Parse {
+            path: origin.to_owned(),
+            message: error.to_string(),
+        })
+    }
+
+    /// Reads and parses a file.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Read`] or [`ConfigError::Parse`].
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_toml(&text, &path.display().to_string())
+    }
+
+    /// Checks every value and builds [`Settings`].
+    ///
+    /// # Errors
+    ///
+    /// The first problem found, naming its flag (when a flag set it) or its key.
+    pub fn validate(&self) -> Result<Settings, ConfigError> {
+        self.validate_sections()
+            .map_err(|error| error.naming_flags(&self.flags))
+    }
+
+    fn validate_sections(&self) -> Result<Settings, ConfigError> {
+        let source = self.source.validate()?;
+        let (keyer, policy) = self.dedupe.validate(&source)?;
+        let (store, window) = self.store.validate(source.msg_timeout)?;
+        let sink = self.sink.validate()?;
+        let dead_letter = sink::validate_dead_letter(self.dead_letter.as_ref(), &self.source)?;
+        let service = service::validate(&self.metrics, &self.shutdown)?;
+        Ok(Settings {
+            source: source.consumer,
+            keyer,
+            policy,
+            store,
+            window,
+            sink,
+            dead_letter,
+            metrics_address: service.metrics_address,
+            status_interval: service.status_interval,
+            grace: service.grace,
+        })
+    }
+}
+
+impl Settings {
+    /// Parses and validates TOML text (with no flags): convenient for tests and embedding.
+    ///
+    /// # Errors
+    ///
+    /// As [`RawConfig::from_toml`] and [`RawConfig::validate`].
+    pub fn from_toml(text: &str) -> Result<Settings, ConfigError> {
+        RawConfig::from_toml(text, "<string>")?.validate()
+    }
+}
+
+fn invalid(key: &'static str, value: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        flag: None,
+        value: value.into(),
+        reason: reason.into(),
+    }
+}
+
+fn quote(text: Option<&str>) -> String {
+    format!("{:?}", text.unwrap_or(""))
+}
+
+fn check_host_port(key: &'static str, addr: &str) -> Result<(), ConfigError> {
+    match addr.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) => {
+            Ok(())
+        }
+        _ => Err(invalid(
+            key,
+            quote(Some(addr)),
+            "expected host:port such as 127.0.0.1:4150",
+        )),
+    }
+}
+
+/// Checks an NSQ topic or channel name (`what`) by nsqd's rule.
+fn check_name(key: &'static str, what: &str, name: &str) -> Result<(), ConfigError> {
+    if crate::nsq::is_valid_name(name) {
+        Ok(())
+    } else {
+        Err(invalid(
+            key,
+            quote(Some(name)),
+            format!("NSQ {what} names are 1 to 64 of letters, digits, '.', '_' and '-', optionally ending in #ephemeral"),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        Settings::from_toml(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn minimal_config_gets_the_defaults() {
+        let s = Settings::from_toml(
+            "[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"127.0.0.1:4150\"]\n",
+        )
+        .unwrap();
+        assert_eq!(s.source.channel, "nsq-dedupe");
+        assert_eq!(s.source.max_in_flight, 200);
+        assert_eq!(s.source.max_attempts, 0);
+        assert_eq!(s.policy.max_attempts, 5);
+        assert_eq!(
+            s.store,
+            StoreSettings::Memory(crate::Geometry::new(crate::Geometry::DEFAULT_SLOTS, 8).unwrap())
+        );
+        assert_eq!(s.sink, SinkSettings::Stdout);
+        assert_eq!(s.metrics_address, Some("127.0.0.1:9150".parse().unwrap()));
+    }
+
+    #[test]
+    fn errors_name_the_key_and_value() {
+        assert!(err("[store]\nbukets = 5\n").contains("unknown field `bukets`"));
+        assert_eq!(
+            err("[source]\nnsqd_tcp_addresses = [\"a:1\"]\n"),
+            "`source.topic` is required: set it in the config file or pass `--topic`"
+        );
+        let e = err(
+            "[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"a:1\"]\nmsg_timeout = \"soon\"\n",
+        );
+        assert!(e.contains("msg_timeout") && e.contains("soon"), "{e}");
+        let e = err("[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"a:1\"]\n[store]\nways = 3\n");
+        assert_eq!(e, "invalid `store.ways` = 3: expected 1, 2, 4 or 8");
+    }
+
+    #[test]
+    fn probability_sizing_picks_the_buckets() {
+        let s = Settings::from_toml(
+            "[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"a:1\"]\n[store]\nprobability = 0.9\nrate = 1000\nwindow = \"1h\"\nways = 8\n",
+        )
+        .unwrap();
+        let StoreSettings::Memory(g) = s.store else {
+            panic!()
+        };
+        assert_eq!(g.slots(), 6_185_416);
+    }
+}

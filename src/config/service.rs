@@ -1,0 +1,81 @@
+//! `[metrics]` and `[shutdown]`: how the service reports and stops.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{invalid, quote, ConfigError, Dur};
+
+/// Where metrics are served when `metrics.address` is not given.
+pub(crate) const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9150";
+
+/// How often the one-line status is logged when `metrics.status_interval` is not given.
+pub(crate) const DEFAULT_STATUS_INTERVAL: Duration = Duration::from_secs(10);
+
+/// How long running handlers may finish at shutdown when `shutdown.grace` is not given.
+pub(crate) const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+
+/// `[metrics]`.
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMetrics {
+    pub address: Option<String>,
+    pub status_interval: Option<Dur>,
+}
+
+/// `[shutdown]`.
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawShutdown {
+    pub grace: Option<Dur>,
+}
+
+/// The validated `[metrics]` and `[shutdown]`.
+pub(super) struct Service {
+    pub(super) metrics_address: Option<SocketAddr>,
+    pub(super) status_interval: Duration,
+    pub(super) grace: Duration,
+}
+
+pub(super) fn validate(
+    metrics: &RawMetrics,
+    shutdown: &RawShutdown,
+) -> Result<Service, ConfigError> {
+    let metrics_address = match metrics
+        .address
+        .as_deref()
+        .unwrap_or(DEFAULT_METRICS_ADDRESS)
+    {
+        "off" | "" => None,
+        text => Some(resolve(text)?),
+    };
+    Ok(Service {
+        metrics_address,
+        status_interval: metrics
+            .status_interval
+            .map_or(DEFAULT_STATUS_INTERVAL, |d| d.0),
+        grace: shutdown.grace.map_or(DEFAULT_GRACE, |d| d.0),
+    })
+}
+
+/// `host:port` to the first address it names; host names are resolved as any server does.
+fn resolve(text: &str) -> Result<SocketAddr, ConfigError> {
+    let expected = "expected host:port such as 127.0.0.1:9150 or localhost:9150, or \"off\"";
+    let addrs = text.to_socket_addrs().map_err(|error| {
+        invalid(
+            "metrics.address",
+            quote(Some(text)),
+            format!("{error}; {expected}"),
+        )
+    })?;
+    let mut addrs: Vec<SocketAddr> = addrs.collect();
+    // Prefer IPv4 loopback for `localhost`, where most scrapers look first.
+    addrs.sort_by_key(|addr| !addr.is_ipv4());
+    addrs
+        .into_iter()
+        .next()
+        .ok_or_else(|| invalid("metrics.address", quote(Some(text)), expected))
+}

@@ -1,0 +1,169 @@
+//! `[source]`: what to consume, validated into the consumer's [`ConsumerConfig`].
+//!
+//! The consumer owns its rules ([`ConsumerConfig::validate`]); this module fills in the
+//! sidecar's defaults, which differ from go-nsq's library defaults, and names the key of a
+//! setting the consumer refuses.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{check_host_port, check_name, invalid, quote, ConfigError, Dur};
+use crate::nsq::ConsumerConfig;
+use crate::pipeline::Policy;
+
+/// The channel the sidecar consumes when none is given.
+pub(crate) const DEFAULT_CHANNEL: &str = "nsq-dedupe";
+
+/// Messages in flight at once when `max_in_flight` is not given: enough to keep a sink with
+/// some latency busy, where go-nsq's library default of 1 would serialise it.
+pub(crate) const DEFAULT_MAX_IN_FLIGHT: u32 = 200;
+
+/// nsqd's own default message timeout, asked for explicitly so that the keepalive and the
+/// store's lease can be derived from it.
+pub(crate) const DEFAULT_MSG_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `[source]`.
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSource {
+    pub nsqd_tcp_addresses: Option<Vec<String>>,
+    pub lookupd_http_addresses: Option<Vec<String>>,
+    pub topic: Option<String>,
+    pub channel: Option<String>,
+    pub max_in_flight: Option<u32>,
+    pub msg_timeout: Option<Dur>,
+    pub max_attempts: Option<u16>,
+    pub backoff: Option<Dur>,
+    pub max_backoff: Option<Dur>,
+    pub heartbeat_interval: Option<Dur>,
+    pub lookupd_poll_interval: Option<Dur>,
+}
+
+/// The validated `[source]`: the consumer's settings and what the pipeline takes from them.
+#[derive(Debug)]
+pub(super) struct Source {
+    pub(super) consumer: ConsumerConfig,
+    pub(super) msg_timeout: Duration,
+    pub(super) max_attempts: u16,
+    pub(super) backoff: Duration,
+    pub(super) max_backoff: Duration,
+}
+
+impl RawSource {
+    pub(super) fn validate(&self) -> Result<Source, ConfigError> {
+        let topic = self.topic.clone().ok_or(ConfigError::Missing {
+            key: "source.topic",
+            flags: &["--topic"],
+        })?;
+        let channel = self
+            .channel
+            .clone()
+            .unwrap_or_else(|| DEFAULT_CHANNEL.into());
+        check_name("source.topic", "topic", &topic)?;
+        check_name("source.channel", "channel", &channel)?;
+        let mut consumer = ConsumerConfig::new(topic, channel);
+        consumer.nsqd_tcp_addresses = self.nsqd_tcp_addresses.clone().unwrap_or_default();
+        consumer.lookupd_http_addresses = self.lookupd_http_addresses.clone().unwrap_or_default();
+        if consumer.nsqd_tcp_addresses.is_empty() && consumer.lookupd_http_addresses.is_empty() {
+            return Err(ConfigError::Missing {
+                key: "source.nsqd_tcp_addresses",
+                flags: &["--nsqd-tcp-address", "--lookupd-http-address"],
+            });
+        }
+        for addr in &consumer.nsqd_tcp_addresses {
+            check_host_port("source.nsqd_tcp_addresses", addr)?;
+        }
+        for addr in &consumer.lookupd_http_addresses {
+            crate::nsq::lookupd::parse_address(addr).map_err(|error| match error {
+                crate::nsq::Error::Config { reason, .. } => {
+                    // The consumer's reason starts with the address, which we show already.
+                    let quoted = quote(Some(addr));
+                    let reason = reason
+                        .strip_prefix(&format!("{quoted}: "))
+                        .map_or(reason.clone(), str::to_owned);
+                    invalid("source.lookupd_http_addresses", quoted, reason)
+                }
+                other => ConfigError::Consumer(other),
+            })?;
+        }
+        consumer.max_in_flight = self.max_in_flight.unwrap_or(DEFAULT_MAX_IN_FLIGHT);
+        let msg_timeout = self.msg_timeout.map_or(DEFAULT_MSG_TIMEOUT, |d| d.0);
+        consumer.msg_timeout = Some(msg_timeout);
+        // The pipeline decides what happens after many attempts (the dead-letter); the
+        // consumer's own check would FIN such messages without handing them out.
+        consumer.max_attempts = 0;
+        if let Some(Dur(d)) = self.heartbeat_interval {
+            consumer.heartbeat_interval = d;
+        }
+        if let Some(Dur(d)) = self.lookupd_poll_interval {
+            consumer.lookupd_poll_interval = d;
+        }
+        let defaults = Policy::default();
+        let backoff = self.backoff.map_or(defaults.backoff, |d| d.0);
+        let max_backoff = self.max_backoff.map_or(defaults.max_backoff, |d| d.0);
+        if max_backoff < backoff {
+            return Err(invalid(
+                "source.max_backoff",
+                format!("{max_backoff:?}"),
+                format!("must be at least `source.backoff` ({backoff:?})"),
+            ));
+        }
+        // go-nsq-style RDY backoff on handler failures: a failing sink slows consumption down
+        // instead of cycling messages through requeues at full speed.
+        consumer.backoff_multiplier = backoff;
+        consumer.max_backoff = max_backoff;
+        consumer.max_requeue_delay = consumer.max_requeue_delay.max(max_backoff);
+        consumer.validate().map_err(|error| match error {
+            crate::nsq::Error::Config { field, reason } => ConfigError::Invalid {
+                key: source_key(field),
+                flag: None,
+                value: self.value_of(field),
+                reason,
+            },
+            other => ConfigError::Consumer(other),
+        })?;
+        let max_attempts = self.max_attempts.unwrap_or(defaults.max_attempts);
+        if max_attempts == 0 {
+            return Err(invalid(
+                "source.max_attempts",
+                "0",
+                "must be at least 1 (messages failing that often go to the dead-letter)",
+            ));
+        }
+        Ok(Source {
+            consumer,
+            msg_timeout,
+            max_attempts,
+            backoff,
+            max_backoff,
+        })
+    }
+
+    /// The value of the key behind a consumer setting, as written, for an error message.
+    fn value_of(&self, field: &str) -> String {
+        let shown = |d: Option<Dur>| d.map_or_else(String::new, |d| format!("{:?}", d.0));
+        match field {
+            "max_in_flight" => self.max_in_flight.unwrap_or_default().to_string(),
+            "msg_timeout" => shown(self.msg_timeout),
+            "heartbeat_interval" => shown(self.heartbeat_interval),
+            "lookupd_poll_interval" => shown(self.lookupd_poll_interval),
+            _ => String::new(),
+        }
+    }
+}
+
+/// The `[source]` key of a consumer setting. Settings without a key cannot be set by a user,
+/// so they cannot be the cause of a refusal; they are reported under the section.
+fn source_key(field: &str) -> &'static str {
+    match field {
+        "nsqd_tcp_addresses" => "source.nsqd_tcp_addresses",
+        "lookupd_http_addresses" => "source.lookupd_http_addresses",
+        "max_in_flight" => "source.max_in_flight",
+        "msg_timeout" => "source.msg_timeout",
+        "heartbeat_interval" => "source.heartbeat_interval",
+        "lookupd_poll_interval" => "source.lookupd_poll_interval",
+        _ => "source",
+    }
+}

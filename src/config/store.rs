@@ -1,0 +1,182 @@
+//! `[store]`: where the table lives and how large it is, validated into [`StoreSettings`].
+//!
+//! The table's shape rules are [`Geometry`]'s, the sizing maths is [`crate::sizing`]'s and the
+//! Memcached rules are [`MemcachedConfig`]'s; this module picks between explicit sizes and
+//! probability-based sizing and names the key that is wrong.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{check_host_port, invalid, quote, ConfigError, Dur};
+use crate::dedup::Geometry;
+use crate::MemcachedConfig;
+
+/// The window the catch probability is reported for when none is configured.
+pub const DEFAULT_WINDOW: Duration = Duration::from_secs(3600);
+
+/// Which store keeps the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    /// The in-process table.
+    Memory,
+    /// A table shared through Memcached.
+    Memcached,
+    /// No de-duplication (a baseline).
+    None,
+}
+
+impl StoreKind {
+    /// Every kind with its name in the config file and on the command line.
+    pub const NAMES: [(&'static str, StoreKind); 3] = [
+        ("memory", StoreKind::Memory),
+        ("memcached", StoreKind::Memcached),
+        ("none", StoreKind::None),
+    ];
+}
+
+/// `[store]`.
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStore {
+    pub kind: Option<StoreKind>,
+    pub buckets: Option<u64>,
+    pub ways: Option<u32>,
+    pub probability: Option<f64>,
+    pub rate: Option<f64>,
+    pub window: Option<Dur>,
+    pub memcached_addresses: Option<Vec<String>>,
+    pub namespace: Option<String>,
+    pub lease: Option<Dur>,
+    pub timeout: Option<Dur>,
+}
+
+/// The validated store choice.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoreSettings {
+    /// In-process table of this shape.
+    Memory(Geometry),
+    /// Memcached table of this shape.
+    Memcached(MemcachedConfig, Geometry),
+    /// No de-duplication.
+    None,
+}
+
+impl RawStore {
+    pub(super) fn validate(
+        &self,
+        msg_timeout: Duration,
+    ) -> Result<(StoreSettings, Duration), ConfigError> {
+        let window = self.window.map_or(DEFAULT_WINDOW, |d| d.0);
+        if window.is_zero() {
+            return Err(invalid("store.window", "\"0s\"", "must be more than 0"));
+        }
+        let geometry = self.geometry(window)?;
+        let store = match self.kind.unwrap_or(StoreKind::Memory) {
+            StoreKind::Memory => StoreSettings::Memory(geometry),
+            StoreKind::None => StoreSettings::None,
+            StoreKind::Memcached => {
+                StoreSettings::Memcached(self.memcached(msg_timeout)?, geometry)
+            }
+        };
+        Ok((store, window))
+    }
+
+    fn geometry(&self, window: Duration) -> Result<Geometry, ConfigError> {
+        let ways = self.ways.unwrap_or(8);
+        if !Geometry::SUPPORTED_WAYS.contains(&ways) {
+            return Err(invalid(
+                "store.ways",
+                ways.to_string(),
+                "expected 1, 2, 4 or 8",
+            ));
+        }
+        match (self.buckets, self.probability) {
+            (Some(_), Some(probability)) => Err(invalid(
+                "store.probability",
+                probability.to_string(),
+                "give either `store.buckets` or `store.probability` with `store.rate` and `store.window`, not both",
+            )),
+            (Some(buckets), None) => Geometry::new(buckets, ways)
+                .map_err(|e| invalid("store.buckets", buckets.to_string(), e.to_string())),
+            (None, Some(probability)) => {
+                let rate = self.rate.ok_or(ConfigError::Required {
+                    key: "store.rate",
+                    with: "`store.probability`",
+                })?;
+                if !(rate > 0.0 && rate.is_finite()) {
+                    return Err(invalid(
+                        "store.rate",
+                        rate.to_string(),
+                        "must be more than 0 messages per second",
+                    ));
+                }
+                if self.window.is_none() {
+                    return Err(ConfigError::Required {
+                        key: "store.window",
+                        with: "`store.probability`",
+                    });
+                }
+                let messages = rate * window.as_secs_f64();
+                let geometry = crate::sizing::slots_for(probability, ways, messages).map_err(
+                    |e| invalid("store.probability", probability.to_string(), e.to_string()),
+                )?;
+                tracing::info!(
+                    probability,
+                    rate,
+                    window = %crate::sizing::format_duration(window),
+                    buckets = geometry.slots(),
+                    ways,
+                    memory = %crate::sizing::format_bytes(geometry.memory_bytes()),
+                    "Sized the table from probability, rate and window."
+                );
+                Ok(geometry)
+            }
+            (None, None) => Ok(Geometry::new(Geometry::DEFAULT_SLOTS, ways)
+                .expect("the default size is valid for every supported way count")),
+        }
+    }
+
+    fn memcached(&self, msg_timeout: Duration) -> Result<MemcachedConfig, ConfigError> {
+        let mut config = MemcachedConfig::default();
+        if let Some(servers) = &self.memcached_addresses {
+            if servers.is_empty() {
+                return Err(invalid(
+                    "store.memcached_addresses",
+                    "[]",
+                    "give at least one host:port",
+                ));
+            }
+            for s in servers {
+                check_host_port("store.memcached_addresses", s)?;
+            }
+            config.servers = servers.clone();
+        }
+        if let Some(ns) = &self.namespace {
+            crate::dedup::memcached::check_namespace(ns)
+                .map_err(|reason| invalid("store.namespace", quote(Some(ns)), reason))?;
+            config.namespace = ns.clone();
+        }
+        config.lease = self
+            .lease
+            .map_or(msg_timeout + Duration::from_secs(5), |d| d.0);
+        if config.lease < msg_timeout {
+            return Err(invalid(
+                "store.lease",
+                format!("{:?}", config.lease),
+                format!("must be at least `source.msg_timeout` ({msg_timeout:?}), or another delivery may take over a claim whose handler is still running"),
+            ));
+        }
+        if let Some(Dur(t)) = self.timeout {
+            if t.is_zero() {
+                return Err(invalid("store.timeout", "\"0s\"", "must be more than 0"));
+            }
+            config.timeout = t;
+        }
+        // The store's own rules (the namespace's syntax among them), without building a store.
+        config.validate()?;
+        Ok(config)
+    }
+}

@@ -1,0 +1,271 @@
+//! Bad input on the command line: exit codes, and error text that names what the user typed
+//! and says each cause once.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use nsq_dedupe::Settings;
+
+use crate::util::bin;
+
+/// Runs the binary and returns its exit code and stderr.
+fn fails(args: &[&str]) -> (i32, String) {
+    let out = bin().args(args).write_stdin("a\n").output().unwrap();
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    (
+        out.status.code().expect("exited, not killed by a signal"),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[test]
+fn a_table_smaller_than_one_set_names_the_flag() {
+    let expected = "error: invalid `--memory`: a budget of 1 B holds no complete set of 8 slots \
+                    (8 B each); the smallest table of 8 ways takes 64 B\n";
+    assert_eq!(
+        fails(&["size", "--memory", "1", "--messages", "5"]),
+        (1, expected.into())
+    );
+    assert_eq!(fails(&["filter", "--memory", "1"]), (1, expected.into()));
+}
+
+#[test]
+fn a_flag_value_is_reported_under_the_flag_not_the_key() {
+    let (code, stderr) = fails(&[
+        "run",
+        "--topic",
+        "t",
+        "--nsqd-tcp-address",
+        "127.0.0.1:1",
+        "--max-in-flight",
+        "0",
+    ]);
+    assert_eq!(
+        (code, stderr.as_str()),
+        (
+            1,
+            "error: invalid `--max-in-flight` = 0: must be at least 1\n"
+        )
+    );
+}
+
+#[test]
+fn a_missing_config_file_says_its_cause_once() {
+    let (code, stderr) = fails(&["run", "--config", "/nonexistent/nsq-dedupe.toml"]);
+    assert_eq!(
+        (code, stderr.as_str()),
+        (
+            1,
+            "error: cannot read config file /nonexistent/nsq-dedupe.toml (check `--config` / \
+             NSQ_DEDUPE_CONFIG): No such file or directory (os error 2)\n"
+        )
+    );
+}
+
+#[test]
+fn a_metrics_address_in_use_says_its_cause_once() {
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = held.local_addr().unwrap().to_string();
+    let (code, stderr) = fails(&[
+        "run",
+        "--topic",
+        "t",
+        "--nsqd-tcp-address",
+        "127.0.0.1:1",
+        "--metrics-address",
+        &addr,
+    ]);
+    assert_eq!(code, 1, "{stderr}");
+    let error = stderr.lines().last().unwrap();
+    assert_eq!(
+        error,
+        format!(
+            "error: cannot listen on metrics address {addr} (change `--metrics-address` / \
+             `metrics.address`, or set it to \"off\"): Address already in use (os error 98)"
+        )
+    );
+}
+
+#[test]
+fn the_metrics_address_may_be_a_host_name() {
+    let settings = Settings::from_toml(
+        "[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"127.0.0.1:4150\"]\n\
+         [metrics]\naddress = \"localhost:19152\"\n",
+    )
+    .unwrap();
+    let addr = settings.metrics_address.unwrap();
+    assert!(addr.ip().is_loopback(), "{addr}");
+    assert_eq!(addr.port(), 19152);
+}
+
+#[test]
+fn size_reports_the_probability_the_table_achieves() {
+    let out = bin()
+        .args(["size", "--probability", "0.5", "--messages", "5", "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["buckets"], 8);
+    assert_eq!(v["probability"], 1.0);
+    assert_eq!(v["target_probability"], 0.5);
+    let text = bin()
+        .args(["size", "--probability", "0.5", "--messages", "5"])
+        .output()
+        .unwrap()
+        .stdout;
+    let text = String::from_utf8(text).unwrap();
+    assert!(
+        text.starts_with("Table:        8 buckets (1 set of 8 ways)\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "Probability:  1 that a copy arriving a whole window late is caught \
+             (the target was 0.500000)\n"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn size_prints_probabilities_near_one_with_enough_digits() {
+    let out = bin()
+        .args(["size", "-p", "0.999999999", "--messages", "1000"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("Probability:"))
+        .unwrap();
+    assert!(line.starts_with("Probability:  0.999999999"), "{line}");
+}
+
+#[test]
+fn size_wants_a_whole_count_of_messages() {
+    let (code, stderr) = fails(&["size", "--buckets", "8", "--messages", "0.5"]);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.starts_with(
+            "error: invalid value '0.5' for '--messages <COUNT>': expected a whole count of \
+             messages of at least 1, such as 3600000\n"
+        ),
+        "{stderr}"
+    );
+}
+
+/// Every `--flag` of every subcommand, read from `--help`.
+fn all_flags() -> BTreeSet<String> {
+    let mut flags = BTreeSet::new();
+    for command in ["run", "size", "filter"] {
+        let help = bin().args([command, "--help"]).output().unwrap().stdout;
+        for word in String::from_utf8(help).unwrap().split_whitespace() {
+            let word = word.trim_end_matches([',', '.']);
+            if let Some(name) = word.strip_prefix("--") {
+                let name: String = name
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                    .collect();
+                flags.insert(format!("--{name}"));
+            }
+        }
+    }
+    flags
+}
+
+/// Whether `section.key` is a key of the config file: a wrong-typed value for it must fail
+/// as a wrong type, not as an unknown field.
+fn is_config_key(setting: &str) -> bool {
+    let Some((section, key)) = setting.split_once('.') else {
+        return false;
+    };
+    let text = format!("[{section}]\n{key} = [[[]]]\n");
+    match nsq_dedupe::config::RawConfig::from_toml(&text, "probe") {
+        Ok(_) => true,
+        Err(error) => {
+            let error = error.to_string();
+            !error.contains("unknown field") && !error.contains("unknown variant")
+        }
+    }
+}
+
+/// The `--flag` and `section.key` names that string literals in `dir` put in backquotes.
+fn named_settings(dir: &Path, found: &mut BTreeSet<(String, String)>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            named_settings(&path, found);
+            continue;
+        }
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        for line in text.lines() {
+            let line = line.trim_start();
+            if line.starts_with("//") {
+                continue;
+            }
+            // Only inside string literals: the odd pieces between double quotes.
+            for literal in line.split('"').skip(1).step_by(2) {
+                let pieces: Vec<&str> = literal.split('`').collect();
+                for (i, quoted) in pieces.iter().enumerate().skip(1).step_by(2) {
+                    // nsqd's own flags are named as nsqd's.
+                    if pieces[i - 1].ends_with("nsqd's ") {
+                        continue;
+                    }
+                    let is_flag = quoted.starts_with("--")
+                        && quoted[2..]
+                            .chars()
+                            .all(|c| c.is_ascii_lowercase() || c == '-');
+                    let is_key = quoted.split_once('.').is_some_and(|(section, key)| {
+                        !section.is_empty()
+                            && !key.is_empty()
+                            && [section, key]
+                                .iter()
+                                .all(|p| p.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+                    });
+                    if is_flag || is_key {
+                        found.insert(((*quoted).to_owned(), path.display().to_string()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_setting_a_message_names_exists() {
+    let flags = all_flags();
+    assert!(
+        flags.contains("--max-in-flight") && flags.contains("--memory"),
+        "{flags:?}"
+    );
+    let mut named = BTreeSet::new();
+    named_settings(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut named,
+    );
+    assert!(
+        named.iter().any(|(s, _)| s == "store.rate"),
+        "the scan finds the settings messages name: {named:?}"
+    );
+    let missing: Vec<_> = named
+        .iter()
+        .filter(|(setting, _)| {
+            if setting.starts_with("--") {
+                !flags.contains(setting)
+            } else {
+                !is_config_key(setting)
+            }
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "messages name settings that do not exist: {missing:?}"
+    );
+}
