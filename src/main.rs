@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use cli::Cli;
+use cli::{Cli, Command};
 
 mod cli;
 mod cmd;
@@ -21,7 +21,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    match cli::run(cli) {
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         // A closed stdout (`nsq-dedupe filter | head`) is how a reader says it has enough.
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
@@ -29,6 +29,15 @@ fn main() -> ExitCode {
             eprintln!("error: {err:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Runs the parsed command line; the error chain is printed by `main`.
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Size(args) => cmd::size::run(&args),
+        Command::Filter(args) => cmd::filter::run(&args),
+        Command::Run(args) => cmd::run::run(&args),
     }
 }
 

@@ -1,8 +1,8 @@
 //! Command-line flags (clap derive) of the `nsq-dedupe` binary.
 //!
 //! Flags belong to the binary: the library knows nothing of clap. Each subcommand has its
-//! flags here and its code under `cmd`; `run`'s flags are grouped by the config section they
-//! override.
+//! flags here and its code under `cmd`, which reads these types; nothing here calls `cmd`.
+//! `run`'s flags are grouped by the config section they override.
 
 mod filter;
 mod parse;
@@ -38,19 +38,6 @@ pub(crate) enum Command {
     ///
     /// Settings come from `--config FILE` (TOML) and these flags, which override the file.
     Run(Box<RunArgs>),
-}
-
-/// Runs the parsed command line.
-///
-/// # Errors
-///
-/// Whatever the subcommand reports; `main` prints the chain and exits non-zero.
-pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
-    match cli.command {
-        Command::Size(args) => crate::cmd::size::run(&args),
-        Command::Filter(args) => crate::cmd::filter::run(&args),
-        Command::Run(args) => crate::cmd::run::run(&args),
-    }
 }
 
 #[cfg(test)]
