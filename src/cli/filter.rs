@@ -5,20 +5,14 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 use nsq_dedupe::{DigestAlgorithm, KeySpec};
 
-use super::parse::{parse_buckets, parse_memory, parse_ways};
+use super::table::TableFlags;
 
 /// Flags of `nsq-dedupe filter`.
 #[derive(Debug, Args)]
 pub(crate) struct FilterArgs {
-    /// Table size in slots (buckets). Defaults to 8,388,608 slots (64 MiB).
-    #[arg(long, value_name = "N", value_parser = parse_buckets, conflicts_with = "memory")]
-    pub(crate) buckets: Option<u64>,
-    /// Table size as memory, such as 64MiB.
-    #[arg(long, value_name = "SIZE", value_parser = parse_memory)]
-    pub(crate) memory: Option<u64>,
-    /// Slots per set: 1 (the classic one-bucket table), 2, 4 or 8.
-    #[arg(long, value_name = "W", default_value_t = 8, value_parser = parse_ways)]
-    pub(crate) ways: u32,
+    /// The table; without `--buckets` or `--memory`, 8,388,608 buckets (64 MiB).
+    #[command(flatten)]
+    pub(crate) table: TableFlags,
     /// The key of a record: `body` (the whole line) or `json:<pointer>`, such as `json:/id`.
     #[arg(long, value_name = "KEY", default_value = "body")]
     pub(crate) key: KeySpec,

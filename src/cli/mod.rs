@@ -8,6 +8,7 @@ mod filter;
 mod parse;
 mod run;
 mod size;
+mod table;
 
 use clap::{Parser, Subcommand};
 

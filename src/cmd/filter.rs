@@ -14,14 +14,12 @@ use nsq_dedupe::{Geometry, Keyer, Table};
 const BUFFER_BYTES: usize = 256 * 1024;
 
 pub(crate) fn run(args: &FilterArgs) -> Result<()> {
-    let table = match (args.buckets, args.memory) {
-        (_, Some(bytes)) => Table::with_memory(bytes, args.ways).context("invalid `--memory`")?,
-        (Some(slots), None) => {
-            Table::with_slots(slots, args.ways).context("invalid `--buckets`")?
-        }
-        (None, None) => Table::with_slots(Geometry::DEFAULT_SLOTS, args.ways)
-            .context("cannot build the default table (64 MiB); give a smaller `--memory`")?,
+    let geometry = match args.table.geometry()? {
+        Some(geometry) => geometry,
+        None => Geometry::new(Geometry::DEFAULT_SLOTS, args.table.ways)
+            .expect("the default size is valid for every supported way count"),
     };
+    let table = Table::new(geometry);
     let keyer = Keyer::new(args.key.clone(), args.digest);
     let keyless_is_error = args.on_missing_key == MissingKey::Error;
     let mut stats = FilterStats::default();

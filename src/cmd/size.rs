@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{bail, Result};
 use serde_json::json;
 
 use super::format_probability;
@@ -53,16 +53,10 @@ fn solve(args: &SizeArgs) -> Result<Answer> {
         (None, Some(messages), _) => Some(messages),
         (None, None, _) => None,
     };
-    let geometry = match (args.buckets, args.memory) {
-        (Some(slots), _) => Some(Geometry::new(slots, args.ways).context("invalid `--buckets`")?),
-        (None, Some(bytes)) => {
-            Some(Geometry::with_memory(bytes, args.ways).context("invalid `--memory`")?)
-        }
-        (None, None) => None,
-    };
+    let geometry = args.table.geometry()?;
     let answer = match (args.probability, geometry, window_messages) {
         (Some(target), None, Some(window_messages)) => {
-            let geometry = sizing::slots_for(target, args.ways, window_messages)?;
+            let geometry = sizing::slots_for(target, args.table.ways, window_messages)?;
             Answer {
                 geometry,
                 probability: sizing::catch_probability(geometry, window_messages),
