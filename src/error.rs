@@ -54,10 +54,10 @@ pub enum KeyError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpecError {
     /// `--key` / `key` was not understood.
-    #[error("invalid key `{0}`: expected `body` or `json:<JSON pointer>` such as `json:/id`")]
+    #[error("expected `body` or `json:<JSON pointer>` such as `json:/id`")]
     Key(String),
     /// `--digest` / `digest` was not understood.
-    #[error("invalid digest `{0}`: expected `xxh3`, `xxh3:<seed>` or `md5`")]
+    #[error("expected `xxh3`, `xxh3:<seed>` or `md5`")]
     Digest(String),
 }
 

@@ -138,7 +138,7 @@ fn bad_flags_and_missing_files_are_reported() {
         .assert()
         .failure()
         .stderr(predicate::str::contains(
-            "invalid digest `sha1`: expected `xxh3`, `xxh3:<seed>` or `md5`",
+            "invalid value 'sha1' for '--digest <DIGEST>': expected `xxh3`, `xxh3:<seed>` or `md5`",
         ));
     bin()
         .args(["filter", "--memory", "10"])

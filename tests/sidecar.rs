@@ -568,18 +568,6 @@ fn malformed_configs_are_rejected_with_the_key_named() {
         e.contains("msg_timeout") && e.contains("`10 parsecs`"),
         "{e}"
     );
-    assert_eq!(
-        bad_config("[source]\ntopic = \"t\"\n"),
-        "`source.nsqd_tcp_addresses` is required: set it in the config file or pass `--nsqd-tcp-address` or `--lookupd-http-address`"
-    );
-    assert_eq!(
-        bad_config("[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"localhost\"]\n"),
-        "invalid `source.nsqd_tcp_addresses` = \"localhost\": expected host:port such as 127.0.0.1:4150"
-    );
-    assert_eq!(
-        bad_config(&format!("{SOURCE}[sink]\nkind = \"http\"\n")),
-        "`sink.post` is required: set it in the config file or pass `--post`"
-    );
     let e = bad_config(&format!(
         "{SOURCE}[sink]\nkind = \"http\"\npost = \"https://example.com/x\"\n"
     ));
@@ -587,52 +575,31 @@ fn malformed_configs_are_rejected_with_the_key_named() {
         e.starts_with("invalid `sink.post` = \"https://example.com/x\"") && e.contains("TLS proxy"),
         "{e}"
     );
-    assert_eq!(
-        bad_config(&format!("{SOURCE}[sink]\nkind = \"nsq\"\ndestination_nsqd_tcp_addresses = [\"127.0.0.1:4150\"]\n")),
-        "`sink.destination_topic` is required: set it in the config file or pass `--destination-topic`"
-    );
-    assert_eq!(
-        bad_config(&format!("{SOURCE}[store]\nbuckets = 1000\nprobability = 0.9\n")),
-        "invalid `store.probability` = 0.9: give either `store.buckets` or `store.probability` with `store.rate` and `store.window`, not both"
-    );
-    assert_eq!(
-        bad_config(&format!(
-            "{SOURCE}[store]\nprobability = 0.9\nwindow = \"1h\"\n"
-        )),
-        "`store.rate` is required with `store.probability`: set it in the config file"
-    );
-    assert_eq!(
-        bad_config(&format!("{SOURCE}[store]\nprobability = 1.5\nrate = 10\nwindow = \"1h\"\n")),
-        "invalid `store.probability` = 1.5: `probability` must be between 0 and 1 exclusive (0 < p < 1), got 1.5"
-    );
-    assert_eq!(
-        bad_config(&format!("{SOURCE}[store]\nkind = \"memcached\"\nlease = \"5s\"\n")),
-        "invalid `store.lease` = 5s: must be at least `source.msg_timeout` (60s), or another delivery may take over a claim whose handler is still running"
-    );
-    assert_eq!(
-        bad_config(&format!("{SOURCE}[dedupe]\nkey = \"id\"\n")),
-        "invalid `dedupe.key` = \"id\": invalid key `id`: expected `body` or `json:<JSON pointer>` such as `json:/id`"
-    );
-    assert_eq!(
-        bad_config(&format!("{SOURCE}[metrics]\naddress = \"localhost\"\n")),
-        "invalid `metrics.address` = \"localhost\": invalid socket address; expected host:port such as 127.0.0.1:9150 or localhost:9150, or \"off\""
-    );
-    assert_eq!(
-        bad_config(&format!("{SOURCE}[dead_letter]\nkind = \"file\"\n")),
-        "`dead_letter.path` is required with `dead_letter.kind = \"file\"`: set it in the config file"
-    );
-    assert_eq!(
-        bad_config("[source]\ntopic = \"t\"\nlookupd_http_addresses = [\"https://x:4161\"]\n"),
-        "invalid `source.lookupd_http_addresses` = \"https://x:4161\": https is not supported; use http://host:port"
-    );
-    assert_eq!(
-        bad_config(&format!("{SOURCE}[store]\nkind = \"memcached\"\nnamespace = \"my table\"\n")),
-        "invalid `store.namespace` = \"my table\": must be 1 to 160 printable ASCII characters without spaces"
-    );
-    assert_eq!(
-        bad_config(&format!("{SOURCE}[sink]\nkind = \"nsq\"\ndestination_nsqd_tcp_addresses = [\"127.0.0.1:4150\"]\ndestination_topic = \"bad topic!\"\n")),
-        "invalid `sink.destination_topic` = \"bad topic!\": NSQ topic names are 1 to 64 of letters, digits, '.', '_' and '-', optionally ending in #ephemeral"
-    );
+    // (the text after the minimal [source], or a whole file when it starts with [source]; the error)
+    let cases: &[(&str, &str)] = &[
+        ("[source]\ntopic = \"t\"\n", "`source.nsqd_tcp_addresses` is required: set it in the config file or pass `--nsqd-tcp-address` or `--lookupd-http-address`"),
+        ("[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"localhost\"]\n", "invalid `source.nsqd_tcp_addresses` = \"localhost\": expected host:port such as 127.0.0.1:4150"),
+        ("[sink]\nkind = \"http\"\n", "`sink.post` is required: set it in the config file or pass `--post`"),
+        ("[sink]\nkind = \"nsq\"\ndestination_nsqd_tcp_addresses = [\"127.0.0.1:4150\"]\n", "`sink.destination_topic` is required: set it in the config file or pass `--destination-topic`"),
+        ("[store]\nbuckets = 1000\nprobability = 0.9\n", "invalid `store.probability` = 0.9: give either `store.buckets` or `store.probability` with `store.rate` and `store.window`, not both"),
+        ("[store]\nprobability = 0.9\nwindow = \"1h\"\n", "`store.rate` is required with `store.probability`: set it in the config file"),
+        ("[store]\nprobability = 1.5\nrate = 10\nwindow = \"1h\"\n", "invalid `store.probability` = 1.5: `probability` must be between 0 and 1 exclusive (0 < p < 1), got 1.5"),
+        ("[store]\nkind = \"memcached\"\nlease = \"5s\"\n", "invalid `store.lease` = 5s: must be at least `source.msg_timeout` (60s), or another delivery may take over a claim whose handler is still running"),
+        ("[dedupe]\nkey = \"id\"\n", "invalid `dedupe.key` = \"id\": expected `body` or `json:<JSON pointer>` such as `json:/id`"),
+        ("[metrics]\naddress = \"localhost\"\n", "invalid `metrics.address` = \"localhost\": invalid socket address; expected host:port such as 127.0.0.1:9150 or localhost:9150, or \"off\""),
+        ("[dead_letter]\nkind = \"file\"\n", "`dead_letter.path` is required with `dead_letter.kind = \"file\"`: set it in the config file"),
+        ("[source]\ntopic = \"t\"\nlookupd_http_addresses = [\"https://x:4161\"]\n", "invalid `source.lookupd_http_addresses` = \"https://x:4161\": https is not supported; use http://host:port"),
+        ("[store]\nkind = \"memcached\"\nnamespace = \"my table\"\n", "invalid `store.namespace` = \"my table\": must be 1 to 160 printable ASCII characters without spaces"),
+        ("[sink]\nkind = \"nsq\"\ndestination_nsqd_tcp_addresses = [\"127.0.0.1:4150\"]\ndestination_topic = \"bad topic!\"\n", "invalid `sink.destination_topic` = \"bad topic!\": NSQ topic names are 1 to 64 of letters, digits, '.', '_' and '-', optionally ending in #ephemeral"),
+    ];
+    for (text, expected) in cases {
+        let text = if text.starts_with("[source]") {
+            (*text).to_owned()
+        } else {
+            format!("{SOURCE}{text}")
+        };
+        assert_eq!(bad_config(&text), *expected, "config:\n{text}");
+    }
     assert!(matches!(
         RawConfig::from_file(Path::new("/nonexistent/nsq-dedupe.toml")),
         Err(ConfigError::Read { .. })

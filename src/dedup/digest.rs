@@ -274,7 +274,7 @@ mod tests {
         }
         assert_eq!(
             "json:id".parse::<KeySpec>().unwrap_err().to_string(),
-            "invalid key `json:id`: expected `body` or `json:<JSON pointer>` such as `json:/id`"
+            "expected `body` or `json:<JSON pointer>` such as `json:/id`"
         );
         assert!("sha1".parse::<DigestAlgorithm>().is_err());
     }
