@@ -269,3 +269,32 @@ fn every_setting_a_message_names_exists() {
         "messages name settings that do not exist: {missing:?}"
     );
 }
+
+#[test]
+fn size_refuses_windows_beyond_what_it_computes() {
+    let (code, stderr) = fails(&["size", "-p", "0.9", "--messages", "1e300"]);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.starts_with(
+            "error: invalid value '1e300' for '--messages <COUNT>': expected a whole count of \
+             messages from 1 to 10^18, such as 3600000\n"
+        ),
+        "{stderr}"
+    );
+    assert_eq!(
+        fails(&["size", "-p", "0.9", "--rate", "1e308", "--window", "1d"]),
+        (
+            1,
+            "error: `--window` at `--rate` holds inf messages; `size` computes windows of at \
+             most 10^18 messages: shorten the window or lower the rate\n"
+                .to_owned()
+        )
+    );
+}
+
+#[test]
+fn size_parsers_show_the_value_once() {
+    let (code, stderr) = fails(&["size", "--memory", "16EiB", "--messages", "5"]);
+    assert_eq!(code, 2);
+    assert_eq!(stderr.matches("16EiB").count(), 1, "{stderr}");
+}

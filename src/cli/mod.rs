@@ -13,6 +13,7 @@ mod table;
 use clap::{Parser, Subcommand};
 
 pub(crate) use filter::{FilterArgs, MissingKey};
+pub(crate) use parse::MAX_WINDOW_MESSAGES;
 pub(crate) use run::RunArgs;
 pub(crate) use size::SizeArgs;
 

@@ -18,6 +18,17 @@ pub(crate) fn named<T: Copy + Send + Sync + 'static>(
     })
 }
 
+/// The largest window, in messages, that `size` computes for: a billion messages a second
+/// for thirty years.
+pub(crate) const MAX_WINDOW_MESSAGES: f64 = 1e18;
+
+/// The library's parsers end their message with the value; clap shows it already.
+fn without_value(reason: String, text: &str) -> String {
+    reason
+        .strip_suffix(&format!(", got `{text}`"))
+        .map_or(reason.clone(), str::to_owned)
+}
+
 pub(crate) fn parse_probability(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(p) if p > 0.0 && p < 1.0 => Ok(p),
@@ -33,7 +44,7 @@ pub(crate) fn parse_buckets(text: &str) -> Result<u64, String> {
 }
 
 pub(crate) fn parse_memory(text: &str) -> Result<u64, String> {
-    nsq_dedupe::sizing::parse_bytes(text)
+    nsq_dedupe::sizing::parse_bytes(text).map_err(|reason| without_value(reason, text))
 }
 
 pub(crate) fn parse_rate(text: &str) -> Result<f64, String> {
@@ -45,13 +56,17 @@ pub(crate) fn parse_rate(text: &str) -> Result<f64, String> {
 
 pub(crate) fn parse_messages(text: &str) -> Result<f64, String> {
     match text.replace(['_', ','], "").parse::<f64>() {
-        Ok(count) if count >= 1.0 && count.is_finite() && count.fract() == 0.0 => Ok(count),
-        _ => Err("expected a whole count of messages of at least 1, such as 3600000".to_owned()),
+        Ok(count) if (1.0..=MAX_WINDOW_MESSAGES).contains(&count) && count.fract() == 0.0 => {
+            Ok(count)
+        }
+        _ => Err("expected a whole count of messages from 1 to 10^18, such as 3600000".to_owned()),
     }
 }
 
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
-    match nsq_dedupe::sizing::parse_duration(text)? {
+    let duration =
+        nsq_dedupe::sizing::parse_duration(text).map_err(|reason| without_value(reason, text))?;
+    match duration {
         d if d.is_zero() => Err("expected a duration greater than 0".to_owned()),
         d => Ok(d),
     }

@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 use serde_json::json;
 
 use super::format_probability;
-use crate::cli::SizeArgs;
+use crate::cli::{SizeArgs, MAX_WINDOW_MESSAGES};
 use nsq_dedupe::sizing::{self, format_bytes, format_count, format_duration};
 use nsq_dedupe::Geometry;
 
@@ -53,6 +53,12 @@ fn solve(args: &SizeArgs) -> Result<Answer> {
         (None, Some(messages), _) => Some(messages),
         (None, None, _) => None,
     };
+    if let Some(messages) = window_messages.filter(|m| *m > MAX_WINDOW_MESSAGES) {
+        bail!(
+            "`--window` at `--rate` holds {messages:.3e} messages; `size` computes windows of at \
+             most 10^18 messages: shorten the window or lower the rate"
+        );
+    }
     let geometry = args.table.geometry()?;
     let answer = match (args.probability, geometry, window_messages) {
         (Some(target), None, Some(window_messages)) => {
