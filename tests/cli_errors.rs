@@ -152,7 +152,7 @@ fn size_wants_a_whole_count_of_messages() {
     assert!(
         stderr.starts_with(
             "error: invalid value '0.5' for '--messages <COUNT>': expected a whole count of \
-             messages of at least 1, such as 3600000\n"
+             messages from 1 to 10^18, such as 3600000\n"
         ),
         "{stderr}"
     );
