@@ -26,6 +26,14 @@ pub enum TableError {
         /// The smallest budget that works.
         minimum: u64,
     },
+    /// The system would not give the table's memory.
+    #[error("cannot allocate {} for the table{}", crate::sizing::format_bytes(*bytes), machine_bytes.map_or_else(String::new, |m| format!(" (this machine has {} of memory)", crate::sizing::format_bytes(m))))]
+    Alloc {
+        /// The table's size.
+        bytes: u64,
+        /// The machine's physical memory, when known.
+        machine_bytes: Option<u64>,
+    },
     /// The table would not fit in this machine's address space.
     #[error("{0} slots are too many for this machine's address space")]
     TooLarge(u64),

@@ -32,7 +32,7 @@ pub enum RunError {
     #[error("cannot open the de-duplication store")]
     Store(#[from] crate::error::StoreError),
     /// The table could not be allocated.
-    #[error("cannot build the in-process table")]
+    #[error("cannot build the in-process table; choose a smaller `store.buckets` (`--buckets`) or `store.probability`")]
     Table(#[from] crate::error::TableError),
     /// The consumer or a producer could not be built.
     #[error("the NSQ client failed")]
@@ -73,7 +73,7 @@ pub struct Sidecar<H> {
 /// [`RunError`] if the table cannot be allocated or Memcached does not answer.
 pub async fn build_store(store: &StoreSettings) -> Result<Backend, RunError> {
     Ok(match store {
-        StoreSettings::Memory(geometry) => Backend::Memory(Table::new(*geometry)),
+        StoreSettings::Memory(geometry) => Backend::Memory(Table::new(*geometry)?),
         StoreSettings::None => Backend::None(NoStore),
         StoreSettings::Memcached(config, geometry) => {
             // A Memcached server that is down at start is a store error per message (handled

@@ -298,3 +298,40 @@ fn size_parsers_show_the_value_once() {
     assert_eq!(code, 2);
     assert_eq!(stderr.matches("16EiB").count(), 1, "{stderr}");
 }
+
+#[test]
+fn a_table_larger_than_the_machine_is_an_error_not_an_abort() {
+    for (args, flag) in [
+        (&["filter", "--memory", "100TiB"][..], "--memory"),
+        (&["filter", "--buckets", "99999999999999"][..], "--buckets"),
+    ] {
+        let (code, stderr) = fails(args);
+        assert_eq!(code, 1, "{stderr}");
+        assert!(
+            stderr.starts_with(&format!("error: invalid `{flag}`: cannot allocate ")),
+            "{stderr}"
+        );
+        assert!(stderr.ends_with(" of memory)\n"), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    }
+    let (code, stderr) = fails(&[
+        "run",
+        "--topic",
+        "t",
+        "--nsqd-tcp-address",
+        "127.0.0.1:1",
+        "--metrics-address",
+        "off",
+        "--buckets",
+        "99999999999999",
+    ]);
+    assert_eq!(code, 1, "{stderr}");
+    let error = stderr.lines().last().unwrap();
+    assert!(
+        error.starts_with(
+            "error: cannot build the in-process table; choose a smaller `store.buckets` \
+             (`--buckets`) or `store.probability`: cannot allocate 727.6 TiB for the table"
+        ),
+        "{stderr}"
+    );
+}

@@ -13,7 +13,7 @@ use rand::{Rng, SeedableRng};
 /// is still held `delay` distinct digests later. Returns the share still held.
 fn measured_catch_rate(geometry: Geometry, delay: usize, samples: usize, seed: u64) -> f64 {
     const STRIDE: usize = 3;
-    let table = Table::new(geometry);
+    let table = Table::new(geometry).unwrap();
     let mut rng = StdRng::seed_from_u64(seed);
     let mut pending: VecDeque<(usize, Digest)> = VecDeque::new();
     let (mut caught, mut asked) = (0usize, 0usize);
@@ -103,7 +103,7 @@ proptest! {
         sets in prop::sample::select(vec![16u64, 128, 4096]),
     ) {
         let geometry = Geometry::new(sets * u64::from(ways), ways).unwrap();
-        let table = Table::new(geometry);
+        let table = Table::new(geometry).unwrap();
         let input: Vec<u8> = records.iter().flat_map(|r| format!("r{r}\n").into_bytes()).collect();
         let mut output = Vec::new();
         let mut stats = FilterStats::default();

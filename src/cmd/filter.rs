@@ -14,12 +14,16 @@ use nsq_dedupe::{Geometry, Keyer, Table};
 const BUFFER_BYTES: usize = 256 * 1024;
 
 pub(crate) fn run(args: &FilterArgs) -> Result<()> {
-    let geometry = match args.table.geometry()? {
-        Some(geometry) => geometry,
-        None => Geometry::new(Geometry::DEFAULT_SLOTS, args.table.ways)
-            .expect("the default size is valid for every supported way count"),
+    let (geometry, flag) = match args.table.geometry()? {
+        Some(geometry) if args.table.buckets.is_some() => (geometry, "`--buckets`"),
+        Some(geometry) => (geometry, "`--memory`"),
+        None => (
+            Geometry::new(Geometry::DEFAULT_SLOTS, args.table.ways)
+                .expect("the default size is valid for every supported way count"),
+            "the default table size; give a smaller `--memory`",
+        ),
     };
-    let table = Table::new(geometry);
+    let table = Table::new(geometry).with_context(|| format!("invalid {flag}"))?;
     let keyer = Keyer::new(args.key.clone(), args.digest);
     let keyless_is_error = args.on_missing_key == MissingKey::Error;
     let mut stats = FilterStats::default();

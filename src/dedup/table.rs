@@ -136,51 +136,56 @@ macro_rules! on_set {
 impl Table {
     /// A table of the given shape.
     ///
-    /// # Panics
+    /// # Errors
     ///
-    /// If the allocation fails, as any allocation does; [`Geometry::new`] has already checked
-    /// that the size fits the address space.
-    pub fn new(geometry: Geometry) -> Self {
+    /// [`TableError::Alloc`] when the system will not give the memory; [`Geometry::new`] has
+    /// already checked that the size fits the address space.
+    pub fn new(geometry: Geometry) -> Result<Self, TableError> {
         let len = usize::try_from(geometry.slots())
             .expect("Geometry::new bounds the table by isize::MAX bytes")
             + (LINE_SLOTS - 1);
-        // An 8-byte-aligned request is served by `calloc`, which maps fresh, lazily zeroed
-        // pages for large tables; asking for 64-byte alignment instead would make the
-        // allocator zero the whole table eagerly. So we align by skipping up to 7 slots.
-        let zeroed = Box::<[AtomicU64]>::new_zeroed_slice(len);
-        // SAFETY: `AtomicU64` has the same in-memory representation as `u64`, for which
-        // all-zero bytes are a valid value, so a zeroed slice is fully initialised. Zero is
-        // also the empty slot (state 0) and a cursor at slot 0.
-        let slots = unsafe { zeroed.assume_init() };
+        // A table larger than the machine's memory would be handed out lazily and kill the
+        // process (or its neighbours) once it fills; refuse it while that is still an error.
+        let machine_bytes = machine_memory_bytes();
+        let refused = TableError::Alloc {
+            bytes: geometry.memory_bytes(),
+            machine_bytes,
+        };
+        if machine_bytes.is_some_and(|m| geometry.memory_bytes() > m) {
+            return Err(refused);
+        }
+        let slots = zeroed_slots(len).ok_or(refused)?;
         let base = slots.as_ptr().align_offset(LINE_SLOTS * 8);
         assert!(
             base < LINE_SLOTS,
             "an 8-byte-aligned pointer is 64-byte aligned within 7 slots"
         );
         advise_huge_pages(&slots);
-        Table {
+        Ok(Table {
             slots,
             base,
             geometry,
-        }
+        })
     }
 
     /// A table of at least `slots` slots (rounded up to whole sets) in sets of `ways`.
     ///
     /// # Errors
     ///
-    /// [`TableError`] when `slots` is 0, `ways` is not 1, 2, 4 or 8, or the table is too large.
+    /// [`TableError`] when `slots` is 0, `ways` is not 1, 2, 4 or 8, the table is too large for
+    /// the address space, or the system will not give the memory.
     pub fn with_slots(slots: u64, ways: u32) -> Result<Self, TableError> {
-        Ok(Table::new(Geometry::new(slots, ways)?))
+        Table::new(Geometry::new(slots, ways)?)
     }
 
     /// The largest table of `ways`-way sets that fits in `bytes`.
     ///
     /// # Errors
     ///
-    /// [`TableError`] when not even one set fits or `ways` is unsupported.
+    /// [`TableError`] when not even one set fits, `ways` is unsupported, or the system will
+    /// not give the memory.
     pub fn with_memory(bytes: u64, ways: u32) -> Result<Self, TableError> {
-        Ok(Table::new(Geometry::with_memory(bytes, ways)?))
+        Table::new(Geometry::with_memory(bytes, ways)?)
     }
 
     /// Touches every page of the table now, so that the operating system's first-touch page
@@ -689,6 +694,43 @@ fn choose_victim<const W: usize>(words: &[u64; W]) -> (usize, usize) {
     } else {
         (cursor, (cursor + 1) % W)
     }
+}
+
+/// `len` zeroed slots, or `None` when the allocator refuses: a size a user typed must not
+/// abort the process, as a failed infallible allocation does.
+///
+/// An 8-byte-aligned request is served by `calloc`, which maps fresh, lazily zeroed pages for
+/// large tables; asking for 64-byte alignment instead would make the allocator zero the whole
+/// table eagerly. So the caller aligns by skipping up to 7 slots.
+fn zeroed_slots(len: usize) -> Option<Box<[AtomicU64]>> {
+    let layout = std::alloc::Layout::array::<AtomicU64>(len).ok()?;
+    if layout.size() == 0 {
+        return Some(Box::new([]));
+    }
+    // SAFETY: the layout has a non-zero size, as `alloc_zeroed` requires.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<AtomicU64>();
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: `ptr` was allocated by the global allocator with the layout of `[AtomicU64; len]`,
+    // which is what a `Box<[AtomicU64]>` of `len` elements frees it with. All-zero bytes are a
+    // valid `AtomicU64` (the same representation as `u64`), so every element is initialised;
+    // zero is also the empty slot (state 0) and a cursor at slot 0.
+    Some(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, len)) })
+}
+
+/// The machine's physical memory (`MemTotal` of `/proc/meminfo`), for error messages.
+fn machine_memory_bytes() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = meminfo
+        .lines()
+        .find_map(|line| line.strip_prefix("MemTotal:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    kib.checked_mul(1024)
 }
 
 /// Asks the kernel to back the table with 2 MiB pages where the allocation covers whole ones.

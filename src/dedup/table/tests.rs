@@ -120,7 +120,7 @@ proptest! {
         ops in prop::collection::vec(op(), 1..300),
     ) {
         let geometry = Geometry::new(sets * u64::from(ways), ways).unwrap();
-        let table = Table::new(geometry);
+        let table = Table::new(geometry).unwrap();
         let mut model = Model::new(geometry);
         let digests = pool(seed);
         let mut ever_inserted = HashSet::new();
@@ -177,6 +177,18 @@ fn shapes_are_validated_with_errors_that_name_the_knob() {
         Table::with_slots(u64::MAX, 8),
         Err(TableError::TooLarge(_))
     ));
+    // A size that fits the address space but not the machine is an error, not an abort.
+    let error = Table::with_slots(99_999_999_999_999, 8).unwrap_err();
+    assert!(
+        matches!(error, TableError::Alloc { bytes, .. } if bytes == 100_000_000_000_000 * 8),
+        "{error:?}"
+    );
+    assert!(
+        error
+            .to_string()
+            .starts_with("cannot allocate 727.6 TiB for the table"),
+        "{error}"
+    );
     // Slots round up to whole sets; memory rounds down.
     assert_eq!(Table::with_slots(9, 8).unwrap().slots(), 16);
     assert_eq!(Table::with_memory(1000, 8).unwrap().slots(), 120);
@@ -270,7 +282,7 @@ fn concurrent_claims_of_one_digest_yield_exactly_one_new() {
     for (round, ways) in [1, 8, 2, 8, 4, 8, 8, 8].into_iter().enumerate() {
         let geometry = Geometry::new(4096, ways).unwrap();
         let digests = digests_without_overflow(geometry, 4000, round as u64);
-        let table = Table::new(geometry);
+        let table = Table::new(geometry).unwrap();
         let news: Vec<AtomicU32> = digests.iter().map(|_| AtomicU32::new(0)).collect();
         let start = std::sync::Barrier::new(THREADS);
         std::thread::scope(|scope| {
@@ -312,7 +324,7 @@ fn concurrent_claim_commit_erase_keep_the_books_balanced() {
     for round in 0..16u64 {
         let geometry = Geometry::new(2048, 8).unwrap();
         let digests = digests_without_overflow(geometry, 2000, 9 + round);
-        let table = Table::new(geometry);
+        let table = Table::new(geometry).unwrap();
         let news: Vec<AtomicU32> = digests.iter().map(|_| AtomicU32::new(0)).collect();
         let erases: Vec<AtomicU32> = digests.iter().map(|_| AtomicU32::new(0)).collect();
         let start = std::sync::Barrier::new(THREADS);
@@ -376,7 +388,7 @@ fn prefault_changes_nothing() {
 #[test]
 fn claim_many_answers_as_single_claims_do() {
     let geometry = Geometry::new(64, 4).unwrap();
-    let (batched, single) = (Table::new(geometry), Table::new(geometry));
+    let (batched, single) = (Table::new(geometry).unwrap(), Table::new(geometry).unwrap());
     // Repeats within the batch and sets that overflow.
     let d = pool(4);
     let digests: Vec<Digest> = (0..200).map(|i| d[(i * 7) % d.len()]).collect();
