@@ -1,9 +1,11 @@
 //! De-duplication of newline-delimited records: the engine of `nsq-dedupe filter`, usable on
 //! any reader and writer.
 //!
-//! Records are written byte for byte, in input order, including their newline (a last record
-//! without one is written without one). Memory is the table plus one record: the reader's
-//! buffer holds the current record only.
+//! Records are written byte for byte, in input order, including their newline. A last record
+//! without one ends at the end of its input: it is written without one when it ends the
+//! output, and with one when another input follows, so that it is never glued to the next
+//! input's first record. Memory is the table plus one record: the reader's buffer holds the
+//! current record only.
 
 use std::io::{self, BufRead, Write};
 
@@ -44,6 +46,7 @@ pub enum FilterError {
 /// `stats` (which may carry counts from earlier inputs).
 ///
 /// With `keyless_is_error`, a record without a key stops the run; otherwise it is written.
+/// With `more_input_follows`, a last record without a newline is written with one.
 ///
 /// # Errors
 ///
@@ -55,6 +58,7 @@ pub fn filter_records<R: BufRead, W: Write>(
     table: &Table,
     keyer: &Keyer,
     keyless_is_error: bool,
+    more_input_follows: bool,
     stats: &mut FilterStats,
 ) -> Result<(), FilterError> {
     let mut record = Vec::with_capacity(4096);
@@ -80,6 +84,9 @@ pub fn filter_records<R: BufRead, W: Write>(
         };
         if unique {
             output.write_all(&record)?;
+            if more_input_follows && !record.ends_with(b"\n") {
+                output.write_all(b"\n")?;
+            }
             stats.records_out += 1;
         } else {
             stats.duplicates += 1;
@@ -96,7 +103,7 @@ mod tests {
         let table = Table::with_slots(1024, 8).unwrap();
         let mut out = Vec::new();
         let mut stats = FilterStats::default();
-        filter_records(input, &mut out, &table, keyer, false, &mut stats).unwrap();
+        filter_records(input, &mut out, &table, keyer, false, false, &mut stats).unwrap();
         (out, stats)
     }
 
@@ -134,6 +141,7 @@ mod tests {
             &table,
             &keyer,
             true,
+            false,
             &mut stats,
         )
         .unwrap_err();

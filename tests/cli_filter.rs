@@ -200,3 +200,30 @@ fn a_closed_stdout_ends_quietly_with_success() {
     assert!(status.success(), "exit status {status}, stderr: {stderr}");
     assert_eq!(stderr, "");
 }
+
+#[test]
+fn a_file_without_a_last_newline_is_not_glued_to_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = dir.path().join("first.txt");
+    let second = dir.path().join("second.txt");
+    std::fs::write(&first, "a").unwrap();
+    std::fs::write(&second, "b\nc").unwrap();
+    bin()
+        .arg("filter")
+        .arg(&first)
+        .arg(&second)
+        .assert()
+        .success()
+        .stdout("a\nb\nc");
+    // The same record with and without its newline is one key.
+    std::fs::write(&second, "a\nb").unwrap();
+    bin()
+        .arg("filter")
+        .arg(&first)
+        .arg(&second)
+        .arg("-")
+        .write_stdin("b\nd")
+        .assert()
+        .success()
+        .stdout("a\nb\nd");
+}

@@ -107,7 +107,7 @@ proptest! {
         let input: Vec<u8> = records.iter().flat_map(|r| format!("r{r}\n").into_bytes()).collect();
         let mut output = Vec::new();
         let mut stats = FilterStats::default();
-        filter_records(&input[..], &mut output, &table, &Keyer::default(), false, &mut stats)
+        filter_records(&input[..], &mut output, &table, &Keyer::default(), false, false, &mut stats)
             .unwrap();
 
         let mut seen = HashSet::new();

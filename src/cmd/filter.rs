@@ -35,29 +35,34 @@ pub(crate) fn run(args: &FilterArgs) -> Result<()> {
     } else {
         &args.files[..]
     };
-    let result = files.iter().try_for_each(|path| -> Result<()> {
-        let (input, name): (Box<dyn BufRead>, String) = if path.as_os_str() == "-" {
-            let stdin = io::stdin().lock();
-            (
-                Box::new(BufReader::with_capacity(BUFFER_BYTES, stdin)),
-                "stdin".into(),
+    let last = files.len() - 1;
+    let result = files
+        .iter()
+        .enumerate()
+        .try_for_each(|(i, path)| -> Result<()> {
+            let (input, name): (Box<dyn BufRead>, String) = if path.as_os_str() == "-" {
+                let stdin = io::stdin().lock();
+                (
+                    Box::new(BufReader::with_capacity(BUFFER_BYTES, stdin)),
+                    "stdin".into(),
+                )
+            } else {
+                let file = File::open(path)
+                    .with_context(|| format!("cannot open input file `{}`", path.display()))?;
+                let name = format!("`{}`", path.display());
+                (Box::new(BufReader::with_capacity(BUFFER_BYTES, file)), name)
+            };
+            filter_records(
+                input,
+                &mut output,
+                &table,
+                &keyer,
+                keyless_is_error,
+                i < last,
+                &mut stats,
             )
-        } else {
-            let file = File::open(path)
-                .with_context(|| format!("cannot open input file `{}`", path.display()))?;
-            let name = format!("`{}`", path.display());
-            (Box::new(BufReader::with_capacity(BUFFER_BYTES, file)), name)
-        };
-        filter_records(
-            input,
-            &mut output,
-            &table,
-            &keyer,
-            keyless_is_error,
-            &mut stats,
-        )
-        .with_context(|| format!("while filtering {name}"))
-    });
+            .with_context(|| format!("while filtering {name}"))
+        });
     let flushed = result.and_then(|()| output.flush().context("cannot write to stdout"));
     if args.stats {
         print_stats(&stats, &table);
