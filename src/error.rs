@@ -64,6 +64,9 @@ pub enum SpecError {
     /// `--key` / `key` was not understood.
     #[error("expected `body` or `json:<JSON pointer>` such as `json:/id`")]
     Key(String),
+    /// The JSON pointer of a `json:` key is not valid by RFC 6901.
+    #[error("a JSON pointer escapes `~` as `~0` and `/` as `~1`; no other `~` may appear")]
+    Pointer(String),
     /// `--digest` / `digest` was not understood.
     #[error("expected `xxh3`, `xxh3:<seed>` or `md5`")]
     Digest(String),

@@ -335,3 +335,26 @@ fn a_table_larger_than_the_machine_is_an_error_not_an_abort() {
         "{stderr}"
     );
 }
+
+#[test]
+fn an_invalid_json_pointer_is_refused_when_read() {
+    let (code, stderr) = fails(&["filter", "--key", "json:/a~2"]);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.starts_with(
+            "error: invalid value 'json:/a~2' for '--key <KEY>': a JSON pointer escapes `~` as \
+             `~0` and `/` as `~1`; no other `~` may appear\n"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn json_keys_of_different_types_are_different_messages() {
+    bin()
+        .args(["filter", "--key", "json:/id"])
+        .write_stdin("{\"id\":\"1\"}\n{\"id\":1}\n{\"id\":\"true\"}\n{\"id\":true}\n{\"id\":1}\n")
+        .assert()
+        .success()
+        .stdout("{\"id\":\"1\"}\n{\"id\":1}\n{\"id\":\"true\"}\n{\"id\":true}\n");
+}

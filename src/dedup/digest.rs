@@ -133,8 +133,10 @@ pub enum KeySpec {
     #[default]
     Body,
     /// One field of a JSON body, named by a JSON pointer (RFC 6901) such as `/id` or
-    /// `/meta/request_id`. A string field is keyed by its text; any other value by its compact
-    /// JSON form.
+    /// `/meta/request_id`. The key is the field's value in compact JSON, so values of different
+    /// JSON types never share a key: `"1"` and `1` differ, as do `"true"` and `true`. Equal
+    /// values written differently share one (`"\u0041"` and `"A"`; objects whatever the order of
+    /// their members). Numbers keep their written kind: `1` and `1.0` differ.
     Json(String),
 }
 
@@ -155,13 +157,10 @@ impl KeySpec {
                         detail: err.to_string(),
                     })?;
                 match value.pointer(pointer) {
-                    Some(serde_json::Value::String(text)) => {
-                        Ok(Cow::Owned(text.clone().into_bytes()))
-                    }
                     Some(serde_json::Value::Null) | None => Err(KeyError::MissingField {
                         pointer: pointer.clone(),
                     }),
-                    Some(other) => Ok(Cow::Owned(other.to_string().into_bytes())),
+                    Some(value) => Ok(Cow::Owned(value.to_string().into_bytes())),
                 }
             }
         }
@@ -171,13 +170,20 @@ impl KeySpec {
 impl FromStr for KeySpec {
     type Err = SpecError;
 
-    /// Parses `body` or `json:<pointer>`; the pointer is empty or starts with `/`.
+    /// Parses `body` or `json:<pointer>`, where the pointer starts with `/` and is valid by
+    /// RFC 6901: each `~` is followed by `0` (for `~`) or `1` (for `/`).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         if s == "body" {
             return Ok(KeySpec::Body);
         }
         match s.strip_prefix("json:") {
-            Some(pointer) if pointer.starts_with('/') => Ok(KeySpec::Json(pointer.to_owned())),
+            Some(pointer) if pointer.starts_with('/') => {
+                let mut escapes = pointer.split('~').skip(1);
+                if escapes.any(|rest| !rest.starts_with(['0', '1'])) {
+                    return Err(SpecError::Pointer(pointer.to_owned()));
+                }
+                Ok(KeySpec::Json(pointer.to_owned()))
+            }
             _ => Err(SpecError::Key(s.to_owned())),
         }
     }
@@ -254,13 +260,28 @@ mod tests {
         );
         let err = keyer.digest(b"not json").unwrap_err().to_string();
         assert!(err.starts_with("body is not valid JSON ("), "{err}");
-        // A numeric id is keyed by its JSON text, so 7 and "7" differ only in quoting.
-        assert_eq!(
+        // The key is the value's compact JSON: types never share a key.
+        let key = |body: &[u8]| {
             KeySpec::Json("/id".into())
-                .extract(br#"{"id":7}"#)
+                .extract(body)
                 .unwrap()
-                .as_ref(),
-            b"7"
+                .into_owned()
+        };
+        assert_eq!(key(br#"{"id":7}"#), b"7");
+        assert_eq!(key(br#"{"id":"7"}"#), br#""7""#);
+        assert_ne!(
+            keyer.digest(br#"{"id":1}"#).unwrap(),
+            keyer.digest(br#"{"id":"1"}"#).unwrap()
+        );
+        assert_ne!(
+            keyer.digest(br#"{"id":true}"#).unwrap(),
+            keyer.digest(br#"{"id":"true"}"#).unwrap()
+        );
+        // Equal values written differently share a key.
+        assert_eq!(key(br#"{"id":"\u0041"}"#), key(br#"{"id":"A"}"#));
+        assert_eq!(
+            key(br#"{"id":{"a":1,"b":2}}"#),
+            key(br#"{"id":{"b":2, "a":1}}"#)
         );
     }
 
@@ -277,5 +298,24 @@ mod tests {
             "expected `body` or `json:<JSON pointer>` such as `json:/id`"
         );
         assert!("sha1".parse::<DigestAlgorithm>().is_err());
+        for bad in ["json:/a~2", "json:/a~", "json:/~x/b"] {
+            assert_eq!(
+                bad.parse::<KeySpec>().unwrap_err().to_string(),
+                "a JSON pointer escapes `~` as `~0` and `/` as `~1`; no other `~` may appear",
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            "json:/a~0b~1c".parse::<KeySpec>().unwrap(),
+            KeySpec::Json("/a~0b~1c".into())
+        );
+        // An escaped pointer reads the field its name spells.
+        assert_eq!(
+            KeySpec::Json("/a~1b".into())
+                .extract(br#"{"a/b":"x"}"#)
+                .unwrap()
+                .as_ref(),
+            br#""x""#
+        );
     }
 }
