@@ -27,7 +27,7 @@ pub enum TableError {
         minimum: u64,
     },
     /// The system would not give the table's memory.
-    #[error("cannot allocate {} for the table{}", crate::sizing::format_bytes(*bytes), machine_bytes.map_or_else(String::new, |m| format!(" (this machine has {} of memory)", crate::sizing::format_bytes(m))))]
+    #[error("cannot allocate {} for the table{}", crate::units::format_bytes(*bytes), machine_bytes.map_or_else(String::new, |m| format!(" (this machine has {} of memory)", crate::units::format_bytes(m))))]
     Alloc {
         /// The table's size.
         bytes: u64,

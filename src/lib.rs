@@ -10,6 +10,7 @@
 //! - [`dedup`]: the [`Store`] trait, [`Claim`], [`Geometry`], digests and keys.
 //! - [`Table`]: the in-process, lock-free, set-associative table.
 //! - [`sizing`]: pure functions between slots, catch probability and window.
+//! - [`units`]: sizes, durations and counts as people write and read them.
 //! - `error`: error types whose messages name the knob to turn.
 //! - [`nsq`]: our NSQ TCP client: [`Consumer`], [`Message`], [`Producer`], nsqlookupd.
 //! - [`pipeline`]: [`Dedupe`], the de-duplicating step (claim, handle, commit or erase, FIN or
@@ -53,6 +54,7 @@ pub mod pipeline;
 pub mod sidecar;
 pub mod sink;
 pub mod sizing;
+pub mod units;
 
 pub use config::Settings;
 pub use dedup::backend::Backend;

@@ -24,8 +24,6 @@
 //! | 0.9  | 34,168,399 slots (273 MB) | 6,185,416 slots (49 MB) |
 //! | 0.99 | 358,196,986 slots (2.9 GB) | 9,910,168 slots (79 MB) |
 
-use std::time::Duration;
-
 use crate::dedup::Geometry;
 
 /// Memcached's per-item overhead: the item header with its CAS value (56 bytes), plus the key
@@ -189,126 +187,6 @@ pub fn memcached_bytes_estimate(geometry: Geometry) -> u64 {
         * (MEMCACHED_ITEM_OVERHEAD_BYTES + MEMCACHED_ENTRY_BYTES * u64::from(geometry.ways()))
 }
 
-/// Parses a duration such as `500ms`, `30s`, `5m`, `1h`, `2d`, `1w` or `1h30m`.
-///
-/// # Errors
-///
-/// A message stating the accepted form.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let error = || {
-        format!(
-            "expected a duration such as 30s, 5m, 1h or 2d (units ms, s, m, h, d, w), got `{text}`"
-        )
-    };
-    let mut rest = text.trim();
-    if rest.is_empty() {
-        return Err(error());
-    }
-    let mut total = 0f64;
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(error)?;
-        let number: f64 = rest[..digits].parse().map_err(|_| error())?;
-        rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let seconds = match &rest[..unit_len] {
-            "ms" => 0.001,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            "d" => 86_400.0,
-            "w" => 604_800.0,
-            _ => return Err(error()),
-        };
-        total += number * seconds;
-        rest = &rest[unit_len..];
-    }
-    Duration::try_from_secs_f64(total).map_err(|_| error())
-}
-
-/// Parses a byte size such as `64MiB`, `1GiB`, `100MB`, `512k` or `4096`.
-///
-/// `K`, `M`, `G`, `T` and the `iB` forms are powers of 1024; `KB`, `MB`, `GB`, `TB` are powers
-/// of 1000.
-///
-/// # Errors
-///
-/// A message stating the accepted form.
-pub fn parse_bytes(text: &str) -> Result<u64, String> {
-    let error =
-        || format!("expected a size such as 64MiB, 1GiB, 500MB or 4096 (bytes), got `{text}`");
-    let trimmed = text.trim();
-    let split = trimmed
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(trimmed.len());
-    let number: f64 = trimmed[..split].parse().map_err(|_| error())?;
-    let multiplier: f64 = match trimmed[split..].trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kib" => 1024.0,
-        "m" | "mib" => 1024.0 * 1024.0,
-        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
-        "t" | "tib" => 1024.0f64.powi(4),
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        "tb" => 1e12,
-        _ => return Err(error()),
-    };
-    let bytes = number * multiplier;
-    if !(0.0..=u64::MAX as f64).contains(&bytes) {
-        return Err(error());
-    }
-    Ok(bytes as u64)
-}
-
-/// Formats a byte count with a binary unit: `47.4 MiB`.
-pub fn format_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
-
-/// Formats a duration compactly: `1s`, `10m`, `1h30m`, `2d`.
-pub fn format_duration(duration: Duration) -> String {
-    let mut seconds = duration.as_secs();
-    if seconds == 0 {
-        return format!("{}ms", duration.as_millis());
-    }
-    let mut out = String::new();
-    for (unit, size) in [("d", 86_400), ("h", 3600), ("m", 60), ("s", 1)] {
-        if seconds >= size {
-            out.push_str(&format!("{}{unit}", seconds / size));
-            seconds %= size;
-        }
-    }
-    out
-}
-
-/// Formats a count with thousands separators: `34,168,399`.
-pub fn format_count(count: u64) -> String {
-    let digits = count.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -386,26 +264,5 @@ mod tests {
             slots_for(1.0, 8, 100.0).unwrap_err().to_string(),
             "`probability` must be between 0 and 1 exclusive (0 < p < 1), got 1"
         );
-    }
-
-    #[test]
-    fn durations_and_sizes_parse() {
-        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
-        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
-        assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
-        assert_eq!(parse_duration("2d").unwrap(), Duration::from_secs(172_800));
-        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
-        for bad in ["", "5", "5x", "h", "1h 2", "-1s"] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
-        }
-        assert_eq!(parse_bytes("64MiB").unwrap(), 64 << 20);
-        assert_eq!(parse_bytes("1g").unwrap(), 1 << 30);
-        assert_eq!(parse_bytes("100MB").unwrap(), 100_000_000);
-        assert_eq!(parse_bytes("4096").unwrap(), 4096);
-        assert!(parse_bytes("lots").is_err());
-        assert_eq!(format_count(34_168_399), "34,168,399");
-        assert_eq!(format_count(999), "999");
-        assert_eq!(format_bytes(64 << 20), "64.0 MiB");
-        assert_eq!(format_duration(Duration::from_secs(5400)), "1h30m");
     }
 }

@@ -44,7 +44,7 @@ pub(crate) fn parse_buckets(text: &str) -> Result<u64, String> {
 }
 
 pub(crate) fn parse_memory(text: &str) -> Result<u64, String> {
-    nsq_dedupe::sizing::parse_bytes(text).map_err(|reason| without_value(reason, text))
+    nsq_dedupe::units::parse_bytes(text).map_err(|reason| without_value(reason, text))
 }
 
 pub(crate) fn parse_rate(text: &str) -> Result<f64, String> {
@@ -65,7 +65,7 @@ pub(crate) fn parse_messages(text: &str) -> Result<f64, String> {
 
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let duration =
-        nsq_dedupe::sizing::parse_duration(text).map_err(|reason| without_value(reason, text))?;
+        nsq_dedupe::units::parse_duration(text).map_err(|reason| without_value(reason, text))?;
     match duration {
         d if d.is_zero() => Err("expected a duration greater than 0".to_owned()),
         d => Ok(d),

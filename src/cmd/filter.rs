@@ -7,7 +7,8 @@ use anyhow::{Context, Result};
 
 use crate::cli::{FilterArgs, MissingKey};
 use nsq_dedupe::filter::{filter_records, FilterStats};
-use nsq_dedupe::sizing::{self, format_bytes, format_count};
+use nsq_dedupe::sizing;
+use nsq_dedupe::units::{format_bytes, format_count};
 use nsq_dedupe::{Geometry, Keyer, Table};
 
 /// Read and write buffers: large enough that system calls are not the cost per record.

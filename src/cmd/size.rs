@@ -9,7 +9,8 @@ use serde_json::json;
 
 use super::format_probability;
 use crate::cli::{SizeArgs, MAX_WINDOW_MESSAGES};
-use nsq_dedupe::sizing::{self, format_bytes, format_count, format_duration};
+use nsq_dedupe::sizing;
+use nsq_dedupe::units::{format_bytes, format_count, format_duration};
 use nsq_dedupe::Geometry;
 
 /// A solved sizing question: the table, the window and the probability at the window.

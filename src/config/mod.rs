@@ -202,7 +202,7 @@ pub struct Dur(pub Duration);
 impl<'de> Deserialize<'de> for Dur {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let text = String::deserialize(deserializer)?;
-        crate::sizing::parse_duration(&text)
+        crate::units::parse_duration(&text)
             .map(Dur)
             .map_err(serde::de::Error::custom)
     }

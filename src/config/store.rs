@@ -126,10 +126,10 @@ impl RawStore {
                 tracing::info!(
                     probability,
                     rate,
-                    window = %crate::sizing::format_duration(window),
+                    window = %crate::units::format_duration(window),
                     buckets = geometry.slots(),
                     ways,
-                    memory = %crate::sizing::format_bytes(geometry.memory_bytes()),
+                    memory = %crate::units::format_bytes(geometry.memory_bytes()),
                     "Sized the table from probability, rate and window."
                 );
                 Ok(geometry)
