@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::connection::ConnHandle;
-use super::consumer::ConsumerShared;
+use super::delegate::MessageDelegate;
 use super::error::Error;
 use super::frame::{Command, MessageId, RawMessage};
 
@@ -27,7 +27,7 @@ pub struct Message {
     timestamp_ns: i64,
     body: Bytes,
     conn: Arc<ConnHandle>,
-    consumer: Arc<ConsumerShared>,
+    consumer: Arc<dyn MessageDelegate>,
     answered: bool,
 }
 
@@ -35,7 +35,7 @@ impl Message {
     pub(crate) fn new(
         raw: RawMessage,
         conn: Arc<ConnHandle>,
-        consumer: Arc<ConsumerShared>,
+        consumer: Arc<dyn MessageDelegate>,
     ) -> Self {
         Message {
             id: raw.id,

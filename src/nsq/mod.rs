@@ -10,23 +10,43 @@
 //! - [`frame`]: frames from nsqd and commands to it, as a bounded, panic-free codec.
 //! - [`connection`]: one connection's handshake (magic, IDENTIFY, SUB) and its writer task.
 //! - [`Consumer`] and [`Message`]: many nsqd, RDY flow control, reconnects, backoff, shutdown.
+//!   Split as go-nsq splits it: `config` ([`ConsumerConfig`], IDENTIFY), `consumer` (the public
+//!   handle), `control` (the task that owns connections, RDY, backoff and lookupd polls),
+//!   `rdy` (the RDY budget as pure functions), `supervisor` (one task per nsqd), `shared` (state
+//!   the tasks share), `events` (events, counters, shutdown report), `delegate` (what a message
+//!   calls back through), `names` (nsqd's name rule) and `jitter`.
+//!   Split as go-nsq splits it: `config` ([`ConsumerConfig`], IDENTIFY), `consumer` (the public
+//!   handle), `control` (the task that owns connections, RDY, backoff and lookupd polls),
+//!   `rdy` (the RDY budget as pure functions), `supervisor` (one task per nsqd), `shared` (state
+//!   the tasks share), `events` (events, counters, shutdown report), `delegate` (what a message
+//!   calls back through), `names` (nsqd's name rule) and `jitter`.
 //! - [`Producer`]: PUB, MPUB and DPUB with answers matched in order.
 //! - [`lookupd`]: `GET /lookup?topic=` over plain HTTP/1.1.
 //! - [`Error`]: the error type.
 
+mod config;
 pub mod connection;
 mod consumer;
+mod control;
+mod delegate;
 mod error;
+mod events;
 pub mod frame;
+mod jitter;
 pub mod lookupd;
 mod message;
+mod names;
 mod producer;
+mod rdy;
+mod shared;
+mod supervisor;
 
-pub(crate) use consumer::is_valid_name;
-pub use consumer::{
-    Consumer, ConsumerConfig, ConsumerEvent, ConsumerStats, ShutdownReport, RDY_SETTLE,
-};
+pub use config::ConsumerConfig;
+pub use consumer::Consumer;
 pub use error::Error;
+pub use events::{ConsumerEvent, ConsumerStats, ShutdownReport};
 pub use frame::{Frame, FrameCodec, MessageId};
 pub use message::Message;
+pub(crate) use names::is_valid_name;
 pub use producer::{Producer, ProducerConfig};
+pub use rdy::RDY_SETTLE;

@@ -21,9 +21,10 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::connection::{broker_error, Connection, Identify, USER_AGENT};
-use super::consumer::{is_valid_name, random_unit};
 use super::error::Error;
 use super::frame::{Command, Frame, DEFAULT_MAX_FRAME_SIZE, HEARTBEAT};
+use super::jitter::random_unit;
+use super::names::is_valid_name;
 
 /// Settings of a [`Producer`]. Build it with [`ProducerConfig::new`] and adjust fields.
 #[derive(Debug, Clone)]

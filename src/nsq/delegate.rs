@@ -1,0 +1,18 @@
+//! The narrow interface a [`Message`](super::Message) calls back through when it is answered,
+//! so that messages need not know the consumer (go-nsq's `MessageDelegate`).
+
+use std::time::Duration;
+
+/// What a message tells, and asks of, the consumer that delivered it.
+pub(crate) trait MessageDelegate: Send + Sync {
+    /// The delay of a `requeue(None)` on the given delivery.
+    fn default_requeue_delay(&self, attempts: u16) -> Duration;
+    /// An explicit requeue delay, capped as nsqd requires.
+    fn clamp_requeue_delay(&self, delay: Duration) -> Duration;
+    /// A FIN was queued: a handler success.
+    fn on_finished(&self);
+    /// A REQ was queued; `backoff` when it counts as a handler failure.
+    fn on_requeued(&self, backoff: bool);
+    /// A TOUCH was queued.
+    fn on_touched(&self);
+}

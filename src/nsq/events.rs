@@ -1,0 +1,117 @@
+//! What the consumer reports: its events ([`ConsumerEvent`]), counters ([`ConsumerStats`]) and
+//! what a shutdown did ([`ShutdownReport`]).
+
+use std::time::Duration;
+
+/// Something that happened to the consumer, for logs, metrics and tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConsumerEvent {
+    /// A connection was established and subscribed.
+    Connected {
+        /// The nsqd address.
+        addr: String,
+    },
+    /// A connection ended; `in_flight` messages on it will be redelivered by nsqd.
+    Disconnected {
+        /// The nsqd address.
+        addr: String,
+        /// Why.
+        error: String,
+        /// Messages that were unanswered when it ended.
+        in_flight: usize,
+    },
+    /// Connecting failed.
+    ConnectFailed {
+        /// The nsqd address.
+        addr: String,
+        /// Why.
+        error: String,
+    },
+    /// A reconnect is scheduled.
+    ReconnectScheduled {
+        /// The nsqd address.
+        addr: String,
+        /// Failed attempts so far.
+        attempt: u32,
+        /// Wait before the next attempt.
+        delay: Duration,
+    },
+    /// nsqd reported a non-fatal error; the connection stays up.
+    NonFatalError {
+        /// The nsqd address.
+        addr: String,
+        /// The error text.
+        text: String,
+    },
+    /// nsqlookupd reported a new nsqd.
+    NsqdDiscovered {
+        /// The nsqd address.
+        addr: String,
+    },
+    /// An nsqd vanished from nsqlookupd; its connection is drained and closed.
+    NsqdRemoved {
+        /// The nsqd address.
+        addr: String,
+    },
+    /// Querying an nsqlookupd failed.
+    LookupdFailed {
+        /// The lookupd address.
+        addr: String,
+        /// Why.
+        error: String,
+    },
+    /// Handler failures started or deepened backoff.
+    BackoffStarted {
+        /// Backoff level (1 = first failure).
+        level: u32,
+        /// Pause before testing with RDY 1.
+        delay: Duration,
+    },
+    /// Backoff ended; full RDY is restored.
+    BackoffEnded,
+    /// A message exceeded `max_attempts` and was finished without being handed out.
+    MaxAttemptsExceeded {
+        /// The message ID.
+        id: String,
+        /// Its attempts.
+        attempts: u16,
+    },
+}
+
+/// Counters since the consumer started. See [`Consumer::stats`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConsumerStats {
+    /// Message frames received (including those finished for exceeding `max_attempts`).
+    pub messages_received: u64,
+    /// FINs queued.
+    pub finished: u64,
+    /// REQs queued (by handlers, drops and shutdown).
+    pub requeued: u64,
+    /// TOUCHes queued.
+    pub touched: u64,
+    /// Non-fatal error frames received.
+    pub non_fatal_errors: u64,
+    /// Heartbeats answered with NOP.
+    pub heartbeats: u64,
+    /// Successful connects (first ones and reconnects).
+    pub connects: u64,
+    /// Connections that ended other than by shutdown or removal.
+    pub disconnects: u64,
+    /// Messages finished without being handed out because of `max_attempts`.
+    pub max_attempts_exceeded: u64,
+    /// Connections up now.
+    pub connections: u64,
+    /// Sum of the RDY last sent over live connections.
+    pub rdy_total: u64,
+}
+
+/// What [`Consumer::shutdown`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Messages received but never handed out, requeued with no delay.
+    pub requeued_unseen: usize,
+    /// Messages still unanswered when the grace period ended, requeued with no delay.
+    pub requeued_at_deadline: usize,
+    /// Whether every connection closed before the grace period (plus a second) ran out.
+    pub clean: bool,
+}

@@ -1,0 +1,119 @@
+//! State shared by the consumer's tasks and its messages, and what the tasks tell the
+//! control task.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+use super::config::ConsumerConfig;
+use super::connection::ConnHandle;
+use super::delegate::MessageDelegate;
+use super::error::Error;
+use super::events::{ConsumerEvent, ShutdownReport};
+use crate::metrics::inc;
+
+/// The consumer's counters; [`Consumer::stats`](super::Consumer::stats) reads them.
+#[derive(Default)]
+pub(super) struct Counters {
+    pub(super) messages_received: AtomicU64,
+    pub(super) finished: AtomicU64,
+    pub(super) requeued: AtomicU64,
+    pub(super) touched: AtomicU64,
+    pub(super) non_fatal_errors: AtomicU64,
+    pub(super) heartbeats: AtomicU64,
+    pub(super) connects: AtomicU64,
+    pub(super) disconnects: AtomicU64,
+    pub(super) max_attempts_exceeded: AtomicU64,
+    pub(super) connections: AtomicU64,
+    pub(super) rdy_total: AtomicU64,
+    pub(super) requeued_at_deadline: AtomicU64,
+}
+
+/// State shared by the consumer's tasks and its messages.
+pub(crate) struct ConsumerShared {
+    pub(super) counters: Counters,
+    pub(super) default_requeue_delay: Duration,
+    pub(super) max_requeue_delay: Duration,
+    /// True while backing off: only then do finishes report to the control task.
+    pub(super) backoff_active: AtomicBool,
+    /// True once shutdown began: dropped messages are requeued with no delay.
+    pub(super) shutting_down: AtomicBool,
+    pub(super) control: mpsc::UnboundedSender<Control>,
+    pub(super) events: broadcast::Sender<ConsumerEvent>,
+}
+
+impl MessageDelegate for ConsumerShared {
+    fn default_requeue_delay(&self, attempts: u16) -> Duration {
+        if self.shutting_down.load(Ordering::Relaxed) {
+            return Duration::ZERO;
+        }
+        self.default_requeue_delay
+            .saturating_mul(u32::from(attempts.max(1)))
+            .min(self.max_requeue_delay)
+    }
+
+    fn clamp_requeue_delay(&self, delay: Duration) -> Duration {
+        delay.min(self.max_requeue_delay)
+    }
+
+    fn on_finished(&self) {
+        inc(&self.counters.finished);
+        if self.backoff_active.load(Ordering::Relaxed) {
+            let _ = self.control.send(Control::Outcome { success: true });
+        }
+    }
+
+    fn on_requeued(&self, backoff: bool) {
+        inc(&self.counters.requeued);
+        if backoff {
+            let _ = self.control.send(Control::Outcome { success: false });
+        }
+    }
+
+    fn on_touched(&self) {
+        inc(&self.counters.touched);
+    }
+}
+
+impl ConsumerShared {
+    /// Fresh state for a consumer of `config` whose control task listens on `control`.
+    pub(super) fn new(config: &ConsumerConfig, control: mpsc::UnboundedSender<Control>) -> Self {
+        let (events, _) = broadcast::channel(1024);
+        ConsumerShared {
+            counters: Counters::default(),
+            default_requeue_delay: config.default_requeue_delay,
+            max_requeue_delay: config.max_requeue_delay,
+            backoff_active: AtomicBool::new(false),
+            shutting_down: AtomicBool::new(false),
+            control,
+            events,
+        }
+    }
+
+    pub(super) fn event(&self, event: ConsumerEvent) {
+        // No receivers is fine: events are optional.
+        let _ = self.events.send(event);
+    }
+}
+
+/// What the consumer's tasks tell its control task.
+pub(crate) enum Control {
+    Up {
+        addr: Arc<str>,
+        conn: Arc<ConnHandle>,
+        max_rdy: u32,
+    },
+    Down {
+        addr: Arc<str>,
+    },
+    Outcome {
+        success: bool,
+    },
+    Lookup(Vec<(String, Result<Vec<String>, Error>)>),
+    Shutdown {
+        grace: Duration,
+        done: oneshot::Sender<ShutdownReport>,
+    },
+}

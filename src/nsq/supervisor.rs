@@ -1,0 +1,292 @@
+//! One task per nsqd: connects, subscribes, reads frames, hands messages out, and on failure
+//! waits with jittered exponential backoff and reconnects, never giving up.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::config::ConsumerConfig;
+use super::connection::{broker_error, ConnHandle, Connection, Identify, Writer};
+use super::delegate::MessageDelegate as _;
+use super::error::Error;
+use super::events::ConsumerEvent;
+use super::frame::{is_non_fatal_error, Command, Frame, HEARTBEAT};
+use super::jitter::random_unit;
+use super::message::Message;
+use super::shared::{ConsumerShared, Control};
+use crate::metrics::inc;
+
+/// Keeps one nsqd connected: connect, subscribe, serve, and on failure wait and reconnect.
+pub(super) struct Supervisor {
+    pub(super) addr: Arc<str>,
+    pub(super) config: Arc<ConsumerConfig>,
+    pub(super) identify: Arc<Identify>,
+    pub(super) shared: Arc<ConsumerShared>,
+    /// To the control task; sends fail harmlessly once it has stopped.
+    pub(super) control: mpsc::UnboundedSender<Control>,
+    /// To the [`Consumer`]; once it is closed, messages are dropped and so requeued.
+    pub(super) messages: mpsc::UnboundedSender<Message>,
+    pub(super) hard_stop: CancellationToken,
+    /// `Some(deadline)`: drain this connection and stop, requeueing what is unanswered at the
+    /// deadline.
+    pub(super) drain: watch::Receiver<Option<Instant>>,
+}
+
+/// How a served connection ended.
+enum Served {
+    /// Drained on request; do not reconnect.
+    Drained,
+    /// The consumer was dropped.
+    Stopped,
+}
+
+impl Supervisor {
+    pub(super) async fn run(mut self) {
+        let mut attempt: u32 = 0;
+        loop {
+            if self.hard_stop.is_cancelled() || self.drain.borrow().is_some() {
+                return;
+            }
+            let connected = Connection::connect(
+                &self.addr,
+                &self.identify,
+                self.config.max_frame_size,
+                self.config.connect_timeout,
+            )
+            .await;
+            let result = match connected {
+                Ok(mut conn) => match conn
+                    .subscribe(&self.config.topic, &self.config.channel)
+                    .await
+                {
+                    Ok(()) => {
+                        attempt = 0;
+                        Some(self.serve(conn).await)
+                    }
+                    Err(error) => {
+                        self.connect_failed(&error);
+                        None
+                    }
+                },
+                Err(error) => {
+                    self.connect_failed(&error);
+                    None
+                }
+            };
+            match result {
+                Some(Ok(Served::Drained | Served::Stopped)) => return,
+                Some(Err(_)) | None => {}
+            }
+            if self.hard_stop.is_cancelled() || self.drain.borrow().is_some() {
+                return;
+            }
+            attempt = attempt.saturating_add(1);
+            let base = self
+                .config
+                .reconnect_backoff_min
+                .saturating_mul(1u32 << attempt.saturating_sub(1).min(20))
+                .min(self.config.reconnect_backoff_max);
+            // Jitter in [base/2, base): reconnecting consumers do not stampede a restarted nsqd.
+            let delay = base.mul_f64(0.5 + 0.5 * random_unit());
+            tracing::info!(nsqd = %self.addr, attempt, delay_ms = delay.as_millis() as u64, "Reconnecting to nsqd after a delay.");
+            self.shared.event(ConsumerEvent::ReconnectScheduled {
+                addr: self.addr.to_string(),
+                attempt,
+                delay,
+            });
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = self.hard_stop.cancelled() => return,
+                _ = self.drain.wait_for(|d| d.is_some()) => return,
+            }
+        }
+    }
+
+    fn connect_failed(&self, error: &Error) {
+        tracing::warn!(nsqd = %self.addr, %error, "Could not connect to nsqd.");
+        self.shared.event(ConsumerEvent::ConnectFailed {
+            addr: self.addr.to_string(),
+            error: error.to_string(),
+        });
+    }
+
+    /// Runs one subscribed connection until it fails, is drained, or the consumer is dropped.
+    async fn serve(&mut self, conn: Connection) -> Result<Served, Error> {
+        let max_rdy = conn.settings().max_rdy_count;
+        let (reader, write) = conn.into_parts();
+        let (handle, commands) = ConnHandle::new(self.addr.clone());
+        let close = CancellationToken::new();
+        let writer = tokio::spawn(
+            Writer {
+                write,
+                commands,
+                close: close.clone(),
+            }
+            .run(),
+        );
+        inc(&self.shared.counters.connects);
+        tracing::info!(nsqd = %self.addr, "Connected to nsqd and subscribed.");
+        self.shared.event(ConsumerEvent::Connected {
+            addr: self.addr.to_string(),
+        });
+        let _ = self.control.send(Control::Up {
+            addr: self.addr.clone(),
+            conn: handle.clone(),
+            max_rdy,
+        });
+
+        let result = self.read_loop(reader, &handle).await;
+
+        handle.mark_closed();
+        close.cancel();
+        // The writer flushes what is queued; a peer that stopped reading must not keep the
+        // task (and the socket) alive.
+        let mut writer = writer;
+        if tokio::time::timeout(Duration::from_secs(1), &mut writer)
+            .await
+            .is_err()
+        {
+            writer.abort();
+        }
+        let _ = self.control.send(Control::Down {
+            addr: self.addr.clone(),
+        });
+        if let Err(error) = &result {
+            let in_flight = handle.in_flight();
+            inc(&self.shared.counters.disconnects);
+            tracing::warn!(nsqd = %self.addr, %error, in_flight, "Connection to nsqd lost; its unanswered messages will be redelivered by nsqd after msg_timeout.");
+            self.shared.event(ConsumerEvent::Disconnected {
+                addr: self.addr.to_string(),
+                error: error.to_string(),
+                in_flight,
+            });
+        }
+        result
+    }
+
+    async fn read_loop(
+        &mut self,
+        mut reader: tokio_util::codec::FramedRead<
+            tokio::net::tcp::OwnedReadHalf,
+            super::frame::FrameCodec,
+        >,
+        handle: &Arc<ConnHandle>,
+    ) -> Result<Served, Error> {
+        let addr = self.addr.clone();
+        let heartbeat = self.config.heartbeat_interval;
+        // nsqd closes a client after two missed heartbeats; we give nsqd the same plus slack.
+        let silence_limit = heartbeat * 2 + heartbeat / 2;
+        let mut last_frame = Instant::now();
+        let mut watchdog = tokio::time::interval(heartbeat / 2);
+        let mut draining: Option<Instant> = None;
+        let mut close_wait = false;
+        let mut drain_poll = tokio::time::interval(Duration::from_millis(10));
+        loop {
+            if let Some(deadline) = draining {
+                let now = Instant::now();
+                if (close_wait && handle.in_flight() == 0) || now >= deadline {
+                    let left = handle.take_in_flight();
+                    for id in &left {
+                        let _ = handle.send(Command::Req(*id, 0));
+                        self.shared.on_requeued(false);
+                    }
+                    if !left.is_empty() {
+                        tracing::warn!(nsqd = %addr, count = left.len(), "Grace period over; requeued unanswered messages.");
+                        self.shared
+                            .counters
+                            .requeued_at_deadline
+                            .fetch_add(left.len() as u64, Ordering::Relaxed);
+                    }
+                    return Ok(Served::Drained);
+                }
+            }
+            tokio::select! {
+                frame = reader.next() => {
+                    last_frame = Instant::now();
+                    let frame = match frame {
+                        None => return Err(Error::ConnectionClosed { addr: addr.to_string() }),
+                        Some(Err(source)) => return Err(Error::Protocol { addr: addr.to_string(), source }),
+                        Some(Ok(frame)) => frame,
+                    };
+                    self.on_frame(frame, handle, &mut close_wait)?;
+                }
+                changed = self.drain.changed(), if draining.is_none() => {
+                    match changed {
+                        Ok(()) => {
+                            if let Some(deadline) = *self.drain.borrow_and_update() {
+                                draining = Some(deadline);
+                                handle.send(Command::Cls)?;
+                            }
+                        }
+                        // The control task is gone without asking for a drain: stop.
+                        Err(_) => return Ok(Served::Stopped),
+                    }
+                }
+                _ = drain_poll.tick(), if draining.is_some() => {}
+                _ = watchdog.tick() => {
+                    if last_frame.elapsed() > silence_limit {
+                        return Err(Error::Timeout {
+                            addr: addr.to_string(),
+                            what: "waiting for any frame (heartbeats stopped)",
+                            after: silence_limit,
+                            knob: "heartbeat_interval",
+                        });
+                    }
+                }
+                _ = self.hard_stop.cancelled() => return Ok(Served::Stopped),
+            }
+        }
+    }
+
+    fn on_frame(
+        &self,
+        frame: Frame,
+        handle: &Arc<ConnHandle>,
+        close_wait: &mut bool,
+    ) -> Result<(), Error> {
+        match frame {
+            Frame::Message(raw) => {
+                inc(&self.shared.counters.messages_received);
+                handle.track(raw.id);
+                let max = self.config.max_attempts;
+                let attempts = raw.attempts;
+                let message = Message::new(raw, handle.clone(), self.shared.clone());
+                if max > 0 && attempts > max {
+                    let id = message.id().to_string();
+                    tracing::warn!(nsqd = %self.addr, %id, attempts, max_attempts = max, "Message exceeded max_attempts; finishing it without handling.");
+                    inc(&self.shared.counters.max_attempts_exceeded);
+                    self.shared
+                        .event(ConsumerEvent::MaxAttemptsExceeded { id, attempts });
+                    let _ = message.finish();
+                } else if let Err(mpsc::error::SendError(message)) = self.messages.send(message) {
+                    // The consumer is shutting down: requeue at once.
+                    let _ = message.requeue_without_backoff(Some(Duration::ZERO));
+                }
+            }
+            Frame::Response(data) if &data[..] == HEARTBEAT => {
+                inc(&self.shared.counters.heartbeats);
+                handle.send(Command::Nop)?;
+            }
+            Frame::Response(data) if &data[..] == b"CLOSE_WAIT" => *close_wait = true,
+            Frame::Response(data) => {
+                tracing::debug!(nsqd = %self.addr, response = %String::from_utf8_lossy(&data), "Unsolicited response from nsqd.");
+            }
+            Frame::Error(text) if is_non_fatal_error(&text) => {
+                inc(&self.shared.counters.non_fatal_errors);
+                let text = String::from_utf8_lossy(&text).into_owned();
+                tracing::warn!(nsqd = %self.addr, error = %text, "nsqd reported a non-fatal error.");
+                self.shared.event(ConsumerEvent::NonFatalError {
+                    addr: self.addr.to_string(),
+                    text,
+                });
+            }
+            Frame::Error(text) => return Err(broker_error(&self.addr, &text)),
+        }
+        Ok(())
+    }
+}
