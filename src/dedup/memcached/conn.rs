@@ -1,11 +1,11 @@
-//! A minimal pipelined meta-protocol connection, used by batches.
+//! A minimal pipelined meta-protocol connection: the store's only way to talk to memcached.
 //!
-//! `async-memcached` pipelines reads (`meta_get_multi`) but its pipelined write
-//! (`meta_set_multi`) applies one flag list to every item, so it cannot send a different CAS
-//! token per item. A batch of claims needs exactly that: one compare-and-swap per set, each
-//! with the token its read returned. This connection speaks the two commands a batch needs,
-//! `mg <key> v c` and `ms <key> <len> C<cas>` / `ms <key> <len> ME`, in pipelines of many keys,
-//! and reads the answers back in order (memcached answers a connection's commands in order).
+//! A batch of operations needs one compare-and-swap per set, each with the CAS token its own
+//! read returned, sent together in one round trip; `async-memcached`'s pipelined write applies
+//! one flag list to every item and its client runs one command at a time, so it cannot. This
+//! connection speaks the commands the store needs, `mg <key> v c` and `ms <key> <len> C<cas>` /
+//! `ms <key> <len> ME` in pipelines of many keys, plus `version` as a liveness probe, and reads
+//! the answers back in order (memcached answers a connection's commands in order).
 //!
 //! See: <https://github.com/memcached/memcached/wiki/MetaCommands>
 
@@ -57,6 +57,17 @@ impl PipeConn {
             stream: BufStream::with_capacity(64 * 1024, 64 * 1024, stream),
             line: Vec::with_capacity(128),
         })
+    }
+
+    /// Asks the server's version: a round trip that proves it answers.
+    pub(super) async fn version(&mut self) -> io::Result<String> {
+        self.stream.write_all(b"version\r\n").await?;
+        self.stream.flush().await?;
+        self.read_line().await?;
+        match self.line.strip_prefix(b"VERSION ") {
+            Some(version) => Ok(String::from_utf8_lossy(version).into_owned()),
+            None => Err(self.unexpected("version")),
+        }
     }
 
     /// Reads `keys` in one round trip, with their CAS tokens.

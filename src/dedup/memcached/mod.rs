@@ -1,0 +1,709 @@
+//! The Memcached-backed table: one de-duplication memory shared by many consumers.
+//!
+//! [`MemcachedStore`] keeps the same table as the in-process [`Table`](crate::Table), with the
+//! same [`Geometry`] and the same digest-to-set mapping ([`Geometry::set_of`]), but each set is
+//! one memcached item, so every consumer process that connects to the same servers with the
+//! same namespace and geometry shares it.
+//!
+//! # Items
+//!
+//! The item of set `s` is `<namespace>:<s>`, where the namespace is
+//! `<prefix>:v<format>:<sets>x<ways>`: tables of different shapes or formats never read each
+//! other's items. Keys are routed to one of several servers by rendezvous hashing on xxh3 (see
+//! [`MemcachedStore::server_of`]), which is stable across processes, runs and Rust releases and
+//! moves only the keys of a server that is added or removed. Moved sets start empty on their
+//! new server: their digests are forgotten once (as after a memcached restart), and their
+//! in-flight claims with them, so change the server list when traffic is quiet.
+//!
+//! The value (format version 1) is compact binary, big-endian:
+//!
+//! ```text
+//! offset 0   u8    format version (1)
+//! offset 1   u8    cursor: the slot the next eviction replaces (below `ways`)
+//! offset 2   u8    entry count n (at most `ways`)
+//! offset 3   n entries of 34 bytes, one per occupied slot:
+//!            u8    slot index (below `ways`, each at most once)
+//!            u128  digest (all 128 bits, so a hit is exact)
+//!            u8    state: 1 = in flight, 2 = done
+//!            u64   lease expiry, milliseconds since the Unix epoch (0 once done)
+//!            u64   owner: the random id of the store instance that claimed it
+//! ```
+//!
+//! A set of 8 ways is at most 275 bytes. Replacement is the in-process table's, slot for slot:
+//! a new digest takes the first empty slot, else the slot at the cursor, and the cursor moves
+//! on by one; so slots fill in order and are replaced in the same order (FIFO), a duplicate hit
+//! changes nothing, a lease takeover keeps the entry's slot, and a slot emptied by `erase` is
+//! refilled first and keeps its place in the rotation. A value that cannot be decoded
+//! (truncated, a foreign format version, a bad state, cursor or slot) is treated as an empty
+//! set and counted ([`MemcachedStore::unreadable_values`]); the next write replaces it.
+//!
+//! # Atomicity
+//!
+//! The set model (`set`: entries, [`apply`], [`encode`], [`decode`]) is pure and tested
+//! without I/O; settings are in `config`, connections in `conn` and `pool`.
+//!
+//! Every operation reads the item with its CAS token, decides, and writes with
+//! compare-and-swap (`ms ... C<token>`), or add-if-absent (`ms ... ME`) when the item did not
+//! exist. If another writer changed the item in between, the write fails, and we read again and
+//! decide again, at most [`MemcachedConfig::max_cas_retries`] times, then
+//! [`StoreError::Contended`]. A plain get-then-set would lose one of two concurrent claims to
+//! the same set; the integration tests show both behaviours.
+//!
+//! # Leases and owners
+//!
+//! `claim` writes the entry in flight with a lease ([`MemcachedConfig::lease`], by default 65 s,
+//! a little over NSQ's 60 s message timeout) and this store's owner id (random per
+//! [`MemcachedStore`]). While the lease is live, other claims get [`Claim::InFlight`]; once it
+//! has expired (its owner died or hung), the next claim takes the entry over as [`Claim::New`].
+//! Then:
+//! - `commit` turns this owner's in-flight entry into done and returns `true`. Committing an
+//!   entry that is already done returns `true` without writing, whoever committed it (a
+//!   repeated commit is harmless); an entry held by another owner, or absent, gives `false`.
+//! - `erase` removes the entry only if this owner claimed (or committed) it.
+//! - `renew` extends this owner's in-flight lease, even if it has lapsed, as long as nobody took
+//!   it over; a done entry has no lease to renew, so `false`.
+//!
+//! Lease expiry compares wall clocks of different machines, so keep their clocks in sync
+//! (NTP); a skew of a few seconds only shortens or lengthens a lease by as much.
+//!
+//! # Errors and time limits
+//!
+//! Every network step (connect, read, write) and every wait for a pooled connection is bounded
+//! by [`MemcachedConfig::timeout`] (500 ms by default), and a single operation as a whole by
+//! `(1 + 2 × max_cas_retries) × timeout`. A refused connection, a reset, a timeout or an
+//! unparseable answer is a [`StoreError`], never a `Duplicate`: the caller decides what to do
+//! with the message. A connection that saw an error is closed and the pool is emptied, so after
+//! a server restart the next operations reconnect. A claim whose write reached the server before
+//! the error leaves an in-flight entry of this owner; claims of it (by anyone, this store
+//! included) answer `InFlight` until its lease expires, so a redelivery is processed at the
+//! latest one lease later.
+//!
+//! # Memory
+//!
+//! Items are stored without expiry; memcached's LRU is what eventually removes the items of a
+//! namespace nobody uses any more. A set's item takes its value (3 + 34 × entries bytes), its
+//! key and memcached's item header (about 50 bytes), so give memcached at least
+//! `sets × (ways × 34 + 120)` bytes, with headroom for its slab rounding. If memcached evicts a
+//! set's item anyway, that set is forgotten: its done entries as if pushed out, and its in-flight
+//! claims too, so a redelivery of one of those may be processed twice.
+//!
+//! # Client and pipelining
+//!
+//! One engine does every operation: a small pipelined meta-protocol connection of our own
+//! (`conn`). All reads of a batch (`mg <key> v c`) go in one round trip per server, all
+//! compare-and-swaps (`ms <key> <len> C<token>` / `ME`) in the next, and sets that lost a race
+//! are read and written again. `async-memcached` cannot do this: its pipelined write applies
+//! one flag list to every item, so it cannot carry a CAS token per item, and a `Client` runs one
+//! command at a time, so concurrent operations cannot share a round trip.
+//!
+//! [`Store::claim_many`] sends its digests this way, and so do single operations: with
+//! coalescing on (the default) a background task (`coalesce`, started on first use, ended when
+//! the last handle to the store is dropped) collects the operations that arrive while earlier
+//! pipelines are on the wire, up to [`MemcachedConfig::pool_size`] pipelines at once; with it
+//! off, each single operation is a pipeline of its own. Operations on one set within one
+//! pipeline are applied in arrival order and written once. The queue is unbounded, but each
+//! caller waits for its answer, so it never holds more operations than there are callers
+//! waiting. An operation whose caller stops waiting (its future dropped) may still be carried
+//! out.
+//!
+//! In a batch, an error of one server fails the operations on that server only; for
+//! `claim_many` it fails the whole call, although claims on other servers (or written before
+//! the error) may stand as in-flight entries that expire with their lease.
+
+mod coalesce;
+mod config;
+mod conn;
+mod pool;
+mod set;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::future::join_all;
+use tokio::sync::{mpsc, oneshot};
+
+use self::coalesce::{coalesce, coalescer_gone, Request};
+use self::conn::{PipeConn, Write, Written};
+use self::pool::Pool;
+use self::set::{apply, decode, encode, LeaseFacts, Op, Outcome, SetState, FORMAT_VERSION};
+use crate::dedup::{Claim, Digest, Geometry, Store};
+use crate::error::StoreError;
+pub(crate) use config::check_namespace;
+pub use config::MemcachedConfig;
+
+/// Sets per pipeline round trip in a batch. Bounded so that a huge batch never fills both
+/// directions' socket buffers while we are still writing.
+const MAX_PIPELINE_SETS: usize = 256;
+
+/// A set-associative de-duplication table kept in memcached and shared by every process that
+/// uses the same servers, namespace and geometry.
+///
+/// Cloning is cheap and shares connections and the owner id: clones are one owner.
+#[derive(Clone)]
+pub struct MemcachedStore {
+    inner: std::sync::Arc<Inner>,
+}
+
+struct Inner {
+    config: MemcachedConfig,
+    geometry: Geometry,
+    /// `<prefix>:v<format>:<sets>x<ways>`.
+    namespace: String,
+    /// This instance's owner id, written into its claims.
+    owner: u64,
+    servers: Vec<Server>,
+    /// Values that could not be decoded and were treated as empty.
+    unreadable: AtomicU64,
+    /// Writes that lost a compare-and-swap race and were decided again.
+    cas_conflicts: AtomicU64,
+    /// The queue of the coalescing task (see [`coalesce`]), set on first use. The task ends
+    /// when this sender (and the clones that callers hold briefly) is dropped.
+    coalescer: std::sync::Mutex<Option<mpsc::UnboundedSender<Request>>>,
+}
+
+struct Server {
+    addr: String,
+    /// xxh3 of `addr`: this server's seed in rendezvous hashing.
+    route_seed: u64,
+    pipes: Pool<PipeConn>,
+}
+
+impl std::fmt::Debug for MemcachedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemcachedStore")
+            .field("namespace", &self.inner.namespace)
+            .field("servers", &self.inner.config.servers)
+            .field("owner", &format_args!("{:016x}", self.inner.owner))
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemcachedStore {
+    /// Builds a store for a table of shape `geometry` and checks that every server answers.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Config`] for an invalid `config`; [`StoreError::Unavailable`] or
+    /// [`StoreError::Timeout`] when a server does not answer `version`.
+    pub async fn connect(config: MemcachedConfig, geometry: Geometry) -> Result<Self, StoreError> {
+        let store = Self::new_lazy(config, geometry)?;
+        for server in &store.inner.servers {
+            let mut conn = store.pipe(server).await?;
+            let timeout = store.inner.config.timeout;
+            match tokio::time::timeout(timeout, conn.version()).await {
+                Ok(Ok(_)) => conn.set_healthy(true),
+                Ok(Err(err)) => return Err(unavailable(server, &err)),
+                Err(_) => return Err(StoreError::Timeout(timeout)),
+            }
+        }
+        Ok(store)
+    }
+
+    /// Builds a store without contacting any server; connections open on first use.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Config`] for an invalid `config`.
+    pub fn new_lazy(config: MemcachedConfig, geometry: Geometry) -> Result<Self, StoreError> {
+        config.validate()?;
+        let namespace = format!(
+            "{}:v{FORMAT_VERSION}:{}x{}",
+            config.namespace,
+            geometry.sets(),
+            geometry.ways()
+        );
+        let servers = config
+            .servers
+            .iter()
+            .map(|addr| Server {
+                addr: addr.clone(),
+                route_seed: xxhash_rust::xxh3::xxh3_64(addr.as_bytes()),
+                pipes: Pool::new(config.pool_size),
+            })
+            .collect();
+        Ok(MemcachedStore {
+            inner: std::sync::Arc::new(Inner {
+                config,
+                geometry,
+                namespace,
+                owner: random_owner(),
+                servers,
+                unreadable: AtomicU64::new(0),
+                cas_conflicts: AtomicU64::new(0),
+                coalescer: std::sync::Mutex::new(None),
+            }),
+        })
+    }
+
+    /// The settings this store was built with.
+    pub fn config(&self) -> &MemcachedConfig {
+        &self.inner.config
+    }
+
+    /// This store's owner id (random per instance, shared by clones).
+    pub fn owner(&self) -> u64 {
+        self.inner.owner
+    }
+
+    /// The namespace: `<prefix>:v<format>:<sets>x<ways>`.
+    pub fn namespace(&self) -> &str {
+        &self.inner.namespace
+    }
+
+    /// The memcached key of the set that `digest` belongs to.
+    pub fn item_key(&self, digest: Digest) -> String {
+        self.key_of_set(self.inner.geometry.set_of(digest))
+    }
+
+    /// The index in [`MemcachedConfig::servers`] of the server that holds `key`.
+    ///
+    /// Rendezvous hashing: the server with the highest `xxh3_64(key, seed = xxh3_64(addr))`
+    /// wins. It depends only on the key and the server strings.
+    pub fn server_of(&self, key: &str) -> usize {
+        if self.inner.servers.len() == 1 {
+            return 0;
+        }
+        let mut best = (0, 0);
+        for (index, server) in self.inner.servers.iter().enumerate() {
+            let score = xxhash_rust::xxh3::xxh3_64_with_seed(key.as_bytes(), server.route_seed);
+            if index == 0 || score > best.1 {
+                best = (index, score);
+            }
+        }
+        best.0
+    }
+
+    /// How many stored values could not be decoded and were treated as empty sets.
+    pub fn unreadable_values(&self) -> u64 {
+        // A statistic: no other memory depends on it, so `Relaxed` suffices.
+        self.inner.unreadable.load(Ordering::Relaxed)
+    }
+
+    /// How many writes lost a compare-and-swap race to another writer of the same set and
+    /// were read and decided again: a measure of contention.
+    pub fn cas_conflicts(&self) -> u64 {
+        // A statistic, as above.
+        self.inner.cas_conflicts.load(Ordering::Relaxed)
+    }
+
+    fn key_of_set(&self, set: u64) -> String {
+        format!("{}:{set}", self.inner.namespace)
+    }
+
+    async fn pipe<'a>(
+        &'a self,
+        server: &'a Server,
+    ) -> Result<pool::Pooled<'a, PipeConn>, StoreError> {
+        let timeout = self.inner.config.timeout;
+        let connect = || async {
+            match tokio::time::timeout(timeout, PipeConn::connect(&server.addr)).await {
+                Ok(Ok(conn)) => Ok(conn),
+                Ok(Err(err)) => Err(unavailable(server, &err)),
+                Err(_) => Err(StoreError::Timeout(timeout)),
+            }
+        };
+        match tokio::time::timeout(timeout, server.pipes.get(connect)).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Timeout(timeout)),
+        }
+    }
+
+    /// Applies `op` to the set of `digest`: through the coalescer if it is on, else in a
+    /// pipeline of its own.
+    async fn update(&self, digest: Digest, op: Op) -> Result<Outcome, StoreError> {
+        match self.coalescer() {
+            Some(queue) => {
+                let (reply, answer) = oneshot::channel();
+                if queue.send(Request { op, digest, reply }).is_err() {
+                    return Err(coalescer_gone());
+                }
+                // The batch's own steps are time-limited; this bounds the wait for a free
+                // pipeline too.
+                let limit = self.operation_limit();
+                match tokio::time::timeout(limit, answer).await {
+                    Ok(Ok(result)) => result,
+                    Ok(Err(_)) => Err(coalescer_gone()),
+                    Err(_) => Err(StoreError::Timeout(limit)),
+                }
+            }
+            None => self
+                .run_ops(&[(op, digest)])
+                .await
+                .pop()
+                .unwrap_or_else(|| {
+                    Err(StoreError::Protocol("an operation went unanswered".into()))
+                }),
+        }
+    }
+
+    /// The longest one operation may take: a connect plus a read and a write per attempt.
+    fn operation_limit(&self) -> Duration {
+        let config = &self.inner.config;
+        let steps = config.max_cas_retries.saturating_mul(2).saturating_add(1);
+        config.timeout.saturating_mul(steps)
+    }
+
+    /// The queue of the task that coalesces concurrent single operations into pipelines, or
+    /// `None` if coalescing is off or we are not inside a tokio runtime.
+    ///
+    /// The task starts on first use, on the current runtime. If that runtime has shut down
+    /// since (the task is gone), a new task starts on the current one.
+    fn coalescer(&self) -> Option<mpsc::UnboundedSender<Request>> {
+        if !self.inner.config.coalesce {
+            return None;
+        }
+        // A `std` mutex: held only to clone or replace the sender, never across an `.await`;
+        // a panic cannot leave the `Option` half-written, so a poisoned lock is still usable.
+        let mut slot = self
+            .inner
+            .coalescer
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        match &*slot {
+            Some(queue) if !queue.is_closed() => Some(queue.clone()),
+            previous => {
+                let handle = tokio::runtime::Handle::try_current().ok()?;
+                if previous.is_some() {
+                    // The old task's runtime is gone, and with it the I/O driver that idle
+                    // connections were registered with: they would fail on first use.
+                    for server in &self.inner.servers {
+                        server.pipes.clear();
+                    }
+                }
+                let (queue, requests) = mpsc::unbounded_channel();
+                let inner = std::sync::Arc::downgrade(&self.inner);
+                handle.spawn(coalesce(inner, requests, self.inner.config.pool_size));
+                *slot = Some(queue.clone());
+                Some(queue)
+            }
+        }
+    }
+
+    /// Applies `ops` in pipelines: grouped by server (all servers at once) and by set (a
+    /// set's operations in their order, then one write). Returns each operation's outcome;
+    /// an operation fails only with the server of its set.
+    async fn run_ops(&self, ops: &[(Op, Digest)]) -> Vec<Result<Outcome, StoreError>> {
+        let inner = &*self.inner;
+        // set -> (server, position in that server's list)
+        let mut set_index: HashMap<u64, (usize, usize)> = HashMap::with_capacity(ops.len());
+        let mut per_server: Vec<Vec<SetOps>> = vec![Vec::new(); inner.servers.len()];
+        let mut server_of_op = Vec::with_capacity(ops.len());
+        for (index, (_, digest)) in ops.iter().enumerate() {
+            let set = inner.geometry.set_of(*digest);
+            let (server, slot) = *set_index.entry(set).or_insert_with(|| {
+                let key = self.key_of_set(set);
+                let server = self.server_of(&key);
+                per_server[server].push(SetOps {
+                    key,
+                    ops: Vec::new(),
+                });
+                (server, per_server[server].len() - 1)
+            });
+            per_server[server][slot].ops.push(index);
+            server_of_op.push(server);
+        }
+        let results = join_all(per_server.iter().zip(&inner.servers).map(
+            |(sets, server)| async move {
+                if sets.is_empty() {
+                    Ok(Vec::new())
+                } else {
+                    self.run_sets_on(server, sets, ops).await
+                }
+            },
+        ))
+        .await;
+        let mut outcomes: Vec<Option<Result<Outcome, StoreError>>> = vec![None; ops.len()];
+        let mut failures: Vec<Option<StoreError>> = vec![None; inner.servers.len()];
+        for (server, result) in results.into_iter().enumerate() {
+            match result {
+                Ok(answers) => {
+                    for (index, outcome) in answers {
+                        outcomes[index] = Some(Ok(outcome));
+                    }
+                }
+                Err(err) => failures[server] = Some(err),
+            }
+        }
+        outcomes
+            .into_iter()
+            .zip(server_of_op)
+            .map(|(outcome, server)| {
+                outcome.unwrap_or_else(|| {
+                    Err(failures[server].clone().unwrap_or_else(|| {
+                        StoreError::Protocol("an operation of a batch went unanswered".into())
+                    }))
+                })
+            })
+            .collect()
+    }
+
+    /// [`Self::run_ops`] for the sets that live on `server`; a connection error empties the
+    /// server's pool.
+    async fn run_sets_on(
+        &self,
+        server: &Server,
+        sets: &[SetOps],
+        ops: &[(Op, Digest)],
+    ) -> Result<Vec<(usize, Outcome)>, StoreError> {
+        let result = self.run_sets_pipelined(server, sets, ops).await;
+        if result.as_ref().is_err_and(is_connection_error) {
+            server.pipes.clear();
+        }
+        result
+    }
+
+    async fn run_sets_pipelined(
+        &self,
+        server: &Server,
+        sets: &[SetOps],
+        ops: &[(Op, Digest)],
+    ) -> Result<Vec<(usize, Outcome)>, StoreError> {
+        let inner = &*self.inner;
+        let timeout = inner.config.timeout;
+        // An answer we cannot parse (including memcached's error lines) is a protocol error;
+        // anything else means the connection is gone.
+        let io_error = |err: std::io::Error| match err.kind() {
+            std::io::ErrorKind::InvalidData => {
+                StoreError::Protocol(format!("{}: {err}", server.addr))
+            }
+            _ => unavailable(server, &err),
+        };
+        let mut answers = Vec::with_capacity(ops.len());
+        let mut conn = self.pipe(server).await?;
+        for chunk in sets.chunks(MAX_PIPELINE_SETS) {
+            let mut pending: Vec<usize> = (0..chunk.len()).collect();
+            let mut rounds = 0;
+            while !pending.is_empty() {
+                if rounds == inner.config.max_cas_retries {
+                    conn.set_healthy(true);
+                    return Err(StoreError::Contended { attempts: rounds });
+                }
+                rounds += 1;
+                let pending_keys: Vec<&str> =
+                    pending.iter().map(|&p| chunk[p].key.as_str()).collect();
+                let reads = tokio::time::timeout(timeout, conn.get_many(&pending_keys))
+                    .await
+                    .map_err(|_| StoreError::Timeout(timeout))?
+                    .map_err(io_error)?;
+                let facts = self.lease_facts();
+                // For each pending set: its new value (if it changed), the CAS token of the
+                // read, and the outcomes that the write would make true.
+                let mut planned = Vec::with_capacity(pending.len());
+                for (&p, read) in pending.iter().zip(reads) {
+                    let (mut entries, cas) = match read {
+                        Some((value, cas)) => (self.decode_counted(Some(&value)), Some(cas)),
+                        None => (SetState::empty(self.ways()), None),
+                    };
+                    let mut outcomes = Vec::with_capacity(chunk[p].ops.len());
+                    let mut changed = false;
+                    for &index in &chunk[p].ops {
+                        let (op, digest) = ops[index];
+                        let (outcome, did) = apply(&mut entries, op, digest, facts);
+                        changed |= did;
+                        outcomes.push((index, outcome));
+                    }
+                    if changed {
+                        planned.push((p, encode(&entries), cas, outcomes));
+                    } else {
+                        answers.extend(outcomes);
+                    }
+                }
+                let writes: Vec<Write<'_>> = planned
+                    .iter()
+                    .map(|(p, value, cas, _)| Write {
+                        key: &chunk[*p].key,
+                        value,
+                        cas: *cas,
+                    })
+                    .collect();
+                let written = if writes.is_empty() {
+                    Vec::new()
+                } else {
+                    tokio::time::timeout(timeout, conn.set_many(&writes))
+                        .await
+                        .map_err(|_| StoreError::Timeout(timeout))?
+                        .map_err(io_error)?
+                };
+                pending.clear();
+                for ((p, _, _, outcomes), written) in planned.into_iter().zip(written) {
+                    match written {
+                        Written::Stored => answers.extend(outcomes),
+                        Written::Conflict => {
+                            inner.cas_conflicts.fetch_add(1, Ordering::Relaxed);
+                            pending.push(p);
+                        }
+                    }
+                }
+                if !pending.is_empty() {
+                    tokio::task::yield_now().await;
+                }
+            }
+        }
+        conn.set_healthy(true);
+        Ok(answers)
+    }
+
+    fn lease_facts(&self) -> LeaseFacts {
+        let now_ms = now_ms();
+        let lease_ms = u64::try_from(self.inner.config.lease.as_millis()).unwrap_or(u64::MAX);
+        LeaseFacts {
+            now_ms,
+            lease_until_ms: now_ms.saturating_add(lease_ms),
+            owner: self.inner.owner,
+        }
+    }
+
+    fn ways(&self) -> usize {
+        self.inner.geometry.ways() as usize
+    }
+
+    /// Decodes a set's value; one that cannot be decoded is counted and read as empty.
+    fn decode_counted(&self, value: Option<&[u8]>) -> SetState {
+        match decode(value.unwrap_or_default(), self.ways()) {
+            Ok(set) => set,
+            Err(_) => {
+                self.inner.unreadable.fetch_add(1, Ordering::Relaxed);
+                SetState::empty(self.ways())
+            }
+        }
+    }
+}
+
+impl Store for MemcachedStore {
+    async fn claim(&self, digest: Digest) -> Result<Claim, StoreError> {
+        match self.update(digest, Op::Claim).await? {
+            Outcome::Claim(claim) => Ok(claim),
+            Outcome::Held(_) => Err(StoreError::Protocol("claim gave no claim".into())),
+        }
+    }
+
+    /// Claims many digests in pipelines: the sets of all digests are read in one round trip
+    /// per server (and per 256 sets), then written with one compare-and-swap each in the
+    /// next; sets that lost a race are read and written again.
+    ///
+    /// If any server fails, the whole batch is an error, although some of its claims may
+    /// already be written; those entries are in flight under this owner and expire with the
+    /// lease.
+    async fn claim_many(&self, digests: &[Digest]) -> Result<Vec<Claim>, StoreError> {
+        let ops: Vec<(Op, Digest)> = digests.iter().map(|&d| (Op::Claim, d)).collect();
+        self.run_ops(&ops)
+            .await
+            .into_iter()
+            .map(|outcome| match outcome? {
+                Outcome::Claim(claim) => Ok(claim),
+                Outcome::Held(_) => Err(StoreError::Protocol("claim gave no claim".into())),
+            })
+            .collect()
+    }
+
+    async fn commit(&self, digest: Digest) -> Result<bool, StoreError> {
+        held(self.update(digest, Op::Commit).await?)
+    }
+
+    async fn erase(&self, digest: Digest) -> Result<bool, StoreError> {
+        held(self.update(digest, Op::Erase).await?)
+    }
+
+    async fn renew(&self, digest: Digest) -> Result<bool, StoreError> {
+        held(self.update(digest, Op::Renew).await?)
+    }
+
+    fn geometry(&self) -> Option<Geometry> {
+        Some(self.inner.geometry)
+    }
+}
+
+fn held(outcome: Outcome) -> Result<bool, StoreError> {
+    match outcome {
+        Outcome::Held(held) => Ok(held),
+        Outcome::Claim(_) => Err(StoreError::Protocol("operation gave a claim".into())),
+    }
+}
+
+/// The operations of one batch that fall in one set.
+#[derive(Clone)]
+struct SetOps {
+    /// The set's item key.
+    key: String,
+    /// Indices into the batch's operations, in order.
+    ops: Vec<usize>,
+}
+
+fn unavailable(server: &Server, err: &dyn std::fmt::Display) -> StoreError {
+    StoreError::Unavailable {
+        addr: server.addr.clone(),
+        detail: err.to_string(),
+    }
+}
+
+/// Whether an error suggests that the server's other pooled connections are dead too.
+fn is_connection_error(err: &StoreError) -> bool {
+    matches!(err, StoreError::Unavailable { .. } | StoreError::Timeout(_))
+}
+
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// A random owner id: xxh3 of the process id, the time, a per-process counter and a stack
+/// address, so two stores (in one process or in two) practically never share one.
+fn random_owner() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let local = 0u8;
+    let mut seed = Vec::with_capacity(40);
+    seed.extend_from_slice(&u64::from(std::process::id()).to_le_bytes());
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    seed.extend_from_slice(&nanos.to_le_bytes());
+    // Relaxed: only uniqueness of the returned number matters.
+    seed.extend_from_slice(&COUNTER.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+    seed.extend_from_slice(&(std::ptr::addr_of!(local) as usize as u64).to_le_bytes());
+    xxhash_rust::xxh3::xxh3_64(&seed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unreadable_value_counts_and_reads_as_empty() {
+        let geometry = Geometry::new(8, 2).unwrap();
+        let store = MemcachedStore::new_lazy(MemcachedConfig::default(), geometry).unwrap();
+        assert_eq!(
+            store.decode_counted(Some(b"\x01\x00\x05garbage")),
+            SetState::empty(2)
+        );
+        assert_eq!(
+            store.decode_counted(Some(&encode(&SetState::empty(2)))),
+            SetState::empty(2)
+        );
+        assert_eq!(store.unreadable_values(), 1);
+    }
+
+    #[test]
+    fn routing_is_pinned() {
+        // Routing must never change between releases: these values were computed once with
+        // xxh3 and must stay as they are.
+        let config = MemcachedConfig {
+            servers: vec![
+                "10.0.0.1:11211".into(),
+                "10.0.0.2:11211".into(),
+                "10.0.0.3:11211".into(),
+            ],
+            ..MemcachedConfig::default()
+        };
+        let store = MemcachedStore::new_lazy(config, Geometry::new(1024, 8).unwrap()).unwrap();
+        let routes: Vec<usize> = (0..12)
+            .map(|set| store.server_of(&store.key_of_set(set)))
+            .collect();
+        assert_eq!(routes, PINNED_ROUTES);
+        assert_eq!(store.namespace(), "nsq-dedupe:v1:128x8");
+    }
+
+    const PINNED_ROUTES: [usize; 12] = [1, 0, 2, 2, 0, 2, 2, 2, 2, 1, 0, 2];
+}

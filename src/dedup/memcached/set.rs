@@ -1,0 +1,422 @@
+//! The pure model of one set as a Memcached value: its entries, how an operation changes
+//! them ([`apply`]), and the value's bytes ([`encode`], [`decode`]). No I/O: the store reads a
+//! value, applies operations here and compare-and-swaps the result.
+
+use crate::dedup::{Claim, Digest};
+
+/// The value format version written by this code; part of the namespace and of every value.
+pub(crate) const FORMAT_VERSION: u8 = 1;
+
+/// Bytes of one entry in a value: slot index, digest, state, lease expiry, owner.
+pub(super) const ENTRY_BYTES: usize = 34;
+
+/// Bytes before the first entry: version, cursor, count.
+const HEADER_BYTES: usize = 3;
+
+/// What one operation does to the entry of its digest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Op {
+    Claim,
+    Commit,
+    Erase,
+    Renew,
+}
+
+/// The answer of one operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Outcome {
+    Claim(Claim),
+    Held(bool),
+}
+
+/// The state of an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum State {
+    InFlight = 1,
+    Done = 2,
+}
+
+/// One way of a set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Entry {
+    pub(super) digest: Digest,
+    pub(super) state: State,
+    /// Milliseconds since the Unix epoch; 0 once done.
+    pub(super) lease_until_ms: u64,
+    pub(super) owner: u64,
+}
+
+/// What a decision needs to know besides the set: the time, the lease, who we are.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct LeaseFacts {
+    pub(super) now_ms: u64,
+    pub(super) lease_until_ms: u64,
+    pub(super) owner: u64,
+}
+
+/// One set: `ways` slots and the cursor of the next eviction, as in the in-process table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct SetState {
+    /// The slot a new digest replaces when no slot is empty.
+    pub(super) cursor: usize,
+    /// Exactly `ways` slots.
+    pub(super) slots: Vec<Option<Entry>>,
+}
+
+impl SetState {
+    pub(super) fn empty(ways: usize) -> Self {
+        SetState {
+            cursor: 0,
+            slots: vec![None; ways],
+        }
+    }
+}
+
+/// Applies `op` for `digest` to a set. Returns the answer and whether the set changed (and
+/// must be written).
+///
+/// Replacement is the in-process table's: a new digest takes the first empty slot, else the
+/// slot at the cursor, and the cursor moves on by one. Slots fill in order and are replaced in
+/// the same order (FIFO); a duplicate hit changes nothing; a slot emptied by `erase` is refilled
+/// first and keeps its place in the rotation.
+pub(super) fn apply(
+    set: &mut SetState,
+    op: Op,
+    digest: Digest,
+    facts: LeaseFacts,
+) -> (Outcome, bool) {
+    let found = set
+        .slots
+        .iter()
+        .position(|slot| slot.is_some_and(|entry| entry.digest == digest));
+    let Some(i) = found else {
+        return match op {
+            Op::Claim => {
+                let ways = set.slots.len();
+                let victim = match set.slots.iter().position(Option::is_none) {
+                    Some(empty) => empty,
+                    None => {
+                        let victim = set.cursor % ways;
+                        set.cursor = (victim + 1) % ways;
+                        victim
+                    }
+                };
+                set.slots[victim] = Some(Entry {
+                    digest,
+                    state: State::InFlight,
+                    lease_until_ms: facts.lease_until_ms,
+                    owner: facts.owner,
+                });
+                (Outcome::Claim(Claim::New), true)
+            }
+            Op::Commit | Op::Erase | Op::Renew => (Outcome::Held(false), false),
+        };
+    };
+    let slot = &mut set.slots[i];
+    let Some(entry) = slot.as_mut() else {
+        // `found` only points at occupied slots.
+        return (Outcome::Held(false), false);
+    };
+    let mine = entry.owner == facts.owner;
+    match (op, entry.state) {
+        (Op::Claim, State::Done) => (Outcome::Claim(Claim::Duplicate), false),
+        (Op::Claim, State::InFlight) if entry.lease_until_ms > facts.now_ms => {
+            (Outcome::Claim(Claim::InFlight), false)
+        }
+        (Op::Claim, State::InFlight) => {
+            // The owner let the lease lapse: take the entry over, in its slot.
+            entry.owner = facts.owner;
+            entry.lease_until_ms = facts.lease_until_ms;
+            (Outcome::Claim(Claim::New), true)
+        }
+        (Op::Commit, State::Done) => (Outcome::Held(true), false),
+        (Op::Commit, State::InFlight) if mine => {
+            entry.state = State::Done;
+            entry.lease_until_ms = 0;
+            (Outcome::Held(true), true)
+        }
+        (Op::Erase, _) if mine => {
+            *slot = None;
+            (Outcome::Held(true), true)
+        }
+        (Op::Renew, State::InFlight) if mine => {
+            entry.lease_until_ms = facts.lease_until_ms;
+            (Outcome::Held(true), true)
+        }
+        (Op::Commit | Op::Erase | Op::Renew, _) => (Outcome::Held(false), false),
+    }
+}
+
+/// Encodes a set (see the module docs for the layout).
+pub(super) fn encode(set: &SetState) -> Vec<u8> {
+    let count = set.slots.iter().flatten().count();
+    let mut out = Vec::with_capacity(HEADER_BYTES + count * ENTRY_BYTES);
+    out.push(FORMAT_VERSION);
+    // At most 8 ways, so the cursor, the count and a slot index each fit in a byte.
+    out.push(set.cursor as u8);
+    out.push(count as u8);
+    for (index, slot) in set.slots.iter().enumerate() {
+        if let Some(entry) = slot {
+            out.push(index as u8);
+            out.extend_from_slice(&entry.digest.to_bytes());
+            out.push(entry.state as u8);
+            out.extend_from_slice(&entry.lease_until_ms.to_be_bytes());
+            out.extend_from_slice(&entry.owner.to_be_bytes());
+        }
+    }
+    out
+}
+
+/// Why a value could not be decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum DecodeError {
+    /// Empty, or shorter or longer than its entry count says.
+    Length,
+    /// Written by another format version.
+    Version(u8),
+    /// More entries than the set has ways.
+    Count(u8),
+    /// A cursor or slot index outside the set, or two entries in one slot.
+    Slot(u8),
+    /// An unknown state byte.
+    State(u8),
+}
+
+/// Decodes a set of `ways` ways.
+pub(super) fn decode(value: &[u8], ways: usize) -> Result<SetState, DecodeError> {
+    let [version, cursor, count, rest @ ..] = value else {
+        return Err(DecodeError::Length);
+    };
+    if *version != FORMAT_VERSION {
+        return Err(DecodeError::Version(*version));
+    }
+    if usize::from(*cursor) >= ways {
+        return Err(DecodeError::Slot(*cursor));
+    }
+    if usize::from(*count) > ways {
+        return Err(DecodeError::Count(*count));
+    }
+    if rest.len() != usize::from(*count) * ENTRY_BYTES {
+        return Err(DecodeError::Length);
+    }
+    let mut set = SetState {
+        cursor: usize::from(*cursor),
+        slots: vec![None; ways],
+    };
+    for raw in rest.chunks_exact(ENTRY_BYTES) {
+        let index = raw[0];
+        let slot = set
+            .slots
+            .get_mut(usize::from(index))
+            .filter(|slot| slot.is_none())
+            .ok_or(DecodeError::Slot(index))?;
+        let state = match raw[17] {
+            1 => State::InFlight,
+            2 => State::Done,
+            other => return Err(DecodeError::State(other)),
+        };
+        let array = |at: usize| -> Result<[u8; 8], DecodeError> {
+            raw[at..at + 8].try_into().map_err(|_| DecodeError::Length)
+        };
+        let digest: [u8; 16] = raw[1..17].try_into().map_err(|_| DecodeError::Length)?;
+        *slot = Some(Entry {
+            digest: Digest::from_bytes(digest),
+            state,
+            lease_until_ms: u64::from_be_bytes(array(18)?),
+            owner: u64::from_be_bytes(array(26)?),
+        });
+    }
+    Ok(set)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(n: u128, state: State, owner: u64) -> Entry {
+        Entry {
+            digest: Digest::from_u128(n),
+            state,
+            lease_until_ms: if state == State::Done {
+                0
+            } else {
+                1_000 + n as u64 % 1_000
+            },
+            owner,
+        }
+    }
+
+    fn facts(now_ms: u64, owner: u64) -> LeaseFacts {
+        LeaseFacts {
+            now_ms,
+            lease_until_ms: now_ms + 100,
+            owner,
+        }
+    }
+
+    fn set_of(cursor: usize, slots: Vec<Option<Entry>>) -> SetState {
+        SetState { cursor, slots }
+    }
+
+    fn digests(set: &SetState) -> Vec<Option<u128>> {
+        set.slots
+            .iter()
+            .map(|slot| slot.map(|e| e.digest.as_u128()))
+            .collect()
+    }
+
+    #[test]
+    fn value_round_trips() {
+        let set = set_of(
+            2,
+            vec![
+                Some(entry(u128::MAX - 3, State::InFlight, 7)),
+                None,
+                Some(entry(42, State::Done, u64::MAX)),
+                None,
+            ],
+        );
+        let bytes = encode(&set);
+        assert_eq!(bytes.len(), HEADER_BYTES + 2 * ENTRY_BYTES);
+        assert_eq!(bytes[..4], [FORMAT_VERSION, 2, 2, 0]);
+        assert_eq!(decode(&bytes, 4), Ok(set));
+        assert_eq!(
+            decode(&encode(&SetState::empty(1)), 1),
+            Ok(SetState::empty(1))
+        );
+    }
+
+    #[test]
+    fn unreadable_bytes_are_rejected() {
+        let good = encode(&set_of(0, vec![None, Some(entry(1, State::InFlight, 1))]));
+        assert_eq!(
+            decode(&good, 2).map(|s| digests(&s)),
+            Ok(vec![None, Some(1)])
+        );
+        assert_eq!(decode(&[], 4), Err(DecodeError::Length));
+        assert_eq!(decode(&good[..good.len() - 1], 2), Err(DecodeError::Length));
+        let mut long = good.clone();
+        long.push(0);
+        assert_eq!(decode(&long, 2), Err(DecodeError::Length));
+        let mut bad_state = good.clone();
+        bad_state[HEADER_BYTES + 17] = 9;
+        assert_eq!(decode(&bad_state, 2), Err(DecodeError::State(9)));
+        // Slot 1 does not exist in a 1-way set, nor cursor 1.
+        assert_eq!(decode(&good, 1), Err(DecodeError::Slot(1)));
+        let mut bad_cursor = good.clone();
+        bad_cursor[1] = 2;
+        assert_eq!(decode(&bad_cursor, 2), Err(DecodeError::Slot(2)));
+        // Two entries in one slot.
+        let two = encode(&set_of(
+            0,
+            vec![
+                Some(entry(1, State::Done, 1)),
+                Some(entry(2, State::Done, 1)),
+            ],
+        ));
+        let mut same_slot = two.clone();
+        same_slot[HEADER_BYTES + ENTRY_BYTES] = 0;
+        assert_eq!(decode(&same_slot, 2), Err(DecodeError::Slot(0)));
+        assert_eq!(decode(&two, 1), Err(DecodeError::Count(2)));
+        assert_eq!(decode(b"hello world", 8), Err(DecodeError::Version(b'h')));
+    }
+
+    #[test]
+    fn other_format_version_is_rejected() {
+        let mut bytes = encode(&set_of(0, vec![Some(entry(5, State::Done, 3)); 1]));
+        bytes[0] = FORMAT_VERSION + 1;
+        assert_eq!(
+            decode(&bytes, 1),
+            Err(DecodeError::Version(FORMAT_VERSION + 1))
+        );
+    }
+
+    #[test]
+    fn claims_follow_leases_and_owners() {
+        let (me, other) = (1, 2);
+        let mut set = SetState::empty(2);
+        let d = Digest::from_u128;
+        assert_eq!(
+            apply(&mut set, Op::Claim, d(10), facts(0, me)),
+            (Outcome::Claim(Claim::New), true)
+        );
+        assert_eq!(
+            apply(&mut set, Op::Claim, d(10), facts(50, other)),
+            (Outcome::Claim(Claim::InFlight), false)
+        );
+        // After the lease (until 100), another owner takes over in place.
+        assert_eq!(
+            apply(&mut set, Op::Claim, d(10), facts(100, other)),
+            (Outcome::Claim(Claim::New), true)
+        );
+        assert_eq!(set.slots[0].unwrap().owner, other);
+        assert_eq!(
+            apply(&mut set, Op::Commit, d(10), facts(110, me)),
+            (Outcome::Held(false), false)
+        );
+        assert_eq!(
+            apply(&mut set, Op::Commit, d(10), facts(110, other)),
+            (Outcome::Held(true), true)
+        );
+        assert_eq!(
+            apply(&mut set, Op::Commit, d(10), facts(110, me)),
+            (Outcome::Held(true), false),
+            "committing a done entry is a no-op that reports it held"
+        );
+        assert_eq!(
+            apply(&mut set, Op::Claim, d(10), facts(10_000, me)),
+            (Outcome::Claim(Claim::Duplicate), false)
+        );
+        // Erase and renew by a non-owner do nothing; renew extends the owner's lease.
+        apply(&mut set, Op::Claim, d(12), facts(200, me));
+        assert_eq!(
+            apply(&mut set, Op::Erase, d(12), facts(200, other)),
+            (Outcome::Held(false), false)
+        );
+        assert_eq!(
+            apply(&mut set, Op::Renew, d(12), facts(250, other)),
+            (Outcome::Held(false), false)
+        );
+        assert_eq!(
+            apply(&mut set, Op::Renew, d(12), facts(250, me)),
+            (Outcome::Held(true), true)
+        );
+        assert_eq!(set.slots[1].unwrap().lease_until_ms, 350);
+        assert_eq!(
+            apply(&mut set, Op::Renew, d(10), facts(250, other)),
+            (Outcome::Held(false), false),
+            "a done entry has no lease to renew"
+        );
+        assert_eq!(
+            apply(&mut set, Op::Erase, d(12), facts(300, me)),
+            (Outcome::Held(true), true)
+        );
+        assert_eq!(digests(&set), [Some(10), None]);
+    }
+
+    #[test]
+    fn replacement_matches_the_in_process_cursor() {
+        let me = 1;
+        let mut set = SetState::empty(4);
+        let claim = |set: &mut SetState, n: u128| {
+            apply(set, Op::Claim, Digest::from_u128(n), facts(0, me)).0
+        };
+        for n in 1..=4 {
+            assert_eq!(claim(&mut set, n), Outcome::Claim(Claim::New));
+        }
+        // Full: the cursor (slot 0) is replaced, then slot 1; a hit changes nothing.
+        claim(&mut set, 5);
+        assert_eq!(claim(&mut set, 3), Outcome::Claim(Claim::InFlight));
+        claim(&mut set, 6);
+        assert_eq!(digests(&set), [Some(5), Some(6), Some(3), Some(4)]);
+        assert_eq!(set.cursor, 2);
+        // An erased slot is refilled first and keeps its place in the rotation: 7 goes into
+        // slot 0, and the next eviction still takes slot 2 (digest 3).
+        apply(&mut set, Op::Erase, Digest::from_u128(5), facts(0, me));
+        claim(&mut set, 7);
+        assert_eq!(digests(&set), [Some(7), Some(6), Some(3), Some(4)]);
+        claim(&mut set, 8);
+        assert_eq!(digests(&set), [Some(7), Some(6), Some(8), Some(4)]);
+        assert_eq!(set.cursor, 3);
+    }
+}
