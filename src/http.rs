@@ -87,12 +87,12 @@ impl fmt::Display for HttpUrl {
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
     /// Connecting, writing or reading failed.
-    #[error("HTTP request to {url} failed: {source}")]
+    #[error("HTTP request to {url} failed: {cause}")]
     Io {
         /// The URL.
         url: String,
-        /// The socket error.
-        source: std::io::Error,
+        /// The socket error, in the message so that a log line of this error alone says why.
+        cause: std::io::Error,
     },
     /// The whole exchange took longer than the timeout.
     #[error("HTTP request to {url} timed out after {after:?} (raise `sink.timeout`)")]
@@ -138,9 +138,9 @@ async fn post_inner(
     headers: &[(String, String)],
     body: &[u8],
 ) -> Result<u16, HttpError> {
-    let io = |source| HttpError::Io {
+    let io = |cause| HttpError::Io {
         url: url.to_string(),
-        source,
+        cause,
     };
     let mut stream = TcpStream::connect(&url.authority).await.map_err(io)?;
     stream.set_nodelay(true).map_err(io)?;

@@ -358,3 +358,25 @@ fn json_keys_of_different_types_are_different_messages() {
         .success()
         .stdout("{\"id\":\"1\"}\n{\"id\":1}\n{\"id\":\"true\"}\n{\"id\":true}\n");
 }
+
+#[test]
+fn an_unwritable_dead_letter_says_its_cause_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("dl.toml");
+    std::fs::write(
+        &config,
+        "[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"127.0.0.1:1\"]\n\
+         [metrics]\naddress = \"off\"\n\
+         [dead_letter]\nkind = \"file\"\npath = \"/nonexistent/dir/dead.ndjson\"\n",
+    )
+    .unwrap();
+    let (code, stderr) = fails(&["run", "--config", config.to_str().unwrap()]);
+    assert_eq!(code, 1, "{stderr}");
+    let error = stderr.lines().last().unwrap();
+    assert_eq!(
+        error,
+        "error: cannot open the dead-letter: writing dead-letter file \
+         /nonexistent/dir/dead.ndjson: No such file or directory (os error 2) (check \
+         `dead_letter.path`)"
+    );
+}

@@ -137,9 +137,9 @@ impl Connection {
         identify: &Identify,
         max_frame_size: usize,
     ) -> Result<Connection, Error> {
-        let io = |source| Error::Io {
+        let io = |cause| Error::Io {
             addr: addr.to_string(),
-            source,
+            cause,
         };
         let stream = TcpStream::connect(addr).await.map_err(io)?;
         stream.set_nodelay(true).map_err(io)?;
@@ -212,9 +212,9 @@ impl Connection {
         self.writer
             .write_all(&buf)
             .await
-            .map_err(|source| Error::Io {
+            .map_err(|cause| Error::Io {
                 addr: self.addr.to_string(),
-                source,
+                cause,
             })
     }
 
@@ -227,9 +227,9 @@ impl Connection {
         match self.reader.next().await {
             None => Ok(None),
             Some(Ok(frame)) => Ok(Some(frame)),
-            Some(Err(source)) => Err(Error::Protocol {
+            Some(Err(cause)) => Err(Error::Protocol {
                 addr: self.addr.to_string(),
-                source,
+                cause,
             }),
         }
     }

@@ -20,20 +20,21 @@ pub enum Error {
         reason: String,
     },
     /// Connecting or talking to nsqd failed at the socket level.
-    #[error("I/O error with nsqd {addr}: {source}")]
+    #[error("I/O error with nsqd {addr}: {cause}")]
     Io {
         /// The nsqd address.
         addr: String,
-        /// The underlying error.
-        source: std::io::Error,
+        /// The underlying error. Part of the message, so that a log line of this error alone
+        /// says why; not also its `source`, so that an error chain says it once.
+        cause: std::io::Error,
     },
     /// nsqd sent bytes that are not valid frames.
-    #[error("protocol error from nsqd {addr}: {source}")]
+    #[error("protocol error from nsqd {addr}: {cause}")]
     Protocol {
         /// The nsqd address.
         addr: String,
-        /// What was wrong.
-        source: FrameError,
+        /// What was wrong (in the message, as for `Io`).
+        cause: FrameError,
     },
     /// nsqd answered with an error frame. `fatal` errors close the connection.
     #[error("nsqd {addr} answered {text}")]

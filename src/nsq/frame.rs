@@ -103,7 +103,7 @@ pub enum Frame {
 pub enum FrameError {
     /// Reading the socket failed.
     #[error("reading from nsqd failed: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     /// The size field announced more than we accept.
     #[error("nsqd sent a frame of {size} bytes, above `max_frame_size` = {max} bytes; raise `max_frame_size` if nsqd's `--max-msg-size` is larger")]
     TooLarge {
@@ -123,6 +123,12 @@ pub enum FrameError {
     /// A frame type other than 0, 1 or 2.
     #[error("nsqd sent a frame of unknown type {0}")]
     UnknownType(u32),
+}
+
+impl From<std::io::Error> for FrameError {
+    fn from(error: std::io::Error) -> Self {
+        FrameError::Io(error)
+    }
 }
 
 /// A command we send to nsqd.

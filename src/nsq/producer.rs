@@ -324,7 +324,7 @@ async fn serve(
                 frame = reader.next() => {
                     let frame = match frame {
                         None => break Err(Error::ConnectionClosed { addr: addr.to_string() }),
-                        Some(Err(source)) => break Err(Error::Protocol { addr: addr.to_string(), source }),
+                        Some(Err(cause)) => break Err(Error::Protocol { addr: addr.to_string(), cause }),
                         Some(Ok(frame)) => frame,
                     };
                     match frame {
@@ -373,10 +373,10 @@ async fn serve(
                 pending.push_back((now, request.reply));
             }
         }
-        if let Err(source) = writer.write_all(&buf).await {
+        if let Err(cause) = writer.write_all(&buf).await {
             break Err(Error::Io {
                 addr: addr.to_string(),
-                source,
+                cause,
             });
         }
         buf.clear();

@@ -210,7 +210,7 @@ impl Supervisor {
                     last_frame = Instant::now();
                     let frame = match frame {
                         None => return Err(Error::ConnectionClosed { addr: addr.to_string() }),
-                        Some(Err(source)) => return Err(Error::Protocol { addr: addr.to_string(), source }),
+                        Some(Err(cause)) => return Err(Error::Protocol { addr: addr.to_string(), cause }),
                         Some(Ok(frame)) => frame,
                     };
                     self.on_frame(frame, handle, &mut close_wait)?;

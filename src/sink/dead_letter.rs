@@ -36,20 +36,20 @@ pub struct DeadLetterRecord<'a> {
 #[derive(Debug, thiserror::Error)]
 pub enum DeadLetterError {
     /// Appending to the file failed.
-    #[error("writing dead-letter file {path}: {source} (check `dead_letter.path`)")]
+    #[error("writing dead-letter file {path}: {cause} (check `dead_letter.path`)")]
     File {
         /// The file.
         path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
+        /// The I/O error, in the message so that a log line of this error alone says why.
+        cause: std::io::Error,
     },
     /// Publishing to the dead-letter topic failed.
-    #[error("publishing to dead-letter topic {topic}: {source}")]
+    #[error("publishing to dead-letter topic {topic}: {cause}")]
     Nsq {
         /// The topic.
         topic: String,
-        /// The NSQ error.
-        source: crate::nsq::Error,
+        /// The NSQ error, in the message as above.
+        cause: crate::nsq::Error,
     },
 }
 
@@ -108,7 +108,7 @@ impl DeadLetter {
                 path,
                 file: std::sync::Mutex::new(file),
             }),
-            Err(source) => Err(DeadLetterError::File { path, source }),
+            Err(cause) => Err(DeadLetterError::File { path, cause }),
         }
     }
 
@@ -129,9 +129,9 @@ impl DeadLetter {
             DeadLetter::Nsq { producer, topic } => producer
                 .publish(topic, body.clone())
                 .await
-                .map_err(|source| DeadLetterError::Nsq {
+                .map_err(|cause| DeadLetterError::Nsq {
                     topic: topic.clone(),
-                    source,
+                    cause,
                 }),
             DeadLetter::File { path, file } => {
                 let text = std::str::from_utf8(body).ok();
@@ -153,9 +153,9 @@ impl DeadLetter {
                 let mut file = file.lock().unwrap_or_else(|e| e.into_inner());
                 file.write_all(&line)
                     .and_then(|()| file.sync_data())
-                    .map_err(|source| DeadLetterError::File {
+                    .map_err(|cause| DeadLetterError::File {
                         path: path.clone(),
-                        source,
+                        cause,
                     })
             }
         }
