@@ -105,6 +105,18 @@ impl Recorder {
     fn calls(&self) -> HashMap<Bytes, u32> {
         self.calls.lock().unwrap().clone()
     }
+    /// A handler that works for `delay`, then records the body as delivered and succeeds.
+    fn delivering_after(&self, delay: Duration) -> impl Handler {
+        let recorder = self.clone();
+        move |body: Bytes| {
+            let recorder = recorder.clone();
+            async move {
+                tokio::time::sleep(delay).await;
+                recorder.deliver(body);
+                Ok(())
+            }
+        }
+    }
 }
 
 /// A sidecar running in a task, stopped by `stop`.
@@ -451,15 +463,10 @@ async fn memcached_outage_with_requeue_loses_nothing() {
     raw.source.max_attempts = Some(1000);
     let settings = raw.validate().unwrap();
     let recorder = Recorder::default();
-    let r = recorder.clone();
-    let running = Running::start(settings, move |body: Bytes| {
-        let r = r.clone();
-        async move {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-            r.deliver(body);
-            Ok(())
-        }
-    })
+    let running = Running::start(
+        settings,
+        recorder.delivering_after(Duration::from_millis(2)),
+    )
     .await;
     wait_until_or(
         "300 deliveries before the outage",
@@ -1389,17 +1396,9 @@ async fn copies_in_flight_are_finished_with_policy_finish() {
     let mut raw = raw_config(&[a.tcp_addr(), b.tcp_addr()]);
     raw.dedupe.on_in_flight = Some(nsq_dedupe::pipeline::InFlightPolicy::Finish);
     let recorder = Recorder::default();
-    let r = recorder.clone();
-    let running = Running::start(raw.validate().unwrap(), move |body: Bytes| {
-        let r = r.clone();
-        async move {
-            // Slow enough that the copy from the other nsqd arrives while this one runs.
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            r.deliver(body);
-            Ok(())
-        }
-    })
-    .await;
+    // Slow enough that the copy from the other nsqd arrives while this one runs.
+    let handler = recorder.delivering_after(Duration::from_millis(300));
+    let running = Running::start(raw.validate().unwrap(), handler).await;
     wait_until_or(
         "both drained",
         Duration::from_secs(20),
