@@ -40,6 +40,10 @@ pub enum RunError {
     /// The dead-letter could not be opened.
     #[error("cannot open the dead-letter")]
     DeadLetter(#[from] crate::sink::DeadLetterError),
+    /// The sink's output was closed for good (stdout's reader went away); the run stopped
+    /// gracefully and its messages were requeued.
+    #[error("the sink's output was closed; stopped")]
+    SinkClosed(#[source] std::io::Error),
     /// The metrics address could not be bound.
     #[error("cannot listen on metrics address {addr} (change `--metrics-address` / `metrics.address`, or set it to \"off\")")]
     Metrics {
@@ -241,10 +245,18 @@ impl<H: Handler> Sidecar<H> {
 
         let tracker = TaskTracker::new();
         tokio::pin!(shutdown);
+        let sink_closed = dedupe.handler().closed();
+        tokio::pin!(sink_closed);
+        let mut closed = None;
         loop {
             tokio::select! {
                 biased;
                 _ = &mut shutdown => break,
+                error = &mut sink_closed => {
+                    tracing::error!(%error, "The sink's output was closed; stopping.");
+                    closed = Some(error);
+                    break;
+                }
                 message = consumer.next() => match message {
                     Some(message) => {
                         let dedupe = dedupe.clone();
@@ -288,6 +300,9 @@ impl<H: Handler> Sidecar<H> {
             clean = report.clean,
             "Consumer closed."
         );
+        if let Some(error) = closed {
+            return Err(RunError::SinkClosed(error));
+        }
         Ok(RunReport {
             shutdown: report,
             abandoned_handlers: abandoned,

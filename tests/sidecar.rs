@@ -890,6 +890,73 @@ async fn sink_kind_flag_overrides_are_applied() {
     let _ = SinkKind::Stdout;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stdout_stops_the_run_and_finishes_nothing_unwritten() {
+    let a = Broker::start(BrokerConfig::default()).await;
+    a.publish_many(TOPIC, (0..50).map(payload));
+    let mut child = ChildGuard(Some(
+        Command::new(sidecar_binary())
+            .args([
+                "run",
+                "--topic",
+                TOPIC,
+                "--channel",
+                CHANNEL,
+                "--nsqd-tcp-address",
+            ])
+            .arg(a.tcp_addr().to_string())
+            .args([
+                "--buckets",
+                "4096",
+                "--sink",
+                "stdout",
+                "--metrics-address",
+                "off",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
+    // The reader goes away before anything is written: every write fails with EPIPE.
+    drop(child.0.as_mut().unwrap().stdout.take());
+    let mut c = child.0.take().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = c.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "run did not stop after stdout closed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut stderr = String::new();
+    c.stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    // Like `filter | head`: a reader that went away is not a failure.
+    assert!(status.success(), "{status:?}\n{stderr}");
+    assert!(
+        stderr.contains("The sink's output was closed; stopping."),
+        "{stderr}"
+    );
+    // Nothing was written, so nothing was finished: every message is back in the queue.
+    let stats = a.stats();
+    assert_eq!(stats.fin_ok, 0, "{stats:?}");
+    wait_until_or(
+        "all 50 messages requeued",
+        Duration::from_secs(10),
+        || a.depth(TOPIC, CHANNEL).0 == 50,
+        || format!("{:?} {:?}", a.depth(TOPIC, CHANNEL), a.stats()),
+    )
+    .await;
+}
+
 /// A test HTTP endpoint: answers 503 to the first POST of each body, 400 to bodies containing
 /// `reject`, holds the first POST of bodies containing `slow` past the sink's timeout, and
 /// 200 otherwise. Records the bodies it answered 200 to, and the headers it saw.
@@ -1165,7 +1232,15 @@ async fn shutdown_waits_for_handlers_within_grace_and_requeues_the_rest() {
 /// Steady state: the sidecar first handles `WARM_UP` other messages, so connecting, RDY
 /// ramp-up and the first touch of the table's memory (64 MiB zeroed by the kernel) are not
 /// timed; a long-running sidecar pays them once.
-async fn timed_pass(store: StoreKind, n: usize, pass: usize) -> f64 {
+/// Which sink a timed pass delivers to.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum BenchSink {
+    Null,
+    /// The stdout sink's writer, on `/dev/null`.
+    StdoutToDevNull,
+}
+
+async fn timed_pass(store: StoreKind, sink: BenchSink, n: usize, pass: usize) -> f64 {
     const WARM_UP: usize = 100_000;
     let broker = Broker::start(BrokerConfig {
         record_messages: false,
@@ -1192,7 +1267,14 @@ async fn timed_pass(store: StoreKind, n: usize, pass: usize) -> f64 {
     raw.metrics.address = Some("off".into());
     raw.metrics.status_interval = Some(Dur(Duration::from_secs(3600)));
     broker.publish_many(TOPIC, bodies("w", WARM_UP));
-    let running = Running::start_configured(raw.validate().unwrap()).await;
+    let running = match sink {
+        BenchSink::Null => Running::start_configured(raw.validate().unwrap()).await,
+        BenchSink::StdoutToDevNull => {
+            let dev_null = std::fs::File::create("/dev/null").unwrap();
+            let sink = nsq_dedupe::sink::Sink::Stdout(nsq_dedupe::sink::StdoutSink::new(dev_null));
+            Running::start(raw.validate().unwrap(), sink).await
+        }
+    };
     wait_until_or(
         "the warm-up finished",
         Duration::from_secs(60),
@@ -1231,11 +1313,11 @@ async fn throughput() {
     // Alternate which goes first, so that neither always runs on a warmer (or busier) machine.
     for pass in 0..5 {
         if pass % 2 == 0 {
-            none.push(timed_pass(StoreKind::None, N, 2 * pass).await);
-            memory.push(timed_pass(StoreKind::Memory, N, 2 * pass + 1).await);
+            none.push(timed_pass(StoreKind::None, BenchSink::Null, N, 2 * pass).await);
+            memory.push(timed_pass(StoreKind::Memory, BenchSink::Null, N, 2 * pass + 1).await);
         } else {
-            memory.push(timed_pass(StoreKind::Memory, N, 2 * pass + 1).await);
-            none.push(timed_pass(StoreKind::None, N, 2 * pass).await);
+            memory.push(timed_pass(StoreKind::Memory, BenchSink::Null, N, 2 * pass + 1).await);
+            none.push(timed_pass(StoreKind::None, BenchSink::Null, N, 2 * pass).await);
         }
     }
     let best = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
@@ -1260,6 +1342,56 @@ async fn throughput() {
         "  ratio memory/none: {:.3} (best of each), {:.3} (medians)",
         memory_best / none_best,
         median(&memory) / median(&none)
+    );
+}
+
+/// End-to-end throughput of the stdout sink (writing to `/dev/null`) against the `null` sink,
+/// in-process table, alternating which runs first, five passes each.
+///
+/// `cargo test --release --test integration sidecar::stdout_throughput -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark; run explicitly in release mode"]
+async fn stdout_throughput() {
+    const N: usize = 300_000;
+    let (mut null, mut stdout) = (Vec::new(), Vec::new());
+    for pass in 0..5 {
+        let mut order = [BenchSink::Null, BenchSink::StdoutToDevNull];
+        if pass % 2 == 1 {
+            order.reverse();
+        }
+        for sink in order {
+            let rate = timed_pass(
+                StoreKind::Memory,
+                sink,
+                N,
+                2 * pass + usize::from(sink == BenchSink::Null),
+            )
+            .await;
+            match sink {
+                BenchSink::Null => null.push(rate),
+                BenchSink::StdoutToDevNull => stdout.push(rate),
+            }
+        }
+    }
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!("sidecar sinks, {N} distinct 100-byte messages, max_in_flight 2500, memory store:");
+    println!(
+        "  null:             {:>9.0} msgs/s median (passes: {:?})",
+        median(&null),
+        null.iter().map(|x| x.round()).collect::<Vec<_>>()
+    );
+    println!(
+        "  stdout/dev/null:  {:>9.0} msgs/s median (passes: {:?})",
+        median(&stdout),
+        stdout.iter().map(|x| x.round()).collect::<Vec<_>>()
+    );
+    println!(
+        "  ratio stdout/null: {:.3} (medians)",
+        median(&stdout) / median(&null)
     );
 }
 

@@ -59,6 +59,13 @@ pub trait Handler: Send + Sync + 'static {
     fn flush(&self) -> impl Future<Output = Result<(), HandlerError>> + Send {
         async { Ok(()) }
     }
+
+    /// Completes, with the reason, once the handler can never take a message again (its
+    /// output was closed for good, as a stdout whose reader went away). The sidecar then stops
+    /// gracefully, requeueing what it holds. Defaults to: never.
+    fn closed(&self) -> impl Future<Output = std::io::Error> + Send {
+        std::future::pending()
+    }
 }
 
 impl<F, Fut> Handler for F
@@ -102,6 +109,13 @@ impl Handler for Sink {
         match self {
             Sink::Stdout(sink) => sink.flush().await,
             Sink::Nsq(_) | Sink::Http(_) | Sink::Null => Ok(()),
+        }
+    }
+
+    async fn closed(&self) -> std::io::Error {
+        match self {
+            Sink::Stdout(sink) => sink.closed().await,
+            Sink::Nsq(_) | Sink::Http(_) | Sink::Null => std::future::pending().await,
         }
     }
 }

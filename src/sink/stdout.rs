@@ -1,49 +1,236 @@
-//! The `stdout` sink: each unique body as one line on standard output.
+//! The `stdout` sink: each unique body as one line on standard output, group-committed.
+//!
+//! One writer thread owns standard output. Each [`handle`](Handler::handle) queues its record
+//! and waits; the thread takes every record queued by then, writes them with one `write` of
+//! one buffer, flushes, and only then answers each record's caller, so a message is finished
+//! at nsqd only after its line has left the process. Records that arrive while a write is in
+//! flight share the next one, so the cost of a write and a flush is paid once per batch, not
+//! once per message. Records are written in the order they were queued.
+//!
+//! A thread rather than a task: writing to a pipe blocks, and a blocked write must not hold a
+//! runtime worker. A write error fails every record of its batch (their messages are
+//! requeued); a closed stdout (`EPIPE`, the reader went away) also closes the sink, and the
+//! sidecar stops (see [`Handler::closed`]).
+
+use std::io::{self, Write};
+use std::sync::Arc;
 
 use bytes::Bytes;
-use tokio::io::{AsyncWriteExt, Stdout};
-use tokio::sync::Mutex;
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{Handler, HandlerError};
+
+/// The most records one write carries; a bound on the buffer, not a wait.
+const MAX_BATCH_RECORDS: usize = 4096;
+
+/// A record waiting for the writer, and where to tell its caller how the write went.
+struct Pending {
+    body: Bytes,
+    done: oneshot::Sender<Result<(), Arc<io::Error>>>,
+}
 
 /// Writes each body followed by a newline, and flushes, before reporting success; bodies are
 /// written byte for byte (a body containing newlines spans several lines).
 #[derive(Debug)]
 pub struct StdoutSink {
-    /// An async mutex: the write and flush are awaited while it is held, so that records
-    /// never interleave.
-    out: Mutex<Stdout>,
+    /// The writer thread's queue. The thread ends when this sender is dropped.
+    queue: mpsc::UnboundedSender<Pending>,
+    /// Set by the writer thread when stdout is closed for good.
+    closed: watch::Receiver<Option<Arc<io::Error>>>,
 }
 
 impl Default for StdoutSink {
     fn default() -> Self {
-        StdoutSink {
-            out: Mutex::new(tokio::io::stdout()),
+        StdoutSink::new(io::stdout())
+    }
+}
+
+impl StdoutSink {
+    /// A sink writing to `out` from a thread of its own (standard output in service; any
+    /// writer in tests).
+    pub fn new<W: Write + Send + 'static>(out: W) -> Self {
+        let (queue, requests) = mpsc::unbounded_channel();
+        let (closed_tx, closed) = watch::channel(None);
+        std::thread::Builder::new()
+            .name("nsq-dedupe-stdout".into())
+            .spawn(move || write_batches(out, requests, &closed_tx))
+            .expect("the operating system starts a thread");
+        StdoutSink { queue, closed }
+    }
+}
+
+/// The writer thread: one write and one flush per batch of queued records.
+fn write_batches<W: Write>(
+    mut out: W,
+    mut requests: mpsc::UnboundedReceiver<Pending>,
+    closed: &watch::Sender<Option<Arc<io::Error>>>,
+) {
+    let mut batch: Vec<Pending> = Vec::with_capacity(MAX_BATCH_RECORDS);
+    let mut buffer: Vec<u8> = Vec::with_capacity(64 * 1024);
+    while let Some(first) = requests.blocking_recv() {
+        batch.push(first);
+        while batch.len() < MAX_BATCH_RECORDS {
+            match requests.try_recv() {
+                Ok(pending) => batch.push(pending),
+                Err(_) => break,
+            }
+        }
+        buffer.clear();
+        for pending in &batch {
+            buffer.extend_from_slice(&pending.body);
+            buffer.push(b'\n');
+        }
+        let result = out
+            .write_all(&buffer)
+            .and_then(|()| out.flush())
+            .map_err(Arc::new);
+        if let Err(error) = &result {
+            if error.kind() == io::ErrorKind::BrokenPipe {
+                closed.send_replace(Some(error.clone()));
+            }
+        }
+        for pending in batch.drain(..) {
+            // A caller that stopped waiting has nothing to be told.
+            let _ = pending.done.send(result.clone());
+        }
+        if buffer.capacity() > 16 * 1024 * 1024 {
+            // One huge batch must not pin its buffer for the rest of the run.
+            buffer = Vec::with_capacity(64 * 1024);
         }
     }
 }
 
+fn failed(error: &io::Error) -> HandlerError {
+    HandlerError::Retry(format!("writing to stdout failed: {error}"))
+}
+
 impl Handler for StdoutSink {
     async fn handle(&self, body: Bytes) -> Result<(), HandlerError> {
-        let mut line = Vec::with_capacity(body.len() + 1);
-        line.extend_from_slice(&body);
-        line.push(b'\n');
-        let mut out = self.out.lock().await;
-        let written = async {
-            out.write_all(&line).await?;
-            out.flush().await
-        };
-        written
-            .await
-            .map_err(|error| HandlerError::Retry(format!("writing to stdout failed: {error}")))
+        let (done, written) = oneshot::channel();
+        let gone = || HandlerError::Retry("the stdout writer has stopped".into());
+        self.queue
+            .send(Pending { body, done })
+            .map_err(|_| gone())?;
+        match written.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => Err(failed(&error)),
+            Err(_) => Err(gone()),
+        }
     }
 
-    async fn flush(&self) -> Result<(), HandlerError> {
-        self.out
-            .lock()
+    async fn closed(&self) -> io::Error {
+        let mut closed = self.closed.clone();
+        let error = match closed.wait_for(Option::is_some).await {
+            Ok(error) => error.clone(),
+            // The writer thread is gone without a broken pipe: nothing more will be written.
+            Err(_) => None,
+        };
+        match error {
+            Some(error) => io::Error::new(error.kind(), error.to_string()),
+            None => io::Error::new(io::ErrorKind::BrokenPipe, "the stdout writer has stopped"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A writer that records each `write` call and can be told to fail.
+    #[derive(Clone, Default)]
+    struct Recording {
+        writes: Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
+        fail: Option<io::ErrorKind>,
+    }
+
+    impl Write for Recording {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if let Some(kind) = self.fail {
+                return Err(kind.into());
+            }
+            self.writes.lock().unwrap().push(buf.to_vec());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn records_queued_together_share_one_write_in_order() {
+        let out = Recording::default();
+        let sink = Arc::new(StdoutSink::new(out.clone()));
+        let mut tasks = Vec::new();
+        for i in 0..2000 {
+            let sink = sink.clone();
+            tasks.push(tokio::spawn(async move {
+                sink.handle(Bytes::from(format!("record {i:04}"))).await
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap().unwrap();
+        }
+        let writes = out.writes.lock().unwrap().clone();
+        let all: Vec<u8> = writes.concat();
+        let mut lines: Vec<&[u8]> = all.split(|&b| b == b'\n').collect();
+        assert_eq!(
+            lines.pop(),
+            Some(&b""[..]),
+            "every record ends with a newline"
+        );
+        assert_eq!(lines.len(), 2000);
+        let mut sorted = lines.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), 2000, "each record exactly once");
+        assert!(
+            writes.len() < 2000,
+            "2000 concurrent records took {} writes",
+            writes.len()
+        );
+    }
+
+    #[tokio::test]
+    async fn one_caller_keeps_its_order() {
+        let out = Recording::default();
+        let sink = StdoutSink::new(out.clone());
+        for body in ["a", "b\nc", "", "d"] {
+            sink.handle(Bytes::from(body)).await.unwrap();
+        }
+        assert_eq!(out.writes.lock().unwrap().concat(), b"a\nb\nc\n\nd\n");
+    }
+
+    #[tokio::test]
+    async fn a_broken_pipe_fails_the_records_and_closes_the_sink() {
+        let out = Recording {
+            fail: Some(io::ErrorKind::BrokenPipe),
+            ..Recording::default()
+        };
+        let sink = StdoutSink::new(out);
+        let error = sink.handle(Bytes::from_static(b"x")).await.unwrap_err();
+        assert!(
+            matches!(&error, HandlerError::Retry(text) if text.starts_with("writing to stdout failed")),
+            "{error:?}"
+        );
+        let closed = tokio::time::timeout(std::time::Duration::from_secs(5), sink.closed())
             .await
-            .flush()
-            .await
-            .map_err(|error| HandlerError::Retry(format!("flushing stdout failed: {error}")))
+            .expect("the sink reports that it is closed");
+        assert_eq!(closed.kind(), io::ErrorKind::BrokenPipe);
+    }
+
+    #[tokio::test]
+    async fn other_write_errors_fail_the_records_but_keep_the_sink() {
+        let out = Recording {
+            fail: Some(io::ErrorKind::Other),
+            ..Recording::default()
+        };
+        let sink = StdoutSink::new(out);
+        assert!(sink.handle(Bytes::from_static(b"x")).await.is_err());
+        let still_open =
+            tokio::time::timeout(std::time::Duration::from_millis(100), sink.closed()).await;
+        assert!(
+            still_open.is_err(),
+            "a transient error does not close the sink"
+        );
     }
 }
