@@ -1238,6 +1238,9 @@ enum BenchSink {
     Null,
     /// The stdout sink's writer, on `/dev/null`.
     StdoutToDevNull,
+    /// The stdout sink as it was before group commit, on `/dev/null`: an async mutex, then one
+    /// write and one flush per record through tokio's blocking pool.
+    PerRecordToDevNull,
 }
 
 async fn timed_pass(store: StoreKind, sink: BenchSink, n: usize, pass: usize) -> f64 {
@@ -1273,6 +1276,24 @@ async fn timed_pass(store: StoreKind, sink: BenchSink, n: usize, pass: usize) ->
             let dev_null = std::fs::File::create("/dev/null").unwrap();
             let sink = nsq_dedupe::sink::Sink::Stdout(nsq_dedupe::sink::StdoutSink::new(dev_null));
             Running::start(raw.validate().unwrap(), sink).await
+        }
+        BenchSink::PerRecordToDevNull => {
+            use tokio::io::AsyncWriteExt;
+            let dev_null = tokio::fs::File::from_std(std::fs::File::create("/dev/null").unwrap());
+            let out = Arc::new(tokio::sync::Mutex::new(dev_null));
+            let handler = move |body: Bytes| {
+                let out = out.clone();
+                async move {
+                    let mut line = Vec::with_capacity(body.len() + 1);
+                    line.extend_from_slice(&body);
+                    line.push(b'\n');
+                    let mut out = out.lock().await;
+                    out.write_all(&line).await.unwrap();
+                    out.flush().await.unwrap();
+                    Ok(())
+                }
+            };
+            Running::start(raw.validate().unwrap(), handler).await
         }
     };
     wait_until_or(
@@ -1353,23 +1374,27 @@ async fn throughput() {
 #[ignore = "benchmark; run explicitly in release mode"]
 async fn stdout_throughput() {
     const N: usize = 300_000;
-    let (mut null, mut stdout) = (Vec::new(), Vec::new());
+    const PER_RECORD_N: usize = 20_000;
+    let (mut null, mut stdout, mut per_record) = (Vec::new(), Vec::new(), Vec::new());
     for pass in 0..5 {
-        let mut order = [BenchSink::Null, BenchSink::StdoutToDevNull];
+        let mut order = [
+            BenchSink::Null,
+            BenchSink::StdoutToDevNull,
+            BenchSink::PerRecordToDevNull,
+        ];
         if pass % 2 == 1 {
             order.reverse();
         }
-        for sink in order {
-            let rate = timed_pass(
-                StoreKind::Memory,
-                sink,
-                N,
-                2 * pass + usize::from(sink == BenchSink::Null),
-            )
-            .await;
+        for (k, sink) in order.into_iter().enumerate() {
+            let tag = 3 * pass + k;
             match sink {
-                BenchSink::Null => null.push(rate),
-                BenchSink::StdoutToDevNull => stdout.push(rate),
+                BenchSink::Null => null.push(timed_pass(StoreKind::Memory, sink, N, tag).await),
+                BenchSink::StdoutToDevNull => {
+                    stdout.push(timed_pass(StoreKind::Memory, sink, N, tag).await);
+                }
+                BenchSink::PerRecordToDevNull => {
+                    per_record.push(timed_pass(StoreKind::Memory, sink, PER_RECORD_N, tag).await);
+                }
             }
         }
     }
@@ -1378,20 +1403,27 @@ async fn stdout_throughput() {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    println!("sidecar sinks, {N} distinct 100-byte messages, max_in_flight 2500, memory store:");
+    let rounded = |v: &[f64]| v.iter().map(|x| x.round()).collect::<Vec<_>>();
+    println!("sidecar sinks, 100-byte messages, max_in_flight 2500, memory store:");
     println!(
-        "  null:             {:>9.0} msgs/s median (passes: {:?})",
+        "  null:             {:>9.0} msgs/s median of {N} (passes: {:?})",
         median(&null),
-        null.iter().map(|x| x.round()).collect::<Vec<_>>()
+        rounded(&null)
     );
     println!(
-        "  stdout/dev/null:  {:>9.0} msgs/s median (passes: {:?})",
+        "  stdout/dev/null:  {:>9.0} msgs/s median of {N} (passes: {:?})",
         median(&stdout),
-        stdout.iter().map(|x| x.round()).collect::<Vec<_>>()
+        rounded(&stdout)
     );
     println!(
-        "  ratio stdout/null: {:.3} (medians)",
-        median(&stdout) / median(&null)
+        "  per-record flush: {:>9.0} msgs/s median of {PER_RECORD_N} (passes: {:?})",
+        median(&per_record),
+        rounded(&per_record)
+    );
+    println!(
+        "  ratio stdout/null: {:.3}, stdout/per-record: {:.1} (medians)",
+        median(&stdout) / median(&null),
+        median(&stdout) / median(&per_record)
     );
 }
 
