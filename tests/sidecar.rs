@@ -957,6 +957,83 @@ async fn a_closed_stdout_stops_the_run_and_finishes_nothing_unwritten() {
     .await;
 }
 
+/// Runs the sidecar from `source` to the nsq sink on `destinations`, with each of 1,000 bodies
+/// published twice to `source`; returns once every message is decided.
+async fn republish_through_nsq_sink(source: &Broker, destinations: &[String]) {
+    source.publish_many(TOPIC, (0..2000).map(|i| payload(i % 1000)));
+    let mut raw = raw_config(&[source.tcp_addr()]);
+    raw.source.max_in_flight = Some(1000);
+    raw.sink.kind = Some(SinkKind::Nsq);
+    raw.sink.destination_nsqd_tcp_addresses = Some(destinations.to_vec());
+    raw.sink.destination_topic = Some(UNIQUE_TOPIC.into());
+    let running = Running::start_configured(raw.validate().unwrap()).await;
+    wait_until_or(
+        "all 2,000 messages decided",
+        Duration::from_secs(60),
+        || source.stats().fin_ok == 2000 && drained(source),
+        || format!("{:?} {:?}", source.stats(), source.depth(TOPIC, CHANNEL)),
+    )
+    .await;
+    running.stop().await;
+}
+
+const UNIQUE_TOPIC: &str = "events.unique";
+
+/// Each of the 1,000 distinct bodies exactly once on `destination`.
+fn assert_each_once(destination: &Broker) {
+    let mut published = destination.messages_on(UNIQUE_TOPIC);
+    published.sort();
+    let mut expected: Vec<Bytes> = (0..1000).map(payload).collect();
+    expected.sort();
+    assert_eq!(published.len(), 1000, "duplicates or losses downstream");
+    assert_eq!(published, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nsq_sink_publishes_each_unique_body_once_in_batches() {
+    let (a, b) = (
+        Broker::start(BrokerConfig::default()).await,
+        Broker::start(BrokerConfig::default()).await,
+    );
+    republish_through_nsq_sink(&a, &[b.tcp_addr().to_string()]).await;
+    assert_each_once(&b);
+    let stats = b.stats();
+    assert!(stats.mpub_commands >= 1, "{stats:?}");
+    assert!(
+        stats.pub_commands + stats.mpub_commands < 500,
+        "1,000 records took {} PUB and {} MPUB",
+        stats.pub_commands,
+        stats.mpub_commands
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_batch_requeues_every_record_of_it_and_loses_none() {
+    let (a, b) = (
+        Broker::start(BrokerConfig::default()).await,
+        Broker::start(BrokerConfig::default()).await,
+    );
+    // The first five publishes (whole batches) fail with E_MPUB_FAILED / E_PUB_FAILED.
+    b.fail_publishes(5);
+    republish_through_nsq_sink(&a, &[b.tcp_addr().to_string()]).await;
+    assert_each_once(&b);
+    assert!(a.stats().req_ok >= 5, "{:?}", a.stats());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_fail_over_to_the_next_destination() {
+    let (a, b) = (
+        Broker::start(BrokerConfig::default()).await,
+        Broker::start(BrokerConfig::default()).await,
+    );
+    // Nothing listens on the first destination.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_addr = dead.local_addr().unwrap().to_string();
+    drop(dead);
+    republish_through_nsq_sink(&a, &[dead_addr, b.tcp_addr().to_string()]).await;
+    assert_each_once(&b);
+}
+
 /// A test HTTP endpoint: answers 503 to the first POST of each body, 400 to bodies containing
 /// `reject`, holds the first POST of bodies containing `slow` past the sink's timeout, and
 /// 200 otherwise. Records the bodies it answered 200 to, and the headers it saw.
@@ -1241,6 +1318,10 @@ enum BenchSink {
     /// The stdout sink as it was before group commit, on `/dev/null`: an async mutex, then one
     /// write and one flush per record through tokio's blocking pool.
     PerRecordToDevNull,
+    /// The nsq sink, to a second broker.
+    Nsq(SocketAddr),
+    /// One PUB and one round trip per record, as the nsq sink did before batching.
+    PubPerRecord(SocketAddr),
 }
 
 async fn timed_pass(store: StoreKind, sink: BenchSink, n: usize, pass: usize) -> f64 {
@@ -1290,6 +1371,24 @@ async fn timed_pass(store: StoreKind, sink: BenchSink, n: usize, pass: usize) ->
                     let mut out = out.lock().await;
                     out.write_all(&line).await.unwrap();
                     out.flush().await.unwrap();
+                    Ok(())
+                }
+            };
+            Running::start(raw.validate().unwrap(), handler).await
+        }
+        BenchSink::Nsq(destination) => {
+            raw.sink.kind = Some(SinkKind::Nsq);
+            raw.sink.destination_nsqd_tcp_addresses = Some(vec![destination.to_string()]);
+            raw.sink.destination_topic = Some(UNIQUE_TOPIC.into());
+            Running::start_configured(raw.validate().unwrap()).await
+        }
+        BenchSink::PubPerRecord(destination) => {
+            let config = nsq_dedupe::ProducerConfig::new(vec![destination.to_string()]);
+            let producer = Arc::new(nsq_dedupe::Producer::new(config).unwrap());
+            let handler = move |body: Bytes| {
+                let producer = producer.clone();
+                async move {
+                    producer.publish(UNIQUE_TOPIC, body).await.unwrap();
                     Ok(())
                 }
             };
@@ -1366,6 +1465,71 @@ async fn throughput() {
     );
 }
 
+/// End-to-end throughput of the nsq sink (MPUB batches to a second broker) against the `null`
+/// sink and against one PUB per record, in-process table, alternating the order, five passes.
+///
+/// `cargo test --release --test integration sidecar::nsq_sink_throughput -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark; run explicitly in release mode"]
+async fn nsq_sink_throughput() {
+    const N: usize = 200_000;
+    const PER_RECORD_N: usize = 50_000;
+    let destination = Broker::start(BrokerConfig {
+        record_messages: false,
+        ..BrokerConfig::default()
+    })
+    .await;
+    let to = destination.tcp_addr();
+    let (mut null, mut batched, mut per_record) = (Vec::new(), Vec::new(), Vec::new());
+    for pass in 0..5 {
+        let mut order = [
+            BenchSink::Null,
+            BenchSink::Nsq(to),
+            BenchSink::PubPerRecord(to),
+        ];
+        if pass % 2 == 1 {
+            order.reverse();
+        }
+        for (k, sink) in order.into_iter().enumerate() {
+            let tag = 3 * pass + k;
+            match sink {
+                BenchSink::Null => null.push(timed_pass(StoreKind::Memory, sink, N, tag).await),
+                BenchSink::Nsq(_) => {
+                    batched.push(timed_pass(StoreKind::Memory, sink, N, tag).await)
+                }
+                _ => per_record.push(timed_pass(StoreKind::Memory, sink, PER_RECORD_N, tag).await),
+            }
+        }
+    }
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let rounded = |v: &[f64]| v.iter().map(|x| x.round()).collect::<Vec<_>>();
+    println!("sidecar sinks, 100-byte messages, max_in_flight 2500, memory store:");
+    println!(
+        "  null:            {:>9.0} msgs/s median of {N} (passes: {:?})",
+        median(&null),
+        rounded(&null)
+    );
+    println!(
+        "  nsq (MPUB):      {:>9.0} msgs/s median of {N} (passes: {:?})",
+        median(&batched),
+        rounded(&batched)
+    );
+    println!(
+        "  one PUB each:    {:>9.0} msgs/s median of {PER_RECORD_N} (passes: {:?})",
+        median(&per_record),
+        rounded(&per_record)
+    );
+    println!(
+        "  ratio nsq/null: {:.3}, nsq/one-PUB-each: {:.1} (medians)",
+        median(&batched) / median(&null),
+        median(&batched) / median(&per_record)
+    );
+}
+
 /// End-to-end throughput of the stdout sink (writing to `/dev/null`) against the `null` sink,
 /// in-process table, alternating which runs first, five passes each.
 ///
@@ -1392,9 +1556,7 @@ async fn stdout_throughput() {
                 BenchSink::StdoutToDevNull => {
                     stdout.push(timed_pass(StoreKind::Memory, sink, N, tag).await);
                 }
-                BenchSink::PerRecordToDevNull => {
-                    per_record.push(timed_pass(StoreKind::Memory, sink, PER_RECORD_N, tag).await);
-                }
+                _ => per_record.push(timed_pass(StoreKind::Memory, sink, PER_RECORD_N, tag).await),
             }
         }
     }

@@ -157,3 +157,26 @@ impl Handler for NsqSink {
         published.await.unwrap_or_else(|_| Err(gone()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_record_nsqd_would_refuse_goes_to_the_dead_letter_unsent() {
+        // Nothing listens there: the record must be refused before any connection is tried.
+        let sink = NsqSink::new(vec!["127.0.0.1:1".into()], "t".into()).unwrap();
+        let error = sink
+            .handle(Bytes::from(vec![b'x'; MAX_RECORD_BYTES + 1]))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            error,
+            HandlerError::Reject(format!(
+                "a body of {} bytes is larger than nsqd's default --max-msg-size \
+                 ({MAX_RECORD_BYTES} bytes); nsqd would refuse it",
+                MAX_RECORD_BYTES + 1
+            ))
+        );
+    }
+}

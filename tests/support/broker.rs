@@ -81,6 +81,10 @@ pub struct BrokerStats {
     pub clients_now: u64,
     /// Messages published (each MPUB message counts).
     pub published: u64,
+    /// PUB and DPUB commands answered `OK`.
+    pub pub_commands: u64,
+    /// MPUB commands answered `OK`.
+    pub mpub_commands: u64,
     /// Message frames sent (first deliveries and redeliveries).
     pub deliveries: u64,
     /// Successful FINs.
@@ -1344,6 +1348,11 @@ impl Conn {
             return Next::Continue;
         }
         let st = &mut *st;
+        if verb == "MPUB" {
+            st.stats.mpub_commands += 1;
+        } else {
+            st.stats.pub_commands += 1;
+        }
         for body in bodies {
             match defer {
                 Some(d) if !d.is_zero() => {
