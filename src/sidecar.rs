@@ -20,7 +20,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{DeadLetterSettings, Settings, SinkSettings, StoreSettings};
 use crate::dedup::backend::Backend;
 use crate::metrics::{get, Metrics, TableView};
-use crate::nsq::{Consumer, ConsumerEvent, ShutdownReport};
+use crate::nsq::{Consumer, ShutdownReport};
 use crate::pipeline::Dedupe;
 use crate::sink::{DeadLetter, Handler, HttpSink, NsqSink, Sink, StdoutSink};
 use crate::{MemcachedStore, NoStore, Table};
@@ -40,6 +40,10 @@ pub enum RunError {
     /// The dead-letter could not be opened.
     #[error("cannot open the dead-letter")]
     DeadLetter(#[from] crate::sink::DeadLetterError),
+    /// An nsqd refused this client in a way no retry changes (settings it does not accept,
+    /// AUTH or TLS it requires); the run stopped gracefully. The cause names the setting.
+    #[error("stopped")]
+    Refused(#[source] Arc<crate::nsq::Error>),
     /// The sink's output was closed for good (stdout's reader went away); the run stopped
     /// gracefully and its messages were requeued.
     #[error("the sink's output was closed; stopped")]
@@ -235,7 +239,6 @@ impl<H: Handler> Sidecar<H> {
                 async move { stop.cancelled().await },
             ));
         }
-        tokio::spawn(log_events(consumer.events(), background.clone()));
         tokio::spawn(status_loop(
             dedupe.clone(),
             settings.status_interval,
@@ -247,11 +250,18 @@ impl<H: Handler> Sidecar<H> {
         tokio::pin!(shutdown);
         let sink_closed = dedupe.handler().closed();
         tokio::pin!(sink_closed);
+        let nsqd_refused = consumer.refused();
+        tokio::pin!(nsqd_refused);
         let mut closed = None;
+        let mut refused = None;
         loop {
             tokio::select! {
                 biased;
                 _ = &mut shutdown => break,
+                error = &mut nsqd_refused => {
+                    refused = Some(error);
+                    break;
+                }
                 error = &mut sink_closed => {
                     tracing::error!(%error, "The sink's output was closed; stopping.");
                     closed = Some(error);
@@ -300,6 +310,9 @@ impl<H: Handler> Sidecar<H> {
             clean = report.clean,
             "Consumer closed."
         );
+        if let Some(error) = refused {
+            return Err(RunError::Refused(error));
+        }
         if let Some(error) = closed {
             return Err(RunError::SinkClosed(error));
         }
@@ -363,39 +376,6 @@ async fn status_loop<H: Handler>(
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = ticker.tick() => log_status(&dedupe, window, "Status."),
-        }
-    }
-}
-
-async fn log_events(
-    mut events: tokio::sync::broadcast::Receiver<ConsumerEvent>,
-    stop: CancellationToken,
-) {
-    loop {
-        let event = tokio::select! {
-            _ = stop.cancelled() => return,
-            event = events.recv() => event,
-        };
-        match event {
-            Ok(ConsumerEvent::Connected { addr }) => tracing::info!(%addr, "Connected to nsqd."),
-            Ok(ConsumerEvent::Disconnected {
-                addr,
-                error,
-                in_flight,
-            }) => {
-                tracing::warn!(%addr, %error, in_flight, "Disconnected from nsqd; reconnecting.")
-            }
-            Ok(ConsumerEvent::ConnectFailed { addr, error }) => {
-                tracing::warn!(%addr, %error, "Connecting to nsqd failed.")
-            }
-            Ok(ConsumerEvent::LookupdFailed { addr, error }) => {
-                tracing::warn!(%addr, %error, "nsqlookupd query failed.")
-            }
-            Ok(other) => tracing::debug!(event = ?other, "Consumer event."),
-            Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                tracing::debug!(missed = n, "Consumer events missed.")
-            }
-            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
         }
     }
 }

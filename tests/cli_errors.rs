@@ -2,10 +2,15 @@
 //! and says each cause once.
 
 use std::collections::BTreeSet;
+use std::io::Read;
+use std::net::SocketAddr;
 use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
 
 use nsq_dedupe::Settings;
 
+use crate::support::broker::{Broker, BrokerConfig};
 use crate::util::bin;
 
 /// Runs the binary and returns its exit code and stderr.
@@ -378,5 +383,89 @@ fn an_unwritable_dead_letter_says_its_cause_once() {
         "error: cannot open the dead-letter: writing dead-letter file \
          /nonexistent/dir/dead.ndjson: No such file or directory (os error 2) (check \
          `dead_letter.path`)"
+    );
+}
+
+/// Runs `run` against the nsqd at `addrs` with `extra` flags and returns its exit code and
+/// stderr once it exits, or panics if it is still running after `limit`.
+fn run_until_exit(addrs: &[SocketAddr], extra: &[&str], limit: Duration) -> (i32, String) {
+    let mut command = std::process::Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"));
+    command.args(["run", "--topic", "events", "--metrics-address", "off"]);
+    for addr in addrs {
+        command.args(["--nsqd-tcp-address", &addr.to_string()]);
+    }
+    let mut child = command
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("run still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    (status.code().unwrap_or(-1), stderr)
+}
+
+/// The message `run` ends with when the nsqd at `addr` refuses a message timeout of one hour.
+fn msg_timeout_refused(addr: SocketAddr) -> String {
+    format!(
+        "error: stopped: nsqd {addr} refused IDENTIFY: E_BAD_BODY IDENTIFY msg timeout (3600000) \
+         is invalid; set `--msg-timeout` (`source.msg_timeout`) between 1s and nsqd's \
+         --max-msg-timeout (15m unless nsqd was started with another)"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_setting_nsqd_refuses_stops_the_run_and_names_the_flag() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let addr = broker.tcp_addr();
+    let (code, stderr) = tokio::task::spawn_blocking(move || {
+        run_until_exit(&[addr], &["--msg-timeout", "1h"], Duration::from_secs(20))
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(stderr.lines().last().unwrap(), msg_timeout_refused(addr));
+    // Reported once by the consumer, once as the exit error: not retried for ever.
+    assert_eq!(stderr.matches("refused IDENTIFY").count(), 2, "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_refusing_nsqd_among_healthy_ones_stops_the_run() {
+    // The second nsqd accepts an hour; the first does not. The refusal must not hide behind
+    // the healthy connection.
+    let refusing = Broker::start(BrokerConfig::default()).await;
+    let healthy = Broker::start(BrokerConfig {
+        max_msg_timeout: Duration::from_secs(2 * 3600),
+        ..BrokerConfig::default()
+    })
+    .await;
+    let addrs = [refusing.tcp_addr(), healthy.tcp_addr()];
+    let (code, stderr) = tokio::task::spawn_blocking(move || {
+        run_until_exit(&addrs, &["--msg-timeout", "1h"], Duration::from_secs(20))
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(
+        stderr.lines().last().unwrap(),
+        msg_timeout_refused(addrs[0])
     );
 }

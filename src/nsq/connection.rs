@@ -155,7 +155,10 @@ impl Connection {
         buf.extend_from_slice(MAGIC_V2);
         Command::Identify(Bytes::from(body)).encode(&mut buf);
         conn.writer.write_all(&buf).await.map_err(io)?;
-        let answer = conn.expect_response("IDENTIFY").await?;
+        let answer = conn
+            .expect_response("IDENTIFY")
+            .await
+            .map_err(|error| super::refusal::classify("IDENTIFY", error))?;
         if answer.first() == Some(&b'{') {
             conn.settings =
                 serde_json::from_slice(&answer).map_err(|e| Error::UnexpectedResponse {
@@ -166,19 +169,11 @@ impl Connection {
         } else if &answer[..] != b"OK" {
             return Err(conn.unexpected("IDENTIFY", &answer));
         }
-        if conn.settings.auth_required
-            || conn.settings.tls_v1
-            || conn.settings.deflate
-            || conn.settings.snappy
-        {
-            return Err(Error::UnexpectedResponse {
-                addr: addr.to_string(),
-                command: "IDENTIFY",
-                answer: format!(
-                    "settings requiring AUTH/TLS/compression, which nsq-dedupe does not support: {:?}",
-                    conn.settings
-                ),
-            });
+        if conn.settings.auth_required {
+            return Err(super::refusal::unsupported(addr, "AUTH"));
+        }
+        if conn.settings.tls_v1 || conn.settings.deflate || conn.settings.snappy {
+            return Err(super::refusal::unsupported(addr, "a transport upgrade"));
         }
         Ok(conn)
     }
@@ -194,7 +189,10 @@ impl Connection {
             channel: channel.to_string(),
         })
         .await?;
-        let answer = self.expect_response("SUB").await?;
+        let answer = self
+            .expect_response("SUB")
+            .await
+            .map_err(|error| super::refusal::classify("SUB", error))?;
         if &answer[..] != b"OK" {
             return Err(self.unexpected("SUB", &answer));
         }

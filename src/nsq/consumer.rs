@@ -118,6 +118,27 @@ impl Consumer {
         self.shared.events.subscribe()
     }
 
+    /// Completes with the first refusal of an nsqd that no retry can change
+    /// ([`Error::is_permanent`]): settings nsqd does not accept, a name it refuses, AUTH or TLS
+    /// it requires. The consumer has stopped reconnecting to that nsqd; the error names the
+    /// setting to change. Never completes while every refusal is transient.
+    /// The future does not borrow the consumer, so it can wait beside [`next`](Self::next).
+    pub fn refused(&self) -> impl std::future::Future<Output = Arc<Error>> + Send + 'static {
+        let mut refused = self.shared.refused.subscribe();
+        async move {
+            let error = match refused.wait_for(Option::is_some).await {
+                Ok(error) => error.clone(),
+                Err(_) => None,
+            };
+            match error {
+                Some(error) => error,
+                // The sender lives as long as the consumer's tasks: once they are gone,
+                // nothing will ever be refused.
+                None => std::future::pending().await,
+            }
+        }
+    }
+
     /// A snapshot of the consumer's counters.
     pub fn stats(&self) -> ConsumerStats {
         let c = &self.shared.counters;

@@ -48,6 +48,19 @@ pub enum Error {
         /// Whether nsqd closes the connection after this error.
         fatal: bool,
     },
+    /// nsqd refused a request in a way no retry can change (see `refusal`): the consumer stops
+    /// reconnecting to that nsqd and reports it.
+    #[error("nsqd {addr} refused {command}: {text}; {advice}")]
+    Refused {
+        /// The nsqd address.
+        addr: String,
+        /// The command it refused.
+        command: &'static str,
+        /// nsqd's answer.
+        text: String,
+        /// The setting to change.
+        advice: &'static str,
+    },
     /// nsqd answered something we did not expect at this point of the conversation.
     #[error("nsqd {addr} answered {answer:?} to {command}")]
     UnexpectedResponse {
@@ -105,6 +118,11 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether retrying with the same settings can never succeed.
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, Error::Refused { .. })
+    }
+
     /// Whether this is an error frame after which nsqd keeps the connection open.
     pub fn is_non_fatal_broker_error(&self) -> bool {
         matches!(self, Error::Broker { fatal: false, .. })

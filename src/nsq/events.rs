@@ -27,6 +27,14 @@ pub enum ConsumerEvent {
         /// Why.
         error: String,
     },
+    /// nsqd refused this client in a way no retry changes; the consumer stopped reconnecting
+    /// to it. See [`Consumer::refused`](super::Consumer::refused).
+    Refused {
+        /// The nsqd address.
+        addr: String,
+        /// nsqd's answer and the setting to change.
+        error: String,
+    },
     /// A reconnect is scheduled.
     ReconnectScheduled {
         /// The nsqd address.

@@ -38,6 +38,7 @@ mod message;
 mod names;
 mod producer;
 mod rdy;
+mod refusal;
 mod shared;
 mod supervisor;
 

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
 use super::config::ConsumerConfig;
 use super::connection::ConnHandle;
@@ -42,6 +42,8 @@ pub(crate) struct ConsumerShared {
     pub(super) shutting_down: AtomicBool,
     pub(super) control: mpsc::UnboundedSender<Control>,
     pub(super) events: broadcast::Sender<ConsumerEvent>,
+    /// The first refusal no retry can change; see [`Consumer::refused`](super::Consumer::refused).
+    pub(super) refused: watch::Sender<Option<Arc<Error>>>,
 }
 
 impl MessageDelegate for ConsumerShared {
@@ -89,7 +91,19 @@ impl ConsumerShared {
             shutting_down: AtomicBool::new(false),
             control,
             events,
+            refused: watch::Sender::new(None),
         }
+    }
+
+    /// Records `error` as the consumer's refusal, unless one was recorded before.
+    pub(super) fn refuse(&self, error: Error) {
+        self.refused.send_if_modified(|refused| {
+            if refused.is_some() {
+                return false;
+            }
+            *refused = Some(Arc::new(error));
+            true
+        });
     }
 
     pub(super) fn event(&self, event: ConsumerEvent) {

@@ -48,6 +48,9 @@ enum Served {
 impl Supervisor {
     pub(super) async fn run(mut self) {
         let mut attempt: u32 = 0;
+        // The last failure's text: a failure like the one before is logged again only at
+        // attempts 2, 4, 8, ..., so a long outage is summarised, not repeated every retry.
+        let mut last_failure = String::new();
         loop {
             if self.hard_stop.is_cancelled() || self.drain.borrow().is_some() {
                 return;
@@ -66,22 +69,19 @@ impl Supervisor {
                 {
                     Ok(()) => {
                         attempt = 0;
-                        Some(self.serve(conn).await)
+                        last_failure.clear();
+                        Ok(self.serve(conn).await)
                     }
-                    Err(error) => {
-                        self.connect_failed(&error);
-                        None
-                    }
+                    Err(error) => Err(error),
                 },
-                Err(error) => {
-                    self.connect_failed(&error);
-                    None
-                }
+                Err(error) => Err(error),
             };
-            match result {
-                Some(Ok(Served::Drained | Served::Stopped)) => return,
-                Some(Err(_)) | None => {}
-            }
+            let failure = match result {
+                Ok(Ok(Served::Drained | Served::Stopped)) => return,
+                Ok(Err(_)) => None,
+                Err(error) if error.is_permanent() => return self.refused(error),
+                Err(error) => Some(error),
+            };
             if self.hard_stop.is_cancelled() || self.drain.borrow().is_some() {
                 return;
             }
@@ -93,7 +93,9 @@ impl Supervisor {
                 .min(self.config.reconnect_backoff_max);
             // Jitter in [base/2, base): reconnecting consumers do not stampede a restarted nsqd.
             let delay = base.mul_f64(0.5 + 0.5 * random_unit());
-            tracing::info!(nsqd = %self.addr, attempt, delay_ms = delay.as_millis() as u64, "Reconnecting to nsqd after a delay.");
+            if let Some(error) = failure {
+                self.connect_failed(&error, attempt, delay, &mut last_failure);
+            }
             self.shared.event(ConsumerEvent::ReconnectScheduled {
                 addr: self.addr.to_string(),
                 attempt,
@@ -107,12 +109,30 @@ impl Supervisor {
         }
     }
 
-    fn connect_failed(&self, error: &Error) {
-        tracing::warn!(nsqd = %self.addr, %error, "Could not connect to nsqd.");
+    /// One log line per failed attempt: the address, the error and when the next attempt is.
+    fn connect_failed(&self, error: &Error, attempt: u32, retry_in: Duration, last: &mut String) {
+        let text = error.to_string();
+        let retry_in_ms = retry_in.as_millis() as u64;
+        if text != *last {
+            tracing::warn!(nsqd = %self.addr, error = %text, attempt, retry_in_ms, "Could not connect to nsqd; retrying.");
+        } else if attempt.is_power_of_two() {
+            tracing::warn!(nsqd = %self.addr, error = %text, attempt, retry_in_ms, "Still cannot connect to nsqd; retrying.");
+        }
         self.shared.event(ConsumerEvent::ConnectFailed {
+            addr: self.addr.to_string(),
+            error: text.clone(),
+        });
+        *last = text;
+    }
+
+    /// nsqd refused this client for good: stop reconnecting and tell the consumer's owner.
+    fn refused(&self, error: Error) {
+        tracing::error!(nsqd = %self.addr, %error, "nsqd refused this client; not reconnecting.");
+        self.shared.event(ConsumerEvent::Refused {
             addr: self.addr.to_string(),
             error: error.to_string(),
         });
+        self.shared.refuse(error);
     }
 
     /// Runs one subscribed connection until it fails, is drained, or the consumer is dropped.
