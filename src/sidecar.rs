@@ -37,6 +37,9 @@ pub enum RunError {
     /// The consumer or a producer could not be built.
     #[error("the NSQ client failed")]
     Nsq(#[from] crate::nsq::Error),
+    /// The http sink's client could not be built.
+    #[error("cannot build the http sink")]
+    Http(#[from] crate::http::HttpError),
     /// The dead-letter could not be opened.
     #[error("cannot open the dead-letter")]
     DeadLetter(#[from] crate::sink::DeadLetterError),
@@ -107,7 +110,8 @@ pub async fn build_store(store: &StoreSettings) -> Result<Backend, RunError> {
 ///
 /// # Errors
 ///
-/// [`RunError::Nsq`] for an unusable producer configuration.
+/// [`RunError::Nsq`] for an unusable producer configuration, [`RunError::Http`] for an
+/// unusable CA file.
 pub fn build_sink(sink: &SinkSettings) -> Result<Sink, RunError> {
     Ok(match sink {
         SinkSettings::Stdout => Sink::Stdout(StdoutSink::default()),
@@ -117,10 +121,11 @@ pub fn build_sink(sink: &SinkSettings) -> Result<Sink, RunError> {
             topic,
         } => Sink::Nsq(NsqSink::new(nsqd_tcp_addresses.clone(), topic.clone())?),
         SinkSettings::Http {
-            url,
+            urls,
+            mode,
             headers,
-            timeout,
-        } => Sink::Http(HttpSink::new(url.clone(), headers.clone(), *timeout)),
+            client,
+        } => Sink::Http(HttpSink::new(urls.clone(), *mode, headers.clone(), client)?),
     })
 }
 
@@ -220,22 +225,26 @@ impl<H: Handler> Sidecar<H> {
             let metrics = dedupe.metrics().clone();
             let store = dedupe.clone();
             let window = settings.window;
-            let render = Arc::new(move || {
-                let view = TableView {
-                    geometry: crate::Store::geometry(store.store()),
-                    occupancy: store.store().occupancy(),
-                    window,
-                };
-                metrics.render(&view)
-            });
+            let render: crate::http::server::Page = (
+                "text/plain; version=0.0.4",
+                Arc::new(move || {
+                    let view = TableView {
+                        geometry: crate::Store::geometry(store.store()),
+                        occupancy: store.store().occupancy(),
+                        window,
+                    };
+                    metrics.render(&view)
+                }),
+            );
+            // nsqd's liveness convention: `GET /ping` answers `OK`.
+            let ping: crate::http::server::Page = ("text/plain", Arc::new(|| "OK".to_owned()));
             if let Ok(addr) = listener.local_addr() {
-                tracing::info!(%addr, "Serving metrics at /metrics.");
+                tracing::info!(%addr, "Serving metrics at /metrics and liveness at /ping.");
             }
             let stop = background.clone();
-            tokio::spawn(crate::http::serve_text(
+            tokio::spawn(crate::http::serve(
                 listener,
-                "/metrics",
-                render,
+                vec![("/metrics", render), ("/ping", ping)],
                 async move { stop.cancelled().await },
             ));
         }

@@ -354,24 +354,28 @@ async fn lookupd_client_reads_producers_and_unknown_topics() {
     let lookupd = Lookupd::start().await;
     let nsqd: SocketAddr = "127.0.0.1:4150".parse().unwrap();
     lookupd.set_producers("t", &[nsqd]);
-    let t = Duration::from_secs(2);
+    let t = nsq_dedupe::http::HttpClient::new(&nsq_dedupe::http::HttpClientConfig {
+        request_timeout: Duration::from_secs(2),
+        ..Default::default()
+    })
+    .unwrap();
     let plain = lookupd.http_addr().to_string();
     let url = format!("http://{}", lookupd.http_addr());
     assert_eq!(
-        lookupd::lookup(&plain, "t", t).await.unwrap(),
+        lookupd::lookup(&t, &plain, "t").await.unwrap(),
         vec!["127.0.0.1:4150".to_string()]
     );
     assert_eq!(
-        lookupd::lookup(&url, "t", t).await.unwrap(),
+        lookupd::lookup(&t, &url, "t").await.unwrap(),
         vec!["127.0.0.1:4150".to_string()]
     );
-    assert!(lookupd::lookup(&url, "unknown", t)
+    assert!(lookupd::lookup(&t, &url, "unknown")
         .await
         .unwrap()
         .is_empty());
     drop(lookupd);
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let err = lookupd::lookup(&url, "t", t).await.unwrap_err();
+    let err = lookupd::lookup(&t, &url, "t").await.unwrap_err();
     assert!(matches!(err, Error::Lookupd { .. }), "{err}");
 }
 

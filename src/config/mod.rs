@@ -86,7 +86,7 @@ use crate::pipeline::Policy;
 pub use dedupe::RawDedupe;
 pub use service::{RawMetrics, RawShutdown};
 pub use sink::{
-    DeadLetterKind, DeadLetterSettings, RawDeadLetter, RawSink, SinkKind, SinkSettings,
+    DeadLetterKind, DeadLetterSettings, OneOrMany, RawDeadLetter, RawSink, SinkKind, SinkSettings,
 };
 pub use source::RawSource;
 pub use store::{RawStore, StoreKind, StoreSettings, DEFAULT_WINDOW};

@@ -9,10 +9,28 @@ use serde::Deserialize;
 
 use super::source::RawSource;
 use super::{check_host_port, check_name, invalid, quote, ConfigError, Dur};
-use crate::http::HttpUrl;
+use crate::http::{check_url, HttpClientConfig};
+use crate::sink::{with_content_type, HttpMode, DEFAULT_CONTENT_TYPE};
 
-/// How long one POST of the http sink may take when `sink.timeout` is not given.
-pub(crate) const DEFAULT_HTTP_TIMEOUT: Duration = Duration::from_secs(10);
+/// One URL or several: `post = "http://a/"` or `post = ["http://a/", "http://b/"]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    /// One.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    /// The values, in order.
+    pub fn to_vec(&self) -> Vec<String> {
+        match self {
+            OneOrMany::One(one) => vec![one.clone()],
+            OneOrMany::Many(many) => many.clone(),
+        }
+    }
+}
 
 /// Where unique messages go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -56,9 +74,13 @@ pub struct RawSink {
     pub kind: Option<SinkKind>,
     pub destination_nsqd_tcp_addresses: Option<Vec<String>>,
     pub destination_topic: Option<String>,
-    pub post: Option<String>,
+    pub post: Option<OneOrMany>,
+    pub mode: Option<HttpMode>,
     pub headers: Option<BTreeMap<String, String>>,
-    pub timeout: Option<Dur>,
+    pub content_type: Option<String>,
+    pub http_client_connect_timeout: Option<Dur>,
+    pub http_client_request_timeout: Option<Dur>,
+    pub http_client_tls_root_ca_file: Option<PathBuf>,
 }
 
 /// `[dead_letter]`.
@@ -84,14 +106,16 @@ pub enum SinkSettings {
         /// Destination topic.
         topic: String,
     },
-    /// POST to a URL.
+    /// POST to one or more URLs.
     Http {
-        /// The URL.
-        url: HttpUrl,
-        /// Extra headers.
-        headers: Vec<(String, String)>,
-        /// Per-request timeout.
-        timeout: Duration,
+        /// The URLs.
+        urls: Vec<hyper::Uri>,
+        /// How records are spread over them.
+        mode: HttpMode,
+        /// Headers of every request, `Content-Type` first.
+        headers: Vec<(hyper::header::HeaderName, hyper::header::HeaderValue)>,
+        /// Time limits and trusted roots.
+        client: HttpClientConfig,
     },
     /// Discard.
     Null,
@@ -141,32 +165,79 @@ impl RawSink {
                 }
             }
             SinkKind::Http => {
-                let post = self.post.as_deref().ok_or(ConfigError::Missing {
-                    key: "sink.post",
-                    flags: &["--post"],
-                })?;
-                let url: HttpUrl = post
-                    .parse()
-                    .map_err(|reason: String| invalid("sink.post", quote(Some(post)), reason))?;
-                let headers = self.headers.clone().unwrap_or_default();
-                for (name, value) in &headers {
-                    if name.is_empty()
-                        || !name
-                            .bytes()
-                            .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b))
-                        || value.contains(['\r', '\n'])
-                    {
+                let posts = self
+                    .post
+                    .as_ref()
+                    .map(OneOrMany::to_vec)
+                    .unwrap_or_default();
+                if posts.is_empty() {
+                    return Err(ConfigError::Missing {
+                        key: "sink.post",
+                        flags: &["--post"],
+                    });
+                }
+                let urls = posts
+                    .iter()
+                    .map(|post| {
+                        check_url(post)
+                            .map_err(|reason| invalid("sink.post", quote(Some(post)), reason))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                let mut headers = Vec::new();
+                for (name, value) in self.headers.clone().unwrap_or_default() {
+                    let parsed = (
+                        hyper::header::HeaderName::from_bytes(name.as_bytes()),
+                        hyper::header::HeaderValue::from_str(&value),
+                    );
+                    let (Ok(name), Ok(value)) = parsed else {
                         return Err(invalid(
                             "sink.headers",
                             format!("{name:?} = {value:?}"),
                             "header names are letters, digits, '-' and '_'; values have no line breaks",
                         ));
-                    }
+                    };
+                    headers.push((name, value));
+                }
+                let content_type = self.content_type.as_deref().unwrap_or(DEFAULT_CONTENT_TYPE);
+                let headers = with_content_type(content_type, headers).map_err(|reason| {
+                    invalid("sink.content_type", quote(Some(content_type)), reason)
+                })?;
+                let defaults = HttpClientConfig::default();
+                let positive =
+                    |key: &'static str, value: Option<Dur>, default: Duration| match value {
+                        Some(Dur(d)) if d.is_zero() => {
+                            Err(invalid(key, "\"0s\"", "must be more than 0"))
+                        }
+                        Some(Dur(d)) => Ok(d),
+                        None => Ok(default),
+                    };
+                if let Some(path) = &self.http_client_tls_root_ca_file {
+                    std::fs::File::open(path).map_err(|error| {
+                        invalid(
+                            "sink.http_client_tls_root_ca_file",
+                            quote(path.to_str()),
+                            format!("cannot be read: {error}"),
+                        )
+                    })?;
                 }
                 SinkSettings::Http {
-                    url,
-                    headers: headers.into_iter().collect(),
-                    timeout: self.timeout.map_or(DEFAULT_HTTP_TIMEOUT, |d| d.0),
+                    urls,
+                    mode: self.mode.unwrap_or_default(),
+                    headers,
+                    client: HttpClientConfig {
+                        connect_timeout: positive(
+                            "sink.http_client_connect_timeout",
+                            self.http_client_connect_timeout,
+                            defaults.connect_timeout,
+                        )?,
+                        request_timeout: positive(
+                            "sink.http_client_request_timeout",
+                            self.http_client_request_timeout,
+                            defaults.request_timeout,
+                        )?,
+                        root_ca_file: self.http_client_tls_root_ca_file.clone(),
+                        ..defaults
+                    },
                 }
             }
         })

@@ -23,6 +23,7 @@ use super::message::Message;
 use super::rdy::{self, BackoffPhase, RDY_SETTLE};
 use super::shared::{ConsumerShared, Control};
 use super::supervisor::Supervisor;
+use crate::http::{HttpClient, HttpClientConfig};
 use crate::metrics::inc;
 
 /// The live state of the connection to `addr`, which the caller has just seen to be live.
@@ -72,6 +73,8 @@ pub(super) struct ControlTask {
     rotation_offset: usize,
     last_rotation: Instant,
     lookup_in_progress: bool,
+    /// The client for nsqlookupd queries; connections are kept alive between polls.
+    http: HttpClient,
 }
 
 impl ControlTask {
@@ -87,6 +90,7 @@ impl ControlTask {
         hard_stop: CancellationToken,
     ) -> Self {
         let (control_tx, control_rx) = control;
+        let config_connect_timeout = config.connect_timeout;
         let mut task = ControlTask {
             identify: Arc::new(config.identify()),
             config: Arc::new(config),
@@ -102,6 +106,13 @@ impl ControlTask {
             rotation_offset: 0,
             last_rotation: Instant::now(),
             lookup_in_progress: false,
+            http: HttpClient::new(&HttpClientConfig {
+                connect_timeout: config_connect_timeout,
+                request_timeout: config_connect_timeout,
+                root_ca_file: None,
+                max_idle_per_host: 2,
+            })
+            .expect("a client without a CA file always builds"),
         };
         for addr in task.config.nsqd_tcp_addresses.clone() {
             task.add(addr, true);
@@ -214,13 +225,13 @@ impl ControlTask {
         self.lookup_in_progress = true;
         let addrs = self.config.lookupd_http_addresses.clone();
         let topic = self.config.topic.clone();
-        let timeout = self.config.connect_timeout;
+        let http = self.http.clone();
         let control = self.control_tx.clone();
         tokio::spawn(async move {
             let queries = addrs.into_iter().map(|addr| {
-                let topic = topic.clone();
+                let (topic, http) = (topic.clone(), http.clone());
                 async move {
-                    let result = lookupd::lookup(&addr, &topic, timeout).await;
+                    let result = lookupd::lookup(&http, &addr, &topic).await;
                     (addr, result)
                 }
             });

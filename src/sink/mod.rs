@@ -15,7 +15,7 @@ use std::future::Future;
 use bytes::Bytes;
 
 pub use dead_letter::{DeadLetter, DeadLetterError, DeadLetterRecord};
-pub use http::HttpSink;
+pub use http::{with_content_type, HttpMode, HttpSink, DEFAULT_CONTENT_TYPE};
 pub use nsq::NsqSink;
 pub use stdout::StdoutSink;
 

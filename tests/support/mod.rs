@@ -1,5 +1,6 @@
 //! Test tools: servers that the integration tests start and stop themselves.
 
 pub mod broker;
+pub mod http;
 pub mod lookupd;
 pub mod memcached;

@@ -66,6 +66,11 @@ impl Overlay<'_> {
         }
     }
 
+    /// Records that `flag` set `key` by a merge of its own.
+    pub(super) fn record(&mut self, key: &'static str, flag: &'static str) {
+        self.flags.record(key, flag);
+    }
+
     /// Sets `target` to the values of a repeatable flag, if it was given at least once.
     pub(super) fn list(
         &mut self,

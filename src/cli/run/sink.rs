@@ -1,10 +1,15 @@
-//! `run` flags of the `[sink]` section: where unique messages go.
+//! `run` flags of the `[sink]` section: where unique messages go. The http sink's flags are
+//! `nsq_to_http`'s.
+
+use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Args;
-use nsq_dedupe::config::{RawConfig, SinkKind};
+use nsq_dedupe::config::{Dur, OneOrMany, RawConfig, SinkKind};
+use nsq_dedupe::sink::HttpMode;
 
 use super::Overlay;
-use crate::cli::parse::named;
+use crate::cli::parse::{named, parse_duration};
 
 /// Where unique messages go.
 #[derive(Debug, Args)]
@@ -19,9 +24,38 @@ pub(crate) struct SinkFlags {
     /// Topic to publish to (nsq sink). `sink.destination_topic`.
     #[arg(long, value_name = "TOPIC")]
     pub(crate) destination_topic: Option<String>,
-    /// URL to POST each message to (http sink; http:// only). `sink.post`.
-    #[arg(long, value_name = "URL")]
-    pub(crate) post: Option<String>,
+    /// URL to POST each message to, http:// or https:// (repeatable; http sink). `sink.post`.
+    #[arg(long = "post", value_name = "URL")]
+    pub(crate) posts: Vec<String>,
+    /// With several --post: each message to one URL in turn, or to every URL. `sink.mode`.
+    #[arg(long, value_name = "MODE", value_parser = named(&HttpMode::NAMES))]
+    pub(crate) mode: Option<HttpMode>,
+    /// A header of every POST, as "Name: value" (repeatable). `sink.headers`.
+    #[arg(long = "header", value_name = "HEADER", value_parser = parse_header)]
+    pub(crate) headers: Vec<(String, String)>,
+    /// Content-Type of every POST (default application/octet-stream). `sink.content_type`.
+    #[arg(long, value_name = "TYPE")]
+    pub(crate) content_type: Option<String>,
+    /// Bound on connecting to an http sink URL (default 2s). `sink.http_client_connect_timeout`.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) http_client_connect_timeout: Option<Duration>,
+    /// Bound on one POST, answer included (default 10s). `sink.http_client_request_timeout`.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) http_client_request_timeout: Option<Duration>,
+    /// PEM file of CA certificates trusted for https:// besides the system's.
+    /// `sink.http_client_tls_root_ca_file`.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) http_client_tls_root_ca_file: Option<PathBuf>,
+}
+
+/// `Name: value` to its name and value.
+fn parse_header(text: &str) -> Result<(String, String), String> {
+    match text.split_once(':') {
+        Some((name, value)) if !name.trim().is_empty() => {
+            Ok((name.trim().to_owned(), value.trim().to_owned()))
+        }
+        _ => Err("expected \"Name: value\", such as \"Authorization: Bearer abc\"".to_owned()),
+    }
 }
 
 impl SinkFlags {
@@ -40,6 +74,41 @@ impl SinkFlags {
             "sink.destination_topic",
             "--destination-topic",
         );
-        overlay.value(&mut sink.post, self.post.as_ref(), "sink.post", "--post");
+        let posts = (!self.posts.is_empty()).then(|| OneOrMany::Many(self.posts.clone()));
+        overlay.value(&mut sink.post, posts.as_ref(), "sink.post", "--post");
+        overlay.value(&mut sink.mode, self.mode.as_ref(), "sink.mode", "--mode");
+        if !self.headers.is_empty() {
+            // Flags add to the file's headers, and win over a header of the same name.
+            let headers = sink.headers.get_or_insert_with(Default::default);
+            for (name, value) in &self.headers {
+                headers.retain(|existing, _| !existing.eq_ignore_ascii_case(name));
+                headers.insert(name.clone(), value.clone());
+            }
+            overlay.record("sink.headers", "--header");
+        }
+        overlay.value(
+            &mut sink.content_type,
+            self.content_type.as_ref(),
+            "sink.content_type",
+            "--content-type",
+        );
+        overlay.value(
+            &mut sink.http_client_connect_timeout,
+            self.http_client_connect_timeout.map(Dur).as_ref(),
+            "sink.http_client_connect_timeout",
+            "--http-client-connect-timeout",
+        );
+        overlay.value(
+            &mut sink.http_client_request_timeout,
+            self.http_client_request_timeout.map(Dur).as_ref(),
+            "sink.http_client_request_timeout",
+            "--http-client-request-timeout",
+        );
+        overlay.value(
+            &mut sink.http_client_tls_root_ca_file,
+            self.http_client_tls_root_ca_file.as_ref(),
+            "sink.http_client_tls_root_ca_file",
+            "--http-client-tls-root-ca-file",
+        );
     }
 }

@@ -1,0 +1,253 @@
+//! A pooled HTTP/1.1 client: keep-alive connections reused across requests, `https://`
+//! through rustls (the system's roots, plus a CA file when given), and time limits on the
+//! connect and on the whole request.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::header::{HeaderName, HeaderValue};
+use hyper::{Method, Request, StatusCode, Uri};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+/// The most response body bytes read; the http sink reads only the status, nsqlookupd's
+/// answers are far smaller.
+const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+
+/// Settings of an [`HttpClient`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpClientConfig {
+    /// Bound on opening a connection (TCP and, for `https://`, the TLS handshake is within the
+    /// request bound). Defaults to: 2 s.
+    pub connect_timeout: Duration,
+    /// Bound on a whole request, from sending it to reading the answer's body. Defaults to:
+    /// 10 s.
+    pub request_timeout: Duration,
+    /// A PEM file of CA certificates trusted besides the system's roots.
+    pub root_ca_file: Option<PathBuf>,
+    /// Idle keep-alive connections kept per host. Defaults to: 64.
+    pub max_idle_per_host: usize,
+}
+
+impl Default for HttpClientConfig {
+    fn default() -> Self {
+        HttpClientConfig {
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(10),
+            root_ca_file: None,
+            max_idle_per_host: 64,
+        }
+    }
+}
+
+/// Why a request got no answer, or a client could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    /// Connecting, the TLS handshake, writing or reading failed.
+    #[error("HTTP request to {url} failed: {cause}")]
+    Request {
+        /// The URL.
+        url: String,
+        /// What failed, with its causes.
+        cause: String,
+    },
+    /// The request took longer than its bound.
+    #[error("HTTP request to {url} got no answer within {after:?}")]
+    Timeout {
+        /// The URL.
+        url: String,
+        /// The bound.
+        after: Duration,
+    },
+    /// The CA file could not be read or holds no certificate.
+    #[error("cannot use CA file {path}: {cause}")]
+    RootCaFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        cause: String,
+    },
+}
+
+/// A pooled keep-alive HTTP/1.1 client for `http://` and `https://` URLs. Cheap to clone;
+/// clones share the pool.
+#[derive(Clone)]
+pub struct HttpClient {
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    request_timeout: Duration,
+}
+
+impl std::fmt::Debug for HttpClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpClient")
+            .field("request_timeout", &self.request_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HttpClient {
+    /// A client with `config`'s limits and trusted roots.
+    ///
+    /// # Errors
+    ///
+    /// [`HttpError::RootCaFile`] when the CA file cannot be read or holds no certificate.
+    ///
+    /// # Panics
+    ///
+    /// Outside a Tokio runtime (the pool's reaper is spawned on it).
+    pub fn new(config: &HttpClientConfig) -> Result<Self, HttpError> {
+        let mut roots = rustls::RootCertStore::empty();
+        // A system without a usable store still gets plain http:// and a CA file.
+        let native = rustls_native_certs::load_native_certs();
+        roots.add_parsable_certificates(native.certs);
+        if let Some(path) = &config.root_ca_file {
+            add_ca_file(&mut roots, path)?;
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("ring supports the default protocol versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(config.connect_timeout));
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(config.max_idle_per_host)
+            .build(connector);
+        Ok(HttpClient {
+            client,
+            request_timeout: config.request_timeout,
+        })
+    }
+
+    /// Sends `method` to `url` with `headers` and `body`; returns the status and the body.
+    ///
+    /// # Errors
+    ///
+    /// [`HttpError::Request`] when no answer could be had, [`HttpError::Timeout`] past the
+    /// request bound.
+    pub async fn send(
+        &self,
+        method: Method,
+        url: &Uri,
+        headers: &[(HeaderName, HeaderValue)],
+        body: Bytes,
+    ) -> Result<(StatusCode, Bytes), HttpError> {
+        let mut request = Request::builder().method(method).uri(url.clone());
+        for (name, value) in headers {
+            request = request.header(name, value);
+        }
+        let request = request
+            .body(Full::new(body))
+            .map_err(|error| HttpError::Request {
+                url: url.to_string(),
+                cause: error.to_string(),
+            })?;
+        let exchange = async {
+            let response =
+                self.client
+                    .request(request)
+                    .await
+                    .map_err(|error| HttpError::Request {
+                        url: url.to_string(),
+                        cause: chain(&error),
+                    })?;
+            let status = response.status();
+            let body = Limited::new(response.into_body(), MAX_BODY_BYTES)
+                .collect()
+                .await
+                .map_err(|error| HttpError::Request {
+                    url: url.to_string(),
+                    cause: format!("reading the answer: {error}"),
+                })?
+                .to_bytes();
+            Ok((status, body))
+        };
+        tokio::time::timeout(self.request_timeout, exchange)
+            .await
+            .map_err(|_| HttpError::Timeout {
+                url: url.to_string(),
+                after: self.request_timeout,
+            })?
+    }
+}
+
+/// An error and its causes, as one line: hyper's own message is often just "client error".
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+fn add_ca_file(roots: &mut rustls::RootCertStore, path: &Path) -> Result<(), HttpError> {
+    use rustls::pki_types::pem::PemObject as _;
+    let fail = |cause: String| HttpError::RootCaFile {
+        path: path.to_owned(),
+        cause,
+    };
+    let certs: Vec<_> = rustls::pki_types::CertificateDer::pem_file_iter(path)
+        .map_err(|error| fail(error.to_string()))?
+        .collect::<Result<_, _>>()
+        .map_err(|error| fail(error.to_string()))?;
+    if certs.is_empty() {
+        return Err(fail("no PEM certificate in it".into()));
+    }
+    let (added, _) = roots.add_parsable_certificates(certs);
+    if added == 0 {
+        return Err(fail("none of its certificates is a usable CA".into()));
+    }
+    Ok(())
+}
+
+/// Checks that `text` is an `http://` or `https://` URL with a host.
+///
+/// # Errors
+///
+/// What is wrong with it.
+pub fn check_url(text: &str) -> Result<Uri, String> {
+    let uri: Uri = text
+        .parse()
+        .map_err(|error| format!("not a URL ({error})"))?;
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        _ => return Err("expected an http:// or https:// URL".into()),
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err("the URL has no host".into());
+    }
+    Ok(uri)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_checked() {
+        assert!(check_url("http://127.0.0.1:8080/ingest?x=1").is_ok());
+        assert!(check_url("https://example.com/a").is_ok());
+        assert_eq!(
+            check_url("ftp://x/").unwrap_err(),
+            "expected an http:// or https:// URL"
+        );
+        assert!(check_url("http://").is_err());
+        assert!(check_url("not a url").is_err());
+    }
+}

@@ -1,0 +1,12 @@
+//! HTTP for the sidecar, on hyper: a pooled keep-alive client with HTTPS (the http sink and
+//! nsqlookupd queries) and a small server (the metrics endpoint).
+//!
+//! - [`client`]: [`HttpClient`], connections kept alive and reused, `https://` through rustls
+//!   with the system's roots plus an optional CA file, a connect and a request time limit.
+//! - [`server`]: [`serve`], answers `GET`/`HEAD` of a few fixed paths.
+
+pub mod client;
+pub mod server;
+
+pub use client::{check_url, HttpClient, HttpClientConfig, HttpError};
+pub use server::serve;
