@@ -469,3 +469,86 @@ async fn one_refusing_nsqd_among_healthy_ones_stops_the_run() {
         msg_timeout_refused(addrs[0])
     );
 }
+
+#[test]
+fn completions_and_the_man_page_generate() {
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let out = bin().args(["completions", shell]).output().unwrap();
+        assert!(out.status.success(), "{shell}");
+        let script = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            script.contains("nsq-dedupe") && script.contains("max-in-flight"),
+            "{shell}"
+        );
+    }
+    let out = bin().arg("manpage").output().unwrap();
+    assert!(out.status.success());
+    let page = String::from_utf8(out.stdout).unwrap();
+    assert!(page.contains(".TH nsq-dedupe 1"), "{page}");
+    assert!(page.contains("completions"), "{page}");
+}
+
+#[test]
+fn json_logs_are_one_object_per_line() {
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
+        .args([
+            "--log-format",
+            "json",
+            "run",
+            "--topic",
+            "t",
+            "--metrics-address",
+            "off",
+        ])
+        .args(["--nsqd-tcp-address", "127.0.0.1:1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(lines.len() >= 2, "{stderr}");
+    for line in &lines {
+        let value: serde_json::Value = serde_json::from_str(line).expect(line);
+        assert!(
+            value["level"].is_string() && value["fields"]["message"].is_string(),
+            "{line}"
+        );
+    }
+    assert!(
+        stderr.contains("Could not connect to nsqd; retrying."),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_bad_log_level_is_an_error_naming_the_flag() {
+    let (code, stderr) = fails(&[
+        "--log-level",
+        "x=[",
+        "size",
+        "--buckets",
+        "8",
+        "--messages",
+        "5",
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.starts_with("error: invalid `--log-level` \"x=[\" ("),
+        "{stderr}"
+    );
+    assert!(
+        stderr.ends_with("or directives such as info,nsq_dedupe::nsq=debug\n"),
+        "{stderr}"
+    );
+}

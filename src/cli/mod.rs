@@ -10,7 +10,7 @@ mod run;
 mod size;
 mod table;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 pub(crate) use filter::{FilterArgs, MissingKey};
 pub(crate) use parse::MAX_WINDOW_MESSAGES;
@@ -24,6 +24,42 @@ pub(crate) struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub(crate) command: Command,
+    /// How to log.
+    #[command(flatten)]
+    pub(crate) log: LogFlags,
+}
+
+/// How the binary logs (to stderr), for every subcommand.
+#[derive(Debug, Args)]
+pub(crate) struct LogFlags {
+    /// What to log: a level (error, warn, info, debug, trace) or tracing directives such as
+    /// `info,nsq_dedupe::nsq=debug`. Without it, RUST_LOG is read, else `info`.
+    #[arg(
+        long,
+        global = true,
+        value_name = "LEVEL",
+        env = "NSQ_DEDUPE_LOG_LEVEL"
+    )]
+    pub(crate) log_level: Option<String>,
+    /// Log lines as text, or as one JSON object per line.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        value_name = "FORMAT",
+        default_value_t = LogFormat::Text,
+        env = "NSQ_DEDUPE_LOG_FORMAT"
+    )]
+    pub(crate) log_format: LogFormat,
+}
+
+/// The shape of a log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum LogFormat {
+    /// Human-readable text (coloured only on a terminal).
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
 }
 
 /// The subcommands.
@@ -40,6 +76,14 @@ pub(crate) enum Command {
     ///
     /// Settings come from `--config FILE` (TOML) and these flags, which override the file.
     Run(Box<RunArgs>),
+    /// Print a shell completion script, e.g. `nsq-dedupe completions bash > /etc/bash_completion.d/nsq-dedupe`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff), e.g. `nsq-dedupe manpage > nsq-dedupe.1`.
+    Manpage,
 }
 
 #[cfg(test)]
