@@ -4,12 +4,18 @@
 //! Records are written byte for byte, in input order, including their newline. A last record
 //! without one ends at the end of its input: it is written without one when it ends the
 //! output, and with one when another input follows, so that it is never glued to the next
-//! input's first record. Memory is the table plus one record: the reader's buffer holds the
-//! current record only.
+//! input's first record.
+//!
+//! Input is read in blocks of [`BLOCK_BYTES`]; record boundaries are found with `memchr`; the
+//! records of a block are digested and decided in batches of [`BATCH_RECORDS`], whose table
+//! sets are requested from memory while earlier ones are decided
+//! ([`Table::contains_and_add_many_into`]), so that the waits for memory overlap instead of
+//! coming one record at a time. Memory is the table plus one block, or one record when a
+//! record is longer than a block.
 
-use std::io::{self, BufRead, Write};
+use std::io::{self, Read, Write};
 
-use crate::dedup::digest::Keyer;
+use crate::dedup::digest::{Digest, Keyer};
 use crate::dedup::table::Table;
 use crate::error::KeyError;
 
@@ -42,17 +48,24 @@ pub enum FilterError {
     },
 }
 
+/// Bytes read from the input at a time.
+pub const BLOCK_BYTES: usize = 1 << 20;
+
+/// Records decided together: enough for the table's prefetching to overlap many waits.
+pub const BATCH_RECORDS: usize = 256;
+
 /// Reads records from `input`, writes the ones not seen before to `output`, and counts into
 /// `stats` (which may carry counts from earlier inputs).
 ///
-/// With `keyless_is_error`, a record without a key stops the run; otherwise it is written.
-/// With `more_input_follows`, a last record without a newline is written with one.
+/// With `keyless_is_error`, a record without a key stops the run (the records before it are
+/// decided and written first); otherwise it is written. With `more_input_follows`, a last
+/// record without a newline is written with one.
 ///
 /// # Errors
 ///
 /// [`FilterError::Io`] from the reader or the writer (a closed pipe is a `BrokenPipe` error),
 /// and [`FilterError::MissingKey`] as described.
-pub fn filter_records<R: BufRead, W: Write>(
+pub fn filter_records<R: Read, W: Write>(
     mut input: R,
     output: &mut W,
     table: &Table,
@@ -61,36 +74,138 @@ pub fn filter_records<R: BufRead, W: Write>(
     more_input_follows: bool,
     stats: &mut FilterStats,
 ) -> Result<(), FilterError> {
-    let mut record = Vec::with_capacity(4096);
+    // `buffer[..filled]` holds read bytes not yet decided: at most one unfinished record
+    // after each block. The buffer grows only for a record longer than itself.
+    let mut buffer: Vec<u8> = vec![0; BLOCK_BYTES];
+    let mut filled = 0;
+    let mut batch = Batch::default();
+    // Where the search for the next newline resumes: the unfinished record at the front of
+    // `buffer` was searched already.
+    let mut searched = 0;
     loop {
-        record.clear();
-        if input.read_until(b'\n', &mut record)? == 0 {
-            return Ok(());
+        if filled == buffer.len() {
+            buffer.resize(buffer.len() * 2, 0);
         }
-        stats.records_in += 1;
-        let key = record.strip_suffix(b"\n").unwrap_or(&record);
-        let unique = match keyer.digest(key) {
-            Ok(digest) => !table.contains_and_add(digest),
-            Err(reason) if keyless_is_error => {
-                return Err(FilterError::MissingKey {
-                    record: stats.records_in,
-                    reason,
-                })
-            }
-            Err(_) => {
-                stats.keyless += 1;
-                true
+        let read = loop {
+            match input.read(&mut buffer[filled..]) {
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+                other => break other?,
             }
         };
-        if unique {
-            output.write_all(&record)?;
-            if more_input_follows && !record.ends_with(b"\n") {
-                output.write_all(b"\n")?;
+        filled += read;
+        let at_end = read == 0;
+        let block = &buffer[..filled];
+        let mut start = 0;
+        for newline in memchr::memchr_iter(b'\n', &block[searched..]) {
+            let end = searched + newline + 1;
+            batch.records.push((start, end));
+            start = end;
+            if batch.records.len() == BATCH_RECORDS {
+                batch.decide(block, output, table, keyer, keyless_is_error, false, stats)?;
             }
-            stats.records_out += 1;
-        } else {
-            stats.duplicates += 1;
         }
+        if at_end && start < filled {
+            batch.records.push((start, filled));
+            start = filled;
+        }
+        batch.decide(
+            block,
+            output,
+            table,
+            keyer,
+            keyless_is_error,
+            at_end && more_input_follows,
+            stats,
+        )?;
+        if at_end {
+            return Ok(());
+        }
+        // Keep the unfinished record at the front; the next read appends to it.
+        buffer.copy_within(start..filled, 0);
+        filled -= start;
+        searched = filled;
+    }
+}
+
+/// Records of one block waiting to be decided, and the decision's scratch space.
+#[derive(Default)]
+struct Batch {
+    /// `(start, end)` of each record in the block, its newline included.
+    records: Vec<(usize, usize)>,
+    /// Digests of the keyed records, in order.
+    digests: Vec<Digest>,
+    /// For each record, whether it has a key (and so a digest).
+    keyed: Vec<bool>,
+    /// The table's answers for `digests`.
+    seen: Vec<bool>,
+}
+
+impl Batch {
+    /// Digests, decides and writes the waiting records in input order, then forgets them.
+    /// With `terminate_last`, the last record gets a newline if it lacks one.
+    #[allow(clippy::too_many_arguments)]
+    fn decide<W: Write>(
+        &mut self,
+        block: &[u8],
+        output: &mut W,
+        table: &Table,
+        keyer: &Keyer,
+        keyless_is_error: bool,
+        terminate_last: bool,
+        stats: &mut FilterStats,
+    ) -> Result<(), FilterError> {
+        self.digests.clear();
+        self.keyed.clear();
+        self.seen.clear();
+        let mut missing = None;
+        for (i, &(start, end)) in self.records.iter().enumerate() {
+            let record = &block[start..end];
+            let key = record.strip_suffix(b"\n").unwrap_or(record);
+            match keyer.digest(key) {
+                Ok(digest) => {
+                    self.digests.push(digest);
+                    self.keyed.push(true);
+                }
+                Err(reason) if keyless_is_error => {
+                    // Decide the records before it, then stop at it.
+                    missing = Some((i, reason));
+                    break;
+                }
+                Err(_) => self.keyed.push(false),
+            }
+        }
+        table.contains_and_add_many_into(&self.digests, &mut self.seen);
+        let mut answers = self.seen.iter();
+        let last = self.records.len().saturating_sub(1);
+        for (i, &keyed) in self.keyed.iter().enumerate() {
+            stats.records_in += 1;
+            let unique = if keyed {
+                !answers.next().copied().unwrap_or(false)
+            } else {
+                stats.keyless += 1;
+                true
+            };
+            if unique {
+                let (start, end) = self.records[i];
+                let record = &block[start..end];
+                output.write_all(record)?;
+                if terminate_last && i == last && !record.ends_with(b"\n") {
+                    output.write_all(b"\n")?;
+                }
+                stats.records_out += 1;
+            } else {
+                stats.duplicates += 1;
+            }
+        }
+        self.records.clear();
+        if let Some((_, reason)) = missing {
+            stats.records_in += 1;
+            return Err(FilterError::MissingKey {
+                record: stats.records_in,
+                reason,
+            });
+        }
+        Ok(())
     }
 }
 
@@ -98,6 +213,96 @@ pub fn filter_records<R: BufRead, W: Write>(
 mod tests {
     use super::*;
     use crate::dedup::digest::{DigestAlgorithm, KeySpec};
+    use proptest::prelude::*;
+
+    /// A reader that hands out at most `chunk` bytes per read, to move block boundaries
+    /// through every record.
+    struct Chunked<'a> {
+        data: &'a [u8],
+        chunk: usize,
+    }
+
+    impl Read for Chunked<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let n = self.chunk.min(buf.len()).min(self.data.len());
+            buf[..n].copy_from_slice(&self.data[..n]);
+            self.data = &self.data[n..];
+            Ok(n)
+        }
+    }
+
+    /// The first copy of each record, in order, as a perfect de-duplicator writes them (a last
+    /// record without a newline is written without one).
+    fn exact(input: &[u8]) -> Vec<u8> {
+        let mut seen = std::collections::HashSet::new();
+        let mut out = Vec::new();
+        for record in input.split_inclusive(|&b| b == b'\n') {
+            if seen.insert(record.strip_suffix(b"\n").unwrap_or(record)) {
+                out.extend_from_slice(record);
+            }
+        }
+        out
+    }
+
+    fn filtered(reader: impl Read) -> Vec<u8> {
+        // Large enough that no set overflows: the output must be exactly the model's.
+        let table = Table::with_slots(1 << 21, 8).unwrap();
+        let mut out = Vec::new();
+        let mut stats = FilterStats::default();
+        filter_records(
+            reader,
+            &mut out,
+            &table,
+            &Keyer::default(),
+            false,
+            false,
+            &mut stats,
+        )
+        .unwrap();
+        out
+    }
+
+    proptest! {
+        #[test]
+        fn any_chunking_gives_the_exact_output(
+            records in prop::collection::vec(prop::collection::vec(0u8..4, 0..6), 0..300),
+            last_newline in any::<bool>(),
+            chunk in 1usize..64,
+        ) {
+            let mut input = Vec::new();
+            for record in &records {
+                input.extend(record.iter().map(|b| b'a' + b));
+                input.push(b'\n');
+            }
+            if !last_newline {
+                input.pop();
+            }
+            prop_assert_eq!(filtered(Chunked { data: &input, chunk }), exact(&input));
+        }
+    }
+
+    #[test]
+    fn records_across_and_longer_than_blocks_are_kept_whole() {
+        let long = vec![b'x'; BLOCK_BYTES + BLOCK_BYTES / 2];
+        let mut input = Vec::new();
+        for i in 0..50_000 {
+            input.extend_from_slice(format!("record {}\n", i % 30_000).as_bytes());
+        }
+        input.extend_from_slice(&long);
+        input.push(b'\n');
+        input.extend_from_slice(b"after\n");
+        input.extend_from_slice(&long);
+        input.extend_from_slice(b"\nend");
+        assert!(input.len() > 3 * BLOCK_BYTES);
+        let (got, want) = (filtered(&input[..]), exact(&input));
+        let first_difference = got.iter().zip(&want).position(|(a, b)| a != b);
+        assert!(
+            got.len() == want.len() && first_difference.is_none(),
+            "{} bytes written, {} expected; first difference at {first_difference:?}",
+            got.len(),
+            want.len()
+        );
+    }
 
     fn run(input: &[u8], keyer: &Keyer) -> (Vec<u8>, FilterStats) {
         let table = Table::with_slots(1024, 8).unwrap();

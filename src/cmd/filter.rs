@@ -1,7 +1,7 @@
 //! `nsq-dedupe filter`: de-duplicates newline-delimited records from files or stdin to stdout.
 
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, BufWriter, Write};
+use std::io::{self, BufWriter, Read, Write};
 
 use anyhow::{Context, Result};
 
@@ -41,17 +41,13 @@ pub(crate) fn run(args: &FilterArgs) -> Result<()> {
         .iter()
         .enumerate()
         .try_for_each(|(i, path)| -> Result<()> {
-            let (input, name): (Box<dyn BufRead>, String) = if path.as_os_str() == "-" {
-                let stdin = io::stdin().lock();
-                (
-                    Box::new(BufReader::with_capacity(BUFFER_BYTES, stdin)),
-                    "stdin".into(),
-                )
+            // filter_records reads in large blocks of its own, so the inputs are not buffered.
+            let (input, name): (Box<dyn Read>, String) = if path.as_os_str() == "-" {
+                (Box::new(io::stdin().lock()), "stdin".into())
             } else {
                 let file = File::open(path)
                     .with_context(|| format!("cannot open input file `{}`", path.display()))?;
-                let name = format!("`{}`", path.display());
-                (Box::new(BufReader::with_capacity(BUFFER_BYTES, file)), name)
+                (Box::new(file), format!("`{}`", path.display()))
             };
             filter_records(
                 input,

@@ -255,8 +255,22 @@ impl Table {
     /// start; here the sets of the next few digests are requested while one is being decided,
     /// so their waits overlap.
     pub fn claim_many_into(&self, digests: &[Digest], claims: &mut Vec<Claim>) {
-        const AHEAD: usize = 8;
         claims.reserve(digests.len());
+        self.prefetched(digests, |digest| claims.push(self.claim(digest)));
+    }
+
+    /// [`contains_and_add`](Table::contains_and_add) on every digest of `digests` in order,
+    /// appending the answers to `seen`, with the sets of the next digests requested while one
+    /// is decided (as [`claim_many_into`](Table::claim_many_into)).
+    pub fn contains_and_add_many_into(&self, digests: &[Digest], seen: &mut Vec<bool>) {
+        seen.reserve(digests.len());
+        self.prefetched(digests, |digest| seen.push(self.contains_and_add(digest)));
+    }
+
+    /// Calls `decide` on each digest in order, having asked for the sets of the next few.
+    #[inline]
+    fn prefetched(&self, digests: &[Digest], mut decide: impl FnMut(Digest)) {
+        const AHEAD: usize = 8;
         for digest in digests.iter().take(AHEAD) {
             self.prefetch(*digest);
         }
@@ -264,7 +278,7 @@ impl Table {
             if let Some(next) = digests.get(i + AHEAD) {
                 self.prefetch(*next);
             }
-            claims.push(self.claim(*digest));
+            decide(*digest);
         }
     }
 
