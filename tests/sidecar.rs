@@ -1462,128 +1462,70 @@ async fn throughput() {
     );
 }
 
+/// Runs each of `sinks` (with its message count) five times, rotating which goes first, and
+/// prints the median rate of each and its ratio to the first.
+async fn compare_sinks(title: &str, sinks: &[(&str, BenchSink, usize)]) {
+    let mut rates = vec![Vec::new(); sinks.len()];
+    for pass in 0..5 {
+        for k in 0..sinks.len() {
+            let which = (pass + k) % sinks.len();
+            let (_, sink, n) = sinks[which];
+            let tag = sinks.len() * pass + k;
+            rates[which].push(timed_pass(StoreKind::Memory, sink, n, tag).await);
+        }
+    }
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!("{title}, 100-byte messages, max_in_flight 2500, memory store, medians of 5:");
+    let first = median(&rates[0]);
+    for ((name, _, n), rates) in sinks.iter().zip(&rates) {
+        let rounded: Vec<f64> = rates.iter().map(|x| x.round()).collect();
+        println!(
+            "  {name:<18} {:>9.0} msgs/s of {n} ({:.3} of {}; passes {rounded:?})",
+            median(rates),
+            median(rates) / first,
+            sinks[0].0
+        );
+    }
+}
+
 /// End-to-end throughput of the nsq sink (MPUB batches to a second broker) against the `null`
-/// sink and against one PUB per record, in-process table, alternating the order, five passes.
+/// sink and against one PUB per record, in-process table.
 ///
 /// `cargo test --release --test integration sidecar::nsq_sink_throughput -- --ignored --nocapture`
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark; run explicitly in release mode"]
 async fn nsq_sink_throughput() {
-    const N: usize = 200_000;
-    const PER_RECORD_N: usize = 50_000;
     let destination = Broker::start(BrokerConfig {
         record_messages: false,
         ..BrokerConfig::default()
     })
     .await;
     let to = destination.tcp_addr();
-    let (mut null, mut batched, mut per_record) = (Vec::new(), Vec::new(), Vec::new());
-    for pass in 0..5 {
-        let mut order = [
-            BenchSink::Null,
-            BenchSink::Nsq(to),
-            BenchSink::PubPerRecord(to),
-        ];
-        if pass % 2 == 1 {
-            order.reverse();
-        }
-        for (k, sink) in order.into_iter().enumerate() {
-            let tag = 3 * pass + k;
-            match sink {
-                BenchSink::Null => null.push(timed_pass(StoreKind::Memory, sink, N, tag).await),
-                BenchSink::Nsq(_) => {
-                    batched.push(timed_pass(StoreKind::Memory, sink, N, tag).await)
-                }
-                _ => per_record.push(timed_pass(StoreKind::Memory, sink, PER_RECORD_N, tag).await),
-            }
-        }
-    }
-    let median = |v: &[f64]| {
-        let mut v = v.to_vec();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let rounded = |v: &[f64]| v.iter().map(|x| x.round()).collect::<Vec<_>>();
-    println!("sidecar sinks, 100-byte messages, max_in_flight 2500, memory store:");
-    println!(
-        "  null:            {:>9.0} msgs/s median of {N} (passes: {:?})",
-        median(&null),
-        rounded(&null)
-    );
-    println!(
-        "  nsq (MPUB):      {:>9.0} msgs/s median of {N} (passes: {:?})",
-        median(&batched),
-        rounded(&batched)
-    );
-    println!(
-        "  one PUB each:    {:>9.0} msgs/s median of {PER_RECORD_N} (passes: {:?})",
-        median(&per_record),
-        rounded(&per_record)
-    );
-    println!(
-        "  ratio nsq/null: {:.3}, nsq/one-PUB-each: {:.1} (medians)",
-        median(&batched) / median(&null),
-        median(&batched) / median(&per_record)
-    );
+    let sinks = [
+        ("null", BenchSink::Null, 200_000),
+        ("nsq (MPUB)", BenchSink::Nsq(to), 200_000),
+        ("one PUB each", BenchSink::PubPerRecord(to), 50_000),
+    ];
+    compare_sinks("nsq sink", &sinks).await;
 }
 
-/// End-to-end throughput of the stdout sink (writing to `/dev/null`) against the `null` sink,
-/// in-process table, alternating which runs first, five passes each.
+/// End-to-end throughput of the stdout sink (writing to `/dev/null`) against the `null` sink
+/// and against the per-record write-and-flush it had before, in-process table.
 ///
 /// `cargo test --release --test integration sidecar::stdout_throughput -- --ignored --nocapture`
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark; run explicitly in release mode"]
 async fn stdout_throughput() {
-    const N: usize = 300_000;
-    const PER_RECORD_N: usize = 20_000;
-    let (mut null, mut stdout, mut per_record) = (Vec::new(), Vec::new(), Vec::new());
-    for pass in 0..5 {
-        let mut order = [
-            BenchSink::Null,
-            BenchSink::StdoutToDevNull,
-            BenchSink::PerRecordToDevNull,
-        ];
-        if pass % 2 == 1 {
-            order.reverse();
-        }
-        for (k, sink) in order.into_iter().enumerate() {
-            let tag = 3 * pass + k;
-            match sink {
-                BenchSink::Null => null.push(timed_pass(StoreKind::Memory, sink, N, tag).await),
-                BenchSink::StdoutToDevNull => {
-                    stdout.push(timed_pass(StoreKind::Memory, sink, N, tag).await);
-                }
-                _ => per_record.push(timed_pass(StoreKind::Memory, sink, PER_RECORD_N, tag).await),
-            }
-        }
-    }
-    let median = |v: &[f64]| {
-        let mut v = v.to_vec();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let rounded = |v: &[f64]| v.iter().map(|x| x.round()).collect::<Vec<_>>();
-    println!("sidecar sinks, 100-byte messages, max_in_flight 2500, memory store:");
-    println!(
-        "  null:             {:>9.0} msgs/s median of {N} (passes: {:?})",
-        median(&null),
-        rounded(&null)
-    );
-    println!(
-        "  stdout/dev/null:  {:>9.0} msgs/s median of {N} (passes: {:?})",
-        median(&stdout),
-        rounded(&stdout)
-    );
-    println!(
-        "  per-record flush: {:>9.0} msgs/s median of {PER_RECORD_N} (passes: {:?})",
-        median(&per_record),
-        rounded(&per_record)
-    );
-    println!(
-        "  ratio stdout/null: {:.3}, stdout/per-record: {:.1} (medians)",
-        median(&stdout) / median(&null),
-        median(&stdout) / median(&per_record)
-    );
+    let sinks = [
+        ("null", BenchSink::Null, 300_000),
+        ("stdout /dev/null", BenchSink::StdoutToDevNull, 300_000),
+        ("per-record flush", BenchSink::PerRecordToDevNull, 20_000),
+    ];
+    compare_sinks("stdout sink", &sinks).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
