@@ -3,15 +3,13 @@
 use std::io::{self, IsTerminal};
 use std::process::ExitCode;
 
-use clap::Parser;
-
 use cli::{Cli, Command};
 
 mod cli;
 mod cmd;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_with_env();
     if let Err(err) = start_logging(&cli.log) {
         eprintln!("error: {err:#}");
         return ExitCode::from(2);
@@ -57,13 +55,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Filter(args) => cmd::filter::run(&args),
         Command::Run(args) => cmd::run::run(&args),
         Command::Completions { shell } => {
-            use clap::CommandFactory as _;
-            clap_complete::generate(shell, &mut Cli::command(), "nsq-dedupe", &mut io::stdout());
+            clap_complete::generate(
+                shell,
+                &mut Cli::definition(),
+                "nsq-dedupe",
+                &mut io::stdout(),
+            );
             Ok(())
         }
         Command::Manpage => {
-            use clap::CommandFactory as _;
-            clap_mangen::Man::new(Cli::command()).render(&mut io::stdout())?;
+            clap_mangen::Man::new(Cli::definition()).render(&mut io::stdout())?;
             Ok(())
         }
     }

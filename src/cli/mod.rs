@@ -10,7 +10,7 @@ mod run;
 mod size;
 mod table;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand, ValueEnum};
 
 pub(crate) use filter::{FilterArgs, MissingKey};
 pub(crate) use parse::MAX_WINDOW_MESSAGES;
@@ -27,6 +27,30 @@ pub(crate) struct Cli {
     /// How to log.
     #[command(flatten)]
     pub(crate) log: LogFlags,
+}
+
+impl Cli {
+    /// The command line's definition, with every flag of `run` also read from the environment
+    /// as `NSQ_DEDUPE_<FLAG>` (`--max-in-flight` from `NSQ_DEDUPE_MAX_IN_FLIGHT`): one rule
+    /// instead of an `env` attribute on each flag. A flag on the command line wins over the
+    /// environment, which wins over the config file.
+    pub(crate) fn definition() -> clap::Command {
+        Cli::command().mut_subcommand("run", |run| {
+            run.mut_args(|arg| match arg.get_long() {
+                Some(long) if !matches!(long, "help" | "version") => {
+                    let env = format!("NSQ_DEDUPE_{}", long.to_ascii_uppercase().replace('-', "_"));
+                    arg.env(env)
+                }
+                _ => arg,
+            })
+        })
+    }
+
+    /// Parses the process's arguments and environment; exits with clap's message on errors.
+    pub(crate) fn parse_with_env() -> Cli {
+        let matches = Cli::definition().get_matches();
+        Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit())
+    }
 }
 
 /// How the binary logs (to stderr), for every subcommand.
@@ -93,5 +117,24 @@ mod tests {
     #[test]
     fn command_line_definition_is_consistent() {
         super::Cli::command().debug_assert();
+        super::Cli::definition().debug_assert();
+    }
+
+    #[test]
+    fn every_run_flag_reads_the_environment() {
+        let definition = super::Cli::definition();
+        let run = definition.find_subcommand("run").unwrap();
+        let mut flags = 0;
+        for arg in run.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if long == "help" {
+                continue;
+            }
+            let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
+            let expected = format!("NSQ_DEDUPE_{}", long.to_ascii_uppercase().replace('-', "_"));
+            assert_eq!(env.as_deref(), Some(expected.as_str()), "--{long}");
+            flags += 1;
+        }
+        assert!(flags >= 20, "only {flags} flags");
     }
 }
