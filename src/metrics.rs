@@ -120,6 +120,8 @@ pub struct Metrics {
     pub renew_failures: AtomicU64,
     /// Handler calls given up at shutdown (claim erased, message requeued).
     pub abandoned: AtomicU64,
+    /// nsqd connections up and subscribed now (a gauge the sidecar keeps current).
+    pub nsqd_connections: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -147,6 +149,7 @@ impl Default for Metrics {
             touches: AtomicU64::new(0),
             renew_failures: AtomicU64::new(0),
             abandoned: AtomicU64::new(0),
+            nsqd_connections: AtomicU64::new(0),
         }
     }
 }
@@ -355,6 +358,11 @@ impl Metrics {
             "distinct_rate",
             "Distinct messages per second since the start.",
             self.distinct_rate(),
+        );
+        gauge(
+            "nsqd_connections",
+            "nsqd connections up and subscribed.",
+            get(&self.nsqd_connections) as f64,
         );
         if let Some(geometry) = table.geometry {
             gauge(

@@ -250,6 +250,7 @@ impl<H: Handler> Sidecar<H> {
         }
         tokio::spawn(status_loop(
             dedupe.clone(),
+            consumer.connection_count(),
             settings.status_interval,
             settings.window,
             background.clone(),
@@ -359,6 +360,7 @@ fn log_status<H: Handler>(dedupe: &Dedupe<Backend, H>, window: Duration, what: &
     };
     let secs = m.uptime().as_secs_f64().max(1e-3);
     tracing::info!(
+        nsqd_connections = get(&m.nsqd_connections),
         received = m.received_total(),
         rate = format_args!("{:.1}", m.received_total() as f64 / secs),
         unique = get(&m.unique),
@@ -374,17 +376,31 @@ fn log_status<H: Handler>(dedupe: &Dedupe<Backend, H>, window: Duration, what: &
     );
 }
 
+/// Keeps the nsqd connection gauge current (every second) and logs the status line every
+/// `every`.
 async fn status_loop<H: Handler>(
     dedupe: Dedupe<Backend, H>,
+    connections: crate::nsq::ConnectionCount,
     every: Duration,
     window: Duration,
     stop: CancellationToken,
 ) {
-    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    let metrics = dedupe.metrics().clone();
+    let gauge = |count: &crate::nsq::ConnectionCount| {
+        metrics
+            .nsqd_connections
+            .store(count.get(), std::sync::atomic::Ordering::Relaxed);
+    };
+    let mut status = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    let mut refresh = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = ticker.tick() => log_status(&dedupe, window, "Status."),
+            _ = refresh.tick() => gauge(&connections),
+            _ = status.tick() => {
+                gauge(&connections);
+                log_status(&dedupe, window, "Status.");
+            }
         }
     }
 }

@@ -178,7 +178,7 @@ fn drained(broker: &Broker) -> bool {
 fn scrape(addr: SocketAddr) -> String {
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .unwrap();
     let mut text = String::new();
     let _ = s.read_to_string(&mut text);
@@ -230,6 +230,14 @@ async fn replicated_stream_reaches_the_sink_exactly_once() {
     )
     .await;
     let text = scrape(running.metrics_addr.unwrap());
+    let metrics_addr = running.metrics_addr.unwrap();
+    wait_until_or(
+        "the connection gauge counts both nsqd",
+        Duration::from_secs(5),
+        || metric(&scrape(metrics_addr), "nsq_dedupe_nsqd_connections") == Some(2.0),
+        || scrape(metrics_addr),
+    )
+    .await;
     let report = running.stop().await;
 
     let delivered = recorder.delivered();

@@ -139,6 +139,12 @@ impl Consumer {
         }
     }
 
+    /// A handle that reads how many nsqd connections are up and subscribed, without borrowing
+    /// the consumer.
+    pub fn connection_count(&self) -> ConnectionCount {
+        ConnectionCount(self.shared.clone())
+    }
+
     /// A snapshot of the consumer's counters.
     pub fn stats(&self) -> ConsumerStats {
         let c = &self.shared.counters;
@@ -190,6 +196,23 @@ impl Consumer {
             let _ = tokio::time::timeout(Duration::from_secs(1), task).await;
         }
         report
+    }
+}
+
+/// Reads a consumer's live connection count; see [`Consumer::connection_count`].
+#[derive(Clone)]
+pub struct ConnectionCount(Arc<ConsumerShared>);
+
+impl ConnectionCount {
+    /// nsqd connections up and subscribed now.
+    pub fn get(&self) -> u64 {
+        self.0.counters.connections.load(Ordering::Relaxed)
+    }
+}
+
+impl std::fmt::Debug for ConnectionCount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ConnectionCount").field(&self.get()).finish()
     }
 }
 

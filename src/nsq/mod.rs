@@ -43,7 +43,7 @@ mod shared;
 mod supervisor;
 
 pub use config::ConsumerConfig;
-pub use consumer::Consumer;
+pub use consumer::{ConnectionCount, Consumer};
 pub use error::Error;
 pub use events::{ConsumerEvent, ConsumerStats, ShutdownReport};
 pub use frame::{Frame, FrameCodec, MessageId};
