@@ -18,8 +18,8 @@
 //! - [`sink`]: the [`Handler`](sink::Handler) trait, the sidecar's sinks and the dead-letter.
 //! - [`config`]: the TOML configuration and its validation into [`Settings`].
 //! - [`sidecar`]: [`run`], the `nsq-dedupe run` service, and [`Sidecar`] for custom handlers.
-//! - [`metrics`]: counters in Prometheus' text format; `http`: a minimal HTTP/1.1 client and
-//!   server for the http sink and the metrics endpoint.
+//! - [`metrics`]: counters in Prometheus' text format; [`http`]: the pooled keep-alive HTTPS
+//!   client (http sink, nsqlookupd) and the metrics server, on hyper.
 //!
 //! # Example: de-duplicating a stream of records
 //!

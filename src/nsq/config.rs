@@ -9,7 +9,7 @@ use super::frame::DEFAULT_MAX_FRAME_SIZE;
 use super::lookupd;
 use super::names::is_valid_name;
 
-/// Everything a [`Consumer`] needs. Build it with [`ConsumerConfig::new`] and adjust fields.
+/// Everything a [`Consumer`](super::Consumer) needs. Build it with [`ConsumerConfig::new`] and adjust fields.
 #[derive(Debug, Clone)]
 pub struct ConsumerConfig {
     /// Topic to subscribe to.

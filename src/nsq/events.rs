@@ -86,7 +86,7 @@ pub enum ConsumerEvent {
     },
 }
 
-/// Counters since the consumer started. See [`Consumer::stats`].
+/// Counters since the consumer started. See [`Consumer::stats`](super::Consumer::stats).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ConsumerStats {
     /// Message frames received (including those finished for exceeding `max_attempts`).
@@ -113,7 +113,7 @@ pub struct ConsumerStats {
     pub rdy_total: u64,
 }
 
-/// What [`Consumer::shutdown`] did.
+/// What [`Consumer::shutdown`](super::Consumer::shutdown) did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ShutdownReport {
     /// Messages received but never handed out, requeued with no delay.

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::error::StoreError;
 
-/// Settings of a [`MemcachedStore`].
+/// Settings of a [`MemcachedStore`](super::MemcachedStore).
 ///
 /// # Example
 ///
