@@ -9,7 +9,7 @@
 //! memory depends on, and readers only need eventually-consistent totals.
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
@@ -122,6 +122,8 @@ pub struct Metrics {
     pub abandoned: AtomicU64,
     /// nsqd connections up and subscribed now (a gauge the sidecar keeps current).
     pub nsqd_connections: AtomicU64,
+    /// Whether the store's last operation failed.
+    pub store_failing: AtomicBool,
 }
 
 impl Default for Metrics {
@@ -150,6 +152,7 @@ impl Default for Metrics {
             renew_failures: AtomicU64::new(0),
             abandoned: AtomicU64::new(0),
             nsqd_connections: AtomicU64::new(0),
+            store_failing: AtomicBool::new(false),
         }
     }
 }
@@ -178,6 +181,28 @@ pub struct TableView {
 }
 
 impl Metrics {
+    /// Records a store operation's latency and whether it succeeded.
+    pub fn store_answered(&self, latency: std::time::Duration, ok: bool) {
+        self.store_latency.observe(latency);
+        self.store_failing.store(!ok, Ordering::Relaxed);
+    }
+
+    /// `Ok` when the service is ready: at least one nsqd connected and subscribed, and the
+    /// store's last operation (if any) succeeded; otherwise why not.
+    ///
+    /// # Errors
+    ///
+    /// The reason it is not ready, for the body of a 503.
+    pub fn readiness(&self) -> Result<(), &'static str> {
+        if get(&self.nsqd_connections) == 0 {
+            return Err("not ready: no nsqd is connected and subscribed\n");
+        }
+        if self.store_failing.load(Ordering::Relaxed) {
+            return Err("not ready: the store's last operation failed (see store_errors_total)\n");
+        }
+        Ok(())
+    }
+
     /// Counts a message received from `source`.
     pub fn received_from(&self, source: &str) {
         {
@@ -363,6 +388,11 @@ impl Metrics {
             "nsqd_connections",
             "nsqd connections up and subscribed.",
             get(&self.nsqd_connections) as f64,
+        );
+        gauge(
+            "ready",
+            "1 when /ready answers 200: an nsqd connected and the store answering.",
+            if self.readiness().is_ok() { 1.0 } else { 0.0 },
         );
         if let Some(geometry) = table.geometry {
             gauge(

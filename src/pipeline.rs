@@ -264,7 +264,7 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
         };
         let started = Instant::now();
         let claim = inner.store.claim(digest).await;
-        metrics.store_latency.observe(started.elapsed());
+        metrics.store_answered(started.elapsed(), claim.is_ok());
         match claim {
             Ok(Claim::Duplicate) => {
                 inc(&metrics.duplicates);
@@ -361,7 +361,7 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
                 if let Some(digest) = digest {
                     let t = Instant::now();
                     let committed = inner.store.commit(digest).await;
-                    metrics.store_latency.observe(t.elapsed());
+                    metrics.store_answered(t.elapsed(), committed.is_ok());
                     if let Err(error) = committed {
                         // Delivered all the same: a later copy may be delivered again, but
                         // this message is done.
@@ -377,7 +377,7 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
                     // Erase before the REQ, so the retry is not taken for a copy.
                     let t = Instant::now();
                     let erased = inner.store.erase(digest).await;
-                    metrics.store_latency.observe(t.elapsed());
+                    metrics.store_answered(t.elapsed(), erased.is_ok());
                     match erased {
                         Ok(true) => inc(&metrics.erased),
                         Ok(false) => {}
@@ -438,7 +438,7 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
         if let Some(digest) = digest {
             let t = Instant::now();
             let renewed = self.inner.store.renew(digest).await;
-            metrics.store_latency.observe(t.elapsed());
+            metrics.store_answered(t.elapsed(), renewed.is_ok());
             match renewed {
                 Ok(true) => {}
                 Ok(false) => inc(&metrics.renew_failures),

@@ -24,6 +24,7 @@ use crate::nsq::{Consumer, ShutdownReport};
 use crate::pipeline::Dedupe;
 use crate::sink::{DeadLetter, Handler, HttpSink, NsqSink, Sink, StdoutSink};
 use crate::{MemcachedStore, NoStore, Table};
+use hyper::StatusCode;
 
 /// Why the service could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -233,18 +234,27 @@ impl<H: Handler> Sidecar<H> {
                         occupancy: store.store().occupancy(),
                         window,
                     };
-                    metrics.render(&view)
+                    (StatusCode::OK, metrics.render(&view))
                 }),
             );
             // nsqd's liveness convention: `GET /ping` answers `OK`.
-            let ping: crate::http::server::Page = ("text/plain", Arc::new(|| "OK".to_owned()));
+            let ping: crate::http::server::Page =
+                ("text/plain", Arc::new(|| (StatusCode::OK, "OK".to_owned())));
+            let readiness = dedupe.metrics().clone();
+            let ready: crate::http::server::Page = (
+                "text/plain",
+                Arc::new(move || match readiness.readiness() {
+                    Ok(()) => (StatusCode::OK, "ready\n".to_owned()),
+                    Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why.to_owned()),
+                }),
+            );
             if let Ok(addr) = listener.local_addr() {
-                tracing::info!(%addr, "Serving metrics at /metrics and liveness at /ping.");
+                tracing::info!(%addr, "Serving /metrics, /ping and /ready.");
             }
             let stop = background.clone();
             tokio::spawn(crate::http::serve(
                 listener,
-                vec![("/metrics", render), ("/ping", ping)],
+                vec![("/metrics", render), ("/ping", ping), ("/ready", ready)],
                 async move { stop.cancelled().await },
             ));
         }

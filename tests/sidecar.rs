@@ -185,6 +185,77 @@ fn scrape(addr: SocketAddr) -> String {
     text
 }
 
+/// GET `path` from the sidecar's metrics server: the status code and the body.
+fn get_page(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, body)| body)
+        .to_owned();
+    (status, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_only_while_an_nsqd_is_connected() {
+    // Nothing listens at the configured nsqd yet: not ready, and the body says why.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_addr = dead.local_addr().unwrap();
+    drop(dead);
+    let running = Running::start(
+        raw_config(&[dead_addr]).validate().unwrap(),
+        Recorder::default(),
+    )
+    .await;
+    let addr = running.metrics_addr.unwrap();
+    assert_eq!(
+        get_page(addr, "/ready"),
+        (
+            503,
+            "not ready: no nsqd is connected and subscribed\n".to_owned()
+        )
+    );
+    running.stop().await;
+
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let running = Running::start(
+        raw_config(&[broker.tcp_addr()]).validate().unwrap(),
+        Recorder::default(),
+    )
+    .await;
+    let addr = running.metrics_addr.unwrap();
+    wait_until_or(
+        "ready once connected",
+        Duration::from_secs(10),
+        || get_page(addr, "/ready") == (200, "ready\n".to_owned()),
+        || format!("{:?}", get_page(addr, "/ready")),
+    )
+    .await;
+    assert_eq!(metric(&scrape(addr), "nsq_dedupe_ready"), Some(1.0));
+    drop(broker);
+    wait_until_or(
+        "not ready once the nsqd went away",
+        Duration::from_secs(10),
+        || get_page(addr, "/ready").0 == 503,
+        || format!("{:?}", get_page(addr, "/ready")),
+    )
+    .await;
+    assert_eq!(metric(&scrape(addr), "nsq_dedupe_ready"), Some(0.0));
+    running.stop().await;
+}
+
 fn metric(text: &str, name: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())

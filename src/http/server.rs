@@ -1,5 +1,5 @@
-//! A small HTTP/1.1 server for fixed paths: the metrics endpoint (`GET`/`HEAD /metrics`) and
-//! nsqd's liveness convention (`GET /ping` answers `OK`).
+//! A small HTTP/1.1 server for fixed paths: the metrics endpoint (`GET`/`HEAD /metrics`),
+//! nsqd's liveness convention (`GET /ping` answers `OK`) and readiness (`GET /ready`).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -16,8 +16,11 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
-/// A page: its content type and a function that renders its body on each request.
-pub type Page = (&'static str, Arc<dyn Fn() -> String + Send + Sync>);
+/// A page: its content type and a function that renders its status and body on each request.
+pub type Page = (
+    &'static str,
+    Arc<dyn Fn() -> (StatusCode, String) + Send + Sync>,
+);
 
 /// Serves `pages` (path, page) on an already bound listener until `shutdown` completes:
 /// `GET` and `HEAD` of a listed path answer 200 with the rendered page, other paths 404,
@@ -82,13 +85,14 @@ fn answer(pages: &[(&'static str, Page)], request: &Request<Incoming>) -> Respon
             &format!("not found; try {}\n", paths.join(" or ")),
         );
     };
-    let body = render();
+    let (status, body) = render();
     let length = body.len();
     let mut response = Response::new(Full::new(if head {
         Bytes::new()
     } else {
         Bytes::from(body)
     }));
+    *response.status_mut() = status;
     response
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
@@ -110,11 +114,18 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let metrics: Page = ("text/plain; version=0.0.4", Arc::new(|| "x 1\n".to_owned()));
-        let ping: Page = ("text/plain", Arc::new(|| "OK".to_owned()));
+        let metrics: Page = (
+            "text/plain; version=0.0.4",
+            Arc::new(|| (StatusCode::OK, "x 1\n".to_owned())),
+        );
+        let ping: Page = ("text/plain", Arc::new(|| (StatusCode::OK, "OK".to_owned())));
+        let ready: Page = (
+            "text/plain",
+            Arc::new(|| (StatusCode::SERVICE_UNAVAILABLE, "not ready\n".to_owned())),
+        );
         let server = tokio::spawn(serve(
             listener,
-            vec![("/metrics", metrics), ("/ping", ping)],
+            vec![("/metrics", metrics), ("/ping", ping), ("/ready", ready)],
             async move {
                 let _ = stopped.await;
             },
@@ -141,6 +152,10 @@ mod tests {
         assert_eq!(
             get("/ping", Method::GET).await,
             (StatusCode::OK, Bytes::from("OK"))
+        );
+        assert_eq!(
+            get("/ready", Method::GET).await,
+            (StatusCode::SERVICE_UNAVAILABLE, Bytes::from("not ready\n"))
         );
         assert_eq!(get("/other", Method::GET).await.0, StatusCode::NOT_FOUND);
         assert_eq!(
