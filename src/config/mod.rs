@@ -41,9 +41,13 @@
 //! kind = "stdout"                   # or "nsq", "http", "null"
 //! destination_nsqd_tcp_addresses = ["127.0.0.1:4150"]
 //! destination_topic = "events.unique"
-//! post = "http://127.0.0.1:8080/ingest"
-//! headers = { "Content-Type" = "application/json" }
-//! timeout = "10s"
+//! post = "http://127.0.0.1:8080/ingest" # or a list of URLs
+//! mode = "round-robin"              # or "multicast"
+//! content_type = "application/octet-stream"  # default
+//! headers = { "X-Source" = "nsq-dedupe" }
+//! http_client_connect_timeout = "2s"   # default
+//! http_client_request_timeout = "10s"  # default
+//! # http_client_tls_root_ca_file = "/etc/nsq-dedupe/ca.pem"
 //!
 //! [dead_letter]                     # optional
 //! kind = "file"                     # or "nsq"
