@@ -53,6 +53,14 @@ pub enum InFlightPolicy {
     Finish,
 }
 
+impl InFlightPolicy {
+    /// Every policy with its name in the config file and on the command line.
+    pub const NAMES: [(&'static str, InFlightPolicy); 2] = [
+        ("requeue", InFlightPolicy::Requeue),
+        ("finish", InFlightPolicy::Finish),
+    ];
+}
+
 /// What to do with a message when the store fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -61,6 +69,14 @@ pub enum StoreErrorPolicy {
     Requeue,
     /// Deliver it without de-duplication: nothing lost, duplicates possible.
     Process,
+}
+
+impl StoreErrorPolicy {
+    /// Every policy with its name in the config file and on the command line.
+    pub const NAMES: [(&'static str, StoreErrorPolicy); 2] = [
+        ("requeue", StoreErrorPolicy::Requeue),
+        ("process", StoreErrorPolicy::Process),
+    ];
 }
 
 /// The pipeline's decisions. `Default` gives the documented defaults.

@@ -85,3 +85,107 @@ impl Overlay<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use clap::Parser as _;
+    use nsq_dedupe::config::{DeadLetterSettings, RawConfig, StoreSettings};
+    use nsq_dedupe::pipeline::{InFlightPolicy, StoreErrorPolicy};
+
+    use crate::cli::{Cli, Command};
+
+    fn settings(flags: &[&str]) -> nsq_dedupe::Settings {
+        let args = [
+            "nsq-dedupe",
+            "run",
+            "--topic",
+            "t",
+            "--nsqd-tcp-address",
+            "127.0.0.1:4150",
+        ];
+        let cli = Cli::try_parse_from(args.iter().chain(flags)).unwrap();
+        let Command::Run(run) = cli.command else {
+            panic!("not run")
+        };
+        let mut raw = RawConfig::default();
+        run.apply(&mut raw);
+        raw.validate().unwrap()
+    }
+
+    #[test]
+    fn deploy_time_settings_have_flags() {
+        let s = settings(&[
+            "--probability",
+            "0.9",
+            "--rate",
+            "1000",
+            "--window",
+            "1h",
+            "--max-attempts",
+            "9",
+            "--backoff",
+            "2s",
+            "--max-backoff",
+            "1m",
+            "--heartbeat-interval",
+            "10s",
+            "--on-in-flight",
+            "finish",
+            "--on-store-error",
+            "process",
+            "--digest",
+            "md5",
+            "--shutdown-grace",
+            "3s",
+            "--status-interval",
+            "1m",
+            "--dead-letter-file",
+            "/var/lib/dead.ndjson",
+        ]);
+        let StoreSettings::Memory(geometry) = s.store else {
+            panic!("{:?}", s.store)
+        };
+        assert_eq!(
+            geometry.slots(),
+            6_185_416,
+            "sized from probability, rate and window"
+        );
+        assert_eq!(s.policy.max_attempts, 9);
+        assert_eq!(s.policy.backoff, Duration::from_secs(2));
+        assert_eq!(s.policy.max_backoff, Duration::from_secs(60));
+        assert_eq!(s.source.heartbeat_interval, Duration::from_secs(10));
+        assert_eq!(s.policy.on_in_flight, InFlightPolicy::Finish);
+        assert_eq!(s.policy.on_store_error, StoreErrorPolicy::Process);
+        assert_eq!(s.keyer.algorithm().to_string(), "md5");
+        assert_eq!(s.grace, Duration::from_secs(3));
+        assert_eq!(s.status_interval, Duration::from_secs(60));
+        assert_eq!(
+            s.dead_letter,
+            Some(DeadLetterSettings::File("/var/lib/dead.ndjson".into()))
+        );
+        let s = settings(&[
+            "--dead-letter-topic",
+            "events.dead",
+            "--store",
+            "memcached",
+            "--namespace",
+            "orders",
+            "--lease",
+            "90s",
+            "--store-timeout",
+            "1s",
+        ]);
+        assert!(
+            matches!(s.dead_letter, Some(DeadLetterSettings::Nsq { ref topic, .. }) if topic == "events.dead")
+        );
+        let StoreSettings::Memcached(config, _) = s.store else {
+            panic!("{:?}", s.store)
+        };
+        assert_eq!(
+            (config.namespace.as_str(), config.lease, config.timeout),
+            ("orders", Duration::from_secs(90), Duration::from_secs(1))
+        );
+    }
+}

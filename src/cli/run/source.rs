@@ -30,6 +30,22 @@ pub(crate) struct SourceFlags {
     /// nsqd's redelivery timeout for this consumer, such as 60s. `source.msg_timeout`.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub(crate) msg_timeout: Option<Duration>,
+    /// Deliveries before a failing message goes to the dead-letter (default 5). `source.max_attempts`.
+    #[arg(long, value_name = "N")]
+    pub(crate) max_attempts: Option<u16>,
+    /// First requeue delay and consumer pause after a handler failure, doubling (default 1s).
+    /// `source.backoff`.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) backoff: Option<Duration>,
+    /// Longest requeue delay and pause (default 2m). `source.max_backoff`.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) max_backoff: Option<Duration>,
+    /// Heartbeat interval asked of nsqd, 1s to 60s (default 30s). `source.heartbeat_interval`.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) heartbeat_interval: Option<Duration>,
+    /// How often nsqlookupd is polled (default 60s). `source.lookupd_poll_interval`.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) lookupd_poll_interval: Option<Duration>,
 }
 
 impl SourceFlags {
@@ -71,5 +87,40 @@ impl SourceFlags {
             "source.msg_timeout",
             "--msg-timeout",
         );
+        overlay.value(
+            &mut source.max_attempts,
+            self.max_attempts.as_ref(),
+            "source.max_attempts",
+            "--max-attempts",
+        );
+        let durations = [
+            (
+                &mut source.backoff,
+                self.backoff,
+                "source.backoff",
+                "--backoff",
+            ),
+            (
+                &mut source.max_backoff,
+                self.max_backoff,
+                "source.max_backoff",
+                "--max-backoff",
+            ),
+            (
+                &mut source.heartbeat_interval,
+                self.heartbeat_interval,
+                "source.heartbeat_interval",
+                "--heartbeat-interval",
+            ),
+            (
+                &mut source.lookupd_poll_interval,
+                self.lookupd_poll_interval,
+                "source.lookupd_poll_interval",
+                "--lookupd-poll-interval",
+            ),
+        ];
+        for (target, value, key, flag) in durations {
+            overlay.value(target, value.map(Dur).as_ref(), key, flag);
+        }
     }
 }

@@ -1,10 +1,14 @@
 //! `run` flags of the `[store]` section: where the table lives and how large it is.
 
+use std::time::Duration;
+
 use clap::Args;
-use nsq_dedupe::config::{RawConfig, StoreKind};
+use nsq_dedupe::config::{Dur, RawConfig, StoreKind};
 
 use super::Overlay;
-use crate::cli::parse::{named, parse_buckets, parse_ways};
+use crate::cli::parse::{
+    named, parse_buckets, parse_duration, parse_probability, parse_rate, parse_ways,
+};
 
 /// Where the table lives and how large it is.
 #[derive(Debug, Args)]
@@ -22,6 +26,26 @@ pub(crate) struct StoreFlags {
     /// Slots per set: 1, 2, 4 or 8. `store.ways`.
     #[arg(long, value_name = "W", value_parser = parse_ways)]
     pub(crate) ways: Option<u32>,
+    /// Size the table for this catch probability a whole window late (with --rate and
+    /// --window). `store.probability`.
+    #[arg(long, value_name = "P", value_parser = parse_probability, conflicts_with = "buckets")]
+    pub(crate) probability: Option<f64>,
+    /// Distinct messages per second, for sizing and the reported catch probability. `store.rate`.
+    #[arg(long, value_name = "MSG/S", value_parser = parse_rate)]
+    pub(crate) rate: Option<f64>,
+    /// How late a copy may arrive and still be caught (default 1h). `store.window`.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) window: Option<Duration>,
+    /// Prefix of the Memcached keys; consumers with the same one share a table. `store.namespace`.
+    #[arg(long, value_name = "PREFIX")]
+    pub(crate) namespace: Option<String>,
+    /// How long a Memcached claim stays in flight without renewal (default msg-timeout + 5s).
+    /// `store.lease`.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) lease: Option<Duration>,
+    /// Bound on each Memcached network step (default 500ms). `store.timeout`.
+    #[arg(long = "store-timeout", value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) timeout: Option<Duration>,
 }
 
 impl StoreFlags {
@@ -50,5 +74,40 @@ impl StoreFlags {
             "--buckets",
         );
         overlay.value(&mut store.ways, self.ways.as_ref(), "store.ways", "--ways");
+        if self.probability.is_some() {
+            // Flags win over the file: probability-based sizing replaces an explicit size.
+            store.buckets = None;
+        }
+        overlay.value(
+            &mut store.probability,
+            self.probability.as_ref(),
+            "store.probability",
+            "--probability",
+        );
+        overlay.value(&mut store.rate, self.rate.as_ref(), "store.rate", "--rate");
+        overlay.value(
+            &mut store.window,
+            self.window.map(Dur).as_ref(),
+            "store.window",
+            "--window",
+        );
+        overlay.value(
+            &mut store.namespace,
+            self.namespace.as_ref(),
+            "store.namespace",
+            "--namespace",
+        );
+        overlay.value(
+            &mut store.lease,
+            self.lease.map(Dur).as_ref(),
+            "store.lease",
+            "--lease",
+        );
+        overlay.value(
+            &mut store.timeout,
+            self.timeout.map(Dur).as_ref(),
+            "store.timeout",
+            "--store-timeout",
+        );
     }
 }
