@@ -905,12 +905,10 @@ grace = "2s"
     assert!(log.contains("Sidecar stopped."));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sink_kind_flag_overrides_are_applied() {
-    // The stdout sink through the binary, configured by flags alone (no file).
-    let a = Broker::start(BrokerConfig::default()).await;
-    a.publish_many(TOPIC, [payload(1), payload(2), payload(1)]);
-    let mut child = ChildGuard(Some(
+/// The binary consuming `broker` into the stdout sink, configured by flags alone (no file):
+/// a 4,096-bucket table, no metrics server, `extra` flags; stdout piped, stderr as given.
+fn stdout_sidecar(broker: &Broker, extra: &[&str], stderr: Stdio) -> ChildGuard {
+    ChildGuard(Some(
         Command::new(sidecar_binary())
             .args([
                 "run",
@@ -920,25 +918,30 @@ async fn sink_kind_flag_overrides_are_applied() {
                 CHANNEL,
                 "--nsqd-tcp-address",
             ])
-            .arg(a.tcp_addr().to_string())
+            .arg(broker.tcp_addr().to_string())
             .args([
-                "--key",
-                "json:/id",
                 "--buckets",
                 "4096",
-                "--ways",
-                "8",
                 "--sink",
                 "stdout",
                 "--metrics-address",
                 "off",
             ])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .unwrap(),
-    ));
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sink_kind_flag_overrides_are_applied() {
+    // The stdout sink through the binary, configured by flags alone (no file).
+    let a = Broker::start(BrokerConfig::default()).await;
+    a.publish_many(TOPIC, [payload(1), payload(2), payload(1)]);
+    let mut child = stdout_sidecar(&a, &["--key", "json:/id", "--ways", "8"], Stdio::null());
     wait_until_or(
         "3 messages decided",
         Duration::from_secs(20),
@@ -972,31 +975,7 @@ async fn sink_kind_flag_overrides_are_applied() {
 async fn a_closed_stdout_stops_the_run_and_finishes_nothing_unwritten() {
     let a = Broker::start(BrokerConfig::default()).await;
     a.publish_many(TOPIC, (0..50).map(payload));
-    let mut child = ChildGuard(Some(
-        Command::new(sidecar_binary())
-            .args([
-                "run",
-                "--topic",
-                TOPIC,
-                "--channel",
-                CHANNEL,
-                "--nsqd-tcp-address",
-            ])
-            .arg(a.tcp_addr().to_string())
-            .args([
-                "--buckets",
-                "4096",
-                "--sink",
-                "stdout",
-                "--metrics-address",
-                "off",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    ));
+    let mut child = stdout_sidecar(&a, &[], Stdio::piped());
     // The reader goes away before anything is written: every write fails with EPIPE.
     drop(child.0.as_mut().unwrap().stdout.take());
     let mut c = child.0.take().unwrap();
