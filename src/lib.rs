@@ -54,6 +54,7 @@ pub mod pipeline;
 pub mod sidecar;
 pub mod sink;
 pub mod sizing;
+pub mod tls;
 pub mod units;
 
 pub use config::Settings;

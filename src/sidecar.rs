@@ -20,7 +20,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{DeadLetterSettings, Settings, SinkSettings, StoreSettings};
 use crate::dedup::backend::Backend;
 use crate::metrics::{get, Metrics, TableView};
-use crate::nsq::{Consumer, ShutdownReport};
+use crate::nsq::{Consumer, ProducerConfig, ShutdownReport, Transport};
 use crate::pipeline::Dedupe;
 use crate::sink::{DeadLetter, Handler, HttpSink, NsqSink, Sink, StdoutSink};
 use crate::{MemcachedStore, NoStore, Table};
@@ -76,6 +76,18 @@ pub struct Sidecar<H> {
     settings: Settings,
     dedupe: Dedupe<Backend, H>,
     metrics_listener: Option<TcpListener>,
+    /// Completes if the dead-letter's nsqd refuses this client for good.
+    dead_letter_refused: Option<Refusal>,
+}
+
+/// A future that completes with a refusal no retry changes.
+type Refusal = std::pin::Pin<Box<dyn Future<Output = Arc<crate::nsq::Error>> + Send>>;
+
+/// A producer's settings: the addresses, and the transport of `[producer_opt]`.
+fn producer_config(addresses: &[String], transport: &Transport) -> ProducerConfig {
+    let mut config = ProducerConfig::new(addresses.to_vec());
+    config.transport = transport.clone();
+    config
 }
 
 /// Builds the store the settings ask for.
@@ -113,14 +125,17 @@ pub async fn build_store(store: &StoreSettings) -> Result<Backend, RunError> {
 ///
 /// [`RunError::Nsq`] for an unusable producer configuration, [`RunError::Http`] for an
 /// unusable CA file.
-pub fn build_sink(sink: &SinkSettings) -> Result<Sink, RunError> {
+pub fn build_sink(sink: &SinkSettings, producer: &Transport) -> Result<Sink, RunError> {
     Ok(match sink {
         SinkSettings::Stdout => Sink::Stdout(StdoutSink::default()),
         SinkSettings::Null => Sink::Null,
         SinkSettings::Nsq {
             nsqd_tcp_addresses,
             topic,
-        } => Sink::Nsq(NsqSink::new(nsqd_tcp_addresses.clone(), topic.clone())?),
+        } => Sink::Nsq(NsqSink::new(
+            producer_config(nsqd_tcp_addresses, producer),
+            topic.clone(),
+        )?),
         SinkSettings::Http {
             urls,
             mode,
@@ -138,7 +153,7 @@ impl Sidecar<Sink> {
     ///
     /// [`RunError`] naming what could not be built.
     pub async fn new(settings: Settings) -> Result<Self, RunError> {
-        let sink = build_sink(&settings.sink)?;
+        let sink = build_sink(&settings.sink, &settings.producer)?;
         Self::with_handler(settings, sink).await
     }
 }
@@ -158,8 +173,12 @@ impl<H: Handler> Sidecar<H> {
             Some(DeadLetterSettings::Nsq {
                 nsqd_tcp_addresses,
                 topic,
-            }) => Some(DeadLetter::nsq(nsqd_tcp_addresses.clone(), topic.clone())?),
+            }) => Some(DeadLetter::nsq(
+                producer_config(nsqd_tcp_addresses, &settings.producer),
+                topic.clone(),
+            )?),
         };
+        let dead_letter_refused = dead_letter.as_ref().map(|d| Box::pin(d.refused()) as _);
         let metrics_listener = match settings.metrics_address {
             None => None,
             Some(addr) => Some(
@@ -180,6 +199,7 @@ impl<H: Handler> Sidecar<H> {
             settings,
             dedupe,
             metrics_listener,
+            dead_letter_refused,
         })
     }
 
@@ -205,6 +225,7 @@ impl<H: Handler> Sidecar<H> {
             settings,
             dedupe,
             metrics_listener,
+            dead_letter_refused,
         } = self;
         let mut consumer = Consumer::new(settings.source.clone())?;
         let background = CancellationToken::new();
@@ -272,6 +293,12 @@ impl<H: Handler> Sidecar<H> {
         tokio::pin!(sink_closed);
         let nsqd_refused = consumer.refused();
         tokio::pin!(nsqd_refused);
+        // A producer's refusal (the nsq sink's or dead-letter's nsqd) stops the run as the
+        // consumer's does: a misconfiguration must be seen, not retried for ever.
+        let sink_refused = dedupe.handler().refused();
+        tokio::pin!(sink_refused);
+        let mut dead_letter_refused =
+            dead_letter_refused.unwrap_or_else(|| Box::pin(std::future::pending()));
         let mut closed = None;
         let mut refused = None;
         loop {
@@ -279,6 +306,16 @@ impl<H: Handler> Sidecar<H> {
                 biased;
                 _ = &mut shutdown => break,
                 error = &mut nsqd_refused => {
+                    refused = Some(error);
+                    break;
+                }
+                error = &mut sink_refused => {
+                    tracing::error!(%error, "The nsq sink's nsqd refused this client; stopping.");
+                    refused = Some(error);
+                    break;
+                }
+                error = &mut dead_letter_refused => {
+                    tracing::error!(%error, "The dead-letter's nsqd refused this client; stopping.");
                     refused = Some(error);
                     break;
                 }

@@ -17,11 +17,11 @@ use crate::support::broker::{Broker, BrokerConfig, Fault, FlowEvent};
 use crate::support::lookupd::Lookupd;
 use crate::util::wait_until;
 
-const TOPIC: &str = "events";
-const CHANNEL: &str = "dedupe";
+pub(crate) const TOPIC: &str = "events";
+pub(crate) const CHANNEL: &str = "dedupe";
 
 /// A consumer configuration with short timers, for `addrs`.
-fn config(addrs: &[SocketAddr]) -> ConsumerConfig {
+pub(crate) fn config(addrs: &[SocketAddr]) -> ConsumerConfig {
     let mut c = ConsumerConfig::new(TOPIC, CHANNEL);
     c.nsqd_tcp_addresses = addrs.iter().map(|a| a.to_string()).collect();
     c.heartbeat_interval = Duration::from_secs(1);
@@ -43,7 +43,7 @@ fn broker_config() -> BrokerConfig {
     }
 }
 
-fn body(i: usize) -> Bytes {
+pub(crate) fn body(i: usize) -> Bytes {
     Bytes::from(format!("message-{i:05}"))
 }
 
@@ -64,7 +64,7 @@ async fn assert_quiet(consumer: &mut Consumer, d: Duration) {
 }
 
 /// Consumes until `n` messages were finished, finishing each in its own task after `work`.
-async fn consume_finishing(
+pub(crate) async fn consume_finishing(
     consumer: &mut Consumer,
     n: usize,
     work: Duration,
@@ -119,7 +119,7 @@ fn max_sums(logs: &[Vec<FlowEvent>]) -> (u64, u64) {
 }
 
 /// Every published message was finished exactly once and nothing is left on the channel.
-fn assert_all_finished_once(broker: &Broker, n: usize) {
+pub(crate) fn assert_all_finished_once(broker: &Broker, n: usize) {
     let records = broker.records(TOPIC, CHANNEL);
     assert_eq!(records.len(), n, "distinct messages delivered");
     for r in &records {

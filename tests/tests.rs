@@ -13,5 +13,6 @@ mod cli_size;
 mod http_sink;
 mod memcached;
 mod nsq;
+mod nsq_transport;
 mod sidecar;
 mod table;

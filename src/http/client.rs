@@ -2,8 +2,7 @@
 //! through rustls (the system's roots, plus a CA file when given), and time limits on the
 //! connect and on the whole request.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -65,13 +64,8 @@ pub enum HttpError {
         after: Duration,
     },
     /// The CA file could not be read or holds no certificate.
-    #[error("cannot use CA file {path}: {cause}")]
-    RootCaFile {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        cause: String,
-    },
+    #[error(transparent)]
+    RootCaFile(#[from] crate::tls::TlsFileError),
 }
 
 /// A pooled keep-alive HTTP/1.1 client for `http://` and `https://` URLs. Cheap to clone;
@@ -101,14 +95,8 @@ impl HttpClient {
     ///
     /// Outside a Tokio runtime (the pool's reaper is spawned on it).
     pub fn new(config: &HttpClientConfig) -> Result<Self, HttpError> {
-        let mut roots = rustls::RootCertStore::empty();
-        // A system without a usable store still gets plain http:// and a CA file.
-        let native = rustls_native_certs::load_native_certs();
-        roots.add_parsable_certificates(native.certs);
-        if let Some(path) = &config.root_ca_file {
-            add_ca_file(&mut roots, path)?;
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let roots = crate::tls::roots(config.root_ca_file.as_deref())?;
+        let provider = crate::tls::provider();
         let tls = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .expect("ring supports the default protocol versions")
@@ -194,26 +182,6 @@ fn chain(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
-}
-
-fn add_ca_file(roots: &mut rustls::RootCertStore, path: &Path) -> Result<(), HttpError> {
-    use rustls::pki_types::pem::PemObject as _;
-    let fail = |cause: String| HttpError::RootCaFile {
-        path: path.to_owned(),
-        cause,
-    };
-    let certs: Vec<_> = rustls::pki_types::CertificateDer::pem_file_iter(path)
-        .map_err(|error| fail(error.to_string()))?
-        .collect::<Result<_, _>>()
-        .map_err(|error| fail(error.to_string()))?;
-    if certs.is_empty() {
-        return Err(fail("no PEM certificate in it".into()));
-    }
-    let (added, _) = roots.add_parsable_certificates(certs);
-    if added == 0 {
-        return Err(fail("none of its certificates is a usable CA".into()));
-    }
-    Ok(())
 }
 
 /// Checks that `text` is an `http://` or `https://` URL with a host.

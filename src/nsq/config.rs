@@ -8,6 +8,7 @@ use super::error::Error;
 use super::frame::DEFAULT_MAX_FRAME_SIZE;
 use super::lookupd;
 use super::names::is_valid_name;
+use super::transport::Transport;
 
 /// Everything a [`Consumer`](super::Consumer) needs. Build it with [`ConsumerConfig::new`] and adjust fields.
 #[derive(Debug, Clone)]
@@ -75,6 +76,15 @@ pub struct ConsumerConfig {
     /// other values must be at least nsqd's `--min-output-buffer-timeout` (25 ms by default) or
     /// nsqd refuses IDENTIFY. Defaults to: `None` (nsqd's default, 250 ms).
     pub output_buffer_timeout: Option<Duration>,
+    /// Bytes nsqd buffers before writing to us (nsqd accepts 64 B up to its
+    /// `--max-output-buffer-size`, 64 KiB; -1 turns buffering off). Defaults to: `None` (nsqd's
+    /// default, 16 KiB).
+    pub output_buffer_size: Option<i64>,
+    /// Percent of the channel's messages nsqd sends this consumer (1-99); 0 sends all.
+    /// Defaults to: `0`.
+    pub sample_rate: u8,
+    /// TLS, compression and AUTH asked of every nsqd. Defaults to: none.
+    pub transport: Transport,
 }
 
 impl ConsumerConfig {
@@ -106,6 +116,9 @@ impl ConsumerConfig {
             hostname: host,
             user_agent: USER_AGENT.to_string(),
             output_buffer_timeout: None,
+            output_buffer_size: None,
+            sample_rate: 0,
+            transport: Transport::default(),
         }
     }
 
@@ -149,6 +162,21 @@ impl ConsumerConfig {
                 );
             }
         }
+        self.transport.validate()?;
+        if self.sample_rate > 99 {
+            return bad(
+                "sample_rate",
+                format!("must be 0 (all) to 99 percent, got {}", self.sample_rate),
+            );
+        }
+        if let Some(size) = self.output_buffer_size {
+            if size != -1 && size < 64 {
+                return bad(
+                    "output_buffer_size",
+                    format!("nsqd accepts -1 (off) or at least 64 bytes, got {size}"),
+                );
+            }
+        }
         if self.max_frame_size < 64 {
             return bad(
                 "max_frame_size",
@@ -182,20 +210,27 @@ impl ConsumerConfig {
     }
 
     pub(super) fn identify(&self) -> Identify {
-        Identify {
+        let mut identify = Identify {
             client_id: self.client_id.clone(),
             hostname: self.hostname.clone(),
             user_agent: self.user_agent.clone(),
             feature_negotiation: true,
             heartbeat_interval: self.heartbeat_interval.as_millis() as i64,
             msg_timeout: self.msg_timeout.map_or(0, |t| t.as_millis() as u64),
-            output_buffer_size: 0,
+            output_buffer_size: self.output_buffer_size.unwrap_or(0),
+            sample_rate: self.sample_rate,
             output_buffer_timeout: match self.output_buffer_timeout {
                 None => 0,
                 Some(t) if t.is_zero() => -1,
                 Some(t) => i64::try_from(t.as_millis()).unwrap_or(i64::MAX),
             },
-        }
+            tls_v1: false,
+            snappy: false,
+            deflate: false,
+            deflate_level: 0,
+        };
+        self.transport.ask(&mut identify);
+        identify
     }
 }
 

@@ -16,16 +16,14 @@ use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 
 use super::error::Error;
-use super::frame::{
-    error_code, is_non_fatal_error, Command, Frame, FrameCodec, MessageId, MAGIC_V2,
-};
+use super::frame::{error_code, is_non_fatal_error, Command, Frame, FrameCodec, MessageId};
+use super::stream::{ReadHalf, WriteHalf};
+use super::transport::{Prepared, Role};
 
 /// The user agent we announce: `nsq-dedupe/<version>`.
 pub const USER_AGENT: &str = concat!("nsq-dedupe/", env!("CARGO_PKG_VERSION"));
@@ -46,9 +44,21 @@ pub struct Identify {
     pub heartbeat_interval: i64,
     /// Milliseconds before nsqd redelivers an unfinished message; 0 keeps nsqd's default.
     pub msg_timeout: u64,
+    /// Asks for TLS ([`Transport`](super::transport::Transport) fills in the upgrades).
+    pub tls_v1: bool,
+    /// Asks for snappy compression.
+    pub snappy: bool,
+    /// Asks for deflate compression.
+    pub deflate: bool,
+    /// The deflate level asked for (nsqd caps it at its `--max-deflate-level`).
+    #[serde(skip_serializing_if = "is_zero_u32")]
+    pub deflate_level: u32,
     /// Bytes nsqd buffers before writing to us; 0 keeps nsqd's default.
     #[serde(skip_serializing_if = "is_zero")]
     pub output_buffer_size: i64,
+    /// Percent of messages nsqd sends this client; 0 sends all.
+    #[serde(skip_serializing_if = "is_zero_u8")]
+    pub sample_rate: u8,
     /// Milliseconds nsqd waits before flushing its buffer; 0 keeps nsqd's default, -1 turns
     /// buffering off.
     #[serde(skip_serializing_if = "is_zero")]
@@ -56,6 +66,14 @@ pub struct Identify {
 }
 
 fn is_zero(n: &i64) -> bool {
+    *n == 0
+}
+
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
+}
+
+fn is_zero_u8(n: &u8) -> bool {
     *n == 0
 }
 
@@ -71,13 +89,17 @@ pub struct IdentifyResponse {
     pub max_msg_timeout: u64,
     /// The msg_timeout in force for this connection, in milliseconds.
     pub msg_timeout: u64,
-    /// Whether nsqd wants AUTH, which we do not support.
+    /// Whether nsqd wants AUTH before SUB or PUB.
     pub auth_required: bool,
-    /// Whether nsqd switched to TLS (we never ask).
+    /// Whether nsqd agreed to TLS.
     pub tls_v1: bool,
-    /// Whether nsqd switched to deflate (we never ask).
+    /// Whether nsqd agreed to deflate.
     pub deflate: bool,
-    /// Whether nsqd switched to snappy (we never ask).
+    /// The deflate level nsqd chose (ours, capped by its maximum).
+    pub deflate_level: u32,
+    /// nsqd's `--max-deflate-level`.
+    pub max_deflate_level: u32,
+    /// Whether nsqd agreed to snappy.
     pub snappy: bool,
 }
 
@@ -91,91 +113,64 @@ impl Default for IdentifyResponse {
             auth_required: false,
             tls_v1: false,
             deflate: false,
+            deflate_level: 6,
+            max_deflate_level: 6,
             snappy: false,
         }
     }
 }
 
 /// An open, identified connection to one nsqd.
-#[derive(Debug)]
 pub struct Connection {
     addr: Arc<str>,
-    reader: FramedRead<OwnedReadHalf, FrameCodec>,
-    writer: OwnedWriteHalf,
+    reader: FramedRead<ReadHalf, FrameCodec>,
+    writer: WriteHalf,
     settings: IdentifyResponse,
+    role: Role,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("addr", &self.addr)
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Connection {
-    /// Connects to `addr`, sends the magic and IDENTIFY, and reads nsqd's settings.
+    /// Connects to `addr`: the magic, IDENTIFY, and the upgrades and AUTH of `transport`
+    /// (see [`transport`](super::transport)).
     ///
     /// # Errors
     ///
     /// [`Error::Timeout`] when the whole handshake takes longer than `connect_timeout`,
-    /// [`Error::Io`] for socket errors, [`Error::Broker`] when nsqd refuses IDENTIFY, and
-    /// [`Error::UnexpectedResponse`] when nsqd asks for AUTH or a transport upgrade we did not
-    /// request.
-    pub async fn connect(
+    /// [`Error::Io`] for socket errors, [`Error::Refused`] for answers no retry can change, and
+    /// [`Error::Broker`] or [`Error::UnexpectedResponse`] for other refusals.
+    pub(crate) async fn connect(
         addr: &str,
         identify: &Identify,
+        transport: &Prepared,
         max_frame_size: usize,
         connect_timeout: Duration,
     ) -> Result<Connection, Error> {
-        let fut = Self::connect_inner(addr, identify, max_frame_size);
+        let fut = super::transport::open(addr, identify, transport, max_frame_size);
         match tokio::time::timeout(connect_timeout, fut).await {
-            Ok(result) => result,
+            Ok(Ok((read, writer, settings))) => Ok(Connection {
+                addr: addr.into(),
+                reader: FramedRead::with_capacity(read, FrameCodec::new(max_frame_size), 64 * 1024),
+                writer,
+                settings,
+                role: transport.role(),
+            }),
+            Ok(Err(error)) => Err(error),
             Err(_) => Err(Error::Timeout {
                 addr: addr.to_string(),
-                what: "connecting and IDENTIFY",
+                what: "connecting, IDENTIFY, upgrades and AUTH",
                 after: connect_timeout,
                 knob: "connect_timeout",
             }),
         }
-    }
-
-    async fn connect_inner(
-        addr: &str,
-        identify: &Identify,
-        max_frame_size: usize,
-    ) -> Result<Connection, Error> {
-        let io = |cause| Error::Io {
-            addr: addr.to_string(),
-            cause,
-        };
-        let stream = TcpStream::connect(addr).await.map_err(io)?;
-        stream.set_nodelay(true).map_err(io)?;
-        let (read, write) = stream.into_split();
-        let mut conn = Connection {
-            addr: addr.into(),
-            reader: FramedRead::with_capacity(read, FrameCodec::new(max_frame_size), 64 * 1024),
-            writer: write,
-            settings: IdentifyResponse::default(),
-        };
-        let body = serde_json::to_vec(identify).expect("IDENTIFY serialises");
-        let mut buf = BytesMut::with_capacity(64 + body.len());
-        buf.extend_from_slice(MAGIC_V2);
-        Command::Identify(Bytes::from(body)).encode(&mut buf);
-        conn.writer.write_all(&buf).await.map_err(io)?;
-        let answer = conn
-            .expect_response("IDENTIFY")
-            .await
-            .map_err(|error| super::refusal::classify("IDENTIFY", error))?;
-        if answer.first() == Some(&b'{') {
-            conn.settings =
-                serde_json::from_slice(&answer).map_err(|e| Error::UnexpectedResponse {
-                    addr: addr.to_string(),
-                    command: "IDENTIFY",
-                    answer: format!("{} ({e})", String::from_utf8_lossy(&answer)),
-                })?;
-        } else if &answer[..] != b"OK" {
-            return Err(conn.unexpected("IDENTIFY", &answer));
-        }
-        if conn.settings.auth_required {
-            return Err(super::refusal::unsupported(addr, "AUTH"));
-        }
-        if conn.settings.tls_v1 || conn.settings.deflate || conn.settings.snappy {
-            return Err(super::refusal::unsupported(addr, "a transport upgrade"));
-        }
-        Ok(conn)
     }
 
     /// Subscribes to `topic`/`channel` and waits for `OK`.
@@ -192,7 +187,7 @@ impl Connection {
         let answer = self
             .expect_response("SUB")
             .await
-            .map_err(|error| super::refusal::classify("SUB", error))?;
+            .map_err(|error| super::refusal::classify("SUB", error, self.role))?;
         if &answer[..] != b"OK" {
             return Err(self.unexpected("SUB", &answer));
         }
@@ -207,13 +202,12 @@ impl Connection {
     pub async fn send(&mut self, command: &Command) -> Result<(), Error> {
         let mut buf = BytesMut::new();
         command.encode(&mut buf);
-        self.writer
-            .write_all(&buf)
-            .await
-            .map_err(|cause| Error::Io {
-                addr: self.addr.to_string(),
-                cause,
-            })
+        let io = |cause| Error::Io {
+            addr: self.addr.to_string(),
+            cause,
+        };
+        self.writer.write_all(&buf).await.map_err(io)?;
+        self.writer.flush().await.map_err(io)
     }
 
     /// Reads the next frame. `Ok(None)` means nsqd closed the socket cleanly.
@@ -271,7 +265,7 @@ impl Connection {
     }
 
     /// Splits into the frame reader and the raw write half.
-    pub fn into_parts(self) -> (FramedRead<OwnedReadHalf, FrameCodec>, OwnedWriteHalf) {
+    pub(crate) fn into_parts(self) -> (FramedRead<ReadHalf, FrameCodec>, WriteHalf) {
         (self.reader, self.writer)
     }
 }
@@ -416,7 +410,7 @@ impl std::hash::Hasher for IdHash {
 /// writes it in one go: acknowledgements go out as soon as the task runs, batched with their
 /// neighbours, without a flush timer.
 pub(crate) struct Writer {
-    pub(crate) write: OwnedWriteHalf,
+    pub(crate) write: WriteHalf,
     pub(crate) commands: mpsc::UnboundedReceiver<Command>,
     /// Cancelled by the connection's owner to close: the writer writes what is queued, then
     /// shuts the socket's write side and closes its queue.
@@ -447,7 +441,11 @@ impl Writer {
                     Err(_) => break,
                 }
             }
+            // The flush pushes TLS records and compressed blocks out (a no-op on plain TCP).
             if let Err(e) = self.write.write_all(&buf).await {
+                break Err(e);
+            }
+            if let Err(e) = self.write.flush().await {
                 break Err(e);
             }
             buf.clear();
@@ -460,6 +458,7 @@ impl Writer {
             }
             if !buf.is_empty() {
                 self.write.write_all(&buf).await?;
+                self.write.flush().await?;
             }
             let _ = self.write.shutdown().await;
         }

@@ -29,6 +29,7 @@ use super::error::Error;
 use super::events::{ConsumerEvent, ConsumerStats, ShutdownReport};
 use super::message::Message;
 use super::shared::{ConsumerShared, Control};
+use super::transport::Role;
 
 /// Consumes one topic/channel from many nsqd.
 ///
@@ -84,12 +85,14 @@ impl Consumer {
     /// When called outside a Tokio runtime.
     pub fn new(config: ConsumerConfig) -> Result<Consumer, Error> {
         config.validate()?;
+        let transport = config.transport.prepare_for(Role::Consumer)?;
         let (control_tx, control_rx) = mpsc::unbounded_channel();
         let shared = Arc::new(ConsumerShared::new(&config, control_tx.clone()));
         let (msg_tx, messages) = mpsc::unbounded_channel();
         let hard_stop = CancellationToken::new();
         let control = ControlTask::new(
             config,
+            transport,
             shared.clone(),
             (control_tx, control_rx),
             msg_tx,

@@ -23,6 +23,7 @@ use super::message::Message;
 use super::rdy::{self, BackoffPhase, RDY_SETTLE};
 use super::shared::{ConsumerShared, Control};
 use super::supervisor::Supervisor;
+use super::transport::Prepared;
 use crate::http::{HttpClient, HttpClientConfig};
 use crate::metrics::inc;
 
@@ -61,6 +62,7 @@ struct Live {
 pub(super) struct ControlTask {
     config: Arc<ConsumerConfig>,
     identify: Arc<Identify>,
+    transport: Prepared,
     shared: Arc<ConsumerShared>,
     control_tx: mpsc::UnboundedSender<Control>,
     control_rx: mpsc::UnboundedReceiver<Control>,
@@ -81,6 +83,7 @@ impl ControlTask {
     /// A control task for `config`, connecting to its static nsqd once it runs.
     pub(super) fn new(
         config: ConsumerConfig,
+        transport: Prepared,
         shared: Arc<ConsumerShared>,
         control: (
             mpsc::UnboundedSender<Control>,
@@ -93,6 +96,7 @@ impl ControlTask {
         let config_connect_timeout = config.connect_timeout;
         let mut task = ControlTask {
             identify: Arc::new(config.identify()),
+            transport,
             config: Arc::new(config),
             shared,
             control_tx,
@@ -202,6 +206,7 @@ impl ControlTask {
             addr: addr.clone(),
             config: self.config.clone(),
             identify: self.identify.clone(),
+            transport: self.transport.clone(),
             shared: self.shared.clone(),
             control: self.control_tx.clone(),
             messages: self.msg_tx.clone(),

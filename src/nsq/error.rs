@@ -59,7 +59,7 @@ pub enum Error {
         /// nsqd's answer.
         text: String,
         /// The setting to change.
-        advice: &'static str,
+        advice: String,
     },
     /// nsqd answered something we did not expect at this point of the conversation.
     #[error("nsqd {addr} answered {answer:?} to {command}")]

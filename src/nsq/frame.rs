@@ -139,6 +139,8 @@ impl From<std::io::Error> for FrameError {
 pub enum Command {
     /// `IDENTIFY` with a JSON body.
     Identify(Bytes),
+    /// `AUTH` with the secret as its body.
+    Auth(super::secret::AuthSecret),
     /// `SUB <topic> <channel>`.
     Sub {
         /// Topic name.
@@ -190,6 +192,10 @@ impl Command {
             Command::Identify(body) => {
                 dst.put_slice(b"IDENTIFY\n");
                 put_body(dst, body);
+            }
+            Command::Auth(secret) => {
+                dst.put_slice(b"AUTH\n");
+                put_body(dst, secret.bytes());
             }
             Command::Sub { topic, channel } => {
                 dst.reserve(6 + topic.len() + channel.len());

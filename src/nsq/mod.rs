@@ -8,13 +8,11 @@
 //! # Layout
 //!
 //! - [`frame`]: frames from nsqd and commands to it, as a bounded, panic-free codec.
-//! - [`connection`]: one connection's handshake (magic, IDENTIFY, SUB) and its writer task.
+//! - [`connection`]: one open connection (SUB, frames in, the writer task out).
+//! - `transport`: opening it: magic, IDENTIFY, then TLS (`crate::tls`), snappy (`snappy`) or
+//!   deflate (`deflate`) as async stream adapters (`stream`), and AUTH ([`AuthSecret`]); the
+//!   answers no retry can change are sorted out by `refusal`.
 //! - [`Consumer`] and [`Message`]: many nsqd, RDY flow control, reconnects, backoff, shutdown.
-//!   Split as go-nsq splits it: `config` ([`ConsumerConfig`], IDENTIFY), `consumer` (the public
-//!   handle), `control` (the task that owns connections, RDY, backoff and lookupd polls),
-//!   `rdy` (the RDY budget as pure functions), `supervisor` (one task per nsqd), `shared` (state
-//!   the tasks share), `events` (events, counters, shutdown report), `delegate` (what a message
-//!   calls back through), `names` (nsqd's name rule) and `jitter`.
 //!   Split as go-nsq splits it: `config` ([`ConsumerConfig`], IDENTIFY), `consumer` (the public
 //!   handle), `control` (the task that owns connections, RDY, backoff and lookupd polls),
 //!   `rdy` (the RDY budget as pure functions), `supervisor` (one task per nsqd), `shared` (state
@@ -28,6 +26,7 @@ mod config;
 pub mod connection;
 mod consumer;
 mod control;
+mod deflate;
 mod delegate;
 mod error;
 mod events;
@@ -39,8 +38,12 @@ mod names;
 mod producer;
 mod rdy;
 mod refusal;
+mod secret;
 mod shared;
+mod snappy;
+mod stream;
 mod supervisor;
+mod transport;
 
 pub use config::ConsumerConfig;
 pub use consumer::{ConnectionCount, Consumer};
@@ -51,3 +54,5 @@ pub use message::Message;
 pub(crate) use names::is_valid_name;
 pub use producer::{Producer, ProducerConfig};
 pub use rdy::RDY_SETTLE;
+pub use secret::AuthSecret;
+pub use transport::{Compression, Role, Transport, DEFAULT_DEFLATE_LEVEL};

@@ -17,7 +17,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use tokio::io::AsyncWriteExt;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use super::connection::{broker_error, Connection, Identify, USER_AGENT};
@@ -25,6 +25,7 @@ use super::error::Error;
 use super::frame::{Command, Frame, DEFAULT_MAX_FRAME_SIZE, HEARTBEAT};
 use super::jitter::random_unit;
 use super::names::is_valid_name;
+use super::transport::{Prepared, Role, Transport};
 
 /// Settings of a [`Producer`]. Build it with [`ProducerConfig::new`] and adjust fields.
 #[derive(Debug, Clone)]
@@ -47,6 +48,8 @@ pub struct ProducerConfig {
     pub user_agent: String,
     /// Reported in IDENTIFY. Defaults to: `nsq-dedupe-producer`.
     pub client_id: String,
+    /// TLS, compression and AUTH asked of every nsqd. Defaults to: none.
+    pub transport: Transport,
 }
 
 impl ProducerConfig {
@@ -62,6 +65,7 @@ impl ProducerConfig {
             reconnect_backoff_max: Duration::from_secs(10),
             user_agent: USER_AGENT.to_string(),
             client_id: "nsq-dedupe-producer".to_string(),
+            transport: Transport::default(),
         }
     }
 }
@@ -85,6 +89,8 @@ struct Request {
 /// Publishes to one or more nsqd. Cheap to share behind an `Arc`; all methods take `&self`.
 pub struct Producer {
     conns: Vec<mpsc::UnboundedSender<Request>>,
+    /// The first refusal no retry changes, from any nsqd (see [`Producer::refused`]).
+    refused: watch::Receiver<Option<Arc<Error>>>,
     addrs: Vec<String>,
     next: AtomicUsize,
     request_timeout: Duration,
@@ -95,7 +101,8 @@ impl Producer {
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] when no address is given.
+    /// [`Error::Config`] when no address is given or a transport setting is unusable (a TLS
+    /// file, a deflate level).
     ///
     /// # Panics
     ///
@@ -107,22 +114,51 @@ impl Producer {
                 reason: "the producer needs at least one nsqd TCP address".into(),
             });
         }
+        config.transport.validate()?;
+        let transport = config.transport.prepare_for(Role::Producer)?;
+        let (refusals, refused) = watch::channel(None);
+        let refusals = Arc::new(refusals);
         let config = Arc::new(config);
         let conns = config
             .nsqd_tcp_addresses
             .iter()
             .map(|addr| {
                 let (tx, rx) = mpsc::unbounded_channel();
-                tokio::spawn(conn_task(addr.as_str().into(), config.clone(), rx));
+                let task = ConnTask {
+                    addr: addr.as_str().into(),
+                    config: config.clone(),
+                    transport: transport.clone(),
+                    refusals: refusals.clone(),
+                };
+                tokio::spawn(task.run(rx));
                 tx
             })
             .collect();
         Ok(Producer {
             conns,
+            refused,
             addrs: config.nsqd_tcp_addresses.clone(),
             next: AtomicUsize::new(0),
             request_timeout: config.request_timeout,
         })
+    }
+
+    /// Completes with the first refusal of any nsqd that no retry changes (AUTH refused, TLS
+    /// that does not verify, a topic the secret may not publish to). Publishes keep failing
+    /// with it meanwhile; a caller that must not hide a misconfiguration stops on it.
+    pub fn refused(&self) -> impl std::future::Future<Output = Arc<Error>> + Send + 'static {
+        let mut refused = self.refused.clone();
+        async move {
+            let error = match refused.wait_for(Option::is_some).await {
+                Ok(error) => error.clone(),
+                Err(_) => None,
+            };
+            match error {
+                Some(error) => error,
+                // The connection tasks are gone: nothing will be refused any more.
+                None => std::future::pending().await,
+            }
+        }
     }
 
     /// `PUB`: publishes one message and waits for nsqd's `OK`.
@@ -235,65 +271,116 @@ impl Producer {
     }
 }
 
-async fn conn_task(
+/// The task owning one nsqd's connection.
+struct ConnTask {
     addr: Arc<str>,
     config: Arc<ProducerConfig>,
-    mut requests: mpsc::UnboundedReceiver<Request>,
-) {
-    let identify = Identify {
-        client_id: config.client_id.clone(),
-        hostname: config.client_id.clone(),
-        user_agent: config.user_agent.clone(),
-        feature_negotiation: true,
-        heartbeat_interval: config.heartbeat_interval.as_millis() as i64,
-        msg_timeout: 0,
-        output_buffer_size: 0,
-        output_buffer_timeout: 0,
-    };
-    let mut failures: u32 = 0;
-    let mut retry_at = Instant::now();
-    let mut last_error = String::new();
-    while let Some(first) = requests.recv().await {
-        if Instant::now() < retry_at {
-            let _ = first.reply.send(Err((
-                Error::ConnectionClosed {
-                    addr: format!("{addr} (reconnecting after: {last_error})"),
-                },
-                Written::No,
-            )));
-            continue;
-        }
-        let conn = match Connection::connect(
-            &addr,
-            &identify,
-            config.max_frame_size,
-            config.connect_timeout,
-        )
-        .await
-        {
-            Ok(conn) => conn,
-            Err(error) => {
-                failures = failures.saturating_add(1);
-                let base = config
-                    .reconnect_backoff_min
-                    .saturating_mul(1u32 << (failures - 1).min(20))
-                    .min(config.reconnect_backoff_max);
-                retry_at = Instant::now() + base.mul_f64(0.5 + 0.5 * random_unit());
-                last_error = error.to_string();
-                tracing::warn!(nsqd = %addr, %error, "Producer could not connect to nsqd.");
+    transport: Prepared,
+    refusals: Arc<watch::Sender<Option<Arc<Error>>>>,
+}
+
+impl ConnTask {
+    async fn run(self, mut requests: mpsc::UnboundedReceiver<Request>) {
+        let (addr, config) = (&self.addr, &self.config);
+        let mut identify = Identify {
+            client_id: config.client_id.clone(),
+            hostname: config.client_id.clone(),
+            user_agent: config.user_agent.clone(),
+            feature_negotiation: true,
+            heartbeat_interval: config.heartbeat_interval.as_millis() as i64,
+            msg_timeout: 0,
+            output_buffer_size: 0,
+            output_buffer_timeout: 0,
+            sample_rate: 0,
+            tls_v1: false,
+            snappy: false,
+            deflate: false,
+            deflate_level: 0,
+        };
+        config.transport.ask(&mut identify);
+        let mut failures: u32 = 0;
+        let mut retry_at = Instant::now();
+        let mut last_error = String::new();
+        while let Some(first) = requests.recv().await {
+            if Instant::now() < retry_at {
+                let error = match self.refusals.borrow().as_ref() {
+                    Some(refusal) if refusal.is_permanent() => clone_refusal(refusal),
+                    _ => Error::ConnectionClosed {
+                        addr: format!("{addr} (reconnecting after: {last_error})"),
+                    },
+                };
                 let _ = first.reply.send(Err((error, Written::No)));
                 continue;
             }
-        };
-        failures = 0;
-        tracing::info!(nsqd = %addr, "Producer connected to nsqd.");
-        match serve(&addr, conn, first, &mut requests, config.request_timeout).await {
-            Ok(()) => return,
-            Err(error) => {
-                last_error = error.to_string();
-                tracing::warn!(nsqd = %addr, %error, "Producer connection to nsqd failed; reconnecting on next publish.");
+            let conn = match Connection::connect(
+                addr,
+                &identify,
+                &self.transport,
+                config.max_frame_size,
+                config.connect_timeout,
+            )
+            .await
+            {
+                Ok(conn) => conn,
+                Err(error) => {
+                    failures = failures.saturating_add(1);
+                    let base = config
+                        .reconnect_backoff_min
+                        .saturating_mul(1u32 << (failures - 1).min(20))
+                        .min(config.reconnect_backoff_max);
+                    retry_at = Instant::now() + base.mul_f64(0.5 + 0.5 * random_unit());
+                    last_error = error.to_string();
+                    self.note(&error);
+                    let _ = first.reply.send(Err((error, Written::No)));
+                    continue;
+                }
+            };
+            failures = 0;
+            tracing::info!(nsqd = %addr, "Producer connected to nsqd.");
+            match serve(addr, conn, first, &mut requests, config.request_timeout).await {
+                Ok(()) => return,
+                Err(error) => {
+                    last_error = error.to_string();
+                    self.note(&error);
+                }
             }
         }
+    }
+
+    /// Logs a failure; a permanent one is also published to [`Producer::refused`].
+    fn note(&self, error: &Error) {
+        if error.is_permanent() {
+            tracing::error!(nsqd = %self.addr, %error, "nsqd refused the producer; retrying cannot help.");
+            self.refusals.send_if_modified(|slot| {
+                let first = slot.is_none();
+                if first {
+                    *slot = Some(Arc::new(clone_refusal(error)));
+                }
+                first
+            });
+        } else {
+            tracing::warn!(nsqd = %self.addr, %error, "Producer connection to nsqd failed; reconnecting on next publish.");
+        }
+    }
+}
+
+/// A copy of a [`Error::Refused`] (errors holding I/O causes are not `Clone`).
+fn clone_refusal(error: &Error) -> Error {
+    match error {
+        Error::Refused {
+            addr,
+            command,
+            text,
+            advice,
+        } => Error::Refused {
+            addr: addr.clone(),
+            command,
+            text: text.clone(),
+            advice: advice.clone(),
+        },
+        other => Error::ConnectionClosed {
+            addr: other.to_string(),
+        },
     }
 }
 
@@ -338,10 +425,14 @@ async fn serve(
                             None => break Err(Error::UnexpectedResponse { addr: addr.to_string(), command: "nothing", answer: String::from_utf8_lossy(&data).into_owned() }),
                         },
                         Frame::Error(text) => {
-                            let error = broker_error(addr, &text);
+                            let error = super::refusal::classify("PUB", broker_error(addr, &text), Role::Producer);
                             let fatal = !error.is_non_fatal_broker_error();
+                            let permanent = error.is_permanent();
                             if let Some((_, reply)) = pending.pop_front() {
                                 let _ = reply.send(Err((error, Written::Maybe)));
+                            }
+                            if permanent {
+                                break Err(super::refusal::classify("PUB", broker_error(addr, &text), Role::Producer));
                             }
                             if fatal {
                                 break Err(broker_error(addr, &text));
@@ -373,7 +464,11 @@ async fn serve(
                 pending.push_back((now, request.reply));
             }
         }
-        if let Err(cause) = writer.write_all(&buf).await {
+        let written = match writer.write_all(&buf).await {
+            Ok(()) => writer.flush().await,
+            Err(error) => Err(error),
+        };
+        if let Err(cause) = written {
             break Err(Error::Io {
                 addr: addr.to_string(),
                 cause,

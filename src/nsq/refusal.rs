@@ -2,23 +2,25 @@
 //!
 //! nsqd refuses some requests for good: an IDENTIFY whose settings it does not accept
 //! (`E_BAD_BODY`), a topic or channel name it does not accept, a missing or refused AUTH, a
-//! required TLS upgrade (nsqd's `protocol_v2.go`). Reconnecting with the same settings gets the
+//! required TLS upgrade (nsqd's `protocol_v2.go`), a TLS handshake whose certificates or
+//! versions do not match. Reconnecting with the same settings gets the
 //! same answer for ever, so these become [`Error::Refused`], which stops the consumer's
 //! reconnection to that nsqd and tells the caller, naming the setting to change. Everything
 //! else (refused connections, resets, timeouts, a non-fatal error frame) stays transient.
 
 use super::error::Error;
+use super::transport::Role;
 
 /// The [`Error::Refused`] that `error`, an answer to `command`, stands for, or `error` itself
 /// when a retry may succeed.
-pub(crate) fn classify(command: &'static str, error: Error) -> Error {
+pub(crate) fn classify(command: &'static str, error: Error, role: Role) -> Error {
     let Error::Broker {
         addr, code, text, ..
     } = &error
     else {
         return error;
     };
-    let Some(advice) = advice(command, code, text) else {
+    let Some(advice) = advice(command, code, text, role) else {
         return error;
     };
     Error::Refused {
@@ -30,48 +32,93 @@ pub(crate) fn classify(command: &'static str, error: Error) -> Error {
 }
 
 /// What to change, for a refusal that no retry can change.
-fn advice(command: &str, code: &str, text: &str) -> Option<&'static str> {
+fn advice(command: &str, code: &str, text: &str, role: Role) -> Option<String> {
+    let secret = || role.setting("auth_secret");
     Some(match code {
         "E_BAD_BODY" if command == "IDENTIFY" && text.contains("msg timeout") => {
             "set `--msg-timeout` (`source.msg_timeout`) between 1s and nsqd's --max-msg-timeout \
              (15m unless nsqd was started with another)"
+                .into()
         }
         "E_BAD_BODY" if command == "IDENTIFY" && text.contains("heartbeat interval") => {
             "set `source.heartbeat_interval` between 1s and nsqd's --max-heartbeat-interval \
              (60s unless nsqd was started with another)"
+                .into()
         }
         "E_BAD_BODY" | "E_IDENTIFY_FAILED" if command == "IDENTIFY" => {
-            "nsqd does not accept this client's IDENTIFY settings; retrying cannot help"
+            "nsqd does not accept this client's IDENTIFY settings; retrying cannot help".into()
         }
-        "E_BAD_TOPIC" => "check `--topic` (`source.topic`) against nsqd's rules",
-        "E_BAD_CHANNEL" => "check `--channel` (`source.channel`) against nsqd's rules",
-        "E_INVALID" if text.contains("TLS") => {
-            "nsqd requires TLS (--tls-required), which this version of nsq-dedupe cannot do yet"
+        "E_BAD_TOPIC" if role == Role::Producer => {
+            "check the topic published to against nsqd's rules".into()
         }
-        "E_AUTH_FIRST" | "E_AUTH_FAILED" | "E_UNAUTHORIZED" | "E_AUTH_DISABLED" => {
-            "nsqd requires AUTH (--auth-http-address), which this version of nsq-dedupe cannot \
-             do yet"
+        "E_BAD_TOPIC" => "check `--topic` (`source.topic`) against nsqd's rules".into(),
+        "E_BAD_CHANNEL" => "check `--channel` (`source.channel`) against nsqd's rules".into(),
+        "E_INVALID" if text.contains("TLS required") => {
+            format!(
+                "nsqd requires TLS (--tls-required); turn it on with {}",
+                role.setting("tls_v1")
+            )
         }
+        "E_AUTH_FIRST" => format!("nsqd requires AUTH; set the secret with {}", secret()),
+        "E_AUTH_FAILED" => format!(
+            "nsqd's auth server refused the secret, or nsqd could not reach it; check {} and \
+             nsqd's --auth-http-address",
+            secret()
+        ),
+        "E_UNAUTHORIZED" => format!(
+            "the secret ({}) grants no permission for this {}; grant it in nsqd's auth server",
+            secret(),
+            if role == Role::Producer {
+                "topic"
+            } else {
+                "topic and channel"
+            }
+        ),
+        "E_AUTH_DISABLED" => format!("nsqd does not use AUTH; remove the secret ({})", secret()),
         _ => return None,
     })
 }
 
-/// The refusal of an nsqd whose IDENTIFY answer asks for what this client cannot do.
-pub(crate) fn unsupported(addr: &str, wants: &'static str) -> Error {
+/// The error for a failed TLS handshake: a refusal when the peers disagree in a way no retry
+/// changes (the certificate, the protocol version, a client certificate nsqd wants), else the
+/// socket error it is.
+pub(crate) fn tls_failure(addr: &str, cause: std::io::Error, role: Role) -> Error {
+    use rustls::{AlertDescription as Alert, Error as Tls};
+    let Some(tls) = cause.get_ref().and_then(|e| e.downcast_ref::<Tls>()) else {
+        return Error::Io {
+            addr: addr.to_string(),
+            cause,
+        };
+    };
+    let advice = match tls {
+        Tls::InvalidCertificate(_) | Tls::UnsupportedNameType => format!(
+            "trust nsqd's CA with {} (or, only for a test, {})",
+            role.setting("tls_root_ca_file"),
+            role.setting("tls_insecure_skip_verify")
+        ),
+        Tls::AlertReceived(Alert::CertificateRequired | Alert::HandshakeFailure)
+        | Tls::AlertReceived(Alert::BadCertificate | Alert::UnknownCA) => format!(
+            "nsqd wants a client certificate it trusts (--tls-client-auth-policy); set {} and {}",
+            role.setting("tls_cert"),
+            role.setting("tls_key")
+        ),
+        Tls::AlertReceived(Alert::ProtocolVersion) | Tls::PeerIncompatible(_) => format!(
+            "nsqd and this client share no TLS version or cipher; check {} and nsqd's \
+             --tls-min-version",
+            role.setting("tls_min_version")
+        ),
+        _ => {
+            return Error::Io {
+                addr: addr.to_string(),
+                cause,
+            }
+        }
+    };
     Error::Refused {
         addr: addr.to_string(),
-        command: "IDENTIFY",
-        text: format!("the answer asks for {wants}"),
-        advice: match wants {
-            "AUTH" => {
-                "nsqd requires AUTH (--auth-http-address), which this version of nsq-dedupe \
-                 cannot do yet"
-            }
-            _ => {
-                "nsqd asks for a transport upgrade (TLS, snappy or deflate) that this client \
-                  did not offer; nsqd's answer does not match the protocol"
-            }
-        },
+        command: "TLS",
+        text: tls.to_string(),
+        advice,
     }
 }
 
@@ -96,6 +143,7 @@ mod tests {
                 "E_BAD_BODY",
                 "E_BAD_BODY IDENTIFY msg timeout (3600000) is invalid",
             ),
+            Role::Consumer,
         );
         assert!(error.is_permanent());
         assert_eq!(
@@ -127,7 +175,7 @@ mod tests {
             ),
         ] {
             assert!(
-                classify(command, broker(code, text)).is_permanent(),
+                classify(command, broker(code, text), Role::Consumer).is_permanent(),
                 "{text}"
             );
         }
@@ -149,13 +197,13 @@ mod tests {
             ),
         ] {
             assert!(
-                !classify(command, broker(code, text)).is_permanent(),
+                !classify(command, broker(code, text), Role::Consumer).is_permanent(),
                 "{text}"
             );
         }
         let io = Error::ConnectionClosed {
             addr: "127.0.0.1:4150".into(),
         };
-        assert!(!classify("IDENTIFY", io).is_permanent());
+        assert!(!classify("IDENTIFY", io, Role::Consumer).is_permanent());
     }
 }

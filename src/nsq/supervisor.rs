@@ -19,6 +19,7 @@ use super::frame::{is_non_fatal_error, Command, Frame, HEARTBEAT};
 use super::jitter::random_unit;
 use super::message::Message;
 use super::shared::{ConsumerShared, Control};
+use super::transport::Prepared;
 use crate::metrics::inc;
 
 /// Keeps one nsqd connected: connect, subscribe, serve, and on failure wait and reconnect.
@@ -26,6 +27,7 @@ pub(super) struct Supervisor {
     pub(super) addr: Arc<str>,
     pub(super) config: Arc<ConsumerConfig>,
     pub(super) identify: Arc<Identify>,
+    pub(super) transport: Prepared,
     pub(super) shared: Arc<ConsumerShared>,
     /// To the control task; sends fail harmlessly once it has stopped.
     pub(super) control: mpsc::UnboundedSender<Control>,
@@ -58,6 +60,7 @@ impl Supervisor {
             let connected = Connection::connect(
                 &self.addr,
                 &self.identify,
+                &self.transport,
                 self.config.max_frame_size,
                 self.config.connect_timeout,
             )
@@ -192,7 +195,7 @@ impl Supervisor {
     async fn read_loop(
         &mut self,
         mut reader: tokio_util::codec::FramedRead<
-            tokio::net::tcp::OwnedReadHalf,
+            super::stream::ReadHalf,
             super::frame::FrameCodec,
         >,
         handle: &Arc<ConnHandle>,

@@ -81,16 +81,33 @@ impl std::fmt::Debug for DeadLetter {
 }
 
 impl DeadLetter {
-    /// A dead-letter topic on `nsqd_tcp_addresses`.
+    /// A dead-letter topic, published to by a producer of `config`.
     ///
     /// # Errors
     ///
     /// The producer's configuration error.
-    pub fn nsq(nsqd_tcp_addresses: Vec<String>, topic: String) -> Result<Self, crate::nsq::Error> {
+    pub fn nsq(config: ProducerConfig, topic: String) -> Result<Self, crate::nsq::Error> {
         Ok(DeadLetter::Nsq {
-            producer: Producer::new(ProducerConfig::new(nsqd_tcp_addresses))?,
+            producer: Producer::new(config)?,
             topic,
         })
+    }
+
+    /// Completes with the first refusal of the dead-letter's nsqd that no retry changes; a
+    /// file never completes.
+    pub fn refused(
+        &self,
+    ) -> impl std::future::Future<Output = std::sync::Arc<crate::nsq::Error>> + Send + 'static {
+        let refused = match self {
+            DeadLetter::Nsq { producer, .. } => Some(producer.refused()),
+            DeadLetter::File { .. } => None,
+        };
+        async move {
+            match refused {
+                Some(refused) => refused.await,
+                None => std::future::pending().await,
+            }
+        }
     }
 
     /// A dead-letter file, opened for appending (created if missing).

@@ -66,6 +66,13 @@ pub trait Handler: Send + Sync + 'static {
     fn closed(&self) -> impl Future<Output = std::io::Error> + Send {
         std::future::pending()
     }
+
+    /// Completes, with the refusal, once a server refused the handler in a way no retry
+    /// changes (an nsqd refusing AUTH or TLS). The sidecar then stops gracefully and exits
+    /// with the error, which names the setting to change. Defaults to: never.
+    fn refused(&self) -> impl Future<Output = std::sync::Arc<crate::nsq::Error>> + Send + 'static {
+        std::future::pending()
+    }
 }
 
 impl<F, Fut> Handler for F
@@ -116,6 +123,19 @@ impl Handler for Sink {
         match self {
             Sink::Stdout(sink) => sink.closed().await,
             Sink::Nsq(_) | Sink::Http(_) | Sink::Null => std::future::pending().await,
+        }
+    }
+
+    fn refused(&self) -> impl Future<Output = std::sync::Arc<crate::nsq::Error>> + Send + 'static {
+        let refused = match self {
+            Sink::Nsq(sink) => Some(sink.refused()),
+            Sink::Stdout(_) | Sink::Http(_) | Sink::Null => None,
+        };
+        async move {
+            match refused {
+                Some(refused) => refused.await,
+                None => std::future::pending().await,
+            }
         }
     }
 }

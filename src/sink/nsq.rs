@@ -47,6 +47,7 @@ pub struct NsqSink {
     /// The batching task's queue; the task ends when this sender is dropped.
     queue: mpsc::UnboundedSender<Pending>,
     topic: String,
+    producer: Arc<Producer>,
 }
 
 impl std::fmt::Debug for NsqSink {
@@ -58,7 +59,7 @@ impl std::fmt::Debug for NsqSink {
 }
 
 impl NsqSink {
-    /// A sink publishing to `topic` on `nsqd_tcp_addresses`.
+    /// A sink publishing to `topic` with a producer of `config`.
     ///
     /// # Errors
     ///
@@ -67,11 +68,23 @@ impl NsqSink {
     /// # Panics
     ///
     /// Outside a Tokio runtime.
-    pub fn new(nsqd_tcp_addresses: Vec<String>, topic: String) -> Result<Self, crate::nsq::Error> {
-        let producer = Arc::new(Producer::new(ProducerConfig::new(nsqd_tcp_addresses))?);
+    pub fn new(config: ProducerConfig, topic: String) -> Result<Self, crate::nsq::Error> {
+        let producer = Arc::new(Producer::new(config)?);
         let (queue, requests) = mpsc::unbounded_channel();
-        tokio::spawn(publish_batches(producer, topic.clone(), requests));
-        Ok(NsqSink { queue, topic })
+        tokio::spawn(publish_batches(producer.clone(), topic.clone(), requests));
+        Ok(NsqSink {
+            queue,
+            topic,
+            producer,
+        })
+    }
+
+    /// Completes with the first refusal of an nsqd that no retry changes (see
+    /// [`Producer::refused`]).
+    pub fn refused(
+        &self,
+    ) -> impl std::future::Future<Output = Arc<crate::nsq::Error>> + Send + 'static {
+        self.producer.refused()
     }
 
     /// The destination topic.
@@ -165,7 +178,8 @@ mod tests {
     #[tokio::test]
     async fn a_record_nsqd_would_refuse_goes_to_the_dead_letter_unsent() {
         // Nothing listens there: the record must be refused before any connection is tried.
-        let sink = NsqSink::new(vec!["127.0.0.1:1".into()], "t".into()).unwrap();
+        let sink =
+            NsqSink::new(ProducerConfig::new(vec!["127.0.0.1:1".into()]), "t".into()).unwrap();
         let error = sink
             .handle(Bytes::from(vec![b'x'; MAX_RECORD_BYTES + 1]))
             .await

@@ -6,7 +6,11 @@
 //! SUB (refused with heartbeats disabled), RDY as a per-client in-flight cap with a fatal
 //! `E_INVALID` above `max_rdy_count`, FIN/REQ/TOUCH with nsqd's error texts, redelivery after
 //! `msg_timeout` with the same ID and attempts + 1, deferred REQ and DPUB, heartbeats (a client
-//! silent for two intervals is closed), CLS -> CLOSE_WAIT, PUB/MPUB/DPUB.
+//! silent for two intervals is closed), CLS -> CLOSE_WAIT, PUB/MPUB/DPUB; the upgrades IDENTIFY
+//! negotiates (TLS, snappy, deflate, in nsqd's order, each followed by `OK` in the new
+//! encoding; `--tls-required` refusing every other command before TLS), and AUTH against an
+//! answer the test chooses instead of nsqd's auth server, with nsqd's error texts. The layers
+//! themselves are in `wire`.
 //!
 //! All state sits behind one `std` mutex (never held across an `.await`). A scanner task moves
 //! timed-out and due deferred messages back to their queues every `scan_interval`. Dropping the
@@ -26,6 +30,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
+
+use super::wire::Codec;
 
 /// Settings of a test nsqd, mirroring nsqd's flags. `Default` gives nsqd's defaults.
 #[derive(Debug, Clone)]
@@ -52,6 +58,37 @@ pub struct BrokerConfig {
     pub log_flow: bool,
     /// Keep a [`MsgRecord`] per message ID (on by default; throughput runs turn it off).
     pub record_messages: bool,
+    /// `--tls-cert`/`--tls-key`: TLS offered to clients that ask.
+    pub tls: Option<Tls>,
+    /// `--tls-required`: every command but IDENTIFY needs TLS first.
+    pub tls_required: bool,
+    /// `--snappy` (on by default, as in nsqd).
+    pub snappy: bool,
+    /// `--deflate` (on by default, as in nsqd).
+    pub deflate: bool,
+    /// `--max-deflate-level`.
+    pub max_deflate_level: u32,
+    /// `--auth-http-address`, with the auth server's answer chosen by the test.
+    pub auth: Option<Auth>,
+}
+
+/// The TLS side of the broker.
+#[derive(Clone)]
+pub struct Tls(pub tokio_rustls::TlsAcceptor);
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tls")
+    }
+}
+
+/// What the auth server answers: `secret` is accepted with `identity`, allowed on `topics`
+/// (all channels); any other secret is refused. An empty `topics` means no authorizations.
+#[derive(Debug, Clone)]
+pub struct Auth {
+    pub secret: String,
+    pub identity: String,
+    pub topics: Vec<String>,
 }
 
 impl Default for BrokerConfig {
@@ -68,6 +105,12 @@ impl Default for BrokerConfig {
             scan_interval: Duration::from_millis(10),
             log_flow: false,
             record_messages: true,
+            tls: None,
+            tls_required: false,
+            snappy: true,
+            deflate: true,
+            max_deflate_level: 6,
+            auth: None,
         }
     }
 }
@@ -115,6 +158,10 @@ pub struct BrokerStats {
     pub max_rdy_sum: u64,
     /// Largest number of messages in flight at once on this broker.
     pub max_in_flight: u64,
+    /// AUTH commands received.
+    pub auth_requests: u64,
+    /// TLS handshakes that failed.
+    pub tls_failures: u64,
 }
 
 /// What happened to one message ID on one channel.
@@ -180,6 +227,12 @@ pub struct ClientSnapshot {
     pub heartbeat_interval: Option<Duration>,
     /// Negotiated msg timeout.
     pub msg_timeout: Duration,
+    /// Upgraded to TLS.
+    pub tls: bool,
+    /// Compression agreed at IDENTIFY: `"snappy"` or `"deflate"`.
+    pub compression: Option<&'static str>,
+    /// The secret its AUTH carried.
+    pub auth_secret: Option<String>,
     /// Whether it sent CLS.
     pub closing: bool,
 }
@@ -257,6 +310,14 @@ struct Client {
     user_agent: String,
     heartbeat: Option<Duration>,
     msg_timeout: Duration,
+    /// Upgraded to TLS.
+    tls: bool,
+    /// Compression agreed at IDENTIFY ("snappy", "deflate").
+    compression: Option<&'static str>,
+    /// Permitted topics after a successful AUTH.
+    authorized: Option<Vec<String>>,
+    /// The secret AUTH sent, for the tests to check.
+    auth_secret: Option<String>,
     notify: Arc<Notify>,
     faults: mpsc::UnboundedSender<Fault>,
 }
@@ -405,6 +466,9 @@ impl Broker {
                 heartbeat_interval: c.heartbeat,
                 msg_timeout: c.msg_timeout,
                 closing: c.closing,
+                tls: c.tls,
+                compression: c.compression,
+                auth_secret: c.auth_secret.clone(),
             })
             .collect();
         v.sort_by_key(|c| c.id);
@@ -639,6 +703,27 @@ enum Next {
     Continue,
     /// Send what is buffered, then close (after a fatal error).
     Close,
+    /// Send what is buffered (IDENTIFY's answer), then upgrade the connection.
+    Upgrade {
+        tls: bool,
+        codec: Option<(&'static str, u32)>,
+    },
+}
+
+/// A client's socket, upgraded or not.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
+/// Writes `out` through `codec`, then empties it.
+async fn send(
+    stream: &mut Box<dyn Io>,
+    codec: &mut Codec,
+    out: &mut BytesMut,
+) -> std::io::Result<()> {
+    let wire = codec.encode(out)?;
+    out.clear();
+    stream.write_all(&wire).await?;
+    stream.flush().await
 }
 
 struct Conn {
@@ -649,7 +734,10 @@ struct Conn {
     next_heartbeat: Instant,
 }
 
-async fn client_task(mut stream: TcpStream, shared: Arc<Shared>) {
+async fn client_task(tcp: TcpStream, shared: Arc<Shared>) {
+    let mut stream: Box<dyn Io> = Box::new(tcp);
+    let mut codec = Codec::Plain;
+    let mut wire = BytesMut::with_capacity(64 * 1024);
     let (faults_tx, mut faults) = mpsc::unbounded_channel();
     let notify = Arc::new(Notify::new());
     let id = {
@@ -669,6 +757,10 @@ async fn client_task(mut stream: TcpStream, shared: Arc<Shared>) {
                 user_agent: String::new(),
                 heartbeat: Some(shared.config.heartbeat_interval),
                 msg_timeout: shared.config.msg_timeout,
+                tls: false,
+                compression: None,
+                authorized: None,
+                auth_secret: None,
                 notify: notify.clone(),
                 faults: faults_tx,
             },
@@ -687,11 +779,8 @@ async fn client_task(mut stream: TcpStream, shared: Arc<Shared>) {
     let mut magic_seen = false;
     loop {
         conn.deliver();
-        if !conn.out.is_empty() {
-            if stream.write_all(&conn.out).await.is_err() {
-                break;
-            }
-            conn.out.clear();
+        if !conn.out.is_empty() && send(&mut stream, &mut codec, &mut conn.out).await.is_err() {
+            break;
         }
         let heartbeat = shared.lock().clients.get(&id).and_then(|c| c.heartbeat);
         let wake_at = match heartbeat {
@@ -706,16 +795,21 @@ async fn client_task(mut stream: TcpStream, shared: Arc<Shared>) {
                 Some(Fault::Error { text, fatal }) => {
                     frame(&mut conn.out, 1, text.as_bytes());
                     if fatal {
-                        let _ = stream.write_all(&conn.out).await;
+                        let _ = send(&mut stream, &mut codec, &mut conn.out).await;
                         break;
                     }
                 }
                 Some(Fault::Raw(bytes)) => conn.out.extend_from_slice(&bytes),
             },
-            read = stream.read_buf(&mut input) => {
+            read = stream.read_buf(&mut wire) => {
                 match read {
                     Ok(0) | Err(_) => break,
                     Ok(_) => {}
+                }
+                let decoded = codec.decode(&wire, &mut input);
+                wire.clear();
+                if decoded.is_err() {
+                    break;
                 }
                 conn.last_read = Instant::now();
                 if !magic_seen {
@@ -724,16 +818,60 @@ async fn client_task(mut stream: TcpStream, shared: Arc<Shared>) {
                     }
                     if &input[..4] != b"  V2" {
                         frame(&mut conn.out, 1, b"E_BAD_PROTOCOL bad protocol magic");
-                        let _ = stream.write_all(&conn.out).await;
+                        let _ = send(&mut stream, &mut codec, &mut conn.out).await;
                         break;
                     }
                     input.advance(4);
                     magic_seen = true;
                 }
-                if let Next::Close = conn.handle_input(&mut input) {
-                    shared.lock().stats.fatal_errors += 1;
-                    let _ = stream.write_all(&conn.out).await;
-                    break;
+                match conn.handle_input(&mut input) {
+                    Next::Continue => {}
+                    Next::Close => {
+                        shared.lock().stats.fatal_errors += 1;
+                        let _ = send(&mut stream, &mut codec, &mut conn.out).await;
+                        break;
+                    }
+                    Next::Upgrade { tls, codec: compression } => {
+                        // IDENTIFY's answer goes out before the upgrade; then each step ends
+                        // with OK in the new encoding (nsqd's IDENTIFY).
+                        if send(&mut stream, &mut codec, &mut conn.out).await.is_err() {
+                            break;
+                        }
+                        if tls {
+                            let acceptor = shared.config.tls.clone().expect("TLS agreed").0;
+                            match acceptor.accept(stream).await {
+                                Ok(upgraded) => stream = Box::new(upgraded),
+                                Err(_) => {
+                                    shared.lock().stats.tls_failures += 1;
+                                    break;
+                                }
+                            }
+                            if let Some(c) = shared.lock().clients.get_mut(&id) {
+                                c.tls = true;
+                            }
+                            frame(&mut conn.out, 0, b"OK");
+                            if send(&mut stream, &mut codec, &mut conn.out).await.is_err() {
+                                break;
+                            }
+                        }
+                        if let Some((name, level)) = compression {
+                            codec = match name {
+                                "snappy" => Codec::snappy(),
+                                _ => Codec::deflate(level),
+                            };
+                            if let Some(c) = shared.lock().clients.get_mut(&id) {
+                                c.compression = Some(name);
+                            }
+                            frame(&mut conn.out, 0, b"OK");
+                            if send(&mut stream, &mut codec, &mut conn.out).await.is_err() {
+                                break;
+                            }
+                        }
+                        // Anything the client sent meanwhile is read in the new encoding.
+                        if !input.is_empty() {
+                            break;
+                        }
+                    }
                 }
             }
             _ = notify.notified() => {}
@@ -893,13 +1031,29 @@ impl Conn {
                 input.advance(nl + 1);
                 None
             };
-            if let Next::Close = self.command(&params, body) {
-                return Next::Close;
+            match self.command(&params, body) {
+                Next::Continue => {}
+                other => return other,
             }
         }
     }
 
     fn command(&mut self, params: &[&str], body: Option<Bytes>) -> Next {
+        // nsqd's enforceTLSPolicy: everything but IDENTIFY waits for TLS.
+        if params[0] != "IDENTIFY" && self.shared.config.tls_required {
+            let tls = self
+                .shared
+                .lock()
+                .clients
+                .get(&self.id)
+                .is_some_and(|c| c.tls);
+            if !tls {
+                return self.fatal(&format!(
+                    "E_INVALID cannot {} in current state (TLS required)",
+                    params[0]
+                ));
+            }
+        }
         match params[0] {
             "IDENTIFY" => self.identify(body.unwrap_or_default()),
             "SUB" => self.sub(params),
@@ -913,7 +1067,7 @@ impl Conn {
             }
             "CLS" => self.cls(),
             "PUB" | "DPUB" | "MPUB" => self.publish(params, body.unwrap_or_default()),
-            "AUTH" => self.fatal("E_INVALID AUTH disabled"),
+            "AUTH" => self.auth(body.unwrap_or_default()),
             other => {
                 let text = format!("E_INVALID invalid command {other}");
                 self.fatal(&text)
@@ -979,27 +1133,108 @@ impl Conn {
             self.next_heartbeat = Instant::now() + hb;
         }
         drop(st);
-        if json.get("feature_negotiation").and_then(|v| v.as_bool()) == Some(true) {
-            let answer = serde_json::json!({
-                "max_rdy_count": cfg.max_rdy_count,
-                "version": "1.3.0",
-                "max_msg_timeout": cfg.max_msg_timeout.as_millis() as u64,
-                "msg_timeout": msg_timeout.as_millis() as u64,
-                "tls_v1": false,
-                "deflate": false,
-                "deflate_level": 6,
-                "max_deflate_level": 6,
-                "snappy": false,
-                "sample_rate": 0,
-                "auth_required": false,
-                "output_buffer_size": 16384,
-                "output_buffer_timeout": 250
-            });
-            frame(&mut self.out, 0, answer.to_string().as_bytes());
-        } else {
+        if json.get("feature_negotiation").and_then(|v| v.as_bool()) != Some(true) {
             frame(&mut self.out, 0, b"OK");
+            return Next::Continue;
+        }
+        let asked = |k: &str| json.get(k).and_then(|v| v.as_bool()) == Some(true);
+        let tls = cfg.tls.is_some() && asked("tls_v1");
+        let deflate = cfg.deflate && asked("deflate");
+        let mut deflate_level = 6;
+        if let Some(level) = json.get("deflate_level").and_then(|v| v.as_i64()) {
+            if deflate && level > 0 {
+                deflate_level = level as u32;
+            }
+        }
+        deflate_level = deflate_level.min(cfg.max_deflate_level);
+        let snappy = cfg.snappy && asked("snappy");
+        if deflate && snappy {
+            return self
+                .fatal("E_IDENTIFY_FAILED cannot enable both deflate and snappy compression");
+        }
+        let answer = serde_json::json!({
+            "max_rdy_count": cfg.max_rdy_count,
+            "version": "1.3.0",
+            "max_msg_timeout": cfg.max_msg_timeout.as_millis() as u64,
+            "msg_timeout": msg_timeout.as_millis() as u64,
+            "tls_v1": tls,
+            "deflate": deflate,
+            "deflate_level": deflate_level,
+            "max_deflate_level": cfg.max_deflate_level,
+            "snappy": snappy,
+            "sample_rate": 0,
+            "auth_required": cfg.auth.is_some(),
+            "output_buffer_size": 16384,
+            "output_buffer_timeout": 250
+        });
+        frame(&mut self.out, 0, answer.to_string().as_bytes());
+        let codec = if snappy {
+            Some(("snappy", 0))
+        } else if deflate {
+            Some(("deflate", deflate_level))
+        } else {
+            None
+        };
+        if tls || codec.is_some() {
+            return Next::Upgrade { tls, codec };
         }
         Next::Continue
+    }
+
+    /// nsqd's AUTH, with the test's [`Auth`] standing in for the auth server.
+    fn auth(&mut self, body: Bytes) -> Next {
+        let mut st = self.shared.lock();
+        st.stats.auth_requests += 1;
+        let c = st.clients.get_mut(&self.id).expect("client");
+        if c.subscription.is_some() {
+            drop(st);
+            return self.fatal("E_INVALID cannot AUTH in current state");
+        }
+        if body.is_empty() {
+            drop(st);
+            return self.fatal("E_BAD_BODY AUTH invalid body size 0");
+        }
+        if c.authorized.is_some() {
+            drop(st);
+            return self.fatal("E_INVALID AUTH already set");
+        }
+        let secret = String::from_utf8_lossy(&body).into_owned();
+        c.auth_secret = Some(secret.clone());
+        let Some(auth) = self.shared.config.auth.clone() else {
+            drop(st);
+            return self.fatal("E_AUTH_DISABLED AUTH disabled");
+        };
+        if secret != auth.secret {
+            drop(st);
+            return self.fatal("E_AUTH_FAILED AUTH failed");
+        }
+        if auth.topics.is_empty() {
+            drop(st);
+            return self.fatal("E_UNAUTHORIZED AUTH no authorizations found");
+        }
+        c.authorized = Some(auth.topics.clone());
+        drop(st);
+        let answer = serde_json::json!({
+            "identity": auth.identity,
+            "identity_url": "http://auth.example/whoami",
+            "permission_count": auth.topics.len(),
+        });
+        frame(&mut self.out, 0, answer.to_string().as_bytes());
+        Next::Continue
+    }
+
+    /// nsqd's CheckAuth: `Some(error text)` when `cmd` on `topic` is not allowed.
+    fn check_auth(&self, cmd: &str, topic: &str, channel: &str) -> Option<String> {
+        self.shared.config.auth.as_ref()?;
+        let st = self.shared.lock();
+        let c = st.clients.get(&self.id)?;
+        match &c.authorized {
+            None => Some(format!("E_AUTH_FIRST AUTH required before {cmd}")),
+            Some(topics) if !topics.iter().any(|t| t == topic) => Some(format!(
+                "E_UNAUTHORIZED AUTH failed for {cmd} on {topic:?} {channel:?}"
+            )),
+            Some(_) => None,
+        }
     }
 
     fn sub(&mut self, params: &[&str]) -> Next {
@@ -1030,6 +1265,13 @@ impl Conn {
             drop(guard);
             return self.fatal(&text);
         }
+        drop(guard);
+        if let Some(text) = self.check_auth("SUB", params[1], params[2]) {
+            return self.fatal(&text);
+        }
+        let mut guard = shared.lock();
+        let st = &mut *guard;
+        let c = st.clients.get_mut(&self.id).expect("client");
         let (topic, channel) = (params[1], params[2]);
         c.subscription = Some((topic.to_string(), channel.to_string()));
         let t = st.topics.entry(topic.to_string()).or_default();
@@ -1340,6 +1582,9 @@ impl Conn {
             }
             vec![body]
         };
+        if let Some(text) = self.check_auth(verb, topic, "") {
+            return self.fatal(&text);
+        }
         let mut st = self.shared.lock();
         if st.fail_publishes > 0 {
             st.fail_publishes -= 1;

@@ -4,3 +4,4 @@ pub mod broker;
 pub mod http;
 pub mod lookupd;
 pub mod memcached;
+pub mod wire;

@@ -1,0 +1,410 @@
+//! The NSQ client's upgrades (TLS, snappy, deflate, AUTH) against the test broker, which
+//! negotiates them as nsqd does (`support::broker`, `support::wire`).
+//!
+//! Each consuming test publishes, consumes and finishes a known set of messages and checks
+//! that every one was finished exactly once over a connection that really was upgraded. Each
+//! refusal checks that the consumer or producer reports it as permanent and names the setting.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use nsq_dedupe::nsq::{
+    AuthSecret, Compression, Consumer, ConsumerConfig, Error, Producer, ProducerConfig, Transport,
+};
+use nsq_dedupe::tls::{TlsSettings, TlsVersion};
+
+use crate::nsq::{assert_all_finished_once, body, config, consume_finishing, CHANNEL, TOPIC};
+use crate::support::broker::{Auth, Broker, BrokerConfig, Tls};
+use crate::support::wire::{ClientAuth, Pki};
+
+const N: usize = 300;
+
+fn tls_to(pki: &Pki) -> TlsSettings {
+    TlsSettings {
+        root_ca_file: Some(pki.ca_file()),
+        ..TlsSettings::default()
+    }
+}
+
+fn auth(topics: &[&str]) -> Option<Auth> {
+    Some(Auth {
+        secret: "s3cret-token".into(),
+        identity: "dedupe@example".into(),
+        topics: topics.iter().map(|t| t.to_string()).collect(),
+    })
+}
+
+fn secret(text: &str) -> Option<AuthSecret> {
+    Some(AuthSecret::new(text).unwrap())
+}
+
+fn consumer_with(addr: SocketAddr, transport: Transport) -> ConsumerConfig {
+    let mut c = config(&[addr]);
+    c.max_in_flight = 50;
+    c.transport = transport;
+    c
+}
+
+/// Publishes [`N`] messages, consumes and finishes them over `transport`, and returns what
+/// the broker saw of the client.
+async fn consume_all(broker: BrokerConfig, transport: Transport) -> (bool, Option<&'static str>) {
+    let broker = Broker::start(broker).await;
+    broker.publish_many(TOPIC, (0..N).map(body));
+    let mut consumer = Consumer::new(consumer_with(broker.tcp_addr(), transport)).unwrap();
+    let got = consume_finishing(&mut consumer, N, Duration::ZERO, Duration::from_secs(20)).await;
+    let mut got: Vec<Bytes> = got;
+    got.sort();
+    let mut expected: Vec<Bytes> = (0..N).map(body).collect();
+    expected.sort();
+    assert_eq!(got, expected);
+    let client = broker.clients().into_iter().next().expect("a client");
+    consumer.shutdown(Duration::from_secs(2)).await;
+    assert_all_finished_once(&broker, N);
+    (client.tls, client.compression)
+}
+
+#[tokio::test]
+async fn consumes_over_tls() {
+    let pki = Pki::new();
+    let broker = BrokerConfig {
+        tls: Some(Tls(pki.server(ClientAuth::None))),
+        tls_required: true,
+        ..BrokerConfig::default()
+    };
+    let transport = Transport {
+        tls: Some(tls_to(&pki)),
+        ..Transport::default()
+    };
+    assert_eq!(consume_all(broker, transport).await, (true, None));
+}
+
+#[tokio::test]
+async fn consumes_over_tls_with_a_client_certificate_and_tls_1_3() {
+    let pki = Pki::new();
+    let (cert, key) = pki.client_files();
+    let broker = BrokerConfig {
+        tls: Some(Tls(pki.server(ClientAuth::RequireVerify))),
+        tls_required: true,
+        ..BrokerConfig::default()
+    };
+    let transport = Transport {
+        tls: Some(TlsSettings {
+            cert_file: Some(cert),
+            key_file: Some(key),
+            min_version: TlsVersion::Tls13,
+            ..tls_to(&pki)
+        }),
+        ..Transport::default()
+    };
+    assert_eq!(consume_all(broker, transport).await, (true, None));
+}
+
+#[tokio::test]
+async fn consumes_with_snappy() {
+    let transport = Transport {
+        compression: Compression::Snappy,
+        ..Transport::default()
+    };
+    assert_eq!(
+        consume_all(BrokerConfig::default(), transport).await,
+        (false, Some("snappy"))
+    );
+}
+
+#[tokio::test]
+async fn consumes_with_deflate() {
+    let transport = Transport {
+        compression: Compression::Deflate { level: 9 },
+        ..Transport::default()
+    };
+    assert_eq!(
+        consume_all(BrokerConfig::default(), transport).await,
+        (false, Some("deflate"))
+    );
+}
+
+#[tokio::test]
+async fn consumes_over_tls_with_deflate_and_auth() {
+    let pki = Pki::new();
+    let broker = BrokerConfig {
+        tls: Some(Tls(pki.server(ClientAuth::None))),
+        auth: auth(&[TOPIC]),
+        ..BrokerConfig::default()
+    };
+    let transport = Transport {
+        tls: Some(tls_to(&pki)),
+        compression: Compression::Deflate { level: 1 },
+        auth_secret: secret("s3cret-token\n"),
+    };
+    assert_eq!(
+        consume_all(broker, transport).await,
+        (true, Some("deflate"))
+    );
+}
+
+#[tokio::test]
+async fn consumes_over_tls_with_snappy() {
+    let pki = Pki::new();
+    let broker = BrokerConfig {
+        tls: Some(Tls(pki.server(ClientAuth::None))),
+        ..BrokerConfig::default()
+    };
+    let transport = Transport {
+        tls: Some(tls_to(&pki)),
+        compression: Compression::Snappy,
+        ..Transport::default()
+    };
+    assert_eq!(consume_all(broker, transport).await, (true, Some("snappy")));
+}
+
+#[tokio::test]
+async fn an_nsqd_without_compression_is_used_uncompressed() {
+    let broker = BrokerConfig {
+        snappy: false,
+        ..BrokerConfig::default()
+    };
+    let transport = Transport {
+        compression: Compression::Snappy,
+        ..Transport::default()
+    };
+    assert_eq!(consume_all(broker, transport).await, (false, None));
+}
+
+/// The refusal the consumer reports for `transport` against `broker`, within a bound.
+async fn refusal(broker: BrokerConfig, transport: Transport) -> (Arc<Error>, Broker) {
+    let broker = Broker::start(broker).await;
+    broker.publish(TOPIC, "never delivered");
+    let consumer = Consumer::new(consumer_with(broker.tcp_addr(), transport)).unwrap();
+    let error = tokio::time::timeout(Duration::from_secs(10), consumer.refused())
+        .await
+        .expect("a refusal within 10 s");
+    assert!(error.is_permanent(), "{error}");
+    consumer.shutdown(Duration::from_secs(1)).await;
+    assert_eq!(broker.depth(TOPIC, CHANNEL).2, 0, "nothing left in flight");
+    (error, broker)
+}
+
+#[tokio::test]
+async fn auth_refusals_are_permanent_and_name_the_secret() {
+    let text = |e: Arc<Error>| e.to_string();
+    let (error, broker) = refusal(
+        BrokerConfig {
+            auth: auth(&[TOPIC]),
+            ..BrokerConfig::default()
+        },
+        Transport {
+            auth_secret: secret("wrong"),
+            ..Transport::default()
+        },
+    )
+    .await;
+    let error = text(error);
+    assert!(
+        error.contains("refused AUTH: E_AUTH_FAILED AUTH failed"),
+        "{error}"
+    );
+    assert!(
+        error.contains("`--auth-secret` (`consumer_opt.auth_secret`)"),
+        "{error}"
+    );
+    assert!(
+        !error.contains("wrong"),
+        "the secret is never shown: {error}"
+    );
+    assert_eq!(broker.stats().auth_requests, 1, "no retry after a refusal");
+
+    let (error, _) = refusal(
+        BrokerConfig {
+            auth: auth(&[TOPIC]),
+            ..BrokerConfig::default()
+        },
+        Transport::default(),
+    )
+    .await;
+    let error = text(error);
+    assert!(error.contains("nsqd requires AUTH"), "{error}");
+    assert!(error.contains("`--auth-secret`"), "{error}");
+
+    let (error, _) = refusal(
+        BrokerConfig {
+            auth: auth(&["other-topic"]),
+            ..BrokerConfig::default()
+        },
+        Transport {
+            auth_secret: secret("s3cret-token"),
+            ..Transport::default()
+        },
+    )
+    .await;
+    let error = text(error);
+    assert!(
+        error.contains("refused SUB: E_UNAUTHORIZED AUTH failed for SUB on \"events\" \"dedupe\""),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn tls_refusals_are_permanent_and_name_the_setting() {
+    let pki = Pki::new();
+    let tls_broker = |client_auth| BrokerConfig {
+        tls: Some(Tls(pki.server(client_auth))),
+        tls_required: true,
+        ..BrokerConfig::default()
+    };
+    // nsqd requires TLS and the client does not ask.
+    let (error, _) = refusal(tls_broker(ClientAuth::None), Transport::default()).await;
+    let error = error.to_string();
+    assert!(
+        error.contains("E_INVALID cannot SUB in current state (TLS required)"),
+        "{error}"
+    );
+    assert!(error.contains("`--tls` (`consumer_opt.tls_v1`)"), "{error}");
+
+    // A certificate signed by a CA the client does not trust.
+    let untrusted = Transport {
+        tls: Some(TlsSettings {
+            root_ca_file: Some(pki.other_ca_file()),
+            ..TlsSettings::default()
+        }),
+        ..Transport::default()
+    };
+    let (error, _) = refusal(tls_broker(ClientAuth::None), untrusted).await;
+    let error = error.to_string();
+    assert!(
+        error.contains("refused TLS: invalid peer certificate"),
+        "{error}"
+    );
+    assert!(error.contains("`--tls-root-ca-file`"), "{error}");
+
+    // nsqd wants a client certificate.
+    let transport = Transport {
+        tls: Some(tls_to(&pki)),
+        ..Transport::default()
+    };
+    let (error, _) = refusal(tls_broker(ClientAuth::RequireVerify), transport).await;
+    let error = error.to_string();
+    assert!(
+        error.contains("`--tls-cert`") && error.contains("`--tls-key`"),
+        "{error}"
+    );
+
+    // TLS asked of an nsqd that has none: refused, never used in the clear.
+    let transport = Transport {
+        tls: Some(tls_to(&pki)),
+        ..Transport::default()
+    };
+    let (error, _) = refusal(BrokerConfig::default(), transport).await;
+    let error = error.to_string();
+    assert!(error.contains("nsqd did not agree to TLS"), "{error}");
+}
+
+#[tokio::test]
+async fn skipping_verification_connects_to_an_untrusted_certificate() {
+    let pki = Pki::new();
+    let broker = BrokerConfig {
+        tls: Some(Tls(pki.server(ClientAuth::None))),
+        tls_required: true,
+        ..BrokerConfig::default()
+    };
+    let transport = Transport {
+        tls: Some(TlsSettings {
+            insecure_skip_verify: true,
+            ..TlsSettings::default()
+        }),
+        ..Transport::default()
+    };
+    assert_eq!(consume_all(broker, transport).await, (true, None));
+}
+
+#[tokio::test]
+async fn unusable_tls_files_fail_at_start_naming_the_key() {
+    let mut c = ConsumerConfig::new(TOPIC, CHANNEL);
+    c.nsqd_tcp_addresses = vec!["127.0.0.1:4150".into()];
+    c.transport.tls = Some(TlsSettings {
+        root_ca_file: Some("/nonexistent/ca.pem".into()),
+        ..TlsSettings::default()
+    });
+    let error = Consumer::new(c)
+        .err()
+        .expect("refused at start")
+        .to_string();
+    assert!(
+        error.starts_with(
+            "invalid NSQ setting `tls_root_ca_file`: cannot use CA file /nonexistent/ca.pem"
+        ),
+        "{error}"
+    );
+}
+
+fn producer_to(addr: SocketAddr, transport: Transport) -> Producer {
+    let mut config = ProducerConfig::new(vec![addr.to_string()]);
+    config.transport = transport;
+    config.reconnect_backoff_min = Duration::from_millis(20);
+    Producer::new(config).unwrap()
+}
+
+#[tokio::test]
+async fn the_producer_publishes_over_tls_with_auth_and_snappy() {
+    let pki = Pki::new();
+    let broker = Broker::start(BrokerConfig {
+        tls: Some(Tls(pki.server(ClientAuth::None))),
+        tls_required: true,
+        auth: auth(&["out"]),
+        ..BrokerConfig::default()
+    })
+    .await;
+    let producer = producer_to(
+        broker.tcp_addr(),
+        Transport {
+            tls: Some(tls_to(&pki)),
+            compression: Compression::Snappy,
+            auth_secret: secret("s3cret-token"),
+        },
+    );
+    for i in 0..50 {
+        producer.publish("out", body(i)).await.unwrap();
+    }
+    producer
+        .multi_publish("out", (50..N).map(body).collect())
+        .await
+        .unwrap();
+    assert_eq!(
+        broker.messages_on("out"),
+        (0..N).map(body).collect::<Vec<_>>()
+    );
+    let client = broker.clients().into_iter().next().expect("the producer");
+    assert!(client.tls);
+    assert_eq!(client.compression, Some("snappy"));
+    assert_eq!(client.auth_secret.as_deref(), Some("s3cret-token"));
+}
+
+#[tokio::test]
+async fn the_producer_reports_a_refusal_as_permanent() {
+    let broker = Broker::start(BrokerConfig {
+        auth: auth(&["out"]),
+        ..BrokerConfig::default()
+    })
+    .await;
+    let producer = producer_to(
+        broker.tcp_addr(),
+        Transport {
+            auth_secret: secret("s3cret-token"),
+            ..Transport::default()
+        },
+    );
+    // Allowed on "out" only: publishing elsewhere is refused for good.
+    let error = producer.publish("elsewhere", "x").await.unwrap_err();
+    assert!(error.is_permanent(), "{error}");
+    let refused = tokio::time::timeout(Duration::from_secs(5), producer.refused())
+        .await
+        .expect("reported");
+    let text = refused.to_string();
+    assert!(
+        text.contains("E_UNAUTHORIZED AUTH failed for PUB on \"elsewhere\" \"\""),
+        "{text}"
+    );
+    assert!(text.contains("`--producer-opt auth_secret,…`"), "{text}");
+    assert!(broker.messages_on("elsewhere").is_empty());
+}
