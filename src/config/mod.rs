@@ -60,6 +60,14 @@
 //!
 //! [shutdown]
 //! grace = "10s"
+//!
+//! [consumer_opt]                    # go-nsq's options, as nsq_to_nsq's --consumer-opt
+//! # tls_v1 = true; tls_root_ca_file, tls_cert, tls_key, tls_insecure_skip_verify,
+//! # tls_min_version; snappy = true or deflate = true (deflate_level = 6);
+//! # auth_secret_file = "/run/secrets/nsq" (or auth_secret); user_agent;
+//! # output_buffer_size, output_buffer_timeout, sample_rate
+//!
+//! [producer_opt]                    # the same for the nsq sink and nsq dead-letter
 //! ```
 //!
 //! # Layout
@@ -68,9 +76,11 @@
 //! into what the component needs; the rules themselves (name syntax, table shapes, Memcached
 //! settings) belong to the components and are only called from here:
 //! `source` (`[source]`), `dedupe` (`[dedupe]`), `store` (`[store]`), `sink` (`[sink]` and
-//! `[dead_letter]`) and `service` (`[metrics]`, `[shutdown]`).
+//! `[dead_letter]`), `service` (`[metrics]`, `[shutdown]`) and `nsq_opts` (`[consumer_opt]`,
+//! `[producer_opt]`).
 
 mod dedupe;
+mod nsq_opts;
 mod service;
 mod sink;
 mod source;
@@ -88,6 +98,7 @@ use crate::nsq::ConsumerConfig;
 use crate::pipeline::Policy;
 
 pub use dedupe::RawDedupe;
+pub use nsq_opts::{option_key, RawNsqOpts, OPTION_NAMES};
 pub use service::{RawMetrics, RawShutdown};
 pub use sink::{
     DeadLetterKind, DeadLetterSettings, OneOrMany, RawDeadLetter, RawSink, SinkKind, SinkSettings,
@@ -230,6 +241,10 @@ pub struct RawConfig {
     pub metrics: RawMetrics,
     #[serde(default)]
     pub shutdown: RawShutdown,
+    #[serde(default)]
+    pub consumer_opt: RawNsqOpts,
+    #[serde(default)]
+    pub producer_opt: RawNsqOpts,
     /// Which keys flags set (not part of the file).
     #[serde(skip)]
     pub flags: FlagOrigins,
@@ -240,6 +255,8 @@ pub struct RawConfig {
 pub struct Settings {
     /// The consumer's configuration.
     pub source: ConsumerConfig,
+    /// How the `nsq` sink and the `nsq` dead-letter talk to nsqd.
+    pub producer: crate::nsq::Transport,
     /// How bodies are keyed.
     pub keyer: Keyer,
     /// The pipeline's decisions.
@@ -297,7 +314,10 @@ impl RawConfig {
     }
 
     fn validate_sections(&self) -> Result<Settings, ConfigError> {
-        let source = self.source.validate()?;
+        let mut source = self.source.validate()?;
+        let (transport, identity) = self.consumer_opt.validate(nsq_opts::Side::Consumer)?;
+        source.apply(transport, identity)?;
+        let (producer, _) = self.producer_opt.validate(nsq_opts::Side::Producer)?;
         let (keyer, policy) = self.dedupe.validate(&source)?;
         let (store, window) = self.store.validate(source.msg_timeout)?;
         let sink = self.sink.validate()?;
@@ -305,6 +325,7 @@ impl RawConfig {
         let service = service::validate(&self.metrics, &self.shutdown)?;
         Ok(Settings {
             source: source.consumer,
+            producer,
             keyer,
             policy,
             store,

@@ -51,6 +51,38 @@ pub(super) struct Source {
     pub(super) max_backoff: Duration,
 }
 
+impl Source {
+    /// Adds `[consumer_opt]`'s transport and IDENTIFY details, checked by the consumer's rules.
+    pub(super) fn apply(
+        &mut self,
+        transport: crate::nsq::Transport,
+        identity: super::nsq_opts::Identity,
+    ) -> Result<(), ConfigError> {
+        let consumer = &mut self.consumer;
+        consumer.transport = transport;
+        if let Some(agent) = identity.user_agent {
+            consumer.user_agent = agent;
+        }
+        if identity.output_buffer_timeout.is_some() {
+            consumer.output_buffer_timeout = identity.output_buffer_timeout;
+        }
+        consumer.output_buffer_size = identity.output_buffer_size;
+        consumer.sample_rate = identity.sample_rate.unwrap_or(0);
+        consumer.validate().map_err(|error| match error {
+            crate::nsq::Error::Config { field, reason } => ConfigError::Invalid {
+                key: super::nsq_opts::key(super::nsq_opts::Side::Consumer, field),
+                flag: None,
+                value: match field {
+                    "output_buffer_size" => identity.output_buffer_size.unwrap_or(0).to_string(),
+                    _ => String::new(),
+                },
+                reason,
+            },
+            other => ConfigError::Consumer(other),
+        })
+    }
+}
+
 impl RawSource {
     pub(super) fn validate(&self) -> Result<Source, ConfigError> {
         let topic = self.topic.clone().ok_or(ConfigError::Missing {

@@ -4,6 +4,7 @@
 //! [`RawConfig`], recording which key each flag set so that errors name the flag.
 
 mod dedupe;
+mod nsq_opts;
 mod service;
 mod sink;
 mod source;
@@ -23,6 +24,8 @@ pub(crate) struct RunArgs {
     #[command(flatten)]
     pub(crate) source: source::SourceFlags,
     #[command(flatten)]
+    pub(crate) nsq: nsq_opts::NsqOptFlags,
+    #[command(flatten)]
     pub(crate) dedupe: dedupe::DedupeFlags,
     #[command(flatten)]
     pub(crate) store: store::StoreFlags,
@@ -38,6 +41,7 @@ impl RunArgs {
         let mut flags = std::mem::take(&mut raw.flags);
         let mut overlay = Overlay { flags: &mut flags };
         self.source.apply(raw, &mut overlay);
+        self.nsq.apply(raw, &mut overlay);
         self.dedupe.apply(raw, &mut overlay);
         self.store.apply(raw, &mut overlay);
         self.sink.apply(raw, &mut overlay);

@@ -1,0 +1,327 @@
+//! `run` flags of `[consumer_opt]` and `[producer_opt]`: `--consumer-opt KEY,VALUE` and
+//! `--producer-opt KEY,VALUE` with go-nsq's option names (as `nsq_to_nsq` takes them), and
+//! named flags for the consumer's TLS, compression and AUTH.
+//!
+//! `--consumer-opt` also takes the go-nsq names of settings that have a `[source]` key
+//! (`max_in_flight`, `msg_timeout`, `heartbeat_interval`, ...), and sets that key.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use nsq_dedupe::config::{Dur, RawConfig, RawNsqOpts, OPTION_NAMES};
+
+use super::Overlay;
+use crate::cli::parse::parse_duration;
+
+/// go-nsq option names `--consumer-opt` maps to `[source]` keys.
+const SOURCE_OPTIONS: &[&str] = &[
+    "max_in_flight",
+    "msg_timeout",
+    "heartbeat_interval",
+    "max_attempts",
+    "lookupd_poll_interval",
+];
+
+/// How nsqd is reached: TLS, compression, AUTH.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "NSQ connection")]
+pub(crate) struct NsqOptFlags {
+    /// A go-nsq option of the consumer as KEY,VALUE (a bare KEY means true), as nsq_to_nsq's
+    /// (repeatable). `consumer_opt.KEY`, or `source.KEY` for max_in_flight, msg_timeout,
+    /// heartbeat_interval, max_attempts and lookupd_poll_interval.
+    #[arg(long = "consumer-opt", value_name = "KEY,VALUE", value_parser = parse_consumer_opt)]
+    pub(crate) consumer_opt: Vec<NsqOpt>,
+    /// A go-nsq option of the producers (the nsq sink and the nsq dead-letter) as KEY,VALUE
+    /// (repeatable). `producer_opt.KEY`.
+    #[arg(long = "producer-opt", value_name = "KEY,VALUE", value_parser = parse_producer_opt)]
+    pub(crate) producer_opt: Vec<NsqOpt>,
+    /// Consume over TLS; nsqd must have a certificate. `consumer_opt.tls_v1`.
+    #[arg(long)]
+    pub(crate) tls: bool,
+    /// PEM file of CAs trusted for nsqd's certificate, besides the system's.
+    /// `consumer_opt.tls_root_ca_file`.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) tls_root_ca_file: Option<PathBuf>,
+    /// PEM client certificate, for nsqd's --tls-client-auth-policy. `consumer_opt.tls_cert`.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) tls_cert: Option<PathBuf>,
+    /// PEM key of --tls-cert. `consumer_opt.tls_key`.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) tls_key: Option<PathBuf>,
+    /// Accept any certificate of nsqd (tests only: anyone on the path can read the traffic).
+    /// `consumer_opt.tls_insecure_skip_verify`.
+    #[arg(long)]
+    pub(crate) tls_insecure_skip_verify: bool,
+    /// Lowest TLS version: tls1.2 (default) or tls1.3. `consumer_opt.tls_min_version`.
+    #[arg(long, value_name = "VERSION")]
+    pub(crate) tls_min_version: Option<String>,
+    /// Compress with snappy (exclusive with --deflate). `consumer_opt.snappy`.
+    #[arg(long)]
+    pub(crate) snappy: bool,
+    /// Compress with deflate. `consumer_opt.deflate`.
+    #[arg(long)]
+    pub(crate) deflate: bool,
+    /// Deflate level 1-9 (default 6; implies --deflate). `consumer_opt.deflate_level`.
+    #[arg(long, value_name = "N")]
+    pub(crate) deflate_level: Option<u32>,
+    /// AUTH secret for an nsqd with --auth-http-address; prefer the environment variable or
+    /// --auth-secret-file, which stay out of process listings. `consumer_opt.auth_secret`.
+    #[arg(long, value_name = "SECRET", hide_env_values = true)]
+    pub(crate) auth_secret: Option<String>,
+    /// File holding the AUTH secret. `consumer_opt.auth_secret_file`.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) auth_secret_file: Option<PathBuf>,
+}
+
+/// One `KEY,VALUE` of `--consumer-opt` or `--producer-opt`, its value parsed by its key's type.
+#[derive(Debug, Clone)]
+pub(crate) struct NsqOpt {
+    key: &'static str,
+    value: Value,
+}
+
+#[derive(Debug, Clone)]
+enum Value {
+    Bool(bool),
+    Path(PathBuf),
+    Text(String),
+    Count(u64),
+    Signed(i64),
+    Duration(Duration),
+}
+
+fn parse_consumer_opt(text: &str) -> Result<NsqOpt, String> {
+    parse_opt(text, true)
+}
+
+fn parse_producer_opt(text: &str) -> Result<NsqOpt, String> {
+    parse_opt(text, false)
+}
+
+fn parse_opt(text: &str, consumer: bool) -> Result<NsqOpt, String> {
+    let (name, value) = match text.split_once(',') {
+        Some((name, value)) => (name, Some(value)),
+        None => (text, None),
+    };
+    let known = OPTION_NAMES
+        .iter()
+        .chain(if consumer { SOURCE_OPTIONS } else { &[] })
+        .find(|known| **known == name)
+        .copied();
+    let Some(key) = known else {
+        let mut names: Vec<&str> = OPTION_NAMES.to_vec();
+        if consumer {
+            names.extend_from_slice(SOURCE_OPTIONS);
+        }
+        names.sort_unstable();
+        return Err(format!(
+            "unknown option {name:?}; known: {}",
+            names.join(", ")
+        ));
+    };
+    let bool_key = matches!(
+        key,
+        "tls_v1" | "tls_insecure_skip_verify" | "snappy" | "deflate"
+    );
+    let value = match (value, bool_key) {
+        (None, true) => Value::Bool(true),
+        (None, false) => return Err(format!("expected {key},VALUE")),
+        (Some(v), true) => Value::Bool(
+            v.parse()
+                .map_err(|_| format!("{key}: expected true or false, got {v:?}"))?,
+        ),
+        (Some(v), false) => match key {
+            "tls_root_ca_file" | "tls_cert" | "tls_key" | "auth_secret_file" => {
+                Value::Path(v.into())
+            }
+            "tls_min_version" | "auth_secret" | "user_agent" => Value::Text(v.to_owned()),
+            "output_buffer_size" => Value::Signed(
+                v.parse()
+                    .map_err(|_| format!("{key}: expected a number of bytes, got {v:?}"))?,
+            ),
+            "output_buffer_timeout"
+            | "msg_timeout"
+            | "heartbeat_interval"
+            | "lookupd_poll_interval" => {
+                Value::Duration(parse_duration(v).map_err(|e| format!("{key}: {e}"))?)
+            }
+            _ => Value::Count(
+                v.parse()
+                    .map_err(|_| format!("{key}: expected a whole number, got {v:?}"))?,
+            ),
+        },
+    };
+    Ok(NsqOpt { key, value })
+}
+
+impl NsqOptFlags {
+    pub(super) fn apply(&self, raw: &mut RawConfig, overlay: &mut Overlay<'_>) {
+        for opt in &self.consumer_opt {
+            set(raw, true, opt, overlay);
+        }
+        for opt in &self.producer_opt {
+            set(raw, false, opt, overlay);
+        }
+        let named = [
+            (self.tls.then_some(Value::Bool(true)), "tls_v1", "--tls"),
+            (
+                self.tls_root_ca_file.clone().map(Value::Path),
+                "tls_root_ca_file",
+                "--tls-root-ca-file",
+            ),
+            (
+                self.tls_cert.clone().map(Value::Path),
+                "tls_cert",
+                "--tls-cert",
+            ),
+            (
+                self.tls_key.clone().map(Value::Path),
+                "tls_key",
+                "--tls-key",
+            ),
+            (
+                self.tls_insecure_skip_verify.then_some(Value::Bool(true)),
+                "tls_insecure_skip_verify",
+                "--tls-insecure-skip-verify",
+            ),
+            (
+                self.tls_min_version.clone().map(Value::Text),
+                "tls_min_version",
+                "--tls-min-version",
+            ),
+            (
+                self.snappy.then_some(Value::Bool(true)),
+                "snappy",
+                "--snappy",
+            ),
+            (
+                self.deflate.then_some(Value::Bool(true)),
+                "deflate",
+                "--deflate",
+            ),
+            (
+                self.deflate_level.map(|n| Value::Count(n.into())),
+                "deflate_level",
+                "--deflate-level",
+            ),
+            (
+                self.auth_secret.clone().map(Value::Text),
+                "auth_secret",
+                "--auth-secret",
+            ),
+            (
+                self.auth_secret_file.clone().map(Value::Path),
+                "auth_secret_file",
+                "--auth-secret-file",
+            ),
+        ];
+        for (value, key, flag) in named {
+            if let Some(value) = value {
+                let opt = NsqOpt { key, value };
+                set_opt(&mut raw.consumer_opt, &opt);
+                overlay.record(consumer_key(key), flag);
+            }
+        }
+    }
+}
+
+/// Sets one option: a `[source]` key, or a field of `[consumer_opt]` / `[producer_opt]`.
+fn set(raw: &mut RawConfig, consumer: bool, opt: &NsqOpt, overlay: &mut Overlay<'_>) {
+    let source = &mut raw.source;
+    let (flag, key) = if consumer {
+        ("--consumer-opt", consumer_key(opt.key))
+    } else {
+        ("--producer-opt", producer_key(opt.key))
+    };
+    match (opt.key, &opt.value) {
+        ("max_in_flight", Value::Count(n)) => {
+            source.max_in_flight = Some(u32::try_from(*n).unwrap_or(u32::MAX));
+            overlay.record("source.max_in_flight", flag);
+        }
+        ("max_attempts", Value::Count(n)) => {
+            source.max_attempts = Some(u16::try_from(*n).unwrap_or(u16::MAX));
+            overlay.record("source.max_attempts", flag);
+        }
+        ("msg_timeout", Value::Duration(d)) => {
+            source.msg_timeout = Some(Dur(*d));
+            overlay.record("source.msg_timeout", flag);
+        }
+        ("heartbeat_interval", Value::Duration(d)) => {
+            source.heartbeat_interval = Some(Dur(*d));
+            overlay.record("source.heartbeat_interval", flag);
+        }
+        ("lookupd_poll_interval", Value::Duration(d)) => {
+            source.lookupd_poll_interval = Some(Dur(*d));
+            overlay.record("source.lookupd_poll_interval", flag);
+        }
+        _ => {
+            let target = if consumer {
+                &mut raw.consumer_opt
+            } else {
+                &mut raw.producer_opt
+            };
+            set_opt(target, opt);
+            overlay.record(key, flag);
+        }
+    }
+}
+
+fn set_opt(opts: &mut RawNsqOpts, opt: &NsqOpt) {
+    // Out-of-range numbers saturate; validation names the key and the limits.
+    let small = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+    match (opt.key, opt.value.clone()) {
+        ("tls_v1", Value::Bool(b)) => opts.tls_v1 = Some(b),
+        ("tls_insecure_skip_verify", Value::Bool(b)) => opts.tls_insecure_skip_verify = Some(b),
+        ("snappy", Value::Bool(b)) => opts.snappy = Some(b),
+        ("deflate", Value::Bool(b)) => opts.deflate = Some(b),
+        ("tls_root_ca_file", Value::Path(p)) => opts.tls_root_ca_file = Some(p),
+        ("tls_cert", Value::Path(p)) => opts.tls_cert = Some(p),
+        ("tls_key", Value::Path(p)) => opts.tls_key = Some(p),
+        ("auth_secret_file", Value::Path(p)) => opts.auth_secret_file = Some(p),
+        ("tls_min_version", Value::Text(t)) => opts.tls_min_version = Some(t),
+        ("auth_secret", Value::Text(t)) => opts.auth_secret = Some(t),
+        ("user_agent", Value::Text(t)) => opts.user_agent = Some(t),
+        ("deflate_level", Value::Count(n)) => opts.deflate_level = Some(small(n)),
+        ("sample_rate", Value::Count(n)) => {
+            opts.sample_rate = Some(u8::try_from(n).unwrap_or(u8::MAX));
+        }
+        ("output_buffer_size", Value::Signed(n)) => opts.output_buffer_size = Some(n),
+        ("output_buffer_timeout", Value::Duration(d)) => opts.output_buffer_timeout = Some(Dur(d)),
+        // `parse_opt` pairs every key with its type; there is nothing else to set.
+        _ => {}
+    }
+}
+
+fn consumer_key(name: &str) -> &'static str {
+    nsq_dedupe::config::option_key(true, name)
+}
+
+fn producer_key(name: &str) -> &'static str {
+    nsq_dedupe::config::option_key(false, name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_checked_by_key_and_type() {
+        assert!(parse_consumer_opt("tls_v1").is_ok());
+        assert!(parse_consumer_opt("max_in_flight,10").is_ok());
+        assert!(parse_producer_opt("snappy,true").is_ok());
+        let error = parse_producer_opt("max_in_flight,10").unwrap_err();
+        assert!(
+            error.starts_with("unknown option \"max_in_flight\"; known: auth_secret, "),
+            "{error}"
+        );
+        assert_eq!(
+            parse_consumer_opt("deflate_level,high").unwrap_err(),
+            "deflate_level: expected a whole number, got \"high\""
+        );
+        assert_eq!(
+            parse_consumer_opt("snappy,yes").unwrap_err(),
+            "snappy: expected true or false, got \"yes\""
+        );
+    }
+}
