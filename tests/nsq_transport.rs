@@ -408,3 +408,217 @@ async fn the_producer_reports_a_refusal_as_permanent() {
     assert!(text.contains("`--producer-opt auth_secret,…`"), "{text}");
     assert!(broker.messages_on("elsewhere").is_empty());
 }
+
+/// Runs the binary's `run` with `args` until it exits (or panics after `limit`); returns the
+/// exit code and stderr.
+fn run_binary(args: Vec<String>, envs: &[(&str, &str)], limit: Duration) -> (i32, String) {
+    use std::io::Read as _;
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
+        .arg("run")
+        .args(["--metrics-address", "off", "--log-level", "info"])
+        .args(&args)
+        .envs(envs.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("run still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    (status.code().unwrap_or(-1), stderr)
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|a| a.to_string()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_stops_when_nsqd_refuses_its_secret_and_never_shows_it() {
+    let broker = Broker::start(BrokerConfig {
+        auth: auth(&[TOPIC]),
+        ..BrokerConfig::default()
+    })
+    .await;
+    broker.publish(TOPIC, "kept");
+    let addr = broker.tcp_addr().to_string();
+    let args = strings(&[
+        "--topic",
+        TOPIC,
+        "--channel",
+        CHANNEL,
+        "--nsqd-tcp-address",
+        &addr,
+    ]);
+    let (code, stderr) = tokio::task::spawn_blocking(move || {
+        run_binary(
+            args,
+            &[("NSQ_DEDUPE_AUTH_SECRET", "not-the-secret")],
+            Duration::from_secs(20),
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(
+        stderr.lines().last().unwrap(),
+        format!(
+            "error: stopped: nsqd {addr} refused AUTH: E_AUTH_FAILED AUTH failed; nsqd's auth \
+             server refused the secret, or nsqd could not reach it; check `--auth-secret` \
+             (`consumer_opt.auth_secret`) and nsqd's --auth-http-address"
+        )
+    );
+    assert!(!stderr.contains("not-the-secret"), "{stderr}");
+    assert_eq!(broker.finished(TOPIC, CHANNEL).len(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_stops_when_the_sinks_nsqd_refuses_and_loses_nothing() {
+    let source = Broker::start(BrokerConfig::default()).await;
+    let sink = Broker::start(BrokerConfig {
+        auth: auth(&["somewhere-else"]),
+        ..BrokerConfig::default()
+    })
+    .await;
+    for i in 0..5 {
+        source.publish(TOPIC, body(i));
+    }
+    let args = strings(&[
+        "--topic",
+        TOPIC,
+        "--channel",
+        CHANNEL,
+        "--nsqd-tcp-address",
+        &source.tcp_addr().to_string(),
+        "--sink",
+        "nsq",
+        "--destination-nsqd-tcp-address",
+        &sink.tcp_addr().to_string(),
+        "--destination-topic",
+        "events.unique",
+        "--producer-opt",
+        "auth_secret,s3cret-token",
+    ]);
+    let (code, stderr) =
+        tokio::task::spawn_blocking(move || run_binary(args, &[], Duration::from_secs(20)))
+            .await
+            .unwrap();
+    assert_eq!(code, 1, "{stderr}");
+    let last = stderr.lines().last().unwrap();
+    assert!(
+        last.contains("refused PUB: E_UNAUTHORIZED AUTH failed for PUB on \"events.unique\" \"\""),
+        "{last}"
+    );
+    assert!(last.contains("`--producer-opt auth_secret,…`"), "{last}");
+    // Nothing was published, so nothing was finished: every message is back on the channel.
+    assert!(sink.messages_on("events.unique").is_empty());
+    assert_eq!(source.finished(TOPIC, CHANNEL).len(), 0);
+    let (queued, deferred, in_flight) = source.depth(TOPIC, CHANNEL);
+    assert_eq!((queued + deferred, in_flight), (5, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_consumes_over_tls_with_auth_and_publishes_over_tls_with_deflate() {
+    let pki = Pki::new();
+    let source = Broker::start(BrokerConfig {
+        tls: Some(Tls(pki.server(ClientAuth::None))),
+        tls_required: true,
+        auth: auth(&[TOPIC]),
+        ..BrokerConfig::default()
+    })
+    .await;
+    let sink = Broker::start(BrokerConfig {
+        tls: Some(Tls(pki.server(ClientAuth::None))),
+        tls_required: true,
+        ..BrokerConfig::default()
+    })
+    .await;
+    // 100 distinct bodies, each published twice (a replicated stream).
+    for _copy in 0..2 {
+        source.publish_many(TOPIC, (0..100).map(body));
+    }
+    let secret_file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(secret_file.path(), "s3cret-token\n").unwrap();
+    let ca = pki.ca_file().display().to_string();
+    let producer_ca = format!("tls_root_ca_file,{ca}");
+    let args = strings(&[
+        "--topic",
+        TOPIC,
+        "--channel",
+        CHANNEL,
+        "--nsqd-tcp-address",
+        &source.tcp_addr().to_string(),
+        "--tls",
+        "--tls-root-ca-file",
+        &ca,
+        "--snappy",
+        "--auth-secret-file",
+        &secret_file.path().display().to_string(),
+        "--sink",
+        "nsq",
+        "--destination-nsqd-tcp-address",
+        &sink.tcp_addr().to_string(),
+        "--destination-topic",
+        "events.unique",
+        "--producer-opt",
+        "tls_v1",
+        "--producer-opt",
+        &producer_ca,
+        "--producer-opt",
+        "deflate_level,1",
+    ]);
+    let child = std::process::Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
+        .arg("run")
+        .args(["--metrics-address", "off"])
+        .args(&args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut child = KillOnDrop(child);
+    crate::util::wait_until_or(
+        "every copy finished",
+        Duration::from_secs(20),
+        || source.finished(TOPIC, CHANNEL).len() == 200,
+        || format!("finished {}", source.finished(TOPIC, CHANNEL).len()),
+    )
+    .await;
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status();
+    let status = child.0.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    let mut published = sink.messages_on("events.unique");
+    published.sort();
+    let mut expected: Vec<Bytes> = (0..100).map(body).collect();
+    expected.sort();
+    assert_eq!(published, expected, "each body exactly once");
+    assert_eq!(source.depth(TOPIC, CHANNEL), (0, 0, 0));
+}
+
+/// A child process killed when the test ends, however it ends.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -188,3 +188,109 @@ impl<R: AsyncRead + Unpin, D: Decode> AsyncRead for Decoding<R, D> {
 pub(crate) fn invalid(what: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nsq::deflate::{DeflateDecoder, DeflateEncoder};
+    use crate::nsq::snappy::{SnappyDecoder, SnappyEncoder};
+    use proptest::prelude::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Yields its chunks one read at a time, as a socket does.
+    struct Chunks(std::collections::VecDeque<Vec<u8>>);
+
+    impl AsyncRead for Chunks {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            let this = self.get_mut();
+            if let Some(mut chunk) = this.0.pop_front() {
+                let n = chunk.len().min(buf.remaining());
+                buf.put_slice(&chunk[..n]);
+                if n < chunk.len() {
+                    this.0.push_front(chunk.split_off(n));
+                }
+            }
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    fn split(bytes: &[u8], cuts: &[usize]) -> Chunks {
+        let mut chunks = std::collections::VecDeque::new();
+        let mut rest = bytes;
+        for &cut in cuts {
+            if rest.is_empty() {
+                break;
+            }
+            let (head, tail) = rest.split_at(cut.min(rest.len()).max(1));
+            chunks.push_back(head.to_vec());
+            rest = tail;
+        }
+        if !rest.is_empty() {
+            chunks.push_back(rest.to_vec());
+        }
+        Chunks(chunks)
+    }
+
+    /// Reads everything, checking after every read that the decoder's buffers stay bounded.
+    fn drain<D: Decode>(mut reader: Decoding<Chunks, D>) -> io::Result<Vec<u8>> {
+        futures::executor::block_on(async {
+            let mut all = Vec::new();
+            let mut buf = [0u8; 4096];
+            // Each read consumes input or ends the stream, so this is bounded by the input.
+            loop {
+                let n = reader.read(&mut buf).await?;
+                assert!(reader.input.len() <= MAX_INPUT + 64 * 1024);
+                assert!(reader.output.len() <= MAX_OUTPUT + 64 * 1024);
+                if n == 0 {
+                    return Ok(all);
+                }
+                all.extend_from_slice(&buf[..n]);
+            }
+        })
+    }
+
+    fn encode<E: Encode>(encoder: E, writes: &[Vec<u8>]) -> Vec<u8> {
+        futures::executor::block_on(async {
+            let mut out = Encoding::new(Vec::new(), encoder);
+            for write in writes {
+                out.write_all(write).await.unwrap();
+                out.flush().await.unwrap();
+            }
+            out.inner
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+
+        #[test]
+        fn random_bytes_never_panic_nor_buffer_without_bound(
+            bytes in proptest::collection::vec(any::<u8>(), 0..100_000),
+            cuts in proptest::collection::vec(1usize..70_000, 0..16),
+            snappy_header in any::<bool>(),
+        ) {
+            let mut snappy = if snappy_header { b"\xff\x06\x00\x00sNaPpY".to_vec() } else { Vec::new() };
+            snappy.extend_from_slice(&bytes);
+            let _ = drain(Decoding::new(split(&snappy, &cuts), SnappyDecoder::default()));
+            let _ = drain(Decoding::new(split(&bytes, &cuts), DeflateDecoder::default()));
+        }
+
+        #[test]
+        fn writes_decode_to_the_same_bytes_however_they_arrive(
+            writes in proptest::collection::vec(
+                proptest::collection::vec(0u8..4, 0..70_000), 1..5),
+            cuts in proptest::collection::vec(1usize..70_000, 0..16),
+            level in 1u32..=9,
+        ) {
+            let expected: Vec<u8> = writes.concat();
+            let wire = encode(SnappyEncoder::default(), &writes);
+            prop_assert_eq!(drain(Decoding::new(split(&wire, &cuts), SnappyDecoder::default())).unwrap(), expected.clone());
+            let wire = encode(DeflateEncoder::new(level), &writes);
+            prop_assert_eq!(drain(Decoding::new(split(&wire, &cuts), DeflateDecoder::default())).unwrap(), expected);
+        }
+    }
+}
