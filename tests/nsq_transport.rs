@@ -622,3 +622,141 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// Consumes and FINishes `n` JSON-like 100-byte bodies over `transport`; returns messages per
+/// second, from the first message to the last FIN at the broker.
+async fn transport_rate(broker: BrokerConfig, transport: Transport, n: usize) -> f64 {
+    let broker = Broker::start(BrokerConfig {
+        record_messages: false,
+        ..broker
+    })
+    .await;
+    broker.publish_many(
+        TOPIC,
+        (0..n).map(|i| {
+            let mut text = format!(
+                "{{\"id\":{i},\"sensor\":\"s-{}\",\"value\":{},\"unit\":\"C\",\"ok\":true,\"pad\":\"",
+                i % 97,
+                (i * 7919) % 10007
+            );
+            while text.len() < 98 {
+                text.push(char::from(b'a' + (i % 23) as u8));
+            }
+            text.push_str("\"}");
+            Bytes::from(text)
+        }),
+    );
+    let mut c = consumer_with(broker.tcp_addr(), transport);
+    c.max_in_flight = 2500;
+    c.msg_timeout = Some(Duration::from_secs(60));
+    c.heartbeat_interval = Duration::from_secs(30);
+    let mut consumer = Consumer::new(c).unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(10), consumer.next())
+        .await
+        .unwrap()
+        .unwrap();
+    let started = std::time::Instant::now();
+    first.finish().unwrap();
+    for _ in 1..n {
+        let m = tokio::time::timeout(Duration::from_secs(10), consumer.next())
+            .await
+            .unwrap()
+            .unwrap();
+        m.finish().unwrap();
+    }
+    crate::util::wait_until("all FINs", Duration::from_secs(60), || {
+        broker.stats().fin_ok == n as u64
+    })
+    .await;
+    let rate = n as f64 / started.elapsed().as_secs_f64();
+    consumer.shutdown(Duration::from_secs(1)).await;
+    assert_eq!(broker.depth(TOPIC, CHANNEL), (0, 0, 0));
+    rate
+}
+
+/// Throughput over each transport as a ratio to plain TCP, rounds interleaved so that noise
+/// hits every variant alike; medians of 5.
+///
+/// `cargo test --release --test integration nsq_transport::throughput -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark; run explicitly in release mode"]
+async fn throughput() {
+    const N: usize = 200_000;
+    let pki = Pki::new();
+    let tls_broker = || BrokerConfig {
+        tls: Some(Tls(pki.server(ClientAuth::None))),
+        ..BrokerConfig::default()
+    };
+    let variants: Vec<(&str, Box<dyn Fn() -> (BrokerConfig, Transport)>)> = vec![
+        (
+            "plain",
+            Box::new(|| (BrokerConfig::default(), Transport::default())),
+        ),
+        (
+            "tls",
+            Box::new(|| {
+                (
+                    tls_broker(),
+                    Transport {
+                        tls: Some(tls_to(&pki)),
+                        ..Transport::default()
+                    },
+                )
+            }),
+        ),
+        (
+            "snappy",
+            Box::new(|| {
+                (
+                    BrokerConfig::default(),
+                    Transport {
+                        compression: Compression::Snappy,
+                        ..Transport::default()
+                    },
+                )
+            }),
+        ),
+        (
+            "deflate",
+            Box::new(|| {
+                (
+                    BrokerConfig::default(),
+                    Transport {
+                        compression: Compression::Deflate { level: 6 },
+                        ..Transport::default()
+                    },
+                )
+            }),
+        ),
+        (
+            "deflate1",
+            Box::new(|| {
+                (
+                    BrokerConfig::default(),
+                    Transport {
+                        compression: Compression::Deflate { level: 1 },
+                        ..Transport::default()
+                    },
+                )
+            }),
+        ),
+    ];
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+    for _round in 0..5 {
+        for (i, (_, make)) in variants.iter().enumerate() {
+            let (broker, transport) = make();
+            rates[i].push(transport_rate(broker, transport, N).await);
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let medians: Vec<f64> = rates.iter_mut().map(median).collect();
+    for ((name, _), rate) in variants.iter().zip(&medians) {
+        println!(
+            "transport {name:>8}: {rate:>9.0} msgs/s, {:.2} of plain",
+            rate / medians[0]
+        );
+    }
+}
