@@ -223,7 +223,14 @@ fn digest(c: &mut Criterion) {
     for size in [100usize, 1024] {
         let body: Vec<u8> = (0..size).map(|i| (i * 31 % 251) as u8).collect();
         group.throughput(Throughput::Bytes(size as u64));
-        for algorithm in [DigestAlgorithm::Xxh3 { seed: 0 }, DigestAlgorithm::Md5] {
+        let keyed = DigestAlgorithm::Blake3Keyed(
+            nsq_dedupe::DigestKey::from_file_contents(&[42u8; 32]).expect("a 32-byte key"),
+        );
+        for algorithm in [
+            DigestAlgorithm::Xxh3 { seed: 0 },
+            DigestAlgorithm::Md5,
+            keyed,
+        ] {
             let id = BenchmarkId::new(algorithm.to_string(), format!("{size}B"));
             group.bench_with_input(id, &body, |b, body| {
                 b.iter(|| algorithm.digest(black_box(body)))

@@ -59,7 +59,7 @@ pub mod units;
 
 pub use config::Settings;
 pub use dedup::backend::Backend;
-pub use dedup::digest::{DigestAlgorithm, KeySpec, Keyer};
+pub use dedup::digest::{DigestAlgorithm, DigestKey, KeySpec, Keyer};
 pub use dedup::memcached::{MemcachedConfig, MemcachedStore};
 pub use dedup::table::Table;
 pub use dedup::{Claim, Digest, Geometry, NoStore, Store};

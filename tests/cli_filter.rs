@@ -132,6 +132,33 @@ fn md5_and_seeded_digests_give_the_same_answer() {
 }
 
 #[test]
+fn a_keyed_digest_gives_the_same_answer_and_a_bad_key_file_is_named() {
+    let key = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(key.path(), [9u8; 32]).unwrap();
+    bin()
+        .args(["filter", "--digest-key-file"])
+        .arg(key.path())
+        .write_stdin("x\ny\nx\n")
+        .assert()
+        .success()
+        .stdout("x\ny\n");
+    let short = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(short.path(), b"0123").unwrap();
+    bin()
+        .args(["filter", "--digest-key-file"])
+        .arg(short.path())
+        .write_stdin("x\n")
+        .assert()
+        .code(1)
+        .stdout("")
+        .stderr(format!(
+            "error: invalid `--digest-key-file` = {:?}: expected 32 bytes or 64 hexadecimal \
+             digits, found 4 bytes; make a key with `head -c 32 /dev/urandom > FILE`\n",
+            short.path().display().to_string()
+        ));
+}
+
+#[test]
 fn bad_flags_and_missing_files_are_reported() {
     bin()
         .args(["filter", "--digest", "sha1"])

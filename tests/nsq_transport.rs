@@ -683,68 +683,26 @@ async fn transport_rate(broker: BrokerConfig, transport: Transport, n: usize) ->
 async fn throughput() {
     const N: usize = 200_000;
     let pki = Pki::new();
-    let tls_broker = || BrokerConfig {
-        tls: Some(Tls(pki.server(ClientAuth::None))),
-        ..BrokerConfig::default()
+    let variants = ["plain", "tls", "snappy", "deflate", "deflate1"];
+    let make = |name: &str| -> (BrokerConfig, Transport) {
+        let mut broker = BrokerConfig::default();
+        let mut transport = Transport::default();
+        match name {
+            "tls" => {
+                broker.tls = Some(Tls(pki.server(ClientAuth::None)));
+                transport.tls = Some(tls_to(&pki));
+            }
+            "snappy" => transport.compression = Compression::Snappy,
+            "deflate" => transport.compression = Compression::Deflate { level: 6 },
+            "deflate1" => transport.compression = Compression::Deflate { level: 1 },
+            _ => {}
+        }
+        (broker, transport)
     };
-    let variants: Vec<(&str, Box<dyn Fn() -> (BrokerConfig, Transport)>)> = vec![
-        (
-            "plain",
-            Box::new(|| (BrokerConfig::default(), Transport::default())),
-        ),
-        (
-            "tls",
-            Box::new(|| {
-                (
-                    tls_broker(),
-                    Transport {
-                        tls: Some(tls_to(&pki)),
-                        ..Transport::default()
-                    },
-                )
-            }),
-        ),
-        (
-            "snappy",
-            Box::new(|| {
-                (
-                    BrokerConfig::default(),
-                    Transport {
-                        compression: Compression::Snappy,
-                        ..Transport::default()
-                    },
-                )
-            }),
-        ),
-        (
-            "deflate",
-            Box::new(|| {
-                (
-                    BrokerConfig::default(),
-                    Transport {
-                        compression: Compression::Deflate { level: 6 },
-                        ..Transport::default()
-                    },
-                )
-            }),
-        ),
-        (
-            "deflate1",
-            Box::new(|| {
-                (
-                    BrokerConfig::default(),
-                    Transport {
-                        compression: Compression::Deflate { level: 1 },
-                        ..Transport::default()
-                    },
-                )
-            }),
-        ),
-    ];
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
     for _round in 0..5 {
-        for (i, (_, make)) in variants.iter().enumerate() {
-            let (broker, transport) = make();
+        for (i, name) in variants.iter().enumerate() {
+            let (broker, transport) = make(name);
             rates[i].push(transport_rate(broker, transport, N).await);
         }
     }
@@ -753,7 +711,7 @@ async fn throughput() {
         v[v.len() / 2]
     };
     let medians: Vec<f64> = rates.iter_mut().map(median).collect();
-    for ((name, _), rate) in variants.iter().zip(&medians) {
+    for (name, rate) in variants.iter().zip(&medians) {
         println!(
             "transport {name:>8}: {rate:>9.0} msgs/s, {:.2} of plain",
             rate / medians[0]

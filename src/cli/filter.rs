@@ -17,8 +17,17 @@ pub(crate) struct FilterArgs {
     #[arg(long, value_name = "KEY", default_value = "body")]
     pub(crate) key: KeySpec,
     /// Digest of the key: `xxh3`, `xxh3:<seed>` or `md5`.
-    #[arg(long, value_name = "DIGEST", default_value = "xxh3")]
+    #[arg(
+        long,
+        value_name = "DIGEST",
+        default_value = "xxh3",
+        conflicts_with = "digest_key_file"
+    )]
     pub(crate) digest: DigestAlgorithm,
+    /// File with a 32-byte key (raw or 64 hex digits): digests become keyed BLAKE3, which
+    /// nobody without the key can predict.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) digest_key_file: Option<PathBuf>,
     /// What to do with a record that has no key: pass it on (and count it) or stop with an error.
     #[arg(long, value_enum, value_name = "POLICY", default_value_t = MissingKey::Pass)]
     pub(crate) on_missing_key: MissingKey,

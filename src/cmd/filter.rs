@@ -9,7 +9,7 @@ use crate::cli::{FilterArgs, MissingKey};
 use nsq_dedupe::filter::{filter_records, FilterStats};
 use nsq_dedupe::sizing;
 use nsq_dedupe::units::{format_bytes, format_count};
-use nsq_dedupe::{Geometry, Keyer, Table};
+use nsq_dedupe::{DigestAlgorithm, Geometry, Keyer, Table};
 
 /// Read and write buffers: large enough that system calls are not the cost per record.
 const BUFFER_BYTES: usize = 256 * 1024;
@@ -25,7 +25,14 @@ pub(crate) fn run(args: &FilterArgs) -> Result<()> {
         ),
     };
     let table = Table::new(geometry).with_context(|| format!("invalid {flag}"))?;
-    let keyer = Keyer::new(args.key.clone(), args.digest);
+    let digest = match &args.digest_key_file {
+        Some(path) => DigestAlgorithm::Blake3Keyed(
+            // Named by the flag: `filter` has no config file.
+            nsq_dedupe::config::read_digest_key("--digest-key-file", path)?,
+        ),
+        None => args.digest,
+    };
+    let keyer = Keyer::new(args.key.clone(), digest);
     let keyless_is_error = args.on_missing_key == MissingKey::Error;
     let mut stats = FilterStats::default();
     let stdout = io::stdout().lock();

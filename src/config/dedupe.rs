@@ -3,13 +3,14 @@
 //!
 //! Defaults are [`Policy::default`]'s; this module only overrides what the file or flags set.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
 
 use super::source::Source;
 use super::{invalid, quote, ConfigError, Dur};
-use crate::dedup::digest::{DigestAlgorithm, KeySpec, Keyer};
+use crate::dedup::digest::{DigestAlgorithm, DigestKey, KeySpec, Keyer};
 use crate::pipeline::{InFlightPolicy, Policy, StoreErrorPolicy};
 
 /// `[dedupe]`.
@@ -19,6 +20,7 @@ use crate::pipeline::{InFlightPolicy, Policy, StoreErrorPolicy};
 pub struct RawDedupe {
     pub key: Option<String>,
     pub digest: Option<String>,
+    pub digest_key_file: Option<PathBuf>,
     pub on_in_flight: Option<InFlightPolicy>,
     pub in_flight_requeue_delay: Option<Dur>,
     pub on_store_error: Option<StoreErrorPolicy>,
@@ -32,15 +34,32 @@ impl RawDedupe {
                 invalid("dedupe.key", quote(self.key.as_deref()), e.to_string())
             },
         )?;
-        let digest: DigestAlgorithm = self.digest.as_deref().unwrap_or("xxh3").parse().map_err(
-            |e: crate::error::SpecError| {
-                invalid(
+        let digest =
+            match (&self.digest_key_file, self.digest.as_deref()) {
+                (Some(path), None | Some("blake3")) => {
+                    DigestAlgorithm::Blake3Keyed(read_digest_key("dedupe.digest_key_file", path)?)
+                }
+                (Some(_), Some(other)) => return Err(invalid(
                     "dedupe.digest",
-                    quote(self.digest.as_deref()),
-                    e.to_string(),
-                )
-            },
-        )?;
+                    quote(Some(other)),
+                    "a digest key file selects keyed BLAKE3; set `dedupe.digest` to \"blake3\" \
+                     or leave it out",
+                )),
+                (None, Some("blake3")) => {
+                    return Err(ConfigError::Missing {
+                        key: "dedupe.digest_key_file",
+                        flags: &["--digest-key-file"],
+                    })
+                }
+                (None, digest) => {
+                    digest
+                        .unwrap_or("xxh3")
+                        .parse()
+                        .map_err(|e: crate::error::SpecError| {
+                            invalid("dedupe.digest", quote(digest), e.to_string())
+                        })?
+                }
+            };
         let defaults = Policy::default();
         let policy = Policy {
             on_in_flight: self.on_in_flight.unwrap_or(defaults.on_in_flight),
@@ -59,4 +78,22 @@ impl RawDedupe {
         };
         Ok((Keyer::new(key, digest), policy))
     }
+}
+
+/// Reads a keyed digest's key from `path`; errors name the setting `key` (a config key, or a
+/// flag where there is no config file).
+///
+/// # Errors
+///
+/// The file cannot be read or is not a key; the message names the file, never its contents.
+pub fn read_digest_key(key: &'static str, path: &Path) -> Result<DigestKey, ConfigError> {
+    let contents = std::fs::read(path).map_err(|error| {
+        invalid(
+            key,
+            quote(Some(&path.display().to_string())),
+            format!("cannot read it: {error}"),
+        )
+    })?;
+    DigestKey::from_file_contents(&contents)
+        .map_err(|reason| invalid(key, quote(Some(&path.display().to_string())), reason))
 }

@@ -19,7 +19,8 @@
 //!
 //! [dedupe]
 //! key = "json:/id"                  # or "body" (default)
-//! digest = "xxh3"                   # or "xxh3:<seed>", "md5"
+//! digest = "xxh3"                   # or "xxh3:<seed>", "md5", "blake3" (with the key file)
+//! # digest_key_file = "/run/secrets/digest-key"  # 32 bytes: keyed BLAKE3
 //! on_in_flight = "requeue"          # or "finish"
 //! in_flight_requeue_delay = "1s"
 //! on_store_error = "requeue"        # or "process"
@@ -93,11 +94,11 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::dedup::digest::Keyer;
+use crate::dedup::digest::{DigestAlgorithm, Keyer};
 use crate::nsq::ConsumerConfig;
 use crate::pipeline::Policy;
 
-pub use dedupe::RawDedupe;
+pub use dedupe::{read_digest_key, RawDedupe};
 pub use nsq_opts::{option_key, RawNsqOpts, OPTION_NAMES};
 pub use service::{RawMetrics, RawShutdown};
 pub use sink::{
@@ -319,7 +320,14 @@ impl RawConfig {
         source.apply(transport, identity)?;
         let (producer, _) = self.producer_opt.validate(nsq_opts::Side::Producer)?;
         let (keyer, policy) = self.dedupe.validate(&source)?;
-        let (store, window) = self.store.validate(source.msg_timeout)?;
+        let (mut store, window) = self.store.validate(source.msg_timeout)?;
+        if let (StoreSettings::Memcached(config, _), DigestAlgorithm::Blake3Keyed(key)) =
+            (&mut store, keyer.algorithm())
+        {
+            // Consumers with different keys must never read each other's sets: their digests
+            // of one body differ, so a shared set would only hold noise for the other.
+            config.namespace = format!("{}.k{}", config.namespace, key.fingerprint());
+        }
         let sink = self.sink.validate()?;
         let dead_letter = sink::validate_dead_letter(self.dead_letter.as_ref(), &self.source)?;
         let service = service::validate(&self.metrics, &self.shutdown)?;
@@ -428,6 +436,35 @@ mod tests {
         assert!(e.contains("msg_timeout") && e.contains("soon"), "{e}");
         let e = err("[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"a:1\"]\n[store]\nways = 3\n");
         assert_eq!(e, "invalid `store.ways` = 3: expected 1, 2, 4 or 8");
+    }
+
+    #[test]
+    fn a_digest_key_puts_its_fingerprint_in_the_memcached_namespace() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("key");
+        std::fs::write(&path, [5u8; 32]).unwrap();
+        let text = format!(
+            "[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"a:1\"]\n[dedupe]\n\
+             digest_key_file = {:?}\n[store]\nkind = \"memcached\"\nmemcached_addresses = \
+             [\"127.0.0.1:11211\"]\n",
+            path.display().to_string()
+        );
+        let settings = Settings::from_toml(&text).unwrap();
+        let key = crate::DigestKey::from_file_contents(&[5u8; 32]).unwrap();
+        assert_eq!(
+            settings.keyer.algorithm(),
+            DigestAlgorithm::Blake3Keyed(key)
+        );
+        let StoreSettings::Memcached(config, _) = settings.store else {
+            panic!("memcached")
+        };
+        assert_eq!(config.namespace, format!("nsq-dedupe.k{}", key.fingerprint()));
+        let e = err("[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"a:1\"]\n[dedupe]\ndigest = \"blake3\"\n");
+        assert_eq!(
+            e,
+            "`dedupe.digest_key_file` is required: set it in the config file or pass \
+             `--digest-key-file`"
+        );
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! NSQ gives each copy of a replicated message its own ID, so copies can only be recognised by
 //! content. A [`Keyer`] takes the key out of a body (the whole body, or one field of a JSON body)
 //! and hashes it to a 128-bit [`Digest`]. xxh3-128 is the default: fast and well distributed.
-//! MD5 is offered for compatibility with tables written by other implementations.
+//! MD5 is offered for compatibility with tables written by other implementations. Keyed BLAKE3
+//! ([`DigestKey`]) is for bodies that untrusted parties can shape: without the key nobody can
+//! predict where a body lands or make two bodies collide.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -67,7 +69,7 @@ impl fmt::Display for Digest {
 /// The hash function that turns a key into a [`Digest`].
 ///
 /// Defaults to: `xxh3` with seed 0.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub enum DigestAlgorithm {
     /// xxh3-128 with a seed (tables built with different seeds do not share entries).
     Xxh3 {
@@ -76,6 +78,60 @@ pub enum DigestAlgorithm {
     },
     /// MD5 (slower; for compatibility).
     Md5,
+    /// BLAKE3 in keyed mode, truncated to 128 bits: unpredictable without the key.
+    Blake3Keyed(DigestKey),
+}
+
+impl fmt::Debug for DigestAlgorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Display shows the key's fingerprint, never the key.
+        write!(f, "DigestAlgorithm({self})")
+    }
+}
+
+/// A 32-byte key for [`DigestAlgorithm::Blake3Keyed`]. Neither `Debug` nor `Display` shows
+/// it; [`DigestKey::fingerprint`] names it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct DigestKey([u8; 32]);
+
+impl DigestKey {
+    /// A key from a file's contents: 32 raw bytes, or 64 hexadecimal digits (white space
+    /// around them ignored).
+    ///
+    /// # Errors
+    ///
+    /// What the contents are instead, and how to make a key.
+    pub fn from_file_contents(contents: &[u8]) -> Result<Self, String> {
+        if let Ok(raw) = <[u8; 32]>::try_from(contents) {
+            return Ok(DigestKey(raw));
+        }
+        let text = std::str::from_utf8(contents).unwrap_or("").trim();
+        if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            let mut key = [0u8; 32];
+            for (i, byte) in key.iter_mut().enumerate() {
+                *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).unwrap_or(0);
+            }
+            return Ok(DigestKey(key));
+        }
+        Err(format!(
+            "expected 32 bytes or 64 hexadecimal digits, found {} bytes; make a key with \
+             `head -c 32 /dev/urandom > FILE`",
+            contents.len()
+        ))
+    }
+
+    /// Eight hexadecimal digits derived from the key (not the key, and not enough of it to
+    /// guess it): tells keys apart in logs and Memcached namespaces.
+    pub fn fingerprint(&self) -> String {
+        let derived = blake3::derive_key("nsq-dedupe 2026 digest key fingerprint", &self.0);
+        derived[..4].iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+impl fmt::Debug for DigestKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DigestKey({})", self.fingerprint())
+    }
 }
 
 impl Default for DigestAlgorithm {
@@ -94,6 +150,12 @@ impl DigestAlgorithm {
                 Digest(xxhash_rust::xxh3::xxh3_128_with_seed(bytes, seed))
             }
             DigestAlgorithm::Md5 => Digest::from_bytes(Md5::digest(bytes).into()),
+            DigestAlgorithm::Blake3Keyed(DigestKey(key)) => {
+                let hash = blake3::keyed_hash(&key, bytes);
+                let mut first = [0u8; 16];
+                first.copy_from_slice(&hash.as_bytes()[..16]);
+                Digest::from_bytes(first)
+            }
         }
     }
 }
@@ -101,7 +163,8 @@ impl DigestAlgorithm {
 impl FromStr for DigestAlgorithm {
     type Err = SpecError;
 
-    /// Parses `xxh3`, `xxh3:<seed>` or `md5`.
+    /// Parses `xxh3`, `xxh3:<seed>` or `md5`. Keyed BLAKE3 needs its key, so it is built with
+    /// [`DigestAlgorithm::Blake3Keyed`] and a [`DigestKey`], not parsed.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "xxh3" => Ok(DigestAlgorithm::Xxh3 { seed: 0 }),
@@ -120,6 +183,7 @@ impl fmt::Display for DigestAlgorithm {
             DigestAlgorithm::Xxh3 { seed: 0 } => f.write_str("xxh3"),
             DigestAlgorithm::Xxh3 { seed } => write!(f, "xxh3:{seed}"),
             DigestAlgorithm::Md5 => f.write_str("md5"),
+            DigestAlgorithm::Blake3Keyed(key) => write!(f, "blake3-keyed:{}", key.fingerprint()),
         }
     }
 }
@@ -235,6 +299,30 @@ impl Keyer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keyed_blake3_depends_on_the_key_and_never_shows_it() {
+        let hex = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+        let key = DigestKey::from_file_contents(format!("{hex}\n").as_bytes()).unwrap();
+        let raw: Vec<u8> = (0u8..32).collect();
+        assert_eq!(DigestKey::from_file_contents(&raw).unwrap(), key);
+        let keyed = DigestAlgorithm::Blake3Keyed(key);
+        // The digest is the first 128 bits of BLAKE3's keyed hash.
+        assert_eq!(
+            &keyed.digest(b"").to_string()[..8],
+            &blake3::keyed_hash(&raw.clone().try_into().unwrap(), b"").to_hex()[..8]
+        );
+        assert_eq!(keyed.digest(b"hello"), keyed.digest(b"hello"));
+        let other = DigestAlgorithm::Blake3Keyed(DigestKey([7; 32]));
+        assert_ne!(keyed.digest(b"hello"), other.digest(b"hello"));
+        assert_ne!(key.fingerprint(), DigestKey([7; 32]).fingerprint());
+        for shown in [format!("{keyed}"), format!("{keyed:?}"), format!("{key:?}")] {
+            assert!(shown.contains(&key.fingerprint()), "{shown}");
+            assert!(!shown.contains("0102030405"), "{shown}");
+        }
+        let error = DigestKey::from_file_contents(b"short").unwrap_err();
+        assert!(error.starts_with("expected 32 bytes or 64 hexadecimal digits, found 5 bytes"));
+    }
 
     #[test]
     fn xxh3_and_md5_match_reference_values() {

@@ -16,9 +16,15 @@ pub(crate) struct DedupeFlags {
     /// Key of a body: `body` or `json:<pointer>`. `dedupe.key`.
     #[arg(long, value_name = "KEY")]
     pub(crate) key: Option<String>,
-    /// Digest of the key: `xxh3`, `xxh3:<seed>` or `md5`. `dedupe.digest`.
+    /// Digest of the key: `xxh3`, `xxh3:<seed>`, `md5`, or `blake3` with --digest-key-file.
+    /// `dedupe.digest`.
     #[arg(long, value_name = "DIGEST")]
     pub(crate) digest: Option<String>,
+    /// File with a 32-byte key (raw or 64 hex digits): digests become keyed BLAKE3, which
+    /// nobody without the key can predict. Every consumer sharing a Memcached table needs the
+    /// same key. `dedupe.digest_key_file`.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) digest_key_file: Option<std::path::PathBuf>,
     /// A copy whose original is being handled: requeue it (default) or finish it.
     /// `dedupe.on_in_flight`.
     #[arg(long, value_name = "POLICY", value_parser = named(&InFlightPolicy::NAMES))]
@@ -44,6 +50,12 @@ impl DedupeFlags {
             self.digest.as_ref(),
             "dedupe.digest",
             "--digest",
+        );
+        overlay.value(
+            &mut dedupe.digest_key_file,
+            self.digest_key_file.as_ref(),
+            "dedupe.digest_key_file",
+            "--digest-key-file",
         );
         overlay.value(
             &mut dedupe.on_in_flight,
