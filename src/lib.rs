@@ -12,7 +12,9 @@
 //! - [`sizing`]: pure functions between slots, catch probability and window.
 //! - [`units`]: sizes, durations and counts as people write and read them.
 //! - `error`: error types whose messages name the knob to turn.
-//! - [`nsq`]: our NSQ TCP client: [`Consumer`], [`Message`], [`Producer`], nsqlookupd.
+//! - [`nsq`]: our NSQ TCP client: [`Consumer`], [`Message`], [`Producer`], nsqlookupd; TLS,
+//!   snappy, deflate and AUTH ([`nsq::Transport`]).
+//! - [`tls`]: TLS client settings shared by the NSQ connections and the HTTP client.
 //! - [`pipeline`]: [`Dedupe`], the de-duplicating step (claim, handle, commit or erase, FIN or
 //!   REQ), and [`filter_stream`](pipeline::filter_stream) for plain streams of records.
 //! - [`sink`]: the [`Handler`](sink::Handler) trait, the sidecar's sinks and the dead-letter.

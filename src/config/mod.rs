@@ -458,7 +458,10 @@ mod tests {
         let StoreSettings::Memcached(config, _) = settings.store else {
             panic!("memcached")
         };
-        assert_eq!(config.namespace, format!("nsq-dedupe.k{}", key.fingerprint()));
+        assert_eq!(
+            config.namespace,
+            format!("nsq-dedupe.k{}", key.fingerprint())
+        );
         let e = err("[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"a:1\"]\n[dedupe]\ndigest = \"blake3\"\n");
         assert_eq!(
             e,
