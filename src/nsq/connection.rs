@@ -1,11 +1,11 @@
-//! One TCP connection to nsqd: the handshake and the two halves that carry frames.
+//! One connection to nsqd and the two halves that carry its frames.
 //!
-//! [`Connection::connect`] opens the socket, sends the `"  V2"` magic and IDENTIFY (with feature
-//! negotiation, so nsqd answers with its settings as JSON), and returns a connection whose read
-//! half yields [`Frame`]s. The consumer then splits it: the read half stays in the connection's
-//! task and the write half goes to a [`Writer`] task fed by a channel, so FIN/REQ/TOUCH from any
-//! task are written as soon as the writer runs, batched with whatever else is queued, never
-//! held back by a timer.
+//! `Connection::connect` opens it through `transport` (the magic, IDENTIFY with feature
+//! negotiation, and the TLS, compression and AUTH nsqd agreed to) and returns a connection
+//! whose read half yields [`Frame`]s. The consumer then splits it: the read half stays in the
+//! connection's task and the write half goes to a writer task fed by a channel, so
+//! FIN/REQ/TOUCH from any task are written as soon as the writer runs, batched with whatever
+//! else is queued, never held back by a timer.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
