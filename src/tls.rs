@@ -132,7 +132,7 @@ pub fn client_config(settings: &TlsSettings) -> Result<rustls::ClientConfig, Tls
         (Some(cert), Some(key)) => {
             let chain = read_certs("client certificate", cert)?;
             let key_der = PrivateKeyDer::from_pem_file(key)
-                .map_err(|error| file_error("client key", key, error))?;
+                .map_err(|error| file_error("client key", key, pem_error(error)))?;
             builder
                 .with_client_auth_cert(chain, key_der)
                 .map_err(|error| file_error("client key", key, error))
@@ -166,13 +166,22 @@ fn read_certs(
     path: &Path,
 ) -> Result<Vec<CertificateDer<'static>>, TlsFileError> {
     let certs: Vec<_> = CertificateDer::pem_file_iter(path)
-        .map_err(|error| file_error(what, path, error))?
+        .map_err(|error| file_error(what, path, pem_error(error)))?
         .collect::<Result<_, _>>()
         .map_err(|error| file_error(what, path, error))?;
     if certs.is_empty() {
         return Err(file_error(what, path, "no PEM certificate in it"));
     }
     Ok(certs)
+}
+
+/// A PEM error as a reason: "cannot read it" for I/O, else what is wrong with the contents.
+fn pem_error(error: rustls::pki_types::pem::Error) -> String {
+    match error {
+        rustls::pki_types::pem::Error::Io(error) => format!("cannot read it: {error}"),
+        rustls::pki_types::pem::Error::NoItemsFound => "no PEM item of that kind in it".into(),
+        other => format!("not valid PEM: {other:?}"),
+    }
 }
 
 fn file_error(what: &'static str, path: &Path, cause: impl fmt::Display) -> TlsFileError {

@@ -552,3 +552,64 @@ fn a_bad_log_level_is_an_error_naming_the_flag() {
         "{stderr}"
     );
 }
+
+#[test]
+fn nsqd_connection_options_are_checked_before_connecting() {
+    let run = |extra: &[&str]| {
+        let out = crate::util::bin()
+            .args(["run", "--topic", "t", "--nsqd-tcp-address", "127.0.0.1:1"])
+            .args(extra)
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    assert_eq!(
+        run(&["--tls-root-ca-file", "/nonexistent/ca.pem"]),
+        (
+            1,
+            "error: invalid `--tls-root-ca-file` = \"/nonexistent/ca.pem\": cannot read it: No \
+             such file or directory (os error 2)\n"
+                .into()
+        )
+    );
+    assert_eq!(
+        run(&["--snappy", "--deflate"]),
+        (
+            1,
+            "error: invalid `--snappy` = true: snappy and deflate are exclusive; choose one\n"
+                .into()
+        )
+    );
+    assert_eq!(
+        run(&["--consumer-opt", "max_in_flight,0"]),
+        (
+            1,
+            "error: invalid `--consumer-opt max_in_flight` = 0: must be at least 1\n".into()
+        )
+    );
+    assert_eq!(
+        run(&["--producer-opt", "deflate_level,12"]).1,
+        "error: invalid `--producer-opt deflate_level` = 12: expected 1 (fastest) to 9 (smallest); nsqd caps \
+         it at its --max-deflate-level\n"
+    );
+    let (code, stderr) = run(&["--consumer-opt", "tls_v2,true"]);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.starts_with(
+            "error: invalid value 'tls_v2,true' for '--consumer-opt <KEY,VALUE>': unknown \
+             option \"tls_v2\"; known: auth_secret, auth_secret_file, deflate, "
+        ),
+        "{stderr}"
+    );
+    let (code, stderr) = run(&["--auth-secret", "  "]);
+    assert_eq!(
+        (code, stderr.as_str()),
+        (
+            1,
+            "error: invalid `--auth-secret` = <redacted>: the secret is empty\n"
+        )
+    );
+}

@@ -229,11 +229,21 @@ impl NsqOptFlags {
 /// Sets one option: a `[source]` key, or a field of `[consumer_opt]` / `[producer_opt]`.
 fn set(raw: &mut RawConfig, consumer: bool, opt: &NsqOpt, overlay: &mut Overlay<'_>) {
     let source = &mut raw.source;
-    let (flag, key) = if consumer {
-        ("--consumer-opt", consumer_key(opt.key))
+    let key = if consumer {
+        consumer_key(opt.key)
     } else {
-        ("--producer-opt", producer_key(opt.key))
+        producer_key(opt.key)
     };
+    // Errors name the option as typed, `--producer-opt deflate_level`. Leaked: one short
+    // string per option given, for the life of the process that parsed them.
+    let flag: &'static str = Box::leak(
+        format!(
+            "--{}-opt {}",
+            if consumer { "consumer" } else { "producer" },
+            opt.key
+        )
+        .into_boxed_str(),
+    );
     match (opt.key, &opt.value) {
         ("max_in_flight", Value::Count(n)) => {
             source.max_in_flight = Some(u32::try_from(*n).unwrap_or(u32::MAX));
