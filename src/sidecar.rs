@@ -19,6 +19,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{DeadLetterSettings, Settings, SinkSettings, StoreSettings};
 use crate::dedup::backend::Backend;
+use crate::dedup::table_file::{SaveReport, TableFile};
 use crate::metrics::{get, Metrics, TableView};
 use crate::nsq::{Consumer, ProducerConfig, ShutdownReport, Transport};
 use crate::pipeline::Dedupe;
@@ -52,6 +53,10 @@ pub enum RunError {
     /// gracefully and its messages were requeued.
     #[error("the sink's output was closed; stopped")]
     SinkClosed(#[source] std::io::Error),
+    /// The table file could not be opened or written; the message names the file and what to
+    /// do.
+    #[error(transparent)]
+    TableFile(#[from] crate::dedup::table_file::TableFileError),
     /// The metrics address could not be bound.
     #[error("cannot listen on metrics address {addr} (change `--metrics-address` / `metrics.address`, or set it to \"off\")")]
     Metrics {
@@ -78,6 +83,8 @@ pub struct Sidecar<H> {
     metrics_listener: Option<TcpListener>,
     /// Completes if the dead-letter's nsqd refuses this client for good.
     dead_letter_refused: Option<Refusal>,
+    /// The in-process table's file, locked while this sidecar lives.
+    table_file: Option<Arc<TableFile>>,
 }
 
 /// A future that completes with a refusal no retry changes.
@@ -166,7 +173,22 @@ impl<H: Handler> Sidecar<H> {
     ///
     /// [`RunError`] naming what could not be built.
     pub async fn with_handler(settings: Settings, handler: H) -> Result<Self, RunError> {
-        let store = build_store(&settings.store).await?;
+        let (store, table_file) = match (&settings.store, &settings.table_file) {
+            (StoreSettings::Memory(geometry), Some(file)) => {
+                let identity = format!("{} {}", settings.keyer.key(), settings.keyer.algorithm());
+                let (opened, table, report) =
+                    TableFile::open(&file.path, *geometry, &identity, file.on_mismatch)?;
+                tracing::info!(
+                    table_file = %file.path.display(),
+                    entries = report.entries,
+                    released_in_flight = report.released_in_flight,
+                    snapshot_age = ?report.snapshot_at.and_then(|t| t.elapsed().ok()),
+                    "Table loaded from its file."
+                );
+                (Backend::Memory(table), Some(Arc::new(opened)))
+            }
+            (store, _) => (build_store(store).await?, None),
+        };
         let dead_letter = match &settings.dead_letter {
             None => None,
             Some(DeadLetterSettings::File(path)) => Some(DeadLetter::file(path.clone())?),
@@ -200,6 +222,7 @@ impl<H: Handler> Sidecar<H> {
             dedupe,
             metrics_listener,
             dead_letter_refused,
+            table_file,
         })
     }
 
@@ -226,6 +249,7 @@ impl<H: Handler> Sidecar<H> {
             dedupe,
             metrics_listener,
             dead_letter_refused,
+            table_file,
         } = self;
         let mut consumer = Consumer::new(settings.source.clone())?;
         let background = CancellationToken::new();
@@ -287,6 +311,14 @@ impl<H: Handler> Sidecar<H> {
             background.clone(),
         ));
 
+        if let (Some(file), Some(settings)) = (&table_file, &settings.table_file) {
+            tokio::spawn(snapshot_loop(
+                file.clone(),
+                dedupe.clone(),
+                settings.snapshot_interval,
+                background.clone(),
+            ));
+        }
         let tracker = TaskTracker::new();
         tokio::pin!(shutdown);
         let sink_closed = dedupe.handler().closed();
@@ -360,6 +392,12 @@ impl<H: Handler> Sidecar<H> {
         if let Err(error) = dedupe.handler().flush().await {
             tracing::error!(%error, "Flushing the sink failed.");
         }
+        if let Some(file) = &table_file {
+            // Every handler is done or abandoned: what the table holds now is final.
+            background.cancel();
+            let report = save_snapshot(file.clone(), dedupe.clone()).await?;
+            tracing::info!(table_file = %file.path().display(), bytes = report.bytes, took = ?report.took, "Table saved to its file.");
+        }
         log_status(&dedupe, settings.window, "Sidecar stopped.");
         tracing::info!(
             requeued_unseen = report.requeued_unseen,
@@ -388,6 +426,45 @@ impl<H: Handler> Sidecar<H> {
 /// [`RunError`] if something cannot be built or started.
 pub async fn run(settings: Settings, shutdown: impl Future) -> Result<RunReport, RunError> {
     Sidecar::new(settings).await?.run(shutdown).await
+}
+
+/// Writes a snapshot of the in-process table every `every` until `stop`.
+async fn snapshot_loop<H: Handler>(
+    file: Arc<TableFile>,
+    dedupe: Dedupe<Backend, H>,
+    every: Duration,
+    stop: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        match save_snapshot(file.clone(), dedupe.clone()).await {
+            Ok(report) => {
+                tracing::debug!(table_file = %file.path().display(), bytes = report.bytes, took = ?report.took, "Table snapshot written.");
+            }
+            // The previous snapshot is still in place; the next tick tries again.
+            Err(error) => tracing::warn!(%error, "Writing the table snapshot failed."),
+        }
+    }
+}
+
+/// Writes one snapshot on a blocking thread (it is a few hundred megabytes at most, written
+/// sequentially).
+async fn save_snapshot<H: Handler>(
+    file: Arc<TableFile>,
+    dedupe: Dedupe<Backend, H>,
+) -> Result<SaveReport, RunError> {
+    tokio::task::spawn_blocking(move || match dedupe.store() {
+        Backend::Memory(table) => file.save(table).map_err(RunError::from),
+        _ => unreachable!("a table file goes with the in-process table"),
+    })
+    .await
+    .unwrap_or_else(|join| std::panic::resume_unwind(join.into_panic()))
 }
 
 fn table_view<H: Handler>(dedupe: &Dedupe<Backend, H>, settings: &Settings) -> TableView {

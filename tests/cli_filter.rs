@@ -254,3 +254,40 @@ fn a_file_without_a_last_newline_is_not_glued_to_the_next() {
         .success()
         .stdout("a\nb\nd");
 }
+
+#[test]
+fn a_table_file_remembers_across_runs_and_refuses_another_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("table");
+    let run = |input: &'static str, extra: &[&str]| {
+        bin()
+            .args(["filter", "--memory", "64KiB", "--table-file"])
+            .arg(&table)
+            .args(extra)
+            .write_stdin(input)
+            .assert()
+    };
+    run("a\nb\na\n", &[]).success().stdout("a\nb\n");
+    run("b\nc\nd\n", &[]).success().stdout("c\nd\n");
+    run("a\nd\ne\n", &[]).success().stdout("e\n");
+    run("x\n", &["--key", "json:/id"])
+        .code(1)
+        .stdout("")
+        .stderr(format!(
+            "error: table file {} was written for digests of \"body xxh3\", not \"json:/id xxh3\"; \
+             start fresh by moving the file away (the table starts empty) or with \
+             `--table-file-on-mismatch recreate`\n",
+            table.display()
+        ));
+    bin()
+        .args(["filter", "--memory", "128KiB", "--table-file"])
+        .arg(&table)
+        .write_stdin("a\n")
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains(
+            "was written for 8192 slots in sets of 8 ways, not 16384 in sets of 8",
+        ));
+    // What the refused runs saw was not remembered, and the file is unchanged.
+    run("e\nf\n", &[]).success().stdout("f\n");
+}

@@ -16,3 +16,4 @@ mod nsq;
 mod nsq_transport;
 mod sidecar;
 mod table;
+mod table_file;

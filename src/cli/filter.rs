@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
+use nsq_dedupe::dedup::table_file::OnMismatch;
 use nsq_dedupe::{DigestAlgorithm, KeySpec};
 
 use super::table::TableFlags;
@@ -31,6 +32,15 @@ pub(crate) struct FilterArgs {
     /// What to do with a record that has no key: pass it on (and count it) or stop with an error.
     #[arg(long, value_enum, value_name = "POLICY", default_value_t = MissingKey::Pass)]
     pub(crate) on_missing_key: MissingKey,
+    /// Keep the table in this file between runs: loaded at start (or created), written at the
+    /// end of a run whose every record was written, so daily runs de-duplicate across days.
+    /// The table's size and key must stay the same.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) table_file: Option<PathBuf>,
+    /// A table file that does not match or is damaged: `error` or `recreate` (moved aside,
+    /// start empty).
+    #[arg(long, value_name = "POLICY", default_value = "error", value_parser = crate::cli::parse::named(&OnMismatch::NAMES))]
+    pub(crate) table_file_on_mismatch: OnMismatch,
     /// Print counts and the table's catch probability to stderr at the end.
     #[arg(long)]
     pub(crate) stats: bool,

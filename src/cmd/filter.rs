@@ -6,6 +6,7 @@ use std::io::{self, BufWriter, Read, Write};
 use anyhow::{Context, Result};
 
 use crate::cli::{FilterArgs, MissingKey};
+use nsq_dedupe::dedup::table_file::TableFile;
 use nsq_dedupe::filter::{filter_records, FilterStats};
 use nsq_dedupe::sizing;
 use nsq_dedupe::units::{format_bytes, format_count};
@@ -24,7 +25,6 @@ pub(crate) fn run(args: &FilterArgs) -> Result<()> {
             "the default table size; give a smaller `--memory`",
         ),
     };
-    let table = Table::new(geometry).with_context(|| format!("invalid {flag}"))?;
     let digest = match &args.digest_key_file {
         Some(path) => DigestAlgorithm::Blake3Keyed(
             // Named by the flag: `filter` has no config file.
@@ -33,6 +33,19 @@ pub(crate) fn run(args: &FilterArgs) -> Result<()> {
         None => args.digest,
     };
     let keyer = Keyer::new(args.key.clone(), digest);
+    let (table, table_file) = match &args.table_file {
+        None => (
+            Table::new(geometry).with_context(|| format!("invalid {flag}"))?,
+            None,
+        ),
+        Some(path) => {
+            let identity = format!("{} {}", keyer.key(), keyer.algorithm());
+            let (file, table, _) =
+                TableFile::open(path, geometry, &identity, args.table_file_on_mismatch)
+                    .map_err(|error| anyhow::anyhow!("{}", for_filter(&error.to_string())))?;
+            (table, Some(file))
+        }
+    };
     let keyless_is_error = args.on_missing_key == MissingKey::Error;
     let mut stats = FilterStats::default();
     let stdout = io::stdout().lock();
@@ -71,7 +84,21 @@ pub(crate) fn run(args: &FilterArgs) -> Result<()> {
     if args.stats {
         print_stats(&stats, &table);
     }
+    // Only a run whose every record was written may be remembered: a record the table holds
+    // but the output never got would be dropped as a copy by the next run.
+    if let (Ok(()), Some(file)) = (&flushed, &table_file) {
+        file.save(&table)
+            .map_err(|error| anyhow::anyhow!("{}", for_filter(&error.to_string())))?;
+    }
     flushed
+}
+
+/// A table file message as `filter` should say it: with its flag, not the config key.
+fn for_filter(message: &str) -> String {
+    message.replace(
+        "`store.table_file_on_mismatch = \"recreate\"`",
+        "`--table-file-on-mismatch recreate`",
+    )
 }
 
 fn print_stats(stats: &FilterStats, table: &Table) {

@@ -36,6 +36,9 @@
 //! memcached_addresses = ["127.0.0.1:11211"]
 //! namespace = "nsq-dedupe"
 //! lease = "65s"                     # default: msg_timeout + 5 s
+//! # table_file = "/var/lib/nsq-dedupe/table"  # memory: kept between runs
+//! # snapshot_interval = "10s"       # default
+//! # table_file_on_mismatch = "error"  # or "recreate"
 //! timeout = "500ms"
 //!
 //! [sink]
@@ -105,7 +108,7 @@ pub use sink::{
     DeadLetterKind, DeadLetterSettings, OneOrMany, RawDeadLetter, RawSink, SinkKind, SinkSettings,
 };
 pub use source::RawSource;
-pub use store::{RawStore, StoreKind, StoreSettings, DEFAULT_WINDOW};
+pub use store::{RawStore, StoreKind, StoreSettings, TableFileSettings, DEFAULT_WINDOW};
 
 /// A configuration that cannot be used. Each message names what the user typed: the flag when
 /// the value came from a flag, else the config key.
@@ -264,6 +267,8 @@ pub struct Settings {
     pub policy: Policy,
     /// The store.
     pub store: StoreSettings,
+    /// Where the in-process table is kept between runs, if anywhere.
+    pub table_file: Option<TableFileSettings>,
     /// The window the catch probability is reported for.
     pub window: Duration,
     /// The sink.
@@ -321,6 +326,7 @@ impl RawConfig {
         let (producer, _) = self.producer_opt.validate(nsq_opts::Side::Producer)?;
         let (keyer, policy) = self.dedupe.validate(&source)?;
         let (mut store, window) = self.store.validate(source.msg_timeout)?;
+        let table_file = self.store.table_file()?;
         if let (StoreSettings::Memcached(config, _), DigestAlgorithm::Blake3Keyed(key)) =
             (&mut store, keyer.algorithm())
         {
@@ -337,6 +343,7 @@ impl RawConfig {
             keyer,
             policy,
             store,
+            table_file,
             window,
             sink,
             dead_letter,

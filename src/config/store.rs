@@ -4,9 +4,12 @@
 //! Memcached rules are [`MemcachedConfig`]'s; this module picks between explicit sizes and
 //! probability-based sizing and names the key that is wrong.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
+
+use crate::dedup::table_file::OnMismatch;
 
 use super::{check_host_port, invalid, quote, ConfigError, Dur};
 use crate::dedup::Geometry;
@@ -51,6 +54,24 @@ pub struct RawStore {
     pub namespace: Option<String>,
     pub lease: Option<Dur>,
     pub timeout: Option<Dur>,
+    pub table_file: Option<PathBuf>,
+    pub snapshot_interval: Option<Dur>,
+    pub table_file_on_mismatch: Option<OnMismatch>,
+}
+
+/// How often the in-process table is written to its file when no interval is given: after a
+/// kill -9, at most this much (plus one snapshot's writing time) is forgotten.
+pub(crate) const DEFAULT_SNAPSHOT_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Where the in-process table is kept between runs (`store.table_file`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableFileSettings {
+    /// The file.
+    pub path: PathBuf,
+    /// How often a snapshot is written.
+    pub snapshot_interval: Duration,
+    /// What a file that does not match or is damaged does.
+    pub on_mismatch: OnMismatch,
 }
 
 /// The validated store choice.
@@ -65,6 +86,50 @@ pub enum StoreSettings {
 }
 
 impl RawStore {
+    /// `store.table_file` and its settings, checked against the store's kind.
+    pub(super) fn table_file(&self) -> Result<Option<TableFileSettings>, ConfigError> {
+        let Some(path) = &self.table_file else {
+            for (given, key) in [
+                (self.snapshot_interval.is_some(), "store.snapshot_interval"),
+                (
+                    self.table_file_on_mismatch.is_some(),
+                    "store.table_file_on_mismatch",
+                ),
+            ] {
+                if given {
+                    return Err(ConfigError::Required {
+                        key: "store.table_file",
+                        with: key,
+                    });
+                }
+            }
+            return Ok(None);
+        };
+        let kind = self.kind.unwrap_or(StoreKind::Memory);
+        if kind != StoreKind::Memory {
+            return Err(invalid(
+                "store.table_file",
+                quote(Some(&path.display().to_string())),
+                "only the in-process table (`store.kind = \"memory\"`) lives in a file",
+            ));
+        }
+        let snapshot_interval = self
+            .snapshot_interval
+            .map_or(DEFAULT_SNAPSHOT_INTERVAL, |d| d.0);
+        if snapshot_interval < Duration::from_millis(100) {
+            return Err(invalid(
+                "store.snapshot_interval",
+                format!("{snapshot_interval:?}"),
+                "must be at least 100ms",
+            ));
+        }
+        Ok(Some(TableFileSettings {
+            path: path.clone(),
+            snapshot_interval,
+            on_mismatch: self.table_file_on_mismatch.unwrap_or_default(),
+        }))
+    }
+
     pub(super) fn validate(
         &self,
         msg_timeout: Duration,

@@ -17,6 +17,7 @@ pub mod clock;
 pub(crate) mod digest;
 pub(crate) mod memcached;
 pub(crate) mod table;
+pub mod table_file;
 
 use std::future::Future;
 

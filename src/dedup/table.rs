@@ -234,6 +234,28 @@ impl Table {
         self.occupied() as f64 / self.geometry.slots() as f64
     }
 
+    /// The slots' values, in order, each read atomically: a snapshot for the table file.
+    /// Entries may change while it is taken; each value is one some slot held.
+    pub(crate) fn snapshot_words(&self) -> impl Iterator<Item = u64> + '_ {
+        self.slots[self.base..][..self.geometry.slots() as usize]
+            .iter()
+            .map(|slot| slot.load(Ordering::Relaxed))
+    }
+
+    /// Puts a slot value of a table file into slot `index` of this (new, unused) table: a done
+    /// entry as it is, an in-flight one released (its claimer is gone), no set's guard held.
+    pub(crate) fn restore_slot(&self, index: usize, word: u64) -> super::table_file::Restored {
+        use super::table_file::Restored;
+        let (value, restored) = match word & STATE_MASK {
+            DONE => (word & !LOCK, Restored::Done),
+            IN_FLIGHT => (word & CURSOR_MASK, Restored::Released),
+            // `10` is no state this layout writes; such a slot is dropped as empty.
+            _ => (word & CURSOR_MASK, Restored::Empty),
+        };
+        self.slots[self.base + index].store(value, Ordering::Relaxed);
+        restored
+    }
+
     /// One-step check-and-set: `true` if `digest` was held (seen before, or in flight),
     /// otherwise it is inserted as done and the answer is `false`.
     #[inline]

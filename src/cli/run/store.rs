@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use clap::Args;
 use nsq_dedupe::config::{Dur, RawConfig, StoreKind};
+use nsq_dedupe::dedup::table_file::OnMismatch;
 
 use super::Overlay;
 use crate::cli::parse::{
@@ -46,6 +47,17 @@ pub(crate) struct StoreFlags {
     /// Bound on each Memcached network step (default 500ms). `store.timeout`.
     #[arg(long = "store-timeout", value_name = "DURATION", value_parser = parse_duration)]
     pub(crate) timeout: Option<Duration>,
+    /// Keep the in-process table in this file between runs (snapshots). `store.table_file`.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) table_file: Option<std::path::PathBuf>,
+    /// How often the table file is written (default 10s): what a kill -9 can forget.
+    /// `store.snapshot_interval`.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) snapshot_interval: Option<Duration>,
+    /// A table file that does not match or is damaged: `error` (default) or `recreate` (moved
+    /// aside, start empty). `store.table_file_on_mismatch`.
+    #[arg(long, value_name = "POLICY", value_parser = named(&OnMismatch::NAMES))]
+    pub(crate) table_file_on_mismatch: Option<OnMismatch>,
 }
 
 impl StoreFlags {
@@ -108,6 +120,24 @@ impl StoreFlags {
             self.timeout.map(Dur).as_ref(),
             "store.timeout",
             "--store-timeout",
+        );
+        overlay.value(
+            &mut store.table_file,
+            self.table_file.as_ref(),
+            "store.table_file",
+            "--table-file",
+        );
+        overlay.value(
+            &mut store.snapshot_interval,
+            self.snapshot_interval.map(Dur).as_ref(),
+            "store.snapshot_interval",
+            "--snapshot-interval",
+        );
+        overlay.value(
+            &mut store.table_file_on_mismatch,
+            self.table_file_on_mismatch.as_ref(),
+            "store.table_file_on_mismatch",
+            "--table-file-on-mismatch",
         );
     }
 }

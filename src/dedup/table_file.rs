@@ -1,0 +1,597 @@
+//! The in-process table kept in a file, so that a restarted process keeps its memory.
+//!
+//! The table itself stays in anonymous memory (huge pages, the hot path untouched); a
+//! [`TableFile`] writes snapshots of it: at a graceful stop and every `snapshot_interval`, to a
+//! temporary file beside the table file, fsynced, then renamed over it (and the directory
+//! fsynced), so the file is always one complete snapshot. After a kill -9 what was claimed
+//! since the last snapshot is forgotten: at most one interval plus the time a snapshot takes.
+//!
+//! # File format (version 1)
+//!
+//! ```text
+//! offset  size  field
+//!      0     8  magic "NSQDDTBL"
+//!      8     4  format version (1), little-endian like every number here
+//!     12     4  slot layout (1: 58-bit fingerprint, cursor, lock, state; see `table`)
+//!     16     8  sets
+//!     24     4  ways
+//!     28     4  reserved (0)
+//!     32     8  xxh3-64 of the slot bytes
+//!     40     8  when the snapshot was taken, seconds since the Unix epoch
+//!     48     2  length of the digest identity, then the identity (UTF-8, at most 1024 bytes):
+//!               the key rule and digest, e.g. "json:/id xxh3" or "body blake3-keyed:1a2b3c4d"
+//!   4088     8  xxh3-64 of bytes 0..4088
+//!   4096        the slots, 8 bytes each, little-endian
+//! ```
+//!
+//! A file whose header does not match the settings is an error that says what differs (never
+//! silently overwritten); so is a truncated or corrupt one, unless the policy is
+//! [`OnMismatch::Recreate`], which moves the old file aside and starts empty, logged as an
+//! error. Two processes never use one file: the first holds an exclusive lock (`flock`) on
+//! `PATH.lock`, which also records its process ID for the other's error message.
+//!
+//! A table loaded from a file releases every entry that was in flight: the process that claimed
+//! them never finished those messages, so nsqd delivers them again and they must pass.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufWriter, Read, Seek, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+
+use crate::dedup::table::Table;
+use crate::dedup::Geometry;
+
+const MAGIC: &[u8; 8] = b"NSQDDTBL";
+const FORMAT_VERSION: u32 = 1;
+/// The slot layout of `table`: 58-bit fingerprint, cursor, lock, state; no time.
+const SLOT_LAYOUT: u32 = 1;
+const HEADER_BYTES: usize = 4096;
+const MAX_IDENTITY: usize = 1024;
+
+/// What to do with a table file that does not match the settings or is damaged.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnMismatch {
+    /// Stop with an error that says what differs. The default: a memory is never dropped
+    /// without someone deciding so.
+    #[default]
+    Error,
+    /// Move the old file aside (`PATH.bad-<unix time>`), start with an empty table, and log it
+    /// as an error.
+    Recreate,
+}
+
+impl OnMismatch {
+    /// The names accepted in the config file and on the command line.
+    pub const NAMES: [(&'static str, OnMismatch); 2] = [
+        ("error", OnMismatch::Error),
+        ("recreate", OnMismatch::Recreate),
+    ];
+}
+
+/// Why a table file could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TableFileError {
+    /// Reading or writing failed.
+    #[error("table file {path}: {cause}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error, in the message (said once).
+        cause: io::Error,
+    },
+    /// Another process holds the file.
+    #[error("table file {path} is in use by {holder} (its lock {lock} is held); stop it, or give this process another file")]
+    Locked {
+        /// The table file.
+        path: PathBuf,
+        /// The lock file.
+        lock: PathBuf,
+        /// "process 1234", or "another process" when its ID is unknown.
+        holder: String,
+    },
+    /// The file was written for other settings.
+    #[error("table file {path} was written for {differs}; start fresh by moving the file away (the table starts empty) or with `store.table_file_on_mismatch = \"recreate\"`")]
+    Mismatch {
+        /// The file.
+        path: PathBuf,
+        /// What differs, the file's value first.
+        differs: String,
+    },
+    /// The file is not a complete table file.
+    #[error("table file {path} is damaged: {reason}; start fresh by moving the file away or with `store.table_file_on_mismatch = \"recreate\"`")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The table's memory could not be had.
+    #[error(transparent)]
+    Table(#[from] crate::error::TableError),
+}
+
+/// What opening a table file found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoadReport {
+    /// Entries loaded (done ones; in-flight ones are released).
+    pub entries: u64,
+    /// In-flight entries of the previous process, released.
+    pub released_in_flight: u64,
+    /// When the loaded snapshot was taken; `None` when the table started empty.
+    pub snapshot_at: Option<SystemTime>,
+    /// The file was damaged or did not match and was moved aside (`Recreate`).
+    pub recreated: Option<String>,
+}
+
+/// What one snapshot cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SaveReport {
+    /// Bytes written.
+    pub bytes: u64,
+    /// How long writing, syncing and renaming took.
+    pub took: Duration,
+}
+
+/// A table file, locked by this process for as long as the value lives.
+#[derive(Debug)]
+pub struct TableFile {
+    path: PathBuf,
+    identity: String,
+    /// Holds the `flock`; closing it releases the lock.
+    _lock: File,
+    /// One snapshot at a time: they share the temporary file.
+    saving: std::sync::Mutex<()>,
+}
+
+impl TableFile {
+    /// Locks `path` and loads the table it holds, or a new empty table when there is no file.
+    ///
+    /// `identity` names how digests are made (the key rule and the digest algorithm): a file
+    /// written with another identity holds digests of other things.
+    ///
+    /// # Errors
+    ///
+    /// [`TableFileError`] when the file is held by another process, cannot be read, was
+    /// written for another geometry or identity, or is damaged (the last two only with
+    /// [`OnMismatch::Error`]).
+    pub fn open(
+        path: &Path,
+        geometry: Geometry,
+        identity: &str,
+        on_mismatch: OnMismatch,
+    ) -> Result<(TableFile, Table, LoadReport), TableFileError> {
+        let lock = lock(path)?;
+        let file = TableFile {
+            path: path.to_owned(),
+            identity: identity.to_owned(),
+            _lock: lock,
+            saving: std::sync::Mutex::new(()),
+        };
+        match file.load(geometry) {
+            Ok(loaded) => Ok((file, loaded.0, loaded.1)),
+            Err(error @ (TableFileError::Mismatch { .. } | TableFileError::Corrupt { .. }))
+                if on_mismatch == OnMismatch::Recreate =>
+            {
+                let stamp = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_secs();
+                let aside = path.with_file_name(format!(
+                    "{}.bad-{stamp}",
+                    path.file_name()
+                        .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+                ));
+                std::fs::rename(path, &aside).map_err(|cause| TableFileError::Io {
+                    path: path.to_owned(),
+                    cause,
+                })?;
+                let reason = format!("{error}; moved to {}", aside.display());
+                tracing::error!(table_file = %path.display(), %reason, "Starting with an empty table (table_file_on_mismatch = \"recreate\").");
+                let report = LoadReport {
+                    recreated: Some(reason),
+                    ..LoadReport::default()
+                };
+                Ok((file, Table::new(geometry)?, report))
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// The table file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn load(&self, geometry: Geometry) -> Result<(Table, LoadReport), TableFileError> {
+        let io = |cause| TableFileError::Io {
+            path: self.path.clone(),
+            cause,
+        };
+        let corrupt = |reason: String| TableFileError::Corrupt {
+            path: self.path.clone(),
+            reason,
+        };
+        let mut file = match File::open(&self.path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Ok((Table::new(geometry)?, LoadReport::default()))
+            }
+            Err(e) => return Err(io(e)),
+        };
+        let mut header = vec![0u8; HEADER_BYTES];
+        let len = file.metadata().map_err(io)?.len();
+        if len < HEADER_BYTES as u64 {
+            return Err(corrupt(format!(
+                "{len} bytes, shorter than its {HEADER_BYTES}-byte header"
+            )));
+        }
+        file.read_exact(&mut header).map_err(io)?;
+        let header = Header::parse(&header).map_err(corrupt)?;
+        let mut differs = Vec::new();
+        if header.layout != SLOT_LAYOUT {
+            differs.push(format!(
+                "slot layout {} (this version reads {SLOT_LAYOUT})",
+                header.layout
+            ));
+        }
+        if (header.sets, header.ways) != (geometry.sets(), geometry.ways()) {
+            differs.push(format!(
+                "{} slots in sets of {} ways, not {} in sets of {}",
+                header.sets * u64::from(header.ways),
+                header.ways,
+                geometry.slots(),
+                geometry.ways()
+            ));
+        }
+        if header.identity != self.identity {
+            differs.push(format!(
+                "digests of {:?}, not {:?}",
+                header.identity, self.identity
+            ));
+        }
+        if !differs.is_empty() {
+            return Err(TableFileError::Mismatch {
+                path: self.path.clone(),
+                differs: differs.join(", and "),
+            });
+        }
+        let expected = HEADER_BYTES as u64 + geometry.memory_bytes();
+        if len != expected {
+            return Err(corrupt(format!(
+                "{len} bytes where its header promises {expected} (truncated?)"
+            )));
+        }
+        let table = Table::new(geometry)?;
+        let mut hasher = Xxh3::new();
+        let mut report = LoadReport {
+            snapshot_at: Some(UNIX_EPOCH + Duration::from_secs(header.written_at)),
+            ..LoadReport::default()
+        };
+        let mut buf = vec![0u8; 8 << 20];
+        let mut index = 0usize;
+        let slots = geometry.slots() as usize;
+        file.seek(io::SeekFrom::Start(HEADER_BYTES as u64))
+            .map_err(io)?;
+        while index < slots {
+            let n = ((slots - index) * 8).min(buf.len());
+            file.read_exact(&mut buf[..n]).map_err(io)?;
+            hasher.update(&buf[..n]);
+            for chunk in buf[..n].chunks_exact(8) {
+                let word = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
+                match table.restore_slot(index, word) {
+                    Restored::Empty => {}
+                    Restored::Done => report.entries += 1,
+                    Restored::Released => report.released_in_flight += 1,
+                }
+                index += 1;
+            }
+        }
+        if hasher.digest() != header.slot_checksum {
+            return Err(corrupt("its slots do not match their checksum".into()));
+        }
+        Ok((table, report))
+    }
+
+    /// Writes a snapshot of `table`: a temporary file beside the table file, fsynced, renamed
+    /// over it, and the directory fsynced.
+    ///
+    /// # Errors
+    ///
+    /// [`TableFileError::Io`]; the previous snapshot is then still in place.
+    pub fn save(&self, table: &Table) -> Result<SaveReport, TableFileError> {
+        let _one_at_a_time = self
+            .saving
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let started = Instant::now();
+        let io = |cause| TableFileError::Io {
+            path: self.path.clone(),
+            cause,
+        };
+        let temporary = self.path.with_file_name(format!(
+            ".{}.tmp",
+            self.path
+                .file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+        ));
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&temporary)
+            .map_err(io)?;
+        // The header goes last, once the checksum is known: write a placeholder first.
+        let mut out = BufWriter::with_capacity(8 << 20, file);
+        out.write_all(&[0u8; HEADER_BYTES]).map_err(io)?;
+        let mut hasher = Xxh3::new();
+        let mut chunk = Vec::with_capacity(8 << 20);
+        for word in table.snapshot_words() {
+            chunk.extend_from_slice(&word.to_le_bytes());
+            if chunk.len() == chunk.capacity() {
+                hasher.update(&chunk);
+                out.write_all(&chunk).map_err(io)?;
+                chunk.clear();
+            }
+        }
+        hasher.update(&chunk);
+        out.write_all(&chunk).map_err(io)?;
+        let mut file = out.into_inner().map_err(|e| io(e.into_error()))?;
+        let header = Header {
+            layout: SLOT_LAYOUT,
+            sets: table.geometry().sets(),
+            ways: table.geometry().ways(),
+            slot_checksum: hasher.digest(),
+            written_at: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_secs(),
+            identity: self.identity.clone(),
+        };
+        file.seek(io::SeekFrom::Start(0)).map_err(io)?;
+        file.write_all(&header.encode()).map_err(io)?;
+        file.sync_all().map_err(io)?;
+        drop(file);
+        std::fs::rename(&temporary, &self.path).map_err(io)?;
+        if let Some(dir) = self.path.parent() {
+            let dir = if dir.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                dir
+            };
+            File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+        }
+        Ok(SaveReport {
+            bytes: HEADER_BYTES as u64 + table.memory_bytes(),
+            took: started.elapsed(),
+        })
+    }
+}
+
+/// What restoring one slot did.
+pub(crate) enum Restored {
+    Empty,
+    Done,
+    Released,
+}
+
+struct Header {
+    layout: u32,
+    sets: u64,
+    ways: u32,
+    slot_checksum: u64,
+    written_at: u64,
+    identity: String,
+}
+
+impl Header {
+    fn encode(&self) -> Vec<u8> {
+        let mut bytes = vec![0u8; HEADER_BYTES];
+        bytes[0..8].copy_from_slice(MAGIC);
+        bytes[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        bytes[12..16].copy_from_slice(&self.layout.to_le_bytes());
+        bytes[16..24].copy_from_slice(&self.sets.to_le_bytes());
+        bytes[24..28].copy_from_slice(&self.ways.to_le_bytes());
+        bytes[32..40].copy_from_slice(&self.slot_checksum.to_le_bytes());
+        bytes[40..48].copy_from_slice(&self.written_at.to_le_bytes());
+        let identity = &self.identity.as_bytes()[..self.identity.len().min(MAX_IDENTITY)];
+        bytes[48..50].copy_from_slice(&(identity.len() as u16).to_le_bytes());
+        bytes[50..50 + identity.len()].copy_from_slice(identity);
+        let checksum = xxh3_64(&bytes[..HEADER_BYTES - 8]);
+        bytes[HEADER_BYTES - 8..].copy_from_slice(&checksum.to_le_bytes());
+        bytes
+    }
+
+    fn parse(bytes: &[u8]) -> Result<Header, String> {
+        let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4"));
+        let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8"));
+        if &bytes[0..8] != MAGIC {
+            return Err("it is not an nsq-dedupe table file (wrong magic)".into());
+        }
+        if xxh3_64(&bytes[..HEADER_BYTES - 8]) != u64_at(HEADER_BYTES - 8) {
+            return Err("its header does not match its checksum".into());
+        }
+        let version = u32_at(8);
+        if version != FORMAT_VERSION {
+            return Err(format!(
+                "format version {version}; this version of nsq-dedupe reads {FORMAT_VERSION}"
+            ));
+        }
+        let len = usize::from(u16::from_le_bytes([bytes[48], bytes[49]]));
+        if len > MAX_IDENTITY {
+            return Err("its digest identity is too long".into());
+        }
+        Ok(Header {
+            layout: u32_at(12),
+            sets: u64_at(16),
+            ways: u32_at(24),
+            slot_checksum: u64_at(32),
+            written_at: u64_at(40),
+            identity: String::from_utf8_lossy(&bytes[50..50 + len]).into_owned(),
+        })
+    }
+}
+
+/// Takes the exclusive lock of `path` (on `PATH.lock`) and writes our process ID into it.
+fn lock(path: &Path) -> Result<File, TableFileError> {
+    let lock_path = path.with_file_name(format!(
+        "{}.lock",
+        path.file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+    ));
+    let io = |cause| TableFileError::Io {
+        path: lock_path.clone(),
+        cause,
+    };
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock_path)
+        .map_err(io)?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::Error(error)) => return Err(io(error)),
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut pid = String::new();
+            let _ = file.read_to_string(&mut pid);
+            let holder = match pid.trim().parse::<u32>() {
+                Ok(pid) => format!("process {pid}"),
+                Err(_) => "another process".into(),
+            };
+            return Err(TableFileError::Locked {
+                path: path.to_owned(),
+                lock: lock_path,
+                holder,
+            });
+        }
+    }
+    file.set_len(0).map_err(io)?;
+    file.write_all(format!("{}\n", std::process::id()).as_bytes())
+        .map_err(io)?;
+    Ok(file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dedup::{Claim, Digest};
+
+    fn digest(i: u64) -> Digest {
+        crate::DigestAlgorithm::default().digest(&i.to_le_bytes())
+    }
+
+    fn geometry() -> Geometry {
+        Geometry::new(1 << 12, 8).unwrap()
+    }
+
+    #[test]
+    fn a_saved_table_comes_back_whole_with_in_flight_entries_released() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("table");
+        {
+            let (file, table, report) =
+                TableFile::open(&path, geometry(), "body xxh3", OnMismatch::Error).unwrap();
+            assert_eq!(report, LoadReport::default());
+            // 1,000 entries in 4,096 slots: none is evicted.
+            for i in 0..1000 {
+                assert_eq!(table.claim(digest(i)), Claim::New);
+                assert!(table.commit(digest(i)));
+            }
+            for i in 1000..1010 {
+                assert_eq!(table.claim(digest(i)), Claim::New);
+            }
+            file.save(&table).unwrap();
+        }
+        let (_file, table, report) =
+            TableFile::open(&path, geometry(), "body xxh3", OnMismatch::Error).unwrap();
+        assert_eq!((report.entries, report.released_in_flight), (1000, 10));
+        assert!(report.snapshot_at.is_some());
+        for i in 0..1000 {
+            assert_eq!(table.claim(digest(i)), Claim::Duplicate, "entry {i}");
+        }
+        for i in 1000..1010 {
+            assert_eq!(table.claim(digest(i)), Claim::New, "released {i}");
+        }
+    }
+
+    #[test]
+    fn other_settings_and_damage_are_errors_that_say_what_differs() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("table");
+        let (file, table, _) =
+            TableFile::open(&path, geometry(), "json:/id xxh3", OnMismatch::Error).unwrap();
+        assert!(!table.contains_and_add(digest(1)));
+        file.save(&table).unwrap();
+        drop(file);
+        let error = TableFile::open(
+            &path,
+            Geometry::new(1 << 13, 4).unwrap(),
+            "body md5",
+            OnMismatch::Error,
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            error,
+            format!(
+                "table file {} was written for 4096 slots in sets of 8 ways, not 8192 in sets \
+                 of 4, and digests of \"json:/id xxh3\", not \"body md5\"; start fresh by \
+                 moving the file away (the table starts empty) or with \
+                 `store.table_file_on_mismatch = \"recreate\"`",
+                path.display()
+            )
+        );
+        // One flipped bit in the slots.
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[HEADER_BYTES + 77] ^= 0x10;
+        std::fs::write(&path, &bytes).unwrap();
+        let error = TableFile::open(&path, geometry(), "json:/id xxh3", OnMismatch::Error)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("is damaged: its slots do not match their checksum"),
+            "{error}"
+        );
+        // Truncated.
+        std::fs::write(&path, &bytes[..HEADER_BYTES + 100]).unwrap();
+        let error = TableFile::open(&path, geometry(), "json:/id xxh3", OnMismatch::Error)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("(truncated?)"), "{error}");
+        // Recreate: the damaged file is kept aside, the table starts empty.
+        let (_file, table, report) =
+            TableFile::open(&path, geometry(), "json:/id xxh3", OnMismatch::Recreate).unwrap();
+        assert!(report.recreated.is_some());
+        assert_eq!(table.occupied(), 0);
+        let aside = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().starts_with("table.bad-"))
+            .count();
+        assert_eq!(aside, 1);
+    }
+
+    #[test]
+    fn a_second_user_of_the_file_is_refused_naming_the_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("table");
+        let _first = TableFile::open(&path, geometry(), "body xxh3", OnMismatch::Error).unwrap();
+        let error = TableFile::open(&path, geometry(), "body xxh3", OnMismatch::Error)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            error,
+            format!(
+                "table file {} is in use by process {} (its lock {}.lock is held); stop it, or \
+                 give this process another file",
+                path.display(),
+                std::process::id(),
+                path.display()
+            )
+        );
+    }
+}

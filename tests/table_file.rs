@@ -1,0 +1,221 @@
+//! The sidecar stopped and started again on its table file (`--table-file`): copies of what
+//! it saw before are not delivered again, after a graceful stop and after a kill -9 (for what
+//! the last snapshot held), and nothing is lost either way.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::support::broker::{Broker, BrokerConfig};
+use crate::util::wait_until_or;
+
+const TOPIC: &str = "events";
+const CHANNEL: &str = "dedupe";
+
+fn body(i: usize) -> Bytes {
+    Bytes::from(format!("{{\"id\":{i},\"v\":\"payload {i}\"}}"))
+}
+
+/// A running sidecar, killed when dropped.
+struct Sidecar(Child);
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Sidecar {
+    /// Starts `run` against `broker` with the table in `table`, appending its stdout (the
+    /// sink) to `out` and its log to `log`.
+    fn start(broker: &Broker, table: &Path, out: &Path, log: &Path, extra: &[&str]) -> Sidecar {
+        let append = |path: &Path| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .unwrap()
+        };
+        let child = Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
+            .args(["run", "--topic", TOPIC, "--channel", CHANNEL])
+            .args(["--nsqd-tcp-address", &broker.tcp_addr().to_string()])
+            .args([
+                "--metrics-address",
+                "off",
+                "--buckets",
+                "131072",
+                "--table-file",
+            ])
+            .arg(table)
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(append(out))
+            .stderr(append(log))
+            .spawn()
+            .unwrap();
+        Sidecar(child)
+    }
+
+    fn signal(&mut self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.0.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    fn wait(&mut self) -> std::process::ExitStatus {
+        self.0.wait().unwrap()
+    }
+}
+
+fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+async fn finished(broker: &Broker, n: usize, log: &Path) {
+    wait_until_or(
+        "every message finished",
+        Duration::from_secs(20),
+        || broker.finished(TOPIC, CHANNEL).len() == n,
+        || {
+            format!(
+                "{} finished; log:\n{}",
+                broker.finished(TOPIC, CHANNEL).len(),
+                std::fs::read_to_string(log).unwrap_or_default()
+            )
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_graceful_stop_no_copy_is_delivered() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (table, out, log) = (
+        dir.path().join("table"),
+        dir.path().join("out"),
+        dir.path().join("log"),
+    );
+    broker.publish_many(TOPIC, (0..500).map(body));
+    let mut first = Sidecar::start(&broker, &table, &out, &log, &[]);
+    finished(&broker, 500, &log).await;
+    first.signal("-TERM");
+    assert!(first.wait().success());
+    assert_eq!(lines(&out).len(), 500);
+
+    // The copies, and 100 new bodies, to a new process on the same file.
+    broker.publish_many(TOPIC, (0..600).map(body));
+    let mut second = Sidecar::start(&broker, &table, &out, &log, &[]);
+    finished(&broker, 1100, &log).await;
+    second.signal("-TERM");
+    assert!(second.wait().success());
+    let delivered = lines(&out);
+    assert_eq!(
+        delivered.len(),
+        600,
+        "600 distinct bodies, delivered once each"
+    );
+    let expected: Vec<String> = (0..600)
+        .map(|i| String::from_utf8(body(i).to_vec()).unwrap())
+        .collect();
+    let mut sorted = delivered.clone();
+    sorted.sort();
+    let mut expected_sorted = expected.clone();
+    expected_sorted.sort();
+    assert_eq!(sorted, expected_sorted, "each body once, across both runs");
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        log.contains("Table loaded from its file.") && log.contains("entries=500"),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_kill_copies_older_than_the_last_snapshot_are_not_delivered() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (table, out, log) = (
+        dir.path().join("table"),
+        dir.path().join("out"),
+        dir.path().join("log"),
+    );
+    broker.publish_many(TOPIC, (0..500).map(body));
+    let snapshots = ["--snapshot-interval", "200ms"];
+    let mut first = Sidecar::start(&broker, &table, &out, &log, &snapshots);
+    finished(&broker, 500, &log).await;
+    // Two intervals: a snapshot was written after the last message was claimed.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    first.signal("-KILL");
+    first.wait();
+
+    broker.publish_many(TOPIC, (0..500).map(body));
+    broker.publish_many(TOPIC, (500..550).map(body));
+    let mut second = Sidecar::start(&broker, &table, &out, &log, &snapshots);
+    finished(&broker, 1050, &log).await;
+    second.signal("-TERM");
+    assert!(second.wait().success());
+    let mut delivered = lines(&out);
+    assert_eq!(
+        delivered.len(),
+        550,
+        "550 distinct bodies, delivered once each"
+    );
+    delivered.sort();
+    let mut expected: Vec<String> = (0..550)
+        .map(|i| String::from_utf8(body(i).to_vec()).unwrap())
+        .collect();
+    expected.sort();
+    assert_eq!(delivered, expected, "each body once: no copy, nothing lost");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_process_on_the_same_file_is_refused() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (table, out, log) = (
+        dir.path().join("table"),
+        dir.path().join("out"),
+        dir.path().join("log"),
+    );
+    broker.publish(TOPIC, body(1));
+    let mut first = Sidecar::start(&broker, &table, &out, &log, &[]);
+    finished(&broker, 1, &log).await;
+    let second = Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
+        .args(["run", "--topic", TOPIC, "--nsqd-tcp-address", "127.0.0.1:1"])
+        .args([
+            "--metrics-address",
+            "off",
+            "--buckets",
+            "131072",
+            "--table-file",
+        ])
+        .arg(&table)
+        .output()
+        .unwrap();
+    assert_eq!(second.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&second.stderr)
+            .lines()
+            .last()
+            .unwrap(),
+        format!(
+            "error: table file {} is in use by process {} (its lock {}.lock is held); stop it, \
+             or give this process another file",
+            table.display(),
+            first.0.id(),
+            table.display()
+        )
+    );
+    first.signal("-TERM");
+    assert!(first.wait().success());
+}
