@@ -178,6 +178,8 @@ pub struct TableView {
     pub occupancy: Option<f64>,
     /// The window the table was sized for.
     pub window: Duration,
+    /// What the near-table in front of Memcached answered, if there is one.
+    pub near: Option<crate::dedup::near::NearStats>,
 }
 
 impl Metrics {
@@ -421,6 +423,24 @@ impl Metrics {
                 table.window.as_secs_f64(),
             );
         }
+        if let Some(near) = table.near {
+            for (name, help, value) in [
+                (
+                    "near_table_hits_total",
+                    "Claims answered Duplicate by the near-table, without a Memcached round trip.",
+                    near.hits,
+                ),
+                (
+                    "near_table_misses_total",
+                    "Claims the near-table did not hold, which went on to Memcached.",
+                    near.misses,
+                ),
+            ] {
+                let _ = writeln!(out, "# HELP nsq_dedupe_{name} {help}");
+                let _ = writeln!(out, "# TYPE nsq_dedupe_{name} counter");
+                let _ = writeln!(out, "nsq_dedupe_{name} {value}");
+            }
+        }
         out
     }
 }
@@ -440,6 +460,7 @@ mod tests {
         let view = TableView {
             geometry: Some(Geometry::new(1024, 8).unwrap()),
             occupancy: Some(0.5),
+            near: None,
             window: Duration::from_secs(60),
         };
         let text = m.render(&view);

@@ -19,7 +19,9 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{DeadLetterSettings, Settings, SinkSettings, StoreSettings};
 use crate::dedup::backend::Backend;
+use crate::dedup::near::NearTable;
 use crate::dedup::table_file::{SaveReport, TableFile};
+use crate::dedup::Geometry;
 use crate::metrics::{get, Metrics, TableView};
 use crate::nsq::{Consumer, ProducerConfig, ShutdownReport, Transport};
 use crate::pipeline::Dedupe;
@@ -101,8 +103,15 @@ fn producer_config(addresses: &[String], transport: &Transport) -> ProducerConfi
 ///
 /// # Errors
 ///
-/// [`RunError`] if the table cannot be allocated or Memcached does not answer.
-pub async fn build_store(store: &StoreSettings) -> Result<Backend, RunError> {
+/// [`RunError`] if a table cannot be allocated or Memcached's settings are unusable.
+pub async fn build_store(
+    store: &StoreSettings,
+    near_table: Option<Geometry>,
+) -> Result<Backend, RunError> {
+    let near = match (store, near_table) {
+        (StoreSettings::Memcached(..), Some(geometry)) => Some(NearTable::new(geometry)?),
+        _ => None,
+    };
     Ok(match store {
         StoreSettings::Memory(geometry) => Backend::Memory(Table::new(*geometry)?),
         StoreSettings::None => Backend::None(NoStore),
@@ -111,15 +120,15 @@ pub async fn build_store(store: &StoreSettings) -> Result<Backend, RunError> {
             // by `on_store_error`), not a reason to refuse to start; but say so at once.
             let probe = MemcachedStore::connect(config.clone(), *geometry);
             match tokio::time::timeout(config.timeout * 4, probe).await {
-                Ok(Ok(store)) => Backend::Memcached(store),
+                Ok(Ok(store)) => Backend::Memcached(store, near),
                 Ok(Err(error @ crate::error::StoreError::Config(_))) => return Err(error.into()),
                 Ok(Err(error)) => {
                     tracing::warn!(servers = ?config.servers, %error, "Memcached is not answering; messages follow `dedupe.on_store_error` until it does.");
-                    Backend::Memcached(MemcachedStore::new_lazy(config.clone(), *geometry)?)
+                    Backend::Memcached(MemcachedStore::new_lazy(config.clone(), *geometry)?, near)
                 }
                 Err(_) => {
                     tracing::warn!(servers = ?config.servers, "Memcached did not answer in time; messages follow `dedupe.on_store_error` until it does.");
-                    Backend::Memcached(MemcachedStore::new_lazy(config.clone(), *geometry)?)
+                    Backend::Memcached(MemcachedStore::new_lazy(config.clone(), *geometry)?, near)
                 }
             }
         }
@@ -187,7 +196,7 @@ impl<H: Handler> Sidecar<H> {
                 );
                 (Backend::Memory(table), Some(Arc::new(opened)))
             }
-            (store, _) => (build_store(store).await?, None),
+            (store, _) => (build_store(store, settings.near_table).await?, None),
         };
         let dead_letter = match &settings.dead_letter {
             None => None,
@@ -277,6 +286,7 @@ impl<H: Handler> Sidecar<H> {
                     let view = TableView {
                         geometry: crate::Store::geometry(store.store()),
                         occupancy: store.store().occupancy(),
+                        near: store.store().near_stats(),
                         window,
                     };
                     (StatusCode::OK, metrics.render(&view))
@@ -472,6 +482,7 @@ fn table_view<H: Handler>(dedupe: &Dedupe<Backend, H>, settings: &Settings) -> T
         geometry: crate::Store::geometry(dedupe.store()),
         occupancy: None,
         window: settings.window,
+        near: None,
     }
 }
 
@@ -480,6 +491,7 @@ fn log_status<H: Handler>(dedupe: &Dedupe<Backend, H>, window: Duration, what: &
     let view = TableView {
         geometry: crate::Store::geometry(dedupe.store()),
         occupancy: dedupe.store().occupancy(),
+        near: dedupe.store().near_stats(),
         window,
     };
     let secs = m.uptime().as_secs_f64().max(1e-3);

@@ -219,3 +219,72 @@ async fn a_second_process_on_the_same_file_is_refused() {
     first.signal("-TERM");
     assert!(first.wait().success());
 }
+
+/// What the table file costs: the time to write and to load a 512 MiB table (2^26 slots), and
+/// `contains_and_add` single-thread throughput while snapshots are written back to back,
+/// against none, in the same run (medians of 3).
+///
+/// `cargo test --release --test integration table_file::cost -- --ignored --nocapture`
+#[test]
+#[ignore = "benchmark; run explicitly in release mode"]
+fn cost() {
+    use nsq_dedupe::dedup::table_file::{OnMismatch, TableFile};
+    use nsq_dedupe::{DigestAlgorithm, Geometry};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Instant;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("table");
+    let geometry = Geometry::new(1 << 26, 8).unwrap();
+    let (file, table, _) =
+        TableFile::open(&path, geometry, "body xxh3", OnMismatch::Error).unwrap();
+    table.prefault();
+    let digests: Vec<_> = (0u64..4_000_000)
+        .map(|i| DigestAlgorithm::default().digest(&i.to_le_bytes()))
+        .collect();
+    let rate = |table: &nsq_dedupe::Table| {
+        let started = Instant::now();
+        for d in &digests {
+            std::hint::black_box(table.contains_and_add(*d));
+        }
+        digests.len() as f64 / started.elapsed().as_secs_f64()
+    };
+    rate(&table);
+    let mut saves = Vec::new();
+    let (mut quiet, mut busy) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        quiet.push(rate(&table));
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    saves.push(file.save(&table).unwrap().took);
+                }
+            });
+            busy.push(rate(&table));
+            stop.store(true, Ordering::Relaxed);
+        });
+    }
+    drop((file, table));
+    let started = Instant::now();
+    let (_file, _table, report) =
+        TableFile::open(&path, geometry, "body xxh3", OnMismatch::Error).unwrap();
+    let load = started.elapsed();
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    saves.sort();
+    let (quiet, busy) = (median(&mut quiet), median(&mut busy));
+    println!(
+        "table file, 2^26 slots (512 MiB): snapshot written in {:?} (median of {}), loaded in \
+         {load:?} ({} entries); contains_and_add {:.0}/s alone, {:.0}/s while snapshots run \
+         back to back: {:.2}",
+        saves[saves.len() / 2],
+        saves.len(),
+        report.entries,
+        quiet,
+        busy,
+        busy / quiet
+    );
+}

@@ -12,6 +12,7 @@ mod cli_filter;
 mod cli_size;
 mod http_sink;
 mod memcached;
+mod near_table;
 mod nsq;
 mod nsq_transport;
 mod sidecar;

@@ -39,6 +39,7 @@
 //! # table_file = "/var/lib/nsq-dedupe/table"  # memory: kept between runs
 //! # snapshot_interval = "10s"       # default
 //! # table_file_on_mismatch = "error"  # or "recreate"
+//! # near_table = "16MiB"            # memcached: local table of this process's commits
 //! timeout = "500ms"
 //!
 //! [sink]
@@ -269,6 +270,8 @@ pub struct Settings {
     pub store: StoreSettings,
     /// Where the in-process table is kept between runs, if anywhere.
     pub table_file: Option<TableFileSettings>,
+    /// The near-table in front of Memcached, if any.
+    pub near_table: Option<crate::Geometry>,
     /// The window the catch probability is reported for.
     pub window: Duration,
     /// The sink.
@@ -327,6 +330,7 @@ impl RawConfig {
         let (keyer, policy) = self.dedupe.validate(&source)?;
         let (mut store, window) = self.store.validate(source.msg_timeout)?;
         let table_file = self.store.table_file()?;
+        let near_table = self.store.near_table()?;
         if let (StoreSettings::Memcached(config, _), DigestAlgorithm::Blake3Keyed(key)) =
             (&mut store, keyer.algorithm())
         {
@@ -344,6 +348,7 @@ impl RawConfig {
             policy,
             store,
             table_file,
+            near_table,
             window,
             sink,
             dead_letter,

@@ -57,6 +57,7 @@ pub struct RawStore {
     pub table_file: Option<PathBuf>,
     pub snapshot_interval: Option<Dur>,
     pub table_file_on_mismatch: Option<OnMismatch>,
+    pub near_table: Option<String>,
 }
 
 /// How often the in-process table is written to its file when no interval is given: after a
@@ -86,6 +87,25 @@ pub enum StoreSettings {
 }
 
 impl RawStore {
+    /// `store.near_table`: the shape of the near-table in front of Memcached.
+    pub(super) fn near_table(&self) -> Result<Option<Geometry>, ConfigError> {
+        let Some(text) = &self.near_table else {
+            return Ok(None);
+        };
+        if self.kind != Some(StoreKind::Memcached) {
+            return Err(invalid(
+                "store.near_table",
+                quote(Some(text)),
+                "a near-table stands in front of Memcached (`store.kind = \"memcached\"`)",
+            ));
+        }
+        let bytes = crate::units::parse_bytes(text)
+            .map_err(|reason| invalid("store.near_table", quote(Some(text)), reason))?;
+        Geometry::with_memory(bytes, 8)
+            .map(Some)
+            .map_err(|e| invalid("store.near_table", quote(Some(text)), e.to_string()))
+    }
+
     /// `store.table_file` and its settings, checked against the store's kind.
     pub(super) fn table_file(&self) -> Result<Option<TableFileSettings>, ConfigError> {
         let Some(path) = &self.table_file else {

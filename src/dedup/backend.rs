@@ -10,6 +10,7 @@
 //! next to a network round trip costs nothing measurable.
 
 use crate::dedup::memcached::MemcachedStore;
+use crate::dedup::near::{NearStats, NearTable};
 use crate::dedup::table::Table;
 use crate::dedup::{Claim, Digest, Geometry, NoStore, Store};
 use crate::error::StoreError;
@@ -19,8 +20,8 @@ use crate::error::StoreError;
 pub enum Backend {
     /// The in-process, lock-free table.
     Memory(Table),
-    /// The table shared through Memcached.
-    Memcached(MemcachedStore),
+    /// The table shared through Memcached, with a near-table in front when configured.
+    Memcached(MemcachedStore, Option<NearTable>),
     /// No de-duplication: every claim is [`Claim::New`].
     None(NoStore),
 }
@@ -30,7 +31,7 @@ impl Backend {
     pub fn kind(&self) -> &'static str {
         match self {
             Backend::Memory(_) => "memory",
-            Backend::Memcached(_) => "memcached",
+            Backend::Memcached(..) => "memcached",
             Backend::None(_) => "none",
         }
     }
@@ -40,7 +41,15 @@ impl Backend {
     pub fn occupancy(&self) -> Option<f64> {
         match self {
             Backend::Memory(table) => Some(table.occupancy()),
-            Backend::Memcached(_) | Backend::None(_) => None,
+            Backend::Memcached(..) | Backend::None(_) => None,
+        }
+    }
+
+    /// What the near-table answered, when there is one.
+    pub fn near_stats(&self) -> Option<NearStats> {
+        match self {
+            Backend::Memcached(_, Some(near)) => Some(near.stats()),
+            _ => None,
         }
     }
 }
@@ -49,7 +58,8 @@ impl Store for Backend {
     async fn claim(&self, digest: Digest) -> Result<Claim, StoreError> {
         match self {
             Backend::Memory(table) => Ok(table.claim(digest)),
-            Backend::Memcached(store) => Box::pin(store.claim(digest)).await,
+            Backend::Memcached(_, Some(near)) if near.committed(digest) => Ok(Claim::Duplicate),
+            Backend::Memcached(store, _) => Box::pin(store.claim(digest)).await,
             Backend::None(_) => Ok(Claim::New),
         }
     }
@@ -57,7 +67,33 @@ impl Store for Backend {
     async fn claim_many(&self, digests: &[Digest]) -> Result<Vec<Claim>, StoreError> {
         match self {
             Backend::Memory(table) => Store::claim_many(table, digests).await,
-            Backend::Memcached(store) => Box::pin(store.claim_many(digests)).await,
+            Backend::Memcached(store, None) => Box::pin(store.claim_many(digests)).await,
+            Backend::Memcached(store, Some(near)) => {
+                // Answer what this process committed itself; ask Memcached for the rest.
+                let local: Vec<bool> = digests.iter().map(|d| near.committed(*d)).collect();
+                let remote: Vec<Digest> = digests
+                    .iter()
+                    .zip(&local)
+                    .filter(|(_, &hit)| !hit)
+                    .map(|(d, _)| *d)
+                    .collect();
+                let mut answers = if remote.is_empty() {
+                    Vec::new()
+                } else {
+                    Box::pin(store.claim_many(&remote)).await?
+                }
+                .into_iter();
+                Ok(local
+                    .iter()
+                    .map(|&hit| {
+                        if hit {
+                            Claim::Duplicate
+                        } else {
+                            answers.next().unwrap_or(Claim::New)
+                        }
+                    })
+                    .collect())
+            }
             Backend::None(store) => store.claim_many(digests).await,
         }
     }
@@ -65,7 +101,14 @@ impl Store for Backend {
     async fn commit(&self, digest: Digest) -> Result<bool, StoreError> {
         match self {
             Backend::Memory(table) => Ok(table.commit(digest)),
-            Backend::Memcached(store) => Box::pin(store.commit(digest)).await,
+            Backend::Memcached(store, near) => {
+                // The message was delivered whatever Memcached says now: remember it here, so
+                // its copies are caught even while Memcached is unreachable.
+                if let Some(near) = near {
+                    near.remember(digest);
+                }
+                Box::pin(store.commit(digest)).await
+            }
             Backend::None(_) => Ok(true),
         }
     }
@@ -73,7 +116,7 @@ impl Store for Backend {
     async fn erase(&self, digest: Digest) -> Result<bool, StoreError> {
         match self {
             Backend::Memory(table) => Ok(table.erase(digest)),
-            Backend::Memcached(store) => Box::pin(store.erase(digest)).await,
+            Backend::Memcached(store, _) => Box::pin(store.erase(digest)).await,
             Backend::None(_) => Ok(true),
         }
     }
@@ -81,7 +124,7 @@ impl Store for Backend {
     async fn renew(&self, digest: Digest) -> Result<bool, StoreError> {
         match self {
             Backend::Memory(table) => Ok(table.contains(digest)),
-            Backend::Memcached(store) => Box::pin(store.renew(digest)).await,
+            Backend::Memcached(store, _) => Box::pin(store.renew(digest)).await,
             Backend::None(_) => Ok(true),
         }
     }
@@ -89,7 +132,7 @@ impl Store for Backend {
     fn geometry(&self) -> Option<Geometry> {
         match self {
             Backend::Memory(table) => Some(table.geometry()),
-            Backend::Memcached(store) => store.geometry(),
+            Backend::Memcached(store, _) => store.geometry(),
             Backend::None(_) => None,
         }
     }

@@ -12,10 +12,11 @@
 //!
 //! [`NoStore`] de-duplicates nothing; it is the baseline for benchmarks and the `none` store.
 
-pub(crate) mod backend;
+pub mod backend;
 pub mod clock;
 pub(crate) mod digest;
 pub(crate) mod memcached;
+pub mod near;
 pub(crate) mod table;
 pub mod table_file;
 

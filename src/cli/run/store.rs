@@ -47,6 +47,10 @@ pub(crate) struct StoreFlags {
     /// Bound on each Memcached network step (default 500ms). `store.timeout`.
     #[arg(long = "store-timeout", value_name = "DURATION", value_parser = parse_duration)]
     pub(crate) timeout: Option<Duration>,
+    /// With Memcached: a local table of this size (such as 16MiB) holding the digests this
+    /// process committed, answered without a round trip. `store.near_table`.
+    #[arg(long, value_name = "SIZE")]
+    pub(crate) near_table: Option<String>,
     /// Keep the in-process table in this file between runs (snapshots). `store.table_file`.
     #[arg(long, value_name = "FILE")]
     pub(crate) table_file: Option<std::path::PathBuf>,
@@ -120,6 +124,12 @@ impl StoreFlags {
             self.timeout.map(Dur).as_ref(),
             "store.timeout",
             "--store-timeout",
+        );
+        overlay.value(
+            &mut store.near_table,
+            self.near_table.as_ref(),
+            "store.near_table",
+            "--near-table",
         );
         overlay.value(
             &mut store.table_file,
