@@ -141,6 +141,37 @@ fn contains_and_add(c: &mut Criterion) {
             }
         }
     }
+    // With `max_age` (1 h, the system clock): new digests, and a stream where every key comes
+    // twice in a row, the path that reads an entry's time.
+    for log2_slots in [20u32, 26] {
+        for ways in [1u32, 8] {
+            let table = Table::with_max_age(
+                nsq_dedupe::Geometry::new(1 << log2_slots, ways).unwrap(),
+                Duration::from_secs(3600),
+                std::sync::Arc::new(nsq_dedupe::dedup::clock::CoarseClock),
+            )
+            .unwrap();
+            table.prefault();
+            let id = format!("max_age/slots=2^{log2_slots}/ways={ways}/threads=1");
+            group.bench_function(id, |b| {
+                b.iter_custom(|iters| {
+                    timed_on_threads(1, iters, |keys| {
+                        black_box(table.contains_and_add(hash(&keys.next())));
+                    })
+                })
+            });
+            let id = format!("max_age/slots=2^{log2_slots}/ways={ways}/threads=1/half-duplicates");
+            group.bench_function(id, |b| {
+                b.iter_custom(|iters| {
+                    timed_on_threads(1, iters.div_ceil(2), |keys| {
+                        let key = keys.next();
+                        black_box(table.contains_and_add(hash(&key)));
+                        black_box(table.contains_and_add(hash(&key)));
+                    })
+                })
+            });
+        }
+    }
     // Batches of 64 digests claimed with `claim_many_into`, which prefetches sets ahead.
     for log2_slots in [20u32, 26] {
         for ways in [1u32, 8] {

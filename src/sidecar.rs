@@ -107,13 +107,19 @@ fn producer_config(addresses: &[String], transport: &Transport) -> ProducerConfi
 pub async fn build_store(
     store: &StoreSettings,
     near_table: Option<Geometry>,
+    max_age: Option<Duration>,
 ) -> Result<Backend, RunError> {
     let near = match (store, near_table) {
-        (StoreSettings::Memcached(..), Some(geometry)) => Some(NearTable::new(geometry)?),
+        (StoreSettings::Memcached(..), Some(geometry)) => {
+            Some(NearTable::new(geometry, timing(max_age))?)
+        }
         _ => None,
     };
     Ok(match store {
-        StoreSettings::Memory(geometry) => Backend::Memory(Table::new(*geometry)?),
+        StoreSettings::Memory(geometry) => Backend::Memory(match timing(max_age) {
+            None => Table::new(*geometry)?,
+            Some((age, clock)) => Table::with_max_age(*geometry, age, clock)?,
+        }),
         StoreSettings::None => Backend::None(NoStore),
         StoreSettings::Memcached(config, geometry) => {
             // A Memcached server that is down at start is a store error per message (handled
@@ -132,6 +138,14 @@ pub async fn build_store(
                 }
             }
         }
+    })
+}
+
+/// `max_age` with the clock tables read it by.
+fn timing(max_age: Option<Duration>) -> Option<(Duration, Arc<dyn crate::dedup::clock::Clock>)> {
+    max_age.map(|age| {
+        let clock: Arc<dyn crate::dedup::clock::Clock> = Arc::new(crate::dedup::clock::CoarseClock);
+        (age, clock)
     })
 }
 
@@ -185,8 +199,13 @@ impl<H: Handler> Sidecar<H> {
         let (store, table_file) = match (&settings.store, &settings.table_file) {
             (StoreSettings::Memory(geometry), Some(file)) => {
                 let identity = format!("{} {}", settings.keyer.key(), settings.keyer.algorithm());
-                let (opened, table, report) =
-                    TableFile::open(&file.path, *geometry, &identity, file.on_mismatch)?;
+                let (opened, table, report) = TableFile::open(
+                    &file.path,
+                    *geometry,
+                    &identity,
+                    file.on_mismatch,
+                    timing(settings.max_age),
+                )?;
                 tracing::info!(
                     table_file = %file.path.display(),
                     entries = report.entries,
@@ -196,7 +215,10 @@ impl<H: Handler> Sidecar<H> {
                 );
                 (Backend::Memory(table), Some(Arc::new(opened)))
             }
-            (store, _) => (build_store(store, settings.near_table).await?, None),
+            (store, _) => (
+                build_store(store, settings.near_table, settings.max_age).await?,
+                None,
+            ),
         };
         let dead_letter = match &settings.dead_letter {
             None => None,

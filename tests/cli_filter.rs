@@ -291,3 +291,28 @@ fn a_table_file_remembers_across_runs_and_refuses_another_size() {
     // What the refused runs saw was not remembered, and the file is unchanged.
     run("e\nf\n", &[]).success().stdout("f\n");
 }
+
+#[test]
+fn max_age_lets_a_key_pass_again_once_it_is_older() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("table");
+    let run = |input: &'static str| {
+        bin()
+            .args([
+                "filter",
+                "--memory",
+                "64KiB",
+                "--max-age",
+                "1s",
+                "--table-file",
+            ])
+            .arg(&table)
+            .write_stdin(input)
+            .assert()
+    };
+    run("a\nb\na\n").success().stdout("a\nb\n");
+    run("a\n").success().stdout("");
+    std::thread::sleep(std::time::Duration::from_millis(2_100));
+    run("a\nc\n").success().stdout("a\nc\n");
+    run("a\nb\n").success().stdout("b\n");
+}

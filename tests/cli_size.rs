@@ -157,3 +157,61 @@ fn bad_input_names_the_flag_and_the_accepted_form() {
             .stderr(predicate::str::contains(*message));
     }
 }
+
+#[test]
+fn max_age_cuts_the_curve_and_suggests_the_table_it_makes_enough() {
+    let out = bin()
+        .args(["size", "--json", "--buckets", "1000000", "--rate", "100"])
+        .args(["--window", "1h", "--max-age", "30m"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let json: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let geometry = nsq_dedupe::Geometry::new(1_000_000, 8).unwrap();
+    let delays = json["delays"].as_array().unwrap();
+    assert!(delays.len() >= 4, "{json}");
+    let mut seen_cut = (false, false);
+    for row in delays {
+        let seconds = row["delay_seconds"].as_f64().unwrap();
+        let messages = row["messages"].as_f64().unwrap();
+        let probability = row["probability"].as_f64().unwrap();
+        if seconds <= 1800.0 {
+            seen_cut.0 |= seconds == 1800.0;
+            let direct = nsq_dedupe::sizing::catch_probability(geometry, messages);
+            assert!((probability - direct).abs() < 1e-12, "{row}");
+        } else {
+            seen_cut.1 |= seconds == 1801.0;
+            assert_eq!(probability, 0.0, "{row}");
+        }
+    }
+    assert_eq!(
+        seen_cut,
+        (true, true),
+        "rows at max_age and a second later: {json}"
+    );
+    let suggested = nsq_dedupe::sizing::slots_for(0.99, 8, 1800.0 * 100.0).unwrap();
+    assert_eq!(json["max_age_seconds"], 1800.0);
+    assert_eq!(json["max_age_table"]["buckets"], suggested.slots());
+    assert_eq!(
+        json["max_age_table"]["memory_bytes"],
+        suggested.memory_bytes() * 2
+    );
+    bin()
+        .args([
+            "size",
+            "-p",
+            "0.9",
+            "--messages",
+            "1000",
+            "--max-age",
+            "10m",
+        ])
+        .assert()
+        .code(1)
+        .stderr(
+            "error: `--max-age 10m` needs `--rate` (distinct messages per second) to tell how \
+             many messages arrive within it\n",
+        );
+}

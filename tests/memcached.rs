@@ -1126,3 +1126,19 @@ fn store_outlives_the_runtime_that_first_used_it() {
     );
     assert_eq!(second.block_on(store.commit(digest(50))), Ok(true));
 }
+
+#[tokio::test]
+async fn max_age_lets_a_committed_digest_be_claimed_again_once_older() {
+    let server = MemcachedServer::start();
+    let mut config = config(&[server.addr()], &unique_namespace("max-age"));
+    config.max_age = Some(Duration::from_secs(1));
+    let geometry = Geometry::new(64, 8).unwrap();
+    let store = MemcachedStore::connect(config, geometry).await.unwrap();
+    let d = digest(1);
+    assert_eq!(store.claim(d).await, Ok(Claim::New));
+    assert_eq!(store.commit(d).await, Ok(true));
+    assert_eq!(store.claim(d).await, Ok(Claim::Duplicate));
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    assert_eq!(store.claim(d).await, Ok(Claim::New), "older than max_age");
+    assert_eq!(store.claim(d).await, Ok(Claim::InFlight));
+}

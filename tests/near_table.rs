@@ -58,10 +58,10 @@ async fn claim_all(store: &Backend, range: std::ops::Range<u64>) -> Vec<Claim> {
 async fn own_copies_skip_memcached_and_survive_its_outage() {
     let mut server = MemcachedServer::start();
     let near = Some(Geometry::new(1 << 12, 8).unwrap());
-    let store = build_store(&settings(&server, "near-own"), near)
+    let store = build_store(&settings(&server, "near-own"), near, None)
         .await
         .unwrap();
-    let plain = build_store(&settings(&server, "near-own"), None)
+    let plain = build_store(&settings(&server, "near-own"), None, None)
         .await
         .unwrap();
     assert!(claim_all(&store, 0..100)
@@ -108,12 +108,12 @@ async fn two_consumers_with_near_tables_get_one_new_per_digest() {
     let server = MemcachedServer::start();
     let near = Some(Geometry::new(1 << 12, 8).unwrap());
     let a = Arc::new(
-        build_store(&settings(&server, "near-two"), near)
+        build_store(&settings(&server, "near-two"), near, None)
             .await
             .unwrap(),
     );
     let b = Arc::new(
-        build_store(&settings(&server, "near-two"), near)
+        build_store(&settings(&server, "near-two"), near, None)
             .await
             .unwrap(),
     );
@@ -159,7 +159,7 @@ async fn throughput() {
         for near in [None, Some(Geometry::with_memory(16 << 20, 8).unwrap())] {
             let namespace = format!("near-bench-{round}-{}", near.is_some());
             let store = Arc::new(
-                build_store(&settings(&server, &namespace), near)
+                build_store(&settings(&server, &namespace), near, None)
                     .await
                     .unwrap(),
             );

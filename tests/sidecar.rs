@@ -1774,3 +1774,32 @@ async fn a_panicking_handler_is_retried_not_stuck() {
     assert_eq!(get(&metrics.handler_failures), 1);
     assert_eq!(get(&metrics.erased), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_age_lets_a_body_sent_again_later_pass() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let mut raw = raw_config(&[broker.tcp_addr()]);
+    raw.dedupe.max_age = Some(nsq_dedupe::config::Dur(Duration::from_secs(1)));
+    let recorder = Recorder::default();
+    let running = Running::start(raw.validate().unwrap(), recorder.clone()).await;
+    let total = |n: u32| {
+        let recorder = recorder.clone();
+        move || recorder.delivered().values().sum::<u32>() == n
+    };
+    // The original and an immediate copy: one delivery.
+    broker.publish_many(TOPIC, [payload(1), payload(1)]);
+    crate::util::wait_until("the first delivery", Duration::from_secs(10), total(1)).await;
+    crate::util::wait_until("both finished", Duration::from_secs(10), || {
+        broker.finished(TOPIC, CHANNEL).len() == 2
+    })
+    .await;
+    // The same body two seconds later, on purpose: it passes; its own copy does not.
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    broker.publish_many(TOPIC, [payload(1), payload(1)]);
+    crate::util::wait_until("every message finished", Duration::from_secs(10), || {
+        broker.finished(TOPIC, CHANNEL).len() == 4
+    })
+    .await;
+    running.stop().await;
+    assert_eq!(recorder.delivered().get(&payload(1)), Some(&2));
+}

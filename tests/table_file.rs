@@ -237,7 +237,7 @@ fn cost() {
     let path = dir.path().join("table");
     let geometry = Geometry::new(1 << 26, 8).unwrap();
     let (file, table, _) =
-        TableFile::open(&path, geometry, "body xxh3", OnMismatch::Error).unwrap();
+        TableFile::open(&path, geometry, "body xxh3", OnMismatch::Error, None).unwrap();
     table.prefault();
     let digests: Vec<_> = (0u64..4_000_000)
         .map(|i| DigestAlgorithm::default().digest(&i.to_le_bytes()))
@@ -268,7 +268,7 @@ fn cost() {
     drop((file, table));
     let started = Instant::now();
     let (_file, _table, report) =
-        TableFile::open(&path, geometry, "body xxh3", OnMismatch::Error).unwrap();
+        TableFile::open(&path, geometry, "body xxh3", OnMismatch::Error, None).unwrap();
     let load = started.elapsed();
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);

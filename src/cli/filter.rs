@@ -32,6 +32,10 @@ pub(crate) struct FilterArgs {
     /// What to do with a record that has no key: pass it on (and count it) or stop with an error.
     #[arg(long, value_enum, value_name = "POLICY", default_value_t = MissingKey::Pass)]
     pub(crate) on_missing_key: MissingKey,
+    /// Records whose key was seen longer ago than this (by the wall clock, such as 7d) pass
+    /// again: with --table-file, across runs.
+    #[arg(long, value_name = "DURATION", value_parser = crate::cli::parse::parse_duration)]
+    pub(crate) max_age: Option<std::time::Duration>,
     /// Keep the table in this file between runs: loaded at start (or created), written at the
     /// end of a run whose every record was written, so daily runs de-duplicate across days.
     /// The table's size and key must stay the same.

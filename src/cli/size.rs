@@ -25,6 +25,11 @@ pub(crate) struct SizeArgs {
     /// The window as a count of distinct messages.
     #[arg(long, value_name = "COUNT", value_parser = parse_messages)]
     pub(crate) messages: Option<f64>,
+    /// Copies later than this pass whatever the table holds (`dedupe.max_age`; needs --rate):
+    /// the delay table shows it, and the smallest table for which max_age is what forgets is
+    /// suggested.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) max_age: Option<Duration>,
     /// Print JSON instead of text.
     #[arg(long)]
     pub(crate) json: bool,

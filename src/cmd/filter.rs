@@ -6,6 +6,10 @@ use std::io::{self, BufWriter, Read, Write};
 use anyhow::{Context, Result};
 
 use crate::cli::{FilterArgs, MissingKey};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nsq_dedupe::dedup::clock::{Clock, CoarseClock};
 use nsq_dedupe::dedup::table_file::TableFile;
 use nsq_dedupe::filter::{filter_records, FilterStats};
 use nsq_dedupe::sizing;
@@ -33,16 +37,29 @@ pub(crate) fn run(args: &FilterArgs) -> Result<()> {
         None => args.digest,
     };
     let keyer = Keyer::new(args.key.clone(), digest);
+    let timing = args.max_age.map(|age| {
+        let clock: Arc<dyn Clock> = Arc::new(CoarseClock);
+        (age.max(Duration::from_secs(1)), clock)
+    });
     let (table, table_file) = match &args.table_file {
         None => (
-            Table::new(geometry).with_context(|| format!("invalid {flag}"))?,
+            match &timing {
+                None => Table::new(geometry),
+                Some((age, clock)) => Table::with_max_age(geometry, *age, clock.clone()),
+            }
+            .with_context(|| format!("invalid {flag}"))?,
             None,
         ),
         Some(path) => {
             let identity = format!("{} {}", keyer.key(), keyer.algorithm());
-            let (file, table, _) =
-                TableFile::open(path, geometry, &identity, args.table_file_on_mismatch)
-                    .map_err(|error| anyhow::anyhow!("{}", for_filter(&error.to_string())))?;
+            let (file, table, _) = TableFile::open(
+                path,
+                geometry,
+                &identity,
+                args.table_file_on_mismatch,
+                timing,
+            )
+            .map_err(|error| anyhow::anyhow!("{}", for_filter(&error.to_string())))?;
             (table, Some(file))
         }
     };

@@ -24,6 +24,29 @@ struct Answer {
     target: Option<f64>,
     window_messages: f64,
     rate: Option<f64>,
+    /// `--max-age` in whole seconds (at least 1), with the rate it needs.
+    max_age: Option<MaxAge>,
+}
+
+/// What `--max-age` changes: copies later than it pass, and the table it suggests.
+#[derive(Debug)]
+struct MaxAge {
+    seconds: f64,
+    /// The smallest table of the same ways that catches a copy `max_age` late with the target
+    /// probability (0.99 without one): past it, `max_age`, not the table's size, forgets.
+    suggested: Geometry,
+    suggested_probability: f64,
+}
+
+impl Answer {
+    /// The catch probability of a copy `messages` later (`seconds` later, when known): the
+    /// table's, and 0 beyond `max_age`.
+    fn catch_probability(&self, seconds: Option<f64>, messages: f64) -> f64 {
+        match (&self.max_age, seconds) {
+            (Some(max_age), Some(s)) if s > max_age.seconds => 0.0,
+            _ => sizing::catch_probability(self.geometry, messages),
+        }
+    }
 }
 
 impl Answer {
@@ -61,7 +84,7 @@ fn solve(args: &SizeArgs) -> Result<Answer> {
         );
     }
     let geometry = args.table.geometry()?;
-    let answer = match (args.probability, geometry, window_messages) {
+    let mut answer = match (args.probability, geometry, window_messages) {
         (Some(target), None, Some(window_messages)) => {
             let geometry = sizing::slots_for(target, args.table.ways, window_messages)?;
             Answer {
@@ -70,6 +93,7 @@ fn solve(args: &SizeArgs) -> Result<Answer> {
                 target: Some(target),
                 window_messages,
                 rate: args.rate,
+                max_age: None,
             }
         }
         (Some(target), Some(geometry), None) => Answer {
@@ -78,6 +102,7 @@ fn solve(args: &SizeArgs) -> Result<Answer> {
             target: Some(target),
             window_messages: sizing::window_for(geometry, target)?,
             rate: args.rate,
+            max_age: None,
         },
         (None, Some(geometry), Some(window_messages)) => Answer {
             geometry,
@@ -85,12 +110,33 @@ fn solve(args: &SizeArgs) -> Result<Answer> {
             target: None,
             window_messages,
             rate: args.rate,
+            max_age: None,
         },
         _ => bail!(
             "give exactly two of `--probability`, the table size (`--buckets` or `--memory`) \
              and the window (`--window` with `--rate`, or `--messages`); the third is computed"
         ),
     };
+    if let Some(max_age) = args.max_age {
+        let Some(rate) = args.rate else {
+            bail!(
+                "`--max-age {}` needs `--rate` (distinct messages per second) to tell how many \
+                 messages arrive within it",
+                format_duration(max_age)
+            );
+        };
+        // Entries carry whole seconds: a copy is caught up to max_age, and passes a second
+        // later.
+        let seconds = max_age.as_secs().max(1) as f64;
+        let target = answer.target.unwrap_or(0.99);
+        let messages = (seconds * rate).clamp(1.0, MAX_WINDOW_MESSAGES);
+        let suggested = sizing::slots_for(target, answer.geometry.ways(), messages)?;
+        answer.max_age = Some(MaxAge {
+            seconds,
+            suggested,
+            suggested_probability: sizing::catch_probability(suggested, messages),
+        });
+    }
     Ok(answer)
 }
 
@@ -117,6 +163,11 @@ fn delays(answer: &Answer) -> Vec<(Option<f64>, f64)> {
             .collect(),
     };
     rows.retain(|&(_, messages)| messages < end * 0.999);
+    if let (Some(max_age), Some(rate)) = (&answer.max_age, answer.rate) {
+        for seconds in [max_age.seconds, max_age.seconds + 1.0] {
+            rows.push((Some(seconds), seconds * rate));
+        }
+    }
     for messages in [answer.window_messages, end] {
         rows.push((
             answer
@@ -172,6 +223,15 @@ fn to_text(answer: &Answer) -> String {
         "Probability:  {} that a copy arriving a whole window late is caught{target}",
         format_probability(answer.probability)
     );
+    if let (Some(max_age), Some(window)) = (&answer.max_age, answer.window_seconds()) {
+        if max_age.seconds < window {
+            let _ = writeln!(
+                out,
+                "              but max age {} is shorter than the window: such a copy passes",
+                describe_seconds(max_age.seconds)
+            );
+        }
+    }
     let _ = writeln!(out);
     let _ = writeln!(
         out,
@@ -184,7 +244,33 @@ fn to_text(answer: &Answer) -> String {
             out,
             "{delay:<12}{:>18}  {}",
             format_count(messages.round() as u64),
-            format_probability(sizing::catch_probability(g, messages))
+            match answer.catch_probability(seconds, messages) {
+                0.0 => "0 (later than max age)".to_owned(),
+                p => format_probability(p),
+            }
+        );
+    }
+    if let Some(max_age) = &answer.max_age {
+        let s = max_age.suggested;
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "Max age:      {}: a copy arriving later passes, whatever the table holds.",
+            describe_seconds(max_age.seconds)
+        );
+        let _ = writeln!(
+            out,
+            "              From {} ({} in-process) up, max age is what forgets: that table \
+             catches a copy {} late with probability {}.",
+            plural(s.slots(), "bucket", "buckets"),
+            format_bytes(s.memory_bytes() * 2),
+            describe_seconds(max_age.seconds),
+            format_probability(max_age.suggested_probability)
+        );
+        let _ = writeln!(
+            out,
+            "              With max age the in-process table takes twice its memory: a time \
+             beside every bucket."
         );
     }
     out
@@ -215,7 +301,7 @@ fn to_json(answer: &Answer) -> serde_json::Value {
             json!({
                 "delay_seconds": seconds,
                 "messages": messages,
-                "probability": sizing::catch_probability(g, messages),
+                "probability": answer.catch_probability(seconds, messages),
             })
         })
         .collect();
@@ -234,6 +320,14 @@ fn to_json(answer: &Answer) -> serde_json::Value {
     if let (Some(rate), Some(seconds)) = (answer.rate, answer.window_seconds()) {
         value["rate"] = json!(rate);
         value["window_seconds"] = json!(seconds);
+    }
+    if let Some(max_age) = &answer.max_age {
+        value["max_age_seconds"] = json!(max_age.seconds);
+        value["max_age_table"] = json!({
+            "buckets": max_age.suggested.slots(),
+            "memory_bytes": max_age.suggested.memory_bytes() * 2,
+            "probability": max_age.suggested_probability,
+        });
     }
     value
 }

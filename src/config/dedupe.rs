@@ -25,6 +25,7 @@ pub struct RawDedupe {
     pub in_flight_requeue_delay: Option<Dur>,
     pub on_store_error: Option<StoreErrorPolicy>,
     pub store_error_requeue_delay: Option<Dur>,
+    pub max_age: Option<Dur>,
 }
 
 impl RawDedupe {
@@ -96,4 +97,19 @@ pub fn read_digest_key(key: &'static str, path: &Path) -> Result<DigestKey, Conf
     })?;
     DigestKey::from_file_contents(&contents)
         .map_err(|reason| invalid(key, quote(Some(&path.display().to_string())), reason))
+}
+
+impl RawDedupe {
+    /// `dedupe.max_age`: done entries older than this count as not seen.
+    pub(super) fn max_age(&self) -> Result<Option<Duration>, ConfigError> {
+        match self.max_age {
+            None => Ok(None),
+            Some(Dur(age)) if age < Duration::from_secs(1) => Err(invalid(
+                "dedupe.max_age",
+                format!("{age:?}"),
+                "must be at least 1s (entries carry their time in whole seconds)",
+            )),
+            Some(Dur(age)) => Ok(Some(age)),
+        }
+    }
 }

@@ -25,6 +25,7 @@
 //! in_flight_requeue_delay = "1s"
 //! on_store_error = "requeue"        # or "process"
 //! store_error_requeue_delay = "1s"
+//! # max_age = "10m"                 # copies older than this pass (off by default)
 //!
 //! [store]
 //! kind = "memory"                   # or "memcached", "none"
@@ -272,6 +273,8 @@ pub struct Settings {
     pub table_file: Option<TableFileSettings>,
     /// The near-table in front of Memcached, if any.
     pub near_table: Option<crate::Geometry>,
+    /// Done entries older than this count as not seen, if set.
+    pub max_age: Option<Duration>,
     /// The window the catch probability is reported for.
     pub window: Duration,
     /// The sink.
@@ -331,6 +334,10 @@ impl RawConfig {
         let (mut store, window) = self.store.validate(source.msg_timeout)?;
         let table_file = self.store.table_file()?;
         let near_table = self.store.near_table()?;
+        let max_age = self.dedupe.max_age()?;
+        if let StoreSettings::Memcached(config, _) = &mut store {
+            config.max_age = max_age;
+        }
         if let (StoreSettings::Memcached(config, _), DigestAlgorithm::Blake3Keyed(key)) =
             (&mut store, keyer.algorithm())
         {
@@ -349,6 +356,7 @@ impl RawConfig {
             store,
             table_file,
             near_table,
+            max_age,
             window,
             sink,
             dead_letter,

@@ -36,9 +36,19 @@ impl NearTable {
     /// # Errors
     ///
     /// The table's memory cannot be had.
-    pub fn new(geometry: Geometry) -> Result<Self, TableError> {
+    /// With `max_age`, its entries expire as the shared table's do.
+    pub fn new(
+        geometry: Geometry,
+        max_age: Option<(
+            std::time::Duration,
+            std::sync::Arc<dyn crate::dedup::clock::Clock>,
+        )>,
+    ) -> Result<Self, TableError> {
         Ok(NearTable {
-            table: Table::new(geometry)?,
+            table: match max_age {
+                None => Table::new(geometry)?,
+                Some((age, clock)) => Table::with_max_age(geometry, age, clock)?,
+            },
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
         })

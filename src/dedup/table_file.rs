@@ -12,7 +12,8 @@
 //! offset  size  field
 //!      0     8  magic "NSQDDTBL"
 //!      8     4  format version (1), little-endian like every number here
-//!     12     4  slot layout (1: 58-bit fingerprint, cursor, lock, state; see `table`)
+//!     12     4  slot layout (1: 58-bit fingerprint, cursor, lock, state; see `table`;
+//!               2: the same slots followed by a time per slot, for `max_age`)
 //!     16     8  sets
 //!     24     4  ways
 //!     28     4  reserved (0)
@@ -22,7 +23,12 @@
 //!               the key rule and digest, e.g. "json:/id xxh3" or "body blake3-keyed:1a2b3c4d"
 //!   4088     8  xxh3-64 of bytes 0..4088
 //!   4096        the slots, 8 bytes each, little-endian
+//!               (layout 2) the slots' times, 8 bytes each (see `table::timed`)
 //! ```
+//!
+//! A layout-1 file loads into a table with `max_age` (its entries have no time and never
+//! expire), and a layout-2 file into one without (the times are dropped): `max_age` can be
+//! turned on, off or changed across a restart.
 //!
 //! A file whose header does not match the settings is an error that says what differs (never
 //! silently overwritten); so is a truncated or corrupt one, unless the policy is
@@ -40,6 +46,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
+use std::sync::Arc;
+
+use crate::dedup::clock::Clock;
 use crate::dedup::table::Table;
 use crate::dedup::Geometry;
 
@@ -47,6 +56,8 @@ const MAGIC: &[u8; 8] = b"NSQDDTBL";
 const FORMAT_VERSION: u32 = 1;
 /// The slot layout of `table`: 58-bit fingerprint, cursor, lock, state; no time.
 const SLOT_LAYOUT: u32 = 1;
+/// The same slots followed by their times (`max_age`).
+const SLOT_LAYOUT_TIMED: u32 = 2;
 const HEADER_BYTES: usize = 4096;
 const MAX_IDENTITY: usize = 1024;
 
@@ -162,7 +173,12 @@ impl TableFile {
         geometry: Geometry,
         identity: &str,
         on_mismatch: OnMismatch,
+        max_age: Option<(Duration, Arc<dyn Clock>)>,
     ) -> Result<(TableFile, Table, LoadReport), TableFileError> {
+        let new_table = || match &max_age {
+            None => Table::new(geometry),
+            Some((age, clock)) => Table::with_max_age(geometry, *age, clock.clone()),
+        };
         let lock = lock(path)?;
         let file = TableFile {
             path: path.to_owned(),
@@ -170,7 +186,7 @@ impl TableFile {
             _lock: lock,
             saving: std::sync::Mutex::new(()),
         };
-        match file.load(geometry) {
+        match file.load(geometry, new_table()?) {
             Ok(loaded) => Ok((file, loaded.0, loaded.1)),
             Err(error @ (TableFileError::Mismatch { .. } | TableFileError::Corrupt { .. }))
                 if on_mismatch == OnMismatch::Recreate =>
@@ -194,7 +210,7 @@ impl TableFile {
                     recreated: Some(reason),
                     ..LoadReport::default()
                 };
-                Ok((file, Table::new(geometry)?, report))
+                Ok((file, new_table()?, report))
             }
             Err(error) => Err(error),
         }
@@ -205,7 +221,11 @@ impl TableFile {
         &self.path
     }
 
-    fn load(&self, geometry: Geometry) -> Result<(Table, LoadReport), TableFileError> {
+    fn load(
+        &self,
+        geometry: Geometry,
+        table: Table,
+    ) -> Result<(Table, LoadReport), TableFileError> {
         let io = |cause| TableFileError::Io {
             path: self.path.clone(),
             cause,
@@ -217,7 +237,7 @@ impl TableFile {
         let mut file = match File::open(&self.path) {
             Ok(file) => file,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Ok((Table::new(geometry)?, LoadReport::default()))
+                return Ok((table, LoadReport::default()))
             }
             Err(e) => return Err(io(e)),
         };
@@ -231,9 +251,9 @@ impl TableFile {
         file.read_exact(&mut header).map_err(io)?;
         let header = Header::parse(&header).map_err(corrupt)?;
         let mut differs = Vec::new();
-        if header.layout != SLOT_LAYOUT {
+        if header.layout != SLOT_LAYOUT && header.layout != SLOT_LAYOUT_TIMED {
             differs.push(format!(
-                "slot layout {} (this version reads {SLOT_LAYOUT})",
+                "slot layout {} (this version reads {SLOT_LAYOUT} and {SLOT_LAYOUT_TIMED})",
                 header.layout
             ));
         }
@@ -258,13 +278,17 @@ impl TableFile {
                 differs: differs.join(", and "),
             });
         }
-        let expected = HEADER_BYTES as u64 + geometry.memory_bytes();
+        let copies = if header.layout == SLOT_LAYOUT_TIMED {
+            2
+        } else {
+            1
+        };
+        let expected = HEADER_BYTES as u64 + copies * geometry.memory_bytes();
         if len != expected {
             return Err(corrupt(format!(
                 "{len} bytes where its header promises {expected} (truncated?)"
             )));
         }
-        let table = Table::new(geometry)?;
         let mut hasher = Xxh3::new();
         let mut report = LoadReport {
             snapshot_at: Some(UNIX_EPOCH + Duration::from_secs(header.written_at)),
@@ -287,6 +311,21 @@ impl TableFile {
                     Restored::Released => report.released_in_flight += 1,
                 }
                 index += 1;
+            }
+        }
+        if header.layout == SLOT_LAYOUT_TIMED {
+            let mut index = 0usize;
+            while index < slots {
+                let n = ((slots - index) * 8).min(buf.len());
+                file.read_exact(&mut buf[..n]).map_err(io)?;
+                hasher.update(&buf[..n]);
+                for chunk in buf[..n].chunks_exact(8) {
+                    table.restore_time(
+                        index,
+                        u64::from_le_bytes(chunk.try_into().expect("8 bytes")),
+                    );
+                    index += 1;
+                }
             }
         }
         if hasher.digest() != header.slot_checksum {
@@ -338,9 +377,27 @@ impl TableFile {
         }
         hasher.update(&chunk);
         out.write_all(&chunk).map_err(io)?;
+        chunk.clear();
+        let timed = table.max_age().is_some();
+        if timed {
+            for index in 0..table.slots() as usize {
+                chunk.extend_from_slice(&table.time_word(index).unwrap_or(0).to_le_bytes());
+                if chunk.len() == chunk.capacity() {
+                    hasher.update(&chunk);
+                    out.write_all(&chunk).map_err(io)?;
+                    chunk.clear();
+                }
+            }
+            hasher.update(&chunk);
+            out.write_all(&chunk).map_err(io)?;
+        }
         let mut file = out.into_inner().map_err(|e| io(e.into_error()))?;
         let header = Header {
-            layout: SLOT_LAYOUT,
+            layout: if timed {
+                SLOT_LAYOUT_TIMED
+            } else {
+                SLOT_LAYOUT
+            },
             sets: table.geometry().sets(),
             ways: table.geometry().ways(),
             slot_checksum: hasher.digest(),
@@ -364,7 +421,7 @@ impl TableFile {
             File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
         }
         Ok(SaveReport {
-            bytes: HEADER_BYTES as u64 + table.memory_bytes(),
+            bytes: HEADER_BYTES as u64 + table.memory_bytes() * if timed { 2 } else { 1 },
             took: started.elapsed(),
         })
     }
@@ -494,7 +551,7 @@ mod tests {
         let path = dir.path().join("table");
         {
             let (file, table, report) =
-                TableFile::open(&path, geometry(), "body xxh3", OnMismatch::Error).unwrap();
+                TableFile::open(&path, geometry(), "body xxh3", OnMismatch::Error, None).unwrap();
             assert_eq!(report, LoadReport::default());
             // 1,000 entries in 4,096 slots: none is evicted.
             for i in 0..1000 {
@@ -507,7 +564,7 @@ mod tests {
             file.save(&table).unwrap();
         }
         let (_file, table, report) =
-            TableFile::open(&path, geometry(), "body xxh3", OnMismatch::Error).unwrap();
+            TableFile::open(&path, geometry(), "body xxh3", OnMismatch::Error, None).unwrap();
         assert_eq!((report.entries, report.released_in_flight), (1000, 10));
         assert!(report.snapshot_at.is_some());
         for i in 0..1000 {
@@ -523,7 +580,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("table");
         let (file, table, _) =
-            TableFile::open(&path, geometry(), "json:/id xxh3", OnMismatch::Error).unwrap();
+            TableFile::open(&path, geometry(), "json:/id xxh3", OnMismatch::Error, None).unwrap();
         assert!(!table.contains_and_add(digest(1)));
         file.save(&table).unwrap();
         drop(file);
@@ -532,6 +589,7 @@ mod tests {
             Geometry::new(1 << 13, 4).unwrap(),
             "body md5",
             OnMismatch::Error,
+            None,
         )
         .unwrap_err()
         .to_string();
@@ -549,7 +607,7 @@ mod tests {
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[HEADER_BYTES + 77] ^= 0x10;
         std::fs::write(&path, &bytes).unwrap();
-        let error = TableFile::open(&path, geometry(), "json:/id xxh3", OnMismatch::Error)
+        let error = TableFile::open(&path, geometry(), "json:/id xxh3", OnMismatch::Error, None)
             .unwrap_err()
             .to_string();
         assert!(
@@ -558,13 +616,19 @@ mod tests {
         );
         // Truncated.
         std::fs::write(&path, &bytes[..HEADER_BYTES + 100]).unwrap();
-        let error = TableFile::open(&path, geometry(), "json:/id xxh3", OnMismatch::Error)
+        let error = TableFile::open(&path, geometry(), "json:/id xxh3", OnMismatch::Error, None)
             .unwrap_err()
             .to_string();
         assert!(error.contains("(truncated?)"), "{error}");
         // Recreate: the damaged file is kept aside, the table starts empty.
-        let (_file, table, report) =
-            TableFile::open(&path, geometry(), "json:/id xxh3", OnMismatch::Recreate).unwrap();
+        let (_file, table, report) = TableFile::open(
+            &path,
+            geometry(),
+            "json:/id xxh3",
+            OnMismatch::Recreate,
+            None,
+        )
+        .unwrap();
         assert!(report.recreated.is_some());
         assert_eq!(table.occupied(), 0);
         let aside = std::fs::read_dir(dir.path())
@@ -576,11 +640,47 @@ mod tests {
     }
 
     #[test]
+    fn times_survive_a_restart_and_max_age_can_change() {
+        use crate::dedup::clock::ManualClock;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("table");
+        let clock = Arc::new(ManualClock::new(1_000_000_000));
+        let timed = |age: u64| -> Option<(Duration, Arc<dyn Clock>)> {
+            Some((Duration::from_secs(age), clock.clone()))
+        };
+        {
+            let (file, table, _) =
+                TableFile::open(&path, geometry(), "body xxh3", OnMismatch::Error, timed(60))
+                    .unwrap();
+            assert!(!table.contains_and_add(digest(1)));
+            clock.advance_ms(50_000);
+            assert!(!table.contains_and_add(digest(2)));
+            file.save(&table).unwrap();
+        }
+        clock.advance_ms(20_000);
+        // Digest 1 is 70 s old, digest 2 is 20 s old.
+        let (_file, table, report) =
+            TableFile::open(&path, geometry(), "body xxh3", OnMismatch::Error, timed(60)).unwrap();
+        assert_eq!(report.entries, 2);
+        assert!(table.contains(digest(2)));
+        assert!(
+            !table.contains(digest(1)),
+            "older than max_age across the restart"
+        );
+        drop((_file, table));
+        // Without max_age, the times are dropped and both are held.
+        let (_file, table, _) =
+            TableFile::open(&path, geometry(), "body xxh3", OnMismatch::Error, None).unwrap();
+        assert!(table.contains(digest(1)) && table.contains(digest(2)));
+    }
+
+    #[test]
     fn a_second_user_of_the_file_is_refused_naming_the_first() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("table");
-        let _first = TableFile::open(&path, geometry(), "body xxh3", OnMismatch::Error).unwrap();
-        let error = TableFile::open(&path, geometry(), "body xxh3", OnMismatch::Error)
+        let _first =
+            TableFile::open(&path, geometry(), "body xxh3", OnMismatch::Error, None).unwrap();
+        let error = TableFile::open(&path, geometry(), "body xxh3", OnMismatch::Error, None)
             .unwrap_err()
             .to_string();
         assert_eq!(

@@ -20,6 +20,10 @@ pub(crate) struct DedupeFlags {
     /// `dedupe.digest`.
     #[arg(long, value_name = "DIGEST")]
     pub(crate) digest: Option<String>,
+    /// Copies arriving longer after their original than this (such as 10m) pass again:
+    /// for bodies that repeat on purpose. Off by default. `dedupe.max_age`.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) max_age: Option<Duration>,
     /// File with a 32-byte key (raw or 64 hex digits): digests become keyed BLAKE3, which
     /// nobody without the key can predict. Every consumer sharing a Memcached table needs the
     /// same key. `dedupe.digest_key_file`.
@@ -50,6 +54,12 @@ impl DedupeFlags {
             self.digest.as_ref(),
             "dedupe.digest",
             "--digest",
+        );
+        overlay.value(
+            &mut dedupe.max_age,
+            self.max_age.map(Dur).as_ref(),
+            "dedupe.max_age",
+            "--max-age",
         );
         overlay.value(
             &mut dedupe.digest_key_file,

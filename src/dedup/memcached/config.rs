@@ -47,6 +47,9 @@ pub struct MemcachedConfig {
     /// together in pipelines, which multiplies throughput under concurrency; when off, each is
     /// a pipeline of its own (two round trips: read, write). Defaults to: `true`.
     pub coalesce: bool,
+    /// Done entries committed longer ago than this count as not seen (`dedupe.max_age`).
+    /// Defaults to: `None` (entries are forgotten only by eviction).
+    pub max_age: Option<Duration>,
 }
 
 impl Default for MemcachedConfig {
@@ -58,6 +61,7 @@ impl Default for MemcachedConfig {
             timeout: Duration::from_millis(500),
             pool_size: 4,
             max_cas_retries: 16,
+            max_age: None,
             coalesce: true,
         }
     }

@@ -126,7 +126,10 @@ use tokio::sync::{mpsc, oneshot};
 use self::coalesce::{coalesce, coalescer_gone, Request};
 use self::conn::{PipeConn, Write, Written};
 use self::pool::Pool;
-use self::set::{apply, decode, encode, LeaseFacts, Op, Outcome, SetState, FORMAT_VERSION};
+use self::set::{
+    apply, decode, encode, LeaseFacts, Op, Outcome, SetState, FORMAT_VERSION, FORMAT_VERSION_TIMED,
+    KEY_VERSION,
+};
 use crate::dedup::{Claim, Digest, Geometry, Store};
 use crate::error::StoreError;
 pub(crate) use config::check_namespace;
@@ -208,7 +211,7 @@ impl MemcachedStore {
     pub fn new_lazy(config: MemcachedConfig, geometry: Geometry) -> Result<Self, StoreError> {
         config.validate()?;
         let namespace = format!(
-            "{}:v{FORMAT_VERSION}:{}x{}",
+            "{}:v{KEY_VERSION}:{}x{}",
             config.namespace,
             geometry.sets(),
             geometry.ways()
@@ -504,7 +507,7 @@ impl MemcachedStore {
                         outcomes.push((index, outcome));
                     }
                     if changed {
-                        planned.push((p, encode(&entries), cas, outcomes));
+                        planned.push((p, encode(&entries, self.value_version()), cas, outcomes));
                     } else {
                         answers.extend(outcomes);
                     }
@@ -551,6 +554,21 @@ impl MemcachedStore {
             now_ms,
             lease_until_ms: now_ms.saturating_add(lease_ms),
             owner: self.inner.owner,
+            max_age_ms: self
+                .inner
+                .config
+                .max_age
+                .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        }
+    }
+
+    /// The value format this store writes: timed only when entries expire, so that a table
+    /// without `max_age` stays readable by every version.
+    fn value_version(&self) -> u8 {
+        if self.inner.config.max_age.is_some() {
+            FORMAT_VERSION_TIMED
+        } else {
+            FORMAT_VERSION
         }
     }
 
@@ -679,7 +697,7 @@ mod tests {
             SetState::empty(2)
         );
         assert_eq!(
-            store.decode_counted(Some(&encode(&SetState::empty(2)))),
+            store.decode_counted(Some(&encode(&SetState::empty(2), FORMAT_VERSION))),
             SetState::empty(2)
         );
         assert_eq!(store.unreadable_values(), 1);

@@ -4,8 +4,17 @@
 
 use crate::dedup::{Claim, Digest};
 
-/// The value format version written by this code; part of the namespace and of every value.
+/// The key format's version, part of the namespace: values of every format below live under it.
+pub(crate) const KEY_VERSION: u8 = 1;
+
+/// The value format written without `max_age`: a done entry's time field is 0. Every
+/// version of nsq-dedupe reads it.
 pub(crate) const FORMAT_VERSION: u8 = 1;
+
+/// The value format written with `max_age`: a done entry's time field is the time of its
+/// commit. Values of version 1 are read as they are (their done entries never expire) and
+/// replaced by version 2 on their next write.
+pub(crate) const FORMAT_VERSION_TIMED: u8 = 2;
 
 /// Bytes of one entry in a value: slot index, digest, state, lease expiry, owner.
 pub(super) const ENTRY_BYTES: usize = 34;
@@ -41,7 +50,8 @@ pub(super) enum State {
 pub(super) struct Entry {
     pub(super) digest: Digest,
     pub(super) state: State,
-    /// Milliseconds since the Unix epoch; 0 once done.
+    /// In flight: when the lease ends. Done: when it was committed (format 2), or 0 (format
+    /// 1, or committed without `max_age`). Milliseconds since the Unix epoch.
     pub(super) lease_until_ms: u64,
     pub(super) owner: u64,
 }
@@ -52,6 +62,8 @@ pub(super) struct LeaseFacts {
     pub(super) now_ms: u64,
     pub(super) lease_until_ms: u64,
     pub(super) owner: u64,
+    /// Done entries committed longer ago than this count as not seen.
+    pub(super) max_age_ms: Option<u64>,
 }
 
 /// One set: `ways` slots and the cursor of the next eviction, as in the in-process table.
@@ -118,7 +130,20 @@ pub(super) fn apply(
         return (Outcome::Held(false), false);
     };
     let mine = entry.owner == facts.owner;
+    let expired = entry.state == State::Done
+        && entry.lease_until_ms != 0
+        && facts
+            .max_age_ms
+            .is_some_and(|max| facts.now_ms.saturating_sub(entry.lease_until_ms) > max);
     match (op, entry.state) {
+        (Op::Claim, State::Done) if expired => {
+            // Committed longer ago than `max_age`: a body sent again on purpose. Claim it anew,
+            // in its slot.
+            entry.state = State::InFlight;
+            entry.owner = facts.owner;
+            entry.lease_until_ms = facts.lease_until_ms;
+            (Outcome::Claim(Claim::New), true)
+        }
         (Op::Claim, State::Done) => (Outcome::Claim(Claim::Duplicate), false),
         (Op::Claim, State::InFlight) if entry.lease_until_ms > facts.now_ms => {
             (Outcome::Claim(Claim::InFlight), false)
@@ -132,7 +157,11 @@ pub(super) fn apply(
         (Op::Commit, State::Done) => (Outcome::Held(true), false),
         (Op::Commit, State::InFlight) if mine => {
             entry.state = State::Done;
-            entry.lease_until_ms = 0;
+            entry.lease_until_ms = if facts.max_age_ms.is_some() {
+                facts.now_ms
+            } else {
+                0
+            };
             (Outcome::Held(true), true)
         }
         (Op::Erase, _) if mine => {
@@ -147,11 +176,12 @@ pub(super) fn apply(
     }
 }
 
-/// Encodes a set (see the module docs for the layout).
-pub(super) fn encode(set: &SetState) -> Vec<u8> {
+/// Encodes a set (see the module docs for the layout) in format `version`
+/// ([`FORMAT_VERSION`] or [`FORMAT_VERSION_TIMED`]).
+pub(super) fn encode(set: &SetState, version: u8) -> Vec<u8> {
     let count = set.slots.iter().flatten().count();
     let mut out = Vec::with_capacity(HEADER_BYTES + count * ENTRY_BYTES);
-    out.push(FORMAT_VERSION);
+    out.push(version);
     // At most 8 ways, so the cursor, the count and a slot index each fit in a byte.
     out.push(set.cursor as u8);
     out.push(count as u8);
@@ -187,7 +217,7 @@ pub(super) fn decode(value: &[u8], ways: usize) -> Result<SetState, DecodeError>
     let [version, cursor, count, rest @ ..] = value else {
         return Err(DecodeError::Length);
     };
-    if *version != FORMAT_VERSION {
+    if *version != FORMAT_VERSION && *version != FORMAT_VERSION_TIMED {
         return Err(DecodeError::Version(*version));
     }
     if usize::from(*cursor) >= ways {
@@ -251,6 +281,7 @@ mod tests {
             now_ms,
             lease_until_ms: now_ms + 100,
             owner,
+            max_age_ms: None,
         }
     }
 
@@ -276,19 +307,22 @@ mod tests {
                 None,
             ],
         );
-        let bytes = encode(&set);
+        let bytes = encode(&set, FORMAT_VERSION);
         assert_eq!(bytes.len(), HEADER_BYTES + 2 * ENTRY_BYTES);
         assert_eq!(bytes[..4], [FORMAT_VERSION, 2, 2, 0]);
         assert_eq!(decode(&bytes, 4), Ok(set));
         assert_eq!(
-            decode(&encode(&SetState::empty(1)), 1),
+            decode(&encode(&SetState::empty(1), FORMAT_VERSION), 1),
             Ok(SetState::empty(1))
         );
     }
 
     #[test]
     fn unreadable_bytes_are_rejected() {
-        let good = encode(&set_of(0, vec![None, Some(entry(1, State::InFlight, 1))]));
+        let good = encode(
+            &set_of(0, vec![None, Some(entry(1, State::InFlight, 1))]),
+            FORMAT_VERSION,
+        );
         assert_eq!(
             decode(&good, 2).map(|s| digests(&s)),
             Ok(vec![None, Some(1)])
@@ -307,13 +341,16 @@ mod tests {
         bad_cursor[1] = 2;
         assert_eq!(decode(&bad_cursor, 2), Err(DecodeError::Slot(2)));
         // Two entries in one slot.
-        let two = encode(&set_of(
-            0,
-            vec![
-                Some(entry(1, State::Done, 1)),
-                Some(entry(2, State::Done, 1)),
-            ],
-        ));
+        let two = encode(
+            &set_of(
+                0,
+                vec![
+                    Some(entry(1, State::Done, 1)),
+                    Some(entry(2, State::Done, 1)),
+                ],
+            ),
+            FORMAT_VERSION,
+        );
         let mut same_slot = two.clone();
         same_slot[HEADER_BYTES + ENTRY_BYTES] = 0;
         assert_eq!(decode(&same_slot, 2), Err(DecodeError::Slot(0)));
@@ -322,12 +359,57 @@ mod tests {
     }
 
     #[test]
+    fn done_entries_older_than_max_age_are_claimed_anew() {
+        let me = 1;
+        let timed = |now_ms| LeaseFacts {
+            max_age_ms: Some(10_000),
+            ..facts(now_ms, me)
+        };
+        let d = Digest::from_u128(77);
+        let mut set = SetState::empty(2);
+        apply(&mut set, Op::Claim, d, timed(1_000));
+        apply(&mut set, Op::Commit, d, timed(1_000));
+        assert_eq!(
+            set.slots[0].unwrap().lease_until_ms,
+            1_000,
+            "the commit time"
+        );
+        assert_eq!(
+            apply(&mut set, Op::Claim, d, timed(11_000)),
+            (Outcome::Claim(Claim::Duplicate), false)
+        );
+        assert_eq!(
+            apply(&mut set, Op::Claim, d, timed(11_001)),
+            (Outcome::Claim(Claim::New), true)
+        );
+        assert_eq!(set.slots[0].unwrap().state, State::InFlight, "in its slot");
+        // Format 2 round-trips the time; format 1's done entries (time 0) never expire.
+        let bytes = encode(&set, FORMAT_VERSION_TIMED);
+        assert_eq!(bytes[0], FORMAT_VERSION_TIMED);
+        assert_eq!(decode(&bytes, 2), Ok(set.clone()));
+        let mut old = set_of(0, vec![Some(entry(5, State::Done, 3)), None]);
+        old = decode(&encode(&old, FORMAT_VERSION), 2).unwrap();
+        assert_eq!(
+            apply(
+                &mut old,
+                Op::Claim,
+                Digest::from_u128(5),
+                timed(u64::MAX / 2)
+            ),
+            (Outcome::Claim(Claim::Duplicate), false)
+        );
+    }
+
+    #[test]
     fn other_format_version_is_rejected() {
-        let mut bytes = encode(&set_of(0, vec![Some(entry(5, State::Done, 3)); 1]));
-        bytes[0] = FORMAT_VERSION + 1;
+        let mut bytes = encode(
+            &set_of(0, vec![Some(entry(5, State::Done, 3)); 1]),
+            FORMAT_VERSION,
+        );
+        bytes[0] = FORMAT_VERSION_TIMED + 1;
         assert_eq!(
             decode(&bytes, 1),
-            Err(DecodeError::Version(FORMAT_VERSION + 1))
+            Err(DecodeError::Version(FORMAT_VERSION_TIMED + 1))
         );
     }
 

@@ -58,8 +58,13 @@
 //! decisions in about a third fewer instructions, which lets more claims wait for memory at
 //! once (see `line`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+mod timed;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::dedup::clock::Clock;
 use crate::dedup::{Claim, Digest, Geometry, Store};
 use crate::error::{StoreError, TableError};
 
@@ -109,6 +114,8 @@ pub struct Table {
     /// Index of the first slot of set 0; `slots[base]` is 64-byte aligned.
     base: usize,
     geometry: Geometry,
+    /// A time per slot when entries expire (`max_age`); see `timed`.
+    timed: Option<timed::Times>,
 }
 
 impl std::fmt::Debug for Table {
@@ -117,6 +124,18 @@ impl std::fmt::Debug for Table {
             .field("geometry", &self.geometry)
             .finish_non_exhaustive()
     }
+}
+
+/// Calls `$table.$op::<W>(args...)` with `W` the table's ways.
+macro_rules! on_ways {
+    ($table:expr, $op:ident($($arg:expr),*)) => {
+        match $table.geometry.ways() {
+            1 => $table.$op::<1>($($arg),*),
+            2 => $table.$op::<2>($($arg),*),
+            4 => $table.$op::<4>($($arg),*),
+            _ => $table.$op::<8>($($arg),*),
+        }
+    };
 }
 
 /// Calls `$op::<W>(set, args...)` with `W` the table's ways, so that each associativity gets
@@ -165,7 +184,32 @@ impl Table {
             slots,
             base,
             geometry,
+            timed: None,
         })
+    }
+
+    /// A table whose done entries count as not seen once older than `max_age` by `clock`
+    /// (whole seconds, at least one), at 8 more bytes per slot. See `timed`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Table::new`], for twice the memory.
+    pub fn with_max_age(
+        geometry: Geometry,
+        max_age: Duration,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, TableError> {
+        let mut table = Table::new(geometry)?;
+        let max_age_s = max_age.as_secs().max(1);
+        table.timed = Some(timed::Times::new(table.slots.len(), max_age_s, clock)?);
+        Ok(table)
+    }
+
+    /// `max_age` in whole seconds, when entries expire.
+    pub fn max_age(&self) -> Option<Duration> {
+        self.timed
+            .as_ref()
+            .map(|t| Duration::from_secs(t.max_age_s()))
     }
 
     /// A table of at least `slots` slots (rounded up to whole sets) in sets of `ways`.
@@ -260,6 +304,9 @@ impl Table {
     /// otherwise it is inserted as done and the answer is `false`.
     #[inline]
     pub fn contains_and_add(&self, digest: Digest) -> bool {
+        if let Some(times) = &self.timed {
+            return on_ways!(self, insert_timed(times, digest, DONE)) != Claim::New;
+        }
         on_set!(self, digest, insert(fingerprint(digest), DONE)) != Claim::New
     }
 
@@ -267,6 +314,9 @@ impl Table {
     /// [`commit`](Table::commit) or [`erase`](Table::erase).
     #[inline]
     pub fn claim(&self, digest: Digest) -> Claim {
+        if let Some(times) = &self.timed {
+            return on_ways!(self, insert_timed(times, digest, IN_FLIGHT));
+        }
         on_set!(self, digest, insert(fingerprint(digest), IN_FLIGHT))
     }
 
@@ -323,6 +373,9 @@ impl Table {
 
     /// Marks `digest` as processed. Returns whether its set still held it (in flight or done).
     pub fn commit(&self, digest: Digest) -> bool {
+        if let Some(times) = &self.timed {
+            return on_ways!(self, commit_timed(times, digest));
+        }
         let done = |word| (word & !STATE_MASK) | DONE;
         on_set!(self, digest, update(fingerprint(digest), done))
     }
@@ -337,6 +390,9 @@ impl Table {
 
     /// Whether the set holds `digest` (in flight or done), without changing anything.
     pub fn contains(&self, digest: Digest) -> bool {
+        if let Some(times) = &self.timed {
+            return on_ways!(self, contains_timed(times, digest));
+        }
         on_set!(self, digest, find(fingerprint(digest))).is_some()
     }
 
