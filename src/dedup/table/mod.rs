@@ -84,7 +84,7 @@ const LINE_SLOTS: usize = 8;
 /// A lock-free, set-associative table of recently seen digests.
 ///
 /// Memory is allocated once, zeroed lazily by the operating system, and never grows:
-/// `slots * 8` bytes. See the docs of `src/dedup/table.rs` for the slot format and the odds of a false
+/// `slots * 8` bytes. See the docs of `src/dedup/table/mod.rs` for the slot format and the odds of a false
 /// "seen".
 ///
 /// # Example
