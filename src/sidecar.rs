@@ -59,6 +59,14 @@ pub enum RunError {
     /// do.
     #[error(transparent)]
     TableFile(#[from] crate::dedup::table_file::TableFileError),
+    /// The file sink's directories or formats are unusable.
+    #[error("cannot start the file sink: `sink.{field}`: {reason}")]
+    FileSink {
+        /// The setting.
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
     /// The metrics address could not be bound.
     #[error("cannot listen on metrics address {addr} (change `--metrics-address` / `metrics.address`, or set it to \"off\")")]
     Metrics {
@@ -158,6 +166,10 @@ fn timing(max_age: Option<Duration>) -> Option<(Duration, Arc<dyn crate::dedup::
 pub fn build_sink(sink: &SinkSettings, producer: &Transport) -> Result<Sink, RunError> {
     Ok(match sink {
         SinkSettings::Stdout => Sink::Stdout(StdoutSink::default()),
+        SinkSettings::File(config) => Sink::File(
+            crate::sink::FileSink::new(config.clone())
+                .map_err(|(field, reason)| RunError::FileSink { field, reason })?,
+        ),
         SinkSettings::Null => Sink::Null,
         SinkSettings::Nsq {
             nsqd_tcp_addresses,

@@ -345,7 +345,7 @@ impl RawConfig {
             // of one body differ, so a shared set would only hold noise for the other.
             config.namespace = format!("{}.k{}", config.namespace, key.fingerprint());
         }
-        let sink = self.sink.validate()?;
+        let sink = self.sink.validate(&source.consumer.topic)?;
         let dead_letter = sink::validate_dead_letter(self.dead_letter.as_ref(), &self.source)?;
         let service = service::validate(&self.metrics, &self.shutdown)?;
         Ok(Settings {

@@ -42,16 +42,19 @@ pub enum SinkKind {
     Nsq,
     /// POST to a URL.
     Http,
+    /// Archive to files, as `nsq_to_file`.
+    File,
     /// Discard (benchmarks).
     Null,
 }
 
 impl SinkKind {
     /// Every kind with its name in the config file and on the command line.
-    pub const NAMES: [(&'static str, SinkKind); 4] = [
+    pub const NAMES: [(&'static str, SinkKind); 5] = [
         ("stdout", SinkKind::Stdout),
         ("nsq", SinkKind::Nsq),
         ("http", SinkKind::Http),
+        ("file", SinkKind::File),
         ("null", SinkKind::Null),
     ];
 }
@@ -81,6 +84,17 @@ pub struct RawSink {
     pub http_client_connect_timeout: Option<Dur>,
     pub http_client_request_timeout: Option<Dur>,
     pub http_client_tls_root_ca_file: Option<PathBuf>,
+    pub output_dir: Option<PathBuf>,
+    pub work_dir: Option<PathBuf>,
+    pub filename_format: Option<String>,
+    pub datetime_format: Option<String>,
+    pub rotate_interval: Option<Dur>,
+    pub rotate_size: Option<String>,
+    pub gzip: Option<bool>,
+    pub gzip_level: Option<u32>,
+    pub sync_interval: Option<Dur>,
+    pub host_identifier: Option<String>,
+    pub skip_empty_files: Option<bool>,
 }
 
 /// `[dead_letter]`.
@@ -117,6 +131,8 @@ pub enum SinkSettings {
         /// Time limits and trusted roots.
         client: HttpClientConfig,
     },
+    /// Archive to files.
+    File(crate::sink::FileSinkConfig),
     /// Discard.
     Null,
 }
@@ -136,10 +152,73 @@ pub enum DeadLetterSettings {
 }
 
 impl RawSink {
-    pub(super) fn validate(&self) -> Result<SinkSettings, ConfigError> {
+    /// The file sink's settings: `nsq_to_file`'s, for the consumed `topic`.
+    fn file(&self, topic: &str) -> Result<SinkSettings, ConfigError> {
+        let output_dir = self.output_dir.clone().ok_or(ConfigError::Missing {
+            key: "sink.output_dir",
+            flags: &["--output-dir"],
+        })?;
+        let mut config = crate::sink::FileSinkConfig::new(output_dir, topic.to_owned());
+        config.work_dir = self.work_dir.clone();
+        if let Some(format) = &self.filename_format {
+            config.filename_format = format.clone();
+        }
+        if let Some(format) = &self.datetime_format {
+            config.datetime_format = format.clone();
+        }
+        config.rotate_interval = match self.rotate_interval {
+            Some(Dur(d)) if d.is_zero() => None,
+            Some(Dur(d)) => Some(d),
+            None => None,
+        };
+        if let Some(text) = &self.rotate_size {
+            let bytes = crate::units::parse_bytes(text)
+                .map_err(|reason| invalid("sink.rotate_size", quote(Some(text)), reason))?;
+            config.rotate_size = (bytes > 0).then_some(bytes);
+        }
+        if self.gzip == Some(true) || self.gzip_level.is_some() {
+            config.gzip_level = Some(self.gzip_level.unwrap_or(crate::sink::DEFAULT_GZIP_LEVEL));
+        }
+        if let Some(Dur(d)) = self.sync_interval {
+            config.sync_interval = d;
+        }
+        if let Some(host) = &self.host_identifier {
+            config.host_identifier = host.clone();
+        }
+        config.skip_empty_files = self.skip_empty_files.unwrap_or(false);
+        config.validate().map_err(|(field, reason)| {
+            let (key, value) = match field {
+                "output_dir" => (
+                    "sink.output_dir",
+                    quote(Some(&config.output_dir.display().to_string())),
+                ),
+                "work_dir" => (
+                    "sink.work_dir",
+                    quote(
+                        config
+                            .work_dir
+                            .as_ref()
+                            .map(|d| d.display().to_string())
+                            .as_deref(),
+                    ),
+                ),
+                "filename_format" => ("sink.filename_format", quote(Some(&config.filename_format))),
+                "datetime_format" => ("sink.datetime_format", quote(Some(&config.datetime_format))),
+                _ => (
+                    "sink.gzip_level",
+                    config.gzip_level.unwrap_or_default().to_string(),
+                ),
+            };
+            invalid(key, value, reason)
+        })?;
+        Ok(SinkSettings::File(config))
+    }
+
+    pub(super) fn validate(&self, topic: &str) -> Result<SinkSettings, ConfigError> {
         Ok(match self.kind.unwrap_or(SinkKind::Stdout) {
             SinkKind::Stdout => SinkSettings::Stdout,
             SinkKind::Null => SinkSettings::Null,
+            SinkKind::File => return self.file(topic),
             SinkKind::Nsq => {
                 let addrs = self
                     .destination_nsqd_tcp_addresses

@@ -234,6 +234,11 @@ impl ConsumerConfig {
     }
 }
 
+/// The host name up to its first dot, as NSQ's tools show it.
+pub(crate) fn short_hostname() -> String {
+    hostname().split('.').next().unwrap_or("").to_string()
+}
+
 fn hostname() -> String {
     std::env::var("HOSTNAME")
         .ok()

@@ -45,6 +45,7 @@ mod stream;
 mod supervisor;
 mod transport;
 
+pub(crate) use config::short_hostname;
 pub use config::ConsumerConfig;
 pub use consumer::{ConnectionCount, Consumer};
 pub use error::Error;

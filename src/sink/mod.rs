@@ -6,6 +6,7 @@
 //! library users implement [`Handler`] for their own type, or pass an async closure.
 
 mod dead_letter;
+mod file;
 mod http;
 mod nsq;
 mod stdout;
@@ -15,6 +16,9 @@ use std::future::Future;
 use bytes::Bytes;
 
 pub use dead_letter::{DeadLetter, DeadLetterError, DeadLetterRecord};
+pub use file::{
+    FileSink, FileSinkConfig, DEFAULT_DATETIME_FORMAT, DEFAULT_FILENAME_FORMAT, DEFAULT_GZIP_LEVEL,
+};
 pub use http::{with_content_type, HttpMode, HttpSink, DEFAULT_CONTENT_TYPE};
 pub use nsq::NsqSink;
 pub use stdout::StdoutSink;
@@ -95,6 +99,8 @@ pub enum Sink {
     Nsq(NsqSink),
     /// POST to a URL.
     Http(HttpSink),
+    /// Archive to files, as `nsq_to_file`.
+    File(FileSink),
     /// Accept and discard everything (benchmarks, dry runs).
     Null,
 }
@@ -108,6 +114,7 @@ impl Handler for Sink {
             Sink::Stdout(sink) => Box::pin(sink.handle(body)).await,
             Sink::Nsq(sink) => Box::pin(sink.handle(body)).await,
             Sink::Http(sink) => Box::pin(sink.handle(body)).await,
+            Sink::File(sink) => Box::pin(sink.handle(body)).await,
             Sink::Null => Ok(()),
         }
     }
@@ -115,6 +122,7 @@ impl Handler for Sink {
     async fn flush(&self) -> Result<(), HandlerError> {
         match self {
             Sink::Stdout(sink) => sink.flush().await,
+            Sink::File(sink) => sink.flush().await,
             Sink::Nsq(_) | Sink::Http(_) | Sink::Null => Ok(()),
         }
     }
@@ -122,14 +130,16 @@ impl Handler for Sink {
     async fn closed(&self) -> std::io::Error {
         match self {
             Sink::Stdout(sink) => sink.closed().await,
-            Sink::Nsq(_) | Sink::Http(_) | Sink::Null => std::future::pending().await,
+            Sink::Nsq(_) | Sink::Http(_) | Sink::File(_) | Sink::Null => {
+                std::future::pending().await
+            }
         }
     }
 
     fn refused(&self) -> impl Future<Output = std::sync::Arc<crate::nsq::Error>> + Send + 'static {
         let refused = match self {
             Sink::Nsq(sink) => Some(sink.refused()),
-            Sink::Stdout(_) | Sink::Http(_) | Sink::Null => None,
+            Sink::Stdout(_) | Sink::Http(_) | Sink::File(_) | Sink::Null => None,
         };
         async move {
             match refused {

@@ -4,6 +4,7 @@
 //! [`RawConfig`], recording which key each flag set so that errors name the flag.
 
 mod dedupe;
+mod file_sink;
 mod nsq_opts;
 mod service;
 mod sink;
@@ -32,6 +33,8 @@ pub(crate) struct RunArgs {
     #[command(flatten)]
     pub(crate) sink: sink::SinkFlags,
     #[command(flatten)]
+    pub(crate) file_sink: file_sink::FileSinkFlags,
+    #[command(flatten)]
     pub(crate) service: service::ServiceFlags,
 }
 
@@ -45,6 +48,7 @@ impl RunArgs {
         self.dedupe.apply(raw, &mut overlay);
         self.store.apply(raw, &mut overlay);
         self.sink.apply(raw, &mut overlay);
+        self.file_sink.apply(raw, &mut overlay);
         self.service.apply(raw, &mut overlay);
         raw.flags = flags;
     }

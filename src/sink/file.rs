@@ -1,0 +1,505 @@
+//! The `file` sink: archives each unique body as one line of a file, as `nsq_to_file` does,
+//! with its flags and their meanings.
+//!
+//! Files are written in the work directory and moved to the output directory once closed;
+//! they are named by `filename_format` (`<TOPIC>`, `<HOST>`, `<REV>`, `<DATETIME>`, `<PID>`;
+//! `.gz` is appended with gzip when the format does not end so), and a file is closed (rotated)
+//! when its `<DATETIME>` text would change, when it reaches `rotate_size` bytes, and after
+//! `rotate_interval`. `<REV>` is empty, or `-1`, `-2`, ... when a file of that name exists.
+//! Datetimes are UTC.
+//!
+//! Never acknowledged early: one writer thread takes every record queued, writes them, and
+//! fsyncs the file (`sync_data`) before it answers any of them, so a message is FINished only
+//! once its record is on disk. One fsync covers every record queued meanwhile (group commit).
+//! `sync_interval` makes the thread wait that long after a batch's first record before writing
+//! it, gathering more records per fsync: fewer fsyncs, each record waiting longer. With gzip,
+//! each batch is one gzip member (RFC 1952 allows a file of several; `gunzip` and `zcat` read
+//! them all), so after a kill -9 the file is readable up to its last sync, and a closed file is
+//! a complete gzip stream. A write or sync error fails every record of its batch (their
+//! messages are requeued), closes the file, and the next batch opens a new one.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc as std_mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use tokio::sync::oneshot;
+
+use super::{Handler, HandlerError};
+
+/// `nsq_to_file`'s default file name.
+pub const DEFAULT_FILENAME_FORMAT: &str = "<TOPIC>.<HOST><REV>.<DATETIME>.log";
+/// `nsq_to_file`'s default datetime format: one file per hour.
+pub const DEFAULT_DATETIME_FORMAT: &str = "%Y-%m-%d_%H";
+/// The gzip level when none is given.
+pub const DEFAULT_GZIP_LEVEL: u32 = 6;
+
+/// The most records one batch carries: a bound on the buffer, not a wait.
+const MAX_BATCH_RECORDS: usize = 4096;
+
+/// Settings of a [`FileSink`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileSinkConfig {
+    /// Where closed files go.
+    pub output_dir: PathBuf,
+    /// Where files are written while open. Defaults to: the output directory.
+    pub work_dir: Option<PathBuf>,
+    /// The topic, for `<TOPIC>`.
+    pub topic: String,
+    /// File name with placeholders. Defaults to: [`DEFAULT_FILENAME_FORMAT`].
+    pub filename_format: String,
+    /// strftime-like format of `<DATETIME>` (`%Y %m %d %H %M %S %%`). Defaults to:
+    /// [`DEFAULT_DATETIME_FORMAT`].
+    pub datetime_format: String,
+    /// Close a file this long after it was opened. Defaults to: never.
+    pub rotate_interval: Option<Duration>,
+    /// Close a file once it holds this many bytes. Defaults to: never.
+    pub rotate_size: Option<u64>,
+    /// Compress with gzip at this level (1-9). Defaults to: off.
+    pub gzip_level: Option<u32>,
+    /// Wait this long after a batch's first record before writing and syncing it. Defaults
+    /// to: zero (sync as soon as the writer is free).
+    pub sync_interval: Duration,
+    /// `<HOST>`. Defaults to: the short host name.
+    pub host_identifier: String,
+    /// Remove a file that got no record instead of moving it to the output directory.
+    pub skip_empty_files: bool,
+}
+
+impl FileSinkConfig {
+    /// `nsq_to_file`'s defaults for `topic`, writing to `output_dir`.
+    pub fn new(output_dir: PathBuf, topic: String) -> Self {
+        FileSinkConfig {
+            output_dir,
+            work_dir: None,
+            topic,
+            filename_format: DEFAULT_FILENAME_FORMAT.to_owned(),
+            datetime_format: DEFAULT_DATETIME_FORMAT.to_owned(),
+            rotate_interval: None,
+            rotate_size: None,
+            gzip_level: None,
+            sync_interval: Duration::ZERO,
+            host_identifier: crate::nsq::short_hostname(),
+            skip_empty_files: false,
+        }
+    }
+
+    /// Checks what can be checked before anything is written.
+    ///
+    /// # Errors
+    ///
+    /// The setting's name and what is wrong with it.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        for (key, dir) in [
+            ("output_dir", Some(&self.output_dir)),
+            ("work_dir", self.work_dir.as_ref()),
+        ] {
+            if let Some(dir) = dir {
+                if !dir.is_dir() {
+                    return Err((key, "no such directory".into()));
+                }
+            }
+        }
+        if !self.filename_format.contains("<REV>") {
+            return Err((
+                "filename_format",
+                "must contain <REV>, so that a second file of the same name gets a revision".into(),
+            ));
+        }
+        if let Err(bad) = check_datetime_format(&self.datetime_format) {
+            return Err((
+                "datetime_format",
+                format!("{bad} is not supported; use %Y %m %d %H %M %S or %%"),
+            ));
+        }
+        if let Some(level) = self.gzip_level {
+            if !(1..=9).contains(&level) {
+                return Err(("gzip_level", "must be 1 (fastest) to 9 (smallest)".into()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A record waiting for the writer, and where to tell its caller how the write went.
+struct Pending {
+    body: Bytes,
+    done: oneshot::Sender<Result<(), Arc<io::Error>>>,
+}
+
+/// Appends each body and a newline to the current file, fsynced before success is reported.
+pub struct FileSink {
+    queue: std::sync::Mutex<Option<std_mpsc::Sender<Pending>>>,
+    writer: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for FileSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileSink").finish_non_exhaustive()
+    }
+}
+
+impl FileSink {
+    /// Starts the writer thread. No file is opened before the first record.
+    ///
+    /// # Errors
+    ///
+    /// An invalid configuration: the setting's name and what is wrong.
+    pub fn new(config: FileSinkConfig) -> Result<Self, (&'static str, String)> {
+        config.validate()?;
+        let (queue, requests) = std_mpsc::channel();
+        let writer = std::thread::Builder::new()
+            .name("nsq-dedupe-file".into())
+            .spawn(move || Writer::new(config).run(&requests))
+            .expect("the operating system starts a thread");
+        Ok(FileSink {
+            queue: std::sync::Mutex::new(Some(queue)),
+            writer: std::sync::Mutex::new(Some(writer)),
+        })
+    }
+}
+
+impl Handler for FileSink {
+    async fn handle(&self, body: Bytes) -> Result<(), HandlerError> {
+        let (done, written) = oneshot::channel();
+        let gone = || HandlerError::Retry("the file writer has stopped".into());
+        let sent = self
+            .queue
+            .lock()
+            .expect("file sink queue lock")
+            .as_ref()
+            .map(|queue| queue.send(Pending { body, done }).is_ok());
+        if sent != Some(true) {
+            return Err(gone());
+        }
+        match written.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => Err(HandlerError::Retry(format!(
+                "writing the archive file failed: {error}"
+            ))),
+            Err(_) => Err(gone()),
+        }
+    }
+
+    /// Closes the current file (moving it to the output directory) once every queued record
+    /// is written.
+    async fn flush(&self) -> Result<(), HandlerError> {
+        let queue = self.queue.lock().expect("file sink queue lock").take();
+        drop(queue);
+        let writer = self.writer.lock().expect("file sink writer lock").take();
+        if let Some(writer) = writer {
+            tokio::task::spawn_blocking(move || writer.join())
+                .await
+                .map_err(|e| HandlerError::Retry(e.to_string()))?
+                .map_err(|_| HandlerError::Retry("the file writer panicked".into()))?;
+        }
+        Ok(())
+    }
+}
+
+/// The file being written.
+struct Open {
+    file: File,
+    /// Where it is written.
+    work_path: PathBuf,
+    /// Where it goes when closed.
+    output_path: PathBuf,
+    /// The `<DATETIME>` text it was named with.
+    datetime: String,
+    opened: Instant,
+    bytes: u64,
+    records: u64,
+}
+
+/// The writer thread's state.
+struct Writer {
+    config: FileSinkConfig,
+    open: Option<Open>,
+}
+
+impl Writer {
+    fn new(config: FileSinkConfig) -> Self {
+        Writer { config, open: None }
+    }
+
+    fn run(mut self, requests: &std_mpsc::Receiver<Pending>) {
+        let mut batch: Vec<Pending> = Vec::with_capacity(MAX_BATCH_RECORDS);
+        let mut buffer: Vec<u8> = Vec::with_capacity(64 * 1024);
+        loop {
+            // Wake at least once a second so that an idle file still rotates on time.
+            let first = match requests.recv_timeout(Duration::from_secs(1)) {
+                Ok(first) => first,
+                Err(std_mpsc::RecvTimeoutError::Timeout) => {
+                    self.rotate_if_due(SystemTime::now());
+                    continue;
+                }
+                Err(std_mpsc::RecvTimeoutError::Disconnected) => break,
+            };
+            batch.push(first);
+            let gather_until = Instant::now() + self.config.sync_interval;
+            while batch.len() < MAX_BATCH_RECORDS {
+                let next = match gather_until.checked_duration_since(Instant::now()) {
+                    Some(wait) if !wait.is_zero() => requests.recv_timeout(wait).ok(),
+                    _ => requests.try_recv().ok(),
+                };
+                match next {
+                    Some(pending) => batch.push(pending),
+                    None => break,
+                }
+            }
+            // A batch may span files: each file gets whole records up to `rotate_size`.
+            while !batch.is_empty() {
+                self.rotate_if_due(SystemTime::now());
+                let room = match (&self.open, self.config.rotate_size) {
+                    (Some(open), Some(max)) => max.saturating_sub(open.bytes),
+                    (None, Some(max)) => max,
+                    (_, None) => u64::MAX,
+                };
+                let mut count = 0;
+                let mut size = 0u64;
+                buffer.clear();
+                for pending in &batch {
+                    let len = pending.body.len() as u64 + 1;
+                    if count > 0 && size + len > room {
+                        break;
+                    }
+                    buffer.extend_from_slice(&pending.body);
+                    buffer.push(b'\n');
+                    size += len;
+                    count += 1;
+                }
+                let result = self.write(&buffer).map_err(Arc::new);
+                if let Err(error) = &result {
+                    tracing::warn!(%error, records = count, "Writing the archive file failed; its records are requeued.");
+                    // Start over with a new file: the old one's end is unknown.
+                    if let Some(open) = self.open.take() {
+                        self.close(open);
+                    }
+                }
+                for pending in batch.drain(..count) {
+                    let _ = pending.done.send(result.clone());
+                }
+            }
+            if buffer.capacity() > 16 * 1024 * 1024 {
+                buffer = Vec::with_capacity(64 * 1024);
+            }
+        }
+        if let Some(open) = self.open.take() {
+            self.close(open);
+        }
+    }
+
+    /// Writes records to the open file (opening one if needed) and syncs it.
+    fn write(&mut self, records: &[u8]) -> io::Result<()> {
+        let now = SystemTime::now();
+        if self.open.is_none() {
+            self.open = Some(self.open_file(now)?);
+        }
+        let open = self.open.as_mut().expect("opened above");
+        let bytes = match self.config.gzip_level {
+            None => {
+                open.file.write_all(records)?;
+                records.len()
+            }
+            Some(level) => {
+                let mut member =
+                    flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(level));
+                member.write_all(records)?;
+                let member = member.finish()?;
+                open.file.write_all(&member)?;
+                member.len()
+            }
+        };
+        open.file.sync_data()?;
+        // Rotation by size counts what was written: compressed bytes with gzip.
+        open.bytes += bytes as u64;
+        open.records += 1;
+        Ok(())
+    }
+
+    /// Closes the open file when its datetime, size or age says so.
+    fn rotate_if_due(&mut self, now: SystemTime) {
+        let Some(open) = &self.open else { return };
+        let datetime = format_datetime(&self.config.datetime_format, now);
+        let due = datetime != open.datetime
+            || self.config.rotate_size.is_some_and(|max| open.bytes >= max)
+            || self
+                .config
+                .rotate_interval
+                .is_some_and(|every| open.opened.elapsed() >= every);
+        if due {
+            let open = self.open.take().expect("checked above");
+            self.close(open);
+        }
+    }
+
+    fn open_file(&self, now: SystemTime) -> io::Result<Open> {
+        let datetime = format_datetime(&self.config.datetime_format, now);
+        let work_dir = self
+            .config
+            .work_dir
+            .as_deref()
+            .unwrap_or(&self.config.output_dir);
+        for rev in 0..10_000u32 {
+            let name = self.file_name(&datetime, rev);
+            let (work_path, output_path) =
+                (work_dir.join(&name), self.config.output_dir.join(&name));
+            if output_path.exists() || work_path.exists() {
+                continue;
+            }
+            let file = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&work_path)?;
+            return Ok(Open {
+                file,
+                work_path,
+                output_path,
+                datetime,
+                opened: Instant::now(),
+                bytes: 0,
+                records: 0,
+            });
+        }
+        Err(io::Error::other(format!(
+            "10,000 files named like {} exist already",
+            self.file_name(&datetime, 0)
+        )))
+    }
+
+    fn file_name(&self, datetime: &str, rev: u32) -> String {
+        let rev = if rev == 0 {
+            String::new()
+        } else {
+            format!("-{rev}")
+        };
+        let mut name = self
+            .config
+            .filename_format
+            .replace("<TOPIC>", &self.config.topic)
+            .replace("<HOST>", &self.config.host_identifier)
+            .replace("<REV>", &rev)
+            .replace("<DATETIME>", datetime)
+            .replace("<PID>", &std::process::id().to_string());
+        if self.config.gzip_level.is_some() && !name.ends_with(".gz") {
+            name.push_str(".gz");
+        }
+        name
+    }
+
+    /// Closes `open` and moves it to the output directory (or removes it when empty and
+    /// `skip_empty_files`).
+    fn close(&self, open: Open) {
+        let Open {
+            file,
+            work_path,
+            output_path,
+            records,
+            ..
+        } = open;
+        let synced = file.sync_all();
+        drop(file);
+        if records == 0 && self.config.skip_empty_files {
+            let _ = std::fs::remove_file(&work_path);
+            return;
+        }
+        if let Err(error) = synced {
+            tracing::warn!(file = %work_path.display(), %error, "Syncing the archive file at close failed.");
+        }
+        if work_path != output_path {
+            if let Err(error) = move_file(&work_path, &output_path) {
+                tracing::error!(from = %work_path.display(), to = %output_path.display(), %error, "Moving the closed archive file to the output directory failed; it stays in the work directory.");
+            }
+        }
+    }
+}
+
+/// Renames, or copies and removes across file systems.
+fn move_file(from: &Path, to: &Path) -> io::Result<()> {
+    match std::fs::rename(from, to) {
+        Ok(()) => Ok(()),
+        Err(_) => {
+            std::fs::copy(from, to)?;
+            File::open(to)?.sync_all()?;
+            std::fs::remove_file(from)
+        }
+    }
+}
+
+/// Checks that `format` uses only the supported conversions; the unsupported one otherwise.
+fn check_datetime_format(format: &str) -> Result<(), String> {
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c == '%' {
+            match chars.next() {
+                Some('Y' | 'm' | 'd' | 'H' | 'M' | 'S' | '%') => {}
+                Some(other) => return Err(format!("%{other}")),
+                None => return Err("a lone %".into()),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `format` with `%Y %m %d %H %M %S %%` replaced by `time`'s UTC fields.
+fn format_datetime(format: &str, time: SystemTime) -> String {
+    let secs = time.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    let (year, month, day) = civil_from_days(days as i64);
+    let mut out = String::with_capacity(format.len() + 8);
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('Y') => out.push_str(&format!("{year:04}")),
+            Some('m') => out.push_str(&format!("{month:02}")),
+            Some('d') => out.push_str(&format!("{day:02}")),
+            Some('H') => out.push_str(&format!("{:02}", rest / 3600)),
+            Some('M') => out.push_str(&format!("{:02}", rest / 60 % 60)),
+            Some('S') => out.push_str(&format!("{:02}", rest % 60)),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+/// The proleptic Gregorian date of `days` since 1970-01-01 (Howard Hinnant's algorithm).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn datetimes_are_utc_fields() {
+        // 2026-11-23T08:05:09Z
+        let t = UNIX_EPOCH + Duration::from_secs(1_795_421_109);
+        assert_eq!(format_datetime("%Y-%m-%d_%H", t), "2026-11-23_08");
+        assert_eq!(format_datetime("%H:%M:%S %% x", t), "08:05:09 % x");
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+        assert_eq!(check_datetime_format("%Y%j"), Err("%j".into()));
+    }
+}

@@ -1,0 +1,243 @@
+//! The file sink (`--sink file`, as `nsq_to_file`) end to end from the test broker: exact
+//! records across rotations, gzip files that decompress to the same bytes, the move from the
+//! work directory to the output directory, and a write error that requeues without loss.
+
+use std::io::Read;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use bytes::Bytes;
+use nsq_dedupe::config::RawConfig;
+use nsq_dedupe::sidecar::Sidecar;
+use tokio::sync::oneshot;
+
+use crate::support::broker::{Broker, BrokerConfig};
+use crate::util::wait_until_or;
+
+const TOPIC: &str = "archive";
+const CHANNEL: &str = "dedupe";
+
+fn record(i: usize) -> Bytes {
+    Bytes::from(format!(
+        "{{\"id\":{i},\"text\":\"record number {i} \\u00e9\"}}"
+    ))
+}
+
+fn settings(broker: SocketAddr, sink: &str) -> nsq_dedupe::Settings {
+    RawConfig::from_toml(
+        &format!(
+            r#"
+[source]
+nsqd_tcp_addresses = ["{broker}"]
+topic = "{TOPIC}"
+channel = "{CHANNEL}"
+msg_timeout = "5s"
+heartbeat_interval = "1s"
+backoff = "20ms"
+max_backoff = "100ms"
+
+[store]
+buckets = 65536
+
+[sink]
+kind = "file"
+host_identifier = "testhost"
+{sink}
+
+[metrics]
+address = "off"
+
+[shutdown]
+grace = "2s"
+"#
+        ),
+        "<test>",
+    )
+    .unwrap()
+    .validate()
+    .unwrap()
+}
+
+/// Runs a sidecar with `settings` until `n` messages are finished, then stops it.
+async fn archive(broker: &Broker, settings: nsq_dedupe::Settings, n: usize) {
+    let sidecar = Sidecar::new(settings).await.unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(sidecar.run(async move {
+        let _ = stopped.await;
+    }));
+    wait_until_or(
+        "every message finished",
+        Duration::from_secs(20),
+        || broker.finished(TOPIC, CHANNEL).len() == n,
+        || format!("{} finished", broker.finished(TOPIC, CHANNEL).len()),
+    )
+    .await;
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+/// The files of `dir`, sorted by name, with their bytes (gunzipped when `.gz`).
+fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|path| path.is_file())
+        .map(|path| {
+            let raw = std::fs::read(&path).unwrap();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let bytes = if name.ends_with(".gz") {
+                let mut text = Vec::new();
+                flate2::read::MultiGzDecoder::new(&raw[..])
+                    .read_to_end(&mut text)
+                    .unwrap();
+                text
+            } else {
+                raw
+            };
+            (name, bytes)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Every line of every file, sorted.
+fn lines(files: &[(String, Vec<u8>)]) -> Vec<Vec<u8>> {
+    let mut lines: Vec<Vec<u8>> = Vec::new();
+    for (name, bytes) in files {
+        assert!(
+            bytes.ends_with(b"\n") || bytes.is_empty(),
+            "{name} ends inside a record"
+        );
+        lines.extend(
+            bytes
+                .split(|&b| b == b'\n')
+                .filter(|l| !l.is_empty())
+                .map(<[u8]>::to_vec),
+        );
+    }
+    lines.sort();
+    lines
+}
+
+fn expected(n: usize) -> Vec<Vec<u8>> {
+    let mut all: Vec<Vec<u8>> = (0..n).map(|i| record(i).to_vec()).collect();
+    all.sort();
+    all
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_land_once_across_size_rotations_and_move_to_the_output_dir() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let (out, work) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    // 400 distinct records, each published twice (a replicated stream).
+    broker.publish_many(TOPIC, (0..400).map(record));
+    broker.publish_many(TOPIC, (0..400).map(record));
+    let sink = format!(
+        "output_dir = {:?}\nwork_dir = {:?}\nrotate_size = \"2KiB\"",
+        out.path().display().to_string(),
+        work.path().display().to_string()
+    );
+    archive(&broker, settings(broker.tcp_addr(), &sink), 800).await;
+    let written = files(out.path());
+    assert!(written.len() >= 5, "2 KiB files: {} of them", written.len());
+    assert_eq!(
+        lines(&written),
+        expected(400),
+        "each record once, byte for byte"
+    );
+    let names: Vec<&String> = written.iter().map(|(name, _)| name).collect();
+    assert!(
+        names
+            .iter()
+            .any(|n| n.starts_with(&format!("{TOPIC}.testhost.")) && n.ends_with(".log")),
+        "{names:?}"
+    );
+    assert!(
+        written.iter().any(|(name, _)| name.contains("testhost-1.")),
+        "later files of the same hour get a revision: {:?}",
+        written.iter().map(|(n, _)| n).collect::<Vec<_>>()
+    );
+    assert!(
+        files(work.path()).is_empty(),
+        "closed files left the work dir"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gzip_files_decompress_to_the_records() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let out = tempfile::tempdir().unwrap();
+    broker.publish_many(TOPIC, (0..300).map(record));
+    let sink = format!(
+        "output_dir = {:?}\ngzip = true\ngzip_level = 9\nrotate_size = \"1KiB\"\nsync_interval = \"5ms\"",
+        out.path().display().to_string()
+    );
+    archive(&broker, settings(broker.tcp_addr(), &sink), 300).await;
+    let written = files(out.path());
+    assert!(written.len() >= 2);
+    assert!(written.iter().all(|(name, _)| name.ends_with(".log.gz")));
+    assert_eq!(lines(&written), expected(300));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_error_requeues_and_nothing_is_lost() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let out = tempfile::tempdir().unwrap();
+    let work = out.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let sink = format!(
+        "output_dir = {:?}\nwork_dir = {:?}\nrotate_interval = \"200ms\"",
+        out.path().display().to_string(),
+        work.display().to_string()
+    );
+    let sidecar = Sidecar::new(settings(broker.tcp_addr(), &sink))
+        .await
+        .unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(sidecar.run(async move {
+        let _ = stopped.await;
+    }));
+    broker.publish_many(TOPIC, (0..50).map(record));
+    wait_until_or(
+        "the first 50",
+        Duration::from_secs(10),
+        || broker.finished(TOPIC, CHANNEL).len() == 50,
+        String::new,
+    )
+    .await;
+    // The work directory vanishes: no file can be opened, every write fails.
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    std::fs::remove_dir_all(&work).unwrap();
+    broker.publish_many(TOPIC, (50..100).map(record));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        broker.finished(TOPIC, CHANNEL).len(),
+        50,
+        "nothing finished unwritten"
+    );
+    std::fs::create_dir(&work).unwrap();
+    wait_until_or(
+        "the rest",
+        Duration::from_secs(20),
+        || broker.finished(TOPIC, CHANNEL).len() == 100,
+        || format!("{}", broker.finished(TOPIC, CHANNEL).len()),
+    )
+    .await;
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let written: Vec<_> = files(out.path())
+        .into_iter()
+        .filter(|(name, _)| name != "work")
+        .collect();
+    assert_eq!(lines(&written), expected(100), "each record once");
+}
