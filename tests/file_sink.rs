@@ -25,9 +25,16 @@ fn record(i: usize) -> Bytes {
 }
 
 fn settings(broker: SocketAddr, sink: &str) -> nsq_dedupe::Settings {
-    RawConfig::from_toml(
-        &format!(
-            r#"
+    let sink = format!("kind = \"file\"\nhost_identifier = \"testhost\"\n{sink}");
+    RawConfig::from_toml(&settings_text(broker, &sink), "<test>")
+        .unwrap()
+        .validate()
+        .unwrap()
+}
+
+fn settings_text(broker: SocketAddr, sink: &str) -> String {
+    format!(
+        r#"
 [source]
 nsqd_tcp_addresses = ["{broker}"]
 topic = "{TOPIC}"
@@ -41,8 +48,6 @@ max_backoff = "100ms"
 buckets = 65536
 
 [sink]
-kind = "file"
-host_identifier = "testhost"
 {sink}
 
 [metrics]
@@ -51,12 +56,7 @@ address = "off"
 [shutdown]
 grace = "2s"
 "#
-        ),
-        "<test>",
     )
-    .unwrap()
-    .validate()
-    .unwrap()
 }
 
 /// Runs a sidecar with `settings` until `n` messages are finished, then stops it.
@@ -240,4 +240,74 @@ async fn a_write_error_requeues_and_nothing_is_lost() {
         .filter(|(name, _)| name != "work")
         .collect();
     assert_eq!(lines(&written), expected(100), "each record once");
+}
+
+/// The file sink against the `null` sink: 200,000 distinct 100-byte bodies from the test
+/// broker, max-in-flight 2500, plain and gzip, as ratios to `null` in the same run (medians of
+/// 3 interleaved rounds).
+///
+/// `cargo test --release --test integration file_sink::throughput -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark; run explicitly in release mode"]
+async fn throughput() {
+    const N: usize = 200_000;
+    let body = |i: usize| {
+        let mut text = format!(
+            "{{\"id\":{i},\"sensor\":\"s-{}\",\"value\":{},\"pad\":\"",
+            i % 97,
+            i * 7 % 1009
+        );
+        while text.len() < 98 {
+            text.push('x');
+        }
+        text.push_str("\"}");
+        Bytes::from(text)
+    };
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); 3];
+    for _round in 0..3 {
+        for (variant, rates) in rates.iter_mut().enumerate() {
+            let broker = Broker::start(BrokerConfig {
+                record_messages: false,
+                ..BrokerConfig::default()
+            })
+            .await;
+            broker.publish_many(TOPIC, (0..N).map(body));
+            let out = tempfile::tempdir().unwrap();
+            let sink = match variant {
+                0 => "kind = \"null\"".to_owned(),
+                1 => format!("output_dir = {:?}", out.path().display().to_string()),
+                _ => format!(
+                    "output_dir = {:?}\ngzip = true",
+                    out.path().display().to_string()
+                ),
+            };
+            let mut raw = RawConfig::from_toml(
+                &settings_text(broker.tcp_addr(), &sink).replace(
+                    "kind = \"file\"\n",
+                    if variant == 0 {
+                        ""
+                    } else {
+                        "kind = \"file\"\n"
+                    },
+                ),
+                "<bench>",
+            )
+            .unwrap();
+            raw.source.max_in_flight = Some(2500);
+            let started = std::time::Instant::now();
+            archive(&broker, raw.validate().unwrap(), N).await;
+            rates.push(N as f64 / started.elapsed().as_secs_f64());
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let medians: Vec<f64> = rates.iter_mut().map(median).collect();
+    for (name, rate) in ["null", "file", "file+gzip"].iter().zip(&medians) {
+        println!(
+            "sink {name:>10}: {rate:>8.0} msgs/s, {:.2} of null",
+            rate / medians[0]
+        );
+    }
 }

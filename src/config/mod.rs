@@ -44,7 +44,7 @@
 //! timeout = "500ms"
 //!
 //! [sink]
-//! kind = "stdout"                   # or "nsq", "http", "null"
+//! kind = "stdout"                   # or "nsq", "http", "file", "null"
 //! destination_nsqd_tcp_addresses = ["127.0.0.1:4150"]
 //! destination_topic = "events.unique"
 //! post = "http://127.0.0.1:8080/ingest" # or a list of URLs
@@ -54,6 +54,8 @@
 //! http_client_connect_timeout = "2s"   # default
 //! http_client_request_timeout = "10s"  # default
 //! # http_client_tls_root_ca_file = "/etc/nsq-dedupe/ca.pem"
+//! # kind = "file": output_dir, work_dir, filename_format, datetime_format, rotate_interval,
+//! # rotate_size = "100MiB", gzip, gzip_level, sync_interval, host_identifier, skip_empty_files
 //!
 //! [dead_letter]                     # optional
 //! kind = "file"                     # or "nsq"
