@@ -305,7 +305,7 @@ impl Table {
     #[inline]
     pub fn contains_and_add(&self, digest: Digest) -> bool {
         if let Some(times) = &self.timed {
-            return on_ways!(self, insert_timed(times, digest, DONE)) != Claim::New;
+            return self.insert_timed_any(times, digest, DONE) != Claim::New;
         }
         on_set!(self, digest, insert(fingerprint(digest), DONE)) != Claim::New
     }
@@ -315,7 +315,7 @@ impl Table {
     #[inline]
     pub fn claim(&self, digest: Digest) -> Claim {
         if let Some(times) = &self.timed {
-            return on_ways!(self, insert_timed(times, digest, IN_FLIGHT));
+            return self.insert_timed_any(times, digest, IN_FLIGHT);
         }
         on_set!(self, digest, insert(fingerprint(digest), IN_FLIGHT))
     }

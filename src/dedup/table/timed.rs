@@ -120,6 +120,19 @@ impl Table {
         words.iter().position(|&word| holds(word, fingerprint))
     }
 
+    /// [`Table::insert_timed`] for the table's ways; out of line, so that tables without
+    /// `max_age` keep their own calls small enough to inline.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn insert_timed_any(&self, times: &Times, digest: Digest, state: u64) -> Claim {
+        match self.geometry.ways() {
+            1 => self.insert_timed::<1>(times, digest, state),
+            2 => self.insert_timed::<2>(times, digest, state),
+            4 => self.insert_timed::<4>(times, digest, state),
+            _ => self.insert_timed::<8>(times, digest, state),
+        }
+    }
+
     /// A claim (`state` in flight) or check-and-set (`state` done) with `max_age`.
     pub(super) fn insert_timed<const W: usize>(
         &self,
