@@ -315,7 +315,7 @@ impl<H: Handler> Sidecar<H> {
             let store = dedupe.clone();
             let window = settings.window;
             let render: crate::http::server::Page = (
-                "text/plain; version=0.0.4",
+                crate::metrics::exposition::CONTENT_TYPE,
                 Arc::new(move || {
                     let view = TableView {
                         geometry: crate::Store::geometry(store.store()),

@@ -243,7 +243,22 @@ async fn ready_only_while_an_nsqd_is_connected() {
         || format!("{:?}", get_page(addr, "/ready")),
     )
     .await;
-    assert_eq!(metric(&scrape(addr), "nsq_dedupe_ready"), Some(1.0));
+    let page = scrape(addr);
+    assert_eq!(metric(&page, "nsq_dedupe_ready"), Some(1.0));
+    assert_eq!(metric(&page, "nsq_dedupe_nsqd_connections"), Some(1.0));
+    // The scrape Prometheus reads: OpenMetrics, with the build and the process's own figures.
+    assert!(
+        page.contains("application/openmetrics-text; version=1.0.0"),
+        "{page}"
+    );
+    let build = format!(
+        "nsq_dedupe_build_info{{version=\"{}\"}} 1\n",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(page.contains(&build), "{page}");
+    assert!(metric(&page, "process_resident_memory_bytes").is_some_and(|bytes| bytes > 1e6));
+    assert!(metric(&page, "process_open_fds").is_some_and(|fds| fds >= 3.0));
+    assert!(page.ends_with("# EOF\n"), "{page}");
     drop(broker);
     wait_until_or(
         "not ready once the nsqd went away",
@@ -254,6 +269,102 @@ async fn ready_only_while_an_nsqd_is_connected() {
     .await;
     assert_eq!(metric(&scrape(addr), "nsq_dedupe_ready"), Some(0.0));
     running.stop().await;
+}
+
+/// The sample names a scrape holds, from its `# TYPE` lines: a counter's `_total`, a histogram's
+/// `_bucket`, `_sum` and `_count`, an info's `_info`, a gauge's own name.
+fn sample_names(page: &str) -> HashSet<String> {
+    let mut names = HashSet::new();
+    for line in page.lines() {
+        let Some(rest) = line.strip_prefix("# TYPE ") else {
+            continue;
+        };
+        let (family, kind) = rest.split_once(' ').expect("a TYPE line names its type");
+        let suffixes: &[&str] = match kind {
+            "counter" => &["_total"],
+            "histogram" => &["_bucket", "_sum", "_count"],
+            "info" => &["_info"],
+            _ => &[""],
+        };
+        names.extend(suffixes.iter().map(|suffix| format!("{family}{suffix}")));
+    }
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grafana_dashboard_queries_only_metrics_the_sidecar_exposes() {
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("config/grafana-dashboard.json"),
+        )
+        .unwrap(),
+    )
+    .expect("the dashboard is JSON");
+    // Every query of the dashboard: panel targets' `expr`, variables' `query` and `definition`.
+    fn queries(value: &serde_json::Value, out: &mut Vec<String>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                for (key, v) in map {
+                    match (key.as_str(), v) {
+                        ("expr" | "definition" | "query", serde_json::Value::String(q)) => {
+                            out.push(q.clone())
+                        }
+                        _ => queries(v, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|v| queries(v, out)),
+            _ => {}
+        }
+    }
+    let mut exprs = Vec::new();
+    queries(&dashboard, &mut exprs);
+    let queried: HashSet<String> = exprs
+        .iter()
+        .flat_map(|q| q.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')))
+        .filter(|word| word.starts_with("nsq_dedupe_") || word.starts_with("process_"))
+        .map(str::to_owned)
+        .collect();
+    // What the issue asks the dashboard to show.
+    for wanted in [
+        "nsq_dedupe_received_total",
+        "nsq_dedupe_unique_total",
+        "nsq_dedupe_duplicates_total",
+        "nsq_dedupe_catch_probability",
+        "nsq_dedupe_store_latency_seconds_bucket",
+        "nsq_dedupe_handler_failures_total",
+        "nsq_dedupe_ready",
+    ] {
+        assert!(
+            queried.contains(wanted),
+            "the dashboard does not show {wanted}"
+        );
+    }
+
+    let broker = Broker::start(BrokerConfig::default()).await;
+    broker.publish_many(TOPIC, [payload(1), payload(2), payload(1)]);
+    let recorder = Recorder::default();
+    let running = Running::start(
+        raw_config(&[broker.tcp_addr()]).validate().unwrap(),
+        recorder.clone(),
+    )
+    .await;
+    let addr = running.metrics_addr.unwrap();
+    wait_until_or(
+        "three messages counted",
+        Duration::from_secs(10),
+        || metric(&scrape(addr), "nsq_dedupe_duplicates_total") == Some(1.0),
+        || scrape(addr),
+    )
+    .await;
+    let exposed = sample_names(&scrape(addr));
+    running.stop().await;
+    let missing: Vec<&String> = queried.iter().filter(|q| !exposed.contains(*q)).collect();
+    assert!(
+        missing.is_empty(),
+        "the dashboard queries {missing:?}, which the sidecar does not expose; it exposes {exposed:?}"
+    );
+    assert_eq!(recorder.distinct_delivered(), 2);
 }
 
 fn metric(text: &str, name: &str) -> Option<f64> {

@@ -1,4 +1,5 @@
-//! Counters of the sidecar, rendered in Prometheus' text format.
+//! Counters of the sidecar; [`exposition`] renders them for Prometheus, with the process's own
+//! figures from [`process`].
 //!
 //! One [`Metrics`] per pipeline, shared by its tasks behind an `Arc`. Every outcome of a message
 //! has its own counter (one event per outcome, as vector's `internal_events`), so the counters
@@ -8,13 +9,15 @@
 //! All counters are `AtomicU64` with `Relaxed` ordering: they are statistics that no other
 //! memory depends on, and readers only need eventually-consistent totals.
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
 use crate::dedup::Geometry;
 use crate::sizing;
+
+pub mod exposition;
+mod process;
 
 /// Upper bounds (seconds) of the latency histograms' buckets.
 const LATENCY_BUCKETS: [f64; 12] = [
@@ -46,28 +49,18 @@ impl Histogram {
         self.count.load(Ordering::Relaxed)
     }
 
-    fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} histogram");
-        let sep = if labels.is_empty() { "" } else { "," };
-        let mut cumulative = 0;
-        for (bound, bucket) in LATENCY_BUCKETS.iter().zip(&self.buckets) {
-            cumulative += bucket.load(Ordering::Relaxed);
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {cumulative}"
-            );
-        }
-        let count = self.count();
-        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
+    /// Observations per bucket (not cumulative), each with its upper bound in seconds, the
+    /// last one unbounded (`f64::MAX`); and the sum of the observations in seconds.
+    pub fn buckets(&self) -> (Vec<(f64, u64)>, f64) {
+        let mut buckets: Vec<(f64, u64)> = LATENCY_BUCKETS
+            .iter()
+            .zip(&self.buckets)
+            .map(|(&bound, n)| (bound, n.load(Ordering::Relaxed)))
+            .collect();
+        let bounded: u64 = buckets.iter().map(|(_, n)| n).sum();
+        buckets.push((f64::MAX, self.count().saturating_sub(bounded)));
         let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
-        let braces = if labels.is_empty() {
-            String::new()
-        } else {
-            format!("{{{labels}}}")
-        };
-        let _ = writeln!(out, "{name}_sum{braces} {sum}");
-        let _ = writeln!(out, "{name}_count{braces} {count}");
+        (buckets, sum)
     }
 }
 
@@ -253,224 +246,5 @@ impl Metrics {
             geometry,
             self.distinct_rate() * table.window.as_secs_f64(),
         ))
-    }
-
-    /// The Prometheus text exposition of every counter.
-    pub fn render(&self, table: &TableView) -> String {
-        let mut out = String::with_capacity(4096);
-        let _ = writeln!(
-            out,
-            "# HELP nsq_dedupe_received_total Messages received, per source nsqd."
-        );
-        let _ = writeln!(out, "# TYPE nsq_dedupe_received_total counter");
-        for (source, n) in self.received() {
-            let source = source.replace('\\', "\\\\").replace('"', "\\\"");
-            let _ = writeln!(out, "nsq_dedupe_received_total{{source=\"{source}\"}} {n}");
-        }
-        let counters: [(&str, &str, &AtomicU64); 18] = [
-            (
-                "unique_total",
-                "Messages claimed as new and handed to the handler.",
-                &self.unique,
-            ),
-            (
-                "duplicates_total",
-                "Copies finished without reaching the handler.",
-                &self.duplicates,
-            ),
-            (
-                "in_flight_requeues_total",
-                "Copies found in flight and requeued.",
-                &self.in_flight_requeues,
-            ),
-            (
-                "in_flight_finished_total",
-                "Copies found in flight and finished.",
-                &self.in_flight_finished,
-            ),
-            (
-                "keyless_total",
-                "Bodies without a key, passed on as unique.",
-                &self.keyless,
-            ),
-            (
-                "handler_successes_total",
-                "Handler calls that succeeded.",
-                &self.handler_successes,
-            ),
-            (
-                "handler_failures_total",
-                "Handler calls that failed.",
-                &self.handler_failures,
-            ),
-            (
-                "erased_total",
-                "Claims erased after a handler failure.",
-                &self.erased,
-            ),
-            (
-                "retries_total",
-                "Messages requeued after a handler failure.",
-                &self.retries,
-            ),
-            (
-                "dead_lettered_total",
-                "Messages accepted by the dead-letter.",
-                &self.dead_lettered,
-            ),
-            (
-                "dead_letter_failures_total",
-                "Dead-letter writes that failed (message requeued).",
-                &self.dead_letter_failures,
-            ),
-            (
-                "store_errors_total",
-                "Store operations that failed.",
-                &self.store_errors,
-            ),
-            (
-                "store_error_requeues_total",
-                "Messages requeued because the store failed.",
-                &self.store_error_requeues,
-            ),
-            (
-                "store_error_processed_total",
-                "Messages delivered without de-duplication because the store failed.",
-                &self.store_error_processed,
-            ),
-            (
-                "answer_failures_total",
-                "FIN/REQ/TOUCH that nsqd could no longer take.",
-                &self.answer_failures,
-            ),
-            (
-                "touches_total",
-                "TOUCHes sent while a handler ran.",
-                &self.touches,
-            ),
-            (
-                "renew_failures_total",
-                "Lease renewals that failed.",
-                &self.renew_failures,
-            ),
-            (
-                "abandoned_total",
-                "Handler calls given up at shutdown (claim erased, message requeued).",
-                &self.abandoned,
-            ),
-        ];
-        for (name, help, value) in counters {
-            let _ = writeln!(out, "# HELP nsq_dedupe_{name} {help}");
-            let _ = writeln!(out, "# TYPE nsq_dedupe_{name} counter");
-            let _ = writeln!(out, "nsq_dedupe_{name} {}", get(value));
-        }
-        self.handler_duration.render(
-            &mut out,
-            "nsq_dedupe_handler_duration_seconds",
-            "Handler call durations.",
-            "",
-        );
-        self.store_latency.render(
-            &mut out,
-            "nsq_dedupe_store_latency_seconds",
-            "Store call latencies.",
-            "",
-        );
-        let mut gauge = |name: &str, help: &str, value: f64| {
-            let _ = writeln!(out, "# HELP nsq_dedupe_{name} {help}");
-            let _ = writeln!(out, "# TYPE nsq_dedupe_{name} gauge");
-            let _ = writeln!(out, "nsq_dedupe_{name} {value}");
-        };
-        gauge(
-            "distinct_rate",
-            "Distinct messages per second since the start.",
-            self.distinct_rate(),
-        );
-        gauge(
-            "nsqd_connections",
-            "nsqd connections up and subscribed.",
-            get(&self.nsqd_connections) as f64,
-        );
-        gauge(
-            "ready",
-            "1 when /ready answers 200: an nsqd connected and the store answering.",
-            if self.readiness().is_ok() { 1.0 } else { 0.0 },
-        );
-        if let Some(geometry) = table.geometry {
-            gauge(
-                "table_slots",
-                "Slots of the table.",
-                geometry.slots() as f64,
-            );
-            gauge("table_ways", "Slots per set.", f64::from(geometry.ways()));
-        }
-        if let Some(occupancy) = table.occupancy {
-            gauge(
-                "table_occupancy",
-                "Fraction of slots holding an entry.",
-                occupancy,
-            );
-        }
-        if let Some(p) = self.catch_probability(table) {
-            gauge(
-                "catch_probability",
-                "Probability that a copy one whole window late is caught, at the observed distinct rate.",
-                p,
-            );
-            gauge(
-                "window_seconds",
-                "The window the catch probability refers to.",
-                table.window.as_secs_f64(),
-            );
-        }
-        if let Some(near) = table.near {
-            for (name, help, value) in [
-                (
-                    "near_table_hits_total",
-                    "Claims answered Duplicate by the near-table, without a Memcached round trip.",
-                    near.hits,
-                ),
-                (
-                    "near_table_misses_total",
-                    "Claims the near-table did not hold, which went on to Memcached.",
-                    near.misses,
-                ),
-            ] {
-                let _ = writeln!(out, "# HELP nsq_dedupe_{name} {help}");
-                let _ = writeln!(out, "# TYPE nsq_dedupe_{name} counter");
-                let _ = writeln!(out, "nsq_dedupe_{name} {value}");
-            }
-        }
-        out
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn renders_counters_per_source_and_histograms() {
-        let m = Metrics::default();
-        m.received_from("127.0.0.1:4150");
-        m.received_from("127.0.0.1:4150");
-        m.received_from("127.0.0.1:4250");
-        inc(&m.duplicates);
-        m.handler_duration.observe(Duration::from_millis(3));
-        let view = TableView {
-            geometry: Some(Geometry::new(1024, 8).unwrap()),
-            occupancy: Some(0.5),
-            near: None,
-            window: Duration::from_secs(60),
-        };
-        let text = m.render(&view);
-        assert!(text.contains("nsq_dedupe_received_total{source=\"127.0.0.1:4150\"} 2\n"));
-        assert!(text.contains("nsq_dedupe_received_total{source=\"127.0.0.1:4250\"} 1\n"));
-        assert!(text.contains("nsq_dedupe_duplicates_total 1\n"));
-        assert!(text.contains("nsq_dedupe_handler_duration_seconds_bucket{le=\"0.005\"} 1\n"));
-        assert!(text.contains("nsq_dedupe_handler_duration_seconds_count 1\n"));
-        assert!(text.contains("nsq_dedupe_table_occupancy 0.5\n"));
-        assert!(text.contains("nsq_dedupe_catch_probability "));
-        assert_eq!(m.received_total(), 3);
     }
 }
