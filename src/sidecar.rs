@@ -36,7 +36,7 @@ pub enum RunError {
     #[error("cannot open the de-duplication store")]
     Store(#[from] crate::error::StoreError),
     /// The table could not be allocated.
-    #[error("cannot build the in-process table; choose a smaller `store.buckets` (`--buckets`) or `store.probability`")]
+    #[error("cannot build the in-process table; choose a smaller `store.buckets` (`--buckets`), `store.memory` (`--memory`) or `store.probability`")]
     Table(#[from] crate::error::TableError),
     /// The consumer or a producer could not be built.
     #[error("the NSQ client failed")]

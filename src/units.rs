@@ -6,13 +6,10 @@ use std::time::Duration;
 ///
 /// # Errors
 ///
-/// A message stating the accepted form.
+/// A message stating the accepted form (the caller names the value, once).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let error = || {
-        format!(
-            "expected a duration such as 30s, 5m, 1h or 2d (units ms, s, m, h, d, w), got `{text}`"
-        )
-    };
+    let error =
+        || "expected a duration such as 30s, 5m, 1h or 2d (units ms, s, m, h, d, w)".to_owned();
     let mut rest = text.trim();
     if rest.is_empty() {
         return Err(error());
@@ -49,10 +46,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 ///
 /// # Errors
 ///
-/// A message stating the accepted form.
+/// A message stating the accepted form (the caller names the value, once).
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
-    let error =
-        || format!("expected a size such as 64MiB, 1GiB, 500MB or 4096 (bytes), got `{text}`");
+    let error = || "expected a size such as 64MiB, 1GiB, 500MB or 4096 (bytes)".to_owned();
     let trimmed = text.trim();
     let split = trimmed
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))

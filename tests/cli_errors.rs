@@ -335,7 +335,8 @@ fn a_table_larger_than_the_machine_is_an_error_not_an_abort() {
     assert!(
         error.starts_with(
             "error: cannot build the in-process table; choose a smaller `store.buckets` \
-             (`--buckets`) or `store.probability`: cannot allocate 727.6 TiB for the table"
+             (`--buckets`), `store.memory` (`--memory`) or `store.probability`: cannot allocate \
+             727.6 TiB for the table"
         ),
         "{stderr}"
     );

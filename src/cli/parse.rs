@@ -22,13 +22,6 @@ pub(crate) fn named<T: Copy + Send + Sync + 'static>(
 /// for thirty years.
 pub(crate) const MAX_WINDOW_MESSAGES: f64 = 1e18;
 
-/// The library's parsers end their message with the value; clap shows it already.
-fn without_value(reason: String, text: &str) -> String {
-    reason
-        .strip_suffix(&format!(", got `{text}`"))
-        .map_or(reason.clone(), str::to_owned)
-}
-
 pub(crate) fn parse_probability(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(p) if p > 0.0 && p < 1.0 => Ok(p),
@@ -44,7 +37,12 @@ pub(crate) fn parse_buckets(text: &str) -> Result<u64, String> {
 }
 
 pub(crate) fn parse_memory(text: &str) -> Result<u64, String> {
-    nsq_dedupe::units::parse_bytes(text).map_err(|reason| without_value(reason, text))
+    nsq_dedupe::units::parse_bytes(text)
+}
+
+/// A size as typed (checked, kept as text for the config's `store.memory`).
+pub(crate) fn parse_memory_text(text: &str) -> Result<String, String> {
+    parse_memory(text).map(|_| text.to_owned())
 }
 
 pub(crate) fn parse_rate(text: &str) -> Result<f64, String> {
@@ -64,8 +62,7 @@ pub(crate) fn parse_messages(text: &str) -> Result<f64, String> {
 }
 
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
-    let duration =
-        nsq_dedupe::units::parse_duration(text).map_err(|reason| without_value(reason, text))?;
+    let duration = nsq_dedupe::units::parse_duration(text)?;
     match duration {
         d if d.is_zero() => Err("expected a duration greater than 0".to_owned()),
         d => Ok(d),

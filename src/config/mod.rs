@@ -30,7 +30,8 @@
 //! [store]
 //! kind = "memory"                   # or "memcached", "none"
 //! ways = 8
-//! buckets = 8388608                 # or: probability + rate + window
+//! buckets = 8388608                 # or: memory, or probability + rate + window
+//! # memory = "64MiB"                # in-process table: its slots' memory
 //! # probability = 0.99
 //! # rate = 1000
 //! # window = "1h"

@@ -46,6 +46,7 @@ impl StoreKind {
 pub struct RawStore {
     pub kind: Option<StoreKind>,
     pub buckets: Option<u64>,
+    pub memory: Option<String>,
     pub ways: Option<u32>,
     pub probability: Option<f64>,
     pub rate: Option<f64>,
@@ -177,6 +178,21 @@ impl RawStore {
                 ways.to_string(),
                 "expected 1, 2, 4 or 8",
             ));
+        }
+        if let Some(text) = &self.memory {
+            let refuse = |reason: &str| invalid("store.memory", quote(Some(text)), reason);
+            if self.buckets.is_some() || self.probability.is_some() {
+                return Err(refuse(
+                    "give one of `store.buckets`, `store.memory` or `store.probability`, not two",
+                ));
+            }
+            if self.kind == Some(StoreKind::Memcached) {
+                return Err(refuse(
+                    "sizes the in-process table; size a Memcached table with `store.buckets` or `store.probability`",
+                ));
+            }
+            let bytes = crate::units::parse_bytes(text).map_err(|reason| refuse(&reason))?;
+            return Geometry::with_memory(bytes, ways).map_err(|e| refuse(&e.to_string()));
         }
         match (self.buckets, self.probability) {
             (Some(_), Some(probability)) => Err(invalid(

@@ -186,6 +186,24 @@ pub enum Command {
 }
 
 impl Command {
+    /// The command's name on the wire, as errors name it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Identify(_) => "IDENTIFY",
+            Command::Auth(_) => "AUTH",
+            Command::Sub { .. } => "SUB",
+            Command::Rdy(_) => "RDY",
+            Command::Fin(_) => "FIN",
+            Command::Req(..) => "REQ",
+            Command::Touch(_) => "TOUCH",
+            Command::Nop => "NOP",
+            Command::Cls => "CLS",
+            Command::Pub { .. } => "PUB",
+            Command::Mpub { .. } => "MPUB",
+            Command::Dpub { .. } => "DPUB",
+        }
+    }
+
     /// Appends the command's wire form to `dst`.
     pub fn encode(&self, dst: &mut BytesMut) {
         match self {

@@ -393,7 +393,8 @@ async fn serve(
     request_timeout: Duration,
 ) -> Result<(), Error> {
     let (mut reader, mut writer) = conn.into_parts();
-    let mut pending: VecDeque<(Instant, oneshot::Sender<Outcome>)> = VecDeque::new();
+    // Requests written and not yet answered, in order: when, which command, who waits.
+    let mut pending: VecDeque<(Instant, &'static str, oneshot::Sender<Outcome>)> = VecDeque::new();
     let mut buf = BytesMut::with_capacity(16 * 1024);
     let mut first = Some(first);
     let mut check = tokio::time::interval(Duration::from_millis(100));
@@ -417,22 +418,27 @@ async fn serve(
                     match frame {
                         Frame::Response(data) if &data[..] == HEARTBEAT => batch.push(Request { command: Command::Nop, reply: oneshot::channel().0 }),
                         Frame::Response(data) => match pending.pop_front() {
-                            Some((_, reply)) if &data[..] == b"OK" => { let _ = reply.send(Ok(())); }
-                            Some((_, reply)) => {
-                                let error = Error::UnexpectedResponse { addr: addr.to_string(), command: "PUB", answer: String::from_utf8_lossy(&data).into_owned() };
+                            Some((_, _, reply)) if &data[..] == b"OK" => { let _ = reply.send(Ok(())); }
+                            Some((_, command, reply)) => {
+                                let error = Error::UnexpectedResponse { addr: addr.to_string(), command, answer: String::from_utf8_lossy(&data).into_owned() };
                                 let _ = reply.send(Err((error, Written::Maybe)));
                             }
                             None => break Err(Error::UnexpectedResponse { addr: addr.to_string(), command: "nothing", answer: String::from_utf8_lossy(&data).into_owned() }),
                         },
                         Frame::Error(text) => {
-                            let error = super::refusal::classify("PUB", broker_error(addr, &text), Role::Producer);
+                            // nsqd answers in order: the error is the oldest request's.
+                            let (answered, command) = match pending.pop_front() {
+                                Some((_, command, reply)) => (Some(reply), command),
+                                None => (None, "PUB"),
+                            };
+                            let error = super::refusal::classify(command, broker_error(addr, &text), Role::Producer);
                             let fatal = !error.is_non_fatal_broker_error();
                             let permanent = error.is_permanent();
-                            if let Some((_, reply)) = pending.pop_front() {
+                            if let Some(reply) = answered {
                                 let _ = reply.send(Err((error, Written::Maybe)));
                             }
                             if permanent {
-                                break Err(super::refusal::classify("PUB", broker_error(addr, &text), Role::Producer));
+                                break Err(super::refusal::classify(command, broker_error(addr, &text), Role::Producer));
                             }
                             if fatal {
                                 break Err(broker_error(addr, &text));
@@ -442,7 +448,7 @@ async fn serve(
                     }
                 }
                 _ = check.tick() => {
-                    if pending.front().is_some_and(|(t, _)| t.elapsed() > request_timeout) {
+                    if pending.front().is_some_and(|(t, _, _)| t.elapsed() > request_timeout) {
                         break Err(Error::Timeout { addr: addr.to_string(), what: "waiting for the answer to a publish", after: request_timeout, knob: "request_timeout" });
                     }
                 }
@@ -461,7 +467,7 @@ async fn serve(
         for request in batch {
             request.command.encode(&mut buf);
             if !matches!(request.command, Command::Nop) {
-                pending.push_back((now, request.reply));
+                pending.push_back((now, request.command.name(), request.reply));
             }
         }
         let written = match writer.write_all(&buf).await {
@@ -477,7 +483,7 @@ async fn serve(
         buf.clear();
     };
     // Whatever is still waiting may or may not have been published.
-    for (_, reply) in pending {
+    for (_, _, reply) in pending {
         let error = Error::ConnectionClosed {
             addr: addr.to_string(),
         };

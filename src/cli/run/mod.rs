@@ -123,6 +123,35 @@ mod tests {
     }
 
     #[test]
+    fn memory_sizes_the_table_and_wins_over_the_files_size() {
+        let StoreSettings::Memory(geometry) = settings(&["--memory", "2MiB", "--ways", "4"]).store
+        else {
+            panic!("not the in-process table")
+        };
+        assert_eq!((geometry.slots(), geometry.ways()), (262_144, 4));
+        let cli = Cli::try_parse_from([
+            "nsq-dedupe",
+            "run",
+            "--topic",
+            "t",
+            "--nsqd-tcp-address",
+            "127.0.0.1:4150",
+            "--memory",
+            "1MiB",
+        ])
+        .unwrap();
+        let Command::Run(run) = cli.command else {
+            panic!("not run")
+        };
+        let mut raw = RawConfig::from_toml("[store]\nbuckets = 1000\n", "test").unwrap();
+        run.apply(&mut raw);
+        let StoreSettings::Memory(geometry) = raw.validate().unwrap().store else {
+            panic!("not the in-process table")
+        };
+        assert_eq!(geometry.slots(), 131_072);
+    }
+
+    #[test]
     fn deploy_time_settings_have_flags() {
         let s = settings(&[
             "--probability",

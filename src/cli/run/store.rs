@@ -8,7 +8,8 @@ use nsq_dedupe::dedup::table_file::OnMismatch;
 
 use super::Overlay;
 use crate::cli::parse::{
-    named, parse_buckets, parse_duration, parse_probability, parse_rate, parse_ways,
+    named, parse_buckets, parse_duration, parse_memory_text, parse_probability, parse_rate,
+    parse_ways,
 };
 
 /// Where the table lives and how large it is.
@@ -24,6 +25,10 @@ pub(crate) struct StoreFlags {
     /// Table size in slots. `store.buckets`.
     #[arg(long, value_name = "N", value_parser = parse_buckets)]
     pub(crate) buckets: Option<u64>,
+    /// Table size as the slots' memory, such as 64MiB or 1GiB (twice that with --max-age);
+    /// rounded down to whole sets. `store.memory`.
+    #[arg(long, value_name = "SIZE", value_parser = parse_memory_text, conflicts_with_all = ["buckets", "probability"])]
+    pub(crate) memory: Option<String>,
     /// Slots per set: 1, 2, 4 or 8. `store.ways`.
     #[arg(long, value_name = "W", value_parser = parse_ways)]
     pub(crate) ways: Option<u32>,
@@ -79,10 +84,18 @@ impl StoreFlags {
             "store.memcached_addresses",
             "--memcached-address",
         );
-        if self.buckets.is_some() {
-            // Flags win over the file: an explicit size replaces probability-based sizing.
+        if self.buckets.is_some() || self.memory.is_some() {
+            // Flags win over the file: an explicit size replaces the file's other sizing.
             store.probability = None;
+            store.memory = None;
+            store.buckets = None;
         }
+        overlay.value(
+            &mut store.memory,
+            self.memory.as_ref(),
+            "store.memory",
+            "--memory",
+        );
         overlay.value(
             &mut store.buckets,
             self.buckets.as_ref(),
@@ -93,6 +106,7 @@ impl StoreFlags {
         if self.probability.is_some() {
             // Flags win over the file: probability-based sizing replaces an explicit size.
             store.buckets = None;
+            store.memory = None;
         }
         overlay.value(
             &mut store.probability,
