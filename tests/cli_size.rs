@@ -215,3 +215,124 @@ fn max_age_cuts_the_curve_and_suggests_the_table_it_makes_enough() {
              many messages arrive within it\n",
         );
 }
+
+/// The README's picture: `size --plot` with these flags writes `docs/catch-curve.svg`.
+const README_PLOT: [&str; 7] = [
+    "size",
+    "--probability",
+    "0.99",
+    "--rate",
+    "1000",
+    "--window",
+    "1h",
+];
+
+/// Runs `size` with `args` and `--plot` into a temporary file; returns the SVG.
+fn plot(args: &[&str]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("curve.svg");
+    bin().args(args).arg("--plot").arg(&path).assert().success();
+    std::fs::read_to_string(&path).unwrap()
+}
+
+/// The curves of a plot: each long polyline's points, as pixel coordinates.
+fn curves(svg: &str) -> Vec<Vec<(f64, f64)>> {
+    let document = roxmltree::Document::parse(svg).expect("the plot is well-formed XML");
+    assert_eq!(document.root_element().tag_name().name(), "svg");
+    document
+        .descendants()
+        .filter(|n| n.has_tag_name("polyline"))
+        .map(|n| {
+            n.attribute("points")
+                .unwrap()
+                .split_whitespace()
+                .map(|pair| {
+                    let (x, y) = pair.split_once(',').unwrap();
+                    (x.parse().unwrap(), y.parse().unwrap())
+                })
+                .collect::<Vec<(f64, f64)>>()
+        })
+        // Grid lines, ticks, dashes and legend samples have a few points; curves have hundreds.
+        .filter(|points| points.len() > 100)
+        .collect()
+}
+
+#[test]
+fn plot_draws_one_falling_curve_per_way_count() {
+    let svg = plot(&README_PLOT);
+    let curves = curves(&svg);
+    assert_eq!(curves.len(), 4, "one curve per way count (1, 2, 4, 8)");
+    for curve in &curves {
+        // Later copies are caught less often: y (pixels, downwards) never goes up as x grows.
+        assert!(curve
+            .windows(2)
+            .all(|w| w[1].0 >= w[0].0 && w[1].1 >= w[0].1));
+    }
+    for label in ["1 way (classic)", "2 ways", "4 ways", "8 ways (chosen)"] {
+        assert!(svg.contains(label), "no legend entry {label:?}");
+    }
+    assert!(svg.contains("the dot: caught with 0.990000 a whole window (1h) late"));
+    assert!(svg.contains("75.6 MiB table"));
+}
+
+#[test]
+fn plot_in_messages_without_a_rate_and_cut_at_max_age() {
+    let svg = plot(&[
+        "size",
+        "--buckets",
+        "1000000",
+        "--messages",
+        "500000",
+        "--ways",
+        "2",
+    ]);
+    assert_eq!(curves(&svg).len(), 4);
+    assert!(svg.contains("2 ways (chosen)") && svg.contains("(500,000 messages)"));
+
+    let svg = plot(&[
+        "size",
+        "--memory",
+        "64MiB",
+        "--rate",
+        "1000",
+        "--window",
+        "1h",
+        "--max-age",
+        "10m",
+    ]);
+    let curves = curves(&svg);
+    assert_eq!(curves.len(), 4);
+    // Past max_age every curve lies on the x axis: the same bottom y for its last points.
+    let bottom = curves
+        .iter()
+        .map(|c| c.last().unwrap().1)
+        .fold(f64::MIN, f64::max);
+    assert!(curves.iter().all(|c| c.last().unwrap().1 == bottom));
+    assert!(svg.contains("later than max age (10m): passes"));
+    assert!(svg.contains("caught with 0.000000 a whole window (1h) late"));
+}
+
+#[test]
+fn the_readme_picture_is_what_size_plot_draws() {
+    let committed = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/catch-curve.svg"),
+    )
+    .unwrap();
+    assert!(
+        plot(&README_PLOT) == committed,
+        "docs/catch-curve.svg is stale: regenerate it with `nsq-dedupe {} --plot docs/catch-curve.svg`",
+        README_PLOT.join(" ")
+    );
+}
+
+#[test]
+fn plot_into_a_missing_directory_is_an_error_naming_the_file() {
+    bin()
+        .args(README_PLOT)
+        .args(["--plot", "/nonexistent/dir/curve.svg"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains(
+            "error: cannot write the plot to /nonexistent/dir/curve.svg",
+        ));
+}

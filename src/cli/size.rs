@@ -30,6 +30,10 @@ pub(crate) struct SizeArgs {
     /// suggested.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub(crate) max_age: Option<Duration>,
+    /// Also draw the catch probability against the delay, for 1, 2, 4 and 8 ways in the same
+    /// memory, as an SVG picture in this file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub(crate) plot: Option<std::path::PathBuf>,
     /// Print JSON instead of text.
     #[arg(long)]
     pub(crate) json: bool,

@@ -1,5 +1,6 @@
 //! The subcommands of the binary: each module turns parsed flags into output.
 
+mod catch_plot;
 pub(crate) mod filter;
 pub(crate) mod run;
 pub(crate) mod size;

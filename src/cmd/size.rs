@@ -57,6 +57,15 @@ impl Answer {
 
 pub(crate) fn run(args: &SizeArgs) -> Result<()> {
     let answer = solve(args)?;
+    if let Some(path) = &args.plot {
+        super::catch_plot::CatchPlot {
+            geometry: answer.geometry,
+            window_messages: answer.window_messages,
+            rate: answer.rate,
+            max_age_seconds: answer.max_age.as_ref().map(|m| m.seconds),
+        }
+        .write_svg(path)?;
+    }
     let out = if args.json {
         serde_json::to_string_pretty(&to_json(&answer))? + "\n"
     } else {

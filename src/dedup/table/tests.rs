@@ -163,6 +163,19 @@ proptest! {
     }
 }
 
+/// A case the model test once found (seed 0, one set of 8 ways): the same digest claimed twice
+/// is in flight the second time, for every digest of the pool.
+#[test]
+fn a_second_claim_in_a_single_set_finds_the_first_in_flight() {
+    for digest in pool(0) {
+        let table = Table::new(Geometry::new(8, 8).unwrap()).unwrap();
+        assert_eq!(table.claim(digest), Claim::New);
+        assert_eq!(table.claim(digest), Claim::InFlight);
+        assert!(table.commit(digest));
+        assert_eq!(table.claim(digest), Claim::Duplicate);
+    }
+}
+
 #[test]
 fn shapes_are_validated_with_errors_that_name_the_knob() {
     assert_eq!(Table::with_slots(0, 8).unwrap_err(), TableError::ZeroSlots);
