@@ -170,6 +170,70 @@ async fn records_land_once_across_size_rotations_and_move_to_the_output_dir() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_file_rotates_by_interval_and_each_burst_gets_its_own_file() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let (out, work) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let sink = format!(
+        "output_dir = {:?}\nwork_dir = {:?}\nrotate_interval = \"200ms\"",
+        out.path().display().to_string(),
+        work.path().display().to_string()
+    );
+    let sidecar = Sidecar::new(settings(broker.tcp_addr(), &sink))
+        .await
+        .unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(sidecar.run(async move {
+        let _ = stopped.await;
+    }));
+    for burst in 0..3 {
+        let records = burst * 100..(burst + 1) * 100;
+        broker.publish_many(TOPIC, records.clone().map(record));
+        // The burst's file closes once it is older than the interval, with no new record to
+        // trigger it, and moves to the output directory.
+        wait_until_or(
+            "the burst's file closed and moved",
+            Duration::from_secs(10),
+            || lines(&files(out.path())) == expected((burst + 1) * 100),
+            || {
+                format!(
+                    "{:?}",
+                    files(out.path()).iter().map(|(n, _)| n).collect::<Vec<_>>()
+                )
+            },
+        )
+        .await;
+        assert!(
+            files(work.path()).is_empty(),
+            "nothing left open while idle"
+        );
+        let written = files(out.path());
+        for (name, bytes) in &written {
+            let ids: Vec<usize> = bytes
+                .split(|&b| b == b'\n')
+                .filter(|l| !l.is_empty())
+                .map(|l| {
+                    let text = std::str::from_utf8(l).unwrap();
+                    text[6..text.find(',').unwrap()].parse().unwrap()
+                })
+                .collect();
+            let bursts: std::collections::HashSet<usize> = ids.iter().map(|id| id / 100).collect();
+            assert_eq!(
+                bursts.len(),
+                1,
+                "{name} holds records of one burst only: {bursts:?}"
+            );
+        }
+    }
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(files(out.path()).len() >= 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gzip_files_decompress_to_the_records() {
     let broker = Broker::start(BrokerConfig::default()).await;
     let out = tempfile::tempdir().unwrap();
