@@ -215,12 +215,13 @@ impl KeySpec {
         match self {
             KeySpec::Body => Ok(Cow::Borrowed(body)),
             KeySpec::Json(pointer) => {
-                let value: serde_json::Value =
-                    serde_json::from_slice(body).map_err(|err| KeyError::NotJson {
+                let value = super::json_key::value_at(body, pointer).map_err(|err| {
+                    KeyError::NotJson {
                         pointer: pointer.clone(),
                         detail: err.to_string(),
-                    })?;
-                match value.pointer(pointer) {
+                    }
+                })?;
+                match value {
                     Some(serde_json::Value::Null) | None => Err(KeyError::MissingField {
                         pointer: pointer.clone(),
                     }),
