@@ -215,18 +215,14 @@ impl KeySpec {
         match self {
             KeySpec::Body => Ok(Cow::Borrowed(body)),
             KeySpec::Json(pointer) => {
-                let value = super::json_key::value_at(body, pointer).map_err(|err| {
-                    KeyError::NotJson {
+                let key =
+                    super::json_key::key_at(body, pointer).map_err(|err| KeyError::NotJson {
                         pointer: pointer.clone(),
                         detail: err.to_string(),
-                    }
-                })?;
-                match value {
-                    Some(serde_json::Value::Null) | None => Err(KeyError::MissingField {
-                        pointer: pointer.clone(),
-                    }),
-                    Some(value) => Ok(Cow::Owned(value.to_string().into_bytes())),
-                }
+                    })?;
+                key.map(Cow::Owned).ok_or_else(|| KeyError::MissingField {
+                    pointer: pointer.clone(),
+                })
             }
         }
     }

@@ -1,34 +1,51 @@
-//! The value at a JSON pointer, found while parsing, without building the document.
+//! The key at a JSON pointer, found while parsing, without building the document.
 //!
-//! `json:/id` keys used to parse each body into a `serde_json::Value` and look the pointer up:
-//! every string of the body allocated, every object became a map, all to keep one field. Here
-//! the parser walks the body once; only the value at the pointer becomes a `Value`, and every
-//! other value is parsed and dropped as it goes, without allocating.
+//! `json:/id` keys used to parse each body into a `serde_json::Value`, look the pointer up and
+//! print the value: every string of the body allocated, every object became a map, all to keep
+//! one field. Here the parser walks the body once; the value at the pointer is written as
+//! compact JSON straight from the parser (a string or number without becoming a `Value`; an
+//! object or array through one), and every other value is parsed and dropped as it goes,
+//! without allocating.
 //!
-//! The answer is the one `serde_json::from_slice::<Value>(body)?.pointer(pointer)` gives, for
-//! every body: the whole body is still parsed with the same rules (one JSON value, nothing after
-//! it, numbers in range, valid escapes), so a body is JSON here exactly when it was before; a
-//! key that occurs twice in an object takes its last value, as `Value`'s map does; and array
-//! indices follow `Value::pointer` (digits, no leading zero). The property test below holds the
-//! two to the same answers.
+//! The answer is the one `serde_json::from_slice::<Value>(body)?.pointer(pointer)` printed
+//! compactly gives, for every body: the whole body is still parsed with the same rules (one
+//! JSON value, nothing after it, numbers in range, valid escapes), so a body is JSON here
+//! exactly when it was before; a key that occurs twice in an object takes its last value, as
+//! `Value`'s map does; and array indices follow `Value::pointer` (digits, no leading zero). The
+//! property test below holds the two to the same answers.
 
 use std::fmt;
 
+use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value;
 
-/// The value at `pointer` (RFC 6901, starting with `/`) in the JSON document `body`, or `None`
-/// when there is none.
+/// The compact JSON of the value at `pointer` (RFC 6901, starting with `/`) in the JSON
+/// document `body`, or `None` when there is none or it is `null`.
 ///
 /// # Errors
 ///
 /// The parser's error when `body` is not one JSON value.
-pub(crate) fn value_at(body: &[u8], pointer: &str) -> Result<Option<Value>, serde_json::Error> {
+pub(crate) fn key_at(body: &[u8], pointer: &str) -> Result<Option<Vec<u8>>, serde_json::Error> {
     let mut deserializer = serde_json::Deserializer::from_slice(body);
     let found = At { rest: pointer }.deserialize(&mut deserializer)?;
     deserializer.end()?;
-    Ok(found)
+    Ok(match found {
+        Some(Found::Json(json)) => Some(json),
+        Some(Found::Null) | None => None,
+    })
+}
+
+/// A value at the pointer: `null`, or any other value as compact JSON.
+enum Found {
+    Null,
+    Json(Vec<u8>),
+}
+
+/// Compact JSON of `value`, as `Value`'s `Display` writes it.
+fn compact<T: serde::Serialize + ?Sized>(value: &T) -> Found {
+    Found::Json(serde_json::to_vec(value).expect("a parsed JSON value serializes"))
 }
 
 /// The first reference token of `rest` (which starts with `/`), unescaped, and what follows it.
@@ -60,11 +77,11 @@ struct At<'p> {
 }
 
 impl<'de> DeserializeSeed<'de> for At<'_> {
-    type Value = Option<Value>;
+    type Value = Option<Found>;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
         if self.rest.is_empty() {
-            return Value::deserialize(deserializer).map(Some);
+            return deserializer.deserialize_any(Capture).map(Some);
         }
         let (token, rest) = split_token(self.rest);
         deserializer.deserialize_any(Step {
@@ -81,7 +98,7 @@ struct Step<'t, 'p> {
 }
 
 impl<'de> Visitor<'de> for Step<'_, '_> {
-    type Value = Option<Value>;
+    type Value = Option<Found>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("any JSON value")
@@ -136,6 +153,56 @@ impl<'de> Visitor<'de> for Step<'_, '_> {
     }
     fn visit_unit<E>(self) -> Result<Self::Value, E> {
         Ok(None)
+    }
+}
+
+/// The value at the pointer, written as compact JSON from what the parser hands over; an
+/// object or array becomes a `Value` first, so that its members are ordered and deduplicated
+/// as `Value` orders them.
+struct Capture;
+
+impl<'de> Visitor<'de> for Capture {
+    type Value = Found;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Found, A::Error> {
+        Ok(compact(&Value::deserialize(MapAccessDeserializer::new(
+            map,
+        ))?))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Found, A::Error> {
+        Ok(compact(&Value::deserialize(SeqAccessDeserializer::new(
+            seq,
+        ))?))
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Found, E> {
+        Ok(compact(&v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Found, E> {
+        Ok(compact(&v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Found, E> {
+        Ok(compact(&v))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Found, E> {
+        // `Value` keeps a finite float as a number and anything else as null; the parser hands
+        // over only finite ones.
+        Ok(if v.is_finite() {
+            compact(&v)
+        } else {
+            Found::Null
+        })
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Found, E> {
+        Ok(compact(v))
+    }
+    fn visit_unit<E>(self) -> Result<Found, E> {
+        Ok(Found::Null)
     }
 }
 
@@ -244,14 +311,17 @@ mod tests {
     use super::*;
 
     /// What the whole-document parse says: the reference.
-    fn reference(body: &[u8], pointer: &str) -> Result<Option<Value>, ()> {
+    fn reference(body: &[u8], pointer: &str) -> Result<Option<Vec<u8>>, ()> {
         let value: Value = serde_json::from_slice(body).map_err(|_| ())?;
-        Ok(value.pointer(pointer).cloned())
+        Ok(match value.pointer(pointer) {
+            Some(Value::Null) | None => None,
+            Some(value) => Some(value.to_string().into_bytes()),
+        })
     }
 
     fn same(body: &str, pointer: &str) {
         assert_eq!(
-            value_at(body.as_bytes(), pointer).map_err(|_| ()),
+            key_at(body.as_bytes(), pointer).map_err(|_| ()),
             reference(body.as_bytes(), pointer),
             "body {body:?}, pointer {pointer:?}"
         );
@@ -281,6 +351,13 @@ mod tests {
             (r#""text""#, "/id"),
             (r#"{"id":1.0,"n":-0}"#, "/id"),
             (r#"{"id":{"b":1,"a":[true,null]}}"#, "/id"),
+            (r#"{"id":{"b":1,"b":2,"a":"\u00e9\t"}}"#, "/id"),
+            (r#"{"id":"x","id":null}"#, "/id"),
+            (r#"{"id":[1,2.5e3,-7,"\""]}"#, "/id"),
+            (r#"{"id":-12}"#, "/id"),
+            (r#"{"id":12.0}"#, "/id"),
+            (r#"{"id":1e-7}"#, "/id"),
+            (r#"{"id":false}"#, "/id"),
             (r#"{"id":1"#, "/id"),
             ("", "/id"),
         ] {
@@ -308,7 +385,10 @@ mod tests {
                 prop::collection::vec(inner.clone(), 0..5)
                     .prop_map(|items| format!("[{}]", items.join(","))),
                 prop::collection::vec(
-                    (prop_oneof![Just("a"), Just("b"), Just("a/b"), Just("~")], inner),
+                    (
+                        prop_oneof![Just("a"), Just("b"), Just("a/b"), Just("~")],
+                        inner
+                    ),
                     0..5
                 )
                 .prop_map(|members| {
@@ -357,7 +437,7 @@ mod tests {
                 body
             };
             prop_assert_eq!(
-                value_at(body.as_bytes(), &pointer).map_err(|_| ()),
+                key_at(body.as_bytes(), &pointer).map_err(|_| ()),
                 reference(body.as_bytes(), &pointer),
                 "body {:?}, pointer {:?}", body, pointer
             );
