@@ -1495,7 +1495,29 @@ enum BenchSink {
     PubPerRecord(SocketAddr),
 }
 
-async fn timed_pass(store: StoreKind, sink: BenchSink, n: usize, pass: usize) -> f64 {
+/// CPU time (user and system) this process has used so far: the sidecar's and the test
+/// broker's, which share it.
+fn process_cpu() -> Duration {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes one `rusage` through the pointer, which points at one.
+    let usage = unsafe {
+        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()), 0);
+        usage.assume_init()
+    };
+    let time = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    time(usage.ru_utime) + time(usage.ru_stime)
+}
+
+/// One timed pass: messages per second, and CPU microseconds per message (process-wide).
+#[derive(Debug, Clone, Copy)]
+struct Pass {
+    rate: f64,
+    cpu_us: f64,
+}
+
+async fn timed_pass(store: StoreKind, sink: BenchSink, n: usize, pass: usize) -> Pass {
     const WARM_UP: usize = 100_000;
     let broker = Broker::start(BrokerConfig {
         record_messages: false,
@@ -1575,6 +1597,7 @@ async fn timed_pass(store: StoreKind, sink: BenchSink, n: usize, pass: usize) ->
     .await;
     let timed = bodies("t", n).collect::<Vec<_>>();
     let started = Instant::now();
+    let cpu_before = process_cpu();
     broker.publish_many(TOPIC, timed);
     wait_until_or(
         "all FINs at the broker",
@@ -1584,12 +1607,16 @@ async fn timed_pass(store: StoreKind, sink: BenchSink, n: usize, pass: usize) ->
     )
     .await;
     let elapsed = started.elapsed();
+    let cpu = process_cpu() - cpu_before;
     let metrics = running.metrics.clone();
     running.stop().await;
     assert_eq!(get(&metrics.unique), (WARM_UP + n) as u64);
     assert_eq!(get(&metrics.handler_successes), (WARM_UP + n) as u64);
     assert_eq!(broker.depth(TOPIC, CHANNEL), (0, 0, 0));
-    n as f64 / elapsed.as_secs_f64()
+    Pass {
+        rate: n as f64 / elapsed.as_secs_f64(),
+        cpu_us: cpu.as_secs_f64() * 1e6 / n as f64,
+    }
 }
 
 /// End-to-end throughput of `run`: test broker -> de-dup -> null sink, with the in-process
@@ -1611,28 +1638,29 @@ async fn throughput() {
             none.push(timed_pass(StoreKind::None, BenchSink::Null, N, 2 * pass).await);
         }
     }
-    let best = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
-    let (none_best, memory_best) = (best(&none), best(&memory));
-    println!("sidecar throughput, {N} distinct 100-byte messages after a warm-up, max_in_flight 2500, null sink:");
-    println!(
-        "  store none:   {:>9.0} msgs/s (passes: {:?})",
-        none_best,
-        none.iter().map(|x| x.round()).collect::<Vec<_>>()
-    );
-    println!(
-        "  store memory: {:>9.0} msgs/s (passes: {:?})",
-        memory_best,
-        memory.iter().map(|x| x.round()).collect::<Vec<_>>()
-    );
-    let median = |v: &[f64]| {
-        let mut v = v.to_vec();
+    let median = |v: &[Pass], field: fn(&Pass) -> f64| {
+        let mut v: Vec<f64> = v.iter().map(field).collect();
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
+    let best = |v: &[Pass]| v.iter().map(|p| p.rate).fold(0.0, f64::max);
+    let rate = |p: &Pass| p.rate;
+    let cpu = |p: &Pass| p.cpu_us;
+    println!("sidecar throughput, {N} distinct 100-byte messages after a warm-up, max_in_flight 2500, null sink:");
+    for (name, passes) in [("none", &none), ("memory", &memory)] {
+        println!(
+            "  store {name:<7} {:>9.0} msgs/s best, {:>9.0} median; CPU {:.2} µs/msg median (sidecar and test broker); passes {:?}",
+            best(passes),
+            median(passes, rate),
+            median(passes, cpu),
+            passes.iter().map(|p| (p.rate.round(), (p.cpu_us * 100.0).round() / 100.0)).collect::<Vec<_>>()
+        );
+    }
     println!(
-        "  ratio memory/none: {:.3} (best of each), {:.3} (medians)",
-        memory_best / none_best,
-        median(&memory) / median(&none)
+        "  ratio memory/none: {:.3} (best of each), {:.3} (medians); CPU per message memory/none {:.3} (medians)",
+        best(&memory) / best(&none),
+        median(&memory, rate) / median(&none, rate),
+        median(&memory, cpu) / median(&none, cpu),
     );
 }
 
@@ -1645,7 +1673,7 @@ async fn compare_sinks(title: &str, sinks: &[(&str, BenchSink, usize)]) {
             let which = (pass + k) % sinks.len();
             let (_, sink, n) = sinks[which];
             let tag = sinks.len() * pass + k;
-            rates[which].push(timed_pass(StoreKind::Memory, sink, n, tag).await);
+            rates[which].push(timed_pass(StoreKind::Memory, sink, n, tag).await.rate);
         }
     }
     let median = |v: &[f64]| {
