@@ -29,6 +29,13 @@ use serde_json::Value;
 /// The parser's error when `body` is not one JSON value.
 pub(crate) fn key_at(body: &[u8], pointer: &str) -> Result<Option<Vec<u8>>, serde_json::Error> {
     let mut deserializer = serde_json::Deserializer::from_slice(body);
+    if !pointer.is_empty() && !pointer.starts_with('/') {
+        // Not a pointer (`KeySpec`'s parser refuses it; its variant can still be built by
+        // hand): nothing is there, as `Value::pointer` says, once the body is known to be JSON.
+        Skip::deserialize(&mut deserializer)?;
+        deserializer.end()?;
+        return Ok(None);
+    }
     let found = At { rest: pointer }.deserialize(&mut deserializer)?;
     deserializer.end()?;
     Ok(match found {
@@ -360,6 +367,10 @@ mod tests {
             (r#"{"id":false}"#, "/id"),
             (r#"{"id":1"#, "/id"),
             ("", "/id"),
+            (r#"{"id":1}"#, "id"),
+            (r#"{"éd":1}"#, "éd"),
+            (r#"{"id":1"#, "id"),
+            (r#"{"id":1}"#, ""),
         ] {
             same(body, pointer);
         }
