@@ -59,13 +59,38 @@ grace = "2s"
     )
 }
 
+/// A sidecar running in a task.
+struct Running {
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<
+        Result<nsq_dedupe::sidecar::RunReport, nsq_dedupe::sidecar::RunError>,
+    >,
+}
+
+impl Running {
+    async fn start(settings: nsq_dedupe::Settings) -> Running {
+        let sidecar = Sidecar::new(settings).await.unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(sidecar.run(async move {
+            let _ = stopped.await;
+        }));
+        Running { stop, task }
+    }
+
+    /// Stops the sidecar; it must end cleanly within 10 s.
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
+}
+
 /// Runs a sidecar with `settings` until `n` messages are finished, then stops it.
 async fn archive(broker: &Broker, settings: nsq_dedupe::Settings, n: usize) {
-    let sidecar = Sidecar::new(settings).await.unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(sidecar.run(async move {
-        let _ = stopped.await;
-    }));
+    let running = Running::start(settings).await;
     wait_until_or(
         "every message finished",
         Duration::from_secs(20),
@@ -73,12 +98,7 @@ async fn archive(broker: &Broker, settings: nsq_dedupe::Settings, n: usize) {
         || format!("{} finished", broker.finished(TOPIC, CHANNEL).len()),
     )
     .await;
-    let _ = stop.send(());
-    tokio::time::timeout(Duration::from_secs(10), task)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    running.stop().await;
 }
 
 /// The files of `dir`, sorted by name, with their bytes (gunzipped when `.gz`).
@@ -178,13 +198,7 @@ async fn an_idle_file_rotates_by_interval_and_each_burst_gets_its_own_file() {
         out.path().display().to_string(),
         work.path().display().to_string()
     );
-    let sidecar = Sidecar::new(settings(broker.tcp_addr(), &sink))
-        .await
-        .unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(sidecar.run(async move {
-        let _ = stopped.await;
-    }));
+    let running = Running::start(settings(broker.tcp_addr(), &sink)).await;
     for burst in 0..3 {
         let records = burst * 100..(burst + 1) * 100;
         broker.publish_many(TOPIC, records.clone().map(record));
@@ -224,12 +238,7 @@ async fn an_idle_file_rotates_by_interval_and_each_burst_gets_its_own_file() {
             );
         }
     }
-    let _ = stop.send(());
-    tokio::time::timeout(Duration::from_secs(10), task)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    running.stop().await;
     assert!(files(out.path()).len() >= 3);
 }
 
@@ -260,13 +269,7 @@ async fn a_write_error_requeues_and_nothing_is_lost() {
         out.path().display().to_string(),
         work.display().to_string()
     );
-    let sidecar = Sidecar::new(settings(broker.tcp_addr(), &sink))
-        .await
-        .unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(sidecar.run(async move {
-        let _ = stopped.await;
-    }));
+    let running = Running::start(settings(broker.tcp_addr(), &sink)).await;
     broker.publish_many(TOPIC, (0..50).map(record));
     wait_until_or(
         "the first 50",
@@ -293,12 +296,7 @@ async fn a_write_error_requeues_and_nothing_is_lost() {
         || format!("{}", broker.finished(TOPIC, CHANNEL).len()),
     )
     .await;
-    let _ = stop.send(());
-    tokio::time::timeout(Duration::from_secs(10), task)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    running.stop().await;
     let written: Vec<_> = files(out.path())
         .into_iter()
         .filter(|(name, _)| name != "work")
