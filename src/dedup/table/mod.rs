@@ -491,9 +491,22 @@ fn decide_again<const W: usize>(now: &[u64; W], fingerprint: u64) -> Result<(usi
 fn write_locked<const W: usize>(
     set: &[AtomicU64; W],
     mut guard: SetGuard<'_>,
-    (victim, cursor): (usize, usize),
+    decision: (usize, usize),
     entry: u64,
 ) -> Claim {
+    place(set, &mut guard, decision, entry);
+    Claim::New
+}
+
+/// The write of [`write_locked`], leaving the guard held: the entry in the victim's slot and
+/// the cursor in the first slot's word that the guard's release stores.
+#[inline(always)]
+fn place<const W: usize>(
+    set: &[AtomicU64; W],
+    guard: &mut SetGuard<'_>,
+    (victim, cursor): (usize, usize),
+    entry: u64,
+) {
     let cursor = (cursor as u64) << CURSOR_SHIFT;
     // Selects, not branches (see `choose_victim`). When the victim is the first slot, the entry
     // is written by the guard's release, and the store below rewrites the first slot with the
@@ -511,7 +524,6 @@ fn write_locked<const W: usize>(
         Ordering::Release,
     );
     guard.first = first;
-    Claim::New
 }
 
 /// The 8-way insert on x86-64, on whole cache lines with SSE2.

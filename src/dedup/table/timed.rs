@@ -36,8 +36,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::{
-    choose_victim, fingerprint, holds, load, verdict, zeroed_slots, SetGuard, Table, CURSOR_MASK,
-    CURSOR_SHIFT, DONE, FINGERPRINT_SHIFT, LOCK, STATE_MASK,
+    choose_victim, fingerprint, holds, load, place, verdict, zeroed_slots, SetGuard, Table,
+    CURSOR_MASK, CURSOR_SHIFT, DONE, FINGERPRINT_SHIFT, LOCK, STATE_MASK,
 };
 use crate::dedup::clock::Clock;
 use crate::dedup::{Claim, Digest};
@@ -272,22 +272,12 @@ fn write_timed<const W: usize>(
     set: &[AtomicU64; W],
     time_of: &[AtomicU64; W],
     mut guard: SetGuard<'_>,
-    (victim, cursor): (usize, usize),
+    decision: (usize, usize),
     entry: u64,
     time: u64,
 ) {
-    let cursor = (cursor as u64) << CURSOR_SHIFT;
-    let first = if victim == 0 {
-        entry | cursor
-    } else {
-        (guard.first & !CURSOR_MASK) | cursor
-    };
-    set[victim].store(
-        if victim == 0 { first | LOCK } else { entry },
-        Ordering::Release,
-    );
-    time_of[victim].store(time, Ordering::Release);
-    guard.first = first;
+    place(set, &mut guard, decision, entry);
+    time_of[decision.0].store(time, Ordering::Release);
 }
 
 #[cfg(test)]
