@@ -105,6 +105,11 @@ mod tests {
     use crate::cli::{Cli, Command};
 
     fn settings(flags: &[&str]) -> nsq_dedupe::Settings {
+        settings_over(RawConfig::default(), flags)
+    }
+
+    /// The settings of `run` with `flags` laid over the config file `file`.
+    fn settings_over(mut file: RawConfig, flags: &[&str]) -> nsq_dedupe::Settings {
         let args = [
             "nsq-dedupe",
             "run",
@@ -117,9 +122,8 @@ mod tests {
         let Command::Run(run) = cli.command else {
             panic!("not run")
         };
-        let mut raw = RawConfig::default();
-        run.apply(&mut raw);
-        raw.validate().unwrap()
+        run.apply(&mut file);
+        file.validate().unwrap()
     }
 
     #[test]
@@ -129,23 +133,9 @@ mod tests {
             panic!("not the in-process table")
         };
         assert_eq!((geometry.slots(), geometry.ways()), (262_144, 4));
-        let cli = Cli::try_parse_from([
-            "nsq-dedupe",
-            "run",
-            "--topic",
-            "t",
-            "--nsqd-tcp-address",
-            "127.0.0.1:4150",
-            "--memory",
-            "1MiB",
-        ])
-        .unwrap();
-        let Command::Run(run) = cli.command else {
-            panic!("not run")
-        };
-        let mut raw = RawConfig::from_toml("[store]\nbuckets = 1000\n", "test").unwrap();
-        run.apply(&mut raw);
-        let StoreSettings::Memory(geometry) = raw.validate().unwrap().store else {
+        let file = RawConfig::from_toml("[store]\nbuckets = 1000\n", "test").unwrap();
+        let StoreSettings::Memory(geometry) = settings_over(file, &["--memory", "1MiB"]).store
+        else {
             panic!("not the in-process table")
         };
         assert_eq!(geometry.slots(), 131_072);
