@@ -3,7 +3,7 @@
 //!
 //! `prometheus-client` writes the format (names, escaping, the `_total` of counters, `# EOF`).
 //! The counters stay our own atomics, updated on the hot path without locks; each scrape copies
-//! them into a [`Scrape`] that the registry's encoder walks.
+//! them into a `Scrape` that the registry's encoder walks.
 
 use std::fmt;
 

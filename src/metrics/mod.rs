@@ -1,5 +1,5 @@
 //! Counters of the sidecar; [`exposition`] renders them for Prometheus, with the process's own
-//! figures from [`process`].
+//! figures from `process.rs`.
 //!
 //! One [`Metrics`] per pipeline, shared by its tasks behind an `Arc`. Every outcome of a message
 //! has its own counter (one event per outcome, as vector's `internal_events`), so the counters
