@@ -275,12 +275,15 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
             Err(reason) => {
                 inc(&metrics.keyless);
                 tracing::debug!(id = %message.id(), %reason, "Body has no key; passed on as unique.");
-                return self.deliver(message, None).await;
+                return self.deliver(message, None, Instant::now()).await;
             }
         };
         let started = Instant::now();
         let claim = inner.store.claim(digest).await;
-        metrics.store_answered(started.elapsed(), claim.is_ok());
+        // One clock read ends the claim and starts the handler: at hundreds of thousands of
+        // messages a second, reading the clock is a few percent of the work.
+        let answered = Instant::now();
+        metrics.store_answered(answered - started, claim.is_ok());
         match claim {
             Ok(Claim::Duplicate) => {
                 inc(&metrics.duplicates);
@@ -303,7 +306,7 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
             }
             Ok(Claim::New) => {
                 inc(&metrics.unique);
-                self.deliver(message, Some(digest)).await
+                self.deliver(message, Some(digest), answered).await
             }
             Err(error) => {
                 self.store_error("claim", &error);
@@ -316,18 +319,18 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
                     }
                     StoreErrorPolicy::Process => {
                         inc(&metrics.store_error_processed);
-                        self.deliver(message, None).await
+                        self.deliver(message, None, answered).await
                     }
                 }
             }
         }
     }
 
-    /// Runs the handler (keeping the message and the claim alive), then answers.
-    async fn deliver(&self, message: Message, digest: Option<Digest>) -> Outcome {
+    /// Runs the handler (keeping the message and the claim alive), then answers. `started` is
+    /// now, as last read by the caller.
+    async fn deliver(&self, message: Message, digest: Option<Digest>, started: Instant) -> Outcome {
         let inner = &*self.inner;
         let metrics = &*inner.metrics;
-        let started = Instant::now();
         let result = {
             // A panicking handler is a failed delivery: its claim must be erased, or the
             // in-process table (which has no leases) would hold it in flight for ever and
@@ -370,14 +373,14 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
             self.answer(message.requeue_without_backoff(Some(Duration::ZERO)));
             return Outcome::Requeued;
         };
-        metrics.handler_duration.observe(started.elapsed());
+        let handled = Instant::now();
+        metrics.handler_duration.observe(handled - started);
         match result {
             Ok(()) => {
                 inc(&metrics.handler_successes);
                 if let Some(digest) = digest {
-                    let t = Instant::now();
                     let committed = inner.store.commit(digest).await;
-                    metrics.store_answered(t.elapsed(), committed.is_ok());
+                    metrics.store_answered(handled.elapsed(), committed.is_ok());
                     if let Err(error) = committed {
                         // Delivered all the same: a later copy may be delivered again, but
                         // this message is done.
@@ -391,9 +394,8 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
                 inc(&metrics.handler_failures);
                 if let Some(digest) = digest {
                     // Erase before the REQ, so the retry is not taken for a copy.
-                    let t = Instant::now();
                     let erased = inner.store.erase(digest).await;
-                    metrics.store_answered(t.elapsed(), erased.is_ok());
+                    metrics.store_answered(handled.elapsed(), erased.is_ok());
                     match erased {
                         Ok(true) => inc(&metrics.erased),
                         Ok(false) => {}

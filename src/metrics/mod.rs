@@ -179,7 +179,11 @@ impl Metrics {
     /// Records a store operation's latency and whether it succeeded.
     pub fn store_answered(&self, latency: std::time::Duration, ok: bool) {
         self.store_latency.observe(latency);
-        self.store_failing.store(!ok, Ordering::Relaxed);
+        // Written only when it changes: every message's task passes here, on every core, and
+        // a store to a shared line would move it between the cores each time.
+        if self.store_failing.load(Ordering::Relaxed) == ok {
+            self.store_failing.store(!ok, Ordering::Relaxed);
+        }
     }
 
     /// `Ok` when the service is ready: at least one nsqd connected and subscribed, and the
