@@ -14,11 +14,21 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
 
 # Million operations per second for every benchmark whose id matches $1, one "id rate" line
-# each, from criterion's bencher output (whole nanoseconds per operation).
+# each, from criterion's median estimate (fractional nanoseconds per operation; its bencher
+# output rounds to whole nanoseconds, which at 2^20 is a step of 10% or more).
 rates() {
-    cargo bench --quiet --bench main -- "$1" --warm-up-time 1 --measurement-time 2 \
-        --output-format bencher 2>/dev/null |
-        awk '/^test / { print $2, 1000 / $5 }'
+    local ids
+    ids=$(cargo bench --quiet --bench main -- "$1" --warm-up-time 1 --measurement-time 2 \
+        --output-format bencher 2>/dev/null | awk '/^test / { print $2 }')
+    for id in $ids; do
+        # criterion's directory names: "::" becomes "__", "/" and "^" become "_".
+        local dir="target/criterion/${id%%/*}"
+        dir=${dir//::/__}
+        local bench=${id#*/}
+        bench=${bench//[\/^]/_}
+        python3 -c 'import json, sys; print(sys.argv[2], 1000 / json.load(open(sys.argv[1]))["median"]["point_estimate"])' \
+            "$dir/$bench/new/estimates.json" "$id"
+    done
 }
 
 cargo bench --quiet --bench main --no-run 2>/dev/null
