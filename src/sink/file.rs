@@ -16,7 +16,8 @@
 //! each batch is one gzip member (RFC 1952 allows a file of several; `gunzip` and `zcat` read
 //! them all), so after a kill -9 the file is readable up to its last sync, and a closed file is
 //! a complete gzip stream. A write or sync error fails every record of its batch (their
-//! messages are requeued), closes the file, and the next batch opens a new one.
+//! messages are requeued), cuts the file back to the end of its last synced batch (so no file
+//! ends in part of a record), closes it, and the next batch opens a new one.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -274,10 +275,7 @@ impl Writer {
                 let result = self.write(&buffer).map_err(Arc::new);
                 if let Err(error) = &result {
                     tracing::warn!(%error, records = count, "Writing the archive file failed; its records are requeued.");
-                    // Start over with a new file: the old one's end is unknown.
-                    if let Some(open) = self.open.take() {
-                        self.close(open);
-                    }
+                    self.discard_failed_batch();
                 }
                 for pending in batch.drain(..count) {
                     let _ = pending.done.send(result.clone());
@@ -318,6 +316,18 @@ impl Writer {
         open.bytes += bytes as u64;
         open.records += 1;
         Ok(())
+    }
+
+    /// After a failed write or sync: cuts the open file back to the end of its last synced
+    /// batch (what the failed one left is part of a record, or of a gzip member, or records
+    /// that are requeued and will be written again), closes it, and leaves the next batch to
+    /// open a new one.
+    fn discard_failed_batch(&mut self) {
+        let Some(open) = self.open.take() else { return };
+        if let Err(error) = open.file.set_len(open.bytes) {
+            tracing::warn!(file = %open.work_path.display(), %error, "Cutting the failed batch off the archive file failed; its end may hold part of a record.");
+        }
+        self.close(open);
     }
 
     /// Closes the open file when its datetime, size or age says so.
@@ -501,5 +511,57 @@ mod tests {
         assert_eq!(civil_from_days(0), (1970, 1, 1));
         assert_eq!(civil_from_days(11_016), (2000, 2, 29));
         assert_eq!(check_datetime_format("%Y%j"), Err("%j".into()));
+    }
+
+    /// A write that fails half way leaves part of its batch at the end of the file; the file
+    /// that is closed must end with the last batch that was written and synced, in plain and
+    /// gzip files alike.
+    #[test]
+    fn a_failed_batch_is_cut_off_the_file() {
+        for gzip_level in [None, Some(6)] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut config = FileSinkConfig::new(dir.path().to_owned(), "t".into());
+            config.gzip_level = gzip_level;
+            let mut writer = Writer::new(config);
+            writer.write(b"one\ntwo\n").unwrap();
+            // What a failed `write_all` leaves: the start of a record, never synced.
+            writer
+                .open
+                .as_mut()
+                .unwrap()
+                .file
+                .write_all(b"thr")
+                .unwrap();
+            writer.discard_failed_batch();
+            assert!(writer.open.is_none(), "the next batch opens a new file");
+            writer.write(b"three\n").unwrap();
+            writer.discard_failed_batch();
+
+            let files: Vec<Vec<u8>> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|entry| std::fs::read(entry.unwrap().path()).unwrap())
+                .collect();
+            let mut text: Vec<Vec<u8>> = files
+                .iter()
+                .map(|bytes| match gzip_level {
+                    None => bytes.clone(),
+                    Some(_) => {
+                        let mut out = Vec::new();
+                        std::io::Read::read_to_end(
+                            &mut flate2::read::MultiGzDecoder::new(&bytes[..]),
+                            &mut out,
+                        )
+                        .unwrap();
+                        out
+                    }
+                })
+                .collect();
+            text.sort();
+            assert_eq!(
+                text,
+                [b"one\ntwo\n".to_vec(), b"three\n".to_vec()],
+                "{gzip_level:?}"
+            );
+        }
     }
 }
