@@ -40,7 +40,7 @@
 //! them never finished those messages, so nsqd delivers them again and they must pass.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, BufWriter, Read, Seek, Write};
+use std::io::{self, Read, Seek, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -356,42 +356,24 @@ impl TableFile {
                 .file_name()
                 .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
         ));
-        let file = OpenOptions::new()
+        let mut file = OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
             .open(&temporary)
             .map_err(io)?;
-        // The header goes last, once the checksum is known: write a placeholder first.
-        let mut out = BufWriter::with_capacity(8 << 20, file);
-        out.write_all(&[0u8; HEADER_BYTES]).map_err(io)?;
+        // The header goes last, once the checksum is known: write a placeholder first. The
+        // words go out in chunks as large as a buffered writer's buffer would be, so the file
+        // is written directly.
+        file.write_all(&[0u8; HEADER_BYTES]).map_err(io)?;
         let mut hasher = Xxh3::new();
         let mut chunk = Vec::with_capacity(8 << 20);
-        for word in table.snapshot_words() {
-            chunk.extend_from_slice(&word.to_le_bytes());
-            if chunk.len() == chunk.capacity() {
-                hasher.update(&chunk);
-                out.write_all(&chunk).map_err(io)?;
-                chunk.clear();
-            }
-        }
-        hasher.update(&chunk);
-        out.write_all(&chunk).map_err(io)?;
-        chunk.clear();
+        write_words(table.snapshot_words(), &mut chunk, &mut hasher, &mut file).map_err(io)?;
         let timed = table.max_age().is_some();
         if timed {
-            for index in 0..table.slots() as usize {
-                chunk.extend_from_slice(&table.time_word(index).unwrap_or(0).to_le_bytes());
-                if chunk.len() == chunk.capacity() {
-                    hasher.update(&chunk);
-                    out.write_all(&chunk).map_err(io)?;
-                    chunk.clear();
-                }
-            }
-            hasher.update(&chunk);
-            out.write_all(&chunk).map_err(io)?;
+            let times = (0..table.slots() as usize).map(|i| table.time_word(i).unwrap_or(0));
+            write_words(times, &mut chunk, &mut hasher, &mut file).map_err(io)?;
         }
-        let mut file = out.into_inner().map_err(|e| io(e.into_error()))?;
         let header = Header {
             layout: if timed {
                 SLOT_LAYOUT_TIMED
@@ -530,6 +512,28 @@ fn lock(path: &Path) -> Result<File, TableFileError> {
     file.write_all(format!("{}\n", std::process::id()).as_bytes())
         .map_err(io)?;
     Ok(file)
+}
+
+/// Writes `words` little-endian to `out` in chunks of `chunk`'s capacity, adding each chunk to
+/// `hasher`; `chunk` is left empty.
+fn write_words(
+    words: impl Iterator<Item = u64>,
+    chunk: &mut Vec<u8>,
+    hasher: &mut Xxh3,
+    out: &mut impl Write,
+) -> std::io::Result<()> {
+    for word in words {
+        chunk.extend_from_slice(&word.to_le_bytes());
+        if chunk.len() == chunk.capacity() {
+            hasher.update(chunk);
+            out.write_all(chunk)?;
+            chunk.clear();
+        }
+    }
+    hasher.update(chunk);
+    out.write_all(chunk)?;
+    chunk.clear();
+    Ok(())
 }
 
 #[cfg(test)]
