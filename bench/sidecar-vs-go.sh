@@ -1,0 +1,548 @@
+#!/usr/bin/env bash
+# End-to-end benchmark of the sidecar (`nsq-dedupe run`) against NSQ's own Go tools on a real
+# nsqd. See `bench/sidecar-vs-go.sh --help`.
+set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+Usage: bench/sidecar-vs-go.sh [OPTIONS] SCENARIO...
+
+Drains N messages of 100 bytes (distinct JSON bodies, {"id":...}) from a real nsqd with the
+sidecar and with a baseline, in the order baseline, ours, ours, baseline, and prints for each
+run the messages per second and the consumer's CPU per message, then the ratios of the best of
+each side. Everything runs on 127.0.0.1 on free ports; every process is stopped on exit.
+
+Scenarios (baseline first, then ours):
+  null        nsq_tail > /dev/null            vs  ours --sink null (in-process table)
+  stdout      nsq_tail > /dev/null            vs  ours --sink stdout > /dev/null
+  nsq         nsq_to_nsq to a second topic    vs  ours --sink nsq to a second topic
+  http        nsq_to_http --n=100 to nsqd's HTTP /pub  vs  ours --sink http to the same
+  https       nsq_to_http --n=100 to nsqd's HTTP /pub  vs  ours --sink http to nsqd's HTTPS /pub
+              (a CA and a certificate for 127.0.0.1 made with openssl)
+  memcached   ours --store none --sink null   vs  ours --store memcached --sink null
+              (a memcached on a free port, shared by the runs; its CPU is shown too)
+  table-file  ours --sink null                vs  ours --sink null --table-file FILE (new file each run)
+  all         every scenario above, in this order
+
+Options:
+  -n, --messages N     messages per run (default 300000)
+  --pairs K            repeat baseline, ours, ours, baseline K times (default 1)
+  --max-in-flight N    for every consumer (default 2500)
+  --ours-args "ARGS"   extra flags for every run of ours (shell words), e.g. "--ways 1"
+  --base-args "ARGS"   extra flags for the Go tool (or for the ours-baseline of memcached and
+                       table-file)
+  --ours-post-path P   path ours POSTs to in http/https (default /pub; e.g. /mpub with batches)
+  --timeout SECS       limit for one run to drain (default 30 + N/1000)
+  --keep               keep the work directory (nsqd data, logs, certificates)
+  -h, --help           this text
+
+Environment:
+  NSQ_DEDUPE_BIN   the sidecar binary to measure (default: `cargo build --release` of this
+                   checkout, then target/release/nsq-dedupe)
+  NSQ_BIN_DIR      directory with NSQ v1.3.0's nsqd, nsq_tail, nsq_to_nsq and nsq_to_http
+                   (default /work/nsq-real/bin)
+
+Method: for every run a fresh nsqd (--mem-queue-size above N, so nothing touches disk), one
+topic and one channel created before publishing, the N messages published with /mpub in
+chunks of 10,000, then the consumer started. The run ends when nsqd's /stats (polled every
+10 ms) shows the channel's depth, in-flight and deferred counts at 0 with all N messages
+counted. msg/s = N / (drain time - start time). CPU is the consumer's user+sys time from
+/proc/PID/stat at that moment (10 ms ticks); "exit" adds its shutdown (rusage at exit).
+nsqd's CPU over the drain is shown per message too. For nsq, http and https the destination
+topic must have received N messages, else the run is marked LOST. For http and https, "conns"
+counts the client ports seen on nsqd's HTTP(S) port after the drain (connections accepted,
+approximately: ports reused from TIME_WAIT count once).
+The last line of each scenario is machine-readable:
+  RESULT scenario=null n=300000 base=nsq_tail base_msgs=... ours_msgs=... speed=1.99 cpu=1.78
+where speed = best ours msg/s / best baseline msg/s and cpu = best baseline CPU per message /
+best ours CPU per message (higher is better for ours in both).
+
+Examples:
+  bench/sidecar-vs-go.sh null
+  bench/sidecar-vs-go.sh -n 100000 --pairs 2 null stdout nsq
+  NSQ_DEDUPE_BIN=/path/to/other/target/release/nsq-dedupe bench/sidecar-vs-go.sh all
+EOF
+}
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+messages=300000
+pairs=1
+max_in_flight=2500
+ours_args=""
+base_args=""
+post_path=/pub
+timeout=""
+keep=0
+scenarios=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    -h|--help) usage; exit 0 ;;
+    -n|--messages) messages=${2:?"$1 needs a number"}; shift 2 ;;
+    --pairs) pairs=${2:?"$1 needs a number"}; shift 2 ;;
+    --max-in-flight) max_in_flight=${2:?"$1 needs a number"}; shift 2 ;;
+    --ours-args) ours_args=${2?"$1 needs a value"}; shift 2 ;;
+    --base-args) base_args=${2?"$1 needs a value"}; shift 2 ;;
+    --ours-post-path) post_path=${2:?"$1 needs a path"}; shift 2 ;;
+    --timeout) timeout=${2:?"$1 needs seconds"}; shift 2 ;;
+    --keep) keep=1; shift ;;
+    all) scenarios+=(null stdout nsq http https memcached table-file); shift ;;
+    null|stdout|nsq|http|https|memcached|table-file) scenarios+=("$1"); shift ;;
+    *) echo "sidecar-vs-go.sh: unknown argument '$1' (scenarios: null stdout nsq http https memcached table-file all; see --help)" >&2
+       exit 2 ;;
+  esac
+done
+for pair in "messages:$messages" "pairs:$pairs" "max-in-flight:$max_in_flight" "timeout:${timeout:-1}"; do
+  if ! [[ ${pair#*:} =~ ^[1-9][0-9]*$ ]]; then
+    echo "sidecar-vs-go.sh: --${pair%%:*} must be a positive whole number, got '${pair#*:}'" >&2
+    exit 2
+  fi
+done
+if [ ${#scenarios[@]} -eq 0 ]; then
+  echo "sidecar-vs-go.sh: name at least one scenario (null stdout nsq http https memcached table-file all); see --help" >&2
+  exit 2
+fi
+
+nsq_bin_dir=${NSQ_BIN_DIR:-/work/nsq-real/bin}
+for tool in nsqd nsq_tail nsq_to_nsq nsq_to_http; do
+  if [ ! -x "$nsq_bin_dir/$tool" ]; then
+    echo "sidecar-vs-go.sh: $nsq_bin_dir/$tool is missing: build NSQ v1.3.0's apps (nsqd, nsq_tail," >&2
+    echo "  nsq_to_nsq, nsq_to_http; 'go build ./apps/...' in its source) and set NSQ_BIN_DIR to their directory" >&2
+    exit 1
+  fi
+done
+for s in "${scenarios[@]}"; do
+  if [ "$s" = memcached ] && ! command -v memcached >/dev/null; then
+    echo "sidecar-vs-go.sh: the memcached scenario needs memcached on PATH (Debian package: memcached)" >&2
+    exit 1
+  fi
+  if [ "$s" = https ] && ! command -v openssl >/dev/null; then
+    echo "sidecar-vs-go.sh: the https scenario needs openssl on PATH (Debian package: openssl)" >&2
+    exit 1
+  fi
+done
+command -v python3 >/dev/null || { echo "sidecar-vs-go.sh: needs python3" >&2; exit 1; }
+
+if [ -n "${NSQ_DEDUPE_BIN:-}" ]; then
+  ours=$NSQ_DEDUPE_BIN
+  [ -x "$ours" ] || { echo "sidecar-vs-go.sh: NSQ_DEDUPE_BIN=$ours is not an executable file" >&2; exit 1; }
+else
+  echo "building the sidecar: cargo build --release (set NSQ_DEDUPE_BIN to measure another binary)" >&2
+  cargo build --release --quiet --manifest-path "$here/Cargo.toml"
+  ours=$here/target/release/nsq-dedupe
+fi
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/sidecar-vs-go.XXXXXX")
+if [ "$keep" = 1 ]; then
+  echo "work directory (kept): $work" >&2
+else
+  trap 'rm -rf "$work"' EXIT
+fi
+
+export BENCH_MESSAGES=$messages BENCH_PAIRS=$pairs BENCH_MAX_IN_FLIGHT=$max_in_flight \
+  BENCH_OURS_ARGS=$ours_args BENCH_BASE_ARGS=$base_args BENCH_POST_PATH=$post_path \
+  BENCH_TIMEOUT=$timeout BENCH_WORK=$work BENCH_OURS=$ours BENCH_NSQ_BIN=$nsq_bin_dir
+python3 - "${scenarios[@]}" <<'PY'
+import ctypes, http.client, json, os, shlex, signal, socket, ssl, subprocess, sys, time
+
+N = int(os.environ["BENCH_MESSAGES"])
+PAIRS = int(os.environ["BENCH_PAIRS"])
+MIF = os.environ["BENCH_MAX_IN_FLIGHT"]
+OURS_ARGS = shlex.split(os.environ["BENCH_OURS_ARGS"])
+BASE_ARGS = shlex.split(os.environ["BENCH_BASE_ARGS"])
+POST_PATH = os.environ["BENCH_POST_PATH"]
+TIMEOUT = float(os.environ["BENCH_TIMEOUT"] or 30 + N / 1000)
+WORK = os.environ["BENCH_WORK"]
+OURS = os.environ["BENCH_OURS"]
+NSQ = os.environ["BENCH_NSQ_BIN"]
+TICK = os.sysconf("SC_CLK_TCK")
+BODY = 100
+CHUNK = 10000
+
+# Children must not inherit settings meant for someone's own sidecar.
+CHILD_ENV = {k: v for k, v in os.environ.items() if not k.startswith("NSQ_DEDUPE_")}
+children = []
+libc = ctypes.CDLL(None, use_errno=True)
+
+
+def die_with_parent():
+    # A child outlives a killed benchmark otherwise (PR_SET_PDEATHSIG = 1).
+    libc.prctl(1, signal.SIGKILL)
+
+
+def spawn(argv, log, stdout=subprocess.DEVNULL):
+    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout,
+                         stderr=open(log, "wb"), env=CHILD_ENV, preexec_fn=die_with_parent)
+    children.append(p)
+    return p
+
+
+def stop(p, grace=15.0):
+    """SIGTERM, then SIGKILL after `grace` seconds; returns (exit status, rusage or None)."""
+    if p in children:
+        children.remove(p)
+    if p.returncode is not None:  # already reaped by poll(): no rusage left
+        return p.returncode, None
+    try:
+        p.send_signal(signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + grace
+    pid = 0
+    while not pid and time.monotonic() < deadline:
+        pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+        if not pid:
+            time.sleep(0.02)
+    if not pid:
+        p.kill()
+        pid, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return p.returncode, ru
+
+
+def cleanup(*_):
+    for p in list(children):
+        try:
+            p.kill()
+        except ProcessLookupError:
+            pass
+    sys.exit(130)
+
+
+signal.signal(signal.SIGTERM, cleanup)
+signal.signal(signal.SIGINT, cleanup)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid):
+    """User+sys time of a live process, exited threads included."""
+    with open(f"/proc/{pid}/stat") as f:
+        rest = f.read().rsplit(")", 1)[1].split()
+    return (int(rest[11]) + int(rest[12])) / TICK
+
+
+def peak_rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def tail(path, lines=15):
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class Nsqd:
+    def __init__(self, name, tls=None):
+        self.tcp, self.http_port = free_port(), free_port()
+        self.data = os.path.join(WORK, name)
+        os.makedirs(self.data)
+        self.log = self.data + ".nsqd.log"
+        argv = [f"{NSQ}/nsqd", "--broadcast-address=127.0.0.1",
+                f"--tcp-address=127.0.0.1:{self.tcp}", f"--http-address=127.0.0.1:{self.http_port}",
+                f"--data-path={self.data}", f"--mem-queue-size={N + CHUNK}", "--log-level=warn"]
+        self.https_port = None
+        if tls:
+            self.https_port = free_port()
+            argv += [f"--https-address=127.0.0.1:{self.https_port}",
+                     f"--tls-cert={tls['cert']}", f"--tls-key={tls['key']}"]
+        self.proc = spawn(argv, self.log)
+        self.conn = None
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                if self.request("GET", "/ping") == b"OK":
+                    break
+            except OSError:
+                self.conn = None
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"nsqd did not start:\n{tail(self.log)}")
+            time.sleep(0.05)
+
+    def request(self, method, path, body=None):
+        if self.conn is None:
+            self.conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=30)
+        try:
+            self.conn.request(method, path, body)
+            r = self.conn.getresponse()
+            data = r.read()
+        except (OSError, http.client.HTTPException):
+            self.conn.close()
+            self.conn = None
+            raise
+        if r.status != 200:
+            raise SystemExit(f"nsqd {method} {path}: HTTP {r.status} {data[:200]!r}")
+        return data
+
+    def own_port(self):
+        return self.conn.sock.getsockname()[1] if self.conn and self.conn.sock else None
+
+    def channel(self, topic, channel):
+        s = json.loads(self.request(
+            "GET", f"/stats?format=json&topic={topic}&channel={channel}&include_clients=false&include_mem=false"))
+        for t in s.get("topics") or []:
+            for c in t.get("channels") or []:
+                if c["channel_name"] == channel:
+                    return c
+        raise SystemExit(f"nsqd has no channel {topic}/{channel}")
+
+    def topic_count(self, topic):
+        s = json.loads(self.request("GET", f"/stats?format=json&topic={topic}&include_clients=false&include_mem=false"))
+        return sum(t["message_count"] for t in s.get("topics") or [] if t["topic_name"] == topic)
+
+    def publish(self, topic, tag):
+        for start in range(0, N, CHUNK):
+            lines = []
+            for i in range(start, min(N, start + CHUNK)):
+                head = f'{{"id":"{tag}-{i:010d}","pad":"'
+                lines.append(head + "x" * (BODY - len(head) - 2) + '"}')
+            self.request("POST", f"/mpub?topic={topic}", "\n".join(lines).encode())
+
+
+def make_certs():
+    d = os.path.join(WORK, "tls")
+    if os.path.exists(d):
+        return {"ca": f"{d}/ca.pem", "cert": f"{d}/cert.pem", "key": f"{d}/key.pem"}
+    os.makedirs(d)
+    with open(f"{d}/ext.cnf", "w") as f:
+        f.write("basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
+                "extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for cmd in (
+        f"openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=bench-ca "
+        f"-keyout {d}/ca.key -out {d}/ca.pem",
+        f"openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout {d}/key.pem -out {d}/cert.csr",
+        f"openssl x509 -req -in {d}/cert.csr -CA {d}/ca.pem -CAkey {d}/ca.key -CAcreateserial "
+        f"-days 2 -extfile {d}/ext.cnf -out {d}/cert.pem",
+    ):
+        subprocess.run(shlex.split(cmd), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return {"ca": f"{d}/ca.pem", "cert": f"{d}/cert.pem", "key": f"{d}/key.pem"}
+
+
+def connections(port, exclude):
+    """Client ports seen on a server port (established and TIME_WAIT sockets)."""
+    out = subprocess.run(["ss", "-Htan", f"( sport = :{port} or dport = :{port} )"],
+                         capture_output=True, text=True).stdout
+    ports = set()
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) < 5 or f[0] == "LISTEN":
+            continue
+        local, peer = int(f[3].rsplit(":", 1)[1]), int(f[4].rsplit(":", 1)[1])
+        ports.add(peer if local == port else local)
+    return len(ports - set(exclude))
+
+
+def ours_cmd(d, extra):
+    return [OURS, "run", "--nsqd-tcp-address", f"127.0.0.1:{d.tcp}", "--topic", d.topic,
+            "--channel", "c", "--max-in-flight", MIF, "--metrics-address", "off"] + extra
+
+
+def go_cmd(tool, d, extra):
+    return [f"{NSQ}/{tool}", f"--nsqd-tcp-address=127.0.0.1:{d.tcp}", f"--topic={d.topic}",
+            "--channel=c", f"--max-in-flight={MIF}"] + extra + BASE_ARGS
+
+
+# Each scenario: (title, baseline name, candidate name, needs, command(side, nsqd, run) -> argv,
+# output check). `side` is "base" or "ours".
+def scenario(name, memcached_addr):
+    if name == "null":
+        return ("ours --sink null (in-process table) against nsq_tail > /dev/null", "nsq_tail", "ours",
+                lambda side, d, r: go_cmd("nsq_tail", d, []) if side == "base"
+                else ours_cmd(d, ["--sink", "null"] + OURS_ARGS), False)
+    if name == "stdout":
+        return ("ours --sink stdout > /dev/null against nsq_tail > /dev/null", "nsq_tail", "ours",
+                lambda side, d, r: go_cmd("nsq_tail", d, []) if side == "base"
+                else ours_cmd(d, ["--sink", "stdout"] + OURS_ARGS), False)
+    if name == "nsq":
+        def cmd(side, d, r):
+            dest = [f"--destination-nsqd-tcp-address=127.0.0.1:{d.tcp}", f"--destination-topic={d.topic}.out"]
+            if side == "base":
+                return go_cmd("nsq_to_nsq", d, dest)
+            return ours_cmd(d, ["--sink", "nsq"] + [a for x in dest for a in x.split("=", 1)] + OURS_ARGS)
+        return ("ours --sink nsq against nsq_to_nsq, both to a second topic on the same nsqd",
+                "nsq_to_nsq", "ours", cmd, True)
+    if name in ("http", "https"):
+        def cmd(side, d, r):
+            plain = f"http://127.0.0.1:{d.http_port}/pub?topic={d.topic}.out"
+            if side == "base":
+                return go_cmd("nsq_to_http", d, [f"--post={plain}", "--n=100"])
+            if name == "http":
+                url = f"http://127.0.0.1:{d.http_port}{POST_PATH}?topic={d.topic}.out"
+                return ours_cmd(d, ["--sink", "http", "--post", url] + OURS_ARGS)
+            url = f"https://127.0.0.1:{d.https_port}{POST_PATH}?topic={d.topic}.out"
+            return ours_cmd(d, ["--sink", "http", "--post", url,
+                                "--http-client-tls-root-ca-file", make_certs()["ca"]] + OURS_ARGS)
+        title = ("ours --sink http against nsq_to_http --n=100, both POSTing to nsqd's HTTP /pub"
+                 if name == "http" else
+                 "ours --sink http to nsqd's HTTPS /pub against nsq_to_http --n=100 to its plain HTTP /pub")
+        return (title, "nsq_to_http", "ours", cmd, True)
+    if name == "memcached":
+        return (f"ours --store memcached (server {memcached_addr}) against ours --store none, both --sink null",
+                "no-store", "memcached",
+                lambda side, d, r: ours_cmd(d, ["--sink", "null", "--store", "none"] + BASE_ARGS) if side == "base"
+                else ours_cmd(d, ["--sink", "null", "--store", "memcached", "--memcached-address",
+                                  memcached_addr, "--namespace", f"bench-{os.getpid()}"] + OURS_ARGS), False)
+    if name == "table-file":
+        return ("ours --sink null --table-file FILE (a new file per run) against ours --sink null",
+                "no-file", "table-file",
+                lambda side, d, r: ours_cmd(d, ["--sink", "null"] + BASE_ARGS) if side == "base"
+                else ours_cmd(d, ["--sink", "null", "--table-file", os.path.join(WORK, f"table-{r}.bin")]
+                              + OURS_ARGS), False)
+    raise SystemExit(f"unknown scenario {name}")
+
+
+def one_run(name, r, side, label, cmd, check_out, memcached):
+    tls = make_certs() if name == "https" else None
+    d = Nsqd(f"{name}-{r}-{label}", tls)
+    d.topic = f"bench{r}"
+    try:
+        d.request("POST", f"/topic/create?topic={d.topic}")
+        d.request("POST", f"/channel/create?topic={d.topic}&channel=c")
+        if check_out:
+            d.request("POST", f"/topic/create?topic={d.topic}.out")
+        d.publish(d.topic, f"{name}{r}p{os.getpid()}")
+        # nsqd copies a topic's messages to its channels in the background.
+        deadline = time.monotonic() + 30
+        while d.channel(d.topic, "c")["depth"] != N:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"published {N} but the channel holds {d.channel(d.topic, 'c')['depth']}")
+            time.sleep(0.02)
+        argv = cmd(side, d, r)
+        log = os.path.join(WORK, f"{name}-{r}-{label}.log")
+        mc0 = cpu_seconds(memcached.pid) if memcached else 0.0
+        n0 = cpu_seconds(d.proc.pid)
+        t0 = time.monotonic()
+        p = spawn(argv, log)
+        status = "ok"
+        while True:
+            c = d.channel(d.topic, "c")
+            if c["depth"] + c["in_flight_count"] + c["deferred_count"] == 0 and c["message_count"] == N:
+                break
+            if p.poll() is not None:
+                raise SystemExit(f"{label} exited with {p.returncode} before draining:\n"
+                                 f"  {shlex.join(argv)}\n{tail(log)}")
+            if time.monotonic() - t0 > TIMEOUT:
+                status = f"TIMEOUT ({c['depth']} left)"
+                break
+            time.sleep(0.01)
+        t1 = time.monotonic()
+        cpu = cpu_seconds(p.pid)
+        rss = peak_rss_mib(p.pid)
+        nsqd_cpu = cpu_seconds(d.proc.pid) - n0
+        mc_cpu = cpu_seconds(memcached.pid) - mc0 if memcached else None
+        conns = None
+        if name in ("http", "https"):
+            port = d.https_port if (name == "https" and side == "ours") else d.http_port
+            conns = connections(port, [d.own_port()])
+        code, ru = stop(p)
+        exit_cpu = ru.ru_utime + ru.ru_stime if ru else float("nan")
+        if code not in (0, -signal.SIGTERM, 143) and status == "ok":
+            status = f"exit {code}"
+        out = d.topic_count(f"{d.topic}.out") if check_out else None
+        if out is not None and out < N:
+            status = f"LOST {N - out}"
+        if c["requeue_count"] or c["timeout_count"]:
+            status += f" (requeued {c['requeue_count']}, timed out {c['timeout_count']})"
+        return dict(side=side, label=label, wall=t1 - t0, cpu=cpu, exit_cpu=exit_cpu, rss=rss,
+                    nsqd=nsqd_cpu, mc=mc_cpu, conns=conns, out=out, status=status, argv=argv)
+    finally:
+        stop(d.proc)
+
+
+def fmt_int(x):
+    return f"{x:,.0f}"
+
+
+def main():
+    names = sys.argv[1:]
+    memcached = None
+    memcached_addr = None
+    if "memcached" in names:
+        port = free_port()
+        memcached_addr = f"127.0.0.1:{port}"
+        memcached = spawn(["memcached", "-l", "127.0.0.1", "-p", str(port), "-U", "0", "-m", "1024", "-t", "2"],
+                          os.path.join(WORK, "memcached.log"))
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if memcached.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"memcached did not start:\n{tail(os.path.join(WORK, 'memcached.log'))}")
+                time.sleep(0.05)
+    print(f"ours: {OURS}\nnsq:  {NSQ}/nsqd ({subprocess.run([NSQ + '/nsqd', '--version'], capture_output=True, text=True).stdout.strip()})")
+    print(f"{N:,} messages of {BODY} bytes per run, --max-in-flight {MIF}, "
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start")
+    failed = False
+    run_no = 0
+    for name in names:
+        title, base_label, ours_label, cmd, check_out = scenario(name, memcached_addr)
+        print(f"\n== {name}: {title}")
+        head = f"{'run':>3}  {'consumer':<11} {'wall s':>7} {'msg/s':>9} {'µs CPU/msg':>10} {'(exit)':>7} {'peak MiB':>8} {'nsqd µs/msg':>11}"
+        if name == "memcached":
+            head += f" {'memcached µs/msg':>16}"
+        if check_out:
+            head += f" {'out':>8}"
+        if name in ("http", "https"):
+            head += f" {'conns':>6}"
+        print(head + "  status", flush=True)
+        results = []
+        for _ in range(PAIRS):
+            for side in ("base", "ours", "ours", "base"):
+                run_no += 1
+                label = base_label if side == "base" else ours_label
+                x = one_run(name, run_no, side, label, cmd, check_out,
+                            memcached if name == "memcached" else None)
+                results.append(x)
+                line = (f"{run_no:>3}  {label:<11} {x['wall']:>7.2f} {fmt_int(N / x['wall']):>9} "
+                        f"{x['cpu'] / N * 1e6:>10.2f} {x['exit_cpu'] / N * 1e6:>7.2f} {x['rss']:>8.1f} "
+                        f"{x['nsqd'] / N * 1e6:>11.2f}")
+                if name == "memcached":
+                    line += f" {x['mc'] / N * 1e6:>16.2f}"
+                if check_out:
+                    line += f" {fmt_int(x['out']):>8}"
+                if name in ("http", "https"):
+                    line += f" {x['conns']:>6}"
+                print(line + "  " + x["status"], flush=True)
+                if x["status"] != "ok":
+                    failed = True
+        good = [x for x in results if x["status"] == "ok"]
+        base = [x for x in good if x["side"] == "base"]
+        ours = [x for x in good if x["side"] == "ours"]
+        if not base or not ours:
+            print(f"RESULT scenario={name} n={N} incomplete")
+            continue
+        b_speed, o_speed = max(N / x["wall"] for x in base), max(N / x["wall"] for x in ours)
+        b_cpu, o_cpu = min(x["cpu"] for x in base) / N * 1e6, min(x["cpu"] for x in ours) / N * 1e6
+        speed, cpu = o_speed / b_speed, b_cpu / o_cpu
+        print(f"{ours_label} against {base_label}, best of each: {speed:.2f}x the speed "
+              f"({fmt_int(o_speed)} vs {fmt_int(b_speed)} msg/s), {cpu:.2f}x less CPU per message "
+              f"({o_cpu:.2f} vs {b_cpu:.2f} µs)")
+        print(f"RESULT scenario={name} n={N} base={base_label} base_msgs={b_speed:.0f} ours_msgs={o_speed:.0f} "
+              f"base_cpu_us={b_cpu:.2f} ours_cpu_us={o_cpu:.2f} speed={speed:.2f} cpu={cpu:.2f}", flush=True)
+    if memcached:
+        stop(memcached)
+    if failed:
+        print("\nsome runs did not complete cleanly; their logs are in the work directory (use --keep)", file=sys.stderr)
+        sys.exit(1)
+
+
+try:
+    main()
+finally:
+    for p in list(children):
+        try:
+            p.kill()
+        except ProcessLookupError:
+            pass
+PY
