@@ -469,8 +469,10 @@ def main():
     if "memcached" in names:
         port = free_port()
         memcached_addr = f"127.0.0.1:{port}"
-        memcached = spawn(["memcached", "-l", "127.0.0.1", "-p", str(port), "-U", "0", "-m", "1024", "-t", "2"],
-                          os.path.join(WORK, "memcached.log"))
+        argv = ["memcached", "-l", "127.0.0.1", "-p", str(port), "-U", "0", "-m", "1024", "-t", "2"]
+        if os.geteuid() == 0:
+            argv += ["-u", "root"]  # memcached refuses to run as root without it
+        memcached = spawn(argv, os.path.join(WORK, "memcached.log"))
         deadline = time.monotonic() + 10
         while True:
             try:
