@@ -25,14 +25,15 @@ Scenarios (baseline first, then ours):
   all         every scenario above, in this order
 
 Options:
-  -n, --messages N     messages per run (default 300000)
+  -n, --messages N     messages per run (default 300000; 50000 for http and https, whose
+                       one-POST-per-message runs take minutes at 300000)
   --pairs K            repeat baseline, ours, ours, baseline K times (default 1)
   --max-in-flight N    for every consumer (default 2500)
   --ours-args "ARGS"   extra flags for every run of ours (shell words), e.g. "--ways 1"
   --base-args "ARGS"   extra flags for the Go tool (or for the ours-baseline of memcached and
                        table-file)
   --ours-post-path P   path ours POSTs to in http/https (default /pub; e.g. /mpub with batches)
-  --timeout SECS       limit for one run to drain (default 30 + N/1000)
+  --timeout SECS       limit for one run to drain (default 30 + N/500)
   --keep               keep the work directory (nsqd data, logs, certificates)
   -h, --help           this text
 
@@ -50,12 +51,12 @@ counted. msg/s = N / (drain time - start time). CPU is the consumer's user+sys t
 /proc/PID/stat at that moment (10 ms ticks); "exit" adds its shutdown (rusage at exit).
 nsqd's CPU over the drain is shown per message too. For nsq, http and https the destination
 topic must have received N messages, else the run is marked LOST. For http and https, "conns"
-counts the client ports seen on nsqd's HTTP(S) port after the drain (connections accepted,
-approximately: ports reused from TIME_WAIT count once).
+counts the client ports seen on nsqd's HTTP(S) port right after the drain, established or in
+TIME_WAIT: the connections accepted, at least (a port reused from TIME_WAIT counts once).
 The last line of each scenario is machine-readable:
   RESULT scenario=null n=300000 base=nsq_tail base_msgs=... ours_msgs=... speed=1.99 cpu=1.78
 where speed = best ours msg/s / best baseline msg/s and cpu = best baseline CPU per message /
-best ours CPU per message (higher is better for ours in both).
+best ours CPU per message: above 1, ours is faster, or uses less CPU per message.
 
 Examples:
   bench/sidecar-vs-go.sh null
@@ -65,7 +66,7 @@ EOF
 }
 
 here=$(cd "$(dirname "$0")/.." && pwd)
-messages=300000
+messages=""
 pairs=1
 max_in_flight=2500
 ours_args=""
@@ -91,7 +92,7 @@ while [ $# -gt 0 ]; do
        exit 2 ;;
   esac
 done
-for pair in "messages:$messages" "pairs:$pairs" "max-in-flight:$max_in_flight" "timeout:${timeout:-1}"; do
+for pair in "messages:${messages:-1}" "pairs:$pairs" "max-in-flight:$max_in_flight" "timeout:${timeout:-1}"; do
   if ! [[ ${pair#*:} =~ ^[1-9][0-9]*$ ]]; then
     echo "sidecar-vs-go.sh: --${pair%%:*} must be a positive whole number, got '${pair#*:}'" >&2
     exit 2
@@ -132,25 +133,23 @@ else
 fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/sidecar-vs-go.XXXXXX")
-if [ "$keep" = 1 ]; then
-  echo "work directory (kept): $work" >&2
-else
-  trap 'rm -rf "$work"' EXIT
-fi
+[ "$keep" = 1 ] && echo "work directory (kept): $work" >&2
 
 export BENCH_MESSAGES=$messages BENCH_PAIRS=$pairs BENCH_MAX_IN_FLIGHT=$max_in_flight \
   BENCH_OURS_ARGS=$ours_args BENCH_BASE_ARGS=$base_args BENCH_POST_PATH=$post_path \
-  BENCH_TIMEOUT=$timeout BENCH_WORK=$work BENCH_OURS=$ours BENCH_NSQ_BIN=$nsq_bin_dir
-python3 - "${scenarios[@]}" <<'PY'
-import ctypes, http.client, json, os, shlex, signal, socket, ssl, subprocess, sys, time
+  BENCH_TIMEOUT=$timeout BENCH_WORK=$work BENCH_KEEP=$keep BENCH_OURS=$ours BENCH_NSQ_BIN=$nsq_bin_dir
+# exec: a signal to this script (timeout, kill) reaches the program that owns the processes.
+exec python3 - "${scenarios[@]}" <<'PY'
+import ctypes, http.client, json, os, shlex, shutil, signal, socket, subprocess, sys, time
 
-N = int(os.environ["BENCH_MESSAGES"])
+N_GIVEN = int(os.environ["BENCH_MESSAGES"] or 0)
+N = 0  # messages per run of the current scenario; set by main()
 PAIRS = int(os.environ["BENCH_PAIRS"])
 MIF = os.environ["BENCH_MAX_IN_FLIGHT"]
 OURS_ARGS = shlex.split(os.environ["BENCH_OURS_ARGS"])
 BASE_ARGS = shlex.split(os.environ["BENCH_BASE_ARGS"])
 POST_PATH = os.environ["BENCH_POST_PATH"]
-TIMEOUT = float(os.environ["BENCH_TIMEOUT"] or 30 + N / 1000)
+TIMEOUT_GIVEN = float(os.environ["BENCH_TIMEOUT"] or 0)
 WORK = os.environ["BENCH_WORK"]
 OURS = os.environ["BENCH_OURS"]
 NSQ = os.environ["BENCH_NSQ_BIN"]
@@ -430,7 +429,7 @@ def one_run(name, r, side, label, cmd, check_out, memcached):
             if p.poll() is not None:
                 raise SystemExit(f"{label} exited with {p.returncode} before draining:\n"
                                  f"  {shlex.join(argv)}\n{tail(log)}")
-            if time.monotonic() - t0 > TIMEOUT:
+            if time.monotonic() - t0 > (TIMEOUT_GIVEN or 30 + N / 500):
                 status = f"TIMEOUT ({c['depth']} left)"
                 break
             time.sleep(0.01)
@@ -483,13 +482,15 @@ def main():
                     raise SystemExit(f"memcached did not start:\n{tail(os.path.join(WORK, 'memcached.log'))}")
                 time.sleep(0.05)
     print(f"ours: {OURS}\nnsq:  {NSQ}/nsqd ({subprocess.run([NSQ + '/nsqd', '--version'], capture_output=True, text=True).stdout.strip()})")
-    print(f"{N:,} messages of {BODY} bytes per run, --max-in-flight {MIF}, "
+    print(f"messages of {BODY} bytes, --max-in-flight {MIF}, "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start")
     failed = False
     run_no = 0
+    global N
     for name in names:
+        N = N_GIVEN or (50000 if name in ("http", "https") else 300000)
         title, base_label, ours_label, cmd, check_out = scenario(name, memcached_addr)
-        print(f"\n== {name}: {title}")
+        print(f"\n== {name}: {title}; {N:,} messages per run")
         head = f"{'run':>3}  {'consumer':<11} {'wall s':>7} {'msg/s':>9} {'µs CPU/msg':>10} {'(exit)':>7} {'peak MiB':>8} {'nsqd µs/msg':>11}"
         if name == "memcached":
             head += f" {'memcached µs/msg':>16}"
@@ -527,9 +528,9 @@ def main():
         b_speed, o_speed = max(N / x["wall"] for x in base), max(N / x["wall"] for x in ours)
         b_cpu, o_cpu = min(x["cpu"] for x in base) / N * 1e6, min(x["cpu"] for x in ours) / N * 1e6
         speed, cpu = o_speed / b_speed, b_cpu / o_cpu
-        print(f"{ours_label} against {base_label}, best of each: {speed:.2f}x the speed "
-              f"({fmt_int(o_speed)} vs {fmt_int(b_speed)} msg/s), {cpu:.2f}x less CPU per message "
-              f"({o_cpu:.2f} vs {b_cpu:.2f} µs)")
+        print(f"{ours_label} against {base_label}, best of each: speed {speed:.2f}x "
+              f"({fmt_int(o_speed)} vs {fmt_int(b_speed)} msg/s); CPU per message {cpu:.2f}x "
+              f"({b_cpu:.2f} µs / {o_cpu:.2f} µs; above 1, {ours_label} uses less)")
         print(f"RESULT scenario={name} n={N} base={base_label} base_msgs={b_speed:.0f} ours_msgs={o_speed:.0f} "
               f"base_cpu_us={b_cpu:.2f} ours_cpu_us={o_cpu:.2f} speed={speed:.2f} cpu={cpu:.2f}", flush=True)
     if memcached:
@@ -545,6 +546,9 @@ finally:
     for p in list(children):
         try:
             p.kill()
+            p.wait()
         except ProcessLookupError:
             pass
+    if os.environ["BENCH_KEEP"] != "1":
+        shutil.rmtree(WORK, ignore_errors=True)
 PY
