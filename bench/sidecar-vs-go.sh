@@ -52,7 +52,11 @@ counted. msg/s = N / (drain time - start time). CPU is the consumer's user+sys t
 nsqd's CPU over the drain is shown per message too. For nsq, http and https the destination
 topic must have received N messages, else the run is marked LOST. For http and https, "conns"
 counts the client ports seen on nsqd's HTTP(S) port right after the drain, established or in
-TIME_WAIT: the connections accepted, at least (a port reused from TIME_WAIT counts once).
+TIME_WAIT: the connections accepted, at least (a port reused from TIME_WAIT counts once, so
+beyond about 10,000 the count is capped by the local port range, not by the client).
+Status: TIMEOUT, LOST k (messages missing downstream) or exit CODE (the consumer failed)
+marks a failed run, left out of the ratios, and the script exits 1; requeues, timeouts and
+copies downstream are shown beside "ok".
 The last line of each scenario is machine-readable:
   RESULT scenario=null n=300000 base=nsq_tail base_msgs=... ours_msgs=... speed=1.99 cpu=1.78
 where speed = best ours msg/s / best baseline msg/s and cpu = best baseline CPU per message /
@@ -449,10 +453,15 @@ def one_run(name, r, side, label, cmd, check_out, memcached):
         out = d.topic_count(f"{d.topic}.out") if check_out else None
         if out is not None and out < N:
             status = f"LOST {N - out}"
+        # Not failures of the run, but worth seeing: retries, and copies they made downstream.
+        notes = []
         if c["requeue_count"] or c["timeout_count"]:
-            status += f" (requeued {c['requeue_count']}, timed out {c['timeout_count']})"
+            notes.append(f"requeued {c['requeue_count']}, timed out {c['timeout_count']}")
+        if out is not None and out > N:
+            notes.append(f"{out - N} copies downstream")
         return dict(side=side, label=label, wall=t1 - t0, cpu=cpu, exit_cpu=exit_cpu, rss=rss,
-                    nsqd=nsqd_cpu, mc=mc_cpu, conns=conns, out=out, status=status, argv=argv)
+                    nsqd=nsqd_cpu, mc=mc_cpu, conns=conns, out=out, status=status, argv=argv,
+                    notes=notes)
     finally:
         stop(d.proc)
 
@@ -516,7 +525,7 @@ def main():
                     line += f" {fmt_int(x['out']):>8}"
                 if name in ("http", "https"):
                     line += f" {x['conns']:>6}"
-                print(line + "  " + x["status"], flush=True)
+                print(line + "  " + "; ".join([x["status"]] + x["notes"]), flush=True)
                 if x["status"] != "ok":
                     failed = True
         good = [x for x in results if x["status"] == "ok"]
@@ -536,7 +545,7 @@ def main():
     if memcached:
         stop(memcached)
     if failed:
-        print("\nsome runs did not complete cleanly; their logs are in the work directory (use --keep)", file=sys.stderr)
+        print("\nsome runs timed out, lost messages or exited with an error; run again with --keep to read their logs", file=sys.stderr)
         sys.exit(1)
 
 
