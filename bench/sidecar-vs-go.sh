@@ -458,7 +458,7 @@ def one_run(name, r, side, label, cmd, check_out, memcached):
         if c["requeue_count"] or c["timeout_count"]:
             notes.append(f"requeued {c['requeue_count']}, timed out {c['timeout_count']}")
         if out is not None and out > N:
-            notes.append(f"{out - N} copies downstream")
+            notes.append(f"{out - N} {'copy' if out - N == 1 else 'copies'} downstream")
         return dict(side=side, label=label, wall=t1 - t0, cpu=cpu, exit_cpu=exit_cpu, rss=rss,
                     nsqd=nsqd_cpu, mc=mc_cpu, conns=conns, out=out, status=status, argv=argv,
                     notes=notes)
