@@ -19,6 +19,7 @@
 //!   REQ), and [`filter_stream`](pipeline::filter_stream) for plain streams of records.
 //! - [`sink`]: the [`Handler`](sink::Handler) trait, the sidecar's sinks and the dead-letter.
 //! - [`config`]: the TOML configuration and its validation into [`Settings`].
+//! - [`redact`]: URLs, headers and secrets as they may be printed.
 //! - [`sidecar`]: [`run`], the `nsq-dedupe run` service, and [`Sidecar`] for custom handlers.
 //! - [`metrics`]: counters in Prometheus' text format; [`http`]: the pooled keep-alive HTTPS
 //!   client (http sink, nsqlookupd) and the metrics server, on hyper.
@@ -53,6 +54,7 @@ pub mod http;
 pub mod metrics;
 pub mod nsq;
 pub mod pipeline;
+pub mod redact;
 pub mod sidecar;
 pub mod sink;
 pub mod sizing;

@@ -302,12 +302,13 @@ impl<H: Handler> Sidecar<H> {
         tracing::info!(
             topic = %settings.source.topic,
             channel = %settings.source.channel,
-            nsqd = ?settings.source.nsqd_tcp_addresses,
-            lookupd = ?settings.source.lookupd_http_addresses,
+            nsqd = %settings.source.nsqd_tcp_addresses.join(","),
+            lookupd = %crate::redact::urls(settings.source.lookupd_http_addresses.iter().map(String::as_str)),
             store = dedupe.store().kind(),
             buckets = table.geometry.map(|g| g.slots()),
             ways = table.geometry.map(|g| g.ways()),
-            sink = ?settings.sink,
+            sink = %settings.sink,
+            dead_letter = settings.dead_letter.as_ref().map(tracing::field::display),
             "Sidecar started."
         );
         if let Some(listener) = metrics_listener {

@@ -16,6 +16,7 @@ mod memcached;
 mod near_table;
 mod nsq;
 mod nsq_transport;
+mod secrets;
 mod sidecar;
 mod table;
 mod table_file;

@@ -33,13 +33,16 @@ impl Cli {
     /// The command line's definition, with every flag of `run` also read from the environment
     /// as `NSQ_DEDUPE_<FLAG>` (`--max-in-flight` from `NSQ_DEDUPE_MAX_IN_FLIGHT`): one rule
     /// instead of an `env` attribute on each flag. A flag on the command line wins over the
-    /// environment, which wins over the config file.
+    /// environment, which wins over the config file. `--help` names the variables but never
+    /// shows their values.
     pub(crate) fn definition() -> clap::Command {
         Cli::command().mut_subcommand("run", |run| {
             run.mut_args(|arg| match arg.get_long() {
                 Some(long) if !matches!(long, "help" | "version") => {
                     let env = format!("NSQ_DEDUPE_{}", long.to_ascii_uppercase().replace('-', "_"));
-                    arg.env(env)
+                    // `--help` shows no value from the environment: `--post`, `--header` and
+                    // the secrets may hold credentials, and help text is pasted into tickets.
+                    arg.env(env).hide_env_values(true)
                 }
                 _ => arg,
             })

@@ -2,6 +2,7 @@
 //! validated into [`SinkSettings`] and [`DeadLetterSettings`].
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -10,6 +11,7 @@ use serde::Deserialize;
 use super::source::RawSource;
 use super::{check_host_port, check_name, invalid, quote, ConfigError, Dur};
 use crate::http::{check_url, HttpClientConfig};
+use crate::redact;
 use crate::sink::{with_content_type, HttpMode, DEFAULT_CONTENT_TYPE};
 
 /// One URL or several: `post = "http://a/"` or `post = ["http://a/", "http://b/"]`.
@@ -108,8 +110,9 @@ pub struct RawDeadLetter {
     pub topic: Option<String>,
 }
 
-/// The validated sink.
-#[derive(Debug, Clone, PartialEq)]
+/// The validated sink. `Debug` and `Display` never show a secret: URLs lose their user info
+/// and query values, headers their values ([`crate::redact`]).
+#[derive(Clone, PartialEq)]
 pub enum SinkSettings {
     /// Standard output.
     Stdout,
@@ -137,7 +140,7 @@ pub enum SinkSettings {
     Null,
 }
 
-/// The validated dead-letter.
+/// The validated dead-letter; `Display` is the startup line's summary.
 #[derive(Debug, Clone, PartialEq)]
 pub enum DeadLetterSettings {
     /// Append JSON lines to this file.
@@ -149,6 +152,109 @@ pub enum DeadLetterSettings {
         /// Topic.
         topic: String,
     },
+}
+
+impl fmt::Debug for SinkSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SinkSettings::Stdout => f.write_str("Stdout"),
+            SinkSettings::Null => f.write_str("Null"),
+            SinkSettings::Nsq {
+                nsqd_tcp_addresses,
+                topic,
+            } => f
+                .debug_struct("Nsq")
+                .field("nsqd_tcp_addresses", nsqd_tcp_addresses)
+                .field("topic", topic)
+                .finish(),
+            SinkSettings::Http {
+                urls,
+                mode,
+                headers,
+                client,
+            } => f
+                .debug_struct("Http")
+                .field(
+                    "urls",
+                    &urls
+                        .iter()
+                        .map(|url| redact::url(&url.to_string()))
+                        .collect::<Vec<_>>(),
+                )
+                .field("mode", mode)
+                .field("headers", &redact::Headers(headers))
+                .field("client", client)
+                .finish(),
+            SinkSettings::File(config) => f.debug_tuple("File").field(config).finish(),
+        }
+    }
+}
+
+/// One line a person reads, e.g. `http POST https://host/path (2 URLs, round-robin)` or
+/// `file dir=/var/archive format=<TOPIC>.<HOST><REV>.<DATETIME>.log`; never a secret.
+impl fmt::Display for SinkSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SinkSettings::Stdout => f.write_str("stdout"),
+            SinkSettings::Null => f.write_str("null (records are discarded)"),
+            SinkSettings::Nsq {
+                nsqd_tcp_addresses,
+                topic,
+            } => write!(f, "nsq topic={topic} nsqd={}", nsqd_tcp_addresses.join(",")),
+            SinkSettings::Http {
+                urls,
+                mode,
+                headers,
+                ..
+            } => {
+                let first = urls.first().map(|url| redact::url(&url.to_string()));
+                write!(f, "http POST {}", first.unwrap_or_default())?;
+                let mode = HttpMode::NAMES
+                    .iter()
+                    .find(|(_, m)| m == mode)
+                    .map_or("", |(name, _)| name);
+                let mut notes = Vec::new();
+                if urls.len() > 1 {
+                    notes.push(format!("{} URLs, {mode}", urls.len()));
+                }
+                let names: Vec<&str> = headers.iter().map(|(name, _)| name.as_str()).collect();
+                if !names.is_empty() {
+                    notes.push(format!("headers {}", names.join(", ")));
+                }
+                if !notes.is_empty() {
+                    write!(f, " ({})", notes.join("; "))?;
+                }
+                Ok(())
+            }
+            SinkSettings::File(config) => {
+                write!(
+                    f,
+                    "file dir={} format={}",
+                    config.output_dir.display(),
+                    config.filename_format
+                )?;
+                if let Some(work) = &config.work_dir {
+                    write!(f, " work_dir={}", work.display())?;
+                }
+                if let Some(level) = config.gzip_level {
+                    write!(f, " gzip={level}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl fmt::Display for DeadLetterSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeadLetterSettings::File(path) => write!(f, "file {}", path.display()),
+            DeadLetterSettings::Nsq {
+                nsqd_tcp_addresses,
+                topic,
+            } => write!(f, "nsq topic={topic} nsqd={}", nsqd_tcp_addresses.join(",")),
+        }
+    }
 }
 
 impl RawSink {
@@ -258,8 +364,9 @@ impl RawSink {
                 let urls = posts
                     .iter()
                     .map(|post| {
-                        check_url(post)
-                            .map_err(|reason| invalid("sink.post", quote(Some(post)), reason))
+                        check_url(post).map_err(|reason| {
+                            invalid("sink.post", quote(Some(&redact::url(post))), reason)
+                        })
                     })
                     .collect::<Result<Vec<_>, _>>()?;
                 let mut headers = Vec::new();
@@ -271,7 +378,7 @@ impl RawSink {
                     let (Ok(name), Ok(value)) = parsed else {
                         return Err(invalid(
                             "sink.headers",
-                            format!("{name:?} = {value:?}"),
+                            format!("{name:?} = {:?}", redact::REDACTED),
                             "header names are letters, digits, '-' and '_'; values have no line breaks",
                         ));
                     };

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::header::{HeaderName, HeaderValue};
+use hyper::header::{HeaderName, HeaderValue, AUTHORIZATION};
 use hyper::{Method, Request, StatusCode, Uri};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -50,7 +50,7 @@ pub enum HttpError {
     /// Connecting, the TLS handshake, writing or reading failed.
     #[error("HTTP request to {url} failed: {cause}")]
     Request {
-        /// The URL.
+        /// The URL, without its secrets ([`crate::redact::url`]).
         url: String,
         /// What failed, with its causes.
         cause: String,
@@ -58,7 +58,7 @@ pub enum HttpError {
     /// The request took longer than its bound.
     #[error("HTTP request to {url} got no answer within {after:?}")]
     Timeout {
-        /// The URL.
+        /// The URL, without its secrets ([`crate::redact::url`]).
         url: String,
         /// The bound.
         after: Duration,
@@ -121,6 +121,7 @@ impl HttpClient {
     }
 
     /// Sends `method` to `url` with `headers` and `body`; returns the status and the body.
+    /// User info in `url` is sent as basic authentication, unless `headers` authorize.
     ///
     /// # Errors
     ///
@@ -133,14 +134,21 @@ impl HttpClient {
         headers: &[(HeaderName, HeaderValue)],
         body: Bytes,
     ) -> Result<(StatusCode, Bytes), HttpError> {
-        let mut request = Request::builder().method(method).uri(url.clone());
+        let basic = super::basic_auth::split(url);
+        let target = basic.as_ref().map_or(url, |(bare, _)| bare);
+        let mut request = Request::builder().method(method).uri(target.clone());
         for (name, value) in headers {
             request = request.header(name, value);
+        }
+        if let Some((_, value)) = basic {
+            if !headers.iter().any(|(name, _)| name == AUTHORIZATION) {
+                request = request.header(AUTHORIZATION, value);
+            }
         }
         let request = request
             .body(Full::new(body))
             .map_err(|error| HttpError::Request {
-                url: url.to_string(),
+                url: crate::redact::url(&url.to_string()),
                 cause: error.to_string(),
             })?;
         let exchange = async {
@@ -149,7 +157,7 @@ impl HttpClient {
                     .request(request)
                     .await
                     .map_err(|error| HttpError::Request {
-                        url: url.to_string(),
+                        url: crate::redact::url(&url.to_string()),
                         cause: chain(&error),
                     })?;
             let status = response.status();
@@ -157,7 +165,7 @@ impl HttpClient {
                 .collect()
                 .await
                 .map_err(|error| HttpError::Request {
-                    url: url.to_string(),
+                    url: crate::redact::url(&url.to_string()),
                     cause: format!("reading the answer: {error}"),
                 })?
                 .to_bytes();
@@ -166,7 +174,7 @@ impl HttpClient {
         tokio::time::timeout(self.request_timeout, exchange)
             .await
             .map_err(|_| HttpError::Timeout {
-                url: url.to_string(),
+                url: crate::redact::url(&url.to_string()),
                 after: self.request_timeout,
             })?
     }

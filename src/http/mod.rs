@@ -2,9 +2,11 @@
 //! nsqlookupd queries) and a small server (the metrics endpoint).
 //!
 //! - [`client`]: [`HttpClient`], connections kept alive and reused, `https://` through rustls
-//!   with the system's roots plus an optional CA file, a connect and a request time limit.
+//!   with the system's roots plus an optional CA file, a connect and a request time limit;
+//!   a URL's user info is sent as basic authentication (`basic_auth`).
 //! - [`server`]: [`serve`], answers `GET`/`HEAD` of a few fixed paths.
 
+mod basic_auth;
 pub mod client;
 pub mod server;
 

@@ -254,7 +254,7 @@ impl ControlTask {
                 Ok(producers) => found.extend(producers),
                 Err(error) => {
                     all_ok = false;
-                    tracing::warn!(lookupd = %lookupd, %error, "nsqlookupd query failed; keeping current connections.");
+                    tracing::warn!(lookupd = %crate::redact::url(&lookupd), %error, "nsqlookupd query failed; keeping current connections.");
                     self.shared.event(ConsumerEvent::LookupdFailed {
                         addr: lookupd,
                         error: error.to_string(),

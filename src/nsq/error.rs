@@ -108,9 +108,9 @@ pub enum Error {
         last: String,
     },
     /// An nsqlookupd query failed.
-    #[error("nsqlookupd {addr}: {reason}")]
+    #[error("nsqlookupd {}: {reason}", crate::redact::url(addr))]
     Lookupd {
-        /// The lookupd address as configured.
+        /// The lookupd address as configured (shown without its user info).
         addr: String,
         /// What went wrong.
         reason: String,

@@ -37,8 +37,7 @@ impl HttpMode {
     ];
 }
 
-/// POSTs each body to its URLs with fixed headers and content type.
-#[derive(Debug)]
+/// POSTs each body to its URLs with fixed headers and content type. `Debug` shows no secret.
 pub struct HttpSink {
     client: HttpClient,
     urls: Vec<Uri>,
@@ -46,6 +45,21 @@ pub struct HttpSink {
     headers: Vec<(HeaderName, HeaderValue)>,
     /// The round-robin cursor.
     next: AtomicUsize,
+}
+
+impl std::fmt::Debug for HttpSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let urls: Vec<String> = self
+            .urls
+            .iter()
+            .map(|url| crate::redact::url(&url.to_string()))
+            .collect();
+        f.debug_struct("HttpSink")
+            .field("urls", &urls)
+            .field("mode", &self.mode)
+            .field("headers", &crate::redact::Headers(&self.headers))
+            .finish_non_exhaustive()
+    }
 }
 
 impl HttpSink {
@@ -77,6 +91,7 @@ impl HttpSink {
 
     /// One POST, judged by the status rules.
     async fn post(&self, url: &Uri, body: Bytes) -> Result<(), HandlerError> {
+        let shown = || crate::redact::url(&url.to_string());
         match self
             .client
             .send(Method::POST, url, &self.headers, body)
@@ -84,10 +99,14 @@ impl HttpSink {
         {
             Ok((status, _)) if status.is_success() => Ok(()),
             Ok((status, _)) if status.is_server_error() || matches!(status.as_u16(), 408 | 429) => {
-                Err(HandlerError::Retry(format!("{url} answered HTTP {status}")))
+                Err(HandlerError::Retry(format!(
+                    "{} answered HTTP {status}",
+                    shown()
+                )))
             }
             Ok((status, _)) => Err(HandlerError::Reject(format!(
-                "{url} answered HTTP {status}"
+                "{} answered HTTP {status}",
+                shown()
             ))),
             Err(error) => Err(HandlerError::Retry(error.to_string())),
         }

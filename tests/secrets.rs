@@ -1,0 +1,319 @@
+//! Secrets never leave the process through its output: header values, URL user info and query
+//! values, the AUTH secret and the digest key are redacted in logs (at debug), errors,
+//! status lines and metrics.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::support::broker::{Auth, Broker, BrokerConfig};
+use crate::support::http::{Answer, HttpServer};
+use crate::util::bin;
+
+/// 64 hex digits, so that it can also be the digest key.
+const SENTINEL: &str = "5ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7";
+
+/// A running `nsq-dedupe`, its stderr gathered line by line as it comes.
+struct Running {
+    child: Child,
+    stderr: Arc<Mutex<Vec<String>>>,
+}
+
+impl Running {
+    fn start(args: &[&str]) -> Running {
+        let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let lines = stderr.clone();
+        let pipe = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines() {
+                let Ok(line) = line else { break };
+                lines.lock().unwrap().push(line);
+            }
+        });
+        Running { child, stderr }
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().join("\n")
+    }
+
+    /// SIGTERM, then the exit status and stdout; panics if it does not stop within 10 s.
+    fn stop(mut self) -> (i32, String, String) {
+        let pid = self.child.id().to_string();
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!("still running 10 s after SIGTERM: {}", self.stderr());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut stdout = String::new();
+        self.child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut stdout)
+            .unwrap();
+        // The reader thread ends at the pipe's end, which the exit closed.
+        std::thread::sleep(Duration::from_millis(100));
+        (status.code().unwrap_or(-1), stdout, self.stderr())
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The metrics page at `addr`, as plain HTTP/1.0.
+fn metrics_page(addr: &str) -> String {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut page = String::new();
+    stream.read_to_string(&mut page).unwrap();
+    page
+}
+
+#[test]
+fn the_startup_line_summarises_the_sink_without_its_secrets() {
+    let post = format!("https://user:{SENTINEL}@127.0.0.1:1/ingest?token={SENTINEL}");
+    let header = format!("Authorization: Bearer {SENTINEL}");
+    let run = Running::start(&[
+        "run",
+        "--topic",
+        "events",
+        "--nsqd-tcp-address",
+        "127.0.0.1:1",
+        "--metrics-address",
+        "off",
+        "--sink",
+        "http",
+        "--post",
+        &post,
+        "--post",
+        "http://127.0.0.1:2/b",
+        "--header",
+        &header,
+    ]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !run.stderr().contains("Sidecar started.") {
+        assert!(
+            Instant::now() < deadline,
+            "no startup line: {}",
+            run.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (_, _, stderr) = run.stop();
+    let started = stderr
+        .lines()
+        .find(|line| line.contains("Sidecar started."))
+        .unwrap();
+    assert!(
+        started.contains(
+            "sink=http POST https://<redacted>@127.0.0.1:1/ingest?token=<redacted> \
+             (2 URLs, round-robin; headers content-type, authorization)"
+        ),
+        "{started}"
+    );
+    assert!(!stderr.contains(SENTINEL), "{stderr}");
+}
+
+#[test]
+fn a_file_sink_is_summarised_by_its_directory_and_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    let run = Running::start(&[
+        "run",
+        "--topic",
+        "events",
+        "--nsqd-tcp-address",
+        "127.0.0.1:1",
+        "--metrics-address",
+        "off",
+        "--sink",
+        "file",
+        "--output-dir",
+        out,
+    ]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !run.stderr().contains("Sidecar started.") {
+        assert!(
+            Instant::now() < deadline,
+            "no startup line: {}",
+            run.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (_, _, stderr) = run.stop();
+    let expected = format!("sink=file dir={out} format=<TOPIC>.<HOST><REV>.<DATETIME>.log");
+    assert!(stderr.contains(&expected), "{stderr}");
+}
+
+/// Every secret-bearing setting holds the sentinel; the service runs (AUTH, POSTs that fail
+/// and are retried, lookups that fail, metrics) with logs at debug, and nothing it prints
+/// holds the sentinel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_in_any_setting_never_appears_in_the_output() {
+    let broker = Broker::start(BrokerConfig {
+        auth: Some(Auth {
+            secret: SENTINEL.to_owned(),
+            identity: "tester".to_owned(),
+            topics: vec!["events".to_owned()],
+        }),
+        ..BrokerConfig::default()
+    })
+    .await;
+    // 500: every POST fails and is retried, so the URL is in the handler's errors.
+    let server = HttpServer::start(Answer {
+        status: 500,
+        ..Answer::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("digest.key");
+    std::fs::write(&key_file, format!("{SENTINEL}\n")).unwrap();
+    let post = format!(
+        "http://user:{SENTINEL}@{}/ingest?token={SENTINEL}#{SENTINEL}",
+        server.addr
+    );
+    let header = format!("Authorization: Bearer {SENTINEL}");
+    let lookupd = format!("http://user:{SENTINEL}@127.0.0.1:1");
+    let nsqd = broker.tcp_addr().to_string();
+    let key_path = key_file.to_str().unwrap().to_owned();
+    let args: Vec<String> = [
+        "--log-level",
+        "debug",
+        "run",
+        "--topic",
+        "events",
+        "--nsqd-tcp-address",
+        &nsqd,
+        "--lookupd-http-address",
+        &lookupd,
+        "--lookupd-poll-interval",
+        "1s",
+        "--metrics-address",
+        "127.0.0.1:0",
+        "--auth-secret",
+        SENTINEL,
+        "--digest-key-file",
+        &key_path,
+        "--sink",
+        "http",
+        "--post",
+        &post,
+        "--header",
+        &header,
+        "--status-interval",
+        "1s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let run = tokio::task::spawn_blocking(move || {
+        Running::start(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    })
+    .await
+    .unwrap();
+    broker.publish("events", "one");
+    broker.publish("events", "two");
+    wait_until_or_dump(&run, "two POSTs with the header", || {
+        server.received().len() >= 2
+    })
+    .await;
+    // The settings were used: the header went out whole.
+    let sent = server.received()[0].headers["authorization"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(sent, format!("Bearer {SENTINEL}"));
+    wait_until_or_dump(&run, "a failed lookup and a status line", || {
+        let stderr = run.stderr();
+        stderr.contains("nsqlookupd query failed") && stderr.contains("Status.")
+    })
+    .await;
+    let stderr = run.stderr();
+    let metrics_addr = stderr
+        .lines()
+        .find(|line| line.contains("Serving /metrics"))
+        .and_then(|line| line.split("addr=").nth(1))
+        .map(|rest| rest.split_whitespace().next().unwrap().to_owned())
+        .unwrap_or_else(|| panic!("no metrics address: {stderr}"));
+    let page = tokio::task::spawn_blocking(move || metrics_page(&metrics_addr))
+        .await
+        .unwrap();
+    assert!(page.contains("nsq_dedupe"), "{page}");
+    let (_, stdout, stderr) = tokio::task::spawn_blocking(move || run.stop())
+        .await
+        .unwrap();
+    assert!(stderr.contains("Handler failed; requeued."), "{stderr}");
+    for (what, text) in [("stderr", &stderr), ("stdout", &stdout), ("metrics", &page)] {
+        assert!(!text.contains(SENTINEL), "{what} holds the secret:\n{text}");
+    }
+}
+
+async fn wait_until_or_dump(run: &Running, what: &str, cond: impl FnMut() -> bool) {
+    let stderr = run.stderr.clone();
+    crate::util::wait_until_or(what, Duration::from_secs(20), cond, move || {
+        stderr.lock().unwrap().join("\n")
+    })
+    .await;
+}
+
+/// Settings refused at start: the error names the setting, not the secret in it.
+#[test]
+fn errors_about_secret_bearing_settings_do_not_repeat_the_secret() {
+    let bad_post = format!("https://user:{SENTINEL}@/x");
+    let bad_header = format!("X-Token: {SENTINEL}\u{1}");
+    let base = [
+        "run",
+        "--topic",
+        "events",
+        "--nsqd-tcp-address",
+        "127.0.0.1:1",
+        "--sink",
+        "http",
+    ];
+    let cases: [(&[&str], &str); 2] = [
+        (
+            &["--post", &bad_post],
+            "error: invalid `--post` = \"https://<redacted>@/x\": not a URL (invalid authority)\n",
+        ),
+        (
+            &["--post", "http://127.0.0.1:1/", "--header", &bad_header],
+            "error: invalid `--header` = \"X-Token\" = \"<redacted>\": header names are \
+             letters, digits, '-' and '_'; values have no line breaks\n",
+        ),
+    ];
+    for (extra, expected) in cases {
+        let out = bin().args(base).args(extra).output().unwrap();
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert_eq!((out.status.code(), stderr.as_str()), (Some(1), expected));
+    }
+}
