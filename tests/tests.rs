@@ -16,6 +16,7 @@ mod memcached;
 mod near_table;
 mod nsq;
 mod nsq_transport;
+mod odd_files;
 mod secrets;
 mod sidecar;
 mod table;

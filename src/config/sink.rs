@@ -310,6 +310,7 @@ impl RawSink {
                 ),
                 "filename_format" => ("sink.filename_format", quote(Some(&config.filename_format))),
                 "datetime_format" => ("sink.datetime_format", quote(Some(&config.datetime_format))),
+                "host_identifier" => ("sink.host_identifier", quote(Some(&config.host_identifier))),
                 _ => (
                     "sink.gzip_level",
                     config.gzip_level.unwrap_or_default().to_string(),

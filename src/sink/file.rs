@@ -104,6 +104,22 @@ impl FileSinkConfig {
                 }
             }
         }
+        // Names never leave their directory: whatever the placeholders become, the file is
+        // written in the work directory and moved to the output directory, nowhere else.
+        for (key, text) in [
+            ("filename_format", &self.filename_format),
+            ("datetime_format", &self.datetime_format),
+            ("host_identifier", &self.host_identifier),
+        ] {
+            if text.contains(['/', '\0']) {
+                return Err((
+                    key,
+                    "must make a file name, not a path: no `/` (files are written only in the \
+                     output directory)"
+                        .into(),
+                ));
+            }
+        }
         if !self.filename_format.contains("<REV>") {
             return Err((
                 "filename_format",
@@ -355,9 +371,16 @@ impl Writer {
             .unwrap_or(&self.config.output_dir);
         for rev in 0..10_000u32 {
             let name = self.file_name(&datetime, rev);
+            if !is_plain_name(&name) {
+                return Err(io::Error::other(format!(
+                    "the file name {name:?} would leave the output directory; change \
+                     `filename_format` or the topic"
+                )));
+            }
             let (work_path, output_path) =
                 (work_dir.join(&name), self.config.output_dir.join(&name));
-            if output_path.exists() || work_path.exists() {
+            // Anything at either name (a file, a device, a dangling link) keeps its place.
+            if output_path.symlink_metadata().is_ok() || work_path.symlink_metadata().is_ok() {
                 continue;
             }
             let file = OpenOptions::new()
@@ -427,13 +450,31 @@ impl Writer {
     }
 }
 
-/// Renames, or copies and removes across file systems.
+/// One name in a directory: not empty, not `.` or `..`, no `/`.
+fn is_plain_name(name: &str) -> bool {
+    let mut components = Path::new(name).components();
+    matches!(
+        (components.next(), components.next()),
+        (Some(std::path::Component::Normal(_)), None)
+    ) && !name.contains('/')
+}
+
+/// Renames, or copies and removes across file systems; never replaces what is at `to` (a
+/// file that appeared there since the name was chosen, or anything that is not a file).
 fn move_file(from: &Path, to: &Path) -> io::Result<()> {
+    if to.symlink_metadata().is_ok() {
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            "something else now has that name",
+        ));
+    }
     match std::fs::rename(from, to) {
         Ok(()) => Ok(()),
         Err(_) => {
-            std::fs::copy(from, to)?;
-            File::open(to)?.sync_all()?;
+            let mut source = File::open(from)?;
+            let mut target = OpenOptions::new().write(true).create_new(true).open(to)?;
+            io::copy(&mut source, &mut target)?;
+            target.sync_all()?;
             std::fs::remove_file(from)
         }
     }
@@ -500,6 +541,16 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_plain_names_are_file_names() {
+        for good in ["a.log", "..a", "a..", ".hidden"] {
+            assert!(super::is_plain_name(good), "{good}");
+        }
+        for bad in ["", ".", "..", "../a", "a/b", "/a", "a/"] {
+            assert!(!super::is_plain_name(bad), "{bad}");
+        }
+    }
+
     use super::*;
 
     #[test]
