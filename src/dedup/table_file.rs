@@ -34,7 +34,12 @@
 //! silently overwritten); so is a truncated or corrupt one, unless the policy is
 //! [`OnMismatch::Recreate`], which moves the old file aside and starts empty, logged as an
 //! error. Two processes never use one file: the first holds an exclusive lock (`flock`) on
-//! `PATH.lock`, which also records its process ID for the other's error message.
+//! `PATH.lock`, which also records its process ID for the other's error message, and removes
+//! it when it lets the file go (also after a failed start).
+//!
+//! Only regular files are opened, renamed or replaced: a table file, lock or temporary file
+//! that is a directory, a FIFO, a device or a socket is an error naming it (never waited on,
+//! written to or moved aside). A snapshot that fails leaves no temporary file behind.
 //!
 //! A table loaded from a file releases every entry that was in flight: the process that claimed
 //! them never finished those messages, so nsqd delivers them again and they must pass.
@@ -118,6 +123,15 @@ pub enum TableFileError {
         path: PathBuf,
         /// What is wrong.
         reason: String,
+    },
+    /// Something other than a regular file has the name: it is never opened, renamed or
+    /// replaced (a FIFO would block the start, a device would be written to or moved).
+    #[error("{path} is {kind}: a table file, its lock and its temporary file are regular files or do not exist yet; give another path")]
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+        /// What is there: "a directory", "a FIFO", "a character device", ...
+        kind: &'static str,
     },
     /// The table's memory could not be had.
     #[error(transparent)]
@@ -234,12 +248,12 @@ impl TableFile {
             path: self.path.clone(),
             reason,
         };
-        let mut file = match File::open(&self.path) {
+        let mut file = match open_regular(&self.path, OpenOptions::new().read(true)) {
             Ok(file) => file,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            Err(OpenError::Io(e)) if e.kind() == io::ErrorKind::NotFound => {
                 return Ok((table, LoadReport::default()))
             }
-            Err(e) => return Err(io(e)),
+            Err(error) => return Err(error.at(&self.path)),
         };
         let mut header = vec![0u8; HEADER_BYTES];
         let len = file.metadata().map_err(io)?.len();
@@ -356,12 +370,55 @@ impl TableFile {
                 .file_name()
                 .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
         ));
-        let mut file = OpenOptions::new()
+        // A leftover temporary file (a crash mid-snapshot) is replaced only if it is a
+        // regular file; the new one is created, never opened through a name that exists.
+        match std::fs::symlink_metadata(&temporary) {
+            Ok(meta) if meta.file_type().is_file() => {
+                std::fs::remove_file(&temporary).map_err(io)?;
+            }
+            Ok(meta) => {
+                return Err(TableFileError::NotAFile {
+                    path: temporary,
+                    kind: kind_of(&meta.file_type()),
+                })
+            }
+            Err(_) => {}
+        }
+        if let Some(kind) = not_a_file(&self.path) {
+            return Err(TableFileError::NotAFile {
+                path: self.path.clone(),
+                kind,
+            });
+        }
+        let file = OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .open(&temporary)
             .map_err(io)?;
+        let written = self.write_snapshot(table, file, &temporary);
+        if written.is_err() {
+            // Nothing of a failed snapshot stays: the previous one is still in place.
+            let _ = std::fs::remove_file(&temporary);
+        }
+        let timed = written?;
+        Ok(SaveReport {
+            bytes: HEADER_BYTES as u64 + table.memory_bytes() * if timed { 2 } else { 1 },
+            took: started.elapsed(),
+        })
+    }
+
+    /// Writes a snapshot of `table` to `file` (the temporary file `temporary`), syncs it and
+    /// renames it over the table file; whether the snapshot holds times.
+    fn write_snapshot(
+        &self,
+        table: &Table,
+        mut file: File,
+        temporary: &Path,
+    ) -> Result<bool, TableFileError> {
+        let io = |cause| TableFileError::Io {
+            path: self.path.clone(),
+            cause,
+        };
         // The header goes last, once the checksum is known: write a placeholder first. The
         // words go out in chunks as large as a buffered writer's buffer would be, so the file
         // is written directly.
@@ -393,7 +450,7 @@ impl TableFile {
         file.write_all(&header.encode()).map_err(io)?;
         file.sync_all().map_err(io)?;
         drop(file);
-        std::fs::rename(&temporary, &self.path).map_err(io)?;
+        std::fs::rename(temporary, &self.path).map_err(io)?;
         if let Some(dir) = self.path.parent() {
             let dir = if dir.as_os_str().is_empty() {
                 Path::new(".")
@@ -402,10 +459,89 @@ impl TableFile {
             };
             File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
         }
-        Ok(SaveReport {
-            bytes: HEADER_BYTES as u64 + table.memory_bytes() * if timed { 2 } else { 1 },
-            took: started.elapsed(),
-        })
+        Ok(timed)
+    }
+}
+
+impl Drop for TableFile {
+    /// Removes the lock file while still holding its lock: a process waiting for it finds it
+    /// gone (see [`lock`]), and no `.lock` stays beside a table file nobody uses.
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(lock_path(&self.path));
+    }
+}
+
+/// Why a file could not be opened as a regular file.
+enum OpenError {
+    Io(io::Error),
+    NotAFile(&'static str),
+}
+
+impl OpenError {
+    fn at(self, path: &Path) -> TableFileError {
+        match self {
+            OpenError::Io(cause) => TableFileError::Io {
+                path: path.to_owned(),
+                cause,
+            },
+            OpenError::NotAFile(kind) => TableFileError::NotAFile {
+                path: path.to_owned(),
+                kind,
+            },
+        }
+    }
+}
+
+/// Opens `path` with `options` only if it is a regular file (following symbolic links).
+///
+/// The open itself does not wait (`O_NONBLOCK`: a FIFO with no writer would block it for
+/// ever), and the check is made on the opened file, so nothing can swap the name in between.
+fn open_regular(path: &Path, options: &mut OpenOptions) -> Result<File, OpenError> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        options.custom_flags(libc::O_NONBLOCK);
+    }
+    let file = options.open(path).map_err(OpenError::Io)?;
+    let file_type = file.metadata().map_err(OpenError::Io)?.file_type();
+    if !file_type.is_file() {
+        return Err(OpenError::NotAFile(kind_of(&file_type)));
+    }
+    Ok(file)
+}
+
+/// What is at `path` when it exists and is not a regular file (following symbolic links).
+fn not_a_file(path: &Path) -> Option<&'static str> {
+    let meta = std::fs::metadata(path).ok()?;
+    (!meta.file_type().is_file()).then(|| kind_of(&meta.file_type()))
+}
+
+/// A file type as the error message says it.
+fn kind_of(file_type: &std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt as _;
+        if file_type.is_fifo() {
+            return "a FIFO";
+        }
+        if file_type.is_char_device() {
+            return "a character device";
+        }
+        if file_type.is_block_device() {
+            return "a block device";
+        }
+        if file_type.is_socket() {
+            return "a socket";
+        }
+    }
+    if file_type.is_dir() {
+        "a directory"
+    } else if file_type.is_symlink() {
+        "a symbolic link"
+    } else if file_type.is_file() {
+        "a regular file"
+    } else {
+        "not a file"
     }
 }
 
@@ -473,45 +609,91 @@ impl Header {
     }
 }
 
-/// Takes the exclusive lock of `path` (on `PATH.lock`) and writes our process ID into it.
-fn lock(path: &Path) -> Result<File, TableFileError> {
-    let lock_path = path.with_file_name(format!(
+/// `PATH.lock`, the lock file of the table file `path`.
+fn lock_path(path: &Path) -> PathBuf {
+    path.with_file_name(format!(
         "{}.lock",
         path.file_name()
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
-    ));
+    ))
+}
+
+/// Takes the exclusive lock of `path` (on `PATH.lock`) and writes our process ID into it.
+///
+/// The holder removes the lock file when it lets go, so the lock we took may be on a file
+/// that is no longer at its name; then another process may have created and locked a new one,
+/// and we try again with it.
+fn lock(path: &Path) -> Result<File, TableFileError> {
+    if let Some(kind) = not_a_file(path) {
+        return Err(TableFileError::NotAFile {
+            path: path.to_owned(),
+            kind,
+        });
+    }
+    let lock_path = lock_path(path);
     let io = |cause| TableFileError::Io {
         path: lock_path.clone(),
         cause,
     };
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&lock_path)
-        .map_err(io)?;
-    match file.try_lock() {
-        Ok(()) => {}
-        Err(std::fs::TryLockError::Error(error)) => return Err(io(error)),
-        Err(std::fs::TryLockError::WouldBlock) => {
-            let mut pid = String::new();
-            let _ = file.read_to_string(&mut pid);
-            let holder = match pid.trim().parse::<u32>() {
-                Ok(pid) => format!("process {pid}"),
-                Err(_) => "another process".into(),
-            };
-            return Err(TableFileError::Locked {
-                path: path.to_owned(),
-                lock: lock_path,
-                holder,
-            });
+    let mut attempts = 0;
+    let mut file = loop {
+        attempts += 1;
+        let file = open_regular(
+            &lock_path,
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false),
+        )
+        .map_err(|error| error.at(&lock_path))?;
+        match file.try_lock() {
+            Ok(()) if attempts < 10 && !same_file(&file, &lock_path) => continue,
+            Ok(()) => break file,
+            Err(std::fs::TryLockError::Error(error)) => return Err(io(error)),
+            Err(std::fs::TryLockError::WouldBlock) => return Err(held(path, &lock_path, file)),
+        }
+    };
+    let written = file
+        .set_len(0)
+        .and_then(|()| file.write_all(format!("{}\n", std::process::id()).as_bytes()));
+    if let Err(error) = written {
+        let _ = std::fs::remove_file(&lock_path);
+        return Err(io(error));
+    }
+    Ok(file)
+}
+
+/// Whether `file` is the file now at `path`.
+fn same_file(file: &File, path: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt as _;
+        match (file.metadata(), std::fs::metadata(path)) {
+            (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+            _ => false,
         }
     }
-    file.set_len(0).map_err(io)?;
-    file.write_all(format!("{}\n", std::process::id()).as_bytes())
-        .map_err(io)?;
-    Ok(file)
+    #[cfg(not(unix))]
+    {
+        let _ = (file, path);
+        true
+    }
+}
+
+/// The error for a lock held by another process, naming it from the ID in the lock file.
+fn held(path: &Path, lock_path: &Path, mut file: File) -> TableFileError {
+    let mut pid = String::new();
+    let _ = file.read_to_string(&mut pid);
+    let holder = match pid.trim().parse::<u32>() {
+        Ok(pid) => format!("process {pid}"),
+        Err(_) => "another process".into(),
+    };
+    TableFileError::Locked {
+        path: path.to_owned(),
+        lock: lock_path.to_owned(),
+        holder,
+    }
 }
 
 /// Writes `words` little-endian to `out` in chunks of `chunk`'s capacity, adding each chunk to
