@@ -1,6 +1,6 @@
 //! The `nsq-dedupe` binary: parses flags, starts logging and hands over to the library.
 
-use std::io::{self, IsTerminal};
+use std::io::{self, IsTerminal, Write};
 use std::process::ExitCode;
 
 use cli::{Cli, Command};
@@ -8,21 +8,36 @@ use cli::{Cli, Command};
 mod cli;
 mod cmd;
 
+/// Every subcommand ends quietly when its output or its error output goes away: nothing here
+/// writes with `print!`, which panics on a closed pipe. A closed stdout (`nsq-dedupe filter |
+/// head`) is how a reader says it has enough (status 0); a closed stderr loses the messages,
+/// not the work (the exit status still tells an error).
 fn main() -> ExitCode {
     let cli = Cli::parse_with_env();
     if let Err(err) = start_logging(&cli.log) {
-        eprintln!("error: {err:#}");
+        report(&err);
         return ExitCode::from(2);
     }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
-        // A closed stdout (`nsq-dedupe filter | head`) is how a reader says it has enough.
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            report(&err);
             ExitCode::FAILURE
         }
     }
+}
+
+/// Prints the error chain on stderr, if stderr is still there.
+fn report(err: &anyhow::Error) {
+    let _ = writeln!(io::stderr().lock(), "error: {err:#}");
+}
+
+/// Writes `bytes` to stdout and flushes it.
+fn write_stdout(bytes: &[u8]) -> io::Result<()> {
+    let mut stdout = io::stdout().lock();
+    stdout.write_all(bytes)?;
+    stdout.flush()
 }
 
 /// Logs to stderr at `--log-level` (else RUST_LOG, else info), as text or JSON lines.
@@ -37,8 +52,11 @@ fn start_logging(flags: &cli::LogFlags) -> anyhow::Result<()> {
         })?,
         None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
     };
+    // A log line that cannot be written (stderr closed) is dropped, not reported on the
+    // same closed stderr.
     let logs = tracing_subscriber::fmt()
         .with_writer(io::stderr)
+        .log_internal_errors(false)
         .with_env_filter(filter);
     match flags.log_format {
         // Colours only for a person at a terminal, not in log files.
@@ -54,18 +72,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Size(args) => cmd::size::run(&args),
         Command::Filter(args) => cmd::filter::run(&args),
         Command::Run(args) => cmd::run::run(&args),
+        // Generated in memory: clap_complete panics when its writer fails.
         Command::Completions { shell } => {
-            clap_complete::generate(
-                shell,
-                &mut Cli::definition(),
-                "nsq-dedupe",
-                &mut io::stdout(),
-            );
-            Ok(())
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::definition(), "nsq-dedupe", &mut script);
+            Ok(write_stdout(&script)?)
         }
         Command::Manpage => {
-            clap_mangen::Man::new(Cli::definition()).render(&mut io::stdout())?;
-            Ok(())
+            let mut page = Vec::new();
+            clap_mangen::Man::new(Cli::definition()).render(&mut page)?;
+            Ok(write_stdout(&page)?)
         }
     }
 }

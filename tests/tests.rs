@@ -10,6 +10,7 @@ mod util;
 mod cli_errors;
 mod cli_filter;
 mod cli_size;
+mod closed_output;
 mod file_sink;
 mod http_sink;
 mod memcached;

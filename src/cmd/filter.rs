@@ -98,15 +98,20 @@ pub(crate) fn run(args: &FilterArgs) -> Result<()> {
             .with_context(|| format!("while filtering {name}"))
         });
     let flushed = result.and_then(|()| output.flush().context("cannot write to stdout"));
+    // Only a run whose every record was written may be remembered: a record the table holds
+    // but the output never got would be dropped as a copy by the next run. Saved before the
+    // statistics are printed, so that a closed stderr cannot cost the table.
+    let saved = match (&flushed, &table_file) {
+        (Ok(()), Some(file)) => file
+            .save(&table)
+            .map(drop)
+            .map_err(|error| anyhow::anyhow!("{}", for_filter(&error.to_string()))),
+        _ => Ok(()),
+    };
     if args.stats {
         print_stats(&stats, &table);
     }
-    // Only a run whose every record was written may be remembered: a record the table holds
-    // but the output never got would be dropped as a copy by the next run.
-    if let (Ok(()), Some(file)) = (&flushed, &table_file) {
-        file.save(&table)
-            .map_err(|error| anyhow::anyhow!("{}", for_filter(&error.to_string())))?;
-    }
+    saved?;
     flushed
 }
 
@@ -118,24 +123,28 @@ fn for_filter(message: &str) -> String {
     )
 }
 
+/// Prints the counts on stderr; when stderr is closed they are lost, nothing else.
 fn print_stats(stats: &FilterStats, table: &Table) {
     let geometry = table.geometry();
     // Every record written with a key is one distinct key the table has seen.
     let distinct = stats.records_out - stats.keyless;
-    eprintln!("records in:          {}", format_count(stats.records_in));
-    eprintln!("records out:         {}", format_count(stats.records_out));
-    eprintln!("duplicates dropped:  {}", format_count(stats.duplicates));
-    eprintln!("keyless (passed):    {}", format_count(stats.keyless));
-    eprintln!(
-        "table:               {} buckets in sets of {} ({}), {} occupied",
+    let text = format!(
+        "records in:          {}\n\
+         records out:         {}\n\
+         duplicates dropped:  {}\n\
+         keyless (passed):    {}\n\
+         table:               {} buckets in sets of {} ({}), {} occupied\n\
+         catch probability:   {} for a copy arriving after all {} distinct records\n",
+        format_count(stats.records_in),
+        format_count(stats.records_out),
+        format_count(stats.duplicates),
+        format_count(stats.keyless),
         format_count(geometry.slots()),
         geometry.ways(),
         format_bytes(geometry.memory_bytes()),
-        format_count(table.occupied())
-    );
-    eprintln!(
-        "catch probability:   {} for a copy arriving after all {} distinct records",
+        format_count(table.occupied()),
         super::format_probability(sizing::catch_probability(geometry, distinct as f64)),
         format_count(distinct)
     );
+    let _ = io::stderr().lock().write_all(text.as_bytes());
 }

@@ -2,6 +2,7 @@
 //! checks which two quantities were given, solves the third and formats the answer.
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
@@ -71,7 +72,9 @@ pub(crate) fn run(args: &SizeArgs) -> Result<()> {
     } else {
         to_text(&answer)
     };
-    print!("{out}");
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(out.as_bytes())?;
+    stdout.flush()?;
     Ok(())
 }
 
