@@ -12,6 +12,12 @@
 //! ([`Table::contains_and_add_many_into`]), so that the waits for memory overlap instead of
 //! coming one record at a time. Memory is the table plus one block, or one record when a
 //! record is longer than a block.
+//!
+//! A record is decided only once it is whole, so it is held whole: records are at most
+//! [`MAX_RECORD_BYTES`] (64 MiB), their newline included. A longer one (or input that is not
+//! newline-delimited, such as `/dev/zero`) stops the run with
+//! [`FilterError::RecordTooLong`] after the records before it are written, instead of
+//! growing without bound until the allocator aborts the process.
 
 use std::io::{self, Read, Write};
 
@@ -46,7 +52,16 @@ pub enum FilterError {
         /// Why the key could not be read.
         reason: KeyError,
     },
+    /// A record did not end within [`MAX_RECORD_BYTES`].
+    #[error("record {record} has no newline within its first {}: records are at most that long, their newline included; split longer records, or check that the input is newline-delimited", crate::units::format_bytes(MAX_RECORD_BYTES as u64))]
+    RecordTooLong {
+        /// The 1-based number of the record over all inputs.
+        record: u64,
+    },
 }
+
+/// The longest record, its newline included: 64 MiB. A record is held whole until decided.
+pub const MAX_RECORD_BYTES: usize = 64 << 20;
 
 /// Bytes read from the input at a time.
 pub const BLOCK_BYTES: usize = 1 << 20;
@@ -64,7 +79,8 @@ pub const BATCH_RECORDS: usize = 256;
 /// # Errors
 ///
 /// [`FilterError::Io`] from the reader or the writer (a closed pipe is a `BrokenPipe` error),
-/// and [`FilterError::MissingKey`] as described.
+/// [`FilterError::MissingKey`] as described, and [`FilterError::RecordTooLong`] for a record
+/// longer than [`MAX_RECORD_BYTES`].
 pub fn filter_records<R: Read, W: Write>(
     mut input: R,
     output: &mut W,
@@ -84,7 +100,13 @@ pub fn filter_records<R: Read, W: Write>(
     let mut searched = 0;
     loop {
         if filled == buffer.len() {
-            buffer.resize(buffer.len() * 2, 0);
+            // The buffer holds one unfinished record and nothing else.
+            if buffer.len() >= MAX_RECORD_BYTES {
+                return Err(FilterError::RecordTooLong {
+                    record: stats.records_in + 1,
+                });
+            }
+            buffer.resize((buffer.len() * 2).min(MAX_RECORD_BYTES), 0);
         }
         let read = loop {
             match input.read(&mut buffer[filled..]) {

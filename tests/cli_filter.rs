@@ -316,3 +316,36 @@ fn max_age_lets_a_key_pass_again_once_it_is_older() {
     run("a\nc\n").success().stdout("a\nc\n");
     run("a\nb\n").success().stdout("b\n");
 }
+
+#[test]
+fn a_record_without_an_end_is_refused_not_held_without_bound() {
+    // `/dev/zero` never ends a record: the run stops at 64 MiB, after writing the records
+    // before it, instead of growing until the allocator aborts (here at 1 GiB of address
+    // space, so that a failure is quick and spares the machine).
+    let dir = tempfile::tempdir().unwrap();
+    let first = dir.path().join("first");
+    std::fs::write(&first, "a\nb\na\n").unwrap();
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(r#"ulimit -v 1048576; exec "$0" filter --memory 64KiB "$1" /dev/zero"#)
+        .arg(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
+        .arg(&first)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(
+        (
+            out.status.code(),
+            out.stdout.as_slice(),
+            String::from_utf8(out.stderr).unwrap()
+        ),
+        (
+            Some(1),
+            &b"a\nb\n"[..],
+            "error: while filtering `/dev/zero`: record 4 has no newline within its first 64.0 \
+             MiB: records are at most that long, their newline included; split longer records, \
+             or check that the input is newline-delimited\n"
+                .to_owned()
+        )
+    );
+}
