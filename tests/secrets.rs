@@ -316,4 +316,19 @@ fn errors_about_secret_bearing_settings_do_not_repeat_the_secret() {
         let stderr = String::from_utf8(out.stderr).unwrap();
         assert_eq!((out.status.code(), stderr.as_str()), (Some(1), expected));
     }
+    // A header without its colon is refused by the flag parser, which shows no value either.
+    let out = bin()
+        .args(base)
+        .args(["--header", &format!("Authorization Bearer {SENTINEL}")])
+        .output()
+        .unwrap();
+    assert_eq!(
+        (out.status.code(), String::from_utf8(out.stderr).unwrap()),
+        (
+            Some(2),
+            "error: invalid value for '--header <HEADER>' (not shown: it may hold a secret): \
+             expected \"Name: value\", such as \"Authorization: Bearer abc\"\n"
+                .to_owned()
+        )
+    );
 }

@@ -31,7 +31,7 @@ pub(crate) struct SinkFlags {
     #[arg(long, value_name = "MODE", value_parser = named(&HttpMode::NAMES))]
     pub(crate) mode: Option<HttpMode>,
     /// A header of every POST, as "Name: value" (repeatable). `sink.headers`.
-    #[arg(long = "header", value_name = "HEADER", value_parser = parse_header)]
+    #[arg(long = "header", value_name = "HEADER", value_parser = HeaderParser)]
     pub(crate) headers: Vec<(String, String)>,
     /// Content-Type of every POST (default application/octet-stream). `sink.content_type`.
     #[arg(long, value_name = "TYPE")]
@@ -46,6 +46,35 @@ pub(crate) struct SinkFlags {
     /// `sink.http_client_tls_root_ca_file`.
     #[arg(long, value_name = "FILE")]
     pub(crate) http_client_tls_root_ca_file: Option<PathBuf>,
+}
+
+/// Parses `--header` without ever repeating the value in an error: it may hold a secret
+/// (`Authorization: Bearer ...`), and clap's own message for a bad value quotes it.
+#[derive(Clone)]
+struct HeaderParser;
+
+impl clap::builder::TypedValueParser for HeaderParser {
+    type Value = (String, String);
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<Self::Value, clap::Error> {
+        let refuse = |reason: &str| {
+            clap::Error::raw(
+                clap::error::ErrorKind::ValueValidation,
+                format!(
+                    "invalid value for '--header <HEADER>' (not shown: it may hold a secret): \
+                     {reason}\n"
+                ),
+            )
+            .with_cmd(cmd)
+        };
+        let text = value.to_str().ok_or_else(|| refuse("it is not UTF-8"))?;
+        parse_header(text).map_err(|reason| refuse(&reason))
+    }
 }
 
 /// `Name: value` to its name and value.
