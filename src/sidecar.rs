@@ -137,11 +137,11 @@ pub async fn build_store(
                 Ok(Ok(store)) => Backend::Memcached(store, near),
                 Ok(Err(error @ crate::error::StoreError::Config(_))) => return Err(error.into()),
                 Ok(Err(error)) => {
-                    tracing::warn!(servers = ?config.servers, %error, "Memcached is not answering; messages follow `dedupe.on_store_error` until it does.");
+                    tracing::warn!(servers = %config.servers.join(","), %error, "Memcached is not answering; messages follow `dedupe.on_store_error` until it does.");
                     Backend::Memcached(MemcachedStore::new_lazy(config.clone(), *geometry)?, near)
                 }
                 Err(_) => {
-                    tracing::warn!(servers = ?config.servers, "Memcached did not answer in time; messages follow `dedupe.on_store_error` until it does.");
+                    tracing::warn!(servers = %config.servers.join(","), "Memcached did not answer in time; messages follow `dedupe.on_store_error` until it does.");
                     Backend::Memcached(MemcachedStore::new_lazy(config.clone(), *geometry)?, near)
                 }
             }
@@ -222,7 +222,7 @@ impl<H: Handler> Sidecar<H> {
                     table_file = %file.path.display(),
                     entries = report.entries,
                     released_in_flight = report.released_in_flight,
-                    snapshot_age = ?report.snapshot_at.and_then(|t| t.elapsed().ok()),
+                    snapshot_age = report.snapshot_at.and_then(|t| t.elapsed().ok()).map(|age| tracing::field::display(crate::units::format_duration(age))),
                     "Table loaded from its file."
                 );
                 (Backend::Memory(table), Some(Arc::new(opened)))
@@ -303,7 +303,7 @@ impl<H: Handler> Sidecar<H> {
             topic = %settings.source.topic,
             channel = %settings.source.channel,
             nsqd = %settings.source.nsqd_tcp_addresses.join(","),
-            lookupd = %crate::redact::urls(settings.source.lookupd_http_addresses.iter().map(String::as_str)),
+            lookupd = (!settings.source.lookupd_http_addresses.is_empty()).then(|| tracing::field::display(crate::redact::urls(settings.source.lookupd_http_addresses.iter().map(String::as_str)))),
             store = dedupe.store().kind(),
             buckets = table.geometry.map(|g| g.slots()),
             ways = table.geometry.map(|g| g.ways()),

@@ -190,7 +190,8 @@ impl fmt::Debug for SinkSettings {
     }
 }
 
-/// One line a person reads, e.g. `http POST https://host/path (2 URLs, round-robin)` or
+/// One line a person reads, e.g. `http POST https://host/path (2 URLs, round-robin)`,
+/// `nsq PUB events.unique to 10.0.0.1:4150` or
 /// `file dir=/var/archive format=<TOPIC>.<HOST><REV>.<DATETIME>.log`; never a secret.
 impl fmt::Display for SinkSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -200,7 +201,7 @@ impl fmt::Display for SinkSettings {
             SinkSettings::Nsq {
                 nsqd_tcp_addresses,
                 topic,
-            } => write!(f, "nsq topic={topic} nsqd={}", nsqd_tcp_addresses.join(",")),
+            } => write!(f, "nsq PUB {topic} to {}", nsqd_tcp_addresses.join(",")),
             SinkSettings::Http {
                 urls,
                 mode,
@@ -252,7 +253,7 @@ impl fmt::Display for DeadLetterSettings {
             DeadLetterSettings::Nsq {
                 nsqd_tcp_addresses,
                 topic,
-            } => write!(f, "nsq topic={topic} nsqd={}", nsqd_tcp_addresses.join(",")),
+            } => write!(f, "nsq PUB {topic} to {}", nsqd_tcp_addresses.join(",")),
         }
     }
 }
