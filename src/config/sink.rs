@@ -475,3 +475,49 @@ pub(super) fn validate_dead_letter(
         }
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sinks_print_as_summaries_without_secrets() {
+        let raw = RawSink {
+            kind: Some(SinkKind::Http),
+            post: Some(OneOrMany::Many(vec![
+                "https://user:hunter2@example.com/in?key=hunter2".into(),
+                "http://10.0.0.2/in".into(),
+            ])),
+            mode: Some(HttpMode::Multicast),
+            headers: Some(BTreeMap::from([(
+                "Authorization".to_owned(),
+                "Bearer hunter2".to_owned(),
+            )])),
+            ..RawSink::default()
+        };
+        let sink = raw.validate("events").unwrap();
+        assert_eq!(
+            sink.to_string(),
+            "http POST https://<redacted>@example.com/in?key=<redacted> (2 URLs, multicast; \
+             headers content-type, authorization)"
+        );
+        let debug = format!("{sink:?}");
+        assert!(!debug.contains("hunter2"), "{debug}");
+        assert!(
+            debug.contains(r#""authorization": "<redacted>""#),
+            "{debug}"
+        );
+        let nsq = SinkSettings::Nsq {
+            nsqd_tcp_addresses: vec!["10.0.0.1:4150".into(), "10.0.0.2:4150".into()],
+            topic: "events.unique".into(),
+        };
+        assert_eq!(
+            nsq.to_string(),
+            "nsq PUB events.unique to 10.0.0.1:4150,10.0.0.2:4150"
+        );
+        assert_eq!(
+            DeadLetterSettings::File("/var/lib/dead.ndjson".into()).to_string(),
+            "file /var/lib/dead.ndjson"
+        );
+    }
+}
