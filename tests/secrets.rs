@@ -19,6 +19,8 @@ const SENTINEL: &str = "5ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75e
 struct Running {
     child: Child,
     stderr: Arc<Mutex<Vec<String>>>,
+    /// Ends at the end of stderr, which the exit closes.
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Running {
@@ -33,13 +35,17 @@ impl Running {
         let stderr = Arc::new(Mutex::new(Vec::new()));
         let lines = stderr.clone();
         let pipe = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for line in BufReader::new(pipe).lines() {
                 let Ok(line) = line else { break };
                 lines.lock().unwrap().push(line);
             }
         });
-        Running { child, stderr }
+        Running {
+            child,
+            stderr,
+            reader: Some(reader),
+        }
     }
 
     fn stderr(&self) -> String {
@@ -72,8 +78,9 @@ impl Running {
             .unwrap()
             .read_to_string(&mut stdout)
             .unwrap();
-        // The reader thread ends at the pipe's end, which the exit closed.
-        std::thread::sleep(Duration::from_millis(100));
+        if let Some(reader) = self.reader.take() {
+            reader.join().unwrap();
+        }
         (status.code().unwrap_or(-1), stdout, self.stderr())
     }
 }
@@ -129,7 +136,8 @@ fn the_startup_line_summarises_the_sink_without_its_secrets() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let (_, _, stderr) = run.stop();
+    let (code, _, stderr) = run.stop();
+    assert_eq!(code, 0, "{stderr}");
     let started = stderr
         .lines()
         .find(|line| line.contains("Sidecar started."))
@@ -170,7 +178,8 @@ fn a_file_sink_is_summarised_by_its_directory_and_name() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let (_, _, stderr) = run.stop();
+    let (code, _, stderr) = run.stop();
+    assert_eq!(code, 0, "{stderr}");
     let expected = format!("sink=file dir={out} format=<TOPIC>.<HOST><REV>.<DATETIME>.log");
     assert!(stderr.contains(&expected), "{stderr}");
 }
@@ -269,9 +278,10 @@ async fn a_secret_in_any_setting_never_appears_in_the_output() {
         .await
         .unwrap();
     assert!(page.contains("nsq_dedupe"), "{page}");
-    let (_, stdout, stderr) = tokio::task::spawn_blocking(move || run.stop())
+    let (code, stdout, stderr) = tokio::task::spawn_blocking(move || run.stop())
         .await
         .unwrap();
+    assert_eq!(code, 0, "{stderr}");
     assert!(stderr.contains("Handler failed; requeued."), "{stderr}");
     for (what, text) in [("stderr", &stderr), ("stdout", &stdout), ("metrics", &page)] {
         assert!(!text.contains(SENTINEL), "{what} holds the secret:\n{text}");
