@@ -76,3 +76,8 @@ pub use sidecar::{run, Sidecar};
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+/// The guide's examples (a custom handler), compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide.md")]
+struct GuideDoctests;

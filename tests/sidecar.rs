@@ -715,20 +715,17 @@ async fn every_example_config_loads() {
         n >= 3,
         "expected at least 3 example configs in config/, found {n}"
     );
-    // The README's TOML examples too.
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    let blocks: Vec<&str> = readme
-        .split("```toml\n")
-        .skip(1)
-        .map(|b| b.split("```").next().unwrap())
-        .collect();
-    assert!(!blocks.is_empty(), "the README has no TOML example");
-    for block in blocks {
-        RawConfig::from_toml(block, "README.md")
-            .and_then(|raw| raw.validate())
-            .unwrap_or_else(|e| panic!("README example: {e}\n{block}"));
+    // The TOML examples of the README and docs/ too.
+    let mut blocks = 0;
+    for (page, text) in crate::docs::pages() {
+        for block in crate::docs::code_blocks(&text, "toml") {
+            RawConfig::from_toml(block, &page.display().to_string())
+                .and_then(|raw| raw.validate())
+                .unwrap_or_else(|e| panic!("{}: example: {e}\n{block}", page.display()));
+            blocks += 1;
+        }
     }
+    assert!(blocks > 0, "the documentation has no TOML example");
 }
 
 fn bad_config(text: &str) -> String {

@@ -11,6 +11,7 @@ mod cli_errors;
 mod cli_filter;
 mod cli_size;
 mod closed_output;
+mod docs;
 mod file_sink;
 mod http_sink;
 mod memcached;
