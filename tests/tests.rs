@@ -7,6 +7,7 @@
 mod support;
 mod util;
 
+mod cli_docs;
 mod cli_errors;
 mod cli_filter;
 mod cli_size;
