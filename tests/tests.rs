@@ -19,6 +19,7 @@ mod near_table;
 mod nsq;
 mod nsq_transport;
 mod odd_files;
+mod package;
 mod secrets;
 mod sidecar;
 mod table;
