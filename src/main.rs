@@ -78,11 +78,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             clap_complete::generate(shell, &mut Cli::definition(), "nsq-dedupe", &mut script);
             Ok(write_stdout(&script)?)
         }
-        Command::Manpage => {
-            let mut page = Vec::new();
-            clap_mangen::Man::new(Cli::definition()).render(&mut page)?;
-            Ok(write_stdout(&page)?)
-        }
+        Command::Manpage { dir } => cmd::manpage::run(Cli::definition(), dir.as_deref()),
     }
 }
 

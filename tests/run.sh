@@ -16,3 +16,6 @@ fi
 
 cargo test --all-targets "$@"
 cargo test --doc "$@"
+# The systemd unit, verified against the binary the tests built (the package's other parts are
+# checked by the tests above; pkg/build-deb.sh checks a built package).
+bash pkg/check.sh

@@ -7,6 +7,7 @@
 mod support;
 mod util;
 
+mod cli_docs;
 mod cli_errors;
 mod cli_filter;
 mod cli_size;
@@ -19,6 +20,7 @@ mod near_table;
 mod nsq;
 mod nsq_transport;
 mod odd_files;
+mod package;
 mod secrets;
 mod sidecar;
 mod table;

@@ -10,6 +10,8 @@ mod run;
 mod size;
 mod table;
 
+use std::path::PathBuf;
+
 use clap::{Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand, ValueEnum};
 
 pub(crate) use filter::{FilterArgs, MissingKey};
@@ -17,9 +19,18 @@ pub(crate) use parse::MAX_WINDOW_MESSAGES;
 pub(crate) use run::RunArgs;
 pub(crate) use size::SizeArgs;
 
+/// What `--version` prints after the name: the crate's version and the commit it was built
+/// from (`unknown` when built outside a git checkout without one given; see `build.rs`).
+pub(crate) const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("NSQ_DEDUPE_COMMIT"),
+    ")"
+);
+
 /// Removes duplicate messages from NSQ streams with bounded memory.
 #[derive(Debug, Parser)]
-#[command(name = "nsq-dedupe", version, about, propagate_version = true)]
+#[command(name = "nsq-dedupe", version = VERSION, about, propagate_version = true)]
 pub(crate) struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -109,8 +120,14 @@ pub(crate) enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
-    /// Print the man page (roff), e.g. `nsq-dedupe manpage > nsq-dedupe.1`.
-    Manpage,
+    /// Print the man page (roff), e.g. `nsq-dedupe manpage > nsq-dedupe.1`; with `--dir`, write
+    /// every page.
+    Manpage {
+        /// Write every page into this directory instead (created when missing): nsq-dedupe.1 and
+        /// one per subcommand (nsq-dedupe-run.1, ...). Prints each path written.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
 }
 
 #[cfg(test)]

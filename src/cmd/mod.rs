@@ -2,6 +2,7 @@
 
 mod catch_plot;
 pub(crate) mod filter;
+pub(crate) mod manpage;
 pub(crate) mod run;
 pub(crate) mod size;
 

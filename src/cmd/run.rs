@@ -17,6 +17,7 @@ pub(crate) fn run(args: &RunArgs) -> anyhow::Result<()> {
     };
     args.apply(&mut raw);
     let settings = raw.validate()?;
+    tracing::info!(version = crate::cli::VERSION, "Starting nsq-dedupe.");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
