@@ -545,13 +545,60 @@ fn a_bad_log_level_is_an_error_naming_the_flag() {
     ]);
     assert_eq!(code, 2);
     assert!(
-        stderr.starts_with("error: invalid `--log-level` \"x=[\" ("),
+        stderr.starts_with("error: invalid `--log-level` \"x=[\": "),
         "{stderr}"
     );
     assert!(
-        stderr.ends_with("or directives such as info,nsq_dedupe::nsq=debug\n"),
+        stderr.ends_with(
+            "; expected one of off, error, warn, info, debug, trace, or directives such as \
+             info,nsq_dedupe::nsq=debug\n"
+        ),
         "{stderr}"
     );
+}
+
+#[test]
+fn a_word_that_is_not_a_log_level_is_refused_with_the_levels() {
+    for (typed, word) in [
+        ("verbose", "verbose"),
+        ("WARNING", "WARNING"),
+        ("info,nsq_dedupe=loud", "loud"),
+    ] {
+        assert_eq!(
+            fails(&[
+                "--log-level",
+                typed,
+                "size",
+                "--buckets",
+                "8",
+                "--messages",
+                "5"
+            ]),
+            (
+                2,
+                format!(
+                    "error: invalid `--log-level` {typed:?}: {word:?} is not a level; expected \
+                     one of off, error, warn, info, debug, trace, or directives such as \
+                     info,nsq_dedupe::nsq=debug\n"
+                )
+            )
+        );
+    }
+    // Levels are read in any case, alone or per target.
+    for accepted in ["WARN", "info,nsq_dedupe::nsq=debug", "off"] {
+        bin()
+            .args([
+                "--log-level",
+                accepted,
+                "size",
+                "--buckets",
+                "8",
+                "--messages",
+                "5",
+            ])
+            .assert()
+            .success();
+    }
 }
 
 #[test]
@@ -611,6 +658,80 @@ fn nsqd_connection_options_are_checked_before_connecting() {
         (
             1,
             "error: invalid `--auth-secret` = <redacted>: the secret is empty\n"
+        )
+    );
+}
+
+/// Runs `run` with `env` set and `args`, and returns its exit code and stderr; the settings
+/// are refused before anything connects.
+fn run_refused(env: &[(&str, &str)], args: &[&str]) -> (i32, String) {
+    let out = bin()
+        .arg("run")
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert!(out.stdout.is_empty());
+    (
+        out.status.code().expect("exited, not killed by a signal"),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[test]
+fn comma_separated_addresses_are_several_addresses() {
+    // The second address is wrong: it is named alone, so the value was split.
+    let expected = "error: invalid `--nsqd-tcp-address` = \"nohost\": expected host:port such \
+                    as 127.0.0.1:4150\n";
+    assert_eq!(
+        run_refused(
+            &[("NSQ_DEDUPE_NSQD_TCP_ADDRESS", "127.0.0.1:4150,nohost")],
+            &["--topic", "t"]
+        ),
+        (1, expected.to_owned())
+    );
+    assert_eq!(
+        run_refused(
+            &[],
+            &[
+                "--topic",
+                "t",
+                "--nsqd-tcp-address",
+                "127.0.0.1:4150,nohost"
+            ]
+        ),
+        (1, expected.to_owned())
+    );
+    assert_eq!(
+        run_refused(
+            &[("NSQ_DEDUPE_MEMCACHED_ADDRESS", "127.0.0.1:11211,nohost")],
+            &[
+                "--topic",
+                "t",
+                "--nsqd-tcp-address",
+                "127.0.0.1:4150",
+                "--store",
+                "memcached"
+            ]
+        ),
+        (
+            1,
+            "error: invalid `--memcached-address` = \"nohost\": expected host:port such as \
+             127.0.0.1:4150\n"
+                .to_owned()
+        )
+    );
+}
+
+#[test]
+fn a_lookupd_address_with_another_scheme_is_refused() {
+    assert_eq!(
+        run_refused(&[], &["--topic", "t", "--lookupd-http-address", "ftp://x"]),
+        (
+            1,
+            "error: invalid `--lookupd-http-address` = \"ftp://x\": the scheme \"ftp\" is not \
+             supported; use host:port or http://host:port\n"
+                .to_owned()
         )
     );
 }

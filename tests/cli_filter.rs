@@ -90,7 +90,7 @@ records out:         3
 duplicates dropped:  3
 keyless (passed):    0
 table:               1,024 buckets in sets of 8 (8.0 KiB), 3 occupied
-catch probability:   > 0.999999999999 for a copy arriving after all 3 distinct records
+catch probability:   1 for a copy arriving after all 3 distinct records
 ",
         );
 }
@@ -153,9 +153,49 @@ fn a_keyed_digest_gives_the_same_answer_and_a_bad_key_file_is_named() {
         .stdout("")
         .stderr(format!(
             "error: invalid `--digest-key-file` = {:?}: expected 32 bytes or 64 hexadecimal \
-             digits, found 4 bytes; make a key with `head -c 32 /dev/urandom > FILE`\n",
+             digits, found 4 hexadecimal digits; make a key with `head -c 32 /dev/urandom > FILE`\n",
             short.path().display().to_string()
         ));
+}
+
+#[test]
+fn a_hex_key_file_counts_its_digits_and_names_what_is_not_hex() {
+    let key = tempfile::NamedTempFile::new().unwrap();
+    let refused = |contents: String| {
+        std::fs::write(key.path(), contents).unwrap();
+        let out = bin()
+            .args(["filter", "--digest-key-file"])
+            .arg(key.path())
+            .write_stdin("x\n")
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8(out.stderr).unwrap())
+    };
+    let prefix = format!(
+        "error: invalid `--digest-key-file` = {:?}: ",
+        key.path().display().to_string()
+    );
+    assert_eq!(
+        refused(format!("{}\n", "a".repeat(63))),
+        (
+            Some(1),
+            format!(
+                "{prefix}expected 32 bytes or 64 hexadecimal digits, found 63 hexadecimal \
+                 digits; make a key with `head -c 32 /dev/urandom > FILE`\n"
+            )
+        )
+    );
+    assert_eq!(
+        refused(format!("0x{}g\n", "a".repeat(61))),
+        (
+            Some(1),
+            format!(
+                "{prefix}expected 32 bytes or 64 hexadecimal digits (0-9, a-f), found 64 \
+                 characters with 2 that are not hexadecimal: 'x', 'g'; make a key with \
+                 `head -c 32 /dev/urandom > FILE`\n"
+            )
+        )
+    );
 }
 
 #[test]

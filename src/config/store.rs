@@ -214,12 +214,6 @@ impl RawStore {
                         "must be more than 0 messages per second",
                     ));
                 }
-                if self.window.is_none() {
-                    return Err(ConfigError::Required {
-                        key: "store.window",
-                        with: "`store.probability`",
-                    });
-                }
                 let messages = rate * window.as_secs_f64();
                 let geometry = crate::sizing::slots_for(probability, ways, messages).map_err(
                     |e| invalid("store.probability", probability.to_string(), e.to_string()),

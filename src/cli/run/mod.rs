@@ -142,6 +142,16 @@ mod tests {
     }
 
     #[test]
+    fn probability_sizing_takes_the_default_window_of_an_hour() {
+        let StoreSettings::Memory(geometry) =
+            settings(&["--probability", "0.9", "--rate", "1000"]).store
+        else {
+            panic!("not the in-process table")
+        };
+        assert_eq!(geometry.slots(), 6_185_416, "as with `--window 1h`");
+    }
+
+    #[test]
     fn deploy_time_settings_have_flags() {
         let s = settings(&[
             "--probability",

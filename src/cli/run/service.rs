@@ -31,8 +31,13 @@ pub(crate) struct ServiceFlags {
     /// --dead-letter-nsqd-tcp-address). `dead_letter.topic` with `dead_letter.kind = "nsq"`.
     #[arg(long, value_name = "TOPIC")]
     pub(crate) dead_letter_topic: Option<String>,
-    /// nsqd TCP address of the dead-letter topic (repeatable). `dead_letter.nsqd_tcp_addresses`.
-    #[arg(long = "dead-letter-nsqd-tcp-address", value_name = "ADDR")]
+    /// nsqd TCP address of the dead-letter topic (repeatable, or comma-separated).
+    /// `dead_letter.nsqd_tcp_addresses`.
+    #[arg(
+        long = "dead-letter-nsqd-tcp-address",
+        value_name = "ADDR",
+        value_delimiter = ','
+    )]
     pub(crate) dead_letter_nsqd_tcp_addresses: Vec<String>,
 }
 

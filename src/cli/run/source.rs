@@ -12,11 +12,17 @@ use crate::cli::parse::parse_duration;
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Source")]
 pub(crate) struct SourceFlags {
-    /// nsqd TCP address to consume from (repeatable). `source.nsqd_tcp_addresses`.
-    #[arg(long = "nsqd-tcp-address", value_name = "ADDR")]
+    /// nsqd TCP address to consume from (repeatable, or comma-separated).
+    /// `source.nsqd_tcp_addresses`.
+    #[arg(long = "nsqd-tcp-address", value_name = "ADDR", value_delimiter = ',')]
     pub(crate) nsqd_tcp_addresses: Vec<String>,
-    /// nsqlookupd HTTP address, host:port or URL (repeatable). `source.lookupd_http_addresses`.
-    #[arg(long = "lookupd-http-address", value_name = "ADDR")]
+    /// nsqlookupd HTTP address, host:port or http:// URL (repeatable, or comma-separated).
+    /// `source.lookupd_http_addresses`.
+    #[arg(
+        long = "lookupd-http-address",
+        value_name = "ADDR",
+        value_delimiter = ','
+    )]
     pub(crate) lookupd_http_addresses: Vec<String>,
     /// Topic to consume. `source.topic`.
     #[arg(long, value_name = "TOPIC")]

@@ -19,8 +19,8 @@ pub(crate) struct StoreFlags {
     /// Where the table lives. `store.kind`.
     #[arg(long, value_name = "STORE", value_parser = named(&StoreKind::NAMES))]
     pub(crate) store: Option<StoreKind>,
-    /// Memcached server host:port (repeatable). `store.memcached_addresses`.
-    #[arg(long = "memcached-address", value_name = "ADDR")]
+    /// Memcached server host:port (repeatable, or comma-separated). `store.memcached_addresses`.
+    #[arg(long = "memcached-address", value_name = "ADDR", value_delimiter = ',')]
     pub(crate) memcached_addresses: Vec<String>,
     /// Table size in slots. `store.buckets`.
     #[arg(long, value_name = "N", value_parser = parse_buckets)]
