@@ -51,7 +51,7 @@ pub enum KeyError {
         detail: String,
     },
     /// The body is JSON but lacks the field.
-    #[error("body has no field at JSON pointer `{pointer}` (set by `key = \"json:{pointer}\"`)")]
+    #[error("body has no field at JSON pointer `{pointer}` of the key `json:{pointer}`")]
     MissingField {
         /// The configured JSON pointer.
         pointer: String,

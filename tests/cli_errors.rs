@@ -89,8 +89,8 @@ fn a_metrics_address_in_use_says_its_cause_once() {
     assert_eq!(
         error,
         format!(
-            "error: cannot listen on metrics address {addr} (change `--metrics-address` / \
-             `metrics.address`, or set it to \"off\"): Address already in use (os error 98)"
+            "error: cannot listen on metrics address {addr} (change `--metrics-address`, or set \
+             it to \"off\"): Address already in use (os error 98)"
         )
     );
 }
@@ -334,9 +334,8 @@ fn a_table_larger_than_the_machine_is_an_error_not_an_abort() {
     let error = stderr.lines().last().unwrap();
     assert!(
         error.starts_with(
-            "error: cannot build the in-process table; choose a smaller `store.buckets` \
-             (`--buckets`), `store.memory` (`--memory`) or `store.probability`: cannot allocate \
-             727.6 TiB for the table"
+            "error: cannot build the in-process table; choose a smaller `--buckets`, \
+             `--memory` or `--probability`: cannot allocate 727.6 TiB for the table"
         ),
         "{stderr}"
     );
@@ -428,7 +427,7 @@ fn run_until_exit(addrs: &[SocketAddr], extra: &[&str], limit: Duration) -> (i32
 fn msg_timeout_refused(addr: SocketAddr) -> String {
     format!(
         "error: stopped: nsqd {addr} refused IDENTIFY: E_BAD_BODY IDENTIFY msg timeout (3600000) \
-         is invalid; set `--msg-timeout` (`source.msg_timeout`) between 1s and nsqd's \
+         is invalid; set `--msg-timeout` between 1s and nsqd's \
          --max-msg-timeout (15m unless nsqd was started with another)"
     )
 }
@@ -733,5 +732,57 @@ fn a_lookupd_address_with_another_scheme_is_refused() {
              supported; use host:port or http://host:port\n"
                 .to_owned()
         )
+    );
+}
+
+#[test]
+fn a_setting_another_one_needs_is_named_by_its_flag() {
+    let base = ["--topic", "t", "--nsqd-tcp-address", "127.0.0.1:1"];
+    let with = |extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        run_refused(&[], &args)
+    };
+    assert_eq!(
+        with(&["--backoff", "10m", "--max-backoff", "1s"]),
+        (
+            1,
+            "error: invalid `--max-backoff` = 1s: must be at least `--backoff` (600s)\n".into()
+        )
+    );
+    let key = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(key.path(), [3u8; 32]).unwrap();
+    let key = key.path().to_str().unwrap();
+    assert_eq!(
+        with(&["--digest", "md5", "--digest-key-file", key]),
+        (
+            1,
+            "error: invalid `--digest` = \"md5\": a digest key file selects keyed BLAKE3; set \
+             `--digest` to \"blake3\" or leave it out\n"
+                .into()
+        )
+    );
+}
+
+#[test]
+fn an_unwritable_dead_letter_file_is_named_by_its_flag() {
+    let (code, stderr) = run_refused(
+        &[],
+        &[
+            "--topic",
+            "t",
+            "--nsqd-tcp-address",
+            "127.0.0.1:1",
+            "--metrics-address",
+            "off",
+            "--dead-letter-file",
+            "/nonexistent/x",
+        ],
+    );
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(
+        stderr.lines().last().unwrap(),
+        "error: cannot open the dead-letter: writing dead-letter file /nonexistent/x: No such \
+         file or directory (os error 2) (check `--dead-letter-file`)"
     );
 }

@@ -389,3 +389,46 @@ fn a_record_without_an_end_is_refused_not_held_without_bound() {
         )
     );
 }
+
+#[test]
+fn a_record_without_its_field_names_the_key_not_a_config_setting() {
+    bin()
+        .args(["filter", "--key", "json:/id", "--on-missing-key", "error"])
+        .write_stdin("{\"n\":1}\n")
+        .assert()
+        .code(1)
+        .stdout("")
+        .stderr(
+            "error: while filtering stdin: record 1 has no key: body has no field at JSON \
+             pointer `/id` of the key `json:/id`; pass `--on-missing-key pass` to let such \
+             records through\n",
+        );
+}
+
+#[test]
+fn a_recreated_table_file_is_logged_under_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("table");
+    std::fs::write(&table, b"not a table file").unwrap();
+    let out = bin()
+        .args([
+            "filter",
+            "--memory",
+            "64KiB",
+            "--table-file-on-mismatch",
+            "recreate",
+        ])
+        .arg("--table-file")
+        .arg(&table)
+        .write_stdin("a\n")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("Starting with an empty table (`--table-file-on-mismatch recreate`)."),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("store."), "{stderr}");
+}

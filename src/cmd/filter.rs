@@ -52,7 +52,7 @@ pub(crate) fn run(args: &FilterArgs) -> Result<()> {
         ),
         Some(path) => {
             let identity = format!("{} {}", keyer.key(), keyer.algorithm());
-            let (file, table, _) = TableFile::open(
+            let (file, table, report) = TableFile::open(
                 path,
                 geometry,
                 &identity,
@@ -60,6 +60,10 @@ pub(crate) fn run(args: &FilterArgs) -> Result<()> {
                 timing,
             )
             .map_err(|error| anyhow::anyhow!("{}", for_filter(&error.to_string())))?;
+            if let Some(reason) = &report.recreated {
+                let reason = for_filter(reason);
+                tracing::error!(table_file = %path.display(), %reason, "Starting with an empty table (`--table-file-on-mismatch recreate`).");
+            }
             (table, Some(file))
         }
     };

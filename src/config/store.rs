@@ -118,10 +118,10 @@ impl RawStore {
                 ),
             ] {
                 if given {
-                    return Err(ConfigError::Required {
-                        key: "store.table_file",
-                        with: key,
-                    });
+                    return Err(ConfigError::required(
+                        "store.table_file",
+                        &format!("`{key}`"),
+                    ));
                 }
             }
             return Ok(None);
@@ -203,10 +203,7 @@ impl RawStore {
             (Some(buckets), None) => Geometry::new(buckets, ways)
                 .map_err(|e| invalid("store.buckets", buckets.to_string(), e.to_string())),
             (None, Some(probability)) => {
-                let rate = self.rate.ok_or(ConfigError::Required {
-                    key: "store.rate",
-                    with: "`store.probability`",
-                })?;
+                let rate = self.rate.ok_or(ConfigError::required("store.rate", "`store.probability`"))?;
                 if !(rate > 0.0 && rate.is_finite()) {
                     return Err(invalid(
                         "store.rate",

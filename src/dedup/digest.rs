@@ -369,7 +369,7 @@ mod tests {
         assert_ne!(one, keyer.digest(br#"{"id":"x2"}"#).unwrap());
         assert_eq!(
             keyer.digest(br#"{"other":1}"#).unwrap_err().to_string(),
-            "body has no field at JSON pointer `/id` (set by `key = \"json:/id\"`)"
+            "body has no field at JSON pointer `/id` of the key `json:/id`"
         );
         let err = keyer.digest(b"not json").unwrap_err().to_string();
         assert!(err.starts_with("body is not valid JSON ("), "{err}");

@@ -219,7 +219,6 @@ impl TableFile {
                     cause,
                 })?;
                 let reason = format!("{error}; moved to {}", aside.display());
-                tracing::error!(table_file = %path.display(), %reason, "Starting with an empty table (table_file_on_mismatch = \"recreate\").");
                 let report = LoadReport {
                     recreated: Some(reason),
                     ..LoadReport::default()

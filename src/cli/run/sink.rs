@@ -118,8 +118,8 @@ impl SinkFlags {
                 headers.retain(|existing, _| !existing.eq_ignore_ascii_case(name));
                 headers.insert(name.clone(), value.clone());
             }
-            overlay.record("sink.headers", "--header");
         }
+        overlay.record("sink.headers", "--header", !self.headers.is_empty());
         overlay.value(
             &mut sink.content_type,
             self.content_type.as_ref(),
