@@ -638,7 +638,7 @@ fn nsqd_connection_options_are_checked_before_connecting() {
         )
     );
     assert_eq!(
-        run(&["--producer-opt", "deflate_level,12"]).1,
+        run(&["--dead-letter-topic", "dl", "--producer-opt", "deflate_level,12"]).1,
         "error: invalid `--producer-opt deflate_level` = 12: expected 1 (fastest) to 9 (smallest); nsqd caps \
          it at its --max-deflate-level\n"
     );
@@ -785,4 +785,115 @@ fn an_unwritable_dead_letter_file_is_named_by_its_flag() {
         "error: cannot open the dead-letter: writing dead-letter file /nonexistent/x: No such \
          file or directory (os error 2) (check `--dead-letter-file`)"
     );
+}
+
+#[test]
+fn a_setting_that_would_do_nothing_is_refused_with_what_it_needs() {
+    let base = ["--topic", "t", "--nsqd-tcp-address", "127.0.0.1:1"];
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--post", "http://127.0.0.1/"],
+            "`--post` is used only with `--sink http`",
+        ),
+        (
+            &["--gzip-level", "5"],
+            "`--gzip-level` is used only with `--sink file`",
+        ),
+        (
+            &["--output-dir", "/tmp"],
+            "`--output-dir` is used only with `--sink file`",
+        ),
+        (
+            &["--store", "none", "--buckets", "1024"],
+            "`--buckets` is used only with a table, `--store memory` or `--store memcached`",
+        ),
+        (
+            &[
+                "--store",
+                "memory",
+                "--memcached-address",
+                "127.0.0.1:11211",
+            ],
+            "`--memcached-address` is used only with `--store memcached`",
+        ),
+        (
+            &["--near-table", "16MiB"],
+            "`--near-table` is used only with `--store memcached`",
+        ),
+        (
+            &["--snapshot-interval", "1m"],
+            "`--snapshot-interval` is used only with `--table-file`",
+        ),
+        (
+            &["--lookupd-poll-interval", "10s"],
+            "`--lookupd-poll-interval` is used only with `--lookupd-http-address`",
+        ),
+        (
+            &["--producer-opt", "snappy"],
+            "`--producer-opt snappy` is used only with an nsq producer, `--sink nsq` or \
+             `--dead-letter-topic`",
+        ),
+    ];
+    for (extra, expected) in cases {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        assert_eq!(
+            run_refused(&[], &args),
+            (
+                1,
+                format!("error: {expected}: remove it, or set that too\n")
+            ),
+            "{extra:?}"
+        );
+    }
+}
+
+/// A server on a free loopback port that answers every connection as an HTTP server answers a
+/// request it cannot read, until the returned flag is set (or 30 s pass).
+fn http_port() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+    use std::io::Write as _;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let stopped = stop.clone();
+    std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !stopped.load(Ordering::Relaxed) && Instant::now() < deadline {
+            match listener.accept() {
+                Ok((mut conn, _)) => {
+                    let _ = conn.set_nonblocking(false);
+                    let _ = conn.set_read_timeout(Some(Duration::from_secs(1)));
+                    let mut request = [0u8; 64];
+                    let _ = conn.read(&mut request);
+                    let _ = conn.write_all(
+                        b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n\
+                          Connection: close\r\n\r\n400 Bad Request",
+                    );
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    });
+    (addr, stop)
+}
+
+#[test]
+fn an_http_port_given_as_nsqd_is_named_and_not_retried() {
+    let (addr, stop) = http_port();
+    let (code, stderr) = run_until_exit(&[addr], &[], Duration::from_secs(20));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(
+        stderr.lines().last().unwrap(),
+        format!(
+            "error: stopped: nsqd {addr} refused the NSQ protocol: it answered in HTTP \
+             (\"HTTP\"…), so this is not nsqd's TCP port; give nsqd's TCP address (its \
+             --tcp-address, port 4150 unless nsqd was started with another; 4151 is its HTTP \
+             port) with `--nsqd-tcp-address`"
+        )
+    );
+    // Reported once by the consumer, once as the exit error: not retried for ever.
+    assert_eq!(stderr.matches("answered in HTTP").count(), 2, "{stderr}");
 }

@@ -94,6 +94,7 @@ mod service;
 mod sink;
 mod source;
 mod store;
+mod unused;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -172,6 +173,16 @@ pub enum ConfigError {
         /// The flag that sets the missing key, if there is one.
         flag: Option<&'static str>,
     },
+    /// A setting was given that the other settings leave unused.
+    #[error("`{}` is used only with {needs}: remove it, or set that too", flag.unwrap_or(key))]
+    Unused {
+        /// The key, as `section.name`.
+        key: &'static str,
+        /// The flag that gave it, if one did.
+        flag: Option<&'static str>,
+        /// What it needs, as the user would set it.
+        needs: String,
+    },
     /// The NSQ consumer refused its settings for a reason no single key explains.
     #[error("the NSQ consumer cannot start with these `[source]` settings")]
     Consumer(#[source] crate::nsq::Error),
@@ -195,6 +206,11 @@ impl ConfigError {
                 flag: flags.flag_for(key),
                 value,
                 reason: flags.rename(&reason),
+            },
+            ConfigError::Unused { key, needs, .. } => ConfigError::Unused {
+                key,
+                flag: flags.naming(key),
+                needs: flags.rename(&needs),
             },
             ConfigError::Required { key, with, .. } => ConfigError::Required {
                 key,
@@ -412,6 +428,7 @@ impl RawConfig {
     }
 
     fn validate_sections(&self) -> Result<Settings, ConfigError> {
+        unused::check(self)?;
         let mut source = self.source.validate()?;
         let (transport, identity) = self.consumer_opt.validate(nsq_opts::Side::Consumer)?;
         source.apply(transport, identity)?;

@@ -61,6 +61,18 @@ impl ServiceFlags {
             "shutdown.grace",
             "--shutdown-grace",
         );
+        // The dead-letter's flags set keys only when there is a dead-letter; they name them
+        // always.
+        for (key, flag) in [
+            ("dead_letter.path", "--dead-letter-file"),
+            ("dead_letter.topic", "--dead-letter-topic"),
+            (
+                "dead_letter.nsqd_tcp_addresses",
+                "--dead-letter-nsqd-tcp-address",
+            ),
+        ] {
+            overlay.record(key, flag, false);
+        }
         let kind = match (&self.dead_letter_file, &self.dead_letter_topic) {
             (Some(_), _) => Some(DeadLetterKind::File),
             (None, Some(_)) => Some(DeadLetterKind::Nsq),
