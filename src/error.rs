@@ -68,7 +68,7 @@ pub enum SpecError {
     #[error("a JSON pointer escapes `~` as `~0` and `/` as `~1`; no other `~` may appear")]
     Pointer(String),
     /// `--digest` / `digest` was not understood.
-    #[error("expected `xxh3`, `xxh3:<seed>` or `md5`")]
+    #[error("expected `xxh3`, `xxh3:<seed>`, `md5`, or `blake3` with a digest key file")]
     Digest(String),
 }
 

@@ -46,14 +46,56 @@ fn a_flag_value_is_reported_under_the_flag_not_the_key() {
         "t",
         "--nsqd-tcp-address",
         "127.0.0.1:1",
-        "--max-in-flight",
-        "0",
+        "--heartbeat-interval",
+        "2m",
     ]);
     assert_eq!(
         (code, stderr.as_str()),
         (
             1,
-            "error: invalid `--max-in-flight` = 0: must be at least 1\n"
+            "error: invalid `--heartbeat-interval` = 120s: nsqd accepts 1 s to 60 s, got 120s\n"
+        )
+    );
+}
+
+#[test]
+fn counts_out_of_range_say_the_range_accepted() {
+    for (flag, value, max) in [
+        ("--max-in-flight", "999999999999", "4294967295"),
+        ("--max-in-flight", "0", "4294967295"),
+        ("--max-attempts", "0", "65535"),
+    ] {
+        let (code, stderr) = run_refused(&[], &["--topic", "t", flag, value]);
+        assert_eq!(code, 2, "{stderr}");
+        assert!(
+            stderr.starts_with(&format!(
+                "error: invalid value '{value}' for '{flag} <N>': expected a whole number from 1 \
+                 to {max}\n"
+            )),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn a_lookupd_poll_interval_below_go_nsqs_bound_is_refused() {
+    assert_eq!(
+        run_refused(
+            &[],
+            &[
+                "--topic",
+                "t",
+                "--lookupd-http-address",
+                "127.0.0.1:1",
+                "--lookupd-poll-interval",
+                "1ms"
+            ]
+        ),
+        (
+            1,
+            "error: invalid `--lookupd-poll-interval` = 1ms: must be 10ms to 5m (as go-nsq's), \
+             got 1ms\n"
+                .to_owned()
         )
     );
 }
@@ -896,4 +938,52 @@ fn an_http_port_given_as_nsqd_is_named_and_not_retried() {
     );
     // Reported once by the consumer, once as the exit error: not retried for ever.
     assert_eq!(stderr.matches("answered in HTTP").count(), 2, "{stderr}");
+}
+
+#[test]
+fn run_names_every_missing_setting_at_once() {
+    assert_eq!(
+        run_refused(&[], &["--sink", "http"]),
+        (
+            1,
+            "error: `source.topic` is required: set it in the config file or pass `--topic`; \
+             `source.nsqd_tcp_addresses` is required: set it in the config file or pass \
+             `--nsqd-tcp-address` or `--lookupd-http-address`; `sink.post` is required: set it \
+             in the config file or pass `--post`\n"
+                .to_owned()
+        )
+    );
+}
+
+#[test]
+fn a_negative_value_is_a_value_not_a_flag() {
+    let expected = "error: invalid value '-0.5' for '--probability <P>': expected a probability \
+                    between 0 and 1 exclusive, such as 0.99\n";
+    let (code, stderr) = fails(&["size", "--probability", "-0.5", "--messages", "5"]);
+    assert_eq!(code, 2);
+    assert!(stderr.starts_with(expected), "{stderr}");
+    let (code, stderr) = run_refused(&[], &["--topic", "t", "--probability", "-0.5"]);
+    assert_eq!(code, 2);
+    assert!(stderr.starts_with(expected), "{stderr}");
+    let (code, stderr) = fails(&["size", "--buckets", "8", "--rate", "-1", "--window", "1h"]);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.starts_with(
+            "error: invalid value '-1' for '--rate <MSG/S>': expected messages per second \
+             greater than 0, such as 1000\n"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn the_logging_flags_follow_each_subcommands_own() {
+    for command in ["size", "filter", "run"] {
+        let help = bin().args([command, "--help"]).output().unwrap().stdout;
+        let help = String::from_utf8(help).unwrap();
+        let logging = help.find("\nLogging:\n").expect("a Logging section");
+        assert!(help.find("--log-level").unwrap() > logging, "{help}");
+        assert!(help.find("--log-format").unwrap() > logging, "{help}");
+        assert!(help.find("--help").unwrap() < logging, "{help}");
+    }
 }

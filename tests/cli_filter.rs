@@ -205,7 +205,7 @@ fn bad_flags_and_missing_files_are_reported() {
         .assert()
         .failure()
         .stderr(predicate::str::contains(
-            "invalid value 'sha1' for '--digest <DIGEST>': expected `xxh3`, `xxh3:<seed>` or `md5`",
+            "invalid value 'sha1' for '--digest <DIGEST>': expected `xxh3`, `xxh3:<seed>`, `md5`, or `blake3` with a digest key file",
         ));
     bin()
         .args(["filter", "--memory", "10"])
@@ -431,4 +431,38 @@ fn a_recreated_table_file_is_logged_under_the_flag() {
         "{stderr}"
     );
     assert!(!stderr.contains("store."), "{stderr}");
+}
+
+#[test]
+fn filter_takes_blake3_with_its_key_as_run_does() {
+    let key = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(key.path(), [9u8; 32]).unwrap();
+    bin()
+        .args(["filter", "--digest", "blake3", "--digest-key-file"])
+        .arg(key.path())
+        .write_stdin("x\ny\nx\n")
+        .assert()
+        .success()
+        .stdout("x\ny\n");
+    bin()
+        .args(["filter", "--digest", "blake3"])
+        .write_stdin("x\n")
+        .assert()
+        .code(1)
+        .stdout("")
+        .stderr(
+            "error: `--digest blake3` needs its key: pass `--digest-key-file`, a file of 32 \
+             bytes such as `head -c 32 /dev/urandom > FILE` makes\n",
+        );
+    bin()
+        .args(["filter", "--digest", "md5", "--digest-key-file"])
+        .arg(key.path())
+        .write_stdin("x\n")
+        .assert()
+        .code(1)
+        .stdout("")
+        .stderr(
+            "error: invalid `--digest` = \"md5\": a digest key file selects keyed BLAKE3; set \
+             `--digest` to \"blake3\" or leave it out\n",
+        );
 }

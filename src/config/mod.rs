@@ -160,6 +160,9 @@ pub enum ConfigError {
         /// The flags that set it (any one of them).
         flags: &'static [&'static str],
     },
+    /// Several required values are missing: each is named.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    MissingAll(Vec<ConfigError>),
     /// A value that another one needs is missing.
     #[error(
         "`{key}` is required with {with}: set it in the config file{}",
@@ -429,7 +432,21 @@ impl RawConfig {
 
     fn validate_sections(&self) -> Result<Settings, ConfigError> {
         unused::check(self)?;
-        let mut source = self.source.validate()?;
+        let mut source = self.source.validate().map_err(|error| {
+            // Every missing setting at once, the sink's too, not one per attempt.
+            let mut missing = match error {
+                ConfigError::Missing { .. } => vec![error],
+                ConfigError::MissingAll(all) => all,
+                other => return other,
+            };
+            if let Err(sink @ ConfigError::Missing { .. }) = self.sink.validate("topic") {
+                missing.push(sink);
+            }
+            match missing.len() {
+                1 => missing.remove(0),
+                _ => ConfigError::MissingAll(missing),
+            }
+        })?;
         let (transport, identity) = self.consumer_opt.validate(nsq_opts::Side::Consumer)?;
         source.apply(transport, identity)?;
         let (producer, _) = self.producer_opt.validate(nsq_opts::Side::Producer)?;

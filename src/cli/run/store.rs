@@ -34,10 +34,16 @@ pub(crate) struct StoreFlags {
     pub(crate) ways: Option<u32>,
     /// Size the table for this catch probability a whole window late (with --rate and
     /// --window). `store.probability`.
-    #[arg(long, value_name = "P", value_parser = parse_probability, conflicts_with = "buckets")]
+    #[arg(
+        long,
+        value_name = "P",
+        value_parser = parse_probability,
+        conflicts_with = "buckets",
+        allow_negative_numbers = true
+    )]
     pub(crate) probability: Option<f64>,
     /// Distinct messages per second, for sizing and the reported catch probability. `store.rate`.
-    #[arg(long, value_name = "MSG/S", value_parser = parse_rate)]
+    #[arg(long, value_name = "MSG/S", value_parser = parse_rate, allow_negative_numbers = true)]
     pub(crate) rate: Option<f64>,
     /// How late a copy may arrive and still be caught (default 1h). `store.window`.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
