@@ -191,7 +191,7 @@ fn a_hex_key_file_counts_its_digits_and_names_what_is_not_hex() {
             Some(1),
             format!(
                 "{prefix}expected 32 bytes or 64 hexadecimal digits (0-9, a-f), found 64 \
-                 characters with 2 that are not hexadecimal: 'x', 'g'; make a key with \
+                 characters of which 2 are not hexadecimal (characters 2, 64); make a key with \
                  `head -c 32 /dev/urandom > FILE`\n"
             )
         )

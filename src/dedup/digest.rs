@@ -117,21 +117,28 @@ impl DigestKey {
                 contents.len()
             ));
         };
-        let mut not_hex: Vec<char> = Vec::new();
-        for c in text.chars().filter(|c| !c.is_ascii_hexdigit()) {
-            if !not_hex.contains(&c) {
-                not_hex.push(c);
-            }
-        }
+        // The file is a secret: what is wrong is named by position, never by its characters.
+        let not_hex: Vec<usize> = text
+            .chars()
+            .enumerate()
+            .filter(|(_, c)| !c.is_ascii_hexdigit())
+            .map(|(i, _)| i + 1)
+            .collect();
         if !not_hex.is_empty() {
-            let named: Vec<String> = not_hex.iter().take(5).map(|c| format!("{c:?}")).collect();
+            let shown: Vec<String> = not_hex.iter().take(5).map(ToString::to_string).collect();
+            let more = if not_hex.len() > 5 { ", ..." } else { "" };
             return Err(format!(
-                "expected 32 bytes or 64 hexadecimal digits (0-9, a-f), found {} characters \
-                 with {} that {} not hexadecimal: {}; {make}",
+                "expected 32 bytes or 64 hexadecimal digits (0-9, a-f), found {} characters of \
+                 which {} {} not hexadecimal ({} {}{more}); {make}",
                 text.chars().count(),
                 not_hex.len(),
                 if not_hex.len() == 1 { "is" } else { "are" },
-                named.join(", ")
+                if not_hex.len() == 1 {
+                    "character"
+                } else {
+                    "characters"
+                },
+                shown.join(", ")
             ));
         }
         if text.len() != 64 {
