@@ -704,18 +704,39 @@ fn nsqd_connection_options_are_checked_before_connecting() {
 }
 
 /// Runs `run` with `env` set and `args`, and returns its exit code and stderr; the settings
-/// are refused before anything connects.
+/// are refused before anything connects, so a run still going after 10 s fails the test.
 fn run_refused(env: &[(&str, &str)], args: &[&str]) -> (i32, String) {
-    let out = bin()
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
         .arg("run")
         .args(args)
         .envs(env.iter().copied())
-        .output()
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
-    assert!(out.stdout.is_empty());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("run {args:?} was not refused: still running after 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
     (
-        out.status.code().expect("exited, not killed by a signal"),
-        String::from_utf8(out.stderr).unwrap(),
+        status.code().expect("exited, not killed by a signal"),
+        stderr,
     )
 }
 
