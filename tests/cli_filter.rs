@@ -466,3 +466,24 @@ fn filter_takes_blake3_with_its_key_as_run_does() {
              `--digest` to \"blake3\" or leave it out\n",
         );
 }
+
+#[test]
+fn a_table_file_whose_lock_cannot_be_made_names_the_table_file() {
+    bin()
+        .args([
+            "filter",
+            "--memory",
+            "64KiB",
+            "--table-file",
+            "/proc/version",
+        ])
+        .write_stdin("a\n")
+        .assert()
+        .code(1)
+        .stdout("")
+        .stderr(
+            "error: table file /proc/version: cannot create its lock file /proc/version.lock \
+             beside it: No such file or directory (os error 2); the table file's directory must \
+             be writable\n",
+        );
+}
