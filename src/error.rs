@@ -51,7 +51,7 @@ pub enum KeyError {
         detail: String,
     },
     /// The body is JSON but lacks the field.
-    #[error("body has no field at JSON pointer `{pointer}` (set by `key = \"json:{pointer}\"`)")]
+    #[error("body has no field at JSON pointer `{pointer}` of the key `json:{pointer}`")]
     MissingField {
         /// The configured JSON pointer.
         pointer: String,
@@ -68,7 +68,7 @@ pub enum SpecError {
     #[error("a JSON pointer escapes `~` as `~0` and `/` as `~1`; no other `~` may appear")]
     Pointer(String),
     /// `--digest` / `digest` was not understood.
-    #[error("expected `xxh3`, `xxh3:<seed>` or `md5`")]
+    #[error("expected `xxh3`, `xxh3:<seed>`, `md5`, or `blake3` with a digest key file")]
     Digest(String),
 }
 

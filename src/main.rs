@@ -44,12 +44,14 @@ fn write_stdout(bytes: &[u8]) -> io::Result<()> {
 fn start_logging(flags: &cli::LogFlags) -> anyhow::Result<()> {
     use tracing_subscriber::EnvFilter;
     let filter = match &flags.log_level {
-        Some(level) => EnvFilter::try_new(level).map_err(|error| {
-            anyhow::anyhow!(
-                "invalid `--log-level` {level:?} ({error}): expected a level such as info or \
-                 debug, or directives such as info,nsq_dedupe::nsq=debug"
-            )
-        })?,
+        Some(level) => check_log_level(level)
+            .and_then(|()| EnvFilter::try_new(level).map_err(|error| format!("{error}; ")))
+            .map_err(|reason| {
+                anyhow::anyhow!(
+                    "invalid `--log-level` {level:?}: {reason}expected one of {LOG_LEVELS}, or \
+                     directives such as info,nsq_dedupe::nsq=debug"
+                )
+            })?,
         None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
     };
     // A log line that cannot be written (stderr closed) is dropped, not reported on the
@@ -62,6 +64,29 @@ fn start_logging(flags: &cli::LogFlags) -> anyhow::Result<()> {
         // Colours only for a person at a terminal, not in log files.
         cli::LogFormat::Text => logs.with_ansi(io::stderr().is_terminal()).init(),
         cli::LogFormat::Json => logs.json().init(),
+    }
+    Ok(())
+}
+
+/// The levels `--log-level` accepts, alone or after `target=`.
+const LOG_LEVELS: &str = "off, error, warn, info, debug, trace";
+
+/// Refuses a directive that is a word but not a level: tracing would read `verbose` or
+/// `WARNING` as the name of a module to log at every level, and so log nothing else.
+fn check_log_level(text: &str) -> Result<(), String> {
+    for directive in text.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        if directive.contains(['[', '{']) {
+            continue;
+        }
+        let level = directive
+            .rsplit_once('=')
+            .map_or(directive, |(_, level)| level);
+        let known = LOG_LEVELS
+            .split(", ")
+            .any(|name| name.eq_ignore_ascii_case(level));
+        if !known {
+            return Err(format!("{level:?} is not a level; "));
+        }
     }
     Ok(())
 }

@@ -218,6 +218,12 @@ impl<H: Handler> Sidecar<H> {
                     file.on_mismatch,
                     timing(settings.max_age),
                 )?;
+                if let Some(reason) = &report.recreated {
+                    let names = &settings.names;
+                    let reason = names.rename(reason);
+                    let setting = names.rename("`store.table_file_on_mismatch = \"recreate\"`");
+                    tracing::error!(table_file = %file.path.display(), %reason, "Starting with an empty table ({setting}).");
+                }
                 tracing::info!(
                     table_file = %file.path.display(),
                     entries = report.entries,

@@ -40,7 +40,8 @@ const MEMCACHED_ENTRY_BYTES: u64 = 34;
 /// `distinct_after` may be fractional (a rate times a window). Returns a value in `[0, 1]`.
 pub fn catch_probability(geometry: Geometry, distinct_after: f64) -> f64 {
     let ways = geometry.ways();
-    if distinct_after <= 0.0 {
+    if distinct_after <= f64::from(ways - 1) {
+        // Fewer later digests than the set holds beside the entry: none can evict it.
         return 1.0;
     }
     if geometry.sets() == 1 {
@@ -69,7 +70,9 @@ pub fn catch_probability(geometry: Geometry, distinct_after: f64) -> f64 {
         let k = f64::from(k);
         ln_terms.push(ln_choose + k * ln_p + (x - k) * ln_q);
     }
-    log_sum_exp(&ln_terms).exp().clamp(0.0, 1.0)
+    // At least `ways` later digests may all land in the entry's set, so the catch is never
+    // certain: a sum that rounds to 1 is shown as just below it.
+    log_sum_exp(&ln_terms).exp().clamp(0.0, 1.0 - f64::EPSILON)
 }
 
 fn log_sum_exp(values: &[f64]) -> f64 {

@@ -46,14 +46,56 @@ fn a_flag_value_is_reported_under_the_flag_not_the_key() {
         "t",
         "--nsqd-tcp-address",
         "127.0.0.1:1",
-        "--max-in-flight",
-        "0",
+        "--heartbeat-interval",
+        "2m",
     ]);
     assert_eq!(
         (code, stderr.as_str()),
         (
             1,
-            "error: invalid `--max-in-flight` = 0: must be at least 1\n"
+            "error: invalid `--heartbeat-interval` = 120s: nsqd accepts 1 s to 60 s, got 120s\n"
+        )
+    );
+}
+
+#[test]
+fn counts_out_of_range_say_the_range_accepted() {
+    for (flag, value, max) in [
+        ("--max-in-flight", "999999999999", "4294967295"),
+        ("--max-in-flight", "0", "4294967295"),
+        ("--max-attempts", "0", "65535"),
+    ] {
+        let (code, stderr) = run_refused(&[], &["--topic", "t", flag, value]);
+        assert_eq!(code, 2, "{stderr}");
+        assert!(
+            stderr.starts_with(&format!(
+                "error: invalid value '{value}' for '{flag} <N>': expected a whole number from 1 \
+                 to {max}\n"
+            )),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn a_lookupd_poll_interval_below_go_nsqs_bound_is_refused() {
+    assert_eq!(
+        run_refused(
+            &[],
+            &[
+                "--topic",
+                "t",
+                "--lookupd-http-address",
+                "127.0.0.1:1",
+                "--lookupd-poll-interval",
+                "1ms"
+            ]
+        ),
+        (
+            1,
+            "error: invalid `--lookupd-poll-interval` = 1ms: must be 10ms to 5m (as go-nsq's), \
+             got 1ms\n"
+                .to_owned()
         )
     );
 }
@@ -89,8 +131,8 @@ fn a_metrics_address_in_use_says_its_cause_once() {
     assert_eq!(
         error,
         format!(
-            "error: cannot listen on metrics address {addr} (change `--metrics-address` / \
-             `metrics.address`, or set it to \"off\"): Address already in use (os error 98)"
+            "error: cannot listen on metrics address {addr} (change `--metrics-address`, or set \
+             it to \"off\"): Address already in use (os error 98)"
         )
     );
 }
@@ -334,9 +376,8 @@ fn a_table_larger_than_the_machine_is_an_error_not_an_abort() {
     let error = stderr.lines().last().unwrap();
     assert!(
         error.starts_with(
-            "error: cannot build the in-process table; choose a smaller `store.buckets` \
-             (`--buckets`), `store.memory` (`--memory`) or `store.probability`: cannot allocate \
-             727.6 TiB for the table"
+            "error: cannot build the in-process table; choose a smaller `--buckets`, \
+             `--memory` or `--probability`: cannot allocate 727.6 TiB for the table"
         ),
         "{stderr}"
     );
@@ -428,7 +469,7 @@ fn run_until_exit(addrs: &[SocketAddr], extra: &[&str], limit: Duration) -> (i32
 fn msg_timeout_refused(addr: SocketAddr) -> String {
     format!(
         "error: stopped: nsqd {addr} refused IDENTIFY: E_BAD_BODY IDENTIFY msg timeout (3600000) \
-         is invalid; set `--msg-timeout` (`source.msg_timeout`) between 1s and nsqd's \
+         is invalid; set `--msg-timeout` between 1s and nsqd's \
          --max-msg-timeout (15m unless nsqd was started with another)"
     )
 }
@@ -545,13 +586,60 @@ fn a_bad_log_level_is_an_error_naming_the_flag() {
     ]);
     assert_eq!(code, 2);
     assert!(
-        stderr.starts_with("error: invalid `--log-level` \"x=[\" ("),
+        stderr.starts_with("error: invalid `--log-level` \"x=[\": "),
         "{stderr}"
     );
     assert!(
-        stderr.ends_with("or directives such as info,nsq_dedupe::nsq=debug\n"),
+        stderr.ends_with(
+            "; expected one of off, error, warn, info, debug, trace, or directives such as \
+             info,nsq_dedupe::nsq=debug\n"
+        ),
         "{stderr}"
     );
+}
+
+#[test]
+fn a_word_that_is_not_a_log_level_is_refused_with_the_levels() {
+    for (typed, word) in [
+        ("verbose", "verbose"),
+        ("WARNING", "WARNING"),
+        ("info,nsq_dedupe=loud", "loud"),
+    ] {
+        assert_eq!(
+            fails(&[
+                "--log-level",
+                typed,
+                "size",
+                "--buckets",
+                "8",
+                "--messages",
+                "5"
+            ]),
+            (
+                2,
+                format!(
+                    "error: invalid `--log-level` {typed:?}: {word:?} is not a level; expected \
+                     one of off, error, warn, info, debug, trace, or directives such as \
+                     info,nsq_dedupe::nsq=debug\n"
+                )
+            )
+        );
+    }
+    // Levels are read in any case, alone or per target.
+    for accepted in ["WARN", "info,nsq_dedupe::nsq=debug", "off"] {
+        bin()
+            .args([
+                "--log-level",
+                accepted,
+                "size",
+                "--buckets",
+                "8",
+                "--messages",
+                "5",
+            ])
+            .assert()
+            .success();
+    }
 }
 
 #[test]
@@ -592,7 +680,7 @@ fn nsqd_connection_options_are_checked_before_connecting() {
         )
     );
     assert_eq!(
-        run(&["--producer-opt", "deflate_level,12"]).1,
+        run(&["--dead-letter-topic", "dl", "--producer-opt", "deflate_level,12"]).1,
         "error: invalid `--producer-opt deflate_level` = 12: expected 1 (fastest) to 9 (smallest); nsqd caps \
          it at its --max-deflate-level\n"
     );
@@ -613,4 +701,310 @@ fn nsqd_connection_options_are_checked_before_connecting() {
             "error: invalid `--auth-secret` = <redacted>: the secret is empty\n"
         )
     );
+}
+
+/// Runs `run` with `env` set and `args`, and returns its exit code and stderr; the settings
+/// are refused before anything connects, so a run still going after 10 s fails the test.
+fn run_refused(env: &[(&str, &str)], args: &[&str]) -> (i32, String) {
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
+        .arg("run")
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("run {args:?} was not refused: still running after 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    (
+        status.code().expect("exited, not killed by a signal"),
+        stderr,
+    )
+}
+
+#[test]
+fn comma_separated_addresses_are_several_addresses() {
+    // The second address is wrong: it is named alone, so the value was split.
+    let expected = "error: invalid `--nsqd-tcp-address` = \"nohost\": expected host:port such \
+                    as 127.0.0.1:4150\n";
+    assert_eq!(
+        run_refused(
+            &[("NSQ_DEDUPE_NSQD_TCP_ADDRESS", "127.0.0.1:4150,nohost")],
+            &["--topic", "t"]
+        ),
+        (1, expected.to_owned())
+    );
+    assert_eq!(
+        run_refused(
+            &[],
+            &[
+                "--topic",
+                "t",
+                "--nsqd-tcp-address",
+                "127.0.0.1:4150,nohost"
+            ]
+        ),
+        (1, expected.to_owned())
+    );
+    assert_eq!(
+        run_refused(
+            &[("NSQ_DEDUPE_MEMCACHED_ADDRESS", "127.0.0.1:11211,nohost")],
+            &[
+                "--topic",
+                "t",
+                "--nsqd-tcp-address",
+                "127.0.0.1:4150",
+                "--store",
+                "memcached"
+            ]
+        ),
+        (
+            1,
+            "error: invalid `--memcached-address` = \"nohost\": expected host:port such as \
+             127.0.0.1:4150\n"
+                .to_owned()
+        )
+    );
+}
+
+#[test]
+fn a_lookupd_address_with_another_scheme_is_refused() {
+    assert_eq!(
+        run_refused(&[], &["--topic", "t", "--lookupd-http-address", "ftp://x"]),
+        (
+            1,
+            "error: invalid `--lookupd-http-address` = \"ftp://x\": the scheme \"ftp\" is not \
+             supported; use host:port or http://host:port\n"
+                .to_owned()
+        )
+    );
+}
+
+#[test]
+fn a_setting_another_one_needs_is_named_by_its_flag() {
+    let base = ["--topic", "t", "--nsqd-tcp-address", "127.0.0.1:1"];
+    let with = |extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        run_refused(&[], &args)
+    };
+    assert_eq!(
+        with(&["--backoff", "10m", "--max-backoff", "1s"]),
+        (
+            1,
+            "error: invalid `--max-backoff` = 1s: must be at least `--backoff` (600s)\n".into()
+        )
+    );
+    let key = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(key.path(), [3u8; 32]).unwrap();
+    let key = key.path().to_str().unwrap();
+    assert_eq!(
+        with(&["--digest", "md5", "--digest-key-file", key]),
+        (
+            1,
+            "error: invalid `--digest` = \"md5\": a digest key file selects keyed BLAKE3; set \
+             `--digest` to \"blake3\" or leave it out\n"
+                .into()
+        )
+    );
+}
+
+#[test]
+fn an_unwritable_dead_letter_file_is_named_by_its_flag() {
+    let (code, stderr) = run_refused(
+        &[],
+        &[
+            "--topic",
+            "t",
+            "--nsqd-tcp-address",
+            "127.0.0.1:1",
+            "--metrics-address",
+            "off",
+            "--dead-letter-file",
+            "/nonexistent/x",
+        ],
+    );
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(
+        stderr.lines().last().unwrap(),
+        "error: cannot open the dead-letter: writing dead-letter file /nonexistent/x: No such \
+         file or directory (os error 2) (check `--dead-letter-file`)"
+    );
+}
+
+#[test]
+fn a_setting_that_would_do_nothing_is_refused_with_what_it_needs() {
+    let base = ["--topic", "t", "--nsqd-tcp-address", "127.0.0.1:1"];
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--post", "http://127.0.0.1/"],
+            "`--post` is used only with `--sink http`",
+        ),
+        (
+            &["--gzip-level", "5"],
+            "`--gzip-level` is used only with `--sink file`",
+        ),
+        (
+            &["--output-dir", "/tmp"],
+            "`--output-dir` is used only with `--sink file`",
+        ),
+        (
+            &["--store", "none", "--buckets", "1024"],
+            "`--buckets` is used only with a table, `--store memory` or `--store memcached`",
+        ),
+        (
+            &[
+                "--store",
+                "memory",
+                "--memcached-address",
+                "127.0.0.1:11211",
+            ],
+            "`--memcached-address` is used only with `--store memcached`",
+        ),
+        (
+            &["--near-table", "16MiB"],
+            "`--near-table` is used only with `--store memcached`",
+        ),
+        (
+            &["--snapshot-interval", "1m"],
+            "`--snapshot-interval` is used only with `--table-file`",
+        ),
+        (
+            &["--lookupd-poll-interval", "10s"],
+            "`--lookupd-poll-interval` is used only with `--lookupd-http-address`",
+        ),
+        (
+            &["--producer-opt", "snappy"],
+            "`--producer-opt snappy` is used only with an nsq producer, `--sink nsq` or \
+             `--dead-letter-topic`",
+        ),
+    ];
+    for (extra, expected) in cases {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        assert_eq!(
+            run_refused(&[], &args),
+            (
+                1,
+                format!("error: {expected}: remove it, or set that too\n")
+            ),
+            "{extra:?}"
+        );
+    }
+}
+
+/// A server on a free loopback port that answers every connection as an HTTP server answers a
+/// request it cannot read, until the returned flag is set (or 30 s pass).
+fn http_port() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+    use std::io::Write as _;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let stopped = stop.clone();
+    std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !stopped.load(Ordering::Relaxed) && Instant::now() < deadline {
+            match listener.accept() {
+                Ok((mut conn, _)) => {
+                    let _ = conn.set_nonblocking(false);
+                    let _ = conn.set_read_timeout(Some(Duration::from_secs(1)));
+                    let mut request = [0u8; 64];
+                    let _ = conn.read(&mut request);
+                    let _ = conn.write_all(
+                        b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n\
+                          Connection: close\r\n\r\n400 Bad Request",
+                    );
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    });
+    (addr, stop)
+}
+
+#[test]
+fn an_http_port_given_as_nsqd_is_named_and_not_retried() {
+    let (addr, stop) = http_port();
+    let (code, stderr) = run_until_exit(&[addr], &[], Duration::from_secs(20));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(
+        stderr.lines().last().unwrap(),
+        format!(
+            "error: stopped: nsqd {addr} refused the NSQ protocol: it answered in HTTP \
+             (\"HTTP\"…), so this is not nsqd's TCP port; give nsqd's TCP address (its \
+             --tcp-address, port 4150 unless nsqd was started with another; 4151 is its HTTP \
+             port) with `--nsqd-tcp-address`"
+        )
+    );
+    // Reported once by the consumer, once as the exit error: not retried for ever.
+    assert_eq!(stderr.matches("answered in HTTP").count(), 2, "{stderr}");
+}
+
+#[test]
+fn run_names_every_missing_setting_at_once() {
+    assert_eq!(
+        run_refused(&[], &["--sink", "http"]),
+        (
+            1,
+            "error: `source.topic` is required: set it in the config file or pass `--topic`; \
+             `source.nsqd_tcp_addresses` is required: set it in the config file or pass \
+             `--nsqd-tcp-address` or `--lookupd-http-address`; `sink.post` is required: set it \
+             in the config file or pass `--post`\n"
+                .to_owned()
+        )
+    );
+}
+
+#[test]
+fn a_negative_value_is_a_value_not_a_flag() {
+    let expected = "error: invalid value '-0.5' for '--probability <P>': expected a probability \
+                    between 0 and 1 exclusive, such as 0.99\n";
+    let (code, stderr) = fails(&["size", "--probability", "-0.5", "--messages", "5"]);
+    assert_eq!(code, 2);
+    assert!(stderr.starts_with(expected), "{stderr}");
+    let (code, stderr) = run_refused(&[], &["--topic", "t", "--probability", "-0.5"]);
+    assert_eq!(code, 2);
+    assert!(stderr.starts_with(expected), "{stderr}");
+    let (code, stderr) = fails(&["size", "--buckets", "8", "--rate", "-1", "--window", "1h"]);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.starts_with(
+            "error: invalid value '-1' for '--rate <MSG/S>': expected messages per second \
+             greater than 0, such as 1000\n"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn the_logging_flags_follow_each_subcommands_own() {
+    for command in ["size", "filter", "run"] {
+        let help = bin().args([command, "--help"]).output().unwrap().stdout;
+        let help = String::from_utf8(help).unwrap();
+        let logging = help.find("\nLogging:\n").expect("a Logging section");
+        assert!(help.find("--log-level").unwrap() > logging, "{help}");
+        assert!(help.find("--log-format").unwrap() > logging, "{help}");
+        assert!(help.find("--help").unwrap() < logging, "{help}");
+    }
 }

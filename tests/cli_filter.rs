@@ -90,7 +90,7 @@ records out:         3
 duplicates dropped:  3
 keyless (passed):    0
 table:               1,024 buckets in sets of 8 (8.0 KiB), 3 occupied
-catch probability:   > 0.999999999999 for a copy arriving after all 3 distinct records
+catch probability:   1 for a copy arriving after all 3 distinct records
 ",
         );
 }
@@ -153,9 +153,49 @@ fn a_keyed_digest_gives_the_same_answer_and_a_bad_key_file_is_named() {
         .stdout("")
         .stderr(format!(
             "error: invalid `--digest-key-file` = {:?}: expected 32 bytes or 64 hexadecimal \
-             digits, found 4 bytes; make a key with `head -c 32 /dev/urandom > FILE`\n",
+             digits, found 4 hexadecimal digits; make a key with `head -c 32 /dev/urandom > FILE`\n",
             short.path().display().to_string()
         ));
+}
+
+#[test]
+fn a_hex_key_file_counts_its_digits_and_names_what_is_not_hex() {
+    let key = tempfile::NamedTempFile::new().unwrap();
+    let refused = |contents: String| {
+        std::fs::write(key.path(), contents).unwrap();
+        let out = bin()
+            .args(["filter", "--digest-key-file"])
+            .arg(key.path())
+            .write_stdin("x\n")
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8(out.stderr).unwrap())
+    };
+    let prefix = format!(
+        "error: invalid `--digest-key-file` = {:?}: ",
+        key.path().display().to_string()
+    );
+    assert_eq!(
+        refused(format!("{}\n", "a".repeat(63))),
+        (
+            Some(1),
+            format!(
+                "{prefix}expected 32 bytes or 64 hexadecimal digits, found 63 hexadecimal \
+                 digits; make a key with `head -c 32 /dev/urandom > FILE`\n"
+            )
+        )
+    );
+    assert_eq!(
+        refused(format!("0x{}g\n", "a".repeat(61))),
+        (
+            Some(1),
+            format!(
+                "{prefix}expected 32 bytes or 64 hexadecimal digits (0-9, a-f), found 64 \
+                 characters of which 2 are not hexadecimal (characters 2, 64); make a key with \
+                 `head -c 32 /dev/urandom > FILE`\n"
+            )
+        )
+    );
 }
 
 #[test]
@@ -165,7 +205,7 @@ fn bad_flags_and_missing_files_are_reported() {
         .assert()
         .failure()
         .stderr(predicate::str::contains(
-            "invalid value 'sha1' for '--digest <DIGEST>': expected `xxh3`, `xxh3:<seed>` or `md5`",
+            "invalid value 'sha1' for '--digest <DIGEST>': expected `xxh3`, `xxh3:<seed>`, `md5`, or `blake3` with a digest key file",
         ));
     bin()
         .args(["filter", "--memory", "10"])
@@ -348,4 +388,102 @@ fn a_record_without_an_end_is_refused_not_held_without_bound() {
                 .to_owned()
         )
     );
+}
+
+#[test]
+fn a_record_without_its_field_names_the_key_not_a_config_setting() {
+    bin()
+        .args(["filter", "--key", "json:/id", "--on-missing-key", "error"])
+        .write_stdin("{\"n\":1}\n")
+        .assert()
+        .code(1)
+        .stdout("")
+        .stderr(
+            "error: while filtering stdin: record 1 has no key: body has no field at JSON \
+             pointer `/id` of the key `json:/id`; pass `--on-missing-key pass` to let such \
+             records through\n",
+        );
+}
+
+#[test]
+fn a_recreated_table_file_is_logged_under_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("table");
+    std::fs::write(&table, b"not a table file").unwrap();
+    let out = bin()
+        .args([
+            "filter",
+            "--memory",
+            "64KiB",
+            "--table-file-on-mismatch",
+            "recreate",
+        ])
+        .arg("--table-file")
+        .arg(&table)
+        .write_stdin("a\n")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("Starting with an empty table (`--table-file-on-mismatch recreate`)."),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("store."), "{stderr}");
+}
+
+#[test]
+fn filter_takes_blake3_with_its_key_as_run_does() {
+    let key = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(key.path(), [9u8; 32]).unwrap();
+    bin()
+        .args(["filter", "--digest", "blake3", "--digest-key-file"])
+        .arg(key.path())
+        .write_stdin("x\ny\nx\n")
+        .assert()
+        .success()
+        .stdout("x\ny\n");
+    bin()
+        .args(["filter", "--digest", "blake3"])
+        .write_stdin("x\n")
+        .assert()
+        .code(1)
+        .stdout("")
+        .stderr(
+            "error: `--digest blake3` needs its key: pass `--digest-key-file`, a file of 32 \
+             bytes such as `head -c 32 /dev/urandom > FILE` makes\n",
+        );
+    bin()
+        .args(["filter", "--digest", "md5", "--digest-key-file"])
+        .arg(key.path())
+        .write_stdin("x\n")
+        .assert()
+        .code(1)
+        .stdout("")
+        .stderr(
+            "error: invalid `--digest` = \"md5\": a digest key file selects keyed BLAKE3; set \
+             `--digest` to \"blake3\" or leave it out\n",
+        );
+}
+
+#[test]
+fn a_table_file_whose_lock_cannot_be_made_names_the_table_file() {
+    bin()
+        .args([
+            "filter",
+            "--memory",
+            "64KiB",
+            "--table-file",
+            "/proc/version",
+        ])
+        .write_stdin("a\n")
+        .assert()
+        .code(1)
+        .stdout("")
+        .stderr(
+            "error: table file /proc/version: cannot create its lock file /proc/version.lock \
+             beside it: No such file or directory (os error 2); the table file's directory must \
+             be writable\n",
+        );
 }

@@ -336,3 +336,55 @@ fn plot_into_a_missing_directory_is_an_error_naming_the_file() {
             "error: cannot write the plot to /nonexistent/dir/curve.svg",
         ));
 }
+
+#[test]
+fn a_table_without_max_age_says_nothing_of_max_age() {
+    let out = bin()
+        .args([
+            "size",
+            "--buckets",
+            "1024",
+            "--rate",
+            "1000",
+            "--window",
+            "1h",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(!text.contains("max age"), "{text}");
+    let hour = text.lines().find(|l| l.starts_with("1h ")).unwrap();
+    assert!(hour.ends_with("  0.000000"), "{text}");
+}
+
+#[test]
+fn probabilities_just_below_one_print_alike_whatever_the_window() {
+    for messages in ["1000", "10000", "100000"] {
+        let out = bin()
+            .args(["size", "--memory", "64MiB", "--messages", messages])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0));
+        let text = String::from_utf8(out.stdout).unwrap();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("Probability:"))
+            .unwrap();
+        assert_eq!(
+            line,
+            "Probability:  > 0.999999999999 that a copy arriving a whole window late is caught",
+            "{messages}"
+        );
+    }
+    // Fewer later messages than a set holds beside the entry: certain.
+    let out = bin()
+        .args(["size", "--memory", "64MiB", "--messages", "7"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("Probability:  1 that a copy arriving a whole window late is caught\n"),
+        "{text}"
+    );
+}

@@ -1807,6 +1807,7 @@ async fn store_error_policy_process_delivers_without_de_duplication() {
     raw.store.memcached_addresses = Some(vec![dead.to_string()]);
     raw.store.timeout = Some(Dur(Duration::from_millis(100)));
     raw.dedupe.on_store_error = Some(nsq_dedupe::pipeline::StoreErrorPolicy::Process);
+    raw.dedupe.store_error_requeue_delay = None;
     let recorder = Recorder::default();
     let running = Running::start(raw.validate().unwrap(), recorder.clone()).await;
     wait_until_or(
@@ -1859,6 +1860,7 @@ async fn copies_in_flight_are_finished_with_policy_finish() {
     b.publish_many(TOPIC, (0..20).map(payload));
     let mut raw = raw_config(&[a.tcp_addr(), b.tcp_addr()]);
     raw.dedupe.on_in_flight = Some(nsq_dedupe::pipeline::InFlightPolicy::Finish);
+    raw.dedupe.in_flight_requeue_delay = None;
     let recorder = Recorder::default();
     // Slow enough that the copy from the other nsqd arrives while this one runs.
     let handler = recorder.delivering_after(Duration::from_millis(300));

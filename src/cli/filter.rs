@@ -6,6 +6,25 @@ use clap::{Args, ValueEnum};
 use nsq_dedupe::dedup::table_file::OnMismatch;
 use nsq_dedupe::{DigestAlgorithm, KeySpec};
 
+/// `--digest`: an algorithm, or keyed BLAKE3, whose key comes from `--digest-key-file`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Digest {
+    /// An unkeyed algorithm.
+    Plain(DigestAlgorithm),
+    /// Keyed BLAKE3.
+    Blake3,
+}
+
+fn parse_digest(text: &str) -> Result<Digest, String> {
+    match text {
+        "blake3" => Ok(Digest::Blake3),
+        _ => text
+            .parse()
+            .map(Digest::Plain)
+            .map_err(|e: nsq_dedupe::error::SpecError| e.to_string()),
+    }
+}
+
 use super::table::TableFlags;
 
 /// Flags of `nsq-dedupe filter`.
@@ -17,14 +36,10 @@ pub(crate) struct FilterArgs {
     /// The key of a record: `body` (the whole line) or `json:<pointer>`, such as `json:/id`.
     #[arg(long, value_name = "KEY", default_value = "body")]
     pub(crate) key: KeySpec,
-    /// Digest of the key: `xxh3`, `xxh3:<seed>` or `md5`.
-    #[arg(
-        long,
-        value_name = "DIGEST",
-        default_value = "xxh3",
-        conflicts_with = "digest_key_file"
-    )]
-    pub(crate) digest: DigestAlgorithm,
+    /// Digest of the key: `xxh3` (default), `xxh3:<seed>`, `md5`, or `blake3` with
+    /// --digest-key-file.
+    #[arg(long, value_name = "DIGEST", value_parser = parse_digest)]
+    pub(crate) digest: Option<Digest>,
     /// File with a 32-byte key (raw or 64 hex digits): digests become keyed BLAKE3, which
     /// nobody without the key can predict.
     #[arg(long, value_name = "FILE")]

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 use clap::{Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand, ValueEnum};
 
-pub(crate) use filter::{FilterArgs, MissingKey};
+pub(crate) use filter::{Digest, FilterArgs, MissingKey};
 pub(crate) use parse::MAX_WINDOW_MESSAGES;
 pub(crate) use run::RunArgs;
 pub(crate) use size::SizeArgs;
@@ -70,11 +70,12 @@ impl Cli {
 /// How the binary logs (to stderr), for every subcommand.
 #[derive(Debug, Args)]
 pub(crate) struct LogFlags {
-    /// What to log: a level (error, warn, info, debug, trace) or tracing directives such as
-    /// `info,nsq_dedupe::nsq=debug`. Without it, RUST_LOG is read, else `info`.
+    /// What to log: a level (off, error, warn, info, debug, trace) or tracing directives such
+    /// as `info,nsq_dedupe::nsq=debug`. Without it, RUST_LOG is read, else `info`.
     #[arg(
         long,
         global = true,
+        help_heading = "Logging",
         value_name = "LEVEL",
         env = "NSQ_DEDUPE_LOG_LEVEL"
     )]
@@ -83,6 +84,7 @@ pub(crate) struct LogFlags {
     #[arg(
         long,
         global = true,
+        help_heading = "Logging",
         value_enum,
         value_name = "FORMAT",
         default_value_t = LogFormat::Text,

@@ -61,6 +61,22 @@ pub(crate) fn parse_messages(text: &str) -> Result<f64, String> {
     }
 }
 
+/// A whole number from 1 to `max`, such as `--max-in-flight`.
+fn parse_count(text: &str, max: u64) -> Result<u64, String> {
+    match text.replace(['_', ','], "").parse::<u64>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        _ => Err(format!("expected a whole number from 1 to {max}")),
+    }
+}
+
+pub(crate) fn parse_in_flight(text: &str) -> Result<u32, String> {
+    parse_count(text, u32::MAX.into()).map(|n| u32::try_from(n).expect("checked above"))
+}
+
+pub(crate) fn parse_attempts(text: &str) -> Result<u16, String> {
+    parse_count(text, u16::MAX.into()).map(|n| u16::try_from(n).expect("checked above"))
+}
+
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let duration = nsq_dedupe::units::parse_duration(text)?;
     match duration {

@@ -11,13 +11,19 @@ use super::table::TableFlags;
 #[derive(Debug, Args)]
 pub(crate) struct SizeArgs {
     /// Share of copies still caught when they arrive a whole window late (0 < p < 1).
-    #[arg(long, short = 'p', value_name = "P", value_parser = parse_probability)]
+    #[arg(
+        long,
+        short = 'p',
+        value_name = "P",
+        value_parser = parse_probability,
+        allow_negative_numbers = true
+    )]
     pub(crate) probability: Option<f64>,
     /// The table.
     #[command(flatten)]
     pub(crate) table: TableFlags,
     /// Distinct messages per second.
-    #[arg(long, value_name = "MSG/S", value_parser = parse_rate)]
+    #[arg(long, value_name = "MSG/S", value_parser = parse_rate, allow_negative_numbers = true)]
     pub(crate) rate: Option<f64>,
     /// How late a copy may arrive: 30s, 5m, 1h, 2d (needs --rate).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, conflicts_with = "messages")]

@@ -5,7 +5,7 @@ use std::io::{self, BufWriter, Read, Write};
 
 use anyhow::{Context, Result};
 
-use crate::cli::{FilterArgs, MissingKey};
+use crate::cli::{Digest, FilterArgs, MissingKey};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,12 +29,21 @@ pub(crate) fn run(args: &FilterArgs) -> Result<()> {
             "the default table size; give a smaller `--memory`",
         ),
     };
-    let digest = match &args.digest_key_file {
-        Some(path) => DigestAlgorithm::Blake3Keyed(
+    let digest = match (args.digest, &args.digest_key_file) {
+        (None | Some(Digest::Blake3), Some(path)) => DigestAlgorithm::Blake3Keyed(
             // Named by the flag: `filter` has no config file.
             nsq_dedupe::config::read_digest_key("--digest-key-file", path)?,
         ),
-        None => args.digest,
+        (Some(Digest::Plain(digest)), Some(_)) => anyhow::bail!(
+            "invalid `--digest` = \"{digest}\": a digest key file selects keyed BLAKE3; set \
+             `--digest` to \"blake3\" or leave it out"
+        ),
+        (Some(Digest::Blake3), None) => anyhow::bail!(
+            "`--digest blake3` needs its key: pass `--digest-key-file`, a file of 32 bytes such \
+             as `head -c 32 /dev/urandom > FILE` makes"
+        ),
+        (Some(Digest::Plain(digest)), None) => digest,
+        (None, None) => DigestAlgorithm::default(),
     };
     let keyer = Keyer::new(args.key.clone(), digest);
     let timing = args.max_age.map(|age| {
@@ -52,7 +61,7 @@ pub(crate) fn run(args: &FilterArgs) -> Result<()> {
         ),
         Some(path) => {
             let identity = format!("{} {}", keyer.key(), keyer.algorithm());
-            let (file, table, _) = TableFile::open(
+            let (file, table, report) = TableFile::open(
                 path,
                 geometry,
                 &identity,
@@ -60,6 +69,10 @@ pub(crate) fn run(args: &FilterArgs) -> Result<()> {
                 timing,
             )
             .map_err(|error| anyhow::anyhow!("{}", for_filter(&error.to_string())))?;
+            if let Some(reason) = &report.recreated {
+                let reason = for_filter(reason);
+                tracing::error!(table_file = %path.display(), %reason, "Starting with an empty table (`--table-file-on-mismatch recreate`).");
+            }
             (table, Some(file))
         }
     };

@@ -18,14 +18,24 @@ pub(crate) fn run(args: &RunArgs) -> anyhow::Result<()> {
     args.apply(&mut raw);
     let settings = raw.validate()?;
     tracing::info!(version = crate::cli::VERSION, "Starting nsq-dedupe.");
+    let names = settings.names.clone();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(async move {
+    let result = runtime.block_on(async move {
         let sidecar = nsq_dedupe::Sidecar::new(settings).await?;
         sidecar.run(signals()).await?;
         anyhow::Ok(())
+    });
+    // The service's errors name settings by their keys; say them as the user gave them. A
+    // closed output keeps its cause, which `main` looks for.
+    result.map_err(|error| {
+        if crate::is_broken_pipe(&error) {
+            error
+        } else {
+            anyhow::anyhow!("{}", names.rename(&format!("{error:#}")))
+        }
     })
 }
 

@@ -94,6 +94,7 @@ mod service;
 mod sink;
 mod source;
 mod store;
+mod unused;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -159,13 +160,31 @@ pub enum ConfigError {
         /// The flags that set it (any one of them).
         flags: &'static [&'static str],
     },
-    /// A value that another one needs is missing (there is no flag for it).
-    #[error("`{key}` is required with {with}: set it in the config file")]
+    /// Several required values are missing: each is named.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    MissingAll(Vec<ConfigError>),
+    /// A value that another one needs is missing.
+    #[error(
+        "`{key}` is required with {with}: set it in the config file{}",
+        flag.map_or_else(String::new, |flag| format!(" or pass `{flag}`"))
+    )]
     Required {
         /// The missing key, as `section.name`.
         key: &'static str,
-        /// The setting that needs it.
-        with: &'static str,
+        /// The setting that needs it, as the user gave it.
+        with: String,
+        /// The flag that sets the missing key, if there is one.
+        flag: Option<&'static str>,
+    },
+    /// A setting was given that the other settings leave unused.
+    #[error("`{}` is used only with {needs}: remove it, or set that too", flag.unwrap_or(key))]
+    Unused {
+        /// The key, as `section.name`.
+        key: &'static str,
+        /// The flag that gave it, if one did.
+        flag: Option<&'static str>,
+        /// What it needs, as the user would set it.
+        needs: String,
     },
     /// The NSQ consumer refused its settings for a reason no single key explains.
     #[error("the NSQ consumer cannot start with these `[source]` settings")]
@@ -176,7 +195,8 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
-    /// Names the flag instead of the key when the value came from a flag.
+    /// Names the flag instead of the key when the value came from a flag, and in the reason
+    /// names each other setting as the user gave it.
     fn naming_flags(self, flags: &FlagOrigins) -> Self {
         match self {
             ConfigError::Invalid {
@@ -188,9 +208,27 @@ impl ConfigError {
                 key,
                 flag: flags.flag_for(key),
                 value,
-                reason,
+                reason: flags.rename(&reason),
+            },
+            ConfigError::Unused { key, needs, .. } => ConfigError::Unused {
+                key,
+                flag: flags.naming(key),
+                needs: flags.rename(&needs),
+            },
+            ConfigError::Required { key, with, .. } => ConfigError::Required {
+                key,
+                with: flags.rename(&with),
+                flag: flags.known.get(key).copied(),
             },
             other => other,
+        }
+    }
+
+    pub(super) fn required(key: &'static str, with: &str) -> Self {
+        ConfigError::Required {
+            key,
+            with: with.to_owned(),
+            flag: None,
         }
     }
 }
@@ -205,17 +243,77 @@ fn flag_list(flags: &[&str]) -> String {
 
 /// Which config keys were set by which flag, so that errors name what the user typed.
 #[derive(Debug, Clone, Default)]
-pub struct FlagOrigins(BTreeMap<&'static str, &'static str>);
+pub struct FlagOrigins {
+    /// Keys a flag set, with that flag.
+    given: BTreeMap<&'static str, &'static str>,
+    /// Every key that has a flag, with the flag.
+    known: BTreeMap<&'static str, &'static str>,
+    /// Whether a config file was read: without one, every setting is named by its flag.
+    file: bool,
+}
 
 impl FlagOrigins {
-    /// Records that `flag` set `key` (as `section.name`).
-    pub fn record(&mut self, key: &'static str, flag: &'static str) {
-        self.0.insert(key, flag);
+    /// Records that `flag` sets `key` (as `section.name`); `given` when it did here.
+    pub fn record(&mut self, key: &'static str, flag: &'static str, given: bool) {
+        self.known.insert(key, flag);
+        if given {
+            self.given.insert(key, flag);
+        }
+    }
+
+    /// Records that the settings come from a config file as well as from flags.
+    pub fn with_file(&mut self) {
+        self.file = true;
     }
 
     /// The flag that set `key`, if one did.
     pub fn flag_for(&self, key: &str) -> Option<&'static str> {
-        self.0.get(key).copied()
+        self.given.get(key).copied()
+    }
+
+    /// The flag to name `key` by: the one that set it, or with no config file the one that
+    /// sets it.
+    fn naming(&self, key: &str) -> Option<&'static str> {
+        self.flag_for(key)
+            .or_else(|| (!self.file).then(|| self.known.get(key).copied()).flatten())
+    }
+
+    /// `text` with each setting in backquotes named as the user gives it: `` `source.backoff` ``
+    /// as `` `--backoff` `` when that flag set it (or there is no config file), and
+    /// `` `store.kind = "memcached"` `` as `` `--store memcached` ``.
+    pub fn rename(&self, text: &str) -> String {
+        let mut pieces: Vec<String> = text.split('`').map(str::to_owned).collect();
+        for piece in pieces.iter_mut().skip(1).step_by(2) {
+            let (key, value) = match piece.split_once(" = ") {
+                Some((key, value)) => (key, Some(value.trim_matches('"'))),
+                None => (piece.as_str(), None),
+            };
+            let Some(flag) = self.naming(key) else {
+                continue;
+            };
+            *piece = match value {
+                None | Some("true") => flag.to_owned(),
+                // `--consumer-opt deflate_level,6`
+                Some(value) if flag.contains(' ') => format!("{flag},{value}"),
+                Some(value) => format!("{flag} {value}"),
+            };
+        }
+        // A message that names a setting both ways, "`--x` (`section.x`)" or "`--x` /
+        // `section.x`", now names it twice: once is enough.
+        let mut i = 1;
+        while i + 3 < pieces.len() {
+            let (this, between, next) = (&pieces[i], &pieces[i + 1], &pieces[i + 2]);
+            let in_brackets = between == " (" && pieces[i + 3].starts_with(')');
+            if this == next && (between == " / " || in_brackets) {
+                if in_brackets {
+                    pieces[i + 3].remove(0);
+                }
+                pieces.drain(i + 1..i + 3);
+            } else {
+                i += 2;
+            }
+        }
+        pieces.join("`")
     }
 }
 
@@ -290,6 +388,8 @@ pub struct Settings {
     pub status_interval: Duration,
     /// How long in-flight handlers may finish at shutdown.
     pub grace: Duration,
+    /// Which flags gave which settings, to name them as the user gave them.
+    pub names: FlagOrigins,
 }
 
 impl RawConfig {
@@ -315,7 +415,9 @@ impl RawConfig {
             path: path.to_owned(),
             source,
         })?;
-        Self::from_toml(&text, &path.display().to_string())
+        let mut raw = Self::from_toml(&text, &path.display().to_string())?;
+        raw.flags.with_file();
+        Ok(raw)
     }
 
     /// Checks every value and builds [`Settings`].
@@ -329,7 +431,22 @@ impl RawConfig {
     }
 
     fn validate_sections(&self) -> Result<Settings, ConfigError> {
-        let mut source = self.source.validate()?;
+        unused::check(self)?;
+        let mut source = self.source.validate().map_err(|error| {
+            // Every missing setting at once, the sink's too, not one per attempt.
+            let mut missing = match error {
+                ConfigError::Missing { .. } => vec![error],
+                ConfigError::MissingAll(all) => all,
+                other => return other,
+            };
+            if let Err(sink @ ConfigError::Missing { .. }) = self.sink.validate("topic") {
+                missing.push(sink);
+            }
+            match missing.len() {
+                1 => missing.remove(0),
+                _ => ConfigError::MissingAll(missing),
+            }
+        })?;
         let (transport, identity) = self.consumer_opt.validate(nsq_opts::Side::Consumer)?;
         source.apply(transport, identity)?;
         let (producer, _) = self.producer_opt.validate(nsq_opts::Side::Producer)?;
@@ -366,6 +483,7 @@ impl RawConfig {
             metrics_address: service.metrics_address,
             status_interval: service.status_interval,
             grace: service.grace,
+            names: self.flags.clone(),
         })
     }
 }
@@ -490,6 +608,31 @@ mod tests {
             e,
             "`dedupe.digest_key_file` is required: set it in the config file or pass \
              `--digest-key-file`"
+        );
+    }
+
+    #[test]
+    fn settings_are_renamed_as_the_user_gave_them() {
+        let mut names = FlagOrigins::default();
+        names.record("source.backoff", "--backoff", true);
+        names.record("store.kind", "--store", false);
+        names.record(
+            "consumer_opt.deflate_level",
+            "--consumer-opt deflate_level",
+            true,
+        );
+        let text = "`source.backoff`, `store.kind = \"memcached\"`, `--backoff` \
+                    (`source.backoff`), `consumer_opt.deflate_level = 6`, `dedupe.key`";
+        assert_eq!(
+            names.rename(text),
+            "`--backoff`, `--store memcached`, `--backoff`, `--consumer-opt deflate_level,6`, \
+             `dedupe.key`"
+        );
+        // With a config file, a setting no flag gave keeps its key.
+        names.with_file();
+        assert_eq!(
+            names.rename("`store.kind` / `--store`, `source.backoff`"),
+            "`store.kind` / `--store`, `--backoff`"
         );
     }
 

@@ -108,6 +108,36 @@ pub(super) struct Identity {
 }
 
 impl RawNsqOpts {
+    /// Each option's key on `side`, with whether it was given.
+    pub(super) fn given(&self, side: Side) -> Vec<(&'static str, bool)> {
+        [
+            ("tls_v1", self.tls_v1.is_some()),
+            ("tls_root_ca_file", self.tls_root_ca_file.is_some()),
+            (
+                "tls_insecure_skip_verify",
+                self.tls_insecure_skip_verify.is_some(),
+            ),
+            ("tls_cert", self.tls_cert.is_some()),
+            ("tls_key", self.tls_key.is_some()),
+            ("tls_min_version", self.tls_min_version.is_some()),
+            ("snappy", self.snappy.is_some()),
+            ("deflate", self.deflate.is_some()),
+            ("deflate_level", self.deflate_level.is_some()),
+            ("auth_secret", self.auth_secret.is_some()),
+            ("auth_secret_file", self.auth_secret_file.is_some()),
+            ("user_agent", self.user_agent.is_some()),
+            ("output_buffer_size", self.output_buffer_size.is_some()),
+            (
+                "output_buffer_timeout",
+                self.output_buffer_timeout.is_some(),
+            ),
+            ("sample_rate", self.sample_rate.is_some()),
+        ]
+        .into_iter()
+        .map(|(name, given)| (key(side, name), given))
+        .collect()
+    }
+
     /// Checks the options and builds the transport and IDENTIFY details for `side`.
     pub(super) fn validate(&self, side: Side) -> Result<(Transport, Identity), ConfigError> {
         let key = |name| key(side, name);

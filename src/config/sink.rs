@@ -442,17 +442,14 @@ pub(super) fn validate_dead_letter(
         return Ok(None);
     };
     Ok(Some(match dl.kind {
-        DeadLetterKind::File => {
-            DeadLetterSettings::File(dl.path.clone().ok_or(ConfigError::Required {
-                key: "dead_letter.path",
-                with: "`dead_letter.kind = \"file\"`",
-            })?)
-        }
+        DeadLetterKind::File => DeadLetterSettings::File(dl.path.clone().ok_or(
+            ConfigError::required("dead_letter.path", "`dead_letter.kind = \"file\"`"),
+        )?),
         DeadLetterKind::Nsq => {
-            let topic = dl.topic.clone().ok_or(ConfigError::Required {
-                key: "dead_letter.topic",
-                with: "`dead_letter.kind = \"nsq\"`",
-            })?;
+            let topic = dl.topic.clone().ok_or(ConfigError::required(
+                "dead_letter.topic",
+                "`dead_letter.kind = \"nsq\"`",
+            ))?;
             check_name("dead_letter.topic", "topic", &topic)?;
             let addrs = dl
                 .nsqd_tcp_addresses
@@ -460,10 +457,10 @@ pub(super) fn validate_dead_letter(
                 .or_else(|| source.nsqd_tcp_addresses.clone())
                 .unwrap_or_default();
             if addrs.is_empty() {
-                return Err(ConfigError::Required {
-                    key: "dead_letter.nsqd_tcp_addresses",
-                    with: "`dead_letter.kind = \"nsq\"` when `source.nsqd_tcp_addresses` is empty",
-                });
+                return Err(ConfigError::required(
+                    "dead_letter.nsqd_tcp_addresses",
+                    "`dead_letter.kind = \"nsq\"` when `source.nsqd_tcp_addresses` is empty",
+                ));
             }
             for a in &addrs {
                 check_host_port("dead_letter.nsqd_tcp_addresses", a)?;

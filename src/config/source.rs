@@ -85,10 +85,24 @@ impl Source {
 
 impl RawSource {
     pub(super) fn validate(&self) -> Result<Source, ConfigError> {
-        let topic = self.topic.clone().ok_or(ConfigError::Missing {
-            key: "source.topic",
-            flags: &["--topic"],
-        })?;
+        let no_addresses = [&self.nsqd_tcp_addresses, &self.lookupd_http_addresses]
+            .iter()
+            .all(|addrs| addrs.as_ref().is_none_or(Vec::is_empty));
+        let missing_addresses = ConfigError::Missing {
+            key: "source.nsqd_tcp_addresses",
+            flags: &["--nsqd-tcp-address", "--lookupd-http-address"],
+        };
+        let Some(topic) = self.topic.clone() else {
+            let topic = ConfigError::Missing {
+                key: "source.topic",
+                flags: &["--topic"],
+            };
+            return Err(if no_addresses {
+                ConfigError::MissingAll(vec![topic, missing_addresses])
+            } else {
+                topic
+            });
+        };
         let channel = self
             .channel
             .clone()
@@ -98,11 +112,8 @@ impl RawSource {
         let mut consumer = ConsumerConfig::new(topic, channel);
         consumer.nsqd_tcp_addresses = self.nsqd_tcp_addresses.clone().unwrap_or_default();
         consumer.lookupd_http_addresses = self.lookupd_http_addresses.clone().unwrap_or_default();
-        if consumer.nsqd_tcp_addresses.is_empty() && consumer.lookupd_http_addresses.is_empty() {
-            return Err(ConfigError::Missing {
-                key: "source.nsqd_tcp_addresses",
-                flags: &["--nsqd-tcp-address", "--lookupd-http-address"],
-            });
+        if no_addresses {
+            return Err(missing_addresses);
         }
         for addr in &consumer.nsqd_tcp_addresses {
             check_host_port("source.nsqd_tcp_addresses", addr)?;

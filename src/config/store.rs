@@ -93,13 +93,6 @@ impl RawStore {
         let Some(text) = &self.near_table else {
             return Ok(None);
         };
-        if self.kind != Some(StoreKind::Memcached) {
-            return Err(invalid(
-                "store.near_table",
-                quote(Some(text)),
-                "a near-table stands in front of Memcached (`store.kind = \"memcached\"`)",
-            ));
-        }
         let bytes = crate::units::parse_bytes(text)
             .map_err(|reason| invalid("store.near_table", quote(Some(text)), reason))?;
         Geometry::with_memory(bytes, 8)
@@ -107,33 +100,12 @@ impl RawStore {
             .map_err(|e| invalid("store.near_table", quote(Some(text)), e.to_string()))
     }
 
-    /// `store.table_file` and its settings, checked against the store's kind.
+    /// `store.table_file` and its settings (`unused` checks that the store is in-process).
     pub(super) fn table_file(&self) -> Result<Option<TableFileSettings>, ConfigError> {
+        // Which store kinds use a table file is `unused`'s rule, checked before this.
         let Some(path) = &self.table_file else {
-            for (given, key) in [
-                (self.snapshot_interval.is_some(), "store.snapshot_interval"),
-                (
-                    self.table_file_on_mismatch.is_some(),
-                    "store.table_file_on_mismatch",
-                ),
-            ] {
-                if given {
-                    return Err(ConfigError::Required {
-                        key: "store.table_file",
-                        with: key,
-                    });
-                }
-            }
             return Ok(None);
         };
-        let kind = self.kind.unwrap_or(StoreKind::Memory);
-        if kind != StoreKind::Memory {
-            return Err(invalid(
-                "store.table_file",
-                quote(Some(&path.display().to_string())),
-                "only the in-process table (`store.kind = \"memory\"`) lives in a file",
-            ));
-        }
         let snapshot_interval = self
             .snapshot_interval
             .map_or(DEFAULT_SNAPSHOT_INTERVAL, |d| d.0);
@@ -203,22 +175,13 @@ impl RawStore {
             (Some(buckets), None) => Geometry::new(buckets, ways)
                 .map_err(|e| invalid("store.buckets", buckets.to_string(), e.to_string())),
             (None, Some(probability)) => {
-                let rate = self.rate.ok_or(ConfigError::Required {
-                    key: "store.rate",
-                    with: "`store.probability`",
-                })?;
+                let rate = self.rate.ok_or(ConfigError::required("store.rate", "`store.probability`"))?;
                 if !(rate > 0.0 && rate.is_finite()) {
                     return Err(invalid(
                         "store.rate",
                         rate.to_string(),
                         "must be more than 0 messages per second",
                     ));
-                }
-                if self.window.is_none() {
-                    return Err(ConfigError::Required {
-                        key: "store.window",
-                        with: "`store.probability`",
-                    });
                 }
                 let messages = rate * window.as_secs_f64();
                 let geometry = crate::sizing::slots_for(probability, ways, messages).map_err(

@@ -105,19 +105,54 @@ impl DigestKey {
         if let Ok(raw) = <[u8; 32]>::try_from(contents) {
             return Ok(DigestKey(raw));
         }
-        let text = std::str::from_utf8(contents).unwrap_or("").trim();
-        if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
-            let mut key = [0u8; 32];
-            for (i, byte) in key.iter_mut().enumerate() {
-                *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).unwrap_or(0);
-            }
-            return Ok(DigestKey(key));
+        let make = "make a key with `head -c 32 /dev/urandom > FILE`";
+        let Some(text) = std::str::from_utf8(contents)
+            .ok()
+            .map(str::trim)
+            .filter(|text| !text.chars().any(char::is_control))
+        else {
+            // Not text: a raw key of the wrong length. Its bytes are never shown.
+            return Err(format!(
+                "expected 32 bytes or 64 hexadecimal digits, found {} bytes; {make}",
+                contents.len()
+            ));
+        };
+        // The file is a secret: what is wrong is named by position, never by its characters.
+        let not_hex: Vec<usize> = text
+            .chars()
+            .enumerate()
+            .filter(|(_, c)| !c.is_ascii_hexdigit())
+            .map(|(i, _)| i + 1)
+            .collect();
+        if !not_hex.is_empty() {
+            let shown: Vec<String> = not_hex.iter().take(5).map(ToString::to_string).collect();
+            let more = if not_hex.len() > 5 { ", ..." } else { "" };
+            return Err(format!(
+                "expected 32 bytes or 64 hexadecimal digits (0-9, a-f), found {} characters of \
+                 which {} {} not hexadecimal ({} {}{more}); {make}",
+                text.chars().count(),
+                not_hex.len(),
+                if not_hex.len() == 1 { "is" } else { "are" },
+                if not_hex.len() == 1 {
+                    "character"
+                } else {
+                    "characters"
+                },
+                shown.join(", ")
+            ));
         }
-        Err(format!(
-            "expected 32 bytes or 64 hexadecimal digits, found {} bytes; make a key with \
-             `head -c 32 /dev/urandom > FILE`",
-            contents.len()
-        ))
+        if text.len() != 64 {
+            return Err(format!(
+                "expected 32 bytes or 64 hexadecimal digits, found {} hexadecimal digits; {make}",
+                text.len()
+            ));
+        }
+        let mut key = [0u8; 32];
+        for (i, byte) in key.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16)
+                .expect("every character was checked to be a hexadecimal digit");
+        }
+        Ok(DigestKey(key))
     }
 
     /// Eight hexadecimal digits derived from the key (not the key, and not enough of it to
@@ -317,7 +352,7 @@ mod tests {
             assert!(shown.contains(&key.fingerprint()), "{shown}");
             assert!(!shown.contains("0102030405"), "{shown}");
         }
-        let error = DigestKey::from_file_contents(b"short").unwrap_err();
+        let error = DigestKey::from_file_contents(&[1, 2, 3, 0xff, 0]).unwrap_err();
         assert!(error.starts_with("expected 32 bytes or 64 hexadecimal digits, found 5 bytes"));
     }
 
@@ -341,7 +376,7 @@ mod tests {
         assert_ne!(one, keyer.digest(br#"{"id":"x2"}"#).unwrap());
         assert_eq!(
             keyer.digest(br#"{"other":1}"#).unwrap_err().to_string(),
-            "body has no field at JSON pointer `/id` (set by `key = \"json:/id\"`)"
+            "body has no field at JSON pointer `/id` of the key `json:/id`"
         );
         let err = keyer.digest(b"not json").unwrap_err().to_string();
         assert!(err.starts_with("body is not valid JSON ("), "{err}");

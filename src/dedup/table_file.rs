@@ -98,6 +98,16 @@ pub enum TableFileError {
         /// The I/O error, in the message (said once).
         cause: io::Error,
     },
+    /// The lock file beside the table file could not be created.
+    #[error("table file {path}: cannot create its lock file {lock} beside it: {cause}; the table file's directory must be writable")]
+    LockFile {
+        /// The table file.
+        path: PathBuf,
+        /// The lock file.
+        lock: PathBuf,
+        /// The I/O error, in the message (said once).
+        cause: io::Error,
+    },
     /// Another process holds the file.
     #[error("table file {path} is in use by {holder} (its lock {lock} is held); stop it, or give this process another file")]
     Locked {
@@ -219,7 +229,6 @@ impl TableFile {
                     cause,
                 })?;
                 let reason = format!("{error}; moved to {}", aside.display());
-                tracing::error!(table_file = %path.display(), %reason, "Starting with an empty table (table_file_on_mismatch = \"recreate\").");
                 let report = LoadReport {
                     recreated: Some(reason),
                     ..LoadReport::default()
@@ -646,7 +655,14 @@ fn lock(path: &Path) -> Result<File, TableFileError> {
                 .create(true)
                 .truncate(false),
         )
-        .map_err(|error| error.at(&lock_path))?;
+        .map_err(|error| match error {
+            OpenError::Io(cause) => TableFileError::LockFile {
+                path: path.to_owned(),
+                lock: lock_path.clone(),
+                cause,
+            },
+            other => other.at(&lock_path),
+        })?;
         match file.try_lock() {
             Ok(()) if attempts < 10 && !same_file(&file, &lock_path) => continue,
             Ok(()) => break file,

@@ -189,10 +189,19 @@ impl ConsumerConfig {
                 format!("must be in [0, 1), got {}", self.lookupd_poll_jitter),
             );
         }
-        if self.lookupd_poll_interval.is_zero() || self.rdy_redistribute_interval.is_zero() {
+        // go-nsq's bounds: shorter polls load nsqlookupd for nothing, longer ones find new
+        // nsqd too late.
+        let poll = self.lookupd_poll_interval;
+        if poll < Duration::from_millis(10) || poll > Duration::from_secs(300) {
             return bad(
                 "lookupd_poll_interval",
-                "poll and redistribute intervals must be above zero".into(),
+                format!("must be 10ms to 5m (as go-nsq's), got {poll:?}"),
+            );
+        }
+        if self.rdy_redistribute_interval.is_zero() {
+            return bad(
+                "rdy_redistribute_interval",
+                "the redistribute interval must be above zero".into(),
             );
         }
         if self.reconnect_backoff_min.is_zero()

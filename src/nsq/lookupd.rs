@@ -38,6 +38,10 @@ pub fn parse_address(addr: &str) -> Result<String, Error> {
         rest
     } else if addr.starts_with("https://") {
         return Err(bad("https is not supported; use http://host:port"));
+    } else if let Some((scheme, _)) = addr.split_once("://") {
+        return Err(bad(&format!(
+            "the scheme {scheme:?} is not supported; use host:port or http://host:port"
+        )));
     } else {
         addr
     };
@@ -46,15 +50,18 @@ pub fn parse_address(addr: &str) -> Result<String, Error> {
         return Err(bad("no host"));
     }
     // Add the default port when none is given (an IPv6 literal ends with `]`).
-    let has_port = match authority.rfind(':') {
-        Some(i) => !authority[i..].contains(']'),
-        None => false,
-    };
-    Ok(if has_port {
-        authority.to_string()
-    } else {
-        format!("{authority}:80")
-    })
+    match authority.rfind(':') {
+        Some(i) if !authority[i..].contains(']') => {
+            let port_ok = authority[i + 1..].parse::<u16>().is_ok_and(|port| port > 0);
+            if i == 0 || !port_ok {
+                return Err(bad(
+                    "expected host:port or http://host:port, such as 127.0.0.1:4161",
+                ));
+            }
+            Ok(authority.to_string())
+        }
+        _ => Ok(format!("{authority}:80")),
+    }
 }
 
 /// Asks nsqlookupd `addr` which nsqd have `topic`, returning their `host:port` TCP addresses.
@@ -146,6 +153,7 @@ mod tests {
         assert_eq!(parse_address("[::1]:4161").unwrap(), "[::1]:4161");
         assert!(parse_address("https://x:1").is_err());
         assert!(parse_address("http://").is_err());
+        assert!(parse_address("lookupd:").is_err());
     }
 
     #[test]

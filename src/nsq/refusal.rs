@@ -79,6 +79,32 @@ fn advice(command: &str, code: &str, text: &str, role: Role) -> Option<String> {
     })
 }
 
+/// The refusal for a peer at `addr` that answered the NSQ magic with text starting `start`:
+/// an HTTP port (nsqd's own, most often) or another service, which no retry changes.
+pub(crate) fn not_nsq(addr: &str, start: &str, role: Role) -> Error {
+    let protocol = if start.starts_with("HTTP") || start.starts_with('<') {
+        "HTTP"
+    } else {
+        "text"
+    };
+    let setting = match role {
+        Role::Consumer => "`--nsqd-tcp-address` (`source.nsqd_tcp_addresses`)",
+        Role::Producer => {
+            "`--destination-nsqd-tcp-address` or `--dead-letter-nsqd-tcp-address` \
+             (`sink.destination_nsqd_tcp_addresses`, `dead_letter.nsqd_tcp_addresses`)"
+        }
+    };
+    Error::Refused {
+        addr: addr.to_string(),
+        command: "the NSQ protocol",
+        text: format!("it answered in {protocol} ({start:?}…), so this is not nsqd's TCP port"),
+        advice: format!(
+            "give nsqd's TCP address (its --tcp-address, port 4150 unless nsqd was started with \
+             another; 4151 is its HTTP port) with {setting}"
+        ),
+    }
+}
+
 /// The error for a failed TLS handshake: a refusal when the peers disagree in a way no retry
 /// changes (the certificate, the protocol version, a client certificate nsqd wants), else the
 /// socket error it is.

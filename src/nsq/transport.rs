@@ -205,7 +205,15 @@ pub(crate) async fn open(
     buf.extend_from_slice(MAGIC_V2);
     Command::Identify(Bytes::from(body)).encode(&mut buf);
     tcp.write_all(&buf).await.map_err(io)?;
-    let answer = match read_exact_frame(&mut tcp, &mut codec).await.map_err(io)? {
+    let first = read_exact_frame(&mut tcp, &mut codec)
+        .await
+        .map_err(
+            |cause| match cause.get_ref().and_then(|e| e.downcast_ref::<TextAnswer>()) {
+                Some(text) => super::refusal::not_nsq(addr, &text.0, transport.role),
+                None => io(cause),
+            },
+        )?;
+    let answer = match first {
         Frame::Response(data) => data,
         Frame::Error(text) => {
             let error = broker_error(addr, &text);
@@ -410,7 +418,17 @@ fn expect_ok_frame(addr: &str, step: &'static str, frame: Frame) -> Result<(), E
     }
 }
 
+/// Text where a frame's size belongs: the peer speaks another protocol, such as HTTP.
+#[derive(Debug, thiserror::Error)]
+#[error("the answer starts with {0:?}, text where a frame's size belongs")]
+struct TextAnswer(String);
+
 /// Reads one frame, taking exactly its bytes from `read`.
+///
+/// # Errors
+///
+/// The socket's, or `InvalidData` for a size out of bounds; its inner error is a
+/// [`TextAnswer`] when the size is printable text.
 async fn read_exact_frame<R: AsyncRead + Unpin>(
     read: &mut R,
     codec: &mut FrameCodec,
@@ -418,6 +436,15 @@ async fn read_exact_frame<R: AsyncRead + Unpin>(
     let mut size = [0u8; 4];
     read.read_exact(&mut size).await?;
     let len = u32::from_be_bytes(size) as usize;
+    // A size whose four bytes are all printable is over 500 MB: no frame, but the start of a
+    // text answer ("HTTP/1.1 400", "<!DOCTYPE").
+    if size.iter().all(|b| b.is_ascii_graphic() || *b == b' ') {
+        let text = String::from_utf8_lossy(&size).into_owned();
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            TextAnswer(text),
+        ));
+    }
     if len < 4 || len > codec.max_frame_size() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,

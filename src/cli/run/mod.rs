@@ -70,13 +70,13 @@ impl Overlay<'_> {
     ) {
         if let Some(value) = value {
             *target = Some(value.clone());
-            self.flags.record(key, flag);
         }
+        self.flags.record(key, flag, value.is_some());
     }
 
-    /// Records that `flag` set `key` by a merge of its own.
-    pub(super) fn record(&mut self, key: &'static str, flag: &'static str) {
-        self.flags.record(key, flag);
+    /// Records that `flag` sets `key` by a merge of its own, and whether it was given.
+    pub(super) fn record(&mut self, key: &'static str, flag: &'static str, given: bool) {
+        self.flags.record(key, flag, given);
     }
 
     /// Sets `target` to the values of a repeatable flag, if it was given at least once.
@@ -89,8 +89,8 @@ impl Overlay<'_> {
     ) {
         if !values.is_empty() {
             *target = Some(values.to_vec());
-            self.flags.record(key, flag);
         }
+        self.flags.record(key, flag, !values.is_empty());
     }
 }
 
@@ -139,6 +139,16 @@ mod tests {
             panic!("not the in-process table")
         };
         assert_eq!(geometry.slots(), 131_072);
+    }
+
+    #[test]
+    fn probability_sizing_takes_the_default_window_of_an_hour() {
+        let StoreSettings::Memory(geometry) =
+            settings(&["--probability", "0.9", "--rate", "1000"]).store
+        else {
+            panic!("not the in-process table")
+        };
+        assert_eq!(geometry.slots(), 6_185_416, "as with `--window 1h`");
     }
 
     #[test]

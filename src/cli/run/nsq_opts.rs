@@ -217,10 +217,9 @@ impl NsqOptFlags {
             ),
         ];
         for (value, key, flag) in named {
+            overlay.record(consumer_key(key), flag, value.is_some());
             if let Some(value) = value {
-                let opt = NsqOpt { key, value };
-                set_opt(&mut raw.consumer_opt, &opt);
-                overlay.record(consumer_key(key), flag);
+                set_opt(&mut raw.consumer_opt, &NsqOpt { key, value });
             }
         }
     }
@@ -247,23 +246,23 @@ fn set(raw: &mut RawConfig, consumer: bool, opt: &NsqOpt, overlay: &mut Overlay<
     match (opt.key, &opt.value) {
         ("max_in_flight", Value::Count(n)) => {
             source.max_in_flight = Some(u32::try_from(*n).unwrap_or(u32::MAX));
-            overlay.record("source.max_in_flight", flag);
+            overlay.record("source.max_in_flight", flag, true);
         }
         ("max_attempts", Value::Count(n)) => {
             source.max_attempts = Some(u16::try_from(*n).unwrap_or(u16::MAX));
-            overlay.record("source.max_attempts", flag);
+            overlay.record("source.max_attempts", flag, true);
         }
         ("msg_timeout", Value::Duration(d)) => {
             source.msg_timeout = Some(Dur(*d));
-            overlay.record("source.msg_timeout", flag);
+            overlay.record("source.msg_timeout", flag, true);
         }
         ("heartbeat_interval", Value::Duration(d)) => {
             source.heartbeat_interval = Some(Dur(*d));
-            overlay.record("source.heartbeat_interval", flag);
+            overlay.record("source.heartbeat_interval", flag, true);
         }
         ("lookupd_poll_interval", Value::Duration(d)) => {
             source.lookupd_poll_interval = Some(Dur(*d));
-            overlay.record("source.lookupd_poll_interval", flag);
+            overlay.record("source.lookupd_poll_interval", flag, true);
         }
         _ => {
             let target = if consumer {
@@ -272,7 +271,7 @@ fn set(raw: &mut RawConfig, consumer: bool, opt: &NsqOpt, overlay: &mut Overlay<
                 &mut raw.producer_opt
             };
             set_opt(target, opt);
-            overlay.record(key, flag);
+            overlay.record(key, flag, true);
         }
     }
 }

@@ -31,8 +31,13 @@ pub(crate) struct ServiceFlags {
     /// --dead-letter-nsqd-tcp-address). `dead_letter.topic` with `dead_letter.kind = "nsq"`.
     #[arg(long, value_name = "TOPIC")]
     pub(crate) dead_letter_topic: Option<String>,
-    /// nsqd TCP address of the dead-letter topic (repeatable). `dead_letter.nsqd_tcp_addresses`.
-    #[arg(long = "dead-letter-nsqd-tcp-address", value_name = "ADDR")]
+    /// nsqd TCP address of the dead-letter topic (repeatable, or comma-separated).
+    /// `dead_letter.nsqd_tcp_addresses`.
+    #[arg(
+        long = "dead-letter-nsqd-tcp-address",
+        value_name = "ADDR",
+        value_delimiter = ','
+    )]
     pub(crate) dead_letter_nsqd_tcp_addresses: Vec<String>,
 }
 
@@ -56,6 +61,18 @@ impl ServiceFlags {
             "shutdown.grace",
             "--shutdown-grace",
         );
+        // The dead-letter's flags set keys only when there is a dead-letter; they name them
+        // always.
+        for (key, flag) in [
+            ("dead_letter.path", "--dead-letter-file"),
+            ("dead_letter.topic", "--dead-letter-topic"),
+            (
+                "dead_letter.nsqd_tcp_addresses",
+                "--dead-letter-nsqd-tcp-address",
+            ),
+        ] {
+            overlay.record(key, flag, false);
+        }
         let kind = match (&self.dead_letter_file, &self.dead_letter_topic) {
             (Some(_), _) => Some(DeadLetterKind::File),
             (None, Some(_)) => Some(DeadLetterKind::Nsq),

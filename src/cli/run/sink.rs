@@ -18,8 +18,13 @@ pub(crate) struct SinkFlags {
     /// Where unique messages go. `sink.kind`.
     #[arg(long, value_name = "SINK", value_parser = named(&SinkKind::NAMES))]
     pub(crate) sink: Option<SinkKind>,
-    /// nsqd TCP address to publish to (repeatable; nsq sink). `sink.destination_nsqd_tcp_addresses`.
-    #[arg(long = "destination-nsqd-tcp-address", value_name = "ADDR")]
+    /// nsqd TCP address to publish to (repeatable, or comma-separated; nsq sink).
+    /// `sink.destination_nsqd_tcp_addresses`.
+    #[arg(
+        long = "destination-nsqd-tcp-address",
+        value_name = "ADDR",
+        value_delimiter = ','
+    )]
     pub(crate) destination_nsqd_tcp_addresses: Vec<String>,
     /// Topic to publish to (nsq sink). `sink.destination_topic`.
     #[arg(long, value_name = "TOPIC")]
@@ -113,8 +118,8 @@ impl SinkFlags {
                 headers.retain(|existing, _| !existing.eq_ignore_ascii_case(name));
                 headers.insert(name.clone(), value.clone());
             }
-            overlay.record("sink.headers", "--header");
         }
+        overlay.record("sink.headers", "--header", !self.headers.is_empty());
         overlay.value(
             &mut sink.content_type,
             self.content_type.as_ref(),

@@ -6,17 +6,23 @@ use clap::Args;
 use nsq_dedupe::config::{Dur, RawConfig};
 
 use super::Overlay;
-use crate::cli::parse::parse_duration;
+use crate::cli::parse::{parse_attempts, parse_duration, parse_in_flight};
 
 /// What to consume.
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Source")]
 pub(crate) struct SourceFlags {
-    /// nsqd TCP address to consume from (repeatable). `source.nsqd_tcp_addresses`.
-    #[arg(long = "nsqd-tcp-address", value_name = "ADDR")]
+    /// nsqd TCP address to consume from (repeatable, or comma-separated).
+    /// `source.nsqd_tcp_addresses`.
+    #[arg(long = "nsqd-tcp-address", value_name = "ADDR", value_delimiter = ',')]
     pub(crate) nsqd_tcp_addresses: Vec<String>,
-    /// nsqlookupd HTTP address, host:port or URL (repeatable). `source.lookupd_http_addresses`.
-    #[arg(long = "lookupd-http-address", value_name = "ADDR")]
+    /// nsqlookupd HTTP address, host:port or http:// URL (repeatable, or comma-separated).
+    /// `source.lookupd_http_addresses`.
+    #[arg(
+        long = "lookupd-http-address",
+        value_name = "ADDR",
+        value_delimiter = ','
+    )]
     pub(crate) lookupd_http_addresses: Vec<String>,
     /// Topic to consume. `source.topic`.
     #[arg(long, value_name = "TOPIC")]
@@ -25,13 +31,13 @@ pub(crate) struct SourceFlags {
     #[arg(long, value_name = "CHANNEL")]
     pub(crate) channel: Option<String>,
     /// Messages in flight at once (default 200). `source.max_in_flight`.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = parse_in_flight)]
     pub(crate) max_in_flight: Option<u32>,
     /// nsqd's redelivery timeout for this consumer, such as 60s. `source.msg_timeout`.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub(crate) msg_timeout: Option<Duration>,
     /// Deliveries before a failing message goes to the dead-letter (default 5). `source.max_attempts`.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = parse_attempts)]
     pub(crate) max_attempts: Option<u16>,
     /// First requeue delay and consumer pause after a handler failure, doubling (default 1s).
     /// `source.backoff`.

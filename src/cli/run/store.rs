@@ -19,8 +19,8 @@ pub(crate) struct StoreFlags {
     /// Where the table lives. `store.kind`.
     #[arg(long, value_name = "STORE", value_parser = named(&StoreKind::NAMES))]
     pub(crate) store: Option<StoreKind>,
-    /// Memcached server host:port (repeatable). `store.memcached_addresses`.
-    #[arg(long = "memcached-address", value_name = "ADDR")]
+    /// Memcached server host:port (repeatable, or comma-separated). `store.memcached_addresses`.
+    #[arg(long = "memcached-address", value_name = "ADDR", value_delimiter = ',')]
     pub(crate) memcached_addresses: Vec<String>,
     /// Table size in slots. `store.buckets`.
     #[arg(long, value_name = "N", value_parser = parse_buckets)]
@@ -34,10 +34,16 @@ pub(crate) struct StoreFlags {
     pub(crate) ways: Option<u32>,
     /// Size the table for this catch probability a whole window late (with --rate and
     /// --window). `store.probability`.
-    #[arg(long, value_name = "P", value_parser = parse_probability, conflicts_with = "buckets")]
+    #[arg(
+        long,
+        value_name = "P",
+        value_parser = parse_probability,
+        conflicts_with = "buckets",
+        allow_negative_numbers = true
+    )]
     pub(crate) probability: Option<f64>,
     /// Distinct messages per second, for sizing and the reported catch probability. `store.rate`.
-    #[arg(long, value_name = "MSG/S", value_parser = parse_rate)]
+    #[arg(long, value_name = "MSG/S", value_parser = parse_rate, allow_negative_numbers = true)]
     pub(crate) rate: Option<f64>,
     /// How late a copy may arrive and still be caught (default 1h). `store.window`.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]

@@ -1,0 +1,220 @@
+//! One rule for settings that would do nothing: each setting given is used, or refused with
+//! its name and what it needs (`--post` needs `--sink http`).
+//!
+//! A setting that silently does nothing hides a mistake: a sink that was meant to be http
+//! writes to stdout, a near-table meant for Memcached is never built. The rules are checked
+//! before any other, so the refusal names the setting the user typed first.
+
+use super::{ConfigError, DeadLetterKind, RawConfig, SinkKind, StoreKind};
+use crate::pipeline::{InFlightPolicy, StoreErrorPolicy};
+
+/// Refuses the first setting given that the other settings leave unused.
+///
+/// # Errors
+///
+/// [`ConfigError::Unused`] naming the setting and what it needs.
+pub(super) fn check(raw: &RawConfig) -> Result<(), ConfigError> {
+    let sink = raw.sink.kind.unwrap_or(SinkKind::Stdout);
+    let store = raw.store.kind.unwrap_or(StoreKind::Memory);
+    let (s, t, d) = (&raw.sink, &raw.store, &raw.dedupe);
+    needs(
+        &[
+            ("sink.post", s.post.is_some()),
+            ("sink.mode", s.mode.is_some()),
+            ("sink.headers", s.headers.is_some()),
+            ("sink.content_type", s.content_type.is_some()),
+            (
+                "sink.http_client_connect_timeout",
+                s.http_client_connect_timeout.is_some(),
+            ),
+            (
+                "sink.http_client_request_timeout",
+                s.http_client_request_timeout.is_some(),
+            ),
+            (
+                "sink.http_client_tls_root_ca_file",
+                s.http_client_tls_root_ca_file.is_some(),
+            ),
+        ],
+        sink == SinkKind::Http,
+        "`sink.kind = \"http\"`",
+    )?;
+    needs(
+        &[
+            (
+                "sink.destination_nsqd_tcp_addresses",
+                s.destination_nsqd_tcp_addresses.is_some(),
+            ),
+            ("sink.destination_topic", s.destination_topic.is_some()),
+        ],
+        sink == SinkKind::Nsq,
+        "`sink.kind = \"nsq\"`",
+    )?;
+    needs(
+        &[
+            ("sink.output_dir", s.output_dir.is_some()),
+            ("sink.work_dir", s.work_dir.is_some()),
+            ("sink.filename_format", s.filename_format.is_some()),
+            ("sink.datetime_format", s.datetime_format.is_some()),
+            ("sink.rotate_interval", s.rotate_interval.is_some()),
+            ("sink.rotate_size", s.rotate_size.is_some()),
+            ("sink.gzip", s.gzip.is_some()),
+            ("sink.gzip_level", s.gzip_level.is_some()),
+            ("sink.sync_interval", s.sync_interval.is_some()),
+            ("sink.host_identifier", s.host_identifier.is_some()),
+            ("sink.skip_empty_files", s.skip_empty_files.is_some()),
+        ],
+        sink == SinkKind::File,
+        "`sink.kind = \"file\"`",
+    )?;
+    needs(
+        &[
+            ("store.buckets", t.buckets.is_some()),
+            ("store.memory", t.memory.is_some()),
+            ("store.ways", t.ways.is_some()),
+            ("store.probability", t.probability.is_some()),
+            ("store.rate", t.rate.is_some()),
+            ("store.window", t.window.is_some()),
+            ("dedupe.max_age", d.max_age.is_some()),
+        ],
+        store != StoreKind::None,
+        "a table, `store.kind = \"memory\"` or `store.kind = \"memcached\"`",
+    )?;
+    needs(
+        &[
+            ("store.memcached_addresses", t.memcached_addresses.is_some()),
+            ("store.namespace", t.namespace.is_some()),
+            ("store.lease", t.lease.is_some()),
+            ("store.timeout", t.timeout.is_some()),
+            ("store.near_table", t.near_table.is_some()),
+        ],
+        store == StoreKind::Memcached,
+        "`store.kind = \"memcached\"`",
+    )?;
+    needs(
+        &[("store.table_file", t.table_file.is_some())],
+        store == StoreKind::Memory,
+        "the in-process table, `store.kind = \"memory\"`",
+    )?;
+    needs(
+        &[
+            ("store.snapshot_interval", t.snapshot_interval.is_some()),
+            (
+                "store.table_file_on_mismatch",
+                t.table_file_on_mismatch.is_some(),
+            ),
+        ],
+        t.table_file.is_some(),
+        "`store.table_file`",
+    )?;
+    needs(
+        &[(
+            "dedupe.in_flight_requeue_delay",
+            d.in_flight_requeue_delay.is_some(),
+        )],
+        d.on_in_flight.unwrap_or(InFlightPolicy::Requeue) == InFlightPolicy::Requeue,
+        "`dedupe.on_in_flight = \"requeue\"`",
+    )?;
+    needs(
+        &[(
+            "dedupe.store_error_requeue_delay",
+            d.store_error_requeue_delay.is_some(),
+        )],
+        d.on_store_error.unwrap_or(StoreErrorPolicy::Requeue) == StoreErrorPolicy::Requeue,
+        "`dedupe.on_store_error = \"requeue\"`",
+    )?;
+    needs(
+        &[(
+            "source.lookupd_poll_interval",
+            raw.source.lookupd_poll_interval.is_some(),
+        )],
+        raw.source
+            .lookupd_http_addresses
+            .as_ref()
+            .is_some_and(|a| !a.is_empty()),
+        "`source.lookupd_http_addresses`",
+    )?;
+    let dead_letter = raw.dead_letter.as_ref().map(|dl| dl.kind);
+    let producers = sink == SinkKind::Nsq || dead_letter == Some(DeadLetterKind::Nsq);
+    needs(
+        &raw.producer_opt.given(super::nsq_opts::Side::Producer),
+        producers,
+        "an nsq producer, `sink.kind = \"nsq\"` or `dead_letter.topic`",
+    )?;
+    if let Some(dl) = &raw.dead_letter {
+        needs(
+            &[("dead_letter.path", dl.path.is_some())],
+            dl.kind == DeadLetterKind::File,
+            "`dead_letter.kind = \"file\"`",
+        )?;
+        needs(
+            &[
+                ("dead_letter.topic", dl.topic.is_some()),
+                (
+                    "dead_letter.nsqd_tcp_addresses",
+                    dl.nsqd_tcp_addresses.is_some(),
+                ),
+            ],
+            dl.kind == DeadLetterKind::Nsq,
+            "`dead_letter.kind = \"nsq\"`",
+        )?;
+    }
+    Ok(())
+}
+
+/// Refuses the first of `settings` given when what they need, `needed`, is not set.
+fn needs(
+    settings: &[(&'static str, bool)],
+    used: bool,
+    needed: &'static str,
+) -> Result<(), ConfigError> {
+    match settings.iter().find(|(_, given)| *given) {
+        Some(&(key, _)) if !used => Err(ConfigError::Unused {
+            key,
+            flag: None,
+            needs: needed.to_owned(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Settings;
+
+    const SOURCE: &str = "[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"127.0.0.1:4150\"]\n";
+
+    fn refused(text: &str) -> String {
+        Settings::from_toml(&format!("{SOURCE}{text}"))
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn a_setting_that_would_do_nothing_names_what_it_needs() {
+        assert_eq!(
+            refused("[sink]\npost = \"http://127.0.0.1/\"\n"),
+            "`sink.post` is used only with `sink.kind = \"http\"`: remove it, or set that too"
+        );
+        assert_eq!(
+            refused("[store]\nkind = \"none\"\nbuckets = 1024\n"),
+            "`store.buckets` is used only with a table, `store.kind = \"memory\"` or \
+             `store.kind = \"memcached\"`: remove it, or set that too"
+        );
+        assert_eq!(
+            refused("[producer_opt]\nsnappy = true\n"),
+            "`producer_opt.snappy` is used only with an nsq producer, `sink.kind = \"nsq\"` or \
+             `dead_letter.topic`: remove it, or set that too"
+        );
+        assert_eq!(
+            refused("[dedupe]\non_in_flight = \"finish\"\nin_flight_requeue_delay = \"2s\"\n"),
+            "`dedupe.in_flight_requeue_delay` is used only with `dedupe.on_in_flight = \
+             \"requeue\"`: remove it, or set that too"
+        );
+        // Used: no refusal.
+        Settings::from_toml(&format!(
+            "{SOURCE}[sink]\nkind = \"http\"\npost = \"http://127.0.0.1/\"\n"
+        ))
+        .unwrap();
+    }
+}
