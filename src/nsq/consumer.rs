@@ -28,8 +28,8 @@ use super::control::ControlTask;
 use super::error::Error;
 use super::events::{ConsumerEvent, ConsumerStats, ShutdownReport};
 use super::message::Message;
+use super::refusal::Role;
 use super::shared::{ConsumerShared, Control};
-use super::transport::Role;
 
 /// Consumes one topic/channel from many nsqd.
 ///

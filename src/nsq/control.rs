@@ -13,10 +13,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::config::ConsumerConfig;
-use super::connection::{ConnHandle, Identify};
+use super::connection::ConnHandle;
 use super::error::Error;
 use super::events::{ConsumerEvent, ShutdownReport};
 use super::frame::Command;
+use super::identify::Identify;
 use super::jitter::random_unit;
 use super::lookupd;
 use super::message::Message;

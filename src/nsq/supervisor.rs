@@ -11,11 +11,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::config::ConsumerConfig;
-use super::connection::{broker_error, ConnHandle, Connection, Identify, Writer};
+use super::connection::{ConnHandle, Connection, Writer};
 use super::delegate::MessageDelegate as _;
+use super::error::broker_error;
 use super::error::Error;
 use super::events::ConsumerEvent;
 use super::frame::{is_non_fatal_error, Command, Frame, HEARTBEAT};
+use super::identify::Identify;
 use super::jitter::random_unit;
 use super::message::Message;
 use super::shared::{ConsumerShared, Control};
