@@ -187,7 +187,7 @@ pub(crate) struct ConnHandle {
     pub(crate) addr: Arc<str>,
     /// Commands for the [`Writer`] task. Its receiver is closed when the connection ends, so a
     /// late FIN fails with [`Error::ConnectionClosed`] instead of vanishing.
-    commands: mpsc::UnboundedSender<Command>,
+    commands: mpsc::UnboundedSender<Outgoing>,
     /// `std` mutex: held for one set operation, never across an `.await`.
     in_flight: Mutex<HashSet<MessageId, IdHasher>>,
     closed: AtomicBool,
@@ -195,7 +195,7 @@ pub(crate) struct ConnHandle {
 
 impl ConnHandle {
     /// A handle and the receiving end for its [`Writer`].
-    pub(crate) fn new(addr: Arc<str>) -> (Arc<ConnHandle>, mpsc::UnboundedReceiver<Command>) {
+    pub(crate) fn new(addr: Arc<str>) -> (Arc<ConnHandle>, mpsc::UnboundedReceiver<Outgoing>) {
         let (commands, rx) = mpsc::unbounded_channel();
         let handle = ConnHandle {
             addr,
@@ -209,10 +209,23 @@ impl ConnHandle {
     /// Queues a command that answers no message (RDY, NOP, CLS).
     pub(crate) fn send(&self, command: Command) -> Result<(), Error> {
         self.commands
-            .send(command)
-            .map_err(|_| Error::ConnectionClosed {
-                addr: self.addr.to_string(),
-            })
+            .send(Outgoing::One(command))
+            .map_err(|_| self.closed_error())
+    }
+
+    fn closed_error(&self) -> Error {
+        Error::ConnectionClosed {
+            addr: self.addr.to_string(),
+        }
+    }
+
+    /// Why `id` cannot be answered: the connection is gone, or it was answered already.
+    fn not_in_flight(&self, id: MessageId) -> Error {
+        if self.is_closed() {
+            self.closed_error()
+        } else {
+            Error::NotInFlight { id: id.to_string() }
+        }
     }
 
     /// Records a delivered message as in flight.
@@ -224,15 +237,34 @@ impl ConnHandle {
     pub(crate) fn answer(&self, id: MessageId, command: Command) -> Result<(), Error> {
         let removed = self.in_flight.lock().expect("in-flight lock").remove(&id);
         if !removed {
-            return Err(if self.is_closed() {
-                Error::ConnectionClosed {
-                    addr: self.addr.to_string(),
-                }
-            } else {
-                Error::NotInFlight { id: id.to_string() }
-            });
+            return Err(self.not_in_flight(id));
         }
         self.send(command)
+    }
+
+    /// Answers each message of `answers` that is still in flight here with its command (FIN or
+    /// REQ), all queued as one write: one lock of the in-flight set and one wake-up of the
+    /// writer for a whole burst. The results are in the order of `answers`.
+    pub(crate) fn answer_many(&self, answers: Vec<(MessageId, Command)>) -> Vec<Result<(), Error>> {
+        let mut results = Vec::with_capacity(answers.len());
+        let mut commands = Vec::with_capacity(answers.len());
+        {
+            let mut in_flight = self.in_flight.lock().expect("in-flight lock");
+            for (id, command) in answers {
+                if in_flight.remove(&id) {
+                    commands.push(command);
+                    results.push(Ok(()));
+                } else {
+                    results.push(Err(self.not_in_flight(id)));
+                }
+            }
+        }
+        if !commands.is_empty() && self.commands.send(Outgoing::Many(commands)).is_err() {
+            for result in results.iter_mut().filter(|r| r.is_ok()) {
+                *result = Err(self.closed_error());
+            }
+        }
+        results
     }
 
     /// Whether `id` is still owed an answer.
@@ -300,6 +332,28 @@ impl std::hash::Hasher for IdHash {
     }
 }
 
+/// What the connection's owners queue for its [`Writer`].
+#[derive(Debug)]
+pub(crate) enum Outgoing {
+    /// One command.
+    One(Command),
+    /// A burst's answers, written together.
+    Many(Vec<Command>),
+}
+
+impl Outgoing {
+    fn encode(self, buf: &mut BytesMut) {
+        match self {
+            Outgoing::One(command) => command.encode(buf),
+            Outgoing::Many(commands) => {
+                for command in commands {
+                    command.encode(buf);
+                }
+            }
+        }
+    }
+}
+
 /// The task that owns a connection's write half.
 ///
 /// It waits for one command, then takes everything else already queued (up to 64 KiB) and
@@ -307,7 +361,7 @@ impl std::hash::Hasher for IdHash {
 /// neighbours, without a flush timer.
 pub(crate) struct Writer {
     pub(crate) write: WriteHalf,
-    pub(crate) commands: mpsc::UnboundedReceiver<Command>,
+    pub(crate) commands: mpsc::UnboundedReceiver<Outgoing>,
     /// Cancelled by the connection's owner to close: the writer writes what is queued, then
     /// shuts the socket's write side and closes its queue.
     pub(crate) close: CancellationToken,

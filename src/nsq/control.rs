@@ -67,7 +67,7 @@ pub(super) struct ControlTask {
     shared: Arc<ConsumerShared>,
     control_tx: mpsc::UnboundedSender<Control>,
     control_rx: mpsc::UnboundedReceiver<Control>,
-    msg_tx: mpsc::UnboundedSender<Message>,
+    msg_tx: mpsc::UnboundedSender<Vec<Message>>,
     hard_stop: CancellationToken,
     entries: HashMap<Arc<str>, Entry>,
     backoff_level: u32,
@@ -90,7 +90,7 @@ impl ControlTask {
             mpsc::UnboundedSender<Control>,
             mpsc::UnboundedReceiver<Control>,
         ),
-        msg_tx: mpsc::UnboundedSender<Message>,
+        msg_tx: mpsc::UnboundedSender<Vec<Message>>,
         hard_stop: CancellationToken,
     ) -> Self {
         let (control_tx, control_rx) = control;

@@ -53,7 +53,7 @@ pub use consumer::{ConnectionCount, Consumer};
 pub use error::Error;
 pub use events::{ConsumerEvent, ConsumerStats, ShutdownReport};
 pub use frame::{Frame, FrameCodec, MessageId};
-pub use message::Message;
+pub use message::{Answer, Message};
 pub(crate) use names::is_valid_name;
 pub use producer::{Producer, ProducerConfig};
 pub use rdy::RDY_SETTLE;

@@ -209,6 +209,10 @@ impl Handler for FileSink {
         self.write(vec![body]).await
     }
 
+    fn handles_batches(&self) -> bool {
+        true
+    }
+
     /// One request for the whole batch: its records are synced together, and a failed write
     /// or sync of any of them fails every one (they are requeued; those already on disk
     /// are written again, never lost).

@@ -82,6 +82,15 @@ pub trait Handler: Send + Sync + 'static {
         }))
     }
 
+    /// Whether [`handle_batch`](Handler::handle_batch) is the handler's own, made for
+    /// batches. Then the pipeline hands it a burst's records in one call and answers their
+    /// messages once the whole call is done. Otherwise each record is handed on in its own
+    /// concurrent call and its message answered as soon as that call is done, so one slow
+    /// record holds back no other. Defaults to: `false`.
+    fn handles_batches(&self) -> bool {
+        false
+    }
+
     /// Writes out anything buffered; called once at shutdown.
     fn flush(&self) -> impl Future<Output = Result<(), HandlerError>> + Send {
         async { Ok(()) }
@@ -159,6 +168,16 @@ impl Handler for Sink {
             Sink::Http(sink) => sink.handle_batch(bodies).await,
             Sink::File(sink) => sink.handle_batch(bodies).await,
             Sink::Null => vec![Ok(()); bodies.len()],
+        }
+    }
+
+    fn handles_batches(&self) -> bool {
+        match self {
+            Sink::Stdout(sink) => sink.handles_batches(),
+            Sink::Nsq(sink) => sink.handles_batches(),
+            Sink::Http(sink) => sink.handles_batches(),
+            Sink::File(sink) => sink.handles_batches(),
+            Sink::Null => true,
         }
     }
 

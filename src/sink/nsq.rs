@@ -207,6 +207,10 @@ impl Handler for NsqSink {
         self.publish(vec![body], bytes).await
     }
 
+    fn handles_batches(&self) -> bool {
+        true
+    }
+
     /// The burst's records go out in as few `MPUB`s as the bounds allow; every record of an
     /// `MPUB` gets its answer. A record nsqd would refuse is rejected alone, unsent.
     async fn handle_batch(&self, bodies: Vec<Bytes>) -> Vec<Result<(), HandlerError>> {

@@ -131,6 +131,10 @@ impl Handler for StdoutSink {
         self.write(vec![body]).await
     }
 
+    fn handles_batches(&self) -> bool {
+        true
+    }
+
     /// One request for the whole batch: its records are written by one `write`, and a failed
     /// write fails every one of them.
     async fn handle_batch(&self, bodies: Vec<Bytes>) -> Vec<Result<(), HandlerError>> {
