@@ -21,8 +21,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use super::connection::Connection;
-use super::error::broker_error;
-use super::error::Error;
+use super::error::{broker_error, Error};
 use super::frame::{Command, Frame, DEFAULT_MAX_FRAME_SIZE, HEARTBEAT};
 use super::identify::{Identify, USER_AGENT};
 use super::jitter::random_unit;

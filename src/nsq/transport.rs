@@ -21,8 +21,7 @@ use tokio::net::TcpStream;
 use tokio_util::codec::Decoder as _;
 
 use super::deflate::{DeflateDecoder, DeflateEncoder};
-use super::error::broker_error;
-use super::error::Error;
+use super::error::{broker_error, Error};
 use super::frame::{Command, Frame, FrameCodec, HEARTBEAT, MAGIC_V2};
 use super::identify::{Identify, IdentifyResponse};
 use super::refusal::Role;
