@@ -151,7 +151,7 @@ fn records_of(broker: &Broker, bodies: &[Bytes]) -> Vec<MsgRecord> {
         .map(|b| {
             records
                 .iter()
-                .find(|r| &r.body == b)
+                .find(|r| r.body == b)
                 .cloned()
                 .unwrap_or_else(|| panic!("no record of {b:?}"))
         })
