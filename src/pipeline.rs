@@ -578,14 +578,18 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
 
     /// Commits each digest; the results are in the order of `digests`.
     async fn commit_all(&self, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
-        let store = &self.inner.store;
-        futures::future::join_all(digests.iter().map(|&digest| store.commit(digest))).await
+        if digests.is_empty() {
+            return Vec::new();
+        }
+        self.inner.store.commit_many(digests).await
     }
 
     /// Erases each digest; the results are in the order of `digests`.
     async fn erase_all(&self, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
-        let store = &self.inner.store;
-        futures::future::join_all(digests.iter().map(|&digest| store.erase(digest))).await
+        if digests.is_empty() {
+            return Vec::new();
+        }
+        self.inner.store.erase_many(digests).await
     }
 
     /// Waits for a handler that did not finish at once, TOUCHing its records' messages and
