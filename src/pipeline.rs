@@ -1,20 +1,27 @@
 //! The de-duplicating pipeline: what happens to each message between nsqd and the handler.
 //!
-//! Per message ([`Dedupe::process`]):
+//! Messages move in bursts ([`Dedupe::process_batch`]; [`Dedupe::process`] is a burst of
+//! one): the burst's digests are claimed in one call, every record to deliver is handed to
+//! the handler at once ([`Handler::handle_batch`]), the pipeline waits once, commits what
+//! succeeded, erases what failed, and answers the burst with one queued write per connection
+//! ([`Message::answer_all`]). Each message still gets its own decision:
 //!
 //! 1. The key's digest is computed. A body without a key passes as unique (counted as
 //!    `keyless`) and is delivered without touching the store.
-//! 2. The digest is claimed in the store:
+//! 2. The digest is claimed in the store (two copies in one burst: the first is `New`, the
+//!    second `InFlight`):
 //!    - `Duplicate`: FIN. Nothing reaches the handler.
 //!    - `InFlight`: another delivery of the same content is being handled. By default REQ with
 //!      a short delay, so the copy is decided once the first one finishes
 //!      ([`InFlightPolicy::Requeue`]); optionally FIN ([`InFlightPolicy::Finish`]), which is
 //!      not safe when the "copy" is nsqd redelivering a message whose handler is still running.
-//!    - `New`: the handler gets the body. While it runs, the message is TOUCHed and the claim's
-//!      lease renewed every `keepalive`. Success: `commit`, then FIN. Failure: `erase`, then
-//!      REQ with a delay that grows with the attempts; a rejection, or a failure on the
-//!      `max_attempts`-th delivery, sends the message to the dead-letter and FINs it only once
-//!      the dead-letter accepted it. Without a dead-letter it is requeued with the longest
+//!    - `New`: the handler gets the body, with the burst's other records. While it runs, the
+//!      messages are TOUCHed and the claims' leases renewed every `keepalive`. Success of its
+//!      own record: `commit`, then FIN. Failure of its own record (a sink whose write is
+//!      all-or-nothing fails the records of that write together): `erase`, then REQ of that
+//!      message alone, with a delay that grows with the attempts; a rejection, or a failure on
+//!      the `max_attempts`-th delivery, sends the message to the dead-letter and FINs it only
+//!      once the dead-letter accepted it. Without a dead-letter it is requeued with the longest
 //!      delay instead: never dropped.
 //! 3. A store error at claim follows [`StoreErrorPolicy`]: `Requeue` (REQ, decided later) or
 //!    `Process` (delivered without de-duplication). Errors of `commit`, `erase` and `renew` are
@@ -25,7 +32,7 @@
 //! Whatever nsqd no longer accepts (a FIN for a message that timed out) is counted as an
 //! answer failure: nsqd redelivers that message, and the store decides it again.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,8 +42,8 @@ use futures::{FutureExt, Stream, StreamExt};
 use crate::dedup::digest::Keyer;
 use crate::dedup::{Claim, Digest, Store};
 use crate::error::StoreError;
-use crate::metrics::{inc, Metrics};
-use crate::nsq::Message;
+use crate::metrics::{add, inc, Metrics};
+use crate::nsq::{Answer, Message};
 use crate::sink::{DeadLetter, Handler, HandlerError};
 
 /// How often store errors are logged at most, after the first.
@@ -153,7 +160,7 @@ pub enum Outcome {
 
 /// A store, a [`Keyer`] and a [`Handler`]: the de-duplicating step of a pipeline.
 ///
-/// Cheap to clone (an `Arc`); process each message in its own task.
+/// Cheap to clone (an `Arc`); process each burst (or message) in its own task.
 ///
 /// # Example
 ///
@@ -215,6 +222,27 @@ struct Inner<S, H> {
     store_errors_unlogged: AtomicU64,
     /// Cancelled by [`Dedupe::abandon`]: running handlers are dropped and their claims erased.
     abandon: tokio_util::sync::CancellationToken,
+    /// Records handed to the handler and not yet answered.
+    handling: AtomicUsize,
+}
+
+/// Counts records as being handled for as long as it lives.
+struct Handling<'a> {
+    count: &'a AtomicUsize,
+    records: usize,
+}
+
+impl<'a> Handling<'a> {
+    fn new(count: &'a AtomicUsize, records: usize) -> Self {
+        count.fetch_add(records, Ordering::Relaxed);
+        Handling { count, records }
+    }
+}
+
+impl Drop for Handling<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(self.records, Ordering::Relaxed);
+    }
 }
 
 impl<S: Store, H: Handler> Dedupe<S, H> {
@@ -238,6 +266,7 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
                 store_error_logged_at: AtomicU64::new(0),
                 store_errors_unlogged: AtomicU64::new(0),
                 abandon: tokio_util::sync::CancellationToken::new(),
+                handling: AtomicUsize::new(0),
             }),
         }
     }
@@ -257,6 +286,11 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
         &self.inner.handler
     }
 
+    /// Records handed to the handler whose messages are not answered yet.
+    pub fn handling(&self) -> usize {
+        self.inner.handling.load(Ordering::Relaxed)
+    }
+
     /// Gives up on every running and future handler call: each is dropped, its claim erased
     /// (so that a redelivery is not held back as in flight until a lease expires) and its
     /// message requeued. For shutdown, after the grace period: the consumer has requeued
@@ -267,168 +301,306 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
 
     /// Decides one message and answers it (FIN or REQ) before returning. See the module docs.
     pub async fn process(&self, message: Message) -> Outcome {
+        self.process_batch(vec![message])
+            .await
+            .pop()
+            .unwrap_or(Outcome::Requeued)
+    }
+
+    /// Decides a burst of messages and answers every one (FIN or REQ) before returning; the
+    /// outcomes are in the order of `messages`. See the module docs.
+    pub async fn process_batch(&self, messages: Vec<Message>) -> Vec<Outcome> {
         let inner = &*self.inner;
         let metrics = &*inner.metrics;
-        metrics.received_from(message.nsqd_address());
-        let digest = match inner.keyer.digest(message.body()) {
-            Ok(digest) => digest,
-            Err(reason) => {
-                inc(&metrics.keyless);
-                tracing::debug!(id = %message.id(), %reason, "Body has no key; passed on as unique.");
-                return self.deliver(message, None, Instant::now()).await;
+        let mut outcomes = vec![Outcome::Requeued; messages.len()];
+        count_received(metrics, &messages);
+        let mut keyed = Vec::with_capacity(messages.len());
+        let mut digests = Vec::with_capacity(messages.len());
+        let mut deliver = Vec::new();
+        for (index, message) in messages.into_iter().enumerate() {
+            match inner.keyer.digest(message.body()) {
+                Ok(digest) => {
+                    digests.push(digest);
+                    keyed.push((index, message));
+                }
+                Err(reason) => {
+                    inc(&metrics.keyless);
+                    tracing::debug!(id = %message.id(), %reason, "Body has no key; passed on as unique.");
+                    deliver.push(Record {
+                        index,
+                        message,
+                        digest: None,
+                    });
+                }
             }
-        };
+        }
+        let mut answers = Vec::new();
         let started = Instant::now();
-        let claim = inner.store.claim(digest).await;
+        let claims = if digests.is_empty() {
+            Ok(Vec::new())
+        } else {
+            inner.store.claim_many(&digests).await
+        };
         // One clock read ends the claim and starts the handler: at hundreds of thousands of
         // messages a second, reading the clock is a few percent of the work.
         let answered = Instant::now();
-        metrics.store_answered(answered - started, claim.is_ok());
-        match claim {
-            Ok(Claim::Duplicate) => {
-                inc(&metrics.duplicates);
-                self.answer(message.finish());
-                Outcome::Duplicate
+        if !digests.is_empty() {
+            metrics.store_answered(answered - started, claims.is_ok());
+        }
+        let claims = claims.and_then(|claims| {
+            if claims.len() == digests.len() {
+                Ok(claims)
+            } else {
+                Err(StoreError::Protocol(format!(
+                    "{} answers to {} claims",
+                    claims.len(),
+                    digests.len()
+                )))
             }
-            Ok(Claim::InFlight) => {
-                match inner.policy.on_in_flight {
-                    InFlightPolicy::Requeue => {
-                        inc(&metrics.in_flight_requeues);
-                        let delay = inner.policy.in_flight_requeue_delay;
-                        self.answer(message.requeue_without_backoff(Some(delay)));
-                    }
-                    InFlightPolicy::Finish => {
-                        inc(&metrics.in_flight_finished);
-                        self.answer(message.finish());
+        });
+        match claims {
+            Ok(claims) => {
+                for (((index, message), claim), digest) in
+                    keyed.into_iter().zip(claims).zip(digests)
+                {
+                    match claim {
+                        Claim::Duplicate => {
+                            inc(&metrics.duplicates);
+                            outcomes[index] = Outcome::Duplicate;
+                            answers.push((message, Answer::Finish));
+                        }
+                        Claim::InFlight => {
+                            outcomes[index] = Outcome::InFlight;
+                            let answer = match inner.policy.on_in_flight {
+                                InFlightPolicy::Requeue => {
+                                    inc(&metrics.in_flight_requeues);
+                                    requeue(Some(inner.policy.in_flight_requeue_delay), false)
+                                }
+                                InFlightPolicy::Finish => {
+                                    inc(&metrics.in_flight_finished);
+                                    Answer::Finish
+                                }
+                            };
+                            answers.push((message, answer));
+                        }
+                        Claim::New => {
+                            inc(&metrics.unique);
+                            deliver.push(Record {
+                                index,
+                                message,
+                                digest: Some(digest),
+                            });
+                        }
                     }
                 }
-                Outcome::InFlight
-            }
-            Ok(Claim::New) => {
-                inc(&metrics.unique);
-                self.deliver(message, Some(digest), answered).await
             }
             Err(error) => {
-                self.store_error("claim", &error);
-                match inner.policy.on_store_error {
-                    StoreErrorPolicy::Requeue => {
-                        inc(&metrics.store_error_requeues);
-                        let delay = inner.policy.store_error_delay(message.attempts());
-                        self.answer(message.requeue_without_backoff(Some(delay)));
-                        Outcome::Requeued
-                    }
-                    StoreErrorPolicy::Process => {
-                        inc(&metrics.store_error_processed);
-                        self.deliver(message, None, answered).await
+                // Every message's claim failed: each is a store error.
+                self.store_errors("claim", &error, keyed.len());
+                for (index, message) in keyed {
+                    match inner.policy.on_store_error {
+                        StoreErrorPolicy::Requeue => {
+                            inc(&metrics.store_error_requeues);
+                            let delay = inner.policy.store_error_delay(message.attempts());
+                            answers.push((message, requeue(Some(delay), false)));
+                        }
+                        StoreErrorPolicy::Process => {
+                            inc(&metrics.store_error_processed);
+                            deliver.push(Record {
+                                index,
+                                message,
+                                digest: None,
+                            });
+                        }
                     }
                 }
             }
         }
+        // Copies are answered at once, not after the burst's records are handed on.
+        self.answer(answers);
+        if deliver.is_empty() {
+            return outcomes;
+        }
+        // Keyless records came first: hand them on in arrival order.
+        deliver.sort_unstable_by_key(|record| record.index);
+        let delivered = if deliver.len() == 1 || inner.handler.handles_batches() {
+            self.deliver(deliver, answered).await
+        } else {
+            // Each record on its own, all at once: one slow record holds back no other's
+            // answer.
+            let each = deliver
+                .into_iter()
+                .map(|record| self.deliver(vec![record], answered));
+            futures::future::join_all(each)
+                .await
+                .into_iter()
+                .flatten()
+                .collect()
+        };
+        for (index, outcome) in delivered {
+            outcomes[index] = outcome;
+        }
+        outcomes
     }
 
-    /// Runs the handler (keeping the message and the claim alive), then answers. `started` is
-    /// now, as last read by the caller.
-    async fn deliver(&self, message: Message, digest: Option<Digest>, started: Instant) -> Outcome {
+    /// Hands the records to the handler at once (keeping their messages and claims alive
+    /// while it works), then commits or erases each record's claim and answers its message.
+    /// `started` is now, as last read by the caller.
+    async fn deliver(&self, records: Vec<Record>, started: Instant) -> Vec<(usize, Outcome)> {
         let inner = &*self.inner;
         let metrics = &*inner.metrics;
-        let result = {
-            // A panicking handler is a failed delivery: its claim must be erased, or the
-            // in-process table (which has no leases) would hold it in flight for ever and
-            // requeue every redelivery as a copy.
-            let handled =
-                std::panic::AssertUnwindSafe(inner.handler.handle(message.body().clone()))
-                    .catch_unwind()
-                    .map(|outcome| {
-                        outcome.unwrap_or_else(|panic| {
-                            let what = panic
-                                .downcast_ref::<&str>()
-                                .map(|s| (*s).to_owned())
-                                .or_else(|| panic.downcast_ref::<String>().cloned())
-                                .unwrap_or_default();
-                            Err(HandlerError::Retry(format!("handler panicked: {what}")))
-                        })
-                    });
+        let count = records.len();
+        let _handling = Handling::new(&inner.handling, count);
+        let mut outcomes = Vec::with_capacity(count);
+        let bodies = records.iter().map(|r| r.message.body().clone()).collect();
+        let results = {
+            // A panicking handler is a failed delivery of the whole batch: its claims must be
+            // erased, or the in-process table (which has no leases) would hold them in flight
+            // for ever and requeue every redelivery as a copy.
+            let handled = std::panic::AssertUnwindSafe(inner.handler.handle_batch(bodies))
+                .catch_unwind()
+                .map(|outcome| {
+                    outcome.unwrap_or_else(|panic| vec![crate::sink::panicked(panic); count])
+                });
             tokio::pin!(handled);
-            // Most handlers (stdout, null, in-memory work) finish on their first poll: only
-            // arm the keep-alive timer for those that do not.
+            // Most handlers (stdout to a fast reader, null, in-memory work) finish on their
+            // first poll or soon: only arm the keep-alive timer for those that do not.
             let first = std::future::poll_fn(|cx| {
                 std::task::Poll::Ready(std::future::Future::poll(handled.as_mut(), cx))
             })
             .await;
             match first {
-                std::task::Poll::Ready(result) => Some(result),
-                // Boxed, like the other slow paths, to keep every message's task small.
-                std::task::Poll::Pending => {
-                    Box::pin(self.keep_handling(handled, &message, digest)).await
-                }
+                std::task::Poll::Ready(results) => Some(results),
+                std::task::Poll::Pending => Box::pin(self.keep_handling(handled, &records)).await,
             }
         };
-        let Some(result) = result else {
-            inc(&metrics.abandoned);
-            if let Some(digest) = digest {
-                if let Err(error) = inner.store.erase(digest).await {
-                    self.store_error("erase", &error);
-                }
+        let Some(mut results) = results else {
+            add(&metrics.abandoned, count);
+            let digests: Vec<Digest> = records.iter().filter_map(|r| r.digest).collect();
+            for error in self
+                .erase_all(&digests)
+                .await
+                .into_iter()
+                .filter_map(Result::err)
+            {
+                self.store_error("erase", &error);
             }
-            self.answer(message.requeue_without_backoff(Some(Duration::ZERO)));
-            return Outcome::Requeued;
+            let answers = records
+                .into_iter()
+                .map(|r| {
+                    outcomes.push((r.index, Outcome::Requeued));
+                    (r.message, requeue(Some(Duration::ZERO), false))
+                })
+                .collect();
+            self.answer(answers);
+            return outcomes;
         };
+        if results.len() != count {
+            let error = HandlerError::Retry(format!(
+                "the handler answered {} results for {count} records",
+                results.len()
+            ));
+            results = vec![Err(error); count];
+        }
         let handled = Instant::now();
-        metrics.handler_duration.observe(handled - started);
-        match result {
-            Ok(()) => {
-                inc(&metrics.handler_successes);
-                if let Some(digest) = digest {
-                    let committed = inner.store.commit(digest).await;
-                    metrics.store_answered(handled.elapsed(), committed.is_ok());
-                    if let Err(error) = committed {
-                        // Delivered all the same: a later copy may be delivered again, but
-                        // this message is done.
-                        self.store_error("commit", &error);
-                    }
-                }
-                self.answer(message.finish());
-                Outcome::Delivered
-            }
-            Err(error) => {
-                inc(&metrics.handler_failures);
-                if let Some(digest) = digest {
-                    // Erase before the REQ, so the retry is not taken for a copy.
-                    let erased = inner.store.erase(digest).await;
-                    metrics.store_answered(handled.elapsed(), erased.is_ok());
-                    match erased {
-                        Ok(true) => inc(&metrics.erased),
-                        Ok(false) => {}
-                        Err(error) => self.store_error("erase", &error),
-                    }
-                }
-                let attempts = message.attempts();
-                let give_up = matches!(error, HandlerError::Reject(_))
-                    || (inner.policy.max_attempts > 0 && attempts >= inner.policy.max_attempts);
-                if give_up {
-                    // Boxed: a rare path whose future (a publish) would otherwise enlarge
-                    // every message's task.
-                    return Box::pin(self.dead_letter(message, &error)).await;
-                }
-                inc(&metrics.retries);
-                let delay = inner.policy.retry_delay(attempts);
-                tracing::debug!(id = %message.id(), attempts, %error, delay_ms = delay.as_millis() as u64, "Handler failed; requeued.");
-                self.answer(message.requeue(Some(delay)));
-                Outcome::Retried
+        metrics
+            .handler_duration
+            .observe_many(handled - started, count as u64);
+        // Claims of delivered records are committed and those of failed ones erased (before
+        // the REQ, so the retry is not taken for a copy), all at once.
+        let committed: Vec<Digest> = records
+            .iter()
+            .zip(&results)
+            .filter(|(_, result)| result.is_ok())
+            .filter_map(|(record, _)| record.digest)
+            .collect();
+        let erased: Vec<Digest> = records
+            .iter()
+            .zip(&results)
+            .filter(|(_, result)| result.is_err())
+            .filter_map(|(record, _)| record.digest)
+            .collect();
+        let (commits, erases) =
+            futures::future::join(self.commit_all(&committed), self.erase_all(&erased)).await;
+        if !committed.is_empty() || !erased.is_empty() {
+            let ok = commits.iter().chain(&erases).all(Result::is_ok);
+            metrics.store_answered(handled.elapsed(), ok);
+        }
+        for result in commits {
+            // Delivered all the same: a later copy may be delivered again, but this message
+            // is done.
+            if let Err(error) = result {
+                self.store_error("commit", &error);
             }
         }
+        for result in erases {
+            match result {
+                Ok(true) => inc(&metrics.erased),
+                Ok(false) => {}
+                Err(error) => self.store_error("erase", &error),
+            }
+        }
+        let mut answers = Vec::with_capacity(count);
+        let mut undeliverable = Vec::new();
+        for (record, result) in records.into_iter().zip(results) {
+            let Record { index, message, .. } = record;
+            match result {
+                Ok(()) => {
+                    inc(&metrics.handler_successes);
+                    outcomes.push((index, Outcome::Delivered));
+                    answers.push((message, Answer::Finish));
+                }
+                Err(error) => {
+                    inc(&metrics.handler_failures);
+                    let attempts = message.attempts();
+                    let give_up = matches!(error, HandlerError::Reject(_))
+                        || (inner.policy.max_attempts > 0 && attempts >= inner.policy.max_attempts);
+                    if give_up {
+                        undeliverable.push((index, message, error));
+                        continue;
+                    }
+                    inc(&metrics.retries);
+                    let delay = inner.policy.retry_delay(attempts);
+                    tracing::debug!(id = %message.id(), attempts, %error, delay_ms = delay.as_millis() as u64, "Handler failed; requeued.");
+                    outcomes.push((index, Outcome::Retried));
+                    answers.push((message, requeue(Some(delay), true)));
+                }
+            }
+        }
+        self.answer(answers);
+        for (index, message, error) in undeliverable {
+            // Boxed: a rare path whose future (a publish) would otherwise enlarge every
+            // burst's task.
+            outcomes.push((index, Box::pin(self.dead_letter(message, &error)).await));
+        }
+        outcomes
     }
 
-    /// Waits for a handler that did not finish at once, TOUCHing the message and renewing its
-    /// claim every `keepalive`; `None` if abandoned at shutdown.
+    /// Commits each digest; the results are in the order of `digests`.
+    async fn commit_all(&self, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
+        if digests.is_empty() {
+            return Vec::new();
+        }
+        self.inner.store.commit_many(digests).await
+    }
+
+    /// Erases each digest; the results are in the order of `digests`.
+    async fn erase_all(&self, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
+        if digests.is_empty() {
+            return Vec::new();
+        }
+        self.inner.store.erase_many(digests).await
+    }
+
+    /// Waits for a handler that did not finish at once, TOUCHing its records' messages and
+    /// renewing their claims every `keepalive`; `None` if abandoned at shutdown.
     async fn keep_handling<F>(
         &self,
         mut handled: std::pin::Pin<&mut F>,
-        message: &Message,
-        digest: Option<Digest>,
-    ) -> Option<Result<(), HandlerError>>
+        records: &[Record],
+    ) -> Option<Vec<Result<(), HandlerError>>>
     where
-        F: std::future::Future<Output = Result<(), HandlerError>>,
+        F: std::future::Future<Output = Vec<Result<(), HandlerError>>>,
     {
         let keepalive = self.inner.policy.keepalive;
         let mut ticker =
@@ -438,26 +610,34 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
             tokio::select! {
                 biased;
                 result = &mut handled => return Some(result),
-                _ = ticker.tick() => self.keep_alive(message, digest).await,
+                _ = ticker.tick() => self.keep_alive(records).await,
                 _ = self.inner.abandon.cancelled() => return None,
             }
         }
     }
 
-    async fn keep_alive(&self, message: &Message, digest: Option<Digest>) {
+    async fn keep_alive(&self, records: &[Record]) {
         let metrics = &*self.inner.metrics;
-        match message.touch() {
-            Ok(()) => inc(&metrics.touches),
-            Err(error) => {
-                inc(&metrics.answer_failures);
-                tracing::debug!(id = %message.id(), %error, "TOUCH failed; nsqd will redeliver the message.");
+        for record in records {
+            match record.message.touch() {
+                Ok(()) => inc(&metrics.touches),
+                Err(error) => {
+                    inc(&metrics.answer_failures);
+                    tracing::debug!(id = %record.message.id(), %error, "TOUCH failed; nsqd will redeliver the message.");
+                }
             }
         }
-        if let Some(digest) = digest {
-            let t = Instant::now();
-            let renewed = self.inner.store.renew(digest).await;
-            metrics.store_answered(t.elapsed(), renewed.is_ok());
-            match renewed {
+        let digests: Vec<Digest> = records.iter().filter_map(|r| r.digest).collect();
+        if digests.is_empty() {
+            return;
+        }
+        let store = &self.inner.store;
+        let t = Instant::now();
+        let renewed =
+            futures::future::join_all(digests.iter().map(|&digest| store.renew(digest))).await;
+        metrics.store_answered(t.elapsed(), renewed.iter().all(Result::is_ok));
+        for result in renewed {
+            match result {
                 Ok(true) => {}
                 Ok(false) => inc(&metrics.renew_failures),
                 Err(error) => {
@@ -475,7 +655,7 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
         let Some(dead_letter) = &inner.dead_letter else {
             inc(&metrics.dead_letter_failures);
             tracing::warn!(id = %message.id(), attempts = message.attempts(), %reason, "Message undeliverable and no `dead_letter` is configured; requeued with the longest delay.");
-            self.answer(message.requeue(Some(inner.policy.max_backoff)));
+            self.answered(message.requeue(Some(inner.policy.max_backoff)));
             return Outcome::Requeued;
         };
         let id = message.id().to_string();
@@ -492,20 +672,35 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
             Ok(()) => {
                 inc(&metrics.dead_lettered);
                 tracing::warn!(%id, attempts = message.attempts(), %reason, "Message sent to the dead-letter.");
-                self.answer(message.finish());
+                self.answered(message.finish());
                 Outcome::DeadLettered
             }
             Err(dl_error) => {
                 inc(&metrics.dead_letter_failures);
                 tracing::error!(%id, error = %dl_error, "Dead-letter did not accept the message; requeued.");
                 let delay = inner.policy.retry_delay(message.attempts());
-                self.answer(message.requeue(Some(delay)));
+                self.answered(message.requeue(Some(delay)));
                 Outcome::Requeued
             }
         }
     }
 
-    fn answer(&self, result: Result<(), crate::nsq::Error>) {
+    /// Answers every message of `answers` with one queued write per connection, counting
+    /// the answers nsqd no longer takes.
+    fn answer(&self, answers: Vec<(Message, Answer)>) {
+        if answers.is_empty() {
+            return;
+        }
+        for error in Message::answer_all(answers)
+            .into_iter()
+            .filter_map(Result::err)
+        {
+            self.answered(Err(error));
+        }
+    }
+
+    /// Counts an answer nsqd no longer takes.
+    fn answered(&self, result: Result<(), crate::nsq::Error>) {
         if let Err(error) = result {
             inc(&self.inner.metrics.answer_failures);
             tracing::debug!(%error, "nsqd did not take the answer; it will redeliver the message.");
@@ -513,8 +708,13 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
     }
 
     fn store_error(&self, operation: &'static str, error: &StoreError) {
+        self.store_errors(operation, error, 1);
+    }
+
+    /// Counts `count` store errors of one failed call, logging it as `store_error` does.
+    fn store_errors(&self, operation: &'static str, error: &StoreError, count: usize) {
         let inner = &*self.inner;
-        inc(&inner.metrics.store_errors);
+        add(&inner.metrics.store_errors, count);
         let now = inner.metrics.uptime().as_millis() as u64 + 1;
         let last = inner.store_error_logged_at.load(Ordering::Relaxed);
         let due =
@@ -528,8 +728,37 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
             let suppressed = inner.store_errors_unlogged.swap(0, Ordering::Relaxed);
             tracing::error!(operation, %error, suppressed, policy = ?inner.policy.on_store_error, "Store error.");
         } else {
-            inner.store_errors_unlogged.fetch_add(1, Ordering::Relaxed);
+            inner
+                .store_errors_unlogged
+                .fetch_add(count as u64, Ordering::Relaxed);
         }
+    }
+}
+
+/// A message of a burst on its way to the handler: its place in the burst, and its claim's
+/// digest (`None` when it has no claim: keyless, or delivered while the store fails).
+struct Record {
+    index: usize,
+    message: Message,
+    digest: Option<Digest>,
+}
+
+/// A REQ with `delay`; `backoff` when it counts as a handler failure.
+fn requeue(delay: Option<Duration>, backoff: bool) -> Answer {
+    Answer::Requeue { delay, backoff }
+}
+
+/// Counts a burst's messages per nsqd (a burst usually comes from one).
+fn count_received(metrics: &Metrics, messages: &[Message]) {
+    let mut rest = messages;
+    while let Some(first) = rest.first() {
+        let source = first.nsqd_address();
+        let run = rest
+            .iter()
+            .take_while(|m| m.nsqd_address() == source)
+            .count();
+        metrics.received_many(source, run);
+        rest = &rest[run..];
     }
 }
 
@@ -612,11 +841,12 @@ mod size_tests {
         std::mem::size_of::<Fut>()
     }
 
-    /// Every message is a spawned task whose future tokio copies when it spawns and completes
+    /// Every burst is a spawned task whose future tokio copies when it spawns and completes
     /// it: at 6.6 KB (the Memcached store's and the network sinks' futures inlined) that copy
-    /// was the largest single cost of the whole pipeline. Slow paths are boxed to keep it small.
+    /// was once the largest single cost of a task per message. Slow paths are boxed to keep it
+    /// small.
     #[test]
-    fn a_message_task_stays_small() {
+    fn a_burst_task_stays_small() {
         let store = Backend::None(crate::NoStore);
         let d = crate::Digest::from_u128(1);
         assert!(std::mem::size_of_val(&store.claim(d)) <= 64);
@@ -628,11 +858,11 @@ mod size_tests {
             None,
             Default::default(),
         );
-        let process = |m: crate::nsq::Message| {
+        let process = |m: Vec<crate::nsq::Message>| {
             let dedupe = dedupe.clone();
-            async move { dedupe.process(m).await }
+            async move { dedupe.process_batch(m).await }
         };
         let size = size_of_output(&process);
-        assert!(size <= 1536, "a message's task future is {size} bytes");
+        assert!(size <= 1536, "a burst's task future is {size} bytes");
     }
 }

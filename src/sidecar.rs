@@ -1,8 +1,9 @@
 //! Provides [`run`]: the `nsq-dedupe run` service, from validated [`Settings`] to a stopped
 //! consumer.
 //!
-//! Tasks: the main loop takes messages from the [`Consumer`] and spawns one task per message
-//! (tracked by a [`TaskTracker`]), which runs [`Dedupe::process`]; a status task logs one line
+//! Tasks: the main loop takes bursts of messages from the [`Consumer`] (every message one
+//! connection's reader found at once) and spawns one task per burst (tracked by a
+//! [`TaskTracker`]), which runs [`Dedupe::process_batch`]; a status task logs one line
 //! every `status_interval`; the metrics server answers `GET /metrics`. When `shutdown`
 //! completes, we stop taking messages (the consumer sends `CLS`), let the running handlers
 //! finish within the grace period (the consumer REQs whatever is still unanswered when it
@@ -82,7 +83,8 @@ pub enum RunError {
 pub struct RunReport {
     /// The consumer's shutdown report.
     pub shutdown: ShutdownReport,
-    /// Handlers still running when the grace period ended (their messages were requeued).
+    /// Records still with the handler when the grace period ended (their messages were
+    /// requeued).
     pub abandoned_handlers: usize,
 }
 
@@ -407,25 +409,25 @@ impl<H: Handler> Sidecar<H> {
                     closed = Some(error);
                     break;
                 }
-                message = consumer.next() => match message {
-                    Some(message) => {
+                burst = consumer.next_burst() => match burst {
+                    Some(burst) => {
                         let dedupe = dedupe.clone();
-                        tracker.spawn(async move { dedupe.process(message).await });
+                        tracker.spawn(async move { dedupe.process_batch(burst).await });
                     }
                     None => break,
                 },
             }
         }
-        tracing::info!(grace = ?settings.grace, running = tracker.len(), "Shutting down: no new messages; waiting for running handlers.");
+        tracing::info!(grace = ?settings.grace, records = dedupe.handling(), "Shutting down: no new messages; waiting for the records with the handler.");
         // The consumer sends CLS, REQs what it received but never handed out, waits up to the
         // grace period for the running handlers' answers and REQs what is left.
         let report = consumer.shutdown(settings.grace).await;
         tracker.close();
-        let abandoned = tracker.len();
+        let abandoned = dedupe.handling();
         if abandoned > 0 {
             tracing::warn!(
-                handlers = abandoned,
-                "Handlers still running after the grace period; their messages were requeued."
+                records = abandoned,
+                "Records still with the handler after the grace period; their messages were requeued."
             );
         }
         // Their messages are requeued already; drop the handlers and erase their claims, so a
@@ -436,7 +438,7 @@ impl<H: Handler> Sidecar<H> {
             .is_err()
         {
             tracing::warn!(
-                handlers = tracker.len(),
+                records = dedupe.handling(),
                 "Handlers did not stop within 2 s of being abandoned."
             );
         }

@@ -82,6 +82,8 @@ enum Action {
     Claim(usize, usize),
     ClaimMany(usize, Vec<usize>),
     Commit(usize, usize),
+    CommitMany(usize, Vec<usize>),
+    EraseMany(usize, Vec<usize>),
     Erase(usize, usize),
     Renew(usize, usize),
 }
@@ -101,6 +103,8 @@ fn action(pool: usize) -> impl Strategy<Value = Action> {
         4 => (who.clone(), d.clone()).prop_map(|(w, d)| Action::Claim(w, d)),
         2 => (who.clone(), prop::collection::vec(0..pool, 1..6)).prop_map(|(w, ds)| Action::ClaimMany(w, ds)),
         2 => (who.clone(), d.clone()).prop_map(|(w, d)| Action::Commit(w, d)),
+        1 => (who.clone(), prop::collection::vec(0..pool, 1..6)).prop_map(|(w, ds)| Action::CommitMany(w, ds)),
+        1 => (who.clone(), prop::collection::vec(0..pool, 1..6)).prop_map(|(w, ds)| Action::EraseMany(w, ds)),
         2 => (who.clone(), d.clone()).prop_map(|(w, d)| Action::Erase(w, d)),
         1 => (who, d).prop_map(|(w, d)| Action::Renew(w, d)),
     ]
@@ -246,6 +250,25 @@ async fn run_case(addr: &str, ways: u32, actions: &[Action]) -> Result<(), TestC
             Action::Commit(who, i) => {
                 let got = stores[*who].commit(pool[*i]).await.map_err(fail)?;
                 prop_assert_eq!(got, model.commit(*who, pool[*i]), "{:?}", action);
+            }
+            Action::CommitMany(who, indices) | Action::EraseMany(who, indices) => {
+                let batch: Vec<Digest> = indices.iter().map(|&i| pool[i]).collect();
+                let commit = matches!(action, Action::CommitMany(..));
+                let got = if commit {
+                    stores[*who].commit_many(&batch).await
+                } else {
+                    stores[*who].erase_many(&batch).await
+                };
+                prop_assert_eq!(got.len(), batch.len());
+                // A batch is applied as its operations one after another.
+                for (d, got) in batch.iter().zip(got) {
+                    let expected = if commit {
+                        model.commit(*who, *d)
+                    } else {
+                        model.erase(*who, *d)
+                    };
+                    prop_assert_eq!(got.map_err(fail)?, expected, "{:?}", action);
+                }
             }
             Action::Renew(who, i) => {
                 let got = stores[*who].renew(pool[*i]).await.map_err(fail)?;

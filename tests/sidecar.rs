@@ -1471,6 +1471,62 @@ async fn shutdown_waits_for_handlers_within_grace_and_requeues_the_rest() {
     }
 }
 
+/// A handler made for batches that takes each batch and never finishes writing it.
+#[derive(Clone, Default)]
+struct StuckBatches(Recorder);
+
+impl Handler for StuckBatches {
+    async fn handle(&self, body: Bytes) -> Result<(), HandlerError> {
+        self.handle_batch(vec![body]).await.remove(0)
+    }
+
+    fn handles_batches(&self) -> bool {
+        true
+    }
+
+    async fn handle_batch(&self, bodies: Vec<Bytes>) -> Vec<Result<(), HandlerError>> {
+        for body in &bodies {
+            self.0.call(body);
+        }
+        std::future::pending().await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_in_the_middle_of_a_batch_requeues_it_and_finishes_nothing_unwritten() {
+    let a = Broker::start(BrokerConfig::default()).await;
+    a.publish_many(TOPIC, (0..6).map(payload));
+    let mut raw = raw_config(&[a.tcp_addr()]);
+    raw.shutdown.grace = Some(Dur(Duration::from_millis(500)));
+    let settings = raw.validate().unwrap();
+    let stuck = StuckBatches::default();
+    let running = Running::start(settings.clone(), stuck.clone()).await;
+    wait_until_or(
+        "6 records with the sink",
+        Duration::from_secs(10),
+        || stuck.0.calls().len() == 6,
+        String::new,
+    )
+    .await;
+    let report = running.stop().await;
+    assert_eq!(report.shutdown.requeued_at_deadline, 6, "{report:?}");
+    assert_eq!(report.abandoned_handlers, 6, "{report:?}");
+    let records = a.records(TOPIC, CHANNEL);
+    assert_eq!(records.iter().map(|r| r.fin_ok).sum::<u32>(), 0);
+    assert_eq!(records.iter().map(|r| r.req_ok).sum::<u32>(), 6);
+    // Nothing lost: a second sidecar delivers all six.
+    let second = Recorder::default();
+    let running = Running::start(settings, second.clone()).await;
+    wait_until_or(
+        "the 6 requeued delivered",
+        Duration::from_secs(10),
+        || second.distinct_delivered() == 6 && drained(&a),
+        || format!("{:?}", a.stats()),
+    )
+    .await;
+    running.stop().await;
+}
+
 /// One timed pass of [`throughput`]: `n` distinct 100-byte bodies through `run` to the null
 /// sink with `store`; returns messages per second from the publish to the last FIN.
 ///

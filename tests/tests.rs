@@ -7,6 +7,7 @@
 mod support;
 mod util;
 
+mod batch;
 mod cli_docs;
 mod cli_errors;
 mod cli_filter;

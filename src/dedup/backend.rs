@@ -113,6 +113,29 @@ impl Store for Backend {
         }
     }
 
+    async fn commit_many(&self, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
+        match self {
+            Backend::Memory(table) => Store::commit_many(table, digests).await,
+            Backend::Memcached(store, near) => {
+                if let Some(near) = near {
+                    for &digest in digests {
+                        near.remember(digest);
+                    }
+                }
+                Box::pin(store.commit_many(digests)).await
+            }
+            Backend::None(_) => vec![Ok(true); digests.len()],
+        }
+    }
+
+    async fn erase_many(&self, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
+        match self {
+            Backend::Memory(table) => Store::erase_many(table, digests).await,
+            Backend::Memcached(store, _) => Box::pin(store.erase_many(digests)).await,
+            Backend::None(_) => vec![Ok(true); digests.len()],
+        }
+    }
+
     async fn erase(&self, digest: Digest) -> Result<bool, StoreError> {
         match self {
             Backend::Memory(table) => Ok(table.erase(digest)),

@@ -165,6 +165,36 @@ pub trait Store: Send + Sync {
     /// Marks an in-flight digest as processed. Returns whether the set still held it.
     fn commit(&self, digest: Digest) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
+    /// Commits many digests, as [`commit`](Store::commit) each; a shared store pipelines them
+    /// in few round trips. The answers are in the order of `digests`.
+    fn commit_many(
+        &self,
+        digests: &[Digest],
+    ) -> impl Future<Output = Vec<Result<bool, StoreError>>> + Send {
+        async move {
+            let mut answers = Vec::with_capacity(digests.len());
+            for &digest in digests {
+                answers.push(self.commit(digest).await);
+            }
+            answers
+        }
+    }
+
+    /// Erases many digests, as [`erase`](Store::erase) each; a shared store pipelines them in
+    /// few round trips. The answers are in the order of `digests`.
+    fn erase_many(
+        &self,
+        digests: &[Digest],
+    ) -> impl Future<Output = Vec<Result<bool, StoreError>>> + Send {
+        async move {
+            let mut answers = Vec::with_capacity(digests.len());
+            for &digest in digests {
+                answers.push(self.erase(digest).await);
+            }
+            answers
+        }
+    }
+
     /// Forgets `digest` so that a retry of the same content is not taken for a duplicate.
     /// Returns whether the set still held it; another digest's entry is never touched.
     fn erase(&self, digest: Digest) -> impl Future<Output = Result<bool, StoreError>> + Send;

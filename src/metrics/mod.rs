@@ -35,13 +35,22 @@ pub struct Histogram {
 impl Histogram {
     /// Records one observation.
     pub fn observe(&self, elapsed: Duration) {
+        self.observe_many(elapsed, 1);
+    }
+
+    /// Records `n` observations of the same value (the records of one batch).
+    pub fn observe_many(&self, elapsed: Duration, n: u64) {
+        if n == 0 {
+            return;
+        }
         let secs = elapsed.as_secs_f64();
         if let Some(i) = LATENCY_BUCKETS.iter().position(|&b| secs <= b) {
-            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+            self.buckets[i].fetch_add(n, Ordering::Relaxed);
         }
-        self.count.fetch_add(1, Ordering::Relaxed);
+        self.count.fetch_add(n, Ordering::Relaxed);
         let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
-        self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
+        self.sum_nanos
+            .fetch_add(nanos.saturating_mul(n), Ordering::Relaxed);
     }
 
     /// Observations so far.
@@ -156,6 +165,14 @@ pub(crate) fn inc(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
+/// Adds `n` to a counter.
+#[inline]
+pub(crate) fn add(counter: &AtomicU64, n: usize) {
+    if n > 0 {
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
+
 /// Reads a counter.
 #[inline]
 pub fn get(counter: &AtomicU64) -> u64 {
@@ -204,17 +221,22 @@ impl Metrics {
 
     /// Counts a message received from `source`.
     pub fn received_from(&self, source: &str) {
+        self.received_many(source, 1);
+    }
+
+    /// Counts `count` messages received from `source`.
+    pub fn received_many(&self, source: &str, count: usize) {
         {
             let sources = self.received.read().unwrap_or_else(|e| e.into_inner());
             if let Some((_, n)) = sources.iter().find(|(s, _)| s == source) {
-                inc(n);
+                add(n, count);
                 return;
             }
         }
         let mut sources = self.received.write().unwrap_or_else(|e| e.into_inner());
         match sources.iter().find(|(s, _)| s == source) {
-            Some((_, n)) => inc(n),
-            None => sources.push((source.to_owned(), AtomicU64::new(1))),
+            Some((_, n)) => add(n, count),
+            None => sources.push((source.to_owned(), AtomicU64::new(count as u64))),
         }
     }
 

@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use super::connection::{Identify, USER_AGENT};
 use super::error::Error;
 use super::frame::DEFAULT_MAX_FRAME_SIZE;
+use super::identify::{Identify, USER_AGENT};
 use super::lookupd;
 use super::names::is_valid_name;
 use super::transport::Transport;

@@ -14,111 +14,17 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
-use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 
-use super::error::Error;
-use super::frame::{error_code, is_non_fatal_error, Command, Frame, FrameCodec, MessageId};
+use super::error::{broker_error, Error};
+use super::frame::{Command, Frame, FrameCodec, MessageId};
+pub use super::identify::{Identify, IdentifyResponse, USER_AGENT};
+use super::refusal::Role;
 use super::stream::{ReadHalf, WriteHalf};
-use super::transport::{Prepared, Role};
-
-/// The user agent we announce: `nsq-dedupe/<version>`.
-pub const USER_AGENT: &str = concat!("nsq-dedupe/", env!("CARGO_PKG_VERSION"));
-
-/// What we tell nsqd about ourselves in IDENTIFY.
-#[derive(Debug, Clone, Serialize)]
-pub struct Identify {
-    /// Shown in nsqd's stats. Defaults to the short host name.
-    pub client_id: String,
-    /// Our host name.
-    pub hostname: String,
-    /// Defaults to [`USER_AGENT`].
-    pub user_agent: String,
-    /// Always `true`: we want nsqd's settings back as JSON.
-    pub feature_negotiation: bool,
-    /// Milliseconds between heartbeats; nsqd accepts 1000..=60000 (or -1 to disable, which
-    /// forbids SUB).
-    pub heartbeat_interval: i64,
-    /// Milliseconds before nsqd redelivers an unfinished message; 0 keeps nsqd's default.
-    pub msg_timeout: u64,
-    /// Asks for TLS ([`Transport`](super::transport::Transport) fills in the upgrades).
-    pub tls_v1: bool,
-    /// Asks for snappy compression.
-    pub snappy: bool,
-    /// Asks for deflate compression.
-    pub deflate: bool,
-    /// The deflate level asked for (nsqd caps it at its `--max-deflate-level`).
-    #[serde(skip_serializing_if = "is_zero_u32")]
-    pub deflate_level: u32,
-    /// Bytes nsqd buffers before writing to us; 0 keeps nsqd's default.
-    #[serde(skip_serializing_if = "is_zero")]
-    pub output_buffer_size: i64,
-    /// Percent of messages nsqd sends this client; 0 sends all.
-    #[serde(skip_serializing_if = "is_zero_u8")]
-    pub sample_rate: u8,
-    /// Milliseconds nsqd waits before flushing its buffer; 0 keeps nsqd's default, -1 turns
-    /// buffering off.
-    #[serde(skip_serializing_if = "is_zero")]
-    pub output_buffer_timeout: i64,
-}
-
-fn is_zero(n: &i64) -> bool {
-    *n == 0
-}
-
-fn is_zero_u32(n: &u32) -> bool {
-    *n == 0
-}
-
-fn is_zero_u8(n: &u8) -> bool {
-    *n == 0
-}
-
-/// nsqd's answer to IDENTIFY under feature negotiation. Missing fields take nsqd's defaults.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-#[serde(default)]
-pub struct IdentifyResponse {
-    /// The largest RDY nsqd accepts (`--max-rdy-count`); above it is a fatal `E_INVALID`.
-    pub max_rdy_count: u32,
-    /// nsqd's version.
-    pub version: String,
-    /// The largest msg_timeout nsqd accepts, in milliseconds.
-    pub max_msg_timeout: u64,
-    /// The msg_timeout in force for this connection, in milliseconds.
-    pub msg_timeout: u64,
-    /// Whether nsqd wants AUTH before SUB or PUB.
-    pub auth_required: bool,
-    /// Whether nsqd agreed to TLS.
-    pub tls_v1: bool,
-    /// Whether nsqd agreed to deflate.
-    pub deflate: bool,
-    /// The deflate level nsqd chose (ours, capped by its maximum).
-    pub deflate_level: u32,
-    /// nsqd's `--max-deflate-level`.
-    pub max_deflate_level: u32,
-    /// Whether nsqd agreed to snappy.
-    pub snappy: bool,
-}
-
-impl Default for IdentifyResponse {
-    fn default() -> Self {
-        IdentifyResponse {
-            max_rdy_count: 2500,
-            version: String::new(),
-            max_msg_timeout: 15 * 60 * 1000,
-            msg_timeout: 60_000,
-            auth_required: false,
-            tls_v1: false,
-            deflate: false,
-            deflate_level: 6,
-            max_deflate_level: 6,
-            snappy: false,
-        }
-    }
-}
+use super::transport::Prepared;
 
 /// An open, identified connection to one nsqd.
 pub struct Connection {
@@ -270,16 +176,6 @@ impl Connection {
     }
 }
 
-/// Builds [`Error::Broker`] from an error frame's text.
-pub(crate) fn broker_error(addr: &str, text: &[u8]) -> Error {
-    Error::Broker {
-        addr: addr.to_string(),
-        code: String::from_utf8_lossy(error_code(text)).into_owned(),
-        text: String::from_utf8_lossy(text).into_owned(),
-        fatal: !is_non_fatal_error(text),
-    }
-}
-
 /// The shared end of a live consumer connection: the writer's queue and the IDs in flight.
 ///
 /// Held by the connection's task and by every [`Message`](super::Message) that came from it.
@@ -291,7 +187,7 @@ pub(crate) struct ConnHandle {
     pub(crate) addr: Arc<str>,
     /// Commands for the [`Writer`] task. Its receiver is closed when the connection ends, so a
     /// late FIN fails with [`Error::ConnectionClosed`] instead of vanishing.
-    commands: mpsc::UnboundedSender<Command>,
+    commands: mpsc::UnboundedSender<Outgoing>,
     /// `std` mutex: held for one set operation, never across an `.await`.
     in_flight: Mutex<HashSet<MessageId, IdHasher>>,
     closed: AtomicBool,
@@ -299,7 +195,7 @@ pub(crate) struct ConnHandle {
 
 impl ConnHandle {
     /// A handle and the receiving end for its [`Writer`].
-    pub(crate) fn new(addr: Arc<str>) -> (Arc<ConnHandle>, mpsc::UnboundedReceiver<Command>) {
+    pub(crate) fn new(addr: Arc<str>) -> (Arc<ConnHandle>, mpsc::UnboundedReceiver<Outgoing>) {
         let (commands, rx) = mpsc::unbounded_channel();
         let handle = ConnHandle {
             addr,
@@ -313,10 +209,23 @@ impl ConnHandle {
     /// Queues a command that answers no message (RDY, NOP, CLS).
     pub(crate) fn send(&self, command: Command) -> Result<(), Error> {
         self.commands
-            .send(command)
-            .map_err(|_| Error::ConnectionClosed {
-                addr: self.addr.to_string(),
-            })
+            .send(Outgoing::One(command))
+            .map_err(|_| self.closed_error())
+    }
+
+    fn closed_error(&self) -> Error {
+        Error::ConnectionClosed {
+            addr: self.addr.to_string(),
+        }
+    }
+
+    /// Why `id` cannot be answered: the connection is gone, or it was answered already.
+    fn not_in_flight(&self, id: MessageId) -> Error {
+        if self.is_closed() {
+            self.closed_error()
+        } else {
+            Error::NotInFlight { id: id.to_string() }
+        }
     }
 
     /// Records a delivered message as in flight.
@@ -328,15 +237,34 @@ impl ConnHandle {
     pub(crate) fn answer(&self, id: MessageId, command: Command) -> Result<(), Error> {
         let removed = self.in_flight.lock().expect("in-flight lock").remove(&id);
         if !removed {
-            return Err(if self.is_closed() {
-                Error::ConnectionClosed {
-                    addr: self.addr.to_string(),
-                }
-            } else {
-                Error::NotInFlight { id: id.to_string() }
-            });
+            return Err(self.not_in_flight(id));
         }
         self.send(command)
+    }
+
+    /// Answers each message of `answers` that is still in flight here with its command (FIN or
+    /// REQ), all queued as one write: one lock of the in-flight set and one wake-up of the
+    /// writer for a whole burst. The results are in the order of `answers`.
+    pub(crate) fn answer_many(&self, answers: Vec<(MessageId, Command)>) -> Vec<Result<(), Error>> {
+        let mut results = Vec::with_capacity(answers.len());
+        let mut commands = Vec::with_capacity(answers.len());
+        {
+            let mut in_flight = self.in_flight.lock().expect("in-flight lock");
+            for (id, command) in answers {
+                if in_flight.remove(&id) {
+                    commands.push(command);
+                    results.push(Ok(()));
+                } else {
+                    results.push(Err(self.not_in_flight(id)));
+                }
+            }
+        }
+        if !commands.is_empty() && self.commands.send(Outgoing::Many(commands)).is_err() {
+            for result in results.iter_mut().filter(|r| r.is_ok()) {
+                *result = Err(self.closed_error());
+            }
+        }
+        results
     }
 
     /// Whether `id` is still owed an answer.
@@ -404,6 +332,28 @@ impl std::hash::Hasher for IdHash {
     }
 }
 
+/// What the connection's owners queue for its [`Writer`].
+#[derive(Debug)]
+pub(crate) enum Outgoing {
+    /// One command.
+    One(Command),
+    /// A burst's answers, written together.
+    Many(Vec<Command>),
+}
+
+impl Outgoing {
+    fn encode(self, buf: &mut BytesMut) {
+        match self {
+            Outgoing::One(command) => command.encode(buf),
+            Outgoing::Many(commands) => {
+                for command in commands {
+                    command.encode(buf);
+                }
+            }
+        }
+    }
+}
+
 /// The task that owns a connection's write half.
 ///
 /// It waits for one command, then takes everything else already queued (up to 64 KiB) and
@@ -411,7 +361,7 @@ impl std::hash::Hasher for IdHash {
 /// neighbours, without a flush timer.
 pub(crate) struct Writer {
     pub(crate) write: WriteHalf,
-    pub(crate) commands: mpsc::UnboundedReceiver<Command>,
+    pub(crate) commands: mpsc::UnboundedReceiver<Outgoing>,
     /// Cancelled by the connection's owner to close: the writer writes what is queued, then
     /// shuts the socket's write side and closes its queue.
     pub(crate) close: CancellationToken,

@@ -27,9 +27,9 @@ use super::config::ConsumerConfig;
 use super::control::ControlTask;
 use super::error::Error;
 use super::events::{ConsumerEvent, ConsumerStats, ShutdownReport};
-use super::message::Message;
+use super::message::{Answer, Message};
+use super::refusal::Role;
 use super::shared::{ConsumerShared, Control};
-use super::transport::Role;
 
 /// Consumes one topic/channel from many nsqd.
 ///
@@ -65,8 +65,11 @@ use super::transport::Role;
 /// # }
 /// ```
 pub struct Consumer {
-    /// Receiving end of the message channel; the supervisors hold the senders.
-    messages: mpsc::UnboundedReceiver<Message>,
+    /// Receiving end of the message channel, a burst at a time; the supervisors hold the
+    /// senders.
+    messages: mpsc::UnboundedReceiver<Vec<Message>>,
+    /// What is left of the burst [`next`](Self::next) is handing out, in reverse order.
+    pending: Vec<Message>,
     shared: Arc<ConsumerShared>,
     /// Cancelled on drop: every task stops and closes its socket at once.
     hard_stop: CancellationToken,
@@ -101,6 +104,7 @@ impl Consumer {
         let control_task = tokio::spawn(control.run());
         Ok(Consumer {
             messages,
+            pending: Vec::new(),
             shared,
             hard_stop,
             control_task: Some(control_task),
@@ -112,6 +116,26 @@ impl Consumer {
     /// Waits while no message is available; returns `None` only once the consumer has stopped.
     /// Cancel-safe: use it in `select!`.
     pub async fn next(&mut self) -> Option<Message> {
+        if let Some(message) = self.pending.pop() {
+            return Some(message);
+        }
+        let mut burst = self.messages.recv().await?;
+        burst.reverse();
+        self.pending = burst;
+        self.pending.pop()
+    }
+
+    /// The next burst: every message one connection's reader found at once (at least one), in
+    /// arrival order. Interleaves with [`next`](Self::next) without losing or reordering any.
+    ///
+    /// Waits while no message is available; returns `None` only once the consumer has stopped.
+    /// Cancel-safe: use it in `select!`.
+    pub async fn next_burst(&mut self) -> Option<Vec<Message>> {
+        if !self.pending.is_empty() {
+            let mut rest = std::mem::take(&mut self.pending);
+            rest.reverse();
+            return Some(rest);
+        }
         self.messages.recv().await
     }
 
@@ -182,14 +206,22 @@ impl Consumer {
         // requeues them with no delay (see `Message`'s drop).
         self.messages.close();
         let mut requeued_unseen = 0;
-        while let Ok(message) = self.messages.try_recv() {
-            if message
-                .requeue_without_backoff(Some(Duration::ZERO))
-                .is_ok()
-            {
-                requeued_unseen += 1;
-            }
+        let mut unseen = std::mem::take(&mut self.pending);
+        while let Ok(burst) = self.messages.try_recv() {
+            unseen.extend(burst);
         }
+        let answer = Answer::Requeue {
+            delay: Some(Duration::ZERO),
+            backoff: false,
+        };
+        let answers = unseen
+            .into_iter()
+            .map(|message| (message, answer))
+            .collect();
+        requeued_unseen += Message::answer_all(answers)
+            .iter()
+            .filter(|r| r.is_ok())
+            .count();
         let mut report = match tokio::time::timeout(grace + Duration::from_secs(5), done_rx).await {
             Ok(Ok(report)) => report,
             _ => ShutdownReport::default(),

@@ -13,10 +13,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::config::ConsumerConfig;
-use super::connection::{ConnHandle, Identify};
+use super::connection::ConnHandle;
 use super::error::Error;
 use super::events::{ConsumerEvent, ShutdownReport};
 use super::frame::Command;
+use super::identify::Identify;
 use super::jitter::random_unit;
 use super::lookupd;
 use super::message::Message;
@@ -66,7 +67,7 @@ pub(super) struct ControlTask {
     shared: Arc<ConsumerShared>,
     control_tx: mpsc::UnboundedSender<Control>,
     control_rx: mpsc::UnboundedReceiver<Control>,
-    msg_tx: mpsc::UnboundedSender<Message>,
+    msg_tx: mpsc::UnboundedSender<Vec<Message>>,
     hard_stop: CancellationToken,
     entries: HashMap<Arc<str>, Entry>,
     backoff_level: u32,
@@ -89,7 +90,7 @@ impl ControlTask {
             mpsc::UnboundedSender<Control>,
             mpsc::UnboundedReceiver<Control>,
         ),
-        msg_tx: mpsc::UnboundedSender<Message>,
+        msg_tx: mpsc::UnboundedSender<Vec<Message>>,
         hard_stop: CancellationToken,
     ) -> Self {
         let (control_tx, control_rx) = control;

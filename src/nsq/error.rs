@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use super::frame::FrameError;
+use super::frame::{error_code, is_non_fatal_error, FrameError};
 
 /// Errors from the NSQ consumer, producer, connections and lookupd queries.
 #[derive(Debug, thiserror::Error)]
@@ -126,5 +126,15 @@ impl Error {
     /// Whether this is an error frame after which nsqd keeps the connection open.
     pub fn is_non_fatal_broker_error(&self) -> bool {
         matches!(self, Error::Broker { fatal: false, .. })
+    }
+}
+
+/// Builds [`Error::Broker`] from an error frame's text.
+pub(crate) fn broker_error(addr: &str, text: &[u8]) -> Error {
+    Error::Broker {
+        addr: addr.to_string(),
+        code: String::from_utf8_lossy(error_code(text)).into_owned(),
+        text: String::from_utf8_lossy(text).into_owned(),
+        fatal: !is_non_fatal_error(text),
     }
 }

@@ -87,7 +87,7 @@ pub async fn lookup(client: &HttpClient, addr: &str, topic: &str) -> Result<Vec<
         ),
         (
             USER_AGENT,
-            HeaderValue::from_static(super::connection::USER_AGENT),
+            HeaderValue::from_static(super::identify::USER_AGENT),
         ),
     ];
     let (status, body) = client

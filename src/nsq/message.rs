@@ -11,6 +11,31 @@ use super::delegate::MessageDelegate;
 use super::error::Error;
 use super::frame::{Command, MessageId, RawMessage};
 
+/// How [`Message::answer_all`] answers a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// `FIN`, as [`Message::finish`].
+    Finish,
+    /// `REQ`, as [`Message::requeue`] (`backoff: true`) or
+    /// [`Message::requeue_without_backoff`].
+    Requeue {
+        /// The delay; `None` for the configured default.
+        delay: Option<Duration>,
+        /// Whether it counts as a handler failure.
+        backoff: bool,
+    },
+}
+
+/// The answers of [`Message::answer_all`] to one connection.
+struct Group {
+    conn: Arc<ConnHandle>,
+    /// The consumer of the connection's messages.
+    consumer: Arc<dyn MessageDelegate>,
+    /// Each answer with its place in the caller's list.
+    answers: Vec<(usize, Answer)>,
+    commands: Vec<(MessageId, Command)>,
+}
+
 /// One delivery of a message from nsqd.
 ///
 /// Answer it exactly once with [`finish`](Message::finish) or [`requeue`](Message::requeue)
@@ -122,6 +147,62 @@ impl Message {
             self.consumer.on_requeued(backoff);
         }
         result
+    }
+
+    /// Answers every message of `answers` as [`finish`](Message::finish) and
+    /// [`requeue`](Message::requeue) would, with one queued write per connection (one lock of
+    /// its in-flight set, one wake-up of its writer) instead of one per message. The results
+    /// are in the order of `answers`.
+    pub fn answer_all(answers: Vec<(Message, Answer)>) -> Vec<Result<(), Error>> {
+        // Messages of one burst share a connection: the groups are few, often one.
+        let mut groups: Vec<Group> = Vec::new();
+        let count = answers.len();
+        for (index, (mut message, answer)) in answers.into_iter().enumerate() {
+            message.answered = true;
+            let command = match answer {
+                Answer::Finish => Command::Fin(message.id),
+                Answer::Requeue { delay, .. } => {
+                    let delay = match delay {
+                        Some(delay) => message.consumer.clamp_requeue_delay(delay),
+                        None => message.consumer.default_requeue_delay(message.attempts),
+                    };
+                    let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+                    Command::Req(message.id, delay_ms)
+                }
+            };
+            let group = match groups
+                .iter()
+                .position(|group| Arc::ptr_eq(&group.conn, &message.conn))
+            {
+                Some(group) => &mut groups[group],
+                None => {
+                    groups.push(Group {
+                        conn: message.conn.clone(),
+                        consumer: message.consumer.clone(),
+                        answers: Vec::new(),
+                        commands: Vec::new(),
+                    });
+                    groups.last_mut().expect("pushed above")
+                }
+            };
+            group.answers.push((index, answer));
+            group.commands.push((message.id, command));
+        }
+        let mut results: Vec<Result<(), Error>> = Vec::with_capacity(count);
+        results.resize_with(count, || Ok(()));
+        for group in groups {
+            let taken = group.conn.answer_many(group.commands);
+            for ((index, answer), result) in group.answers.into_iter().zip(taken) {
+                if result.is_ok() {
+                    match answer {
+                        Answer::Finish => group.consumer.on_finished(),
+                        Answer::Requeue { backoff, .. } => group.consumer.on_requeued(backoff),
+                    }
+                }
+                results[index] = result;
+            }
+        }
+        results
     }
 
     /// Sends `TOUCH`: nsqd restarts this message's `msg_timeout`.

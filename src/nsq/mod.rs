@@ -8,10 +8,11 @@
 //! # Layout
 //!
 //! - [`frame`]: frames from nsqd and commands to it, as a bounded, panic-free codec.
-//! - [`connection`]: one open connection (SUB, frames in, the writer task out).
+//! - [`connection`]: one open connection (SUB, frames in, the writer task out); `identify`:
+//!   what IDENTIFY says and what nsqd answers.
 //! - `transport`: opening it: magic, IDENTIFY, then TLS (`crate::tls`), snappy (`snappy`) or
 //!   deflate (`deflate`) as async stream adapters (`stream`), and AUTH ([`AuthSecret`]); the
-//!   answers no retry can change are sorted out by `refusal`.
+//!   answers no retry can change are sorted out by `refusal` (with [`Role`]).
 //! - [`Consumer`] and [`Message`]: many nsqd, RDY flow control, reconnects, backoff, shutdown.
 //!   Split as go-nsq splits it: `config` ([`ConsumerConfig`], IDENTIFY), `consumer` (the public
 //!   handle), `control` (the task that owns connections, RDY, backoff and lookupd polls),
@@ -31,6 +32,7 @@ mod delegate;
 mod error;
 mod events;
 pub mod frame;
+mod identify;
 mod jitter;
 pub mod lookupd;
 mod message;
@@ -51,9 +53,10 @@ pub use consumer::{ConnectionCount, Consumer};
 pub use error::Error;
 pub use events::{ConsumerEvent, ConsumerStats, ShutdownReport};
 pub use frame::{Frame, FrameCodec, MessageId};
-pub use message::Message;
+pub use message::{Answer, Message};
 pub(crate) use names::is_valid_name;
 pub use producer::{Producer, ProducerConfig};
 pub use rdy::RDY_SETTLE;
+pub use refusal::Role;
 pub use secret::AuthSecret;
-pub use transport::{Compression, Role, Transport, DEFAULT_DEFLATE_LEVEL};
+pub use transport::{Compression, Transport, DEFAULT_DEFLATE_LEVEL};

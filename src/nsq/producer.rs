@@ -20,12 +20,14 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use super::connection::{broker_error, Connection, Identify, USER_AGENT};
-use super::error::Error;
+use super::connection::Connection;
+use super::error::{broker_error, Error};
 use super::frame::{Command, Frame, DEFAULT_MAX_FRAME_SIZE, HEARTBEAT};
+use super::identify::{Identify, USER_AGENT};
 use super::jitter::random_unit;
 use super::names::is_valid_name;
-use super::transport::{Prepared, Role, Transport};
+use super::refusal::Role;
+use super::transport::{Prepared, Transport};
 
 /// Settings of a [`Producer`]. Build it with [`ProducerConfig::new`] and adjust fields.
 #[derive(Debug, Clone)]

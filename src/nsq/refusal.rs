@@ -9,7 +9,32 @@
 //! else (refused connections, resets, timeouts, a non-fatal error frame) stays transient.
 
 use super::error::Error;
-use super::transport::Role;
+
+/// Who opens the connection, so that a refusal names the setting the user has for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The consumer: flags of `run` and the `[consumer_opt]` table.
+    Consumer,
+    /// A producer (the `nsq` sink and dead-letter): `--producer-opt` and `[producer_opt]`.
+    Producer,
+}
+
+impl Role {
+    /// How the user sets go-nsq option `key` for this role, e.g. ``--auth-secret`
+    /// (`consumer_opt.auth_secret`)``.
+    pub fn setting(self, key: &str) -> String {
+        match self {
+            Role::Consumer => {
+                let flag = match key {
+                    "tls_v1" => "tls".to_string(),
+                    _ => key.replace('_', "-"),
+                };
+                format!("`--{flag}` (`consumer_opt.{key}`)")
+            }
+            Role::Producer => format!("`--producer-opt {key},…` (`producer_opt.{key}`)"),
+        }
+    }
+}
 
 /// The [`Error::Refused`] that `error`, an answer to `command`, stands for, or `error` itself
 /// when a retry may succeed.

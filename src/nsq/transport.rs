@@ -20,10 +20,11 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::codec::Decoder as _;
 
-use super::connection::{broker_error, Identify, IdentifyResponse};
 use super::deflate::{DeflateDecoder, DeflateEncoder};
-use super::error::Error;
+use super::error::{broker_error, Error};
 use super::frame::{Command, Frame, FrameCodec, HEARTBEAT, MAGIC_V2};
+use super::identify::{Identify, IdentifyResponse};
+use super::refusal::Role;
 use super::secret::AuthSecret;
 use super::snappy::{SnappyDecoder, SnappyEncoder};
 use super::stream::{Decoding, Encoding, ReadHalf, WriteHalf};
@@ -58,32 +59,6 @@ pub enum Compression {
 
 /// The deflate level when none is given (go-nsq's and nsqd's default).
 pub const DEFAULT_DEFLATE_LEVEL: u32 = 6;
-
-/// Who opens the connection, so that a refusal names the setting the user has for it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// The consumer: flags of `run` and the `[consumer_opt]` table.
-    Consumer,
-    /// A producer (the `nsq` sink and dead-letter): `--producer-opt` and `[producer_opt]`.
-    Producer,
-}
-
-impl Role {
-    /// How the user sets go-nsq option `key` for this role, e.g. ``--auth-secret`
-    /// (`consumer_opt.auth_secret`)``.
-    pub fn setting(self, key: &str) -> String {
-        match self {
-            Role::Consumer => {
-                let flag = match key {
-                    "tls_v1" => "tls".to_string(),
-                    _ => key.replace('_', "-"),
-                };
-                format!("`--{flag}` (`consumer_opt.{key}`)")
-            }
-            Role::Producer => format!("`--producer-opt {key},…` (`producer_opt.{key}`)"),
-        }
-    }
-}
 
 /// A [`Transport`] with its files read: ready to open connections.
 #[derive(Clone)]

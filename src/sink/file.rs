@@ -141,9 +141,10 @@ impl FileSinkConfig {
     }
 }
 
-/// A record waiting for the writer, and where to tell its caller how the write went.
+/// Records waiting for the writer, and where to tell their caller how the write went: one
+/// result for all of them.
 struct Pending {
-    body: Bytes,
+    bodies: Vec<Bytes>,
     done: oneshot::Sender<Result<(), Arc<io::Error>>>,
 }
 
@@ -179,8 +180,9 @@ impl FileSink {
     }
 }
 
-impl Handler for FileSink {
-    async fn handle(&self, body: Bytes) -> Result<(), HandlerError> {
+impl FileSink {
+    /// Writes `bodies` with one request to the writer thread; one result for all of them.
+    async fn write(&self, bodies: Vec<Bytes>) -> Result<(), HandlerError> {
         let (done, written) = oneshot::channel();
         let gone = || HandlerError::Retry("the file writer has stopped".into());
         let sent = self
@@ -188,7 +190,7 @@ impl Handler for FileSink {
             .lock()
             .expect("file sink queue lock")
             .as_ref()
-            .map(|queue| queue.send(Pending { body, done }).is_ok());
+            .map(|queue| queue.send(Pending { bodies, done }).is_ok());
         if sent != Some(true) {
             return Err(gone());
         }
@@ -199,6 +201,27 @@ impl Handler for FileSink {
             ))),
             Err(_) => Err(gone()),
         }
+    }
+}
+
+impl Handler for FileSink {
+    async fn handle(&self, body: Bytes) -> Result<(), HandlerError> {
+        self.write(vec![body]).await
+    }
+
+    fn handles_batches(&self) -> bool {
+        true
+    }
+
+    /// One request for the whole batch: its records are synced together, and a failed write
+    /// or sync of any of them fails every one (they are requeued; those already on disk
+    /// are written again, never lost).
+    async fn handle_batch(&self, bodies: Vec<Bytes>) -> Vec<Result<(), HandlerError>> {
+        let count = bodies.len();
+        if count == 0 {
+            return Vec::new();
+        }
+        vec![self.write(bodies).await; count]
     }
 
     /// Closes the current file (moving it to the output directory) once every queued record
@@ -243,7 +266,7 @@ impl Writer {
     }
 
     fn run(mut self, requests: &std_mpsc::Receiver<Pending>) {
-        let mut batch: Vec<Pending> = Vec::with_capacity(MAX_BATCH_RECORDS);
+        let mut batch: Vec<Pending> = Vec::new();
         let mut buffer: Vec<u8> = Vec::with_capacity(64 * 1024);
         loop {
             // Wake at least once a second so that an idle file still rotates on time.
@@ -255,20 +278,33 @@ impl Writer {
                 }
                 Err(std_mpsc::RecvTimeoutError::Disconnected) => break,
             };
+            let mut records = first.bodies.len();
             batch.push(first);
             let gather_until = Instant::now() + self.config.sync_interval;
-            while batch.len() < MAX_BATCH_RECORDS {
+            while records < MAX_BATCH_RECORDS {
                 let next = match gather_until.checked_duration_since(Instant::now()) {
                     Some(wait) if !wait.is_zero() => requests.recv_timeout(wait).ok(),
                     _ => requests.try_recv().ok(),
                 };
                 match next {
-                    Some(pending) => batch.push(pending),
+                    Some(pending) => {
+                        records += pending.bodies.len();
+                        batch.push(pending);
+                    }
                     None => break,
                 }
             }
+            // Each record with the request it belongs to; a request fails if any write of
+            // its records failed.
+            let all: Vec<(usize, &Bytes)> = batch
+                .iter()
+                .enumerate()
+                .flat_map(|(i, pending)| pending.bodies.iter().map(move |body| (i, body)))
+                .collect();
+            let mut results: Vec<Result<(), Arc<io::Error>>> = vec![Ok(()); batch.len()];
+            let mut rest = &all[..];
             // A batch may span files: each file gets whole records up to `rotate_size`.
-            while !batch.is_empty() {
+            while !rest.is_empty() {
                 self.rotate_if_due(SystemTime::now());
                 let room = match (&self.open, self.config.rotate_size) {
                     (Some(open), Some(max)) => max.saturating_sub(open.bytes),
@@ -278,24 +314,29 @@ impl Writer {
                 let mut count = 0;
                 let mut size = 0u64;
                 buffer.clear();
-                for pending in &batch {
-                    let len = pending.body.len() as u64 + 1;
+                for (_, body) in rest {
+                    let len = body.len() as u64 + 1;
                     if count > 0 && size + len > room {
                         break;
                     }
-                    buffer.extend_from_slice(&pending.body);
+                    buffer.extend_from_slice(body);
                     buffer.push(b'\n');
                     size += len;
                     count += 1;
                 }
-                let result = self.write(&buffer).map_err(Arc::new);
-                if let Err(error) = &result {
+                if let Err(error) = self.write(&buffer) {
                     tracing::warn!(%error, records = count, "Writing the archive file failed; its records are requeued.");
                     self.discard_failed_batch();
+                    let error = Arc::new(error);
+                    for (i, _) in &rest[..count] {
+                        results[*i] = Err(error.clone());
+                    }
                 }
-                for pending in batch.drain(..count) {
-                    let _ = pending.done.send(result.clone());
-                }
+                rest = &rest[count..];
+            }
+            drop(all);
+            for (pending, result) in batch.drain(..).zip(results) {
+                let _ = pending.done.send(result);
             }
             if buffer.capacity() > 16 * 1024 * 1024 {
                 buffer = Vec::with_capacity(64 * 1024);

@@ -4,6 +4,10 @@
 //! message is requeued with backoff; after `max_attempts` it goes to the dead-letter) or
 //! `Reject` (it goes to the dead-letter at once). The sidecar's sinks ([`Sink`]) are handlers;
 //! library users implement [`Handler`] for their own type, or pass an async closure.
+//!
+//! The pipeline hands a handler every unique record of a burst at once
+//! ([`Handler::handle_batch`]), with a result per record. A handler that only implements
+//! [`Handler::handle`] gets each record of the batch in its own concurrent call.
 
 mod dead_letter;
 mod file;
@@ -14,6 +18,7 @@ mod stdout;
 use std::future::Future;
 
 use bytes::Bytes;
+use futures::FutureExt;
 
 pub use dead_letter::{DeadLetter, DeadLetterError, DeadLetterRecord};
 pub use file::{
@@ -59,6 +64,33 @@ pub trait Handler: Send + Sync + 'static {
     /// Takes one body. `Ok` means it is delivered (the message will be finished).
     fn handle(&self, body: Bytes) -> impl Future<Output = Result<(), HandlerError>> + Send;
 
+    /// Takes the bodies of a burst; the answer holds one result per body, in their order.
+    /// A message is finished only once its own result is `Ok`; a record whose result is an
+    /// error is requeued (or dead-lettered) alone, so a sink whose write is all-or-nothing
+    /// answers every record of a failed write with the error.
+    ///
+    /// Defaults to: [`handle`](Handler::handle) for each body, all at once; a call that panics
+    /// fails its own record with [`HandlerError::Retry`].
+    fn handle_batch(
+        &self,
+        bodies: Vec<Bytes>,
+    ) -> impl Future<Output = Vec<Result<(), HandlerError>>> + Send {
+        futures::future::join_all(bodies.into_iter().map(|body| {
+            std::panic::AssertUnwindSafe(self.handle(body))
+                .catch_unwind()
+                .map(|outcome| outcome.unwrap_or_else(panicked))
+        }))
+    }
+
+    /// Whether [`handle_batch`](Handler::handle_batch) is the handler's own, made for
+    /// batches. Then the pipeline hands it a burst's records in one call and answers their
+    /// messages once the whole call is done. Otherwise each record is handed on in its own
+    /// concurrent call and its message answered as soon as that call is done, so one slow
+    /// record holds back no other. Defaults to: `false`.
+    fn handles_batches(&self) -> bool {
+        false
+    }
+
     /// Writes out anything buffered; called once at shutdown.
     fn flush(&self) -> impl Future<Output = Result<(), HandlerError>> + Send {
         async { Ok(()) }
@@ -77,6 +109,16 @@ pub trait Handler: Send + Sync + 'static {
     fn refused(&self) -> impl Future<Output = std::sync::Arc<crate::nsq::Error>> + Send + 'static {
         std::future::pending()
     }
+}
+
+/// The error of a handler call that panicked, with the panic's message.
+pub(crate) fn panicked(panic: Box<dyn std::any::Any + Send>) -> Result<(), HandlerError> {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    Err(HandlerError::Retry(format!("handler panicked: {what}")))
 }
 
 impl<F, Fut> Handler for F
@@ -116,6 +158,26 @@ impl Handler for Sink {
             Sink::Http(sink) => Box::pin(sink.handle(body)).await,
             Sink::File(sink) => Box::pin(sink.handle(body)).await,
             Sink::Null => Ok(()),
+        }
+    }
+
+    async fn handle_batch(&self, bodies: Vec<Bytes>) -> Vec<Result<(), HandlerError>> {
+        match self {
+            Sink::Stdout(sink) => sink.handle_batch(bodies).await,
+            Sink::Nsq(sink) => sink.handle_batch(bodies).await,
+            Sink::Http(sink) => sink.handle_batch(bodies).await,
+            Sink::File(sink) => sink.handle_batch(bodies).await,
+            Sink::Null => vec![Ok(()); bodies.len()],
+        }
+    }
+
+    fn handles_batches(&self) -> bool {
+        match self {
+            Sink::Stdout(sink) => sink.handles_batches(),
+            Sink::Nsq(sink) => sink.handles_batches(),
+            Sink::Http(sink) => sink.handles_batches(),
+            Sink::File(sink) => sink.handles_batches(),
+            Sink::Null => true,
         }
     }
 

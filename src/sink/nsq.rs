@@ -1,12 +1,14 @@
 //! The `nsq` sink: republishes unique bodies to a topic (e.g. `<topic>.unique`), group-committed
 //! into `MPUB`s.
 //!
-//! Each [`handle`](Handler::handle) queues its record and waits. A batching task takes every
-//! record queued by the time a publish slot is free (up to [`MAX_BATCH_RECORDS`] records and
-//! [`MAX_BATCH_BYTES`] bytes) and publishes them with one `MPUB` (one `PUB` for a lone record);
-//! nsqd's one `OK` answers every record of the batch, and only then are their callers told, so
-//! a source message is finished only once its copy is stored downstream. An error fails every
-//! record of its batch: their messages are requeued, and none is lost. Up to
+//! Each [`handle_batch`](Handler::handle_batch) queues its burst's records as requests of at
+//! most [`MAX_BATCH_RECORDS`] records and [`MAX_BATCH_BYTES`] bytes, and waits;
+//! [`handle`](Handler::handle) queues a request of one record. A batching task takes every
+//! request queued by the time a publish slot is free (within the same bounds) and publishes
+//! their records with one `MPUB` (one `PUB` for a lone record); nsqd's one `OK` answers every
+//! record of the batch, and only then are their callers told, so a source message is finished
+//! only once its copy is stored downstream. An error fails every record of its `MPUB`
+//! together: their messages are requeued, and none is lost. Up to
 //! [`PUBLISH_SLOTS`] batches are on the wire at once, spread round-robin over the destination
 //! nsqd with fail-over to the next one, as `nsq_to_nsq` does.
 //!
@@ -35,9 +37,11 @@ pub(crate) const MAX_BATCH_RECORDS: usize = 1024;
 /// Batches on the wire at once: enough to keep a pipeline to each of a few nsqd busy.
 pub(crate) const PUBLISH_SLOTS: usize = 4;
 
-/// A record waiting to be published, and where to tell its caller how it went.
+/// Records waiting to be published together, and where to tell their caller how it went.
 struct Pending {
-    body: Bytes,
+    bodies: Vec<Bytes>,
+    /// The bytes of `bodies`.
+    bytes: usize,
     done: oneshot::Sender<Result<(), HandlerError>>,
 }
 
@@ -101,7 +105,7 @@ async fn publish_batches(
 ) {
     let slots = Arc::new(Semaphore::new(PUBLISH_SLOTS));
     let topic: Arc<str> = topic.into();
-    // A record that did not fit the previous batch starts the next one.
+    // A request that did not fit the previous batch starts the next one.
     let mut carried: Option<Pending> = None;
     loop {
         // Wait for a slot first, so that records queue up into bigger batches meanwhile.
@@ -115,16 +119,21 @@ async fn publish_batches(
                 None => return,
             },
         };
-        let mut bytes = first.body.len();
+        let mut bytes = first.bytes;
+        let mut records = first.bodies.len();
         let mut batch = vec![first];
-        while batch.len() < MAX_BATCH_RECORDS {
+        while records < MAX_BATCH_RECORDS {
             match requests.try_recv() {
-                Ok(pending) if bytes + pending.body.len() > MAX_BATCH_BYTES => {
+                Ok(pending)
+                    if bytes + pending.bytes > MAX_BATCH_BYTES
+                        || records + pending.bodies.len() > MAX_BATCH_RECORDS =>
+                {
                     carried = Some(pending);
                     break;
                 }
                 Ok(pending) => {
-                    bytes += pending.body.len();
+                    bytes += pending.bytes;
+                    records += pending.bodies.len();
                     batch.push(pending);
                 }
                 Err(_) => break,
@@ -132,8 +141,12 @@ async fn publish_batches(
         }
         let (producer, topic) = (producer.clone(), topic.clone());
         tokio::spawn(async move {
-            let (bodies, replies): (Vec<Bytes>, Vec<_>) =
-                batch.into_iter().map(|p| (p.body, p.done)).unzip();
+            let mut bodies = Vec::with_capacity(records);
+            let mut replies = Vec::with_capacity(batch.len());
+            for pending in batch {
+                bodies.extend(pending.bodies);
+                replies.push(pending.done);
+            }
             let result = match <[Bytes; 1]>::try_from(bodies) {
                 Ok([body]) => producer.publish(&topic, body).await,
                 Err(bodies) => producer.multi_publish(&topic, bodies).await,
@@ -153,21 +166,88 @@ async fn publish_batches(
     }
 }
 
+/// The refusal of a record nsqd would refuse, or `None`.
+fn too_large(body: &Bytes) -> Option<HandlerError> {
+    (body.len() > MAX_RECORD_BYTES).then(|| {
+        HandlerError::Reject(format!(
+            "a body of {} bytes is larger than nsqd's default --max-msg-size ({MAX_RECORD_BYTES} \
+             bytes); nsqd would refuse it",
+            body.len()
+        ))
+    })
+}
+
+impl NsqSink {
+    /// Queues `bodies` (within the batch bounds) as one request; returns its answer.
+    fn publish(
+        &self,
+        bodies: Vec<Bytes>,
+        bytes: usize,
+    ) -> impl std::future::Future<Output = Result<(), HandlerError>> + Send + 'static {
+        let (done, published) = oneshot::channel();
+        let queued = self.queue.send(Pending {
+            bodies,
+            bytes,
+            done,
+        });
+        async move {
+            let gone = || HandlerError::Retry("the nsq sink's publisher has stopped".into());
+            queued.map_err(|_| gone())?;
+            published.await.unwrap_or_else(|_| Err(gone()))
+        }
+    }
+}
+
 impl Handler for NsqSink {
     async fn handle(&self, body: Bytes) -> Result<(), HandlerError> {
-        if body.len() > MAX_RECORD_BYTES {
-            return Err(HandlerError::Reject(format!(
-                "a body of {} bytes is larger than nsqd's default --max-msg-size ({MAX_RECORD_BYTES} \
-                 bytes); nsqd would refuse it",
-                body.len()
-            )));
+        if let Some(refusal) = too_large(&body) {
+            return Err(refusal);
         }
-        let (done, published) = oneshot::channel();
-        let gone = || HandlerError::Retry("the nsq sink's publisher has stopped".into());
-        self.queue
-            .send(Pending { body, done })
-            .map_err(|_| gone())?;
-        published.await.unwrap_or_else(|_| Err(gone()))
+        let bytes = body.len();
+        self.publish(vec![body], bytes).await
+    }
+
+    fn handles_batches(&self) -> bool {
+        true
+    }
+
+    /// The burst's records go out in as few `MPUB`s as the bounds allow; every record of an
+    /// `MPUB` gets its answer. A record nsqd would refuse is rejected alone, unsent.
+    async fn handle_batch(&self, bodies: Vec<Bytes>) -> Vec<Result<(), HandlerError>> {
+        let mut results: Vec<Result<(), HandlerError>> = Vec::with_capacity(bodies.len());
+        // Each request, with the range of `results` it answers.
+        let mut requests = Vec::new();
+        let mut chunk: Vec<Bytes> = Vec::new();
+        let mut chunk_bytes = 0;
+        let mut chunk_slots: Vec<usize> = Vec::new();
+        for body in bodies {
+            if let Some(refusal) = too_large(&body) {
+                results.push(Err(refusal));
+                continue;
+            }
+            if !chunk.is_empty()
+                && (chunk.len() >= MAX_BATCH_RECORDS || chunk_bytes + body.len() > MAX_BATCH_BYTES)
+            {
+                let slots = std::mem::take(&mut chunk_slots);
+                requests.push((self.publish(std::mem::take(&mut chunk), chunk_bytes), slots));
+                chunk_bytes = 0;
+            }
+            chunk_bytes += body.len();
+            chunk_slots.push(results.len());
+            results.push(Ok(()));
+            chunk.push(body);
+        }
+        if !chunk.is_empty() {
+            requests.push((self.publish(chunk, chunk_bytes), chunk_slots));
+        }
+        let (answers, slots): (Vec<_>, Vec<_>) = requests.into_iter().unzip();
+        let answers = futures::future::join_all(answers).await;
+        for (answer, slots) in answers.into_iter().zip(slots) {
+            for slot in slots {
+                results[slot] = answer.clone();
+            }
+        }
+        results
     }
 }
 

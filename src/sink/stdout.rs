@@ -1,11 +1,12 @@
 //! The `stdout` sink: each unique body as one line on standard output, group-committed.
 //!
-//! One writer thread owns standard output. Each [`handle`](Handler::handle) queues its record
-//! and waits; the thread takes every record queued by then, writes them with one `write` of
-//! one buffer, flushes, and only then answers each record's caller, so a message is finished
-//! at nsqd only after its line has left the process. Records that arrive while a write is in
-//! flight share the next one, so the cost of a write and a flush is paid once per batch, not
-//! once per message. Records are written in the order they were queued.
+//! One writer thread owns standard output. Each [`handle_batch`](Handler::handle_batch) (or
+//! [`handle`](Handler::handle)) queues its records as one request and waits; the thread takes
+//! every request queued by then, writes their records with one `write` of one buffer, flushes,
+//! and only then answers each request, so a message is finished at nsqd only after its line
+//! has left the process. Requests that arrive while a write is in flight share the next one, so
+//! the cost of a write and a flush is paid once per batch, not once per message, and a burst
+//! costs one wake-up. Records are written in the order they were queued.
 //!
 //! A thread rather than a task: writing to a pipe blocks, and a blocked write must not hold a
 //! runtime worker. A write error fails every record of its batch (their messages are
@@ -20,12 +21,13 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{Handler, HandlerError};
 
-/// The most records one write carries; a bound on the buffer, not a wait.
+/// The most records one write carries (beyond one request's); a bound on the buffer, not a
+/// wait.
 const MAX_BATCH_RECORDS: usize = 4096;
 
-/// A record waiting for the writer, and where to tell its caller how the write went.
+/// Records waiting for the writer, and where to tell their caller how the write went.
 struct Pending {
-    body: Bytes,
+    bodies: Vec<Bytes>,
     done: oneshot::Sender<Result<(), Arc<io::Error>>>,
 }
 
@@ -65,19 +67,23 @@ fn write_batches<W: Write>(
     mut requests: mpsc::UnboundedReceiver<Pending>,
     closed: &watch::Sender<Option<Arc<io::Error>>>,
 ) {
-    let mut batch: Vec<Pending> = Vec::with_capacity(MAX_BATCH_RECORDS);
+    let mut batch: Vec<Pending> = Vec::new();
     let mut buffer: Vec<u8> = Vec::with_capacity(64 * 1024);
     while let Some(first) = requests.blocking_recv() {
+        let mut records = first.bodies.len();
         batch.push(first);
-        while batch.len() < MAX_BATCH_RECORDS {
+        while records < MAX_BATCH_RECORDS {
             match requests.try_recv() {
-                Ok(pending) => batch.push(pending),
+                Ok(pending) => {
+                    records += pending.bodies.len();
+                    batch.push(pending);
+                }
                 Err(_) => break,
             }
         }
         buffer.clear();
-        for pending in &batch {
-            buffer.extend_from_slice(&pending.body);
+        for body in batch.iter().flat_map(|pending| &pending.bodies) {
+            buffer.extend_from_slice(body);
             buffer.push(b'\n');
         }
         let result = out
@@ -104,18 +110,39 @@ fn failed(error: &io::Error) -> HandlerError {
     HandlerError::Retry(format!("writing to stdout failed: {error}"))
 }
 
-impl Handler for StdoutSink {
-    async fn handle(&self, body: Bytes) -> Result<(), HandlerError> {
+impl StdoutSink {
+    /// Writes `bodies` with one request to the writer thread; one result for all of them.
+    async fn write(&self, bodies: Vec<Bytes>) -> Result<(), HandlerError> {
         let (done, written) = oneshot::channel();
         let gone = || HandlerError::Retry("the stdout writer has stopped".into());
         self.queue
-            .send(Pending { body, done })
+            .send(Pending { bodies, done })
             .map_err(|_| gone())?;
         match written.await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(error)) => Err(failed(&error)),
             Err(_) => Err(gone()),
         }
+    }
+}
+
+impl Handler for StdoutSink {
+    async fn handle(&self, body: Bytes) -> Result<(), HandlerError> {
+        self.write(vec![body]).await
+    }
+
+    fn handles_batches(&self) -> bool {
+        true
+    }
+
+    /// One request for the whole batch: its records are written by one `write`, and a failed
+    /// write fails every one of them.
+    async fn handle_batch(&self, bodies: Vec<Bytes>) -> Vec<Result<(), HandlerError>> {
+        let count = bodies.len();
+        if count == 0 {
+            return Vec::new();
+        }
+        vec![self.write(bodies).await; count]
     }
 
     async fn closed(&self) -> io::Error {
@@ -188,6 +215,25 @@ mod tests {
             "2000 concurrent records took {} writes",
             writes.len()
         );
+    }
+
+    #[tokio::test]
+    async fn a_batch_is_written_in_order_with_one_result_per_record() {
+        let out = Recording::default();
+        let sink = StdoutSink::new(out.clone());
+        let bodies = ["a", "b", "", "c"].map(Bytes::from).to_vec();
+        let results = sink.handle_batch(bodies).await;
+        assert_eq!(results, vec![Ok(()); 4]);
+        assert_eq!(out.writes.lock().unwrap().concat(), b"a\nb\n\nc\n");
+        let failing = StdoutSink::new(Recording {
+            fail: Some(io::ErrorKind::Other),
+            ..Recording::default()
+        });
+        let results = failing
+            .handle_batch(["x", "y"].map(Bytes::from).to_vec())
+            .await;
+        assert_eq!(results.len(), 2);
+        assert!(results.iter().all(Result::is_err), "{results:?}");
     }
 
     #[tokio::test]

@@ -619,6 +619,18 @@ impl Store for MemcachedStore {
         held(self.update(digest, Op::Commit).await?)
     }
 
+    /// Commits many digests in pipelines, as [`claim_many`](Store::claim_many) claims them;
+    /// an error of one server fails the digests of that server only.
+    async fn commit_many(&self, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
+        self.held_many(Op::Commit, digests).await
+    }
+
+    /// Erases many digests in pipelines; an error of one server fails the digests of that
+    /// server only.
+    async fn erase_many(&self, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
+        self.held_many(Op::Erase, digests).await
+    }
+
     async fn erase(&self, digest: Digest) -> Result<bool, StoreError> {
         held(self.update(digest, Op::Erase).await?)
     }
@@ -629,6 +641,18 @@ impl Store for MemcachedStore {
 
     fn geometry(&self) -> Option<Geometry> {
         Some(self.inner.geometry)
+    }
+}
+
+impl MemcachedStore {
+    /// Runs `op` on each digest in pipelines; whether each set still held its digest.
+    async fn held_many(&self, op: Op, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
+        let ops: Vec<(Op, Digest)> = digests.iter().map(|&d| (op, d)).collect();
+        self.run_ops(&ops)
+            .await
+            .into_iter()
+            .map(|outcome| held(outcome?))
+            .collect()
     }
 }
 

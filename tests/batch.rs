@@ -1,0 +1,326 @@
+//! The pipeline's bursts against the test broker: a burst of messages taken from a consumer is
+//! decided with [`Dedupe::process_batch`] by a handler made for batches, and the broker's
+//! per-message records say what each message got (FIN, REQ, TOUCH, timeouts).
+//!
+//! Every wait is bounded; every test ends by checking that nothing was lost.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use nsq_dedupe::nsq::{Consumer, Message};
+use nsq_dedupe::pipeline::{Dedupe, Outcome, Policy};
+use nsq_dedupe::sink::{Handler, HandlerError};
+use nsq_dedupe::{Keyer, Metrics, Table};
+
+use crate::nsq::{config, CHANNEL, TOPIC};
+use crate::support::broker::{Broker, BrokerConfig, MsgRecord};
+
+/// A handler made for batches that records what it was handed.
+#[derive(Clone, Default)]
+struct BatchSink {
+    state: Arc<Mutex<SinkState>>,
+    /// Fails the whole batch when one record fails, as an `MPUB` does.
+    all_or_nothing: bool,
+    /// How long each batch takes.
+    delay: Duration,
+    /// Checked while a batch is held: no message of the broker's channel may be finished.
+    broker: Option<Arc<Broker>>,
+}
+
+#[derive(Default)]
+struct SinkState {
+    /// Each batch handed to the sink.
+    batches: Vec<Vec<Bytes>>,
+    /// Bodies whose records fail.
+    failing: HashSet<Bytes>,
+    /// Bodies taken (their batch succeeded), in order.
+    taken: Vec<Bytes>,
+    /// FINs the broker had when a batch was held.
+    fins_while_held: u32,
+}
+
+impl BatchSink {
+    fn batches(&self) -> Vec<Vec<Bytes>> {
+        self.state.lock().unwrap().batches.clone()
+    }
+
+    fn taken(&self) -> Vec<Bytes> {
+        self.state.lock().unwrap().taken.clone()
+    }
+
+    fn fail(&self, body: &Bytes, fail: bool) {
+        let failing = &mut self.state.lock().unwrap().failing;
+        if fail {
+            failing.insert(body.clone());
+        } else {
+            failing.remove(body);
+        }
+    }
+}
+
+impl Handler for BatchSink {
+    async fn handle(&self, body: Bytes) -> Result<(), HandlerError> {
+        self.handle_batch(vec![body]).await.remove(0)
+    }
+
+    fn handles_batches(&self) -> bool {
+        true
+    }
+
+    async fn handle_batch(&self, bodies: Vec<Bytes>) -> Vec<Result<(), HandlerError>> {
+        self.state.lock().unwrap().batches.push(bodies.clone());
+        if let Some(broker) = &self.broker {
+            // A FIN sent before the hand-off reaches the broker within a few milliseconds;
+            // look for one for as long as the batch is held.
+            for _ in 0..20 {
+                let fins: u32 = broker
+                    .records(TOPIC, CHANNEL)
+                    .iter()
+                    .map(|r| r.fin_ok)
+                    .sum();
+                self.state.lock().unwrap().fins_while_held += fins;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        tokio::time::sleep(self.delay).await;
+        let mut state = self.state.lock().unwrap();
+        let failed: Vec<bool> = bodies.iter().map(|b| state.failing.contains(b)).collect();
+        let any_failed = failed.contains(&true);
+        let mut results = Vec::new();
+        for (body, failed) in bodies.into_iter().zip(failed) {
+            if failed || (self.all_or_nothing && any_failed) {
+                results.push(Err(HandlerError::Retry("the batch's write failed".into())));
+            } else {
+                state.taken.push(body);
+                results.push(Ok(()));
+            }
+        }
+        results
+    }
+}
+
+fn policy() -> Policy {
+    Policy {
+        in_flight_requeue_delay: Duration::from_millis(10),
+        backoff: Duration::from_millis(10),
+        max_backoff: Duration::from_millis(50),
+        ..Policy::default()
+    }
+}
+
+fn dedupe(sink: BatchSink, policy: Policy) -> Dedupe<Table, BatchSink> {
+    Dedupe::new(
+        Table::with_slots(1024, 8).unwrap(),
+        Keyer::new("body".parse().unwrap(), Default::default()),
+        sink,
+        policy,
+        None,
+        Arc::new(Metrics::default()),
+    )
+}
+
+/// A consumer of `broker` that leaves every decision to the pipeline.
+fn consumer(broker: &Broker) -> Consumer {
+    let mut c = config(&[broker.tcp_addr()]);
+    c.max_attempts = 0;
+    c.max_in_flight = 100;
+    Consumer::new(c).unwrap()
+}
+
+/// The next `n` messages, in arrival order: one burst for the pipeline.
+async fn take(consumer: &mut Consumer, n: usize) -> Vec<Message> {
+    let mut messages = Vec::new();
+    while messages.len() < n {
+        let message = tokio::time::timeout(Duration::from_secs(10), consumer.next())
+            .await
+            .expect("a message within 10 s")
+            .expect("the consumer runs");
+        messages.push(message);
+    }
+    messages
+}
+
+/// The broker's records of the bodies, in the order given (one record per body; bodies are
+/// distinct).
+fn records_of(broker: &Broker, bodies: &[Bytes]) -> Vec<MsgRecord> {
+    let records = broker.records(TOPIC, CHANNEL);
+    bodies
+        .iter()
+        .map(|b| {
+            records
+                .iter()
+                .find(|r| r.body == b)
+                .cloned()
+                .unwrap_or_else(|| panic!("no record of {b:?}"))
+        })
+        .collect()
+}
+
+/// Waits until the broker has recorded `expected` (FIN, REQ) answers to the bodies, then
+/// checks them (answers are written asynchronously).
+async fn assert_answers(broker: &Broker, bodies: &[Bytes], expected: &[(u32, u32)]) {
+    let answers = || -> Vec<(u32, u32)> {
+        records_of(broker, bodies)
+            .iter()
+            .map(|r| (r.fin_ok, r.req_ok))
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while answers() != expected && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(answers(), expected, "(FIN, REQ) of each");
+}
+
+/// Waits until the broker holds nothing of the channel (every message finished).
+async fn drained(broker: &Broker) {
+    crate::util::wait_until_or(
+        "the channel drained",
+        Duration::from_secs(10),
+        || broker.depth(TOPIC, CHANNEL) == (0, 0, 0),
+        || format!("{:?}", broker.depth(TOPIC, CHANNEL)),
+    )
+    .await;
+}
+
+fn bodies(names: &[&'static str]) -> Vec<Bytes> {
+    names
+        .iter()
+        .map(|n| Bytes::from_static(n.as_bytes()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_body_twice_in_one_burst_reaches_the_sink_once() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    broker.publish_many(TOPIC, bodies(&["a", "b", "a"]));
+    let mut consumer = consumer(&broker);
+    let sink = BatchSink::default();
+    let dedupe = dedupe(sink.clone(), policy());
+    let burst = take(&mut consumer, 3).await;
+    let outcomes = dedupe.process_batch(burst).await;
+    assert_eq!(
+        outcomes,
+        [Outcome::Delivered, Outcome::Delivered, Outcome::InFlight]
+    );
+    assert_eq!(sink.batches(), [bodies(&["a", "b"])]);
+    // The copy was requeued, and is a duplicate once it comes back.
+    let copy = take(&mut consumer, 1).await;
+    assert_eq!(dedupe.process_batch(copy).await, [Outcome::Duplicate]);
+    drained(&broker).await;
+    assert_eq!(sink.taken(), bodies(&["a", "b"]));
+    let records = broker.records(TOPIC, CHANNEL);
+    assert_eq!(records.len(), 3);
+    assert!(records.iter().all(|r| r.fin_ok == 1), "{records:?}");
+    assert_eq!(records.iter().map(|r| r.req_ok).sum::<u32>(), 1);
+    consumer.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_record_requeues_only_itself() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let sent = bodies(&["a", "bad", "c"]);
+    broker.publish_many(TOPIC, sent.clone());
+    let mut consumer = consumer(&broker);
+    let sink = BatchSink::default();
+    sink.fail(&sent[1], true);
+    let dedupe = dedupe(sink.clone(), policy());
+    let burst = take(&mut consumer, 3).await;
+    let outcomes = dedupe.process_batch(burst).await;
+    assert_eq!(
+        outcomes,
+        [Outcome::Delivered, Outcome::Retried, Outcome::Delivered]
+    );
+    assert_answers(&broker, &sent, &[(1, 0), (0, 1), (1, 0)]).await;
+    // Nothing lost: its claim was erased, so the retry is delivered, not taken for a copy.
+    sink.fail(&sent[1], false);
+    let retry = take(&mut consumer, 1).await;
+    assert_eq!(dedupe.process_batch(retry).await, [Outcome::Delivered]);
+    drained(&broker).await;
+    assert_eq!(sink.taken(), bodies(&["a", "c", "bad"]));
+    consumer.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_all_or_nothing_write_fails_its_records_together() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let sent = bodies(&["a", "bad", "c"]);
+    broker.publish_many(TOPIC, sent.clone());
+    let mut consumer = consumer(&broker);
+    let sink = BatchSink {
+        all_or_nothing: true,
+        ..BatchSink::default()
+    };
+    sink.fail(&sent[1], true);
+    let dedupe = dedupe(sink.clone(), policy());
+    let burst = take(&mut consumer, 3).await;
+    assert_eq!(dedupe.process_batch(burst).await, [Outcome::Retried; 3]);
+    assert_answers(&broker, &sent, &[(0, 1); 3]).await;
+    assert!(sink.taken().is_empty());
+    // Every claim was erased: the retries are delivered, none is taken for a copy.
+    sink.fail(&sent[1], false);
+    let retries = take(&mut consumer, 3).await;
+    assert_eq!(dedupe.process_batch(retries).await, [Outcome::Delivered; 3]);
+    drained(&broker).await;
+    let mut taken = sink.taken();
+    taken.sort();
+    assert_eq!(taken, sent);
+    consumer.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_slower_than_the_message_timeout_is_touched_not_redelivered() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let sent = bodies(&["a", "b"]);
+    broker.publish_many(TOPIC, sent.clone());
+    // The consumer asks for a 1 s message timeout; the batch takes 1.6 s.
+    let mut consumer = consumer(&broker);
+    let sink = BatchSink {
+        delay: Duration::from_millis(1600),
+        ..BatchSink::default()
+    };
+    let dedupe = dedupe(
+        sink.clone(),
+        Policy {
+            keepalive: Duration::from_millis(400),
+            ..policy()
+        },
+    );
+    let burst = take(&mut consumer, 2).await;
+    assert_eq!(dedupe.process_batch(burst).await, [Outcome::Delivered; 2]);
+    drained(&broker).await;
+    for record in records_of(&broker, &sent) {
+        assert!(record.touch_ok >= 2, "{record:?}");
+        assert_eq!(
+            (record.timeouts, record.deliveries, record.fin_ok),
+            (0, 1, 1)
+        );
+    }
+    assert_eq!(sink.taken(), sent);
+    consumer.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_message_is_finished_before_its_record_is_handed_on() {
+    let broker = Arc::new(Broker::start(BrokerConfig::default()).await);
+    let sent = bodies(&["a", "b", "c"]);
+    broker.publish_many(TOPIC, sent.clone());
+    let mut consumer = consumer(&broker);
+    let sink = BatchSink {
+        broker: Some(broker.clone()),
+        ..BatchSink::default()
+    };
+    let dedupe = dedupe(sink.clone(), policy());
+    let burst = take(&mut consumer, 3).await;
+    assert_eq!(dedupe.process_batch(burst).await, [Outcome::Delivered; 3]);
+    assert_eq!(
+        sink.state.lock().unwrap().fins_while_held,
+        0,
+        "a message was finished while its record was still with the sink"
+    );
+    drained(&broker).await;
+    assert!(records_of(&broker, &sent).iter().all(|r| r.fin_ok == 1));
+    consumer.shutdown(Duration::from_secs(1)).await;
+}
