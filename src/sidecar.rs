@@ -20,6 +20,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{DeadLetterSettings, Settings, SinkSettings, StoreSettings};
 use crate::dedup::backend::Backend;
+use crate::dedup::journal::Journal;
 use crate::dedup::near::NearTable;
 use crate::dedup::table_file::{SaveReport, TableFile};
 use crate::dedup::Geometry;
@@ -226,14 +227,25 @@ impl<H: Handler> Sidecar<H> {
                     let setting = names.rename("`store.table_file_on_mismatch = \"recreate\"`");
                     tracing::error!(table_file = %file.path.display(), %reason, "Starting with an empty table ({setting}).");
                 }
+                let (journal, replayed) =
+                    Journal::open(&opened, report.journal, &table, file.journal_fsync)?;
+                if let Some(reason) = &replayed.ignored {
+                    tracing::warn!(journal = %journal.path().display(), %reason, "Journal not replayed.");
+                }
                 tracing::info!(
                     table_file = %file.path.display(),
                     entries = report.entries,
                     released_in_flight = report.released_in_flight,
                     snapshot_age = report.snapshot_at.and_then(|t| t.elapsed().ok()).map(|age| tracing::field::display(crate::units::format_duration(age))),
+                    journal_commits = replayed.commits,
+                    journal_erases = replayed.erases,
+                    saved_at_start = replayed.saved_at_start,
                     "Table loaded from its file."
                 );
-                (Backend::Memory(table), Some(Arc::new(opened)))
+                (
+                    Backend::Journalled(table, Arc::new(journal)),
+                    Some(Arc::new(opened)),
+                )
             }
             (store, _) => (
                 build_store(store, settings.near_table, settings.max_age).await?,
@@ -266,7 +278,7 @@ impl<H: Handler> Sidecar<H> {
             handler,
             settings.policy.clone(),
             dead_letter,
-            Arc::new(Metrics::default()),
+            Arc::new(Metrics::with_window(settings.window)),
         );
         Ok(Sidecar {
             settings,
@@ -323,6 +335,7 @@ impl<H: Handler> Sidecar<H> {
             let metrics = dedupe.metrics().clone();
             let store = dedupe.clone();
             let window = settings.window;
+            let target = settings.target_probability;
             let render: crate::http::server::Page = (
                 crate::metrics::exposition::CONTENT_TYPE,
                 Arc::new(move || {
@@ -331,6 +344,8 @@ impl<H: Handler> Sidecar<H> {
                         occupancy: store.store().occupancy(),
                         near: store.store().near_stats(),
                         window,
+                        target,
+                        ejections: store.store().ejections(),
                     };
                     (StatusCode::OK, metrics.render(&view))
                 }),
@@ -360,10 +375,17 @@ impl<H: Handler> Sidecar<H> {
             dedupe.clone(),
             consumer.connection_count(),
             settings.status_interval,
-            settings.window,
+            (settings.window, settings.target_probability),
             background.clone(),
         ));
 
+        if let Backend::Memcached(store, _) = dedupe.store() {
+            tokio::spawn(fleet_loop(
+                store.clone(),
+                dedupe.metrics().clone(),
+                background.clone(),
+            ));
+        }
         if let (Some(file), Some(settings)) = (&table_file, &settings.table_file) {
             tokio::spawn(snapshot_loop(
                 file.clone(),
@@ -451,7 +473,12 @@ impl<H: Handler> Sidecar<H> {
             let report = save_snapshot(file.clone(), dedupe.clone()).await?;
             tracing::info!(table_file = %file.path().display(), bytes = report.bytes, took = ?report.took, "Table saved to its file.");
         }
-        log_status(&dedupe, settings.window, "Sidecar stopped.");
+        log_status(
+            &dedupe,
+            settings.window,
+            settings.target_probability,
+            "Sidecar stopped.",
+        );
         tracing::info!(
             requeued_unseen = report.requeued_unseen,
             requeued_at_deadline = report.requeued_at_deadline,
@@ -481,6 +508,36 @@ pub async fn run(settings: Settings, shutdown: impl Future) -> Result<RunReport,
     Sidecar::new(settings).await?.run(shutdown).await
 }
 
+/// Shares this consumer's distinct count with the others of the shared store once per
+/// [`FLEET_BUCKET`](crate::dedup::memcached::FLEET_BUCKET), and records the fleet's rate once
+/// the counters cover whole buckets of this consumer's.
+async fn fleet_loop(store: MemcachedStore, metrics: Arc<Metrics>, stop: CancellationToken) {
+    use crate::dedup::memcached::{FLEET_BUCKET, FLEET_BUCKETS};
+    let mut tick = tokio::time::interval(FLEET_BUCKET);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut shared = metrics.distinct();
+    let mut shares = 0u64;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        let now = metrics.distinct();
+        match store.share_distinct(now - shared, FLEET_BUCKET).await {
+            Ok(rate) => {
+                shared = now;
+                shares += 1;
+                // The first buckets read were written before this consumer counted in them.
+                if shares > FLEET_BUCKETS {
+                    metrics.rates.note_fleet(std::time::Instant::now(), rate);
+                }
+            }
+            // Added to the next share instead.
+            Err(error) => tracing::debug!(%error, "Sharing the distinct count failed."),
+        }
+    }
+}
+
 /// Writes a snapshot of the in-process table every `every` until `stop`.
 async fn snapshot_loop<H: Handler>(
     file: Arc<TableFile>,
@@ -491,10 +548,33 @@ async fn snapshot_loop<H: Handler>(
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
+    let journal = match dedupe.store() {
+        Backend::Journalled(_, journal) => Some(journal.clone()),
+        _ => None,
+    };
+    let mut unjournalled = 0;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
+            // The journal's half is half full: a snapshot now starts an empty one.
+            () = async {
+                match &journal {
+                    Some(journal) => journal.wants_snapshot().await,
+                    None => std::future::pending().await,
+                }
+            } => tick.reset(),
             _ = stop.cancelled() => return,
+        }
+        if let Some(journal) = &journal {
+            let now = journal.unjournalled();
+            if now > unjournalled {
+                tracing::warn!(
+                    journal = %journal.path().display(),
+                    unjournalled = now - unjournalled,
+                    "Commits found the journal full (snapshots fall behind or fail); a kill -9 before the next snapshot forgets them."
+                );
+                unjournalled = now;
+            }
         }
         match save_snapshot(file.clone(), dedupe.clone()).await {
             Ok(report) => {
@@ -514,6 +594,7 @@ async fn save_snapshot<H: Handler>(
 ) -> Result<SaveReport, RunError> {
     tokio::task::spawn_blocking(move || match dedupe.store() {
         Backend::Memory(table) => file.save(table).map_err(RunError::from),
+        Backend::Journalled(table, journal) => journal.save(&file, table).map_err(RunError::from),
         _ => unreachable!("a table file goes with the in-process table"),
     })
     .await
@@ -526,16 +607,20 @@ fn table_view<H: Handler>(dedupe: &Dedupe<Backend, H>, settings: &Settings) -> T
         occupancy: None,
         window: settings.window,
         near: None,
+        target: settings.target_probability,
+        ejections: None,
     }
 }
 
-fn log_status<H: Handler>(dedupe: &Dedupe<Backend, H>, window: Duration, what: &str) {
+fn log_status<H: Handler>(dedupe: &Dedupe<Backend, H>, window: Duration, target: f64, what: &str) {
     let m = dedupe.metrics();
     let view = TableView {
         geometry: crate::Store::geometry(dedupe.store()),
         occupancy: dedupe.store().occupancy(),
         near: dedupe.store().near_stats(),
         window,
+        target,
+        ejections: dedupe.store().ejections(),
     };
     let secs = m.uptime().as_secs_f64().max(1e-3);
     tracing::info!(
@@ -550,9 +635,34 @@ fn log_status<H: Handler>(dedupe: &Dedupe<Backend, H>, window: Duration, what: &
         dead_lettered = get(&m.dead_lettered),
         store_errors = get(&m.store_errors),
         occupancy = view.occupancy.map(|o| format!("{o:.4}")),
+        distinct_rate = format_args!("{:.1}", m.distinct_rate()),
+        distinct_rate_peak = format_args!("{:.1}", m.distinct_rate_peak()),
         catch_probability = m.catch_probability(&view).map(|p| format!("{p:.6}")),
         "{what}"
     );
+    if let (Some(small), Some(geometry)) = (m.too_small(&view), view.geometry) {
+        let memory = match dedupe.store() {
+            // `--memory` sizes the in-process table only.
+            // Whole MiB, rounded up, so the flag's value is at least the size.
+            Backend::Memory(_) | Backend::Journalled(..) => format!(
+                " or --memory {}MiB",
+                small.suggested.memory_bytes().div_ceil(1 << 20)
+            ),
+            _ => String::new(),
+        };
+        tracing::warn!(
+            catch_probability = format_args!("{:.6}", small.probability),
+            target,
+            distinct_rate = format_args!("{:.1}", small.rate),
+            window = %crate::units::format_duration(window),
+            buckets = geometry.slots(),
+            suggested_buckets = small.suggested.slots(),
+            "The table is too small for the recent rate: a copy one window late is caught with probability {:.4}, below the target {target}; --buckets {}{memory} (with --ways {}) would meet it.",
+            small.probability,
+            small.suggested.slots(),
+            geometry.ways(),
+        );
+    }
 }
 
 /// Keeps the nsqd connection gauge current (every second) and logs the status line every
@@ -561,7 +671,7 @@ async fn status_loop<H: Handler>(
     dedupe: Dedupe<Backend, H>,
     connections: crate::nsq::ConnectionCount,
     every: Duration,
-    window: Duration,
+    (window, target): (Duration, f64),
     stop: CancellationToken,
 ) {
     let metrics = dedupe.metrics().clone();
@@ -575,10 +685,13 @@ async fn status_loop<H: Handler>(
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = refresh.tick() => gauge(&connections),
+            _ = refresh.tick() => {
+                gauge(&connections);
+                metrics.sample_rate();
+            }
             _ = status.tick() => {
                 gauge(&connections);
-                log_status(&dedupe, window, "Status.");
+                log_status(&dedupe, window, target, "Status.");
             }
         }
     }

@@ -388,3 +388,78 @@ fn probabilities_just_below_one_print_alike_whatever_the_window() {
         "{text}"
     );
 }
+
+/// A stub of nsqd's HTTP port: the `n`th request gets `/stats` JSON whose topic `events` has
+/// the `n`th of `counts` as its `message_count`; it returns the paths it was asked.
+fn stub_nsqd(counts: Vec<u64>) -> (String, std::thread::JoinHandle<Vec<String>>) {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let handle = std::thread::spawn(move || {
+        let mut paths = Vec::new();
+        for count in counts {
+            let (mut stream, _) = listener.accept().unwrap();
+            let mut reader = BufReader::new(&stream);
+            let mut request = String::new();
+            reader.read_line(&mut request).unwrap();
+            paths.push(request.split(' ').nth(1).unwrap_or_default().to_owned());
+            // The rest of the request, so that closing does not reset the connection.
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap() > 2 {
+                line.clear();
+            }
+            let body = format!(
+                r#"{{"version":"1.3.0","health":"OK","topics":[{{"topic_name":"other","message_count":9}},{{"topic_name":"events","message_count":{count},"channels":[]}}]}}"#
+            );
+            write!(
+                stream,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .unwrap();
+        }
+        paths
+    });
+    (addr, handle)
+}
+
+#[test]
+fn the_rate_is_measured_on_nsqd_and_replicas_add_up() {
+    // Two nsqd: 3,000 and 2,000 messages published during a 1 s sample.
+    let (one, first) = stub_nsqd(vec![10_000, 13_000]);
+    let (two, second) = stub_nsqd(vec![500, 2_500]);
+    let v = json(&[
+        "--nsqd-http-address",
+        &one,
+        "--nsqd-http-address",
+        &two,
+        "--topic",
+        "events",
+        "--sample",
+        "1s",
+        "-p",
+        "0.99",
+        "--window",
+        "1h",
+    ]);
+    let rate = v["rate"].as_f64().unwrap();
+    // 5,000 messages over a little more than the second between the reads.
+    assert!(rate <= 5000.0 && rate > 4000.0, "{v}");
+    let paths = [first.join().unwrap(), second.join().unwrap()];
+    for paths in paths {
+        assert_eq!(paths, vec!["/stats?format=json&topic=events"; 2]);
+    }
+}
+
+#[test]
+fn a_topic_nsqd_does_not_have_is_named_in_the_error() {
+    let (addr, _stub) = stub_nsqd(vec![1]);
+    bin()
+        .args(["size", "--nsqd-http-address", &addr, "--topic", "missing"])
+        .args(["-p", "0.99", "--window", "1h"])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains(format!(
+            "`--nsqd-http-address {addr}`: it has no topic \"missing\"; check `--topic`"
+        )));
+}

@@ -1041,6 +1041,132 @@ async fn two_servers_share_the_keys_and_routing_is_stable() {
         .all(|c| *c == Claim::InFlight));
 }
 
+#[tokio::test]
+async fn consumers_of_one_table_each_learn_the_fleets_distinct_rate() {
+    use nsq_dedupe::FLEET_BUCKETS;
+    let server = MemcachedServer::start();
+    let namespace = unique_namespace("fleet");
+    let geometry = Geometry::new(1024, 8).unwrap();
+    let store =
+        |namespace: &str| MemcachedStore::connect(config(&[server.addr()], namespace), geometry);
+    let (a, b) = (
+        store(&namespace).await.unwrap(),
+        store(&namespace).await.unwrap(),
+    );
+    let other = store(&unique_namespace("fleet-other")).await.unwrap();
+    // Short buckets, each consumer adding once in the middle of every one: 300 and 100 per
+    // 200 ms are 2,000 distinct messages a second for the table of `a` and `b`.
+    let bucket = Duration::from_millis(200);
+    let mut rates = (0.0, 0.0, 0.0);
+    for _ in 0..FLEET_BUCKETS + 2 {
+        let now = now_ms();
+        let length = bucket.as_millis() as u64;
+        let middle = (now / length + 1) * length + length / 2;
+        tokio::time::sleep(Duration::from_millis(middle - now)).await;
+        rates = (
+            a.share_distinct(300, bucket).await.unwrap(),
+            b.share_distinct(100, bucket).await.unwrap(),
+            other.share_distinct(50, bucket).await.unwrap(),
+        );
+    }
+    let within = |rate: f64, expected: f64| (rate - expected).abs() <= expected * 0.1;
+    assert!(
+        within(rates.0, 2000.0) && within(rates.1, 2000.0),
+        "{rates:?}"
+    );
+    assert!(
+        within(rates.2, 250.0),
+        "another table is another fleet: {rates:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_server_is_ejected_after_the_bound_and_taken_back_when_it_answers() {
+    let one = MemcachedServer::start();
+    let mut two = MemcachedServer::start();
+    let servers = vec![one.addr(), two.addr()];
+    let mut settings = config(&servers, &unique_namespace("eject"));
+    settings.timeout = Duration::from_millis(300);
+    settings.eject_after = Some(Duration::from_secs(1));
+    let geometry = Geometry::new(256 * 4, 4).unwrap();
+    let store = MemcachedStore::connect(settings, geometry).await.unwrap();
+    let home = |d: &Digest| store.server_of(&store.item_key(*d));
+    let on_two: Vec<Digest> = (0..5000).map(digest).filter(|d| home(d) == 1).collect();
+    let mut sets = std::collections::HashSet::new();
+    let on_two: Vec<Digest> = on_two
+        .into_iter()
+        .filter(|d| sets.insert(store.item_key(*d)))
+        .take(40)
+        .collect();
+    assert_eq!(on_two.len(), 40);
+    two.stop();
+
+    // Claims of server two's sets fail until it has failed for a second; then they go on.
+    let started = Instant::now();
+    let mut failures = 0;
+    loop {
+        match store.claim(on_two[0]).await {
+            Err(_) => failures += 1,
+            Ok(claim) => {
+                assert_eq!(claim, Claim::New);
+                break;
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "not ejected after {failures} failures"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(failures > 0 && started.elapsed() >= Duration::from_secs(1));
+    assert_eq!((store.ejections(), store.ejected()), (1, vec![two.addr()]));
+    // The next server in their order is server one: the sets start empty there.
+    for d in &on_two[1..20] {
+        assert_eq!(store.claim(*d).await.unwrap(), Claim::New);
+    }
+    let mut client = raw_client(&one.addr()).await;
+    for d in &on_two[..20] {
+        let key = store.item_key(*d);
+        assert!(
+            client
+                .meta_get(&key, false, None, Some(&["v"]))
+                .await
+                .unwrap()
+                .is_some(),
+            "{key} moved to server one"
+        );
+    }
+
+    // Back (restarted, empty): probed, taken back, and its sets return to it.
+    two.restart();
+    let back = Instant::now();
+    while store.returns() == 0 {
+        assert!(back.elapsed() < Duration::from_secs(20), "not taken back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(store.ejected().is_empty());
+    let mut client_two = raw_client(&two.addr()).await;
+    for d in &on_two[20..] {
+        assert_eq!(store.claim(*d).await.unwrap(), Claim::New);
+        let key = store.item_key(*d);
+        let on = |found: Option<_>| found.is_some();
+        assert!(
+            on(client_two
+                .meta_get(&key, false, None, Some(&["v"]))
+                .await
+                .unwrap()),
+            "{key} back on server two"
+        );
+        assert!(
+            !on(client
+                .meta_get(&key, false, None, Some(&["v"]))
+                .await
+                .unwrap()),
+            "{key} not on server one"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_under_load_every_call_answers_and_none_is_a_false_duplicate() {
     let mut server = MemcachedServer::start();

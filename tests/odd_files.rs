@@ -76,8 +76,8 @@ fn a_fifo_as_the_table_file_is_refused_not_waited_on() {
         (
             Some(1),
             format!(
-                "error: {} is a FIFO: a table file, its lock and its temporary file are regular \
-                 files or do not exist yet; give another path\n",
+                "error: {} is a FIFO: a table file, its lock, its temporary file and its \
+                 journal are regular files or do not exist yet; give another path\n",
                 fifo.display()
             )
         )
@@ -104,8 +104,8 @@ fn a_device_as_the_table_file_is_never_moved_aside() {
         (
             1,
             format!(
-                "error: {} is a character device: a table file, its lock and its temporary file \
-                 are regular files or do not exist yet; give another path\n",
+                "error: {} is a character device: a table file, its lock, its temporary file \
+                 and its journal are regular files or do not exist yet; give another path\n",
                 table.display()
             )
         )

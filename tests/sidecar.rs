@@ -698,6 +698,59 @@ async fn memcached_outage_with_requeue_loses_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memcached_server_dead_for_good_is_ejected_and_stalls_nothing() {
+    let one = MemcachedServer::start();
+    let mut two = MemcachedServer::start();
+    let broker = Broker::start(BrokerConfig::default()).await;
+    const N: usize = 2_000;
+    broker.publish_many(TOPIC, (0..N).map(payload));
+    let mut raw = raw_config(&[broker.tcp_addr()]);
+    raw.source.max_in_flight = Some(20);
+    raw.store.kind = Some(StoreKind::Memcached);
+    raw.store.memcached_addresses = Some(vec![one.addr(), two.addr()]);
+    raw.store.buckets = Some(1 << 16);
+    raw.store.timeout = Some(Dur(Duration::from_millis(200)));
+    raw.store.eject_after = Some("1s".into());
+    raw.source.max_attempts = Some(1000);
+    let settings = raw.validate().unwrap();
+    let recorder = Recorder::default();
+    let running = Running::start(
+        settings,
+        recorder.delivering_after(Duration::from_millis(2)),
+    )
+    .await;
+    wait_until_or(
+        "300 deliveries before the outage",
+        Duration::from_secs(30),
+        || recorder.distinct_delivered() >= 300,
+        String::new,
+    )
+    .await;
+    two.stop();
+    // Without ejection, half of the rest would be requeued for as long as server two is down
+    // (for ever here). With it, everything is delivered a few requeue delays after `1s`.
+    wait_until_or(
+        "every payload delivered with server two dead",
+        Duration::from_secs(60),
+        || recorder.distinct_delivered() == N && drained(&broker),
+        || format!("{} distinct delivered", recorder.distinct_delivered()),
+    )
+    .await;
+    let page = scrape(running.metrics_addr.expect("metrics are served"));
+    running.stop().await;
+    let delivered = recorder.delivered();
+    for i in 0..N {
+        assert!(delivered.contains_key(&payload(i)), "payload {i} lost");
+    }
+    assert_eq!(
+        metric(&page, "nsq_dedupe_store_ejections_total"),
+        Some(1.0),
+        "{page}"
+    );
+    assert_eq!(metric(&page, "nsq_dedupe_store_returns_total"), Some(0.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_example_config_loads() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
     let mut n = 0;
@@ -1047,6 +1100,51 @@ fn stdout_sidecar(broker: &Broker, extra: &[&str], stderr: Stdio) -> ChildGuard 
             .spawn()
             .unwrap(),
     ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_too_small_for_the_rate_warns_and_names_the_size_that_would_do() {
+    // 2,000 distinct messages in a second or two, into 4,096 slots that should hold an hour.
+    let a = Broker::start(BrokerConfig::default()).await;
+    a.publish_many(TOPIC, (0..2000).map(payload));
+    let mut child = stdout_sidecar(&a, &["--status-interval", "1s"], Stdio::piped());
+    let mut c = child.0.take().unwrap();
+    let mut stdout = c.stdout.take().unwrap();
+    let drain = std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+    wait_until_or(
+        "2,000 messages decided",
+        Duration::from_secs(20),
+        || a.stats().fin_ok == 2000,
+        || format!("{:?}", a.stats()),
+    )
+    .await;
+    // Two status intervals after the last message.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(Command::new("kill")
+        .args(["-INT", &c.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    assert!(c.wait().unwrap().success());
+    drain.join().unwrap().unwrap();
+    let mut log = String::new();
+    c.stderr.take().unwrap().read_to_string(&mut log).unwrap();
+    let warning = log
+        .lines()
+        .find(|l| l.contains("The table is too small for the recent rate"))
+        .unwrap_or_else(|| panic!("no warning in\n{log}"));
+    assert!(
+        warning.contains("below the target 0.99; --buckets ")
+            && warning.contains(" or --memory ")
+            && warning.contains("(with --ways 8) would meet it."),
+        "{warning}"
+    );
+    let suggested: u64 = warning
+        .split("--buckets ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no suggested size in {warning}"));
+    assert!(suggested > 4096 * 100, "{warning}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -25,6 +25,21 @@ pub(crate) struct SizeArgs {
     /// Distinct messages per second.
     #[arg(long, value_name = "MSG/S", value_parser = parse_rate, allow_negative_numbers = true)]
     pub(crate) rate: Option<f64>,
+    /// Measure the rate instead, from this nsqd's `/stats` (HTTP host:port; repeatable: the
+    /// counts are added, so copies published to several nsqd each count).
+    #[arg(
+        long = "nsqd-http-address",
+        value_name = "ADDR",
+        conflicts_with = "rate",
+        requires = "topic"
+    )]
+    pub(crate) nsqd_http_addresses: Vec<String>,
+    /// The topic whose rate `--nsqd-http-address` measures.
+    #[arg(long, value_name = "TOPIC", requires = "nsqd_http_addresses")]
+    pub(crate) topic: Option<String>,
+    /// How long `--nsqd-http-address` samples the topic's message count (default 10s).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10s", requires = "nsqd_http_addresses")]
+    pub(crate) sample: Duration,
     /// How late a copy may arrive: 30s, 5m, 1h, 2d (needs --rate).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, conflicts_with = "messages")]
     pub(crate) window: Option<Duration>,

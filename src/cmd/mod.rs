@@ -3,6 +3,7 @@
 mod catch_plot;
 pub(crate) mod filter;
 pub(crate) mod manpage;
+mod nsqd_rate;
 pub(crate) mod run;
 pub(crate) mod size;
 

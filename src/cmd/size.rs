@@ -63,7 +63,26 @@ impl Answer {
 }
 
 pub(crate) fn run(args: &SizeArgs) -> Result<()> {
-    let answer = solve(args)?;
+    let rate = match &args.topic {
+        Some(topic) if !args.nsqd_http_addresses.is_empty() => {
+            let rate = super::nsqd_rate::measure(&args.nsqd_http_addresses, topic, args.sample)?;
+            if rate <= 0.0 {
+                bail!(
+                    "topic {topic:?} received no message in the {} sample; sample longer                      (`--sample`) or give `--rate`",
+                    format_duration(args.sample)
+                );
+            }
+            eprintln!(
+                "Measured {} messages/s published to topic {topic:?} over {} ({}).",
+                format_count(rate.round() as u64),
+                format_duration(args.sample),
+                args.nsqd_http_addresses.join(", ")
+            );
+            Some(rate)
+        }
+        _ => args.rate,
+    };
+    let answer = solve(args, rate)?;
     if let Some(path) = &args.plot {
         super::catch_plot::CatchPlot {
             geometry: answer.geometry,
@@ -84,8 +103,8 @@ pub(crate) fn run(args: &SizeArgs) -> Result<()> {
     Ok(())
 }
 
-fn solve(args: &SizeArgs) -> Result<Answer> {
-    let window_messages = match (args.window, args.messages, args.rate) {
+fn solve(args: &SizeArgs, rate: Option<f64>) -> Result<Answer> {
+    let window_messages = match (args.window, args.messages, rate) {
         (Some(window), _, Some(rate)) => Some(window.as_secs_f64() * rate),
         (Some(window), _, None) => bail!(
             "`--window {}` needs `--rate` (distinct messages per second) to count the messages \
@@ -110,7 +129,7 @@ fn solve(args: &SizeArgs) -> Result<Answer> {
                 probability: sizing::catch_probability(geometry, window_messages),
                 target: Some(target),
                 window_messages,
-                rate: args.rate,
+                rate,
                 max_age: None,
             }
         }
@@ -119,7 +138,7 @@ fn solve(args: &SizeArgs) -> Result<Answer> {
             probability: target,
             target: Some(target),
             window_messages: sizing::window_for(geometry, target)?,
-            rate: args.rate,
+            rate,
             max_age: None,
         },
         (None, Some(geometry), Some(window_messages)) => Answer {
@@ -127,7 +146,7 @@ fn solve(args: &SizeArgs) -> Result<Answer> {
             probability: sizing::catch_probability(geometry, window_messages),
             target: None,
             window_messages,
-            rate: args.rate,
+            rate,
             max_age: None,
         },
         _ => bail!(
@@ -136,7 +155,7 @@ fn solve(args: &SizeArgs) -> Result<Answer> {
         ),
     };
     if let Some(max_age) = args.max_age {
-        let Some(rate) = args.rate else {
+        let Some(rate) = rate else {
             bail!(
                 "`--max-age {}` needs `--rate` (distinct messages per second) to tell how many \
                  messages arrive within it",

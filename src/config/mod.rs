@@ -41,8 +41,11 @@
 //! # table_file = "/var/lib/nsq-dedupe/table"  # memory: kept between runs
 //! # snapshot_interval = "10s"       # default
 //! # table_file_on_mismatch = "error"  # or "recreate"
+//! # journal_fsync = false          # true: a machine crash loses nothing FINished
 //! # near_table = "16MiB"            # memcached: local table of this process's commits
+//!                                   # (default: a quarter of the table's slots, 1-64 MiB; "off")
 //! timeout = "500ms"
+//! # eject_after = "10s"             # memcached: a server failing this long is skipped; "off"
 //!
 //! [sink]
 //! kind = "stdout"                   # or "nsq", "http", "file", "null"
@@ -104,6 +107,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::dedup::digest::{DigestAlgorithm, Keyer};
+use crate::dedup::Geometry;
 use crate::nsq::ConsumerConfig;
 use crate::pipeline::Policy;
 
@@ -372,7 +376,11 @@ pub struct Settings {
     pub store: StoreSettings,
     /// Where the in-process table is kept between runs, if anywhere.
     pub table_file: Option<TableFileSettings>,
-    /// The near-table in front of Memcached, if any.
+    /// The catch probability the table should keep: `store.probability`, else
+    /// [`DEFAULT_TARGET_PROBABILITY`](crate::metrics::DEFAULT_TARGET_PROBABILITY). Below it, the
+    /// sidecar warns and suggests a size.
+    pub target_probability: f64,
+    /// The near-table in front of a shared store, if any (on by default).
     pub near_table: Option<crate::Geometry>,
     /// Done entries older than this count as not seen, if set.
     pub max_age: Option<Duration>,
@@ -453,7 +461,11 @@ impl RawConfig {
         let (keyer, policy) = self.dedupe.validate(&source)?;
         let (mut store, window) = self.store.validate(source.msg_timeout)?;
         let table_file = self.store.table_file()?;
-        let near_table = self.store.near_table()?;
+        let near_table = self.store.near_table(match &store {
+            StoreSettings::Memcached(_, geometry) | StoreSettings::Memory(geometry) => *geometry,
+            StoreSettings::None => Geometry::new(Geometry::DEFAULT_SLOTS, 8)
+                .expect("the default size is valid for every supported way count"),
+        })?;
         let max_age = self.dedupe.max_age()?;
         if let StoreSettings::Memcached(config, _) = &mut store {
             config.max_age = max_age;
@@ -475,6 +487,10 @@ impl RawConfig {
             policy,
             store,
             table_file,
+            target_probability: self
+                .store
+                .probability
+                .unwrap_or(crate::metrics::DEFAULT_TARGET_PROBABILITY),
             near_table,
             max_age,
             window,
@@ -646,5 +662,39 @@ mod tests {
             panic!()
         };
         assert_eq!(g.slots(), 6_185_416);
+    }
+
+    #[test]
+    fn a_shared_store_gets_a_near_table_unless_it_is_off() {
+        let memcached = "[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"a:1\"]\n[store]\nkind = \"memcached\"\n";
+        let near = |extra: &str| {
+            Settings::from_toml(&format!("{memcached}{extra}"))
+                .unwrap()
+                .near_table
+        };
+        // The default table's quarter: 2,097,152 slots, 16 MiB.
+        assert_eq!(near(""), Some(crate::Geometry::new(1 << 21, 8).unwrap()));
+        assert_eq!(near("near_table = \"off\"\n"), None);
+        assert_eq!(
+            near("near_table = \"1MiB\"\n"),
+            Some(crate::Geometry::new(1 << 17, 8).unwrap())
+        );
+        // Bounded: a small table's near-table is 1 MiB, a large one's 64 MiB.
+        assert_eq!(
+            near("buckets = 1000\n").map(|g| g.memory_bytes()),
+            Some(1 << 20)
+        );
+        assert_eq!(
+            near("buckets = 4000000000\n").map(|g| g.memory_bytes()),
+            Some(64 << 20)
+        );
+        // The in-process table has none, and says so when one is asked for.
+        let memory = "[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"a:1\"]\n";
+        assert_eq!(Settings::from_toml(memory).unwrap().near_table, None);
+        assert_eq!(
+            err(&format!("{memory}[store]\nnear_table = \"1MiB\"\n")),
+            "`store.near_table` is used only with `store.kind = \"memcached\"`: remove it, or \
+             set that too"
+        );
     }
 }

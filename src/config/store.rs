@@ -12,6 +12,7 @@ use serde::Deserialize;
 use crate::dedup::table_file::OnMismatch;
 
 use super::{check_host_port, invalid, quote, ConfigError, Dur};
+use crate::dedup::near::NearTable;
 use crate::dedup::Geometry;
 use crate::MemcachedConfig;
 
@@ -31,6 +32,12 @@ pub enum StoreKind {
 }
 
 impl StoreKind {
+    /// Whether the table lives in a store shared by many consumers (and has a near-table in
+    /// front of it).
+    pub fn is_shared(self) -> bool {
+        matches!(self, StoreKind::Memcached)
+    }
+
     /// Every kind with its name in the config file and on the command line.
     pub const NAMES: [(&'static str, StoreKind); 3] = [
         ("memory", StoreKind::Memory),
@@ -58,7 +65,9 @@ pub struct RawStore {
     pub table_file: Option<PathBuf>,
     pub snapshot_interval: Option<Dur>,
     pub table_file_on_mismatch: Option<OnMismatch>,
+    pub journal_fsync: Option<bool>,
     pub near_table: Option<String>,
+    pub eject_after: Option<String>,
 }
 
 /// How often the in-process table is written to its file when no interval is given: after a
@@ -74,6 +83,10 @@ pub struct TableFileSettings {
     pub snapshot_interval: Duration,
     /// What a file that does not match or is damaged does.
     pub on_mismatch: OnMismatch,
+    /// Commits wait until their journal record is on disk (`store.journal_fsync`), so a
+    /// machine crash loses nothing FINished. Defaults to: `false` (a process crash loses
+    /// nothing either way).
+    pub journal_fsync: bool,
 }
 
 /// The validated store choice.
@@ -88,11 +101,16 @@ pub enum StoreSettings {
 }
 
 impl RawStore {
-    /// `store.near_table`: the shape of the near-table in front of Memcached.
-    pub(super) fn near_table(&self) -> Result<Option<Geometry>, ConfigError> {
+    /// `store.near_table`: the shape of the near-table in front of a shared store: by default
+    /// [`NearTable::default_geometry`] of the shared table's, none with `"off"`.
+    pub(super) fn near_table(&self, shared: Geometry) -> Result<Option<Geometry>, ConfigError> {
+        let shared_store = self.kind.is_some_and(StoreKind::is_shared);
         let Some(text) = &self.near_table else {
-            return Ok(None);
+            return Ok(shared_store.then(|| NearTable::default_geometry(shared)));
         };
+        if text == "off" {
+            return Ok(None);
+        }
         let bytes = crate::units::parse_bytes(text)
             .map_err(|reason| invalid("store.near_table", quote(Some(text)), reason))?;
         Geometry::with_memory(bytes, 8)
@@ -120,6 +138,7 @@ impl RawStore {
             path: path.clone(),
             snapshot_interval,
             on_mismatch: self.table_file_on_mismatch.unwrap_or_default(),
+            journal_fsync: self.journal_fsync.unwrap_or(false),
         }))
     }
 
@@ -238,6 +257,25 @@ impl RawStore {
                 return Err(invalid("store.timeout", "\"0s\"", "must be more than 0"));
             }
             config.timeout = t;
+        }
+        if let Some(text) = &self.eject_after {
+            config.eject_after = if text == "off" {
+                None
+            } else {
+                match crate::units::parse_duration(text) {
+                    Ok(d) if !d.is_zero() => Some(d),
+                    Ok(_) => {
+                        return Err(invalid(
+                            "store.eject_after",
+                            quote(Some(text)),
+                            "must be more than 0, or \"off\" to never eject a server",
+                        ))
+                    }
+                    Err(reason) => {
+                        return Err(invalid("store.eject_after", quote(Some(text)), reason))
+                    }
+                }
+            };
         }
         // The store's own rules (the namespace's syntax among them), without building a store.
         config.validate()?;

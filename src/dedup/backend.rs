@@ -9,6 +9,9 @@
 //! of them) would be copied around at that size, in-process table or not. One allocation
 //! next to a network round trip costs nothing measurable.
 
+use std::sync::Arc;
+
+use crate::dedup::journal::Journal;
 use crate::dedup::memcached::MemcachedStore;
 use crate::dedup::near::{NearStats, NearTable};
 use crate::dedup::table::Table;
@@ -20,6 +23,9 @@ use crate::error::StoreError;
 pub enum Backend {
     /// The in-process, lock-free table.
     Memory(Table),
+    /// The in-process table kept in a file: each commit and erase is also appended to the
+    /// file's journal before the message is answered.
+    Journalled(Table, Arc<Journal>),
     /// The table shared through Memcached, with a near-table in front when configured.
     Memcached(MemcachedStore, Option<NearTable>),
     /// No de-duplication: every claim is [`Claim::New`].
@@ -30,7 +36,7 @@ impl Backend {
     /// The name used in config files, flags and metrics labels.
     pub fn kind(&self) -> &'static str {
         match self {
-            Backend::Memory(_) => "memory",
+            Backend::Memory(_) | Backend::Journalled(..) => "memory",
             Backend::Memcached(..) => "memcached",
             Backend::None(_) => "none",
         }
@@ -40,8 +46,18 @@ impl Backend {
     /// periodic report: only the in-process table (a scan of its slots) answers.
     pub fn occupancy(&self) -> Option<f64> {
         match self {
-            Backend::Memory(table) => Some(table.occupancy()),
+            Backend::Memory(table) | Backend::Journalled(table, _) => Some(table.occupancy()),
             Backend::Memcached(..) | Backend::None(_) => None,
+        }
+    }
+
+    /// Shared-store servers ejected and taken back so far, for a store of several servers.
+    pub fn ejections(&self) -> Option<(u64, u64)> {
+        match self {
+            Backend::Memcached(store, _) if store.config().servers.len() > 1 => {
+                Some((store.ejections(), store.returns()))
+            }
+            _ => None,
         }
     }
 
@@ -57,7 +73,7 @@ impl Backend {
 impl Store for Backend {
     async fn claim(&self, digest: Digest) -> Result<Claim, StoreError> {
         match self {
-            Backend::Memory(table) => Ok(table.claim(digest)),
+            Backend::Memory(table) | Backend::Journalled(table, _) => Ok(table.claim(digest)),
             Backend::Memcached(_, Some(near)) if near.committed(digest) => Ok(Claim::Duplicate),
             Backend::Memcached(store, _) => Box::pin(store.claim(digest)).await,
             Backend::None(_) => Ok(Claim::New),
@@ -66,7 +82,9 @@ impl Store for Backend {
 
     async fn claim_many(&self, digests: &[Digest]) -> Result<Vec<Claim>, StoreError> {
         match self {
-            Backend::Memory(table) => Store::claim_many(table, digests).await,
+            Backend::Memory(table) | Backend::Journalled(table, _) => {
+                Store::claim_many(table, digests).await
+            }
             Backend::Memcached(store, None) => Box::pin(store.claim_many(digests)).await,
             Backend::Memcached(store, Some(near)) => {
                 // Answer what this process committed itself; ask Memcached for the rest.
@@ -101,6 +119,16 @@ impl Store for Backend {
     async fn commit(&self, digest: Digest) -> Result<bool, StoreError> {
         match self {
             Backend::Memory(table) => Ok(table.commit(digest)),
+            Backend::Journalled(table, journal) => {
+                let held = table.commit(digest);
+                if held {
+                    journal.commit(digest);
+                    if journal.syncs() {
+                        Box::pin(journal.synced()).await;
+                    }
+                }
+                Ok(held)
+            }
             Backend::Memcached(store, near) => {
                 // The message was delivered whatever Memcached says now: remember it here, so
                 // its copies are caught even while Memcached is unreachable.
@@ -116,6 +144,14 @@ impl Store for Backend {
     async fn commit_many(&self, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
         match self {
             Backend::Memory(table) => Store::commit_many(table, digests).await,
+            Backend::Journalled(table, journal) => {
+                // A burst's records, then one wait for all of them when commits are synced.
+                let held = journal_each(digests, |d| table.commit(d), |d| journal.commit(d));
+                if journal.syncs() {
+                    Box::pin(journal.synced()).await;
+                }
+                held
+            }
             Backend::Memcached(store, near) => {
                 if let Some(near) = near {
                     for &digest in digests {
@@ -131,6 +167,13 @@ impl Store for Backend {
     async fn erase_many(&self, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
         match self {
             Backend::Memory(table) => Store::erase_many(table, digests).await,
+            Backend::Journalled(table, journal) => {
+                let held = journal_each(digests, |d| table.erase(d), |d| journal.erase(d));
+                if journal.syncs() {
+                    Box::pin(journal.synced()).await;
+                }
+                held
+            }
             Backend::Memcached(store, _) => Box::pin(store.erase_many(digests)).await,
             Backend::None(_) => vec![Ok(true); digests.len()],
         }
@@ -139,6 +182,16 @@ impl Store for Backend {
     async fn erase(&self, digest: Digest) -> Result<bool, StoreError> {
         match self {
             Backend::Memory(table) => Ok(table.erase(digest)),
+            Backend::Journalled(table, journal) => {
+                let held = table.erase(digest);
+                if held {
+                    journal.erase(digest);
+                    if journal.syncs() {
+                        Box::pin(journal.synced()).await;
+                    }
+                }
+                Ok(held)
+            }
             Backend::Memcached(store, _) => Box::pin(store.erase(digest)).await,
             Backend::None(_) => Ok(true),
         }
@@ -146,7 +199,7 @@ impl Store for Backend {
 
     async fn renew(&self, digest: Digest) -> Result<bool, StoreError> {
         match self {
-            Backend::Memory(table) => Ok(table.contains(digest)),
+            Backend::Memory(table) | Backend::Journalled(table, _) => Ok(table.contains(digest)),
             Backend::Memcached(store, _) => Box::pin(store.renew(digest)).await,
             Backend::None(_) => Ok(true),
         }
@@ -154,11 +207,29 @@ impl Store for Backend {
 
     fn geometry(&self) -> Option<Geometry> {
         match self {
-            Backend::Memory(table) => Some(table.geometry()),
+            Backend::Memory(table) | Backend::Journalled(table, _) => Some(table.geometry()),
             Backend::Memcached(store, _) => store.geometry(),
             Backend::None(_) => None,
         }
     }
+}
+
+/// Applies `change` to each digest and journals (`record`) those whose set still held them.
+fn journal_each(
+    digests: &[Digest],
+    change: impl Fn(Digest) -> bool,
+    record: impl Fn(Digest),
+) -> Vec<Result<bool, StoreError>> {
+    digests
+        .iter()
+        .map(|&digest| {
+            let held = change(digest);
+            if held {
+                record(digest);
+            }
+            Ok(held)
+        })
+        .collect()
 }
 
 #[cfg(test)]

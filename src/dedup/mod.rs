@@ -15,6 +15,7 @@
 pub mod backend;
 pub mod clock;
 pub(crate) mod digest;
+pub mod journal;
 mod json_key;
 pub(crate) mod memcached;
 pub mod near;

@@ -1,5 +1,6 @@
 //! The near-table: an in-process table of the digests this process committed, consulted
-//! before the shared Memcached table.
+//! before the shared table (Memcached). On by default, sized by
+//! [`NearTable::default_geometry`]; `store.near_table = "off"` turns it off.
 //!
 //! A claim whose digest is there is a copy of a message this process delivered itself, so it
 //! answers `Duplicate` without a round trip; that is safe because only committed digests are
@@ -31,6 +32,25 @@ pub struct NearStats {
 }
 
 impl NearTable {
+    /// Slots of the smallest near-table a default gives: 1 MiB.
+    pub const MIN_DEFAULT_SLOTS: u64 = 1 << 17;
+    /// Slots of the largest near-table a default gives: 64 MiB.
+    pub const MAX_DEFAULT_SLOTS: u64 = 1 << 23;
+
+    /// The near-table's shape when none is configured: a quarter of the shared table's slots,
+    /// between [`MIN_DEFAULT_SLOTS`](Self::MIN_DEFAULT_SLOTS) and
+    /// [`MAX_DEFAULT_SLOTS`](Self::MAX_DEFAULT_SLOTS), in sets of 8.
+    ///
+    /// It holds only this process's commits, so with four or more consumers sharing the table
+    /// (each committing a quarter of the digests or less) it remembers as far back as the
+    /// shared table does; alone or with fewer, a quarter of that or more. For the default
+    /// shared table (8,388,608 slots) that is 16 MiB, the size that caught every copy across a
+    /// Memcached restart in the measurement behind it.
+    pub fn default_geometry(shared: Geometry) -> Geometry {
+        let slots = (shared.slots() / 4).clamp(Self::MIN_DEFAULT_SLOTS, Self::MAX_DEFAULT_SLOTS);
+        Geometry::new(slots, 8).expect("between 1 MiB and 64 MiB, in sets of 8")
+    }
+
     /// A near-table of this shape.
     ///
     /// # Errors

@@ -21,6 +21,8 @@
 //!     40     8  when the snapshot was taken, seconds since the Unix epoch
 //!     48     2  length of the digest identity, then the identity (UTF-8, at most 1024 bytes):
 //!               the key rule and digest, e.g. "json:/id xxh3" or "body blake3-keyed:1a2b3c4d"
+//!   3072     8  the journal this snapshot goes with (see `journal`): its life, 0 for none
+//!   3080     4  the journal generation whose records follow this snapshot
 //!   4088     8  xxh3-64 of bytes 0..4088
 //!   4096        the slots, 8 bytes each, little-endian
 //!               (layout 2) the slots' times, 8 bytes each (see `table::timed`)
@@ -65,6 +67,8 @@ const SLOT_LAYOUT: u32 = 1;
 const SLOT_LAYOUT_TIMED: u32 = 2;
 const HEADER_BYTES: usize = 4096;
 const MAX_IDENTITY: usize = 1024;
+/// Where the header names the journal that follows the snapshot.
+const JOURNAL_AT: usize = 3072;
 
 /// What to do with a table file that does not match the settings or is damaged.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
@@ -136,7 +140,7 @@ pub enum TableFileError {
     },
     /// Something other than a regular file has the name: it is never opened, renamed or
     /// replaced (a FIFO would block the start, a device would be written to or moved).
-    #[error("{path} is {kind}: a table file, its lock and its temporary file are regular files or do not exist yet; give another path")]
+    #[error("{path} is {kind}: a table file, its lock, its temporary file and its journal are regular files or do not exist yet; give another path")]
     NotAFile {
         /// The path.
         path: PathBuf,
@@ -159,6 +163,18 @@ pub struct LoadReport {
     pub snapshot_at: Option<SystemTime>,
     /// The file was damaged or did not match and was moved aside (`Recreate`).
     pub recreated: Option<String>,
+    /// The journal the snapshot goes with, when it was saved with one.
+    pub journal: Option<JournalTag>,
+}
+
+/// Which journal records follow a snapshot: those of generation `generation` of the journal
+/// whose life is `life` (see `journal`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JournalTag {
+    /// The journal's life: a random number chosen when its file was made.
+    pub life: u64,
+    /// The first generation whose records are not (all) in the snapshot.
+    pub generation: u32,
 }
 
 /// What one snapshot cost.
@@ -315,6 +331,7 @@ impl TableFile {
         let mut hasher = Xxh3::new();
         let mut report = LoadReport {
             snapshot_at: Some(UNIX_EPOCH + Duration::from_secs(header.written_at)),
+            journal: header.journal,
             ..LoadReport::default()
         };
         let mut buf = vec![0u8; 8 << 20];
@@ -364,6 +381,19 @@ impl TableFile {
     ///
     /// [`TableFileError::Io`]; the previous snapshot is then still in place.
     pub fn save(&self, table: &Table) -> Result<SaveReport, TableFileError> {
+        self.save_tagged(table, None)
+    }
+
+    /// [`save`](TableFile::save), recording which journal records follow the snapshot.
+    ///
+    /// # Errors
+    ///
+    /// As for [`save`](TableFile::save).
+    pub fn save_tagged(
+        &self,
+        table: &Table,
+        journal: Option<JournalTag>,
+    ) -> Result<SaveReport, TableFileError> {
         let _one_at_a_time = self
             .saving
             .lock()
@@ -404,7 +434,7 @@ impl TableFile {
             .create_new(true)
             .open(&temporary)
             .map_err(io)?;
-        let written = self.write_snapshot(table, file, &temporary);
+        let written = self.write_snapshot(table, journal, file, &temporary);
         if written.is_err() {
             // Nothing of a failed snapshot stays: the previous one is still in place.
             let _ = std::fs::remove_file(&temporary);
@@ -421,6 +451,7 @@ impl TableFile {
     fn write_snapshot(
         &self,
         table: &Table,
+        journal: Option<JournalTag>,
         mut file: File,
         temporary: &Path,
     ) -> Result<bool, TableFileError> {
@@ -454,6 +485,7 @@ impl TableFile {
                 .unwrap_or_default()
                 .as_secs(),
             identity: self.identity.clone(),
+            journal,
         };
         file.seek(io::SeekFrom::Start(0)).map_err(io)?;
         file.write_all(&header.encode()).map_err(io)?;
@@ -481,13 +513,13 @@ impl Drop for TableFile {
 }
 
 /// Why a file could not be opened as a regular file.
-enum OpenError {
+pub(crate) enum OpenError {
     Io(io::Error),
     NotAFile(&'static str),
 }
 
 impl OpenError {
-    fn at(self, path: &Path) -> TableFileError {
+    pub(crate) fn at(self, path: &Path) -> TableFileError {
         match self {
             OpenError::Io(cause) => TableFileError::Io {
                 path: path.to_owned(),
@@ -505,7 +537,7 @@ impl OpenError {
 ///
 /// The open itself does not wait (`O_NONBLOCK`: a FIFO with no writer would block it for
 /// ever), and the check is made on the opened file, so nothing can swap the name in between.
-fn open_regular(path: &Path, options: &mut OpenOptions) -> Result<File, OpenError> {
+pub(crate) fn open_regular(path: &Path, options: &mut OpenOptions) -> Result<File, OpenError> {
     #[cfg(target_os = "linux")]
     {
         use std::os::unix::fs::OpenOptionsExt as _;
@@ -568,6 +600,7 @@ struct Header {
     slot_checksum: u64,
     written_at: u64,
     identity: String,
+    journal: Option<JournalTag>,
 }
 
 impl Header {
@@ -583,6 +616,10 @@ impl Header {
         let identity = &self.identity.as_bytes()[..self.identity.len().min(MAX_IDENTITY)];
         bytes[48..50].copy_from_slice(&(identity.len() as u16).to_le_bytes());
         bytes[50..50 + identity.len()].copy_from_slice(identity);
+        if let Some(tag) = self.journal {
+            bytes[JOURNAL_AT..JOURNAL_AT + 8].copy_from_slice(&tag.life.to_le_bytes());
+            bytes[JOURNAL_AT + 8..JOURNAL_AT + 12].copy_from_slice(&tag.generation.to_le_bytes());
+        }
         let checksum = xxh3_64(&bytes[..HEADER_BYTES - 8]);
         bytes[HEADER_BYTES - 8..].copy_from_slice(&checksum.to_le_bytes());
         bytes
@@ -614,6 +651,13 @@ impl Header {
             slot_checksum: u64_at(32),
             written_at: u64_at(40),
             identity: String::from_utf8_lossy(&bytes[50..50 + len]).into_owned(),
+            journal: match u64_at(JOURNAL_AT) {
+                0 => None,
+                life => Some(JournalTag {
+                    life,
+                    generation: u32_at(JOURNAL_AT + 8),
+                }),
+            },
         })
     }
 }

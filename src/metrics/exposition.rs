@@ -151,6 +151,18 @@ impl Scrape {
                 near.misses,
             ));
         }
+        if let Some((ejections, returns)) = table.ejections {
+            counters.push((
+                "nsq_dedupe_store_ejections",
+                "Shared-store servers ejected after failing for store.eject_after.",
+                ejections,
+            ));
+            counters.push((
+                "nsq_dedupe_store_returns",
+                "Ejected shared-store servers that answered again and were taken back.",
+                returns,
+            ));
+        }
         let copy = |name, help, histogram: &Histogram| {
             let (buckets, sum) = histogram.buckets();
             (name, help, buckets, sum, histogram.count())
@@ -170,8 +182,18 @@ impl Scrape {
         let mut gauges = vec![
             (
                 "nsq_dedupe_distinct_rate",
-                "Distinct messages per second since the start.",
+                "Distinct messages per second over the last minute: the fleet's, with a shared store.",
                 m.distinct_rate(),
+            ),
+            (
+                "nsq_dedupe_own_distinct_rate",
+                "This consumer's distinct messages per second over the last minute.",
+                m.own_distinct_rate(),
+            ),
+            (
+                "nsq_dedupe_distinct_rate_peak",
+                "The highest distinct rate over a minute in the last window.",
+                m.distinct_rate_peak(),
             ),
             (
                 "nsq_dedupe_nsqd_connections",
@@ -209,6 +231,22 @@ impl Scrape {
                 "nsq_dedupe_window_seconds",
                 "The window the catch probability refers to.",
                 table.window.as_secs_f64(),
+            ));
+            gauges.push((
+                "nsq_dedupe_table_too_small",
+                "1 when the catch probability is below the target (store.probability, else 0.99).",
+                if m.too_small(table).is_some() {
+                    1.0
+                } else {
+                    0.0
+                },
+            ));
+        }
+        if let Some(suggested) = m.suggested_geometry(table) {
+            gauges.push((
+                "nsq_dedupe_table_suggested_slots",
+                "Slots (--buckets) that would meet the target catch probability at the recent rate.",
+                suggested.slots() as f64,
             ));
         }
         Scrape {
@@ -356,8 +394,42 @@ mod tests {
             occupancy: Some(0.5),
             near: near.then_some(crate::dedup::near::NearStats { hits: 4, misses: 6 }),
             window: Duration::from_secs(60),
+            target: 0.99,
+            ejections: None,
         };
         m.render(&view)
+    }
+
+    #[test]
+    fn a_table_too_small_for_the_recent_rate_says_so_and_what_would_do() {
+        let m = Metrics::default();
+        let start = std::time::Instant::now();
+        // 1,000 distinct a second: 60,000 in the 60 s window, far more than 1,024 slots hold.
+        m.rates.sample(start, 0);
+        m.rates.sample(start + Duration::from_secs(10), 10_000);
+        let text = page(&m, false);
+        assert!(
+            text.contains("\nnsq_dedupe_table_too_small 1.0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\nnsq_dedupe_distinct_rate 1000.0\n"),
+            "{text}"
+        );
+        let slots: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("nsq_dedupe_table_suggested_slots "))
+            .and_then(|v| v.trim_end_matches(".0").parse().ok())
+            .unwrap_or_else(|| panic!("no suggested slots in\n{text}"));
+        let suggested = Geometry::new(slots, 8).unwrap();
+        assert!(crate::sizing::catch_probability(suggested, 60_000.0) >= 0.99);
+        let smaller = Geometry::new(slots - 8 * 64, 8).unwrap();
+        assert!(crate::sizing::catch_probability(smaller, 60_000.0) < 0.99);
+        // At 1 a second the same table is large enough.
+        let quiet = Metrics::default();
+        quiet.rates.sample(start, 0);
+        quiet.rates.sample(start + Duration::from_secs(10), 10);
+        assert!(page(&quiet, false).contains("\nnsq_dedupe_table_too_small 0.0\n"));
     }
 
     #[test]

@@ -18,6 +18,9 @@ use crate::sizing;
 
 pub mod exposition;
 mod process;
+pub mod rate;
+
+use rate::RateTracker;
 
 /// Upper bounds (seconds) of the latency histograms' buckets.
 const LATENCY_BUCKETS: [f64; 12] = [
@@ -126,10 +129,20 @@ pub struct Metrics {
     pub nsqd_connections: AtomicU64,
     /// Whether the store's last operation failed.
     pub store_failing: AtomicBool,
+    /// The distinct rate now and its peak over the window, sampled by [`sample_rate`](Metrics::sample_rate).
+    pub rates: RateTracker,
 }
 
 impl Default for Metrics {
+    /// Counters whose rate peak covers [`DEFAULT_WINDOW`](crate::config::DEFAULT_WINDOW).
     fn default() -> Self {
+        Metrics::with_window(crate::config::DEFAULT_WINDOW)
+    }
+}
+
+impl Metrics {
+    /// Counters whose rate peak covers `window` (the window the table is sized for).
+    pub fn with_window(window: Duration) -> Self {
         Metrics {
             started: Instant::now(),
             received: RwLock::new(Vec::new()),
@@ -155,6 +168,7 @@ impl Default for Metrics {
             abandoned: AtomicU64::new(0),
             nsqd_connections: AtomicU64::new(0),
             store_failing: AtomicBool::new(false),
+            rates: RateTracker::new(window),
         }
     }
 }
@@ -190,6 +204,25 @@ pub struct TableView {
     pub window: Duration,
     /// What the near-table in front of Memcached answered, if there is one.
     pub near: Option<crate::dedup::near::NearStats>,
+    /// The catch probability the table should keep (`store.probability`, else
+    /// [`DEFAULT_TARGET_PROBABILITY`]).
+    pub target: f64,
+    /// Servers of a shared store ejected and taken back so far, with several servers.
+    pub ejections: Option<(u64, u64)>,
+}
+
+/// The catch probability a table is expected to keep when `store.probability` is not given.
+pub const DEFAULT_TARGET_PROBABILITY: f64 = 0.99;
+
+/// A table too small for the rate it sees: what it catches and what would do.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TooSmall {
+    /// The catch probability at the recent rate.
+    pub probability: f64,
+    /// The recent distinct rate.
+    pub rate: f64,
+    /// A table that would meet the target at that rate (same ways).
+    pub suggested: Geometry,
 }
 
 impl Metrics {
@@ -258,19 +291,74 @@ impl Metrics {
         self.started.elapsed()
     }
 
-    /// Distinct messages per second since the start (unique plus keyless).
-    pub fn distinct_rate(&self) -> f64 {
-        let secs = self.uptime().as_secs_f64().max(1e-3);
-        (get(&self.unique) + get(&self.keyless)) as f64 / secs
+    /// Distinct messages (unique plus keyless) so far.
+    pub fn distinct(&self) -> u64 {
+        get(&self.unique) + get(&self.keyless)
     }
 
-    /// The probability that a copy arriving one whole `window` late is still caught, at the
-    /// distinct rate observed so far. `None` without a table.
+    /// Records the distinct count now, for the recent rate; the sidecar calls it every second.
+    pub fn sample_rate(&self) {
+        self.rates.sample(Instant::now(), self.distinct());
+    }
+
+    /// Distinct messages per second: the fleet's when consumers share a store and it is known
+    /// (see [`rate`]), else this process's [`own_distinct_rate`](Metrics::own_distinct_rate).
+    pub fn distinct_rate(&self) -> f64 {
+        self.rates
+            .fleet()
+            .unwrap_or_else(|| self.own_distinct_rate())
+    }
+
+    /// This process's distinct messages per second over the last [`rate::RECENT_SPAN`] (since
+    /// the start until two samples were taken).
+    pub fn own_distinct_rate(&self) -> f64 {
+        self.rates.recent().unwrap_or_else(|| {
+            let secs = self.uptime().as_secs_f64().max(1e-3);
+            self.distinct() as f64 / secs
+        })
+    }
+
+    /// The highest [`distinct_rate`](Metrics::distinct_rate) of the last window.
+    pub fn distinct_rate_peak(&self) -> f64 {
+        self.rates.peak().unwrap_or_else(|| self.distinct_rate())
+    }
+
+    /// The probability that a copy arriving one whole `window` late is still caught, if the
+    /// recent distinct rate held for the window. `None` without a table.
     pub fn catch_probability(&self, table: &TableView) -> Option<f64> {
         let geometry = table.geometry?;
         Some(sizing::catch_probability(
             geometry,
             self.distinct_rate() * table.window.as_secs_f64(),
         ))
+    }
+
+    /// The table's shape that meets `table.target` at the recent rate, `None` without a table
+    /// or traffic.
+    pub fn suggested_geometry(&self, table: &TableView) -> Option<Geometry> {
+        let geometry = table.geometry?;
+        let rate = self.distinct_rate();
+        if rate <= 0.0 {
+            return None;
+        }
+        sizing::slots_for(
+            table.target,
+            geometry.ways(),
+            rate * table.window.as_secs_f64(),
+        )
+        .ok()
+    }
+
+    /// `Some` when the catch probability at the recent rate is below `table.target`.
+    pub fn too_small(&self, table: &TableView) -> Option<TooSmall> {
+        let probability = self.catch_probability(table)?;
+        if probability >= table.target {
+            return None;
+        }
+        Some(TooSmall {
+            probability,
+            rate: self.distinct_rate(),
+            suggested: self.suggested_geometry(table)?,
+        })
     }
 }

@@ -58,10 +58,16 @@ pub(crate) struct StoreFlags {
     /// Bound on each Memcached network step (default 500ms). `store.timeout`.
     #[arg(long = "store-timeout", value_name = "DURATION", value_parser = parse_duration)]
     pub(crate) timeout: Option<Duration>,
-    /// With Memcached: a local table of this size (such as 16MiB) holding the digests this
-    /// process committed, answered without a round trip. `store.near_table`.
+    /// With a shared store (Memcached): a local table of this size (such as 16MiB) holding the
+    /// digests this process committed, answered without a round trip; `off` for none (default:
+    /// a quarter of the table's slots, 1MiB to 64MiB). `store.near_table`.
     #[arg(long, value_name = "SIZE")]
     pub(crate) near_table: Option<String>,
+    /// With two Memcached servers or more: after one has failed this long, its sets go to the
+    /// next server until it answers again; `off` never ejects (default 10s).
+    /// `store.eject_after`.
+    #[arg(long, value_name = "DURATION|off")]
+    pub(crate) eject_after: Option<String>,
     /// Keep the in-process table in this file between runs (snapshots). `store.table_file`.
     #[arg(long, value_name = "FILE")]
     pub(crate) table_file: Option<std::path::PathBuf>,
@@ -73,6 +79,10 @@ pub(crate) struct StoreFlags {
     /// aside, start empty). `store.table_file_on_mismatch`.
     #[arg(long, value_name = "POLICY", value_parser = named(&OnMismatch::NAMES))]
     pub(crate) table_file_on_mismatch: Option<OnMismatch>,
+    /// Each commit waits until its journal record is on disk: a machine crash then loses
+    /// nothing answered (a kill -9 loses nothing either way). `store.journal_fsync`.
+    #[arg(long)]
+    pub(crate) journal_fsync: bool,
 }
 
 impl StoreFlags {
@@ -152,6 +162,12 @@ impl StoreFlags {
             "--near-table",
         );
         overlay.value(
+            &mut store.eject_after,
+            self.eject_after.as_ref(),
+            "store.eject_after",
+            "--eject-after",
+        );
+        overlay.value(
             &mut store.table_file,
             self.table_file.as_ref(),
             "store.table_file",
@@ -168,6 +184,12 @@ impl StoreFlags {
             self.table_file_on_mismatch.as_ref(),
             "store.table_file_on_mismatch",
             "--table-file-on-mismatch",
+        );
+        overlay.value(
+            &mut store.journal_fsync,
+            self.journal_fsync.then_some(true).as_ref(),
+            "store.journal_fsync",
+            "--journal-fsync",
         );
     }
 }

@@ -50,6 +50,12 @@ pub struct MemcachedConfig {
     /// Done entries committed longer ago than this count as not seen (`dedupe.max_age`).
     /// Defaults to: `None` (entries are forgotten only by eviction).
     pub max_age: Option<Duration>,
+    /// A server whose operations have failed this long, with no success in between, is
+    /// ejected: its sets go to the next server in their rendezvous order until it answers
+    /// again (see `health`). `None` never ejects. Only with two servers or more. Defaults to:
+    /// 10 s, long enough for a restart to come back on its own, short enough that a dead
+    /// server's messages are requeued only a few times.
+    pub eject_after: Option<Duration>,
 }
 
 impl Default for MemcachedConfig {
@@ -63,6 +69,7 @@ impl Default for MemcachedConfig {
             max_cas_retries: 16,
             max_age: None,
             coalesce: true,
+            eject_after: Some(Duration::from_secs(10)),
         }
     }
 }

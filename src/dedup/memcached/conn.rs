@@ -4,8 +4,9 @@
 //! read returned, sent together in one round trip; `async-memcached`'s pipelined write applies
 //! one flag list to every item and its client runs one command at a time, so it cannot. This
 //! connection speaks the commands the store needs, `mg <key> v c` and `ms <key> <len> C<cas>` /
-//! `ms <key> <len> ME` in pipelines of many keys, plus `version` as a liveness probe, and reads
-//! the answers back in order (memcached answers a connection's commands in order).
+//! `ms <key> <len> ME` in pipelines of many keys, `ma` and `mg` on the fleet's counters, plus
+//! `version` as a liveness probe, and reads the answers back in order (memcached answers a
+//! connection's commands in order).
 //!
 //! See: <https://github.com/memcached/memcached/wiki/MetaCommands>
 
@@ -139,6 +140,54 @@ impl PipeConn {
             });
         }
         Ok(written)
+    }
+
+    /// Adds `delta` to the counter `key` (made with `delta` and a lifetime of `ttl_secs` if it
+    /// does not exist) and reads the counters `counters`, in one round trip; a counter that does
+    /// not exist reads as 0.
+    pub(super) async fn add_and_read(
+        &mut self,
+        key: &str,
+        delta: u64,
+        ttl_secs: u64,
+        counters: &[String],
+    ) -> io::Result<Vec<u64>> {
+        let add = format!("ma {key} N{ttl_secs} J{delta} D{delta}\r\n");
+        self.stream.write_all(add.as_bytes()).await?;
+        for counter in counters {
+            self.stream.write_all(b"mg ").await?;
+            self.stream.write_all(counter.as_bytes()).await?;
+            self.stream.write_all(b" v\r\n").await?;
+        }
+        self.stream.flush().await?;
+        self.read_line().await?;
+        if !self.line.starts_with(b"HD") {
+            return Err(self.unexpected("ma"));
+        }
+        let mut values = Vec::with_capacity(counters.len());
+        for _ in counters {
+            self.read_line().await?;
+            if self.line.starts_with(b"EN") {
+                values.push(0);
+                continue;
+            }
+            let len = self
+                .line
+                .strip_prefix(b"VA ")
+                .and_then(|h| std::str::from_utf8(h).ok()?.split(' ').next()?.parse().ok())
+                .filter(|&len: &usize| len <= 20)
+                .ok_or_else(|| self.unexpected("mg"))?;
+            let mut value = vec![0; len + 2];
+            self.stream.read_exact(&mut value).await?;
+            let number = std::str::from_utf8(&value[..len])
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::InvalidData, "a counter is not a number")
+                })?;
+            values.push(number);
+        }
+        Ok(values)
     }
 
     /// Reads one CRLF-terminated line into `self.line`, without the CRLF.

@@ -113,6 +113,8 @@
 mod coalesce;
 mod config;
 mod conn;
+mod fleet;
+mod health;
 mod pool;
 mod set;
 
@@ -125,6 +127,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use self::coalesce::{coalesce, coalescer_gone, Request};
 use self::conn::{PipeConn, Write, Written};
+use self::health::{Failed, Health};
 use self::pool::Pool;
 use self::set::{
     apply, decode, encode, LeaseFacts, Op, Outcome, SetState, FORMAT_VERSION, FORMAT_VERSION_TIMED,
@@ -134,6 +137,7 @@ use crate::dedup::{Claim, Digest, Geometry, Store};
 use crate::error::StoreError;
 pub(crate) use config::check_namespace;
 pub use config::MemcachedConfig;
+pub use fleet::{FLEET_BUCKET, FLEET_BUCKETS};
 
 /// Sets per pipeline round trip in a batch. Bounded so that a huge batch never fills both
 /// directions' socket buffers while we are still writing.
@@ -160,6 +164,11 @@ struct Inner {
     unreadable: AtomicU64,
     /// Writes that lost a compare-and-swap race and were decided again.
     cas_conflicts: AtomicU64,
+    /// Servers ejected, and servers taken back, so far (see `health`).
+    ejections: AtomicU64,
+    returns: AtomicU64,
+    /// The clock of the servers' failure times.
+    started: std::time::Instant,
     /// The queue of the coalescing task (see [`coalesce`]), set on first use. The task ends
     /// when this sender (and the clones that callers hold briefly) is dropped.
     coalescer: std::sync::Mutex<Option<mpsc::UnboundedSender<Request>>>,
@@ -170,6 +179,7 @@ struct Server {
     /// xxh3 of `addr`: this server's seed in rendezvous hashing.
     route_seed: u64,
     pipes: Pool<PipeConn>,
+    health: Health,
 }
 
 impl std::fmt::Debug for MemcachedStore {
@@ -223,6 +233,7 @@ impl MemcachedStore {
                 addr: addr.clone(),
                 route_seed: xxhash_rust::xxh3::xxh3_64(addr.as_bytes()),
                 pipes: Pool::new(config.pool_size),
+                health: Health::default(),
             })
             .collect();
         Ok(MemcachedStore {
@@ -234,6 +245,9 @@ impl MemcachedStore {
                 servers,
                 unreadable: AtomicU64::new(0),
                 cas_conflicts: AtomicU64::new(0),
+                ejections: AtomicU64::new(0),
+                returns: AtomicU64::new(0),
+                started: std::time::Instant::now(),
                 coalescer: std::sync::Mutex::new(None),
             }),
         })
@@ -275,6 +289,69 @@ impl MemcachedStore {
             }
         }
         best.0
+    }
+
+    /// The index of the server that takes `key` now: [`server_of`](Self::server_of), or,
+    /// while that one is ejected, the next server in the key's rendezvous order that is not
+    /// (the first choice again if all are out).
+    fn route(&self, key: &str) -> usize {
+        let servers = &self.inner.servers;
+        if servers.len() == 1 || !servers.iter().any(|s| s.health.is_ejected()) {
+            return self.server_of(key);
+        }
+        let mut best: Option<(usize, u64)> = None;
+        for (index, server) in servers.iter().enumerate() {
+            let score = xxhash_rust::xxh3::xxh3_64_with_seed(key.as_bytes(), server.route_seed);
+            if !server.health.is_ejected() && best.is_none_or(|(_, s)| score > s) {
+                best = Some((index, score));
+            }
+        }
+        best.map_or_else(|| self.server_of(key), |(index, _)| index)
+    }
+
+    /// Servers ejected so far (each time one failed for `eject_after`).
+    pub fn ejections(&self) -> u64 {
+        self.inner.ejections.load(Ordering::Relaxed)
+    }
+
+    /// Ejected servers that answered again and were taken back, so far.
+    pub fn returns(&self) -> u64 {
+        self.inner.returns.load(Ordering::Relaxed)
+    }
+
+    /// Servers ejected now.
+    pub fn ejected(&self) -> Vec<String> {
+        self.inner
+            .servers
+            .iter()
+            .filter(|s| s.health.is_ejected())
+            .map(|s| s.addr.clone())
+            .collect()
+    }
+
+    /// Notes how an operation on `server` went; ejects it after `eject_after` of failures and
+    /// starts asking it whether it is back.
+    fn note_health(&self, server: &Server, result: &Result<Vec<(usize, Outcome)>, StoreError>) {
+        match result {
+            Ok(_) => server.health.succeeded(),
+            Err(error) if is_connection_error(error) => {
+                if self.inner.servers.len() == 1 {
+                    return;
+                }
+                let now = self.inner.started.elapsed().as_millis() as u64;
+                let after = self.inner.config.eject_after;
+                if server.health.failed(now, after) == Failed::Ejected {
+                    self.inner.ejections.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(server = %server.addr, %error, eject_after = ?after, "Memcached server ejected: its sets go to the next server (starting empty there) until it answers again.");
+                    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                        let inner = std::sync::Arc::downgrade(&self.inner);
+                        let addr = server.addr.clone();
+                        handle.spawn(probe(inner, addr));
+                    }
+                }
+            }
+            Err(_) => {}
+        }
     }
 
     /// How many stored values could not be decoded and were treated as empty sets.
@@ -396,7 +473,7 @@ impl MemcachedStore {
             let set = inner.geometry.set_of(*digest);
             let (server, slot) = *set_index.entry(set).or_insert_with(|| {
                 let key = self.key_of_set(set);
-                let server = self.server_of(&key);
+                let server = self.route(&key);
                 per_server[server].push(SetOps {
                     key,
                     ops: Vec::new(),
@@ -453,6 +530,7 @@ impl MemcachedStore {
         if result.as_ref().is_err_and(is_connection_error) {
             server.pipes.clear();
         }
+        self.note_health(server, &result);
         result
     }
 
@@ -676,6 +754,39 @@ fn unavailable(server: &Server, err: &dyn std::fmt::Display) -> StoreError {
     StoreError::Unavailable {
         addr: server.addr.clone(),
         detail: err.to_string(),
+    }
+}
+
+/// Asks the ejected server `addr` for its version every `probe_interval` until it answers,
+/// then takes it back; ends early when the store is dropped.
+async fn probe(inner: std::sync::Weak<Inner>, addr: String) {
+    loop {
+        let (every, timeout) = match inner.upgrade() {
+            Some(inner) => (
+                health::probe_interval(inner.config.eject_after.unwrap_or_default()),
+                inner.config.timeout,
+            ),
+            None => return,
+        };
+        tokio::time::sleep(every).await;
+        let answered = tokio::time::timeout(timeout, async {
+            let mut conn = PipeConn::connect(&addr).await?;
+            conn.version().await
+        })
+        .await
+        .is_ok_and(|r| r.is_ok());
+        if answered {
+            let Some(inner) = inner.upgrade() else {
+                return;
+            };
+            if let Some(server) = inner.servers.iter().find(|s| s.addr == addr) {
+                server.pipes.clear();
+                server.health.returned();
+                inner.returns.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(server = %addr, "Memcached server answers again: its sets return to it.");
+            }
+            return;
+        }
     }
 }
 
