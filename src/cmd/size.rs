@@ -43,16 +43,10 @@ impl Answer {
     /// The catch probability of a copy `messages` later (`seconds` later, when known): the
     /// table's, and 0 beyond `max_age`.
     fn catch_probability(&self, seconds: Option<f64>, messages: f64) -> f64 {
-        if self.later_than_max_age(seconds) {
-            0.0
-        } else {
-            sizing::catch_probability(self.geometry, messages)
+        match (&self.max_age, seconds) {
+            (Some(max_age), Some(s)) if s > max_age.seconds => 0.0,
+            _ => sizing::catch_probability(self.geometry, messages),
         }
-    }
-
-    /// Whether a copy `seconds` late is past `max_age`, and so passes whatever the table holds.
-    fn later_than_max_age(&self, seconds: Option<f64>) -> bool {
-        matches!((&self.max_age, seconds), (Some(max_age), Some(s)) if s > max_age.seconds)
     }
 }
 
@@ -63,25 +57,16 @@ impl Answer {
 }
 
 pub(crate) fn run(args: &SizeArgs) -> Result<()> {
-    let rate = match &args.topic {
-        Some(topic) if !args.nsqd_http_addresses.is_empty() => {
-            let rate = super::nsqd_rate::measure(&args.nsqd_http_addresses, topic, args.sample)?;
-            if rate <= 0.0 {
-                bail!(
-                    "topic {topic:?} received no message in the {} sample; sample longer                      (`--sample`) or give `--rate`",
-                    format_duration(args.sample)
-                );
-            }
-            eprintln!(
-                "Measured {} messages/s published to topic {topic:?} over {} ({}).",
-                format_count(rate.round() as u64),
-                format_duration(args.sample),
-                args.nsqd_http_addresses.join(", ")
-            );
-            Some(rate)
-        }
-        _ => args.rate,
+    let measured = if super::measured_rate::wanted(args)? {
+        // The other flags are checked first, so that a mistake in them costs no sample.
+        solve(args, Some(1.0))?;
+        Some(super::measured_rate::measure(args)?)
+    } else {
+        None
     };
+    let rate = measured
+        .as_ref()
+        .map_or(args.rate, |m| Some(m.distinct_rate()));
     let answer = solve(args, rate)?;
     if let Some(path) = &args.plot {
         super::catch_plot::CatchPlot {
@@ -93,9 +78,13 @@ pub(crate) fn run(args: &SizeArgs) -> Result<()> {
         .write_svg(path)?;
     }
     let out = if args.json {
-        serde_json::to_string_pretty(&to_json(&answer))? + "\n"
+        let mut value = to_json(&answer);
+        if let Some(measured) = &measured {
+            value["measured"] = measured.to_json();
+        }
+        serde_json::to_string_pretty(&value)? + "\n"
     } else {
-        to_text(&answer)
+        measured.as_ref().map_or_else(String::new, |m| m.to_text()) + &to_text(&answer)
     };
     let mut stdout = std::io::stdout().lock();
     stdout.write_all(out.as_bytes())?;
@@ -103,6 +92,8 @@ pub(crate) fn run(args: &SizeArgs) -> Result<()> {
     Ok(())
 }
 
+/// Solves the question `args` ask at `rate` distinct messages per second (`--rate`, or the
+/// measured rate).
 fn solve(args: &SizeArgs, rate: Option<f64>) -> Result<Answer> {
     let window_messages = match (args.window, args.messages, rate) {
         (Some(window), _, Some(rate)) => Some(window.as_secs_f64() * rate),
@@ -281,10 +272,9 @@ fn to_text(answer: &Answer) -> String {
             out,
             "{delay:<12}{:>18}  {}",
             format_count(messages.round() as u64),
-            if answer.later_than_max_age(seconds) {
-                "0 (later than max age)".to_owned()
-            } else {
-                format_probability(answer.catch_probability(seconds, messages))
+            match answer.catch_probability(seconds, messages) {
+                0.0 => "0 (later than max age)".to_owned(),
+                p => format_probability(p),
             }
         );
     }
