@@ -60,10 +60,14 @@ impl NsqdAddress {
             return Err(bad("no host"));
         }
         // An IPv6 literal ends with `]` when it has no port.
-        let has_port = authority
+        let port = authority
             .rfind(':')
-            .is_some_and(|i| !authority[i..].contains(']'));
-        let authority = if has_port {
+            .filter(|&i| !authority[i..].contains(']'))
+            .map(|i| &authority[i + 1..]);
+        let authority = if let Some(port) = port {
+            if port.parse::<u16>().is_err() {
+                return Err(bad(&format!("the port {port:?} is not a port number")));
+            }
             authority.to_owned()
         } else {
             format!("{authority}:{DEFAULT_HTTP_PORT}")
