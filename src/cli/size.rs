@@ -11,13 +11,19 @@ use super::table::TableFlags;
 #[derive(Debug, Args)]
 pub(crate) struct SizeArgs {
     /// Share of copies still caught when they arrive a whole window late (0 < p < 1).
-    #[arg(long, short = 'p', value_name = "P", value_parser = parse_probability)]
+    #[arg(
+        long,
+        short = 'p',
+        value_name = "P",
+        value_parser = parse_probability,
+        allow_negative_numbers = true
+    )]
     pub(crate) probability: Option<f64>,
     /// The table.
     #[command(flatten)]
     pub(crate) table: TableFlags,
     /// Distinct messages per second.
-    #[arg(long, value_name = "MSG/S", value_parser = parse_rate)]
+    #[arg(long, value_name = "MSG/S", value_parser = parse_rate, allow_negative_numbers = true)]
     pub(crate) rate: Option<f64>,
     /// Measure the rate instead: nsqd's HTTP address, host:port or http:// URL (repeatable, or
     /// comma-separated; port 4151 when none is given). The topic's message count is read from

@@ -43,10 +43,16 @@ impl Answer {
     /// The catch probability of a copy `messages` later (`seconds` later, when known): the
     /// table's, and 0 beyond `max_age`.
     fn catch_probability(&self, seconds: Option<f64>, messages: f64) -> f64 {
-        match (&self.max_age, seconds) {
-            (Some(max_age), Some(s)) if s > max_age.seconds => 0.0,
-            _ => sizing::catch_probability(self.geometry, messages),
+        if self.later_than_max_age(seconds) {
+            0.0
+        } else {
+            sizing::catch_probability(self.geometry, messages)
         }
+    }
+
+    /// Whether a copy `seconds` late is past `max_age`, and so passes whatever the table holds.
+    fn later_than_max_age(&self, seconds: Option<f64>) -> bool {
+        matches!((&self.max_age, seconds), (Some(max_age), Some(s)) if s > max_age.seconds)
     }
 }
 
@@ -272,9 +278,10 @@ fn to_text(answer: &Answer) -> String {
             out,
             "{delay:<12}{:>18}  {}",
             format_count(messages.round() as u64),
-            match answer.catch_probability(seconds, messages) {
-                0.0 => "0 (later than max age)".to_owned(),
-                p => format_probability(p),
+            if answer.later_than_max_age(seconds) {
+                "0 (later than max age)".to_owned()
+            } else {
+                format_probability(answer.catch_probability(seconds, messages))
             }
         );
     }
