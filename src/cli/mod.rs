@@ -108,7 +108,8 @@ pub(crate) enum Command {
     /// Turn a catch probability, a message rate and a window into a table size, or back.
     ///
     /// Give two of --probability, the table size (--buckets or --memory) and the window
-    /// (--window with --rate, or --messages); the third is computed.
+    /// (--window with --rate, or --messages); the third is computed. Instead of --rate,
+    /// --nsqd-http-address with --topic measures the topic's rate on nsqd.
     Size(SizeArgs),
     /// Write each newline-delimited record whose key was not seen before; drop the copies.
     Filter(FilterArgs),

@@ -52,6 +52,13 @@ pub(crate) fn parse_rate(text: &str) -> Result<f64, String> {
     }
 }
 
+pub(crate) fn parse_copies(text: &str) -> Result<u32, String> {
+    match text.parse::<u32>() {
+        Ok(copies) if copies > 0 => Ok(copies),
+        _ => Err("expected a whole number of nsqd of at least 1, such as 2".to_owned()),
+    }
+}
+
 pub(crate) fn parse_messages(text: &str) -> Result<f64, String> {
     match text.replace(['_', ','], "").parse::<f64>() {
         Ok(count) if (1.0..=MAX_WINDOW_MESSAGES).contains(&count) && count.fract() == 0.0 => {

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::parse::{parse_duration, parse_messages, parse_probability, parse_rate};
+use super::parse::{parse_copies, parse_duration, parse_messages, parse_probability, parse_rate};
 use super::table::TableFlags;
 
 /// Flags of `nsq-dedupe size`.
@@ -25,21 +25,47 @@ pub(crate) struct SizeArgs {
     /// Distinct messages per second.
     #[arg(long, value_name = "MSG/S", value_parser = parse_rate, allow_negative_numbers = true)]
     pub(crate) rate: Option<f64>,
-    /// Measure the rate instead, from this nsqd's `/stats` (HTTP host:port; repeatable: the
-    /// counts are added, so copies published to several nsqd each count).
+    /// Measure the rate instead: nsqd's HTTP address, host:port or http:// URL (repeatable, or
+    /// comma-separated; port 4151 when none is given). The topic's message count is read from
+    /// each nsqd's /stats at the start and the end of --sample. Each nsqd counts the copies it
+    /// received: when producers publish every message to several of these nsqd, say to how
+    /// many with --copies, and the total is divided by it.
     #[arg(
         long = "nsqd-http-address",
         value_name = "ADDR",
-        conflicts_with = "rate",
-        requires = "topic"
+        value_delimiter = ',',
+        env = "NSQ_DEDUPE_NSQD_HTTP_ADDRESS",
+        hide_env_values = true,
+        help_heading = "Measured rate"
     )]
     pub(crate) nsqd_http_addresses: Vec<String>,
-    /// The topic whose rate `--nsqd-http-address` measures.
-    #[arg(long, value_name = "TOPIC", requires = "nsqd_http_addresses")]
+    /// The topic whose rate --nsqd-http-address measures.
+    #[arg(
+        long,
+        value_name = "TOPIC",
+        env = "NSQ_DEDUPE_TOPIC",
+        help_heading = "Measured rate"
+    )]
     pub(crate) topic: Option<String>,
-    /// How long `--nsqd-http-address` samples the topic's message count (default 10s).
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10s", requires = "nsqd_http_addresses")]
-    pub(crate) sample: Duration,
+    /// How long to sample the message counts for (default 10s).
+    #[arg(
+        long,
+        value_name = "DURATION",
+        value_parser = parse_duration,
+        env = "NSQ_DEDUPE_SAMPLE",
+        help_heading = "Measured rate"
+    )]
+    pub(crate) sample: Option<Duration>,
+    /// To how many of the nsqd given each message is published (default 1: each message to
+    /// one of them). With 2 replicated nsqd that both receive every message, --copies 2.
+    #[arg(
+        long,
+        value_name = "K",
+        value_parser = parse_copies,
+        env = "NSQ_DEDUPE_COPIES",
+        help_heading = "Measured rate"
+    )]
+    pub(crate) copies: Option<u32>,
     /// How late a copy may arrive: 30s, 5m, 1h, 2d (needs --rate).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, conflicts_with = "messages")]
     pub(crate) window: Option<Duration>,

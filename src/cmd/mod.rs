@@ -3,7 +3,8 @@
 mod catch_plot;
 pub(crate) mod filter;
 pub(crate) mod manpage;
-mod nsqd_rate;
+mod measured_rate;
+mod nsqd_stats;
 pub(crate) mod run;
 pub(crate) mod size;
 

@@ -63,25 +63,16 @@ impl Answer {
 }
 
 pub(crate) fn run(args: &SizeArgs) -> Result<()> {
-    let rate = match &args.topic {
-        Some(topic) if !args.nsqd_http_addresses.is_empty() => {
-            let rate = super::nsqd_rate::measure(&args.nsqd_http_addresses, topic, args.sample)?;
-            if rate <= 0.0 {
-                bail!(
-                    "topic {topic:?} received no message in the {} sample; sample longer                      (`--sample`) or give `--rate`",
-                    format_duration(args.sample)
-                );
-            }
-            eprintln!(
-                "Measured {} messages/s published to topic {topic:?} over {} ({}).",
-                format_count(rate.round() as u64),
-                format_duration(args.sample),
-                args.nsqd_http_addresses.join(", ")
-            );
-            Some(rate)
-        }
-        _ => args.rate,
+    let measured = if super::measured_rate::wanted(args)? {
+        // The other flags are checked first, so that a mistake in them costs no sample.
+        solve(args, Some(1.0))?;
+        Some(super::measured_rate::measure(args)?)
+    } else {
+        None
     };
+    let rate = measured
+        .as_ref()
+        .map_or(args.rate, |m| Some(m.distinct_rate()));
     let answer = solve(args, rate)?;
     if let Some(path) = &args.plot {
         super::catch_plot::CatchPlot {
@@ -93,9 +84,13 @@ pub(crate) fn run(args: &SizeArgs) -> Result<()> {
         .write_svg(path)?;
     }
     let out = if args.json {
-        serde_json::to_string_pretty(&to_json(&answer))? + "\n"
+        let mut value = to_json(&answer);
+        if let Some(measured) = &measured {
+            value["measured"] = measured.to_json();
+        }
+        serde_json::to_string_pretty(&value)? + "\n"
     } else {
-        to_text(&answer)
+        measured.as_ref().map_or_else(String::new, |m| m.to_text()) + &to_text(&answer)
     };
     let mut stdout = std::io::stdout().lock();
     stdout.write_all(out.as_bytes())?;
@@ -103,6 +98,8 @@ pub(crate) fn run(args: &SizeArgs) -> Result<()> {
     Ok(())
 }
 
+/// Solves the question `args` ask at `rate` distinct messages per second (`--rate`, or the
+/// measured rate).
 fn solve(args: &SizeArgs, rate: Option<f64>) -> Result<Answer> {
     let window_messages = match (args.window, args.messages, rate) {
         (Some(window), _, Some(rate)) => Some(window.as_secs_f64() * rate),

@@ -4,4 +4,5 @@ pub mod broker;
 pub mod http;
 pub mod lookupd;
 pub mod memcached;
+pub mod nsqd_stats;
 pub mod wire;
