@@ -1,6 +1,6 @@
-//! The documentation as a reader follows it: the README is a front page, and every relative
-//! link of the README and of `docs/*.md` leads to a file that exists, and to a heading of it
-//! when it names one.
+//! The documentation as a reader follows it: the README is a front page, every relative link
+//! of the README and of `docs/*.md` leads to a file that exists, and to a heading of it when it
+//! names one, and the `size` examples show what `size` prints.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -150,4 +150,36 @@ fn anchors_are_made_as_github_makes_them() {
         .map(String::from)
         .into();
     assert_eq!(found, expected);
+}
+
+#[test]
+fn the_size_examples_print_what_size_prints() {
+    // Every `$ nsq-dedupe size ...` example that needs no nsqd, run as written.
+    let mut checked = 0;
+    for (page, text) in pages() {
+        for block in code_blocks(&text, "console") {
+            let Some((command, shown)) = block.split_once('\n') else {
+                continue;
+            };
+            let Some(args) = command.strip_prefix("$ nsq-dedupe ") else {
+                continue;
+            };
+            if !args.starts_with("size ") || args.contains("--nsqd-http-address") {
+                continue;
+            }
+            let out = crate::util::bin()
+                .args(args.split_whitespace())
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{}: {command} failed", page.display());
+            assert_eq!(
+                String::from_utf8(out.stdout).unwrap(),
+                shown,
+                "{}: the output shown for `{command}` is not what it prints",
+                page.display()
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 2, "only {checked} size examples found");
 }
