@@ -7,7 +7,9 @@ use bytes::Bytes;
 use hyper::header::{HeaderName, HeaderValue};
 use hyper::Uri;
 use nsq_dedupe::http::HttpClientConfig;
-use nsq_dedupe::sink::{with_content_type, Handler, HandlerError, HttpMode, HttpSink};
+use nsq_dedupe::sink::{
+    with_content_type, Handler, HandlerError, HttpMode, HttpSink, HttpSinkConfig,
+};
 
 use crate::support::http::{Answer, HttpServer};
 
@@ -26,8 +28,10 @@ fn url(server: &HttpServer, path: &str) -> Uri {
 }
 
 fn sink(urls: Vec<Uri>, mode: HttpMode, client: &HttpClientConfig) -> HttpSink {
-    let headers = with_content_type("application/octet-stream", Vec::new()).unwrap();
-    HttpSink::new(urls, mode, headers, client).unwrap()
+    let mut config = HttpSinkConfig::new(urls);
+    config.mode = mode;
+    config.client = client.clone();
+    HttpSink::new(&config).unwrap()
 }
 
 /// An address nothing listens on.
@@ -98,13 +102,9 @@ async fn headers_and_content_type_arrive() {
         )],
     )
     .unwrap();
-    let sink = HttpSink::new(
-        vec![url(&server, "/")],
-        HttpMode::RoundRobin,
-        headers,
-        &Default::default(),
-    )
-    .unwrap();
+    let mut config = HttpSinkConfig::new(vec![url(&server, "/")]);
+    config.headers = headers;
+    let sink = HttpSink::new(&config).unwrap();
     sink.handle(Bytes::from_static(b"{}")).await.unwrap();
     let received = &server.received()[0];
     assert_eq!(received.headers["content-type"], "application/json");
