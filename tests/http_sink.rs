@@ -1,6 +1,10 @@
 //! The http sink against a hyper test server: keep-alive, HTTPS with a CA file, headers and
-//! content type, round-robin and multicast with an endpoint down, status rules, time limits.
+//! content type, round-robin and multicast with an endpoint down, status rules, time limits;
+//! the bound on connections, TLS session resumption, idempotency keys, `Retry-After` and
+//! batches.
 
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -8,7 +12,7 @@ use hyper::header::{HeaderName, HeaderValue};
 use hyper::Uri;
 use nsq_dedupe::http::HttpClientConfig;
 use nsq_dedupe::sink::{
-    with_content_type, Handler, HandlerError, HttpMode, HttpSink, HttpSinkConfig,
+    with_content_type, BatchFormat, Handler, HandlerError, HttpMode, HttpSink, HttpSinkConfig,
 };
 
 use crate::support::http::{Answer, HttpServer};
@@ -32,6 +36,35 @@ fn sink(urls: Vec<Uri>, mode: HttpMode, client: &HttpClientConfig) -> HttpSink {
     config.mode = mode;
     config.client = client.clone();
     HttpSink::new(&config).unwrap()
+}
+
+/// A client trusting `server`'s CA, whose file lives as long as the returned directory.
+fn trusting(server: &HttpServer) -> (HttpClientConfig, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, server.ca_pem.as_ref().unwrap()).unwrap();
+    let client = HttpClientConfig {
+        root_ca_file: Some(ca),
+        ..Default::default()
+    };
+    (client, dir)
+}
+
+/// Hands `bodies` to `sink` all at once, as the pipeline does with that many in flight; the
+/// outcomes in the same order.
+async fn handle_all(sink: &Arc<HttpSink>, bodies: Vec<Bytes>) -> Vec<Result<(), HandlerError>> {
+    let tasks: Vec<_> = bodies
+        .into_iter()
+        .map(|body| {
+            let sink = Arc::clone(sink);
+            tokio::spawn(async move { sink.handle(body).await })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for task in tasks {
+        outcomes.push(task.await.unwrap());
+    }
+    outcomes
 }
 
 /// An address nothing listens on.
@@ -208,6 +241,268 @@ async fn a_slow_endpoint_is_retried_after_the_request_timeout() {
         matches!(&error, HandlerError::Retry(text) if text.contains("no answer within 200ms")),
         "{error:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_thousand_records_at_once_use_at_most_n_connections() {
+    const N: usize = 16;
+    let server = HttpServer::start(Answer {
+        delay: Duration::from_millis(2),
+        ..Answer::default()
+    })
+    .await;
+    let mut config = HttpSinkConfig::new(vec![url(&server, "/in")]);
+    config.concurrency = N;
+    let sink = Arc::new(HttpSink::new(&config).unwrap());
+    let bodies: Vec<Bytes> = (0..2000).map(|i| Bytes::from(format!("{i:0100}"))).collect();
+    let outcomes = handle_all(&sink, bodies.clone()).await;
+    assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+    let received: BTreeSet<Bytes> = server.received().into_iter().map(|r| r.body).collect();
+    assert_eq!(received, bodies.into_iter().collect::<BTreeSet<_>>());
+    assert_eq!(server.received().len(), 2000, "each record POSTed once");
+    assert!(server.connections() <= N as u64, "{} connections", server.connections());
+    assert!(server.most_open() <= N as u64);
+    // The bound was reached: the records did wait for each other's connections.
+    assert!(server.connections() > 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_reuses_at_most_n_connections_with_as_many_handshakes() {
+    const N: usize = 8;
+    let server = HttpServer::start(Answer {
+        tls: true,
+        delay: Duration::from_millis(2),
+        ..Answer::default()
+    })
+    .await;
+    let (client, _ca) = trusting(&server);
+    let mut config = HttpSinkConfig::new(vec![url(&server, "/in")]);
+    config.concurrency = N;
+    config.client = client;
+    let sink = Arc::new(HttpSink::new(&config).unwrap());
+    let bodies: Vec<Bytes> = (0..2000).map(|i| Bytes::from(format!("{i}"))).collect();
+    let outcomes = handle_all(&sink, bodies).await;
+    assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+    assert_eq!(server.received().len(), 2000);
+    let (full, resumed) = server.handshakes();
+    assert!(full + resumed <= N as u64, "{full} full and {resumed} resumed handshakes");
+    assert!(server.connections() <= N as u64);
+}
+
+#[tokio::test]
+async fn https_reconnects_resume_the_tls_session() {
+    let server = HttpServer::start(Answer {
+        tls: true,
+        close: true,
+        ..Answer::default()
+    })
+    .await;
+    let (client, _ca) = trusting(&server);
+    let mut config = HttpSinkConfig::new(vec![url(&server, "/in")]);
+    config.client = client;
+    let sink = HttpSink::new(&config).unwrap();
+    for i in 0..10 {
+        sink.handle(Bytes::from(format!("{i}"))).await.unwrap();
+    }
+    assert_eq!(server.connections(), 10, "the server closed every connection");
+    assert_eq!(server.handshakes(), (1, 9), "one full handshake, then resumptions");
+}
+
+fn key_of(received: &crate::support::http::Received, header: &str) -> Option<String> {
+    received
+        .headers
+        .get(header)
+        .map(|v| v.to_str().unwrap().to_owned())
+}
+
+#[tokio::test]
+async fn the_idempotency_key_is_the_same_on_a_retry() {
+    let server = HttpServer::start(Answer {
+        first_statuses: vec![503],
+        ..Answer::default()
+    })
+    .await;
+    let sink = HttpSink::new(&HttpSinkConfig::new(vec![url(&server, "/")])).unwrap();
+    let body = Bytes::from_static(b"{\"id\":1}");
+    let error = sink.handle(body.clone()).await.unwrap_err();
+    assert!(matches!(error, HandlerError::Retry(_)), "{error:?}");
+    sink.handle(body).await.unwrap();
+    sink.handle(Bytes::from_static(b"{\"id\":2}")).await.unwrap();
+    let keys: Vec<String> = server
+        .received()
+        .iter()
+        .map(|r| key_of(r, "idempotency-key").expect("every request has a key"))
+        .collect();
+    assert_eq!(keys[0], keys[1], "the retry carries the first try's key");
+    assert_ne!(keys[1], keys[2], "another record, another key");
+    assert_eq!(keys[0].len(), 32);
+    assert!(keys[0].chars().all(|c| c.is_ascii_hexdigit()));
+}
+
+#[tokio::test]
+async fn the_idempotency_header_can_be_renamed_or_left_out() {
+    let server = HttpServer::start(Answer::default()).await;
+    let mut config = HttpSinkConfig::new(vec![url(&server, "/")]);
+    config.idempotency_header = Some(HeaderName::from_static("x-request-key"));
+    HttpSink::new(&config)
+        .unwrap()
+        .handle(Bytes::from_static(b"a"))
+        .await
+        .unwrap();
+    config.idempotency_header = None;
+    HttpSink::new(&config)
+        .unwrap()
+        .handle(Bytes::from_static(b"a"))
+        .await
+        .unwrap();
+    let received = server.received();
+    assert!(key_of(&received[0], "x-request-key").is_some());
+    assert_eq!(key_of(&received[0], "idempotency-key"), None);
+    assert_eq!(key_of(&received[1], "x-request-key"), None);
+    assert_eq!(key_of(&received[1], "idempotency-key"), None);
+}
+
+#[tokio::test]
+async fn retry_after_on_429_and_503_is_passed_on() {
+    for status in [429, 503] {
+        let server = HttpServer::start(Answer {
+            status,
+            retry_after: Some("7"),
+            ..Answer::default()
+        })
+        .await;
+        let error = sink(
+            vec![url(&server, "/")],
+            HttpMode::RoundRobin,
+            &Default::default(),
+        )
+        .handle(Bytes::from_static(b"x"))
+        .await
+        .unwrap_err();
+        assert_eq!(
+            error.retry_after(),
+            Some(Duration::from_secs(7)),
+            "{status}: {error:?}"
+        );
+    }
+}
+
+fn batching(server: &HttpServer, size: usize, format: BatchFormat) -> Arc<HttpSink> {
+    let mut config = HttpSinkConfig::new(vec![url(server, "/mpub")]);
+    config.batch_size = size;
+    config.batch_timeout = Duration::from_millis(50);
+    config.batch_format = format;
+    Arc::new(HttpSink::new(&config).unwrap())
+}
+
+/// Hands `bodies` to `sink` in their order (each reaches the batcher on its first poll), and
+/// waits for all.
+async fn handle_in_order(sink: &HttpSink, bodies: &[Bytes]) -> Vec<Result<(), HandlerError>> {
+    futures::future::join_all(bodies.iter().map(|b| sink.handle(b.clone()))).await
+}
+
+#[tokio::test]
+async fn batches_carry_every_record_once_in_order() {
+    let server = HttpServer::start(Answer::default()).await;
+    let sink = batching(&server, 100, BatchFormat::Lines);
+    let bodies: Vec<Bytes> = (0..250).map(|i| Bytes::from(format!("record {i}"))).collect();
+    let outcomes = handle_in_order(&sink, &bodies).await;
+    assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+    let received = server.received();
+    let requests: Vec<Vec<&[u8]>> = received
+        .iter()
+        .map(|r| {
+            let body = r.body.strip_suffix(b"\n").expect("each record ends in a newline");
+            body.split(|&b| b == b'\n').collect()
+        })
+        .collect();
+    let expected: Vec<Vec<&[u8]>> = bodies
+        .chunks(100)
+        .map(|chunk| chunk.iter().map(|b| &b[..]).collect())
+        .collect();
+    assert_eq!(requests, expected, "batches of 100, 100 and the last 50");
+    // A batch's key is neither of its records' keys, and differs between batches.
+    let keys: BTreeSet<_> = received.iter().map(|r| key_of(r, "idempotency-key")).collect();
+    assert_eq!(keys.len(), 3);
+}
+
+#[tokio::test]
+async fn json_array_batches_are_arrays_of_the_records() {
+    let server = HttpServer::start(Answer::default()).await;
+    let sink = batching(&server, 3, BatchFormat::JsonArray);
+    let bodies: Vec<Bytes> = ["{\"a\":1}", "[2]", "\"x\\ny\""]
+        .iter()
+        .map(|t| Bytes::from_static(t.as_bytes()))
+        .collect();
+    let outcomes = handle_in_order(&sink, &bodies).await;
+    assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+    assert_eq!(server.received()[0].body, "[{\"a\":1},[2],\"x\\ny\"]");
+    let error = sink.handle(Bytes::from_static(b"not json")).await.unwrap_err();
+    assert!(
+        matches!(&error, HandlerError::Reject(r) if r.contains("not a JSON value")),
+        "{error:?}"
+    );
+    assert_eq!(server.received().len(), 1);
+}
+
+#[tokio::test]
+async fn a_failed_batch_answers_each_of_its_records() {
+    // The second request fails with a 500: its records are retried, the others delivered.
+    let server = HttpServer::start(Answer {
+        first_statuses: vec![200, 500],
+        ..Answer::default()
+    })
+    .await;
+    let sink = batching(&server, 10, BatchFormat::Lines);
+    let bodies: Vec<Bytes> = (0..30).map(|i| Bytes::from(format!("{i}"))).collect();
+    let outcomes = handle_in_order(&sink, &bodies).await;
+    for (i, outcome) in outcomes.iter().enumerate() {
+        match i / 10 {
+            1 => assert!(
+                matches!(outcome, Err(HandlerError::Retry(r)) if r.contains("HTTP 500")),
+                "{i}: {outcome:?}"
+            ),
+            _ => assert_eq!(outcome, &Ok(()), "{i}"),
+        }
+    }
+    // A 400 refuses the whole batch, with the reason.
+    let refusing = HttpServer::start(Answer {
+        status: 400,
+        ..Answer::default()
+    })
+    .await;
+    let sink = batching(&refusing, 10, BatchFormat::Lines);
+    let outcomes = handle_in_order(&sink, &bodies[..10]).await;
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, Err(HandlerError::Reject(r)) if r.contains("HTTP 400"))),
+        "{outcomes:?}"
+    );
+    assert_eq!(refusing.received().len(), 1, "one request for the batch");
+}
+
+#[tokio::test]
+async fn a_record_with_a_newline_is_refused_by_lines_batches_and_the_rest_go_on() {
+    let server = HttpServer::start(Answer::default()).await;
+    let sink = batching(&server, 3, BatchFormat::Lines);
+    let bodies = [
+        Bytes::from_static(b"one"),
+        Bytes::from_static(b"two\nlines"),
+        Bytes::from_static(b"three"),
+    ];
+    let outcomes = handle_in_order(&sink, &bodies).await;
+    assert_eq!(outcomes[0], Ok(()));
+    assert_eq!(
+        outcomes[1],
+        Err(HandlerError::Reject(
+            "the record holds a line break (at byte 3), so `lines` batches cannot frame it".into()
+        ))
+    );
+    assert_eq!(outcomes[2], Ok(()));
+    let received = server.received();
+    assert_eq!(received.len(), 1);
+    assert_eq!(received[0].body, "one\nthree\n");
 }
 
 /// POSTs per second through the http sink to a local hyper server, 200 at once: the pooled
