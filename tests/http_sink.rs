@@ -254,13 +254,19 @@ async fn two_thousand_records_at_once_use_at_most_n_connections() {
     let mut config = HttpSinkConfig::new(vec![url(&server, "/in")]);
     config.concurrency = N;
     let sink = Arc::new(HttpSink::new(&config).unwrap());
-    let bodies: Vec<Bytes> = (0..2000).map(|i| Bytes::from(format!("{i:0100}"))).collect();
+    let bodies: Vec<Bytes> = (0..2000)
+        .map(|i| Bytes::from(format!("{i:0100}")))
+        .collect();
     let outcomes = handle_all(&sink, bodies.clone()).await;
     assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
     let received: BTreeSet<Bytes> = server.received().into_iter().map(|r| r.body).collect();
     assert_eq!(received, bodies.into_iter().collect::<BTreeSet<_>>());
     assert_eq!(server.received().len(), 2000, "each record POSTed once");
-    assert!(server.connections() <= N as u64, "{} connections", server.connections());
+    assert!(
+        server.connections() <= N as u64,
+        "{} connections",
+        server.connections()
+    );
     assert!(server.most_open() <= N as u64);
     // The bound was reached: the records did wait for each other's connections.
     assert!(server.connections() > 1);
@@ -285,7 +291,10 @@ async fn https_reuses_at_most_n_connections_with_as_many_handshakes() {
     assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
     assert_eq!(server.received().len(), 2000);
     let (full, resumed) = server.handshakes();
-    assert!(full + resumed <= N as u64, "{full} full and {resumed} resumed handshakes");
+    assert!(
+        full + resumed <= N as u64,
+        "{full} full and {resumed} resumed handshakes"
+    );
     assert!(server.connections() <= N as u64);
 }
 
@@ -304,8 +313,16 @@ async fn https_reconnects_resume_the_tls_session() {
     for i in 0..10 {
         sink.handle(Bytes::from(format!("{i}"))).await.unwrap();
     }
-    assert_eq!(server.connections(), 10, "the server closed every connection");
-    assert_eq!(server.handshakes(), (1, 9), "one full handshake, then resumptions");
+    assert_eq!(
+        server.connections(),
+        10,
+        "the server closed every connection"
+    );
+    assert_eq!(
+        server.handshakes(),
+        (1, 9),
+        "one full handshake, then resumptions"
+    );
 }
 
 fn key_of(received: &crate::support::http::Received, header: &str) -> Option<String> {
@@ -327,7 +344,9 @@ async fn the_idempotency_key_is_the_same_on_a_retry() {
     let error = sink.handle(body.clone()).await.unwrap_err();
     assert!(matches!(error, HandlerError::Retry(_)), "{error:?}");
     sink.handle(body).await.unwrap();
-    sink.handle(Bytes::from_static(b"{\"id\":2}")).await.unwrap();
+    sink.handle(Bytes::from_static(b"{\"id\":2}"))
+        .await
+        .unwrap();
     let keys: Vec<String> = server
         .received()
         .iter()
@@ -405,14 +424,19 @@ async fn handle_in_order(sink: &HttpSink, bodies: &[Bytes]) -> Vec<Result<(), Ha
 async fn batches_carry_every_record_once_in_order() {
     let server = HttpServer::start(Answer::default()).await;
     let sink = batching(&server, 100, BatchFormat::Lines);
-    let bodies: Vec<Bytes> = (0..250).map(|i| Bytes::from(format!("record {i}"))).collect();
+    let bodies: Vec<Bytes> = (0..250)
+        .map(|i| Bytes::from(format!("record {i}")))
+        .collect();
     let outcomes = handle_in_order(&sink, &bodies).await;
     assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
     let received = server.received();
     let requests: Vec<Vec<&[u8]>> = received
         .iter()
         .map(|r| {
-            let body = r.body.strip_suffix(b"\n").expect("each record ends in a newline");
+            let body = r
+                .body
+                .strip_suffix(b"\n")
+                .expect("each record ends in a newline");
             body.split(|&b| b == b'\n').collect()
         })
         .collect();
@@ -422,7 +446,10 @@ async fn batches_carry_every_record_once_in_order() {
         .collect();
     assert_eq!(requests, expected, "batches of 100, 100 and the last 50");
     // A batch's key is neither of its records' keys, and differs between batches.
-    let keys: BTreeSet<_> = received.iter().map(|r| key_of(r, "idempotency-key")).collect();
+    let keys: BTreeSet<_> = received
+        .iter()
+        .map(|r| key_of(r, "idempotency-key"))
+        .collect();
     assert_eq!(keys.len(), 3);
 }
 
@@ -437,7 +464,10 @@ async fn json_array_batches_are_arrays_of_the_records() {
     let outcomes = handle_in_order(&sink, &bodies).await;
     assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
     assert_eq!(server.received()[0].body, "[{\"a\":1},[2],\"x\\ny\"]");
-    let error = sink.handle(Bytes::from_static(b"not json")).await.unwrap_err();
+    let error = sink
+        .handle(Bytes::from_static(b"not json"))
+        .await
+        .unwrap_err();
     assert!(
         matches!(&error, HandlerError::Reject(r) if r.contains("not a JSON value")),
         "{error:?}"

@@ -145,7 +145,11 @@ impl HttpServer {
                                     let mut record = record.lock().unwrap();
                                     record.push(Received { headers, body });
                                     let nth = record.len() - 1;
-                                    answer.first_statuses.get(nth).copied().unwrap_or(answer.status)
+                                    answer
+                                        .first_statuses
+                                        .get(nth)
+                                        .copied()
+                                        .unwrap_or(answer.status)
                                 };
                                 tokio::time::sleep(answer.delay).await;
                                 let mut response = Response::new(Full::new(Bytes::from("ok")));
