@@ -560,8 +560,12 @@ async fn throughput() {
             let tasks: Vec<_> = bodies
                 .into_iter()
                 .map(|body| {
-                    let (sink, client, headers, target) =
-                        (sink.clone(), client.clone(), headers.clone(), target.clone());
+                    let (sink, client, headers, target) = (
+                        sink.clone(),
+                        client.clone(),
+                        headers.clone(),
+                        target.clone(),
+                    );
                     let semaphore = semaphore.clone();
                     tokio::spawn(async move {
                         let _in_flight = semaphore.acquire().await.unwrap();
