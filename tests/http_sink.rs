@@ -325,6 +325,36 @@ async fn https_reconnects_resume_the_tls_session() {
     );
 }
 
+#[tokio::test]
+async fn url_user_info_goes_as_basic_authentication_and_never_into_errors() {
+    let server = HttpServer::start(Answer {
+        first_statuses: vec![200, 400],
+        ..Answer::default()
+    })
+    .await;
+    let with_user: Uri = format!("http://user:p%40ss@{}/in?token=hunter2", server.addr)
+        .parse()
+        .unwrap();
+    let sink = HttpSink::new(&HttpSinkConfig::new(vec![with_user])).unwrap();
+    sink.handle(Bytes::from_static(b"a")).await.unwrap();
+    let received = &server.received()[0];
+    // base64("user:p@ss")
+    assert_eq!(received.headers["authorization"], "Basic dXNlcjpwQHNz");
+    assert_eq!(received.headers["host"], server.addr.to_string());
+    let error = sink.handle(Bytes::from_static(b"b")).await.unwrap_err();
+    let text = error.to_string();
+    assert!(text.contains("HTTP 400"), "{text}");
+    assert!(
+        !text.contains("p%40ss") && !text.contains("hunter2"),
+        "{text}"
+    );
+    let debug = format!("{sink:?}");
+    assert!(
+        !debug.contains("p%40ss") && !debug.contains("hunter2"),
+        "{debug}"
+    );
+}
+
 fn key_of(received: &crate::support::http::Received, header: &str) -> Option<String> {
     received
         .headers
