@@ -37,14 +37,21 @@ pub struct HttpAnswer {
     pub body: Bytes,
 }
 
-/// The pools of one client, one per endpoint, sharing a TLS configuration.
-#[derive(Debug)]
+/// The pools of one client, one per endpoint, sharing a TLS configuration. `Debug` shows no
+/// secret.
 pub struct BoundedClient {
     targets: Vec<Target>,
 }
 
+impl std::fmt::Debug for BoundedClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(self.targets.iter().map(|t| (&t.shown, &t.pool)))
+            .finish()
+    }
+}
+
 /// One of the client's URLs, ready for requests.
-#[derive(Debug)]
 struct Target {
     url: Uri,
     /// The origin-form target of the request line: the path and query.
