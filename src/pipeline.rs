@@ -560,7 +560,11 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
                         continue;
                     }
                     inc(&metrics.retries);
-                    let delay = inner.policy.retry_delay(attempts);
+                    // The consumer caps the delay at its `max_requeue_delay`, as nsqd does.
+                    let delay = inner
+                        .policy
+                        .retry_delay(attempts)
+                        .max(error.retry_after().unwrap_or_default());
                     tracing::debug!(id = %message.id(), attempts, %error, delay_ms = delay.as_millis() as u64, "Handler failed; requeued.");
                     outcomes.push((index, Outcome::Retried));
                     answers.push((message, requeue(Some(delay), true)));

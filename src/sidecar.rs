@@ -181,12 +181,7 @@ pub fn build_sink(sink: &SinkSettings, producer: &Transport) -> Result<Sink, Run
             producer_config(nsqd_tcp_addresses, producer),
             topic.clone(),
         )?),
-        SinkSettings::Http {
-            urls,
-            mode,
-            headers,
-            client,
-        } => Sink::Http(HttpSink::new(urls.clone(), *mode, headers.clone(), client)?),
+        SinkSettings::Http(config) => Sink::Http(HttpSink::new(config)?),
     })
 }
 

@@ -24,6 +24,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::support::broker::{Broker, BrokerConfig};
+use crate::support::http::{Answer as HttpAnswer, HttpServer};
 use crate::support::lookupd::Lookupd;
 use crate::support::memcached::MemcachedServer;
 use crate::util::wait_until_or;
@@ -1465,6 +1466,169 @@ async fn http_sink_retries_5xx_and_timeouts_and_dead_letters_4xx() {
     // 51 first tries failed with 503 or a timeout.
     assert_eq!(get(&metrics.retries), 51);
     assert_eq!(get(&metrics.duplicates), 50);
+}
+
+/// The records of one `lines` request body.
+fn lines_of(body: &Bytes) -> Vec<Bytes> {
+    body.split(|&b| b == b'\n')
+        .filter(|line| !line.is_empty())
+        .map(Bytes::copy_from_slice)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_sink_holds_2000_in_flight_to_its_connection_bound() {
+    let server = HttpServer::start(HttpAnswer::default()).await;
+    let a = Broker::start(BrokerConfig::default()).await;
+    let bodies: Vec<Bytes> = (0..2000).map(payload).collect();
+    a.publish_many(TOPIC, bodies.iter().cloned());
+    let mut raw = raw_config(&[a.tcp_addr()]);
+    raw.source.max_in_flight = Some(2500);
+    raw.sink.kind = Some(SinkKind::Http);
+    raw.sink.post = Some(OneOrMany::One(format!("http://{}/pub", server.addr)));
+    raw.sink.http_concurrency = Some(10);
+    let running = Running::start_configured(raw.validate().unwrap()).await;
+    wait_until_or(
+        "2000 bodies POSTed and the broker drained",
+        Duration::from_secs(30),
+        || server.received().len() >= 2000 && drained(&a),
+        || format!("{} POSTed", server.received().len()),
+    )
+    .await;
+    running.stop().await;
+    let received: HashSet<Bytes> = server.received().into_iter().map(|r| r.body).collect();
+    assert_eq!(received, bodies.into_iter().collect::<HashSet<_>>());
+    assert!(
+        server.most_open() <= 10,
+        "{} open at once",
+        server.most_open()
+    );
+    assert!(
+        server.connections() <= 10,
+        "{} accepted",
+        server.connections()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_batches_lose_nothing_to_a_500_and_dead_letter_what_lines_cannot_frame() {
+    // The third request fails: its whole batch is requeued and comes back in later ones.
+    let server = HttpServer::start(HttpAnswer {
+        first_statuses: vec![200, 200, 500],
+        ..HttpAnswer::default()
+    })
+    .await;
+    let a = Broker::start(BrokerConfig::default()).await;
+    let bodies: Vec<Bytes> = (0..1000).map(payload).collect();
+    let two_lines = Bytes::from_static(b"{\"id\":\"two\",\n\"lines\":true}");
+    a.publish_many(TOPIC, bodies.iter().take(500).cloned());
+    a.publish_many(TOPIC, [two_lines.clone()]);
+    a.publish_many(TOPIC, bodies.iter().skip(500).cloned());
+    let dir = tempfile::tempdir().unwrap();
+    let dead = dir.path().join("dead.ndjson");
+    let mut raw = raw_config(&[a.tcp_addr()]);
+    raw.source.max_in_flight = Some(2500);
+    raw.sink.kind = Some(SinkKind::Http);
+    raw.sink.post = Some(OneOrMany::One(format!("http://{}/mpub", server.addr)));
+    raw.sink.http_batch_size = Some(50);
+    raw.sink.http_concurrency = Some(4);
+    raw.dead_letter =
+        Some(toml::from_str(&format!("kind = \"file\"\npath = \"{}\"\n", dead.display())).unwrap());
+    let running = Running::start_configured(raw.validate().unwrap()).await;
+    let delivered = || -> HashSet<Bytes> {
+        server
+            .received()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != 2)
+            .flat_map(|(_, r)| lines_of(&r.body))
+            .collect()
+    };
+    wait_until_or(
+        "1000 records delivered, 1 dead-lettered, broker drained",
+        Duration::from_secs(30),
+        || {
+            delivered().len() == 1000
+                && drained(&a)
+                && std::fs::read_to_string(&dead)
+                    .unwrap_or_default()
+                    .lines()
+                    .count()
+                    == 1
+        },
+        || {
+            format!(
+                "{} delivered, {} requests",
+                delivered().len(),
+                server.received().len()
+            )
+        },
+    )
+    .await;
+    let metrics = running.metrics.clone();
+    running.stop().await;
+    assert_eq!(delivered(), bodies.iter().cloned().collect::<HashSet<_>>());
+    let received = server.received();
+    let failed = lines_of(&received[2].body);
+    assert!(!failed.is_empty());
+    for record in &failed {
+        let again = received[3..]
+            .iter()
+            .filter(|r| lines_of(&r.body).contains(record))
+            .count();
+        assert_eq!(again, 1, "{record:?} of the failed batch sent again once");
+    }
+    assert_eq!(get(&metrics.retries), failed.len() as u64);
+    assert!(
+        received.len() < 100,
+        "{} requests for 1000 records",
+        received.len()
+    );
+    assert!(
+        server.connections() <= 4,
+        "{} accepted",
+        server.connections()
+    );
+    let line = std::fs::read_to_string(&dead).unwrap();
+    let record: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+    assert_eq!(record["body"], std::str::from_utf8(&two_lines).unwrap());
+    assert!(
+        record["reason"].as_str().unwrap().contains("line break"),
+        "{line}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_holds_the_requeue_back_that_long() {
+    let server = HttpServer::start(HttpAnswer {
+        first_statuses: vec![429],
+        retry_after: Some("2"),
+        ..HttpAnswer::default()
+    })
+    .await;
+    let a = Broker::start(BrokerConfig::default()).await;
+    a.publish_many(TOPIC, [payload(1)]);
+    let mut raw = raw_config(&[a.tcp_addr()]);
+    raw.sink.kind = Some(SinkKind::Http);
+    raw.sink.post = Some(OneOrMany::One(format!("http://{}/", server.addr)));
+    let running = Running::start_configured(raw.validate().unwrap()).await;
+    wait_until_or(
+        "the body POSTed twice and the broker drained",
+        Duration::from_secs(20),
+        || server.received().len() == 2 && drained(&a),
+        || format!("{} POSTed", server.received().len()),
+    )
+    .await;
+    running.stop().await;
+    let records = a.records(TOPIC, CHANNEL);
+    let requeues = &records
+        .iter()
+        .find(|r| r.body == payload(1))
+        .unwrap()
+        .requeued_at;
+    assert_eq!(requeues.len(), 1);
+    // The configured backoff is 10 ms; the server asked for 2 s.
+    assert!(requeues[0].1 >= Duration::from_secs(2), "{requeues:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

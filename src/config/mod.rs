@@ -58,6 +58,11 @@
 //! http_client_connect_timeout = "2s"   # default
 //! http_client_request_timeout = "10s"  # default
 //! # http_client_tls_root_ca_file = "/etc/nsq-dedupe/ca.pem"
+//! http_concurrency = 100               # default: connections (and requests) per endpoint
+//! http_idempotency_header = "Idempotency-Key"  # default; or "off"
+//! http_batch_size = 1                  # default: each body POSTed as it is
+//! http_batch_timeout = "100ms"         # default
+//! http_batch_format = "lines"          # default; or "json-array"
 //! # kind = "file": output_dir, work_dir, filename_format, datetime_format, rotate_interval,
 //! # rotate_size = "100MiB", gzip, gzip_level, sync_interval, host_identifier, skip_empty_files
 //!

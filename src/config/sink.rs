@@ -12,7 +12,10 @@ use super::source::RawSource;
 use super::{check_host_port, check_name, invalid, quote, ConfigError, Dur};
 use crate::http::{check_url, HttpClientConfig};
 use crate::redact;
-use crate::sink::{with_content_type, HttpMode, DEFAULT_CONTENT_TYPE};
+use crate::sink::{
+    with_content_type, BatchFormat, HttpMode, HttpSinkConfig, DEFAULT_CONTENT_TYPE,
+    DEFAULT_IDEMPOTENCY_HEADER,
+};
 
 /// One URL or several: `post = "http://a/"` or `post = ["http://a/", "http://b/"]`.
 #[derive(Debug, Clone, Deserialize)]
@@ -86,6 +89,11 @@ pub struct RawSink {
     pub http_client_connect_timeout: Option<Dur>,
     pub http_client_request_timeout: Option<Dur>,
     pub http_client_tls_root_ca_file: Option<PathBuf>,
+    pub http_concurrency: Option<usize>,
+    pub http_idempotency_header: Option<String>,
+    pub http_batch_size: Option<usize>,
+    pub http_batch_timeout: Option<Dur>,
+    pub http_batch_format: Option<BatchFormat>,
     pub output_dir: Option<PathBuf>,
     pub work_dir: Option<PathBuf>,
     pub filename_format: Option<String>,
@@ -124,16 +132,7 @@ pub enum SinkSettings {
         topic: String,
     },
     /// POST to one or more URLs.
-    Http {
-        /// The URLs.
-        urls: Vec<hyper::Uri>,
-        /// How records are spread over them.
-        mode: HttpMode,
-        /// Headers of every request, `Content-Type` first.
-        headers: Vec<(hyper::header::HeaderName, hyper::header::HeaderValue)>,
-        /// Time limits and trusted roots.
-        client: HttpClientConfig,
-    },
+    Http(HttpSinkConfig),
     /// Archive to files.
     File(crate::sink::FileSinkConfig),
     /// Discard.
@@ -167,24 +166,7 @@ impl fmt::Debug for SinkSettings {
                 .field("nsqd_tcp_addresses", nsqd_tcp_addresses)
                 .field("topic", topic)
                 .finish(),
-            SinkSettings::Http {
-                urls,
-                mode,
-                headers,
-                client,
-            } => f
-                .debug_struct("Http")
-                .field(
-                    "urls",
-                    &urls
-                        .iter()
-                        .map(|url| redact::url(&url.to_string()))
-                        .collect::<Vec<_>>(),
-                )
-                .field("mode", mode)
-                .field("headers", &redact::Headers(headers))
-                .field("client", client)
-                .finish(),
+            SinkSettings::Http(config) => f.debug_tuple("Http").field(config).finish(),
             SinkSettings::File(config) => f.debug_tuple("File").field(config).finish(),
         }
     }
@@ -202,12 +184,12 @@ impl fmt::Display for SinkSettings {
                 nsqd_tcp_addresses,
                 topic,
             } => write!(f, "nsq PUB {topic} to {}", nsqd_tcp_addresses.join(",")),
-            SinkSettings::Http {
+            SinkSettings::Http(HttpSinkConfig {
                 urls,
                 mode,
                 headers,
                 ..
-            } => {
+            }) => {
                 let first = urls.first().map(|url| redact::url(&url.to_string()));
                 write!(f, "http POST {}", first.unwrap_or_default())?;
                 let mode = HttpMode::NAMES
@@ -408,25 +390,63 @@ impl RawSink {
                         )
                     })?;
                 }
-                SinkSettings::Http {
-                    urls,
-                    mode: self.mode.unwrap_or_default(),
-                    headers,
-                    client: HttpClientConfig {
-                        connect_timeout: positive(
-                            "sink.http_client_connect_timeout",
-                            self.http_client_connect_timeout,
-                            defaults.connect_timeout,
-                        )?,
-                        request_timeout: positive(
-                            "sink.http_client_request_timeout",
-                            self.http_client_request_timeout,
-                            defaults.request_timeout,
-                        )?,
-                        root_ca_file: self.http_client_tls_root_ca_file.clone(),
-                        ..defaults
-                    },
-                }
+                let positive_count =
+                    |key: &'static str, value: Option<usize>, default: usize| match value {
+                        Some(0) => Err(invalid(key, "0", "must be at least 1")),
+                        Some(n) => Ok(n),
+                        None => Ok(default),
+                    };
+                let mut config = HttpSinkConfig::new(urls);
+                config.idempotency_header = match self.http_idempotency_header.as_deref() {
+                    Some("off") => None,
+                    name => {
+                        let name = name.unwrap_or(DEFAULT_IDEMPOTENCY_HEADER);
+                        Some(
+                            hyper::header::HeaderName::from_bytes(name.as_bytes()).map_err(
+                                |_| {
+                                    invalid(
+                                        "sink.http_idempotency_header",
+                                        quote(Some(name)),
+                                        "expected a header name (letters, digits, '-' and '_') or \"off\"",
+                                    )
+                                },
+                            )?,
+                        )
+                    }
+                };
+                config.concurrency = positive_count(
+                    "sink.http_concurrency",
+                    self.http_concurrency,
+                    config.concurrency,
+                )?;
+                config.batch_size = positive_count(
+                    "sink.http_batch_size",
+                    self.http_batch_size,
+                    config.batch_size,
+                )?;
+                config.batch_timeout = positive(
+                    "sink.http_batch_timeout",
+                    self.http_batch_timeout,
+                    config.batch_timeout,
+                )?;
+                config.batch_format = self.http_batch_format.unwrap_or_default();
+                config.mode = self.mode.unwrap_or_default();
+                config.headers = headers;
+                config.client = HttpClientConfig {
+                    connect_timeout: positive(
+                        "sink.http_client_connect_timeout",
+                        self.http_client_connect_timeout,
+                        defaults.connect_timeout,
+                    )?,
+                    request_timeout: positive(
+                        "sink.http_client_request_timeout",
+                        self.http_client_request_timeout,
+                        defaults.request_timeout,
+                    )?,
+                    root_ca_file: self.http_client_tls_root_ca_file.clone(),
+                    ..defaults
+                };
+                SinkSettings::Http(config)
             }
         })
     }

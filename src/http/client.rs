@@ -16,7 +16,7 @@ use hyper_util::rt::TokioExecutor;
 
 /// The most response body bytes read; the http sink reads only the status, nsqlookupd's
 /// answers are far smaller.
-const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+pub(super) const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 
 /// Settings of an [`HttpClient`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,13 +95,7 @@ impl HttpClient {
     ///
     /// Outside a Tokio runtime (the pool's reaper is spawned on it).
     pub fn new(config: &HttpClientConfig) -> Result<Self, HttpError> {
-        let roots = crate::tls::roots(config.root_ca_file.as_deref())?;
-        let provider = crate::tls::provider();
-        let tls = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .expect("ring supports the default protocol versions")
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+        let tls = tls_config(config)?;
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
@@ -180,8 +174,25 @@ impl HttpClient {
     }
 }
 
+/// The rustls settings for `config`'s trusted roots. One per client: its session cache is
+/// what lets a reconnect resume a TLS session.
+///
+/// # Errors
+///
+/// [`HttpError::RootCaFile`] when the CA file cannot be read or holds no certificate.
+pub(super) fn tls_config(config: &HttpClientConfig) -> Result<rustls::ClientConfig, HttpError> {
+    let roots = crate::tls::roots(config.root_ca_file.as_deref())?;
+    Ok(
+        rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+            .with_safe_default_protocol_versions()
+            .expect("ring supports the default protocol versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    )
+}
+
 /// An error and its causes, as one line: hyper's own message is often just "client error".
-fn chain(error: &dyn std::error::Error) -> String {
+pub(super) fn chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

@@ -4,11 +4,15 @@
 //! - [`client`]: [`HttpClient`], connections kept alive and reused, `https://` through rustls
 //!   with the system's roots plus an optional CA file, a connect and a request time limit;
 //!   a URL's user info is sent as basic authentication (`basic_auth`).
+//! - [`pool`]: [`BoundedClient`], for the http sink: per endpoint at most N connections, each
+//!   reused request after request, callers beyond the bound waiting; one TLS session cache.
 //! - [`server`]: [`serve`], answers `GET`/`HEAD` of a few fixed paths.
 
 mod basic_auth;
 pub mod client;
+pub mod pool;
 pub mod server;
 
 pub use client::{check_url, HttpClient, HttpClientConfig, HttpError};
+pub use pool::{BoundedClient, HttpAnswer};
 pub use server::serve;

@@ -1,7 +1,8 @@
 //! Where unique messages go: the [`Handler`] trait, the sidecar's sinks, and the dead-letter.
 //!
 //! A handler gets each unique body and answers success or a [`HandlerError`]: `Retry` (the
-//! message is requeued with backoff; after `max_attempts` it goes to the dead-letter) or
+//! message is requeued with backoff; after `max_attempts` it goes to the dead-letter),
+//! `RetryAfter` (the same, the backoff at least the delay the failure names) or
 //! `Reject` (it goes to the dead-letter at once). The sidecar's sinks ([`Sink`]) are handlers;
 //! library users implement [`Handler`] for their own type, or pass an async closure.
 //!
@@ -24,7 +25,10 @@ pub use dead_letter::{DeadLetter, DeadLetterError, DeadLetterRecord};
 pub use file::{
     FileSink, FileSinkConfig, DEFAULT_DATETIME_FORMAT, DEFAULT_FILENAME_FORMAT, DEFAULT_GZIP_LEVEL,
 };
-pub use http::{with_content_type, HttpMode, HttpSink, DEFAULT_CONTENT_TYPE};
+pub use http::{
+    with_content_type, BatchFormat, HttpMode, HttpSink, HttpSinkConfig, DEFAULT_BATCH_TIMEOUT,
+    DEFAULT_CONCURRENCY, DEFAULT_CONTENT_TYPE, DEFAULT_IDEMPOTENCY_HEADER,
+};
 pub use nsq::NsqSink;
 pub use stdout::StdoutSink;
 
@@ -34,9 +38,28 @@ pub enum HandlerError {
     /// A transient failure (a timeout, a 5xx, a broken connection): try again later.
     #[error("{0}")]
     Retry(String),
+    /// A transient failure whose server said when to come back (HTTP `Retry-After`): try
+    /// again, no sooner than `after`.
+    #[error("{reason}; retry after {after:?}")]
+    RetryAfter {
+        /// What failed.
+        reason: String,
+        /// The least delay before the retry.
+        after: std::time::Duration,
+    },
     /// The message can never be taken (a 4xx): send it to the dead-letter now.
     #[error("rejected: {0}")]
     Reject(String),
+}
+
+impl HandlerError {
+    /// The least delay before a retry that the failure asks for, if any.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            HandlerError::RetryAfter { after, .. } => Some(*after),
+            HandlerError::Retry(_) | HandlerError::Reject(_) => None,
+        }
+    }
 }
 
 /// Receives each unique message body.

@@ -1,5 +1,6 @@
-//! An HTTP test server on hyper: counts connections, records each request, answers the status
-//! the test chooses after the delay it chooses; plain, or HTTPS with a certificate made here.
+//! An HTTP test server on hyper: counts connections (accepted, and open at once at most) and
+//! TLS handshakes (full and resumed), records each request, answers the status the test
+//! chooses after the delay it chooses; plain, or HTTPS with a certificate made here.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -25,6 +26,12 @@ pub struct Answer {
     pub delay: Duration,
     /// Serve HTTPS with a certificate for `localhost`.
     pub tls: bool,
+    /// Statuses of the first requests, in the order they arrive; `status` after them.
+    pub first_statuses: Vec<u16>,
+    /// A `Retry-After` value sent with every status that is not 2xx.
+    pub retry_after: Option<&'static str>,
+    /// Close each connection after its answer (`Connection: close`).
+    pub close: bool,
 }
 
 impl Default for Answer {
@@ -33,6 +40,9 @@ impl Default for Answer {
             status: 200,
             delay: Duration::ZERO,
             tls: false,
+            first_statuses: Vec::new(),
+            retry_after: None,
+            close: false,
         }
     }
 }
@@ -46,13 +56,41 @@ pub struct Received {
     pub body: Bytes,
 }
 
+/// What the server counts.
+#[derive(Default)]
+struct Counts {
+    accepted: AtomicU64,
+    open: AtomicU64,
+    most_open: AtomicU64,
+    full_handshakes: AtomicU64,
+    resumed_handshakes: AtomicU64,
+}
+
+/// Counts an open connection until dropped.
+struct Open(Arc<Counts>);
+
+impl Open {
+    fn new(counts: Arc<Counts>) -> Open {
+        counts.accepted.fetch_add(1, Ordering::SeqCst);
+        let now = counts.open.fetch_add(1, Ordering::SeqCst) + 1;
+        counts.most_open.fetch_max(now, Ordering::SeqCst);
+        Open(counts)
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// A running test server; stops when dropped.
 pub struct HttpServer {
     /// Where it listens.
     pub addr: SocketAddr,
     /// The CA certificate (PEM) that signed its certificate, when it serves HTTPS.
     pub ca_pem: Option<String>,
-    connections: Arc<AtomicU64>,
+    counts: Arc<Counts>,
     received: Arc<Mutex<Vec<Received>>>,
     task: JoinHandle<()>,
 }
@@ -85,34 +123,62 @@ impl HttpServer {
         } else {
             (None, None)
         };
-        let connections = Arc::new(AtomicU64::new(0));
+        let counts = Arc::new(Counts::default());
         let received = Arc::new(Mutex::new(Vec::new()));
-        let (count, record) = (connections.clone(), received.clone());
+        let (count, record) = (counts.clone(), received.clone());
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
-                count.fetch_add(1, Ordering::Relaxed);
+                let open = Open::new(count.clone());
                 let (record, answer, acceptor) = (record.clone(), answer.clone(), acceptor.clone());
                 tokio::spawn(async move {
+                    let open = open;
                     let service =
                         service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
                             let (record, answer) = (record.clone(), answer.clone());
                             async move {
                                 let headers = request.headers().clone();
                                 let body = request.into_body().collect().await.unwrap().to_bytes();
-                                record.lock().unwrap().push(Received { headers, body });
+                                let status = {
+                                    let mut record = record.lock().unwrap();
+                                    record.push(Received { headers, body });
+                                    let nth = record.len() - 1;
+                                    answer
+                                        .first_statuses
+                                        .get(nth)
+                                        .copied()
+                                        .unwrap_or(answer.status)
+                                };
                                 tokio::time::sleep(answer.delay).await;
                                 let mut response = Response::new(Full::new(Bytes::from("ok")));
-                                *response.status_mut() =
-                                    StatusCode::from_u16(answer.status).unwrap();
+                                *response.status_mut() = StatusCode::from_u16(status).unwrap();
+                                if let Some(after) = answer.retry_after {
+                                    if !(200..300).contains(&status) {
+                                        response
+                                            .headers_mut()
+                                            .insert("retry-after", after.parse().unwrap());
+                                    }
+                                }
+                                if answer.close {
+                                    response
+                                        .headers_mut()
+                                        .insert("connection", "close".parse().unwrap());
+                                }
                                 Ok::<_, Infallible>(response)
                             }
                         });
                     match acceptor {
                         Some(acceptor) => {
                             if let Ok(tls) = acceptor.accept(stream).await {
+                                let kind = tls.get_ref().1.handshake_kind();
+                                let counter = if kind == Some(rustls::HandshakeKind::Resumed) {
+                                    &open.0.resumed_handshakes
+                                } else {
+                                    &open.0.full_handshakes
+                                };
+                                counter.fetch_add(1, Ordering::SeqCst);
                                 let _ = http1::Builder::new()
                                     .serve_connection(TokioIo::new(tls), service)
                                     .await;
@@ -130,7 +196,7 @@ impl HttpServer {
         HttpServer {
             addr,
             ca_pem,
-            connections,
+            counts,
             received,
             task,
         }
@@ -138,7 +204,20 @@ impl HttpServer {
 
     /// TCP connections accepted so far.
     pub fn connections(&self) -> u64 {
-        self.connections.load(Ordering::Relaxed)
+        self.counts.accepted.load(Ordering::SeqCst)
+    }
+
+    /// The most connections that were open at once so far.
+    pub fn most_open(&self) -> u64 {
+        self.counts.most_open.load(Ordering::SeqCst)
+    }
+
+    /// TLS handshakes completed so far: full ones, and those that resumed a session.
+    pub fn handshakes(&self) -> (u64, u64) {
+        (
+            self.counts.full_handshakes.load(Ordering::SeqCst),
+            self.counts.resumed_handshakes.load(Ordering::SeqCst),
+        )
     }
 
     /// Requests received so far, in order.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 use nsq_dedupe::config::{Dur, OneOrMany, RawConfig, SinkKind};
-use nsq_dedupe::sink::HttpMode;
+use nsq_dedupe::sink::{BatchFormat, HttpMode};
 
 use super::Overlay;
 use crate::cli::parse::{named, parse_duration};
@@ -51,6 +51,24 @@ pub(crate) struct SinkFlags {
     /// `sink.http_client_tls_root_ca_file`.
     #[arg(long, value_name = "FILE")]
     pub(crate) http_client_tls_root_ca_file: Option<PathBuf>,
+    /// Requests in flight, and connections open, per http sink endpoint; more records wait
+    /// (default 100). `sink.http_concurrency`.
+    #[arg(long, visible_alias = "n", value_name = "N")]
+    pub(crate) http_concurrency: Option<usize>,
+    /// Header carrying each request's idempotency key (the body's digest), or "off" (default
+    /// Idempotency-Key). `sink.http_idempotency_header`.
+    #[arg(long, value_name = "NAME|off")]
+    pub(crate) http_idempotency_header: Option<String>,
+    /// Records per POST (default 1: each body as it is). `sink.http_batch_size`.
+    #[arg(long, value_name = "N")]
+    pub(crate) http_batch_size: Option<usize>,
+    /// How long a batch waits to fill (default 100ms). `sink.http_batch_timeout`.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) http_batch_timeout: Option<Duration>,
+    /// How a batch's records make one body: each followed by a newline (nsqd's /mpub,
+    /// NDJSON), or a JSON array (default lines). `sink.http_batch_format`.
+    #[arg(long, value_name = "FORMAT", value_parser = named(&BatchFormat::NAMES))]
+    pub(crate) http_batch_format: Option<BatchFormat>,
 }
 
 /// Parses `--header` without ever repeating the value in an error: it may hold a secret
@@ -143,6 +161,36 @@ impl SinkFlags {
             self.http_client_tls_root_ca_file.as_ref(),
             "sink.http_client_tls_root_ca_file",
             "--http-client-tls-root-ca-file",
+        );
+        overlay.value(
+            &mut sink.http_concurrency,
+            self.http_concurrency.as_ref(),
+            "sink.http_concurrency",
+            "--http-concurrency",
+        );
+        overlay.value(
+            &mut sink.http_idempotency_header,
+            self.http_idempotency_header.as_ref(),
+            "sink.http_idempotency_header",
+            "--http-idempotency-header",
+        );
+        overlay.value(
+            &mut sink.http_batch_size,
+            self.http_batch_size.as_ref(),
+            "sink.http_batch_size",
+            "--http-batch-size",
+        );
+        overlay.value(
+            &mut sink.http_batch_timeout,
+            self.http_batch_timeout.map(Dur).as_ref(),
+            "sink.http_batch_timeout",
+            "--http-batch-timeout",
+        );
+        overlay.value(
+            &mut sink.http_batch_format,
+            self.http_batch_format.as_ref(),
+            "sink.http_batch_format",
+            "--http-batch-format",
         );
     }
 }
