@@ -542,18 +542,7 @@ async fn process_all(
 async fn claim_in_chunks(store: &RedisStore, digests: &[Digest]) -> Vec<Claim> {
     let mut claims = Vec::with_capacity(digests.len());
     for chunk in digests.chunks(100) {
-        match store.claim_many(chunk).await {
-            Ok(c) => claims.extend(c),
-            Err(e) => {
-                eprintln!("DEBUG chunk error {e}");
-                for &d in chunk {
-                    let t = Instant::now();
-                    let r = store.claim(d).await;
-                    eprintln!("DEBUG {} {:?} {:?}", store.set_key(d), r, t.elapsed());
-                }
-                panic!("stop");
-            }
-        }
+        claims.extend(store.claim_many(chunk).await.unwrap());
     }
     claims
 }
@@ -566,7 +555,8 @@ async fn redis_cluster_shares_one_table_through_reshard_and_failover() {
     // Two processes, exactly one New per digest, sets spread over the three masters.
     two_processes_get_one_new_per_digest(&urls, true).await;
 
-    let geometry = Geometry::new(1 << 12, 8).unwrap();
+    // Large enough that 6,000 digests never overflow a set: whatever is missing was lost.
+    let geometry = Geometry::new(1 << 17, 8).unwrap();
     let lease = Duration::from_millis(1_000);
     let store = RedisStore::connect(
         RedisConfig {

@@ -41,6 +41,7 @@
 
 mod config;
 mod conn;
+mod slots;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -157,20 +158,9 @@ impl RedisStore {
     /// As [`RedisStore::connect`].
     pub async fn load_script(&self) -> Result<(), StoreError> {
         let inner = &*self.inner;
-        let load = async {
-            let mut conn = inner.link.conn().await?;
-            inner
-                .script
-                .prepare_invoke()
-                .load_async(&mut conn)
-                .await
-                .map_err(|error| {
-                    inner.link.forget(&error);
-                    inner.link.error(&error)
-                })
-        };
+        let load = inner.link.load_script(&inner.script);
         match tokio::time::timeout(inner.config.timeout, load).await {
-            Ok(result) => result.map(drop),
+            Ok(result) => result,
             Err(_) => {
                 inner.link.forget_after_timeout();
                 Err(StoreError::Timeout(inner.config.timeout))
@@ -223,33 +213,28 @@ impl RedisStore {
         } else {
             FORMAT_VERSION
         };
-        let mut invocation = inner.script.key(self.set_key(digest));
-        invocation
-            .arg(op.code())
-            .arg(&digest.to_bytes()[..])
-            .arg(&inner.owner.to_be_bytes()[..])
-            .arg(now)
-            .arg(now.saturating_add(lease_ms))
-            .arg(max_age)
-            .arg(inner.geometry.ways())
-            .arg(version);
-        let run = async {
-            let mut conn = inner.link.conn().await?;
-            invocation
-                .invoke_async::<(i64, i64)>(&mut conn)
-                .await
-                .map_err(|error| {
-                    inner.link.forget(&error);
-                    inner.link.error(&error)
-                })
-        };
-        let (answer, unreadable) = match tokio::time::timeout(inner.config.timeout, run).await {
+        let args = [
+            op.code().as_bytes().to_vec(),
+            digest.to_bytes().to_vec(),
+            inner.owner.to_be_bytes().to_vec(),
+            now.to_string().into_bytes(),
+            now.saturating_add(lease_ms).to_string().into_bytes(),
+            max_age.into_bytes(),
+            inner.geometry.ways().to_string().into_bytes(),
+            version.to_string().into_bytes(),
+        ];
+        let key = self.set_key(digest);
+        let run = inner.link.eval(&inner.script, &key, &args);
+        let value = match tokio::time::timeout(inner.config.timeout, run).await {
             Ok(result) => result?,
             Err(_) => {
                 inner.link.forget_after_timeout();
                 return Err(StoreError::Timeout(inner.config.timeout));
             }
         };
+        let (answer, unreadable): (i64, i64) = redis::from_redis_value(&value).map_err(|error| {
+            StoreError::Protocol(format!("the set script answered {value:?}: {error}"))
+        })?;
         if unreadable != 0 {
             inner.unreadable.fetch_add(1, Ordering::Relaxed);
         }
