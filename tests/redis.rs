@@ -10,13 +10,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use std::net::SocketAddr;
+
+use nsq_dedupe::config::{Dur, StoreKind};
 use nsq_dedupe::error::StoreError;
+use nsq_dedupe::metrics::get;
+use nsq_dedupe::pipeline::StoreErrorPolicy;
 use nsq_dedupe::{Claim, Digest, Geometry, RedisConfig, RedisStore, Store};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
+use crate::sidecar::{drained, payload, raw_config, Recorder, Running, TOPIC};
+use crate::support::broker::{Broker, BrokerConfig};
 use crate::support::redis::{RedisCluster, RedisServer};
+use crate::util::wait_until_or;
 
 /// A namespace no other test uses.
 fn unique_namespace(tag: &str) -> String {
@@ -70,7 +78,11 @@ async fn two_stores(config: RedisConfig, geometry: Geometry) -> (RedisStore, Red
 async fn raw_get(url: &str, key: &str) -> Option<Vec<u8>> {
     let client = redis::Client::open(url).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    redis::cmd("GET").arg(key).query_async(&mut conn).await.unwrap()
+    redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -103,14 +115,20 @@ async fn commit_and_erase_touch_only_the_callers_own_entry() {
         Claim::Duplicate,
         "b's erase left a's entry"
     );
-    assert_eq!(a.claim(e).await.unwrap(), Claim::New, "erased: claimable again");
+    assert_eq!(
+        a.claim(e).await.unwrap(),
+        Claim::New,
+        "erased: claimable again"
+    );
     assert!(
         b.commit(d).await.unwrap(),
         "committing a done entry is a harmless no-op"
     );
     // One key per set, in the Memcached store's value format: version, cursor, count, then
     // 34 bytes per entry.
-    let value = raw_get(&server.url(), &a.set_key(d)).await.expect("the set's key");
+    let value = raw_get(&server.url(), &a.set_key(d))
+        .await
+        .expect("the set's key");
     assert_eq!(a.set_key(d), b.set_key(e));
     assert_eq!(&value[..3], &[1, 0, 2]);
     assert_eq!(value.len(), 3 + 2 * 34);
@@ -183,7 +201,11 @@ async fn max_age_lets_a_committed_digest_pass_once_older() {
     let value = raw_get(&server.url(), &store.set_key(d)).await.unwrap();
     assert_eq!(value[0], 2, "timed format with max_age");
     tokio::time::sleep(Duration::from_millis(800)).await;
-    assert_eq!(store.claim(d).await.unwrap(), Claim::New, "older than max_age");
+    assert_eq!(
+        store.claim(d).await.unwrap(),
+        Claim::New,
+        "older than max_age"
+    );
     assert_eq!(store.claim(d).await.unwrap(), Claim::InFlight);
 }
 
@@ -298,7 +320,8 @@ fn contention_scenario() -> (Geometry, Vec<Digest>) {
         let first_hi = (u128::from(set) << 64).div_ceil(sets);
         for j in 0..6u64 {
             let hi = first_hi as u64 + j;
-            let d = Digest::from_u128((u128::from(hi) << 64) | u128::from(digest(set * 100 + j).lo()));
+            let d =
+                Digest::from_u128((u128::from(hi) << 64) | u128::from(digest(set * 100 + j).lo()));
             assert_eq!(geometry.set_of(d), set);
             digests.push(d);
         }
@@ -428,7 +451,9 @@ async fn two_processes_get_one_new_per_digest(urls: &[String], cluster: bool) {
             ["T", b, e] => interval = Some((b.parse::<u64>().unwrap(), e.parse::<u64>().unwrap())),
             ["N", d] => {
                 theirs += 1;
-                *news.entry(Digest::from_u128(d.parse().unwrap())).or_default() += 1;
+                *news
+                    .entry(Digest::from_u128(d.parse().unwrap()))
+                    .or_default() += 1;
             }
             _ => panic!("bad worker line {line:?}"),
         }
@@ -472,7 +497,10 @@ async fn two_processes_get_one_new_per_digest_standalone() {
 async fn process(store: &RedisStore, d: Digest, deadline: Instant) -> (u32, u32) {
     let mut errors = 0;
     loop {
-        assert!(Instant::now() < deadline, "a message was not processed in time");
+        assert!(
+            Instant::now() < deadline,
+            "a message was not processed in time"
+        );
         match store.claim(d).await {
             Ok(Claim::New) => break,
             Ok(Claim::InFlight) => tokio::time::sleep(Duration::from_millis(50)).await,
@@ -484,7 +512,10 @@ async fn process(store: &RedisStore, d: Digest, deadline: Instant) -> (u32, u32)
         }
     }
     loop {
-        assert!(Instant::now() < deadline, "a commit did not go through in time");
+        assert!(
+            Instant::now() < deadline,
+            "a commit did not go through in time"
+        );
         match store.commit(d).await {
             Ok(_) => return (1, errors),
             Err(_) => {
@@ -525,7 +556,10 @@ async fn process_all(
         let done = done.clone();
         tokio::task::spawn_blocking(move || {
             while (done.load(Ordering::Relaxed) as usize) < at {
-                assert!(Instant::now() < deadline, "the first {at} were not processed in time");
+                assert!(
+                    Instant::now() < deadline,
+                    "the first {at} were not processed in time"
+                );
                 std::thread::sleep(Duration::from_millis(5));
             }
             during();
@@ -592,9 +626,16 @@ async fn redis_cluster_shares_one_table_through_reshard_and_failover() {
         "no slot moved"
     );
     cluster.wait_until_ok(&[]);
+    let redirects = store.redirects();
     let claims = claim_in_chunks(&store, &digests).await;
     let forgotten = claims.iter().filter(|c| **c != Claim::Duplicate).count();
-    println!("reshard: 3000 messages, {errors} store errors retried, {forgotten} forgotten");
+    println!(
+        "reshard: 3000 messages, {redirects} MOVED/ASK followed, {errors} store errors retried, {forgotten} forgotten"
+    );
+    assert!(
+        redirects > 0,
+        "no operation met a moved slot: the reshard was not tested"
+    );
     assert_eq!(forgotten, 0, "resharding moves keys, it forgets none");
 
     // A master killed with SIGKILL while 16 workers claim and commit; its replica takes over.
@@ -623,6 +664,150 @@ async fn redis_cluster_shares_one_table_through_reshard_and_failover() {
     println!(
         "failover: 3000 messages in {took:?}, {errors} store errors retried, {repeats} would be delivered again (writes the dead master acknowledged but had not replicated)"
     );
-    assert!(errors > 0, "the failover was not noticed: nothing was tested");
+    assert!(
+        errors > 0,
+        "the failover was not noticed: nothing was tested"
+    );
     drop(cluster);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The sidecar with Redis: two consumers sharing one table, and an outage under both policies.
+
+/// Settings of a sidecar consuming `brokers` with the table in Redis at `url`.
+fn sidecar_settings(brokers: &[SocketAddr], url: &str, namespace: &str) -> nsq_dedupe::Settings {
+    let mut raw = raw_config(brokers);
+    raw.store.kind = Some(StoreKind::Redis);
+    raw.store.redis_urls = Some(vec![url.to_owned()]);
+    raw.store.namespace = Some(namespace.to_owned());
+    raw.store.buckets = Some(1 << 16);
+    raw.validate().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sidecars_sharing_redis_deliver_each_payload_once() {
+    let server = RedisServer::start();
+    let namespace = unique_namespace("sidecars");
+    let a = Broker::start(BrokerConfig::default()).await;
+    let b = Broker::start(BrokerConfig::default()).await;
+    const N: usize = 2_000;
+    let mut order: Vec<usize> = (0..N).collect();
+    order.shuffle(&mut StdRng::seed_from_u64(7));
+    a.publish_many(TOPIC, (0..N).map(payload));
+    b.publish_many(TOPIC, order.iter().map(|&i| payload(i)));
+    let brokers = [a.tcp_addr(), b.tcp_addr()];
+    let recorder = Recorder::default();
+    let first = Running::start(
+        sidecar_settings(&brokers, &server.url(), &namespace),
+        recorder.clone(),
+    )
+    .await;
+    let second = Running::start(
+        sidecar_settings(&brokers, &server.url(), &namespace),
+        recorder.clone(),
+    )
+    .await;
+    wait_until_or(
+        "every payload delivered and both brokers drained",
+        Duration::from_secs(60),
+        || recorder.distinct_delivered() == N && drained(&a) && drained(&b),
+        || format!("{} distinct delivered", recorder.distinct_delivered()),
+    )
+    .await;
+    let (m1, m2) = (first.metrics.clone(), second.metrics.clone());
+    first.stop().await;
+    second.stop().await;
+    let delivered = recorder.delivered();
+    for i in 0..N {
+        assert_eq!(delivered.get(&payload(i)), Some(&1), "payload {i}");
+    }
+    let unique = (get(&m1.unique), get(&m2.unique));
+    let duplicates = get(&m1.duplicates) + get(&m2.duplicates);
+    println!(
+        "two sidecars sharing Redis: {N} payloads published to 2 nsqd, unique {unique:?}, {duplicates} duplicates, {} store errors",
+        get(&m1.store_errors) + get(&m2.store_errors)
+    );
+    assert!(unique.0 > 0 && unique.1 > 0, "both sidecars took part");
+    assert_eq!(unique.0 + unique.1, N as u64, "in: 2N messages, out: N");
+    assert_eq!(duplicates, N as u64);
+}
+
+/// A sidecar on two nsqd with the same payloads; Redis is killed for 1.5 s mid-stream.
+/// Returns (delivered at the kill, delivered 1.5 s later, deliveries in all) and checks that
+/// every payload was delivered.
+async fn redis_outage(policy: StoreErrorPolicy) -> (usize, usize, u32, u64) {
+    let mut server = RedisServer::start();
+    let a = Broker::start(BrokerConfig::default()).await;
+    let b = Broker::start(BrokerConfig::default()).await;
+    const N: usize = 3_000;
+    a.publish_many(TOPIC, (0..N).map(payload));
+    b.publish_many(TOPIC, (0..N).map(payload));
+    let mut raw = raw_config(&[a.tcp_addr(), b.tcp_addr()]);
+    raw.source.max_in_flight = Some(20);
+    raw.source.max_attempts = Some(1000);
+    raw.store.kind = Some(StoreKind::Redis);
+    raw.store.redis_urls = Some(vec![server.url()]);
+    raw.store.buckets = Some(1 << 16);
+    raw.store.timeout = Some(Dur(Duration::from_millis(200)));
+    raw.dedupe.on_store_error = Some(policy);
+    let settings = raw.validate().unwrap();
+    let recorder = Recorder::default();
+    let running = Running::start(
+        settings,
+        recorder.delivering_after(Duration::from_millis(2)),
+    )
+    .await;
+    wait_until_or(
+        "300 deliveries before the outage",
+        Duration::from_secs(30),
+        || recorder.distinct_delivered() >= 300,
+        String::new,
+    )
+    .await;
+    server.stop();
+    let at_stop = recorder.distinct_delivered();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let during = recorder.distinct_delivered();
+    server.restart();
+    wait_until_or(
+        "every payload delivered after Redis came back",
+        Duration::from_secs(60),
+        || recorder.distinct_delivered() == N && drained(&a) && drained(&b),
+        || format!("{} distinct delivered", recorder.distinct_delivered()),
+    )
+    .await;
+    let metrics = running.metrics.clone();
+    running.stop().await;
+    let delivered = recorder.delivered();
+    for i in 0..N {
+        assert!(delivered.contains_key(&payload(i)), "payload {i} lost");
+    }
+    let total: u32 = delivered.values().sum();
+    assert!(get(&metrics.store_errors) > 0, "the outage was not noticed");
+    println!(
+        "redis outage, on_store_error = {policy:?}: {at_stop} delivered at the kill, {during} 1.5 s later, {} store errors, {} extra deliveries",
+        get(&metrics.store_errors),
+        total as usize - N
+    );
+    (at_stop, during, total, get(&metrics.store_error_requeues))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_outage_with_requeue_loses_nothing_and_waits() {
+    let (at_stop, during, _, requeues) = redis_outage(StoreErrorPolicy::Requeue).await;
+    assert!(requeues > 0);
+    assert!(
+        during - at_stop < 100,
+        "with policy requeue, little is delivered while the store is down ({at_stop} -> {during})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_outage_with_process_loses_nothing_and_keeps_delivering() {
+    let (at_stop, during, _, requeues) = redis_outage(StoreErrorPolicy::Process).await;
+    assert_eq!(requeues, 0);
+    assert!(
+        during - at_stop >= 100,
+        "with policy process, delivery goes on while the store is down ({at_stop} -> {during})"
+    );
 }

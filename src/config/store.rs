@@ -284,7 +284,10 @@ impl RawStore {
     }
 
     /// The lease, the namespace and the time limit, which the shared stores read alike.
-    fn shared(&self, msg_timeout: Duration) -> Result<(Option<String>, Duration, Option<Duration>), ConfigError> {
+    fn shared(
+        &self,
+        msg_timeout: Duration,
+    ) -> Result<(Option<String>, Duration, Option<Duration>), ConfigError> {
         if let Some(ns) = &self.namespace {
             crate::dedup::memcached::check_namespace(ns)
                 .map_err(|reason| invalid("store.namespace", quote(Some(ns)), reason))?;

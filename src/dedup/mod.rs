@@ -19,8 +19,8 @@ pub(crate) mod digest;
 pub mod journal;
 mod json_key;
 pub(crate) mod memcached;
-pub(crate) mod redis;
 pub mod near;
+pub(crate) mod redis;
 pub(crate) mod table;
 pub mod table_file;
 

@@ -251,9 +251,9 @@ impl RedisCluster {
                 .filter(|(i, node)| !except.contains(i) && node.child.is_some())
                 .map(|(_, node)| try_cli(node.port, &["cluster", "info"]).unwrap_or_default())
                 .collect();
-            let ok = answers.iter().all(|a| {
-                a.contains("cluster_state:ok") && a.contains("cluster_slots_ok:16384")
-            });
+            let ok = answers
+                .iter()
+                .all(|a| a.contains("cluster_state:ok") && a.contains("cluster_slots_ok:16384"));
             if ok {
                 return;
             }
@@ -302,7 +302,10 @@ impl RedisCluster {
 
     /// The node id of node `index` (`CLUSTER MYID`).
     pub fn id_of(&self, index: usize) -> String {
-        self.nodes[index].cli(&["cluster", "myid"]).trim().to_owned()
+        self.nodes[index]
+            .cli(&["cluster", "myid"])
+            .trim()
+            .to_owned()
     }
 }
 

@@ -14,6 +14,7 @@
 //! as soon as the cluster has promoted a replica.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -47,6 +48,8 @@ pub(super) struct Link {
     slots: Mutex<SlotMap>,
     /// Held while the slot map is read again, so that one failover reloads it once.
     refreshing: tokio::sync::Mutex<()>,
+    /// `MOVED` and `ASK` answers followed.
+    pub(super) redirects: AtomicU64,
     /// For errors and logs: the servers' addresses, without user or password.
     pub(super) addr: String,
 }
@@ -111,6 +114,7 @@ impl Link {
             connecting: tokio::sync::Mutex::new(()),
             slots: Mutex::new(SlotMap::default()),
             refreshing: tokio::sync::Mutex::new(()),
+            redirects: AtomicU64::new(0),
             addr,
         })
     }
@@ -130,10 +134,8 @@ impl Link {
         };
         for node in nodes {
             let mut conn = self.node(&node).await?;
-            let loaded: Result<String, RedisError> = script
-                .prepare_invoke()
-                .load_async(&mut conn)
-                .await;
+            let loaded: Result<String, RedisError> =
+                script.prepare_invoke().load_async(&mut conn).await;
             if let Err(error) = loaded {
                 return Err(self.failed(&node, &error));
             }
@@ -202,6 +204,8 @@ impl Link {
                 }
                 ErrorKind::Moved | ErrorKind::Ask if self.cluster => {
                     redirects += 1;
+                    // A statistic: nothing else depends on it.
+                    self.redirects.fetch_add(1, Ordering::Relaxed);
                     let Some((to, to_slot)) = error.redirect_node() else {
                         return Err(self.failed(&node, &error));
                     };

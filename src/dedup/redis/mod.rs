@@ -49,7 +49,9 @@ use std::sync::Arc;
 use futures::future::try_join_all;
 
 use self::conn::Link;
-use crate::dedup::memcached::{now_ms, random_owner, FORMAT_VERSION, FORMAT_VERSION_TIMED, KEY_VERSION};
+use crate::dedup::memcached::{
+    now_ms, random_owner, FORMAT_VERSION, FORMAT_VERSION_TIMED, KEY_VERSION,
+};
 use crate::dedup::{Claim, Digest, Geometry, Store};
 use crate::error::StoreError;
 pub use config::{RedisConfig, RedisPassword};
@@ -194,6 +196,12 @@ impl RedisStore {
         self.inner.unreadable.load(Ordering::Relaxed)
     }
 
+    /// How many `MOVED` and `ASK` answers of a Redis Cluster were followed: slots that moved
+    /// (a reshard, a failover) since the slot map was read.
+    pub fn redirects(&self) -> u64 {
+        self.inner.link.redirects.load(Ordering::Relaxed)
+    }
+
     fn key_of_set(&self, set: u64) -> String {
         format!("{}:{set}", self.inner.namespace)
     }
@@ -206,7 +214,11 @@ impl RedisStore {
         let max_age = inner
             .config
             .max_age
-            .map(|age| u64::try_from(age.as_millis()).unwrap_or(u64::MAX).to_string())
+            .map(|age| {
+                u64::try_from(age.as_millis())
+                    .unwrap_or(u64::MAX)
+                    .to_string()
+            })
             .unwrap_or_default();
         let version = if inner.config.max_age.is_some() {
             FORMAT_VERSION_TIMED
@@ -232,9 +244,10 @@ impl RedisStore {
                 return Err(StoreError::Timeout(inner.config.timeout));
             }
         };
-        let (answer, unreadable): (i64, i64) = redis::from_redis_value(&value).map_err(|error| {
-            StoreError::Protocol(format!("the set script answered {value:?}: {error}"))
-        })?;
+        let (answer, unreadable): (i64, i64) =
+            redis::from_redis_value(&value).map_err(|error| {
+                StoreError::Protocol(format!("the set script answered {value:?}: {error}"))
+            })?;
         if unreadable != 0 {
             inner.unreadable.fetch_add(1, Ordering::Relaxed);
         }
