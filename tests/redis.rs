@@ -338,7 +338,7 @@ async fn claim_all(store: &RedisStore, digests: &[Digest], seed: u64) -> (Vec<Di
     let start = now_ms();
     let mut news = Vec::new();
     for chunk in order.chunks(16) {
-        let claims = if seed % 2 == 0 {
+        let claims = if seed.is_multiple_of(2) {
             store.claim_many(chunk).await
         } else {
             futures::future::try_join_all(chunk.iter().map(|&d| store.claim(d))).await

@@ -2,7 +2,8 @@
 # The test command: installs what the tests need on a fresh machine, then runs every test.
 #
 # The Memcached and Redis tests start their own `memcached` and `redis-server` (a cluster too) on
-# free loopback ports, so only the binaries are needed, not running services. Extra arguments go to `cargo test`.
+# free loopback ports, so only the binaries are needed, not running services. Extra arguments go
+# to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
