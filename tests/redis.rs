@@ -811,3 +811,37 @@ async fn redis_outage_with_process_loses_nothing_and_keeps_delivering() {
         "with policy process, delivery goes on while the store is down ({at_stop} -> {during})"
     );
 }
+
+#[tokio::test]
+async fn a_full_set_takes_what_size_reports() {
+    let server = RedisServer::start();
+    for ways in [1, 2, 4, 8] {
+        // The default namespace and a production-sized table, so the key is as long as in use.
+        let geometry = Geometry::new(1 << 23, ways).unwrap();
+        let store = RedisStore::connect(config(&[server.url()], false, "nsq-dedupe"), geometry)
+            .await
+            .unwrap();
+        let set = geometry.set_of(digest(0));
+        let full: Vec<Digest> = (0..)
+            .map(digest)
+            .filter(|d| geometry.set_of(*d) == set)
+            .take(ways as usize)
+            .collect();
+        for &d in &full {
+            assert_eq!(store.claim(d).await.unwrap(), Claim::New);
+            assert!(store.commit(d).await.unwrap());
+        }
+        let key = store.set_key(full[0]);
+        let measured: u64 = server
+            .cli(&["memory", "usage", &key, "samples", "0"])
+            .trim()
+            .parse()
+            .unwrap();
+        let reported = nsq_dedupe::sizing::redis_set_bytes(ways);
+        println!("{ways} ways: MEMORY USAGE {measured} bytes, size reports {reported}");
+        assert!(
+            measured.abs_diff(reported) <= 16,
+            "{ways} ways: MEMORY USAGE says {measured}, size reports {reported}"
+        );
+    }
+}
