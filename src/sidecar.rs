@@ -157,11 +157,11 @@ pub async fn build_store(
                 Ok(Ok(store)) => Backend::Redis(store, near),
                 Ok(Err(error @ crate::error::StoreError::Config(_))) => return Err(error.into()),
                 Ok(Err(error)) => {
-                    tracing::warn!(urls = ?config.urls, %error, "Redis is not answering; messages follow `dedupe.on_store_error` until it does.");
+                    tracing::warn!(urls = %config.urls.join(","), %error, "Redis is not answering; messages follow `dedupe.on_store_error` until it does.");
                     Backend::Redis(RedisStore::new_lazy(config.clone(), *geometry)?, near)
                 }
                 Err(_) => {
-                    tracing::warn!(urls = ?config.urls, "Redis did not answer in time; messages follow `dedupe.on_store_error` until it does.");
+                    tracing::warn!(urls = %config.urls.join(","), "Redis did not answer in time; messages follow `dedupe.on_store_error` until it does.");
                     Backend::Redis(RedisStore::new_lazy(config.clone(), *geometry)?, near)
                 }
             }
