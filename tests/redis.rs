@@ -750,6 +750,10 @@ async fn redis_outage(policy: StoreErrorPolicy) -> (usize, usize, u32, u64) {
     raw.store.buckets = Some(1 << 16);
     raw.store.timeout = Some(Dur(Duration::from_millis(200)));
     raw.dedupe.on_store_error = Some(policy);
+    if policy == StoreErrorPolicy::Process {
+        // Used only with requeue.
+        raw.dedupe.store_error_requeue_delay = None;
+    }
     let settings = raw.validate().unwrap();
     let recorder = Recorder::default();
     let running = Running::start(
