@@ -175,6 +175,14 @@ impl Store for Backend {
                 }
                 Box::pin(store.commit_many(digests)).await
             }
+            Backend::Redis(store, near) => {
+                if let Some(near) = near {
+                    for &digest in digests {
+                        near.remember(digest);
+                    }
+                }
+                Box::pin(store.commit_many(digests)).await
+            }
             Backend::None(_) => vec![Ok(true); digests.len()],
         }
     }
@@ -190,6 +198,7 @@ impl Store for Backend {
                 held
             }
             Backend::Memcached(store, _) => Box::pin(store.erase_many(digests)).await,
+            Backend::Redis(store, _) => Box::pin(store.erase_many(digests)).await,
             Backend::None(_) => vec![Ok(true); digests.len()],
         }
     }

@@ -290,7 +290,7 @@ mod tests {
             "{error}"
         );
         assert!(
-            error.contains("http://***@h:1") && !error.contains("hunter2"),
+            error.contains("http://<redacted>@h:1") && !error.contains("hunter2"),
             "{error}"
         );
     }

@@ -78,7 +78,7 @@ impl Link {
             let info = url.as_str().into_connection_info().map_err(|error| {
                 StoreError::Config(format!(
                     "`store.redis_urls` entry {:?}: {error}",
-                    super::config::redact(url)
+                    crate::redact::url(url)
                 ))
             })?;
             seeds.push(info.addr.to_string());

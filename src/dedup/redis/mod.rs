@@ -46,7 +46,7 @@ mod slots;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use futures::future::try_join_all;
+use futures::future::{join_all, try_join_all};
 
 use self::conn::Link;
 use crate::dedup::memcached::{
@@ -290,8 +290,18 @@ impl Store for RedisStore {
         self.held(Op::Commit, digest).await
     }
 
+    /// Commits many digests at once, written together on the multiplexed connections.
+    async fn commit_many(&self, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
+        join_all(digests.iter().map(|&digest| self.held(Op::Commit, digest))).await
+    }
+
     async fn erase(&self, digest: Digest) -> Result<bool, StoreError> {
         self.held(Op::Erase, digest).await
+    }
+
+    /// Erases many digests at once, as [`Store::commit_many`] commits them.
+    async fn erase_many(&self, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
+        join_all(digests.iter().map(|&digest| self.held(Op::Erase, digest))).await
     }
 
     async fn renew(&self, digest: Digest) -> Result<bool, StoreError> {
