@@ -712,8 +712,8 @@ mod tests {
         assert_eq!(Settings::from_toml(memory).unwrap().near_table, None);
         assert_eq!(
             err(&format!("{memory}[store]\nnear_table = \"1MiB\"\n")),
-            "`store.near_table` is used only with `store.kind = \"memcached\"`: remove it, or \
-             set that too"
+            "`store.near_table` is used only with a shared table, `store.kind = \"memcached\"` \
+             or `store.kind = \"redis\"`: remove it, or set that too"
         );
     }
 }
