@@ -28,7 +28,7 @@ use crate::metrics::{get, Metrics, TableView};
 use crate::nsq::{Consumer, ProducerConfig, ShutdownReport, Transport};
 use crate::pipeline::Dedupe;
 use crate::sink::{DeadLetter, Handler, HttpSink, NsqSink, Sink, StdoutSink};
-use crate::{MemcachedStore, NoStore, Table};
+use crate::{MemcachedStore, NoStore, RedisStore, Table};
 use hyper::StatusCode;
 
 /// Why the service could not start or stopped with an error.
@@ -121,7 +121,7 @@ pub async fn build_store(
     max_age: Option<Duration>,
 ) -> Result<Backend, RunError> {
     let near = match (store, near_table) {
-        (StoreSettings::Memcached(..), Some(geometry)) => {
+        (StoreSettings::Memcached(..) | StoreSettings::Redis(..), Some(geometry)) => {
             Some(NearTable::new(geometry, timing(max_age))?)
         }
         _ => None,
@@ -146,6 +146,23 @@ pub async fn build_store(
                 Err(_) => {
                     tracing::warn!(servers = %config.servers.join(","), "Memcached did not answer in time; messages follow `dedupe.on_store_error` until it does.");
                     Backend::Memcached(MemcachedStore::new_lazy(config.clone(), *geometry)?, near)
+                }
+            }
+        }
+        StoreSettings::Redis(config, geometry) => {
+            // As for Memcached: a Redis that is down at start is a store error per message.
+            // The URLs carry no password (it was moved out of them), so they can be logged.
+            let probe = RedisStore::connect(config.clone(), *geometry);
+            match tokio::time::timeout(config.timeout * 4, probe).await {
+                Ok(Ok(store)) => Backend::Redis(store, near),
+                Ok(Err(error @ crate::error::StoreError::Config(_))) => return Err(error.into()),
+                Ok(Err(error)) => {
+                    tracing::warn!(urls = %config.urls.join(","), %error, "Redis is not answering; messages follow `dedupe.on_store_error` until it does.");
+                    Backend::Redis(RedisStore::new_lazy(config.clone(), *geometry)?, near)
+                }
+                Err(_) => {
+                    tracing::warn!(urls = %config.urls.join(","), "Redis did not answer in time; messages follow `dedupe.on_store_error` until it does.");
+                    Backend::Redis(RedisStore::new_lazy(config.clone(), *geometry)?, near)
                 }
             }
         }

@@ -868,7 +868,8 @@ fn a_setting_that_would_do_nothing_is_refused_with_what_it_needs() {
         ),
         (
             &["--store", "none", "--buckets", "1024"],
-            "`--buckets` is used only with a table, `--store memory` or `--store memcached`",
+            "`--buckets` is used only with a table, `--store memory`, `--store memcached` or \
+             `--store redis`",
         ),
         (
             &[
@@ -881,7 +882,7 @@ fn a_setting_that_would_do_nothing_is_refused_with_what_it_needs() {
         ),
         (
             &["--near-table", "16MiB"],
-            "`--near-table` is used only with `--store memcached`",
+            "`--near-table` is used only with a shared table, `--store memcached` or `--store redis`",
         ),
         (
             &["--snapshot-interval", "1m"],

@@ -29,11 +29,11 @@ use crate::support::lookupd::Lookupd;
 use crate::support::memcached::MemcachedServer;
 use crate::util::wait_until_or;
 
-const TOPIC: &str = "events";
-const CHANNEL: &str = "dedupe";
+pub(crate) const TOPIC: &str = "events";
+pub(crate) const CHANNEL: &str = "dedupe";
 
 /// A configuration with short timers for `addrs`, metrics on a free loopback port.
-fn raw_config(addrs: &[SocketAddr]) -> RawConfig {
+pub(crate) fn raw_config(addrs: &[SocketAddr]) -> RawConfig {
     let list = addrs
         .iter()
         .map(|a| format!("\"{a}\""))
@@ -77,7 +77,7 @@ grace = "2s"
 
 /// Counts handler calls per body, and successful ones.
 #[derive(Clone, Default)]
-struct Recorder {
+pub(crate) struct Recorder {
     calls: Arc<Mutex<HashMap<Bytes, u32>>>,
     delivered: Arc<Mutex<HashMap<Bytes, u32>>>,
 }
@@ -91,23 +91,23 @@ impl Handler for Recorder {
 }
 
 impl Recorder {
-    fn call(&self, body: &Bytes) {
+    pub(crate) fn call(&self, body: &Bytes) {
         *self.calls.lock().unwrap().entry(body.clone()).or_default() += 1;
     }
-    fn deliver(&self, body: Bytes) {
+    pub(crate) fn deliver(&self, body: Bytes) {
         *self.delivered.lock().unwrap().entry(body).or_default() += 1;
     }
-    fn distinct_delivered(&self) -> usize {
+    pub(crate) fn distinct_delivered(&self) -> usize {
         self.delivered.lock().unwrap().len()
     }
-    fn delivered(&self) -> HashMap<Bytes, u32> {
+    pub(crate) fn delivered(&self) -> HashMap<Bytes, u32> {
         self.delivered.lock().unwrap().clone()
     }
-    fn calls(&self) -> HashMap<Bytes, u32> {
+    pub(crate) fn calls(&self) -> HashMap<Bytes, u32> {
         self.calls.lock().unwrap().clone()
     }
     /// A handler that works for `delay`, then records the body as delivered and succeeds.
-    fn delivering_after(&self, delay: Duration) -> impl Handler {
+    pub(crate) fn delivering_after(&self, delay: Duration) -> impl Handler {
         let recorder = self.clone();
         move |body: Bytes| {
             let recorder = recorder.clone();
@@ -121,15 +121,15 @@ impl Recorder {
 }
 
 /// A sidecar running in a task, stopped by `stop`.
-struct Running {
+pub(crate) struct Running {
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<RunReport, RunError>>,
-    metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
     metrics_addr: Option<SocketAddr>,
 }
 
 impl Running {
-    async fn start<H: Handler>(settings: Settings, handler: H) -> Running {
+    pub(crate) async fn start<H: Handler>(settings: Settings, handler: H) -> Running {
         let sidecar = Sidecar::with_handler(settings, handler)
             .await
             .expect("the sidecar starts");
@@ -155,7 +155,7 @@ impl Running {
         }
     }
 
-    async fn stop(mut self) -> RunReport {
+    pub(crate) async fn stop(mut self) -> RunReport {
         let _ = self.stop.take().unwrap().send(());
         tokio::time::timeout(Duration::from_secs(15), &mut self.task)
             .await
@@ -165,13 +165,13 @@ impl Running {
     }
 }
 
-fn payload(i: usize) -> Bytes {
+pub(crate) fn payload(i: usize) -> Bytes {
     Bytes::from(format!("{{\"id\":\"p{i:05}\",\"amount\":{}}}", i * 7))
 }
 
 /// Nothing queued, deferred or in flight. A channel nobody subscribed to yet also counts as
 /// drained, so callers check delivered counts too.
-fn drained(broker: &Broker) -> bool {
+pub(crate) fn drained(broker: &Broker) -> bool {
     broker.depth(TOPIC, CHANNEL) == (0, 0, 0)
 }
 
@@ -804,9 +804,9 @@ fn malformed_configs_are_rejected_with_the_key_named() {
         e.contains("buckets") && e.contains("invalid type: string \"many\""),
         "{e}"
     );
-    let e = bad_config(&format!("{SOURCE}[store]\nkind = \"redis\"\n"));
+    let e = bad_config(&format!("{SOURCE}[store]\nkind = \"valkey\"\n"));
     assert!(
-        e.contains("unknown variant `redis`") && e.contains("memcached"),
+        e.contains("unknown variant `valkey`") && e.contains("redis"),
         "{e}"
     );
     let e = bad_config(
@@ -833,7 +833,7 @@ fn malformed_configs_are_rejected_with_the_key_named() {
         ("[store]\nbuckets = 1000\nprobability = 0.9\n", "invalid `store.probability` = 0.9: give either `store.buckets` or `store.probability` with `store.rate` and `store.window`, not both"),
         ("[store]\nmemory = \"1MiB\"\nbuckets = 1000\n", "invalid `store.memory` = \"1MiB\": give one of `store.buckets`, `store.memory` or `store.probability`, not two"),
         ("[store]\nmemory = \"lots\"\n", "invalid `store.memory` = \"lots\": expected a size such as 64MiB, 1GiB, 500MB or 4096 (bytes)"),
-        ("[store]\nkind = \"memcached\"\nmemory = \"1MiB\"\n", "invalid `store.memory` = \"1MiB\": sizes the in-process table; size a Memcached table with `store.buckets` or `store.probability`"),
+        ("[store]\nkind = \"memcached\"\nmemory = \"1MiB\"\n", "invalid `store.memory` = \"1MiB\": sizes the in-process table; size a shared table with `store.buckets` or `store.probability`"),
         ("[store]\nprobability = 0.9\nwindow = \"1h\"\n", "`store.rate` is required with `store.probability`: set it in the config file"),
         ("[store]\nprobability = 1.5\nrate = 10\nwindow = \"1h\"\n", "invalid `store.probability` = 1.5: `probability` must be between 0 and 1 exclusive (0 < p < 1), got 1.5"),
         ("[store]\nkind = \"memcached\"\nlease = \"5s\"\n", "invalid `store.lease` = 5s: must be at least `source.msg_timeout` (60s), or another delivery may take over a claim whose handler is still running"),

@@ -1,8 +1,8 @@
 //! The integration tests: one binary, one module per area.
 //!
 //! Tests that need servers start them themselves on free loopback ports: a real `memcached`
-//! (see `support::memcached`) and a test broker that speaks NSQ's wire protocol
-//! (see `support::broker`).
+//! (see `support::memcached`), `redis-server` (see `support::redis`) and a test broker that
+//! speaks NSQ's wire protocol (see `support::broker`).
 
 mod support;
 mod util;
@@ -23,6 +23,7 @@ mod nsq;
 mod nsq_transport;
 mod odd_files;
 mod package;
+mod redis;
 mod secrets;
 mod sidecar;
 mod table;

@@ -230,9 +230,10 @@ fn to_text(answer: &Answer) -> String {
     );
     let _ = writeln!(
         out,
-        "Memory:       {} in-process; about {} in Memcached",
+        "Memory:       {} in-process; about {} in Memcached, {} in Redis",
         format_bytes(g.memory_bytes()),
-        format_bytes(sizing::memcached_bytes_estimate(g))
+        format_bytes(sizing::memcached_bytes_estimate(g)),
+        format_bytes(sizing::redis_bytes_estimate(g))
     );
     let window = match (answer.window_seconds(), answer.rate) {
         (Some(seconds), Some(rate)) => format!(
@@ -349,6 +350,7 @@ fn to_json(answer: &Answer) -> serde_json::Value {
         "window_messages": answer.window_messages,
         "memory_bytes": g.memory_bytes(),
         "memcached_bytes_estimate": sizing::memcached_bytes_estimate(g),
+        "redis_bytes_estimate": sizing::redis_bytes_estimate(g),
         "delays": delays,
     });
     // Keys that need a rate are present only when one was given.

@@ -28,7 +28,7 @@
 //! # max_age = "10m"                 # copies older than this pass (off by default)
 //!
 //! [store]
-//! kind = "memory"                   # or "memcached", "none"
+//! kind = "memory"                   # or "memcached", "redis", "none"
 //! ways = 8
 //! buckets = 8388608                 # or: memory, or probability + rate + window
 //! # memory = "64MiB"                # in-process table: its slots' memory
@@ -36,13 +36,17 @@
 //! # rate = 1000
 //! # window = "1h"
 //! memcached_addresses = ["127.0.0.1:11211"]
+//! # redis_urls = ["redis://127.0.0.1:6379"]  # or rediss://; user:password@ or the two below
+//! # redis_cluster = false          # true: the URLs are seed nodes of a Redis Cluster
+//! # redis_password_file = "/run/secrets/redis"  # or NSQ_DEDUPE_REDIS_PASSWORD
+//! # redis_tls_root_ca_file = "/etc/nsq-dedupe/redis-ca.pem"
 //! namespace = "nsq-dedupe"
 //! lease = "65s"                     # default: msg_timeout + 5 s
 //! # table_file = "/var/lib/nsq-dedupe/table"  # memory: kept between runs
 //! # snapshot_interval = "10s"       # default
 //! # table_file_on_mismatch = "error"  # or "recreate"
 //! # journal_fsync = false          # true: a machine crash loses nothing FINished
-//! # near_table = "16MiB"            # memcached: local table of this process's commits
+//! # near_table = "16MiB"            # memcached, redis: local table of this process's commits
 //!                                   # (default: a quarter of the table's slots, 1-64 MiB; "off")
 //! timeout = "500ms"
 //! # eject_after = "10s"             # memcached: a server failing this long is skipped; "off"
@@ -467,7 +471,9 @@ impl RawConfig {
         let (mut store, window) = self.store.validate(source.msg_timeout)?;
         let table_file = self.store.table_file()?;
         let near_table = self.store.near_table(match &store {
-            StoreSettings::Memcached(_, geometry) | StoreSettings::Memory(geometry) => *geometry,
+            StoreSettings::Memcached(_, geometry)
+            | StoreSettings::Redis(_, geometry)
+            | StoreSettings::Memory(geometry) => *geometry,
             StoreSettings::None => Geometry::new(Geometry::DEFAULT_SLOTS, 8)
                 .expect("the default size is valid for every supported way count"),
         })?;
@@ -475,12 +481,20 @@ impl RawConfig {
         if let StoreSettings::Memcached(config, _) = &mut store {
             config.max_age = max_age;
         }
-        if let (StoreSettings::Memcached(config, _), DigestAlgorithm::Blake3Keyed(key)) =
-            (&mut store, keyer.algorithm())
-        {
+        if let StoreSettings::Redis(config, _) = &mut store {
+            config.max_age = max_age;
+        }
+        if let DigestAlgorithm::Blake3Keyed(key) = keyer.algorithm() {
             // Consumers with different keys must never read each other's sets: their digests
             // of one body differ, so a shared set would only hold noise for the other.
-            config.namespace = format!("{}.k{}", config.namespace, key.fingerprint());
+            let namespace = match &mut store {
+                StoreSettings::Memcached(config, _) => Some(&mut config.namespace),
+                StoreSettings::Redis(config, _) => Some(&mut config.namespace),
+                _ => None,
+            };
+            if let Some(namespace) = namespace {
+                *namespace = format!("{namespace}.k{}", key.fingerprint());
+            }
         }
         let sink = self.sink.validate(&source.consumer.topic)?;
         let dead_letter = sink::validate_dead_letter(self.dead_letter.as_ref(), &self.source)?;
@@ -698,8 +712,8 @@ mod tests {
         assert_eq!(Settings::from_toml(memory).unwrap().near_table, None);
         assert_eq!(
             err(&format!("{memory}[store]\nnear_table = \"1MiB\"\n")),
-            "`store.near_table` is used only with `store.kind = \"memcached\"`: remove it, or \
-             set that too"
+            "`store.near_table` is used only with a shared table, `store.kind = \"memcached\"` \
+             or `store.kind = \"redis\"`: remove it, or set that too"
         );
     }
 }

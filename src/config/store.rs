@@ -14,7 +14,7 @@ use crate::dedup::table_file::OnMismatch;
 use super::{check_host_port, invalid, quote, ConfigError, Dur};
 use crate::dedup::near::NearTable;
 use crate::dedup::Geometry;
-use crate::MemcachedConfig;
+use crate::{MemcachedConfig, RedisConfig, RedisPassword};
 
 /// The window the catch probability is reported for when none is configured.
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(3600);
@@ -27,6 +27,8 @@ pub enum StoreKind {
     Memory,
     /// A table shared through Memcached.
     Memcached,
+    /// A table shared through Redis or a Redis Cluster.
+    Redis,
     /// No de-duplication (a baseline).
     None,
 }
@@ -35,13 +37,14 @@ impl StoreKind {
     /// Whether the table lives in a store shared by many consumers (and has a near-table in
     /// front of it).
     pub fn is_shared(self) -> bool {
-        matches!(self, StoreKind::Memcached)
+        matches!(self, StoreKind::Memcached | StoreKind::Redis)
     }
 
     /// Every kind with its name in the config file and on the command line.
-    pub const NAMES: [(&'static str, StoreKind); 3] = [
+    pub const NAMES: [(&'static str, StoreKind); 4] = [
         ("memory", StoreKind::Memory),
         ("memcached", StoreKind::Memcached),
+        ("redis", StoreKind::Redis),
         ("none", StoreKind::None),
     ];
 }
@@ -68,6 +71,14 @@ pub struct RawStore {
     pub journal_fsync: Option<bool>,
     pub near_table: Option<String>,
     pub eject_after: Option<String>,
+    pub redis_urls: Option<Vec<String>>,
+    pub redis_cluster: Option<bool>,
+    pub redis_tls_root_ca_file: Option<PathBuf>,
+    pub redis_password_file: Option<PathBuf>,
+    /// The Redis password from the environment (`NSQ_DEDUPE_REDIS_PASSWORD`), set by the
+    /// binary; never read from a file's text.
+    #[serde(skip)]
+    pub redis_password: Option<RedisPassword>,
 }
 
 /// How often the in-process table is written to its file when no interval is given: after a
@@ -96,6 +107,8 @@ pub enum StoreSettings {
     Memory(Geometry),
     /// Memcached table of this shape.
     Memcached(MemcachedConfig, Geometry),
+    /// Redis table of this shape.
+    Redis(RedisConfig, Geometry),
     /// No de-duplication.
     None,
 }
@@ -157,6 +170,7 @@ impl RawStore {
             StoreKind::Memcached => {
                 StoreSettings::Memcached(self.memcached(msg_timeout)?, geometry)
             }
+            StoreKind::Redis => StoreSettings::Redis(self.redis(msg_timeout)?, geometry),
         };
         Ok((store, window))
     }
@@ -177,9 +191,9 @@ impl RawStore {
                     "give one of `store.buckets`, `store.memory` or `store.probability`, not two",
                 ));
             }
-            if self.kind == Some(StoreKind::Memcached) {
+            if matches!(self.kind, Some(StoreKind::Memcached | StoreKind::Redis)) {
                 return Err(refuse(
-                    "sizes the in-process table; size a Memcached table with `store.buckets` or `store.probability`",
+                    "sizes the in-process table; size a shared table with `store.buckets` or `store.probability`",
                 ));
             }
             let bytes = crate::units::parse_bytes(text).map_err(|reason| refuse(&reason))?;
@@ -237,26 +251,13 @@ impl RawStore {
             }
             config.servers = servers.clone();
         }
-        if let Some(ns) = &self.namespace {
-            crate::dedup::memcached::check_namespace(ns)
-                .map_err(|reason| invalid("store.namespace", quote(Some(ns)), reason))?;
-            config.namespace = ns.clone();
+        let (namespace, lease, timeout) = self.shared(msg_timeout)?;
+        if let Some(ns) = namespace {
+            config.namespace = ns;
         }
-        config.lease = self
-            .lease
-            .map_or(msg_timeout + Duration::from_secs(5), |d| d.0);
-        if config.lease < msg_timeout {
-            return Err(invalid(
-                "store.lease",
-                format!("{:?}", config.lease),
-                format!("must be at least `source.msg_timeout` ({msg_timeout:?}), or another delivery may take over a claim whose handler is still running"),
-            ));
-        }
-        if let Some(Dur(t)) = self.timeout {
-            if t.is_zero() {
-                return Err(invalid("store.timeout", "\"0s\"", "must be more than 0"));
-            }
-            config.timeout = t;
+        config.lease = lease;
+        if let Some(timeout) = timeout {
+            config.timeout = timeout;
         }
         if let Some(text) = &self.eject_after {
             config.eject_after = if text == "off" {
@@ -278,6 +279,84 @@ impl RawStore {
             };
         }
         // The store's own rules (the namespace's syntax among them), without building a store.
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The lease, the namespace and the time limit, which the shared stores read alike.
+    fn shared(
+        &self,
+        msg_timeout: Duration,
+    ) -> Result<(Option<String>, Duration, Option<Duration>), ConfigError> {
+        if let Some(ns) = &self.namespace {
+            crate::dedup::memcached::check_namespace(ns)
+                .map_err(|reason| invalid("store.namespace", quote(Some(ns)), reason))?;
+        }
+        let lease = self
+            .lease
+            .map_or(msg_timeout + Duration::from_secs(5), |d| d.0);
+        if lease < msg_timeout {
+            return Err(invalid(
+                "store.lease",
+                format!("{lease:?}"),
+                format!("must be at least `source.msg_timeout` ({msg_timeout:?}), or another delivery may take over a claim whose handler is still running"),
+            ));
+        }
+        let timeout = match self.timeout {
+            Some(Dur(t)) if t.is_zero() => {
+                return Err(invalid("store.timeout", "\"0s\"", "must be more than 0"))
+            }
+            other => other.map(|d| d.0),
+        };
+        Ok((self.namespace.clone(), lease, timeout))
+    }
+
+    fn redis(&self, msg_timeout: Duration) -> Result<RedisConfig, ConfigError> {
+        let mut config = RedisConfig::default();
+        if let Some(urls) = &self.redis_urls {
+            if urls.is_empty() {
+                return Err(invalid(
+                    "store.redis_urls",
+                    "[]",
+                    "give at least one redis:// or rediss:// URL",
+                ));
+            }
+            config.urls = urls.clone();
+        }
+        config.cluster = self.redis_cluster.unwrap_or(false);
+        config.tls_root_ca_file = self.redis_tls_root_ca_file.clone();
+        // A password in a URL wins over the file, which wins over the environment.
+        config.take_url_passwords()?;
+        if config.password.is_none() {
+            if let Some(path) = &self.redis_password_file {
+                let text = std::fs::read_to_string(path).map_err(|error| {
+                    invalid(
+                        "store.redis_password_file",
+                        quote(Some(&path.display().to_string())),
+                        format!("cannot be read: {error}"),
+                    )
+                })?;
+                let password = text.trim_end_matches(['\r', '\n']);
+                if password.is_empty() {
+                    return Err(invalid(
+                        "store.redis_password_file",
+                        quote(Some(&path.display().to_string())),
+                        "is empty; write the password on its first line",
+                    ));
+                }
+                config.password = Some(RedisPassword::new(password));
+            } else {
+                config.password = self.redis_password.clone();
+            }
+        }
+        let (namespace, lease, timeout) = self.shared(msg_timeout)?;
+        if let Some(ns) = namespace {
+            config.namespace = ns;
+        }
+        config.lease = lease;
+        if let Some(timeout) = timeout {
+            config.timeout = timeout;
+        }
         config.validate()?;
         Ok(config)
     }

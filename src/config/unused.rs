@@ -2,7 +2,7 @@
 //! its name and what it needs (`--post` needs `--sink http`).
 //!
 //! A setting that silently does nothing hides a mistake: a sink that was meant to be http
-//! writes to stdout, a near-table meant for Memcached is never built. The rules are checked
+//! writes to stdout, a near-table meant for a shared store is never built. The rules are checked
 //! before any other, so the refusal names the setting the user typed first.
 
 use super::{ConfigError, DeadLetterKind, RawConfig, SinkKind, StoreKind};
@@ -78,19 +78,39 @@ pub(super) fn check(raw: &RawConfig) -> Result<(), ConfigError> {
             ("dedupe.max_age", d.max_age.is_some()),
         ],
         store != StoreKind::None,
-        "a table, `store.kind = \"memory\"` or `store.kind = \"memcached\"`",
+        "a table, `store.kind = \"memory\"`, `store.kind = \"memcached\"` or \
+         `store.kind = \"redis\"`",
     )?;
     needs(
         &[
             ("store.memcached_addresses", t.memcached_addresses.is_some()),
-            ("store.namespace", t.namespace.is_some()),
-            ("store.lease", t.lease.is_some()),
-            ("store.timeout", t.timeout.is_some()),
-            ("store.near_table", t.near_table.is_some()),
             ("store.eject_after", t.eject_after.is_some()),
         ],
         store == StoreKind::Memcached,
         "`store.kind = \"memcached\"`",
+    )?;
+    needs(
+        &[
+            ("store.redis_urls", t.redis_urls.is_some()),
+            ("store.redis_cluster", t.redis_cluster.is_some()),
+            ("store.redis_password_file", t.redis_password_file.is_some()),
+            (
+                "store.redis_tls_root_ca_file",
+                t.redis_tls_root_ca_file.is_some(),
+            ),
+        ],
+        store == StoreKind::Redis,
+        "`store.kind = \"redis\"`",
+    )?;
+    needs(
+        &[
+            ("store.namespace", t.namespace.is_some()),
+            ("store.lease", t.lease.is_some()),
+            ("store.timeout", t.timeout.is_some()),
+            ("store.near_table", t.near_table.is_some()),
+        ],
+        store.is_shared(),
+        "a shared table, `store.kind = \"memcached\"` or `store.kind = \"redis\"`",
     )?;
     needs(
         &[("store.table_file", t.table_file.is_some())],
@@ -200,8 +220,8 @@ mod tests {
         );
         assert_eq!(
             refused("[store]\nkind = \"none\"\nbuckets = 1024\n"),
-            "`store.buckets` is used only with a table, `store.kind = \"memory\"` or \
-             `store.kind = \"memcached\"`: remove it, or set that too"
+            "`store.buckets` is used only with a table, `store.kind = \"memory\"`, \
+             `store.kind = \"memcached\"` or `store.kind = \"redis\"`: remove it, or set that too"
         );
         assert_eq!(
             refused("[producer_opt]\nsnappy = true\n"),

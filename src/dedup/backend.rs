@@ -1,10 +1,10 @@
-//! Runtime choice of store: the in-process table, Memcached, or none.
+//! Runtime choice of store: the in-process table, Memcached, Redis, or none.
 //!
 //! [`Backend`] is an enum rather than a `Box<dyn Store>` because [`Store`]'s methods return
 //! `impl Future` (not object-safe), and because a `match` per call keeps the hot path free of
 //! allocation and virtual calls: the in-process arm compiles down to the table's own calls.
 //!
-//! The Memcached arm boxes its futures. An enum's future is as large as its largest arm, and
+//! The shared stores' arms box their futures. An enum's future is as large as its largest arm, and
 //! the Memcached store's are about 1.7 KB: unboxed, every message's task (which holds several
 //! of them) would be copied around at that size, in-process table or not. One allocation
 //! next to a network round trip costs nothing measurable.
@@ -14,11 +14,12 @@ use std::sync::Arc;
 use crate::dedup::journal::Journal;
 use crate::dedup::memcached::MemcachedStore;
 use crate::dedup::near::{NearStats, NearTable};
+use crate::dedup::redis::RedisStore;
 use crate::dedup::table::Table;
 use crate::dedup::{Claim, Digest, Geometry, NoStore, Store};
 use crate::error::StoreError;
 
-/// A store chosen at run time (`store.kind = "memory" | "memcached" | "none"`).
+/// A store chosen at run time (`store.kind = "memory" | "memcached" | "redis" | "none"`).
 #[derive(Debug)]
 pub enum Backend {
     /// The in-process, lock-free table.
@@ -28,6 +29,9 @@ pub enum Backend {
     Journalled(Table, Arc<Journal>),
     /// The table shared through Memcached, with a near-table in front when configured.
     Memcached(MemcachedStore, Option<NearTable>),
+    /// The table shared through Redis or a Redis Cluster, with a near-table in front when
+    /// configured.
+    Redis(RedisStore, Option<NearTable>),
     /// No de-duplication: every claim is [`Claim::New`].
     None(NoStore),
 }
@@ -38,6 +42,7 @@ impl Backend {
         match self {
             Backend::Memory(_) | Backend::Journalled(..) => "memory",
             Backend::Memcached(..) => "memcached",
+            Backend::Redis(..) => "redis",
             Backend::None(_) => "none",
         }
     }
@@ -47,7 +52,7 @@ impl Backend {
     pub fn occupancy(&self) -> Option<f64> {
         match self {
             Backend::Memory(table) | Backend::Journalled(table, _) => Some(table.occupancy()),
-            Backend::Memcached(..) | Backend::None(_) => None,
+            Backend::Memcached(..) | Backend::Redis(..) | Backend::None(_) => None,
         }
     }
 
@@ -64,7 +69,7 @@ impl Backend {
     /// What the near-table answered, when there is one.
     pub fn near_stats(&self) -> Option<NearStats> {
         match self {
-            Backend::Memcached(_, Some(near)) => Some(near.stats()),
+            Backend::Memcached(_, Some(near)) | Backend::Redis(_, Some(near)) => Some(near.stats()),
             _ => None,
         }
     }
@@ -76,6 +81,8 @@ impl Store for Backend {
             Backend::Memory(table) | Backend::Journalled(table, _) => Ok(table.claim(digest)),
             Backend::Memcached(_, Some(near)) if near.committed(digest) => Ok(Claim::Duplicate),
             Backend::Memcached(store, _) => Box::pin(store.claim(digest)).await,
+            Backend::Redis(_, Some(near)) if near.committed(digest) => Ok(Claim::Duplicate),
+            Backend::Redis(store, _) => Box::pin(store.claim(digest)).await,
             Backend::None(_) => Ok(Claim::New),
         }
     }
@@ -112,6 +119,7 @@ impl Store for Backend {
                     })
                     .collect())
             }
+            Backend::Redis(store, near) => claim_many_behind(store, near.as_ref(), digests).await,
             Backend::None(store) => store.claim_many(digests).await,
         }
     }
@@ -132,6 +140,13 @@ impl Store for Backend {
             Backend::Memcached(store, near) => {
                 // The message was delivered whatever Memcached says now: remember it here, so
                 // its copies are caught even while Memcached is unreachable.
+                if let Some(near) = near {
+                    near.remember(digest);
+                }
+                Box::pin(store.commit(digest)).await
+            }
+            Backend::Redis(store, near) => {
+                // As for Memcached: delivered, whatever Redis says now.
                 if let Some(near) = near {
                     near.remember(digest);
                 }
@@ -160,6 +175,14 @@ impl Store for Backend {
                 }
                 Box::pin(store.commit_many(digests)).await
             }
+            Backend::Redis(store, near) => {
+                if let Some(near) = near {
+                    for &digest in digests {
+                        near.remember(digest);
+                    }
+                }
+                Box::pin(store.commit_many(digests)).await
+            }
             Backend::None(_) => vec![Ok(true); digests.len()],
         }
     }
@@ -175,6 +198,7 @@ impl Store for Backend {
                 held
             }
             Backend::Memcached(store, _) => Box::pin(store.erase_many(digests)).await,
+            Backend::Redis(store, _) => Box::pin(store.erase_many(digests)).await,
             Backend::None(_) => vec![Ok(true); digests.len()],
         }
     }
@@ -193,6 +217,7 @@ impl Store for Backend {
                 Ok(held)
             }
             Backend::Memcached(store, _) => Box::pin(store.erase(digest)).await,
+            Backend::Redis(store, _) => Box::pin(store.erase(digest)).await,
             Backend::None(_) => Ok(true),
         }
     }
@@ -201,6 +226,7 @@ impl Store for Backend {
         match self {
             Backend::Memory(table) | Backend::Journalled(table, _) => Ok(table.contains(digest)),
             Backend::Memcached(store, _) => Box::pin(store.renew(digest)).await,
+            Backend::Redis(store, _) => Box::pin(store.renew(digest)).await,
             Backend::None(_) => Ok(true),
         }
     }
@@ -209,6 +235,7 @@ impl Store for Backend {
         match self {
             Backend::Memory(table) | Backend::Journalled(table, _) => Some(table.geometry()),
             Backend::Memcached(store, _) => store.geometry(),
+            Backend::Redis(store, _) => store.geometry(),
             Backend::None(_) => None,
         }
     }
@@ -230,6 +257,40 @@ fn journal_each(
             Ok(held)
         })
         .collect()
+}
+
+/// Claims `digests` from `store`, answering those the near-table holds without a round trip.
+async fn claim_many_behind<S: Store>(
+    store: &S,
+    near: Option<&NearTable>,
+    digests: &[Digest],
+) -> Result<Vec<Claim>, StoreError> {
+    let Some(near) = near else {
+        return Box::pin(store.claim_many(digests)).await;
+    };
+    let local: Vec<bool> = digests.iter().map(|d| near.committed(*d)).collect();
+    let remote: Vec<Digest> = digests
+        .iter()
+        .zip(&local)
+        .filter(|(_, &hit)| !hit)
+        .map(|(d, _)| *d)
+        .collect();
+    let mut answers = if remote.is_empty() {
+        Vec::new()
+    } else {
+        Box::pin(store.claim_many(&remote)).await?
+    }
+    .into_iter();
+    Ok(local
+        .iter()
+        .map(|&hit| {
+            if hit {
+                Claim::Duplicate
+            } else {
+                answers.next().unwrap_or(Claim::New)
+            }
+        })
+        .collect())
 }
 
 #[cfg(test)]

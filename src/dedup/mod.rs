@@ -9,6 +9,7 @@
 //! Two backends share one geometry ([`Geometry`]) and one trait ([`Store`]):
 //! - [`Table`](crate::Table): in-process, lock-free reads, one cache line per set.
 //! - the Memcached store: one item per set, shared by many consumers.
+//! - the Redis store: the same sets as keys of one Redis server or a Redis Cluster.
 //!
 //! [`NoStore`] de-duplicates nothing; it is the baseline for benchmarks and the `none` store.
 
@@ -19,6 +20,7 @@ pub mod journal;
 mod json_key;
 pub(crate) mod memcached;
 pub mod near;
+pub(crate) mod redis;
 pub(crate) mod table;
 pub mod table_file;
 

@@ -5,4 +5,5 @@ pub mod http;
 pub mod lookupd;
 pub mod memcached;
 pub mod nsqd_stats;
+pub mod redis;
 pub mod wire;

@@ -225,4 +225,73 @@ mod tests {
             ("orders", Duration::from_secs(90), Duration::from_secs(1))
         );
     }
+
+    #[test]
+    fn redis_flags_reach_the_store_and_the_password_stays_hidden() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("redis-password");
+        std::fs::write(&file, "from-the-file\n").unwrap();
+        let s = settings(&[
+            "--store",
+            "redis",
+            "--redis-url",
+            "redis://10.0.0.1:7000",
+            "--redis-url",
+            "redis://10.0.0.2:7000",
+            "--redis-cluster",
+            "--redis-password-file",
+            file.to_str().unwrap(),
+            "--namespace",
+            "orders",
+        ]);
+        let StoreSettings::Redis(config, _) = s.store else {
+            panic!("{:?}", s.store)
+        };
+        assert!(config.cluster);
+        assert_eq!(
+            config.urls,
+            ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]
+        );
+        assert_eq!(config.namespace, "orders");
+        assert_eq!(
+            config.password,
+            Some(nsq_dedupe::RedisPassword::new("from-the-file"))
+        );
+        assert!(!format!("{config:?}").contains("from-the-file"));
+
+        // A password in the URL leaves it; a bad URL is named without it.
+        let s = settings(&["--store", "redis", "--redis-url", "redis://:in-url@h:1/2"]);
+        let StoreSettings::Redis(config, _) = s.store else {
+            panic!("{:?}", s.store)
+        };
+        assert_eq!(config.urls, ["redis://h:1/2"]);
+        assert_eq!(
+            config.password,
+            Some(nsq_dedupe::RedisPassword::new("in-url"))
+        );
+        let args = [
+            "nsq-dedupe",
+            "run",
+            "--topic",
+            "t",
+            "--nsqd-tcp-address",
+            "a:1",
+        ];
+        let bad = ["--store", "redis", "--redis-url", "http://user:hunter2@h:1"];
+        let cli = Cli::try_parse_from(args.iter().chain(&bad)).unwrap();
+        let Command::Run(run) = cli.command else {
+            panic!("not run")
+        };
+        let mut raw = RawConfig::default();
+        run.apply(&mut raw);
+        let error = raw.validate().unwrap_err().to_string();
+        assert!(
+            error.contains("--redis-url") || error.contains("redis_urls"),
+            "{error}"
+        );
+        assert!(
+            error.contains("http://<redacted>@h:1") && !error.contains("hunter2"),
+            "{error}"
+        );
+    }
 }

@@ -12,6 +12,9 @@ use crate::cli::parse::{
     parse_ways,
 };
 
+/// The environment variable that may hold the Redis password.
+pub(crate) const REDIS_PASSWORD_ENV: &str = "NSQ_DEDUPE_REDIS_PASSWORD";
+
 /// Where the table lives and how large it is.
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Store")]
@@ -22,6 +25,21 @@ pub(crate) struct StoreFlags {
     /// Memcached server host:port (repeatable, or comma-separated). `store.memcached_addresses`.
     #[arg(long = "memcached-address", value_name = "ADDR", value_delimiter = ',')]
     pub(crate) memcached_addresses: Vec<String>,
+    /// Redis URL (repeatable): `redis://[user:password@]host:port[/db]`, or `rediss://` for
+    /// TLS; several only with --redis-cluster. `store.redis_urls`.
+    #[arg(long = "redis-url", value_name = "URL")]
+    pub(crate) redis_urls: Vec<String>,
+    /// The Redis URLs are seed nodes of a Redis Cluster. `store.redis_cluster`.
+    #[arg(long)]
+    pub(crate) redis_cluster: bool,
+    /// File whose first line is the Redis password (else NSQ_DEDUPE_REDIS_PASSWORD, or the
+    /// URL's). `store.redis_password_file`.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) redis_password_file: Option<std::path::PathBuf>,
+    /// PEM file of CA certificates trusted for rediss:// besides the system's roots.
+    /// `store.redis_tls_root_ca_file`.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) redis_tls_root_ca_file: Option<std::path::PathBuf>,
     /// Table size in slots. `store.buckets`.
     #[arg(long, value_name = "N", value_parser = parse_buckets)]
     pub(crate) buckets: Option<u64>,
@@ -48,19 +66,20 @@ pub(crate) struct StoreFlags {
     /// How late a copy may arrive and still be caught (default 1h). `store.window`.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub(crate) window: Option<Duration>,
-    /// Prefix of the Memcached keys; consumers with the same one share a table. `store.namespace`.
+    /// Prefix of the shared store's keys; consumers with the same one share a table.
+    /// `store.namespace`.
     #[arg(long, value_name = "PREFIX")]
     pub(crate) namespace: Option<String>,
-    /// How long a Memcached claim stays in flight without renewal (default msg-timeout + 5s).
+    /// How long a shared store's claim stays in flight without renewal (default msg-timeout + 5s).
     /// `store.lease`.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub(crate) lease: Option<Duration>,
-    /// Bound on each Memcached network step (default 500ms). `store.timeout`.
+    /// Bound on each Memcached network step or Redis operation (default 500ms). `store.timeout`.
     #[arg(long = "store-timeout", value_name = "DURATION", value_parser = parse_duration)]
     pub(crate) timeout: Option<Duration>,
-    /// With a shared store (Memcached): a local table of this size (such as 16MiB) holding the
-    /// digests this process committed, answered without a round trip; `off` for none (default:
-    /// a quarter of the table's slots, 1MiB to 64MiB). `store.near_table`.
+    /// With a shared store (Memcached, Redis): a local table of this size (such as 16MiB)
+    /// holding the digests this process committed, answered without a round trip; `off` for
+    /// none (default: a quarter of the table's slots, 1MiB to 64MiB). `store.near_table`.
     #[arg(long, value_name = "SIZE")]
     pub(crate) near_table: Option<String>,
     /// With two Memcached servers or more: after one has failed this long, its sets go to the
@@ -100,6 +119,37 @@ impl StoreFlags {
             "store.memcached_addresses",
             "--memcached-address",
         );
+        overlay.list(
+            &mut store.redis_urls,
+            &self.redis_urls,
+            "store.redis_urls",
+            "--redis-url",
+        );
+        overlay.value(
+            &mut store.redis_cluster,
+            self.redis_cluster.then_some(true).as_ref(),
+            "store.redis_cluster",
+            "--redis-cluster",
+        );
+        overlay.value(
+            &mut store.redis_password_file,
+            self.redis_password_file.as_ref(),
+            "store.redis_password_file",
+            "--redis-password-file",
+        );
+        overlay.value(
+            &mut store.redis_tls_root_ca_file,
+            self.redis_tls_root_ca_file.as_ref(),
+            "store.redis_tls_root_ca_file",
+            "--redis-tls-root-ca-file",
+        );
+        // The password itself is never a flag (a command line is visible to every user of
+        // the machine); the environment may carry it.
+        if let Ok(password) = std::env::var(REDIS_PASSWORD_ENV) {
+            if !password.is_empty() {
+                store.redis_password = Some(nsq_dedupe::RedisPassword::new(password));
+            }
+        }
         if self.buckets.is_some() || self.memory.is_some() {
             // Flags win over the file: an explicit size replaces the file's other sizing.
             store.probability = None;

@@ -129,10 +129,8 @@ use self::coalesce::{coalesce, coalescer_gone, Request};
 use self::conn::{PipeConn, Write, Written};
 use self::health::{Failed, Health};
 use self::pool::Pool;
-use self::set::{
-    apply, decode, encode, LeaseFacts, Op, Outcome, SetState, FORMAT_VERSION, FORMAT_VERSION_TIMED,
-    KEY_VERSION,
-};
+use self::set::{apply, decode, encode, LeaseFacts, Op, Outcome, SetState};
+pub(crate) use self::set::{FORMAT_VERSION, FORMAT_VERSION_TIMED, KEY_VERSION};
 use crate::dedup::{Claim, Digest, Geometry, Store};
 use crate::error::StoreError;
 pub(crate) use config::check_namespace;
@@ -796,7 +794,7 @@ fn is_connection_error(err: &StoreError) -> bool {
 }
 
 /// Milliseconds since the Unix epoch (0 if the clock is before it).
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
@@ -804,7 +802,7 @@ fn now_ms() -> u64 {
 
 /// A random owner id: xxh3 of the process id, the time, a per-process counter and a stack
 /// address, so two stores (in one process or in two) practically never share one.
-fn random_owner() -> u64 {
+pub(crate) fn random_owner() -> u64 {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let local = 0u8;
     let mut seed = Vec::with_capacity(40);

@@ -1,0 +1,347 @@
+//! Real `redis-server` processes on free loopback ports, owned by one test: a standalone
+//! server ([`RedisServer`]) or a cluster of three masters with a replica each
+//! ([`RedisCluster`]).
+//!
+//! Servers run without persistence, in a temporary directory of their own, and are killed on
+//! drop, so every test cleans up even when it fails. `$REDIS_SERVER_BIN` and `$REDIS_CLI_BIN`
+//! override `/usr/bin/redis-server` and `/usr/bin/redis-cli`.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a fresh server may take to accept connections.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a new cluster may take to agree on its slots.
+const CLUSTER_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn server_bin() -> String {
+    std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "/usr/bin/redis-server".to_owned())
+}
+
+fn cli_bin() -> String {
+    std::env::var("REDIS_CLI_BIN").unwrap_or_else(|_| "/usr/bin/redis-cli".to_owned())
+}
+
+/// One `redis-server` on `127.0.0.1:<port>`, killed on drop.
+#[derive(Debug)]
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+    extra_args: Vec<String>,
+    /// Holds the directory of a standalone server (a cluster's nodes share the cluster's).
+    _temp: Option<tempfile::TempDir>,
+}
+
+impl RedisServer {
+    /// Starts a standalone server without persistence on a free loopback port.
+    ///
+    /// # Panics
+    ///
+    /// If redis-server is not installed or does not start within 10 s: the tests that need
+    /// it cannot run, and saying so loudly is better than skipping them.
+    pub fn start() -> Self {
+        Self::start_with_args(&[])
+    }
+
+    /// Starts a standalone server with extra arguments (such as `--requirepass x`).
+    ///
+    /// # Panics
+    ///
+    /// As [`RedisServer::start`].
+    pub fn start_with_args(args: &[&str]) -> Self {
+        let temp = tempfile::tempdir().expect("temp dir for redis");
+        let dir = temp.path().to_owned();
+        let mut server = Self::launch_on_free_port(&dir, args);
+        server._temp = Some(temp);
+        server
+    }
+
+    fn launch_on_free_port(dir: &Path, args: &[&str]) -> Self {
+        let mut last_error = String::new();
+        // Another process may take the free port between our probe and the bind.
+        for _ in 0..5 {
+            let mut server = RedisServer {
+                child: None,
+                port: free_port(),
+                dir: dir.to_owned(),
+                extra_args: args.iter().map(|&a| a.to_owned()).collect(),
+                _temp: None,
+            };
+            match server.launch() {
+                Ok(()) => return server,
+                Err(err) => last_error = err,
+            }
+        }
+        panic!("could not start redis-server: {last_error}");
+    }
+
+    /// `127.0.0.1:<port>`.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://{}", self.addr())
+    }
+
+    /// The TCP port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The process id while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Kills the process (SIGKILL) and waits for it; the port then refuses connections.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts a new process on the same port (memory starts empty).
+    ///
+    /// # Panics
+    ///
+    /// If it does not come back within 10 s.
+    pub fn restart(&mut self) {
+        self.stop();
+        if let Err(err) = self.launch() {
+            panic!("could not restart redis on port {}: {err}", self.port);
+        }
+    }
+
+    /// Runs `redis-cli -p <port> <args>` and returns its standard output.
+    ///
+    /// # Panics
+    ///
+    /// If redis-cli cannot run or fails.
+    pub fn cli(&self, args: &[&str]) -> String {
+        cli(self.port, args)
+    }
+
+    fn launch(&mut self) -> Result<(), String> {
+        let binary = server_bin();
+        let port = self.port.to_string();
+        let mut child = Command::new(&binary)
+            .args(["--bind", "127.0.0.1", "--port", &port])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .args(["--protected-mode", "no", "--loglevel", "warning"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(&self.extra_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|err| {
+                format!(
+                    "cannot run {binary} ({err}); install it with `apt-get install redis-server`"
+                )
+            })?;
+        let addr: SocketAddr = ([127, 0, 0, 1], self.port).into();
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!("redis-server exited with {status} on port {port}"));
+            }
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+                self.child = Some(child);
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "redis-server did not accept connections within {READY_TIMEOUT:?}"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A Redis Cluster of three masters with one replica each, on six free loopback ports.
+#[derive(Debug)]
+pub struct RedisCluster {
+    /// The nodes in creation order: `redis-cli --cluster create` makes the first three
+    /// masters.
+    pub nodes: Vec<RedisServer>,
+    _temp: tempfile::TempDir,
+}
+
+impl RedisCluster {
+    /// Starts six nodes (node timeout 1 s, so failover takes about two seconds), creates the
+    /// cluster and waits until every node reports `cluster_state:ok`.
+    ///
+    /// # Panics
+    ///
+    /// If a node does not start or the cluster does not form within 30 s.
+    pub fn start() -> Self {
+        let temp = tempfile::tempdir().expect("temp dir for the cluster");
+        let mut nodes = Vec::new();
+        for i in 0..6 {
+            let dir = temp.path().join(format!("node{i}"));
+            std::fs::create_dir_all(&dir).expect("node dir");
+            nodes.push(RedisServer::launch_on_free_port(
+                &dir,
+                &[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "1000",
+                    "--cluster-replica-validity-factor",
+                    "0",
+                ],
+            ));
+        }
+        let addrs: Vec<String> = nodes.iter().map(RedisServer::addr).collect();
+        let mut args = vec!["--cluster", "create"];
+        args.extend(addrs.iter().map(String::as_str));
+        args.extend(["--cluster-replicas", "1", "--cluster-yes"]);
+        let output = Command::new(cli_bin())
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("redis-cli runs");
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        let cluster = RedisCluster { nodes, _temp: temp };
+        cluster.wait_until_ok(&[]);
+        cluster
+    }
+
+    /// `redis://` URLs of every node (seeds).
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// Waits until every running node but those in `except` reports `cluster_state:ok` and
+    /// every slot is served by a master all of them agree is up.
+    ///
+    /// # Panics
+    ///
+    /// After 30 s, with the nodes' last answers.
+    pub fn wait_until_ok(&self, except: &[usize]) {
+        let deadline = Instant::now() + CLUSTER_TIMEOUT;
+        loop {
+            let answers: Vec<String> = self
+                .nodes
+                .iter()
+                .enumerate()
+                .filter(|(i, node)| !except.contains(i) && node.child.is_some())
+                .map(|(_, node)| try_cli(node.port, &["cluster", "info"]).unwrap_or_default())
+                .collect();
+            let ok = answers
+                .iter()
+                .all(|a| a.contains("cluster_state:ok") && a.contains("cluster_slots_ok:16384"));
+            if ok {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the cluster did not become ok within {CLUSTER_TIMEOUT:?}: {answers:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The index of the node that is master of `slot` now, asked of node `via`.
+    ///
+    /// # Panics
+    ///
+    /// If no node serves the slot.
+    pub fn master_of_slot(&self, slot: u16, via: usize) -> usize {
+        let nodes = cli(self.nodes[via].port, &["cluster", "nodes"]);
+        for line in nodes.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.len() < 9 || !fields[2].contains("master") || fields[2].contains("fail") {
+                continue;
+            }
+            let serves = fields[8..].iter().any(|range| {
+                let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+                match (lo.parse::<u16>(), hi.parse::<u16>()) {
+                    (Ok(lo), Ok(hi)) => (lo..=hi).contains(&slot),
+                    _ => false,
+                }
+            });
+            if serves {
+                let port: u16 = fields[1]
+                    .split(['@', ':'])
+                    .nth(1)
+                    .and_then(|p| p.parse().ok())
+                    .expect("a node address");
+                return self
+                    .nodes
+                    .iter()
+                    .position(|n| n.port == port)
+                    .expect("a node of this cluster");
+            }
+        }
+        panic!("no master serves slot {slot}: {nodes}");
+    }
+
+    /// The node id of node `index` (`CLUSTER MYID`).
+    pub fn id_of(&self, index: usize) -> String {
+        self.nodes[index]
+            .cli(&["cluster", "myid"])
+            .trim()
+            .to_owned()
+    }
+}
+
+/// `redis-cli -p <port> <args>`: its standard output.
+///
+/// # Panics
+///
+/// If redis-cli cannot run or fails.
+pub fn cli(port: u16, args: &[&str]) -> String {
+    try_cli(port, args).unwrap_or_else(|err| panic!("redis-cli {args:?}: {err}"))
+}
+
+fn try_cli(port: u16, args: &[&str]) -> Result<String, String> {
+    let output = Command::new(cli_bin())
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|err| format!("cannot run redis-cli ({err}); install redis-tools"))?;
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&output.stderr).into_owned())
+    }
+}
+
+/// A port that was free a moment ago, below 55535 with its cluster bus port (+10000) free too.
+fn free_port() -> u16 {
+    for _ in 0..100 {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map(|addr| addr.port())
+            .expect("binding 127.0.0.1:0 works on any test machine");
+        if port < 55_535 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port below 55535 with its bus port free");
+}
