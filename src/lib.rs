@@ -64,7 +64,9 @@ pub mod units;
 pub use config::Settings;
 pub use dedup::backend::Backend;
 pub use dedup::digest::{DigestAlgorithm, DigestKey, KeySpec, Keyer};
-pub use dedup::memcached::{MemcachedConfig, MemcachedStore, FLEET_BUCKET, FLEET_BUCKETS};
+pub use dedup::memcached::{
+    MemcachedConfig, MemcachedStore, DEFAULT_FLEET_INTERVAL, FLEET_BUCKETS,
+};
 pub use dedup::redis::{RedisConfig, RedisPassword, RedisStore};
 pub use dedup::table::Table;
 pub use dedup::{Claim, Digest, Geometry, NoStore, Store};

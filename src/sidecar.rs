@@ -521,21 +521,19 @@ pub async fn run(settings: Settings, shutdown: impl Future) -> Result<RunReport,
 }
 
 /// Shares this consumer's distinct count with the others of the shared store once per
-/// [`FLEET_BUCKET`](crate::dedup::memcached::FLEET_BUCKET), and records the fleet's rate once
-/// the counters cover whole buckets of this consumer's.
+/// `store.fleet_interval`, in the middle of each bucket, and records the fleet's rate once the
+/// counters cover whole buckets of this consumer's.
 async fn fleet_loop(store: MemcachedStore, metrics: Arc<Metrics>, stop: CancellationToken) {
-    use crate::dedup::memcached::{FLEET_BUCKET, FLEET_BUCKETS};
-    let mut tick = tokio::time::interval(FLEET_BUCKET);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    use crate::dedup::memcached::FLEET_BUCKETS;
     let mut shared = metrics.distinct();
     let mut shares = 0u64;
     loop {
         tokio::select! {
-            _ = tick.tick() => {}
+            _ = tokio::time::sleep(store.until_next_share()) => {}
             _ = stop.cancelled() => return,
         }
         let now = metrics.distinct();
-        match store.share_distinct(now - shared, FLEET_BUCKET).await {
+        match store.share_distinct(now - shared).await {
             Ok(rate) => {
                 shared = now;
                 shares += 1;

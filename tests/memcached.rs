@@ -1047,8 +1047,12 @@ async fn consumers_of_one_table_each_learn_the_fleets_distinct_rate() {
     let server = MemcachedServer::start();
     let namespace = unique_namespace("fleet");
     let geometry = Geometry::new(1024, 8).unwrap();
-    let store =
-        |namespace: &str| MemcachedStore::connect(config(&[server.addr()], namespace), geometry);
+    let bucket = Duration::from_millis(200);
+    let store = |namespace: &str| {
+        let mut settings = config(&[server.addr()], namespace);
+        settings.fleet_interval = bucket;
+        MemcachedStore::connect(settings, geometry)
+    };
     let (a, b) = (
         store(&namespace).await.unwrap(),
         store(&namespace).await.unwrap(),
@@ -1056,17 +1060,13 @@ async fn consumers_of_one_table_each_learn_the_fleets_distinct_rate() {
     let other = store(&unique_namespace("fleet-other")).await.unwrap();
     // Short buckets, each consumer adding once in the middle of every one: 300 and 100 per
     // 200 ms are 2,000 distinct messages a second for the table of `a` and `b`.
-    let bucket = Duration::from_millis(200);
     let mut rates = (0.0, 0.0, 0.0);
     for _ in 0..FLEET_BUCKETS + 2 {
-        let now = now_ms();
-        let length = bucket.as_millis() as u64;
-        let middle = (now / length + 1) * length + length / 2;
-        tokio::time::sleep(Duration::from_millis(middle - now)).await;
+        tokio::time::sleep(a.until_next_share()).await;
         rates = (
-            a.share_distinct(300, bucket).await.unwrap(),
-            b.share_distinct(100, bucket).await.unwrap(),
-            other.share_distinct(50, bucket).await.unwrap(),
+            a.share_distinct(300).await.unwrap(),
+            b.share_distinct(100).await.unwrap(),
+            other.share_distinct(50).await.unwrap(),
         );
     }
     let within = |rate: f64, expected: f64| (rate - expected).abs() <= expected * 0.1;

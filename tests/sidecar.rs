@@ -751,6 +751,89 @@ async fn a_memcached_server_dead_for_good_is_ejected_and_stalls_nothing() {
     assert_eq!(metric(&page, "nsq_dedupe_store_returns_total"), Some(0.0));
 }
 
+/// Two sidecars share one Memcached table, each reading its own nsqd: 600 and 300 distinct
+/// messages a second. Each reports the fleet's 900 as `distinct_rate`, within 10% (810 to
+/// 990); a sidecar that reported its own share (600 or 300) would be outside.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidecars_sharing_memcached_each_report_the_fleets_distinct_rate() {
+    const INTERVAL: Duration = Duration::from_millis(500);
+    const TICK: Duration = Duration::from_millis(10);
+    // Per tick of 10 ms: 600/s to the first nsqd, 300/s to the second.
+    const PER_TICK: [usize; 2] = [6, 3];
+    const FLEET: f64 = 900.0;
+    let memcached = MemcachedServer::start();
+    let brokers = [
+        Broker::start(BrokerConfig::default()).await,
+        Broker::start(BrokerConfig::default()).await,
+    ];
+    let recorder = Recorder::default();
+    let mut sidecars = Vec::new();
+    for broker in &brokers {
+        let mut raw = raw_config(&[broker.tcp_addr()]);
+        raw.store.kind = Some(StoreKind::Memcached);
+        raw.store.memcached_addresses = Some(vec![memcached.addr()]);
+        raw.store.namespace = Some("fleet-rate".into());
+        raw.store.buckets = Some(1 << 16);
+        raw.store.fleet_interval = Some(Dur(INTERVAL));
+        let settings = raw.validate().unwrap();
+        sidecars.push(Running::start(settings, recorder.clone()).await);
+    }
+    wait_until_or(
+        "both sidecars subscribed",
+        Duration::from_secs(10),
+        || brokers.iter().all(|b| !b.clients().is_empty()),
+        String::new,
+    )
+    .await;
+
+    // The rate a sidecar reports covers six whole intervals ending up to two intervals before,
+    // and is reported after seven shares: read it 10 intervals into the steady stream, which
+    // runs for 12.
+    let scrape_at = (INTERVAL * 10).as_millis() / TICK.as_millis();
+    let ticks = (INTERVAL * 12).as_millis() / TICK.as_millis();
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut sent = 0;
+    let mut pages = Vec::new();
+    for t in 0..ticks {
+        tick.tick().await;
+        for (broker, n) in brokers.iter().zip(PER_TICK) {
+            broker.publish_many(TOPIC, (sent..sent + n).map(payload));
+            sent += n;
+        }
+        if t == scrape_at {
+            for sidecar in &sidecars {
+                let addr = sidecar.metrics_addr.expect("metrics are served");
+                pages.push(
+                    tokio::task::spawn_blocking(move || scrape(addr))
+                        .await
+                        .unwrap(),
+                );
+            }
+        }
+    }
+    wait_until_or(
+        "every payload delivered",
+        Duration::from_secs(30),
+        || recorder.distinct_delivered() == sent,
+        || format!("{} of {sent} delivered", recorder.distinct_delivered()),
+    )
+    .await;
+    for sidecar in sidecars {
+        sidecar.stop().await;
+    }
+    let rates: Vec<f64> = pages
+        .iter()
+        .map(|page| metric(page, "nsq_dedupe_distinct_rate").expect("distinct_rate is exposed"))
+        .collect();
+    assert!(
+        rates
+            .iter()
+            .all(|rate| (rate - FLEET).abs() <= FLEET * 0.1),
+        "each sidecar reports the fleet's rate, {FLEET} distinct messages a second, within 10%: {rates:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_example_config_loads() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
@@ -841,6 +924,8 @@ fn malformed_configs_are_rejected_with_the_key_named() {
         ("[metrics]\naddress = \"localhost\"\n", "invalid `metrics.address` = \"localhost\": invalid socket address; expected host:port such as 127.0.0.1:9150 or localhost:9150, or \"off\""),
         ("[dead_letter]\nkind = \"file\"\n", "`dead_letter.path` is required with `dead_letter.kind = \"file\"`: set it in the config file"),
         ("[source]\ntopic = \"t\"\nlookupd_http_addresses = [\"https://x:4161\"]\n", "invalid `source.lookupd_http_addresses` = \"https://x:4161\": https is not supported; use http://host:port"),
+        ("[store]\nkind = \"memcached\"\nfleet_interval = \"0s\"\n", "invalid `store.fleet_interval` = 0s: must be at least 1ms (the fleet's counters are named by the millisecond)"),
+        ("[store]\nfleet_interval = \"1s\"\n", "`store.fleet_interval` is used only with `store.kind = \"memcached\"`: remove it, or set that too"),
         ("[store]\nkind = \"memcached\"\nnamespace = \"my table\"\n", "invalid `store.namespace` = \"my table\": must be 1 to 160 printable ASCII characters without spaces"),
         ("[sink]\nkind = \"nsq\"\ndestination_nsqd_tcp_addresses = [\"127.0.0.1:4150\"]\ndestination_topic = \"bad topic!\"\n", "invalid `sink.destination_topic` = \"bad topic!\": NSQ topic names are 1 to 64 of letters, digits, '.', '_' and '-', optionally ending in #ephemeral"),
     ];

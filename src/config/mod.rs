@@ -50,6 +50,7 @@
 //!                                   # (default: a quarter of the table's slots, 1-64 MiB; "off")
 //! timeout = "500ms"
 //! # eject_after = "10s"             # memcached: a server failing this long is skipped; "off"
+//! # fleet_interval = "10s"          # memcached: how often the fleet's counts are shared
 //!
 //! [sink]
 //! kind = "stdout"                   # or "nsq", "http", "file", "null"

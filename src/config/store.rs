@@ -79,6 +79,7 @@ pub struct RawStore {
     /// binary; never read from a file's text.
     #[serde(skip)]
     pub redis_password: Option<RedisPassword>,
+    pub fleet_interval: Option<Dur>,
 }
 
 /// How often the in-process table is written to its file when no interval is given: after a
@@ -277,6 +278,17 @@ impl RawStore {
                     }
                 }
             };
+        }
+        if let Some(Dur(interval)) = self.fleet_interval {
+            crate::dedup::memcached::check_fleet_interval(interval).map_err(|reason| {
+                let shown = if interval.is_zero() {
+                    "0s".to_owned()
+                } else {
+                    format!("{interval:?}")
+                };
+                invalid("store.fleet_interval", shown, reason)
+            })?;
+            config.fleet_interval = interval;
         }
         // The store's own rules (the namespace's syntax among them), without building a store.
         config.validate()?;

@@ -85,6 +85,7 @@ pub(super) fn check(raw: &RawConfig) -> Result<(), ConfigError> {
         &[
             ("store.memcached_addresses", t.memcached_addresses.is_some()),
             ("store.eject_after", t.eject_after.is_some()),
+            ("store.fleet_interval", t.fleet_interval.is_some()),
         ],
         store == StoreKind::Memcached,
         "`store.kind = \"memcached\"`",

@@ -87,6 +87,11 @@ pub(crate) struct StoreFlags {
     /// `store.eject_after`.
     #[arg(long, value_name = "DURATION|off")]
     pub(crate) eject_after: Option<String>,
+    /// With Memcached: how often this consumer adds its distinct count to the fleet's counters
+    /// in the store (default 10s); the fleet's rate covers 6 of them and is reported after 7.
+    /// The same in every consumer of the table. `store.fleet_interval`.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) fleet_interval: Option<Duration>,
     /// Keep the in-process table in this file between runs (snapshots). `store.table_file`.
     #[arg(long, value_name = "FILE")]
     pub(crate) table_file: Option<std::path::PathBuf>,
@@ -216,6 +221,12 @@ impl StoreFlags {
             self.eject_after.as_ref(),
             "store.eject_after",
             "--eject-after",
+        );
+        overlay.value(
+            &mut store.fleet_interval,
+            self.fleet_interval.map(Dur).as_ref(),
+            "store.fleet_interval",
+            "--fleet-interval",
         );
         overlay.value(
             &mut store.table_file,

@@ -56,6 +56,11 @@ pub struct MemcachedConfig {
     /// 10 s, long enough for a restart to come back on its own, short enough that a dead
     /// server's messages are requeued only a few times.
     pub eject_after: Option<Duration>,
+    /// How often this consumer adds its distinct count to the fleet's counters, and the
+    /// length of one counter: the fleet's rate is measured over six of them and reported after
+    /// seven (see `fleet`). Every consumer of the table needs the same. Defaults to:
+    /// [`DEFAULT_FLEET_INTERVAL`](super::DEFAULT_FLEET_INTERVAL), 10 s.
+    pub fleet_interval: Duration,
 }
 
 impl Default for MemcachedConfig {
@@ -70,6 +75,7 @@ impl Default for MemcachedConfig {
             max_age: None,
             coalesce: true,
             eject_after: Some(Duration::from_secs(10)),
+            fleet_interval: super::DEFAULT_FLEET_INTERVAL,
         }
     }
 }
@@ -86,6 +92,19 @@ pub(crate) fn check_namespace(namespace: &str) -> Result<(), &'static str> {
         || !namespace.bytes().all(|b| b.is_ascii_graphic())
     {
         Err("must be 1 to 160 printable ASCII characters without spaces")
+    } else {
+        Ok(())
+    }
+}
+
+/// The rule for `fleet_interval`: the fleet's counters are named by the millisecond.
+///
+/// # Errors
+///
+/// What is wrong, for an error message that names the setting.
+pub(crate) fn check_fleet_interval(interval: Duration) -> Result<(), &'static str> {
+    if interval.as_millis() == 0 {
+        Err("must be at least 1ms (the fleet's counters are named by the millisecond)")
     } else {
         Ok(())
     }
@@ -122,6 +141,12 @@ impl MemcachedConfig {
         }
         if self.timeout.is_zero() {
             return invalid("`store.timeout` must be more than 0".into());
+        }
+        if let Err(reason) = check_fleet_interval(self.fleet_interval) {
+            return invalid(format!(
+                "`store.fleet_interval` = {:?}: {reason}",
+                self.fleet_interval
+            ));
         }
         if self.pool_size == 0 {
             return invalid("`pool_size` (MemcachedConfig) must be at least 1".into());

@@ -133,9 +133,9 @@ use self::set::{apply, decode, encode, LeaseFacts, Op, Outcome, SetState};
 pub(crate) use self::set::{FORMAT_VERSION, FORMAT_VERSION_TIMED, KEY_VERSION};
 use crate::dedup::{Claim, Digest, Geometry, Store};
 use crate::error::StoreError;
-pub(crate) use config::check_namespace;
 pub use config::MemcachedConfig;
-pub use fleet::{FLEET_BUCKET, FLEET_BUCKETS};
+pub(crate) use config::{check_fleet_interval, check_namespace};
+pub use fleet::{DEFAULT_FLEET_INTERVAL, FLEET_BUCKETS};
 
 /// Sets per pipeline round trip in a batch. Bounded so that a huge batch never fills both
 /// directions' socket buffers while we are still writing.
