@@ -23,6 +23,8 @@ Scenarios (baseline first, then ours):
               (a memcached on a free port, shared by the runs; its CPU is shown too)
   redis       ours --store none --sink null   vs  ours --store redis --sink null
               (a redis-server on a free port, no persistence, shared by the runs; its CPU too)
+  table       ours --store none --sink null   vs  ours --store memory --sink null (the in-process
+              table: what deduplication costs)
   table-file  ours --sink null                vs  ours --sink null --table-file FILE (new file each run)
   all         every scenario above, in this order
 
@@ -32,8 +34,8 @@ Options:
   --pairs K            repeat baseline, ours, ours, baseline K times (default 1)
   --max-in-flight N    for every consumer (default 2500)
   --ours-args "ARGS"   extra flags for every run of ours (shell words), e.g. "--ways 1"
-  --base-args "ARGS"   extra flags for the Go tool (or for the ours-baseline of memcached and
-                       table-file)
+  --base-args "ARGS"   extra flags for the Go tool (or for the ours-baseline of memcached, redis,
+                       table and table-file)
   --ours-post-path P   path ours POSTs to in http/https (default /pub; e.g. /mpub with batches)
   --timeout SECS       limit for one run to drain (default 30 + N/500)
   --keep               keep the work directory (nsqd data, logs, certificates)
@@ -92,9 +94,9 @@ while [ $# -gt 0 ]; do
     --ours-post-path) post_path=${2:?"$1 needs a path"}; shift 2 ;;
     --timeout) timeout=${2:?"$1 needs seconds"}; shift 2 ;;
     --keep) keep=1; shift ;;
-    all) scenarios+=(null stdout nsq http https memcached redis table-file); shift ;;
-    null|stdout|nsq|http|https|memcached|redis|table-file) scenarios+=("$1"); shift ;;
-    *) echo "sidecar-vs-go.sh: unknown argument '$1' (scenarios: null stdout nsq http https memcached redis table-file all; see --help)" >&2
+    all) scenarios+=(null stdout nsq http https memcached redis table table-file); shift ;;
+    null|stdout|nsq|http|https|memcached|redis|table|table-file) scenarios+=("$1"); shift ;;
+    *) echo "sidecar-vs-go.sh: unknown argument '$1' (scenarios: null stdout nsq http https memcached redis table table-file all; see --help)" >&2
        exit 2 ;;
   esac
 done
@@ -105,7 +107,7 @@ for pair in "messages:${messages:-1}" "pairs:$pairs" "max-in-flight:$max_in_flig
   fi
 done
 if [ ${#scenarios[@]} -eq 0 ]; then
-  echo "sidecar-vs-go.sh: name at least one scenario (null stdout nsq http https memcached redis table-file all); see --help" >&2
+  echo "sidecar-vs-go.sh: name at least one scenario (null stdout nsq http https memcached redis table table-file all); see --help" >&2
   exit 2
 fi
 
@@ -406,6 +408,11 @@ def scenario(name, memcached_addr, redis_addr=None):
                 lambda side, d, r: ours_cmd(d, ["--sink", "null", "--store", "none"] + BASE_ARGS) if side == "base"
                 else ours_cmd(d, ["--sink", "null", "--store", "redis", "--redis-url",
                                   f"redis://{redis_addr}", "--namespace", f"bench-{os.getpid()}"] + OURS_ARGS), False)
+    if name == "table":
+        return ("ours --store memory (the in-process table) against ours --store none, both --sink null",
+                "no-store", "table",
+                lambda side, d, r: ours_cmd(d, ["--sink", "null", "--store", "none"] + BASE_ARGS) if side == "base"
+                else ours_cmd(d, ["--sink", "null", "--store", "memory"] + OURS_ARGS), False)
     if name == "table-file":
         return ("ours --sink null --table-file FILE (a new file per run) against ours --sink null",
                 "no-file", "table-file",
