@@ -21,6 +21,10 @@ Scenarios (baseline first, then ours):
               (a CA and a certificate for 127.0.0.1 made with openssl)
   memcached   ours --store none --sink null   vs  ours --store memcached --sink null
               (a memcached on a free port, shared by the runs; its CPU is shown too)
+  redis       ours --store none --sink null   vs  ours --store redis --sink null
+              (a redis-server on a free port, no persistence, shared by the runs; its CPU too)
+  table       ours --store none --sink null   vs  ours --store memory --sink null (the in-process
+              table: what deduplication costs)
   table-file  ours --sink null                vs  ours --sink null --table-file FILE (new file each run)
   all         every scenario above, in this order
 
@@ -30,8 +34,8 @@ Options:
   --pairs K            repeat baseline, ours, ours, baseline K times (default 1)
   --max-in-flight N    for every consumer (default 2500)
   --ours-args "ARGS"   extra flags for every run of ours (shell words), e.g. "--ways 1"
-  --base-args "ARGS"   extra flags for the Go tool (or for the ours-baseline of memcached and
-                       table-file)
+  --base-args "ARGS"   extra flags for the Go tool (or for the ours-baseline of memcached, redis,
+                       table and table-file)
   --ours-post-path P   path ours POSTs to in http/https (default /pub; e.g. /mpub with batches)
   --timeout SECS       limit for one run to drain (default 30 + N/500)
   --keep               keep the work directory (nsqd data, logs, certificates)
@@ -90,9 +94,9 @@ while [ $# -gt 0 ]; do
     --ours-post-path) post_path=${2:?"$1 needs a path"}; shift 2 ;;
     --timeout) timeout=${2:?"$1 needs seconds"}; shift 2 ;;
     --keep) keep=1; shift ;;
-    all) scenarios+=(null stdout nsq http https memcached table-file); shift ;;
-    null|stdout|nsq|http|https|memcached|table-file) scenarios+=("$1"); shift ;;
-    *) echo "sidecar-vs-go.sh: unknown argument '$1' (scenarios: null stdout nsq http https memcached table-file all; see --help)" >&2
+    all) scenarios+=(null stdout nsq http https memcached redis table table-file); shift ;;
+    null|stdout|nsq|http|https|memcached|redis|table|table-file) scenarios+=("$1"); shift ;;
+    *) echo "sidecar-vs-go.sh: unknown argument '$1' (scenarios: null stdout nsq http https memcached redis table table-file all; see --help)" >&2
        exit 2 ;;
   esac
 done
@@ -103,7 +107,7 @@ for pair in "messages:${messages:-1}" "pairs:$pairs" "max-in-flight:$max_in_flig
   fi
 done
 if [ ${#scenarios[@]} -eq 0 ]; then
-  echo "sidecar-vs-go.sh: name at least one scenario (null stdout nsq http https memcached table-file all); see --help" >&2
+  echo "sidecar-vs-go.sh: name at least one scenario (null stdout nsq http https memcached redis table table-file all); see --help" >&2
   exit 2
 fi
 
@@ -118,6 +122,10 @@ done
 for s in "${scenarios[@]}"; do
   if [ "$s" = memcached ] && ! command -v memcached >/dev/null; then
     echo "sidecar-vs-go.sh: the memcached scenario needs memcached on PATH (Debian package: memcached)" >&2
+    exit 1
+  fi
+  if [ "$s" = redis ] && ! command -v redis-server >/dev/null; then
+    echo "sidecar-vs-go.sh: the redis scenario needs redis-server on PATH (Debian package: redis-server)" >&2
     exit 1
   fi
   if [ "$s" = https ] && ! command -v openssl >/dev/null; then
@@ -356,7 +364,7 @@ def go_cmd(tool, d, extra):
 
 # Each scenario: (title, baseline name, candidate name, needs, command(side, nsqd, run) -> argv,
 # output check). `side` is "base" or "ours".
-def scenario(name, memcached_addr):
+def scenario(name, memcached_addr, redis_addr=None):
     if name == "null":
         return ("ours --sink null (in-process table) against nsq_tail > /dev/null", "nsq_tail", "ours",
                 lambda side, d, r: go_cmd("nsq_tail", d, []) if side == "base"
@@ -394,6 +402,17 @@ def scenario(name, memcached_addr):
                 lambda side, d, r: ours_cmd(d, ["--sink", "null", "--store", "none"] + BASE_ARGS) if side == "base"
                 else ours_cmd(d, ["--sink", "null", "--store", "memcached", "--memcached-address",
                                   memcached_addr, "--namespace", f"bench-{os.getpid()}"] + OURS_ARGS), False)
+    if name == "redis":
+        return (f"ours --store redis (server {redis_addr}) against ours --store none, both --sink null",
+                "no-store", "redis",
+                lambda side, d, r: ours_cmd(d, ["--sink", "null", "--store", "none"] + BASE_ARGS) if side == "base"
+                else ours_cmd(d, ["--sink", "null", "--store", "redis", "--redis-url",
+                                  f"redis://{redis_addr}", "--namespace", f"bench-{os.getpid()}"] + OURS_ARGS), False)
+    if name == "table":
+        return ("ours --store memory (the in-process table) against ours --store none, both --sink null",
+                "no-store", "table",
+                lambda side, d, r: ours_cmd(d, ["--sink", "null", "--store", "none"] + BASE_ARGS) if side == "base"
+                else ours_cmd(d, ["--sink", "null", "--store", "memory"] + OURS_ARGS), False)
     if name == "table-file":
         return ("ours --sink null --table-file FILE (a new file per run) against ours --sink null",
                 "no-file", "table-file",
@@ -490,6 +509,22 @@ def main():
                 if memcached.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit(f"memcached did not start:\n{tail(os.path.join(WORK, 'memcached.log'))}")
                 time.sleep(0.05)
+    redis = None
+    redis_addr = None
+    if "redis" in names:
+        port = free_port()
+        redis_addr = f"127.0.0.1:{port}"
+        redis = spawn(["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+                       "--appendonly", "no", "--daemonize", "no"], os.path.join(WORK, "redis.log"))
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if redis.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"redis-server did not start:\n{tail(os.path.join(WORK, 'redis.log'))}")
+                time.sleep(0.05)
     print(f"ours: {OURS}\nnsq:  {NSQ}/nsqd ({subprocess.run([NSQ + '/nsqd', '--version'], capture_output=True, text=True).stdout.strip()})")
     print(f"messages of {BODY} bytes, --max-in-flight {MIF}, "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start")
@@ -498,11 +533,11 @@ def main():
     global N
     for name in names:
         N = N_GIVEN or (50000 if name in ("http", "https") else 300000)
-        title, base_label, ours_label, cmd, check_out = scenario(name, memcached_addr)
+        title, base_label, ours_label, cmd, check_out = scenario(name, memcached_addr, redis_addr)
         print(f"\n== {name}: {title}; {N:,} messages per run")
         head = f"{'run':>3}  {'consumer':<11} {'wall s':>7} {'msg/s':>9} {'µs CPU/msg':>10} {'(exit)':>7} {'peak MiB':>8} {'nsqd µs/msg':>11}"
-        if name == "memcached":
-            head += f" {'memcached µs/msg':>16}"
+        if name in ("memcached", "redis"):
+            head += f" {name + ' µs/msg':>16}"
         if check_out:
             head += f" {'out':>8}"
         if name in ("http", "https"):
@@ -514,12 +549,12 @@ def main():
                 run_no += 1
                 label = base_label if side == "base" else ours_label
                 x = one_run(name, run_no, side, label, cmd, check_out,
-                            memcached if name == "memcached" else None)
+                            memcached if name == "memcached" else redis if name == "redis" else None)
                 results.append(x)
                 line = (f"{run_no:>3}  {label:<11} {x['wall']:>7.2f} {fmt_int(N / x['wall']):>9} "
                         f"{x['cpu'] / N * 1e6:>10.2f} {x['exit_cpu'] / N * 1e6:>7.2f} {x['rss']:>8.1f} "
                         f"{x['nsqd'] / N * 1e6:>11.2f}")
-                if name == "memcached":
+                if name in ("memcached", "redis"):
                     line += f" {x['mc'] / N * 1e6:>16.2f}"
                 if check_out:
                     line += f" {fmt_int(x['out']):>8}"
@@ -544,6 +579,8 @@ def main():
               f"base_cpu_us={b_cpu:.2f} ours_cpu_us={o_cpu:.2f} speed={speed:.2f} cpu={cpu:.2f}", flush=True)
     if memcached:
         stop(memcached)
+    if redis:
+        stop(redis)
     if failed:
         print("\nsome runs timed out, lost messages or exited with an error; run again with --keep to read their logs", file=sys.stderr)
         sys.exit(1)

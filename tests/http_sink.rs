@@ -484,6 +484,95 @@ async fn batches_carry_every_record_once_in_order() {
 }
 
 #[tokio::test]
+async fn a_burst_is_cut_into_batches_at_once_in_order() {
+    let server = HttpServer::start(Answer::default()).await;
+    let mut config = HttpSinkConfig::new(vec![url(&server, "/mpub")]);
+    config.batch_size = 50;
+    // Far beyond the test's bound: a burst's last, short batch must not wait for it.
+    config.batch_timeout = Duration::from_secs(600);
+    let sink = HttpSink::new(&config).unwrap();
+    assert!(sink.handles_batches());
+    let bodies: Vec<Bytes> = (0..257)
+        .map(|i| Bytes::from(format!("record {i}")))
+        .collect();
+    let outcomes = tokio::time::timeout(Duration::from_secs(20), sink.handle_batch(bodies.clone()))
+        .await
+        .expect("the burst is sent without waiting for the batch timeout");
+    assert_eq!(outcomes, vec![Ok(()); 257]);
+    // Batches go out concurrently: put the requests in the order of their first record.
+    let received = server.received();
+    let mut requests: Vec<Vec<Bytes>> = received
+        .iter()
+        .map(|r| {
+            let body = r
+                .body
+                .strip_suffix(b"\n")
+                .expect("records end in a newline");
+            body.split(|&b| b == b'\n')
+                .map(Bytes::copy_from_slice)
+                .collect()
+        })
+        .collect();
+    requests.sort_by_key(|records| bodies.iter().position(|b| *b == records[0]));
+    let expected: Vec<Vec<Bytes>> = bodies.chunks(50).map(<[Bytes]>::to_vec).collect();
+    assert_eq!(requests.len(), 6, "ceil(257 / 50) requests");
+    assert_eq!(requests, expected, "five batches of 50 and the last 7");
+
+    // Batch size 1: one request per record, each body as it is.
+    let single = HttpServer::start(Answer::default()).await;
+    let sink = HttpSink::new(&HttpSinkConfig::new(vec![url(&single, "/pub")])).unwrap();
+    let outcomes = sink.handle_batch(bodies[..40].to_vec()).await;
+    assert_eq!(outcomes, vec![Ok(()); 40]);
+    let mut posted: Vec<Bytes> = single.received().iter().map(|r| r.body.clone()).collect();
+    posted.sort_by_key(|body| bodies.iter().position(|b| b == body));
+    assert_eq!(posted, bodies[..40]);
+}
+
+#[tokio::test]
+async fn a_burst_answers_each_record_with_its_own_batch_or_reason() {
+    // The second request fails with a 500 (requests go one at a time: concurrency 1).
+    let server = HttpServer::start(Answer {
+        first_statuses: vec![200, 500],
+        ..Answer::default()
+    })
+    .await;
+    let mut config = HttpSinkConfig::new(vec![url(&server, "/mpub")]);
+    config.batch_size = 3;
+    config.concurrency = 1;
+    let sink = HttpSink::new(&config).unwrap();
+    let bodies: Vec<Bytes> = ["a", "b", "c\nd", "e", "f", "g", "h"]
+        .iter()
+        .map(|t| Bytes::from_static(t.as_bytes()))
+        .collect();
+    let outcomes = sink.handle_batch(bodies).await;
+    let received = server.received();
+    assert_eq!(received.len(), 2, "batches [a b e] and [f g h]");
+    let failed = received[1].body.clone();
+    for (i, outcome) in outcomes.iter().enumerate() {
+        let record = ["a", "b", "c\nd", "e", "f", "g", "h"][i];
+        if i == 2 {
+            assert!(
+                matches!(outcome, Err(HandlerError::Reject(r)) if r.contains("line break")),
+                "{outcome:?}"
+            );
+        } else if failed
+            .split(|&b| b == b'\n')
+            .any(|l| l == record.as_bytes())
+        {
+            assert!(
+                matches!(outcome, Err(HandlerError::Retry(r)) if r.contains("HTTP 500")),
+                "{record}: {outcome:?}"
+            );
+        } else {
+            assert_eq!(outcome, &Ok(()), "{record}");
+        }
+    }
+    let mut bodies: Vec<_> = received.iter().map(|r| r.body.clone()).collect();
+    bodies.sort();
+    assert_eq!(bodies, ["a\nb\ne\n", "f\ng\nh\n"]);
+}
+
+#[tokio::test]
 async fn json_array_batches_are_arrays_of_the_records() {
     let server = HttpServer::start(Answer::default()).await;
     let sink = batching(&server, 3, BatchFormat::JsonArray);

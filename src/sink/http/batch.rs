@@ -1,8 +1,11 @@
-//! Batches for the http sink: records from concurrent `handle` calls gathered into one request
-//! body, each caller answered with its batch's outcome.
+//! Batches for the http sink: a burst's records cut into request bodies of `batch_size`
+//! records, or records from concurrent `handle` calls gathered into one; each record answered
+//! with its batch's outcome.
 //!
-//! A batch is sent when it holds `batch_size` records or `batch_timeout` after its first
-//! record, whichever comes first. Its records keep their order of arrival. A record that
+//! A burst ([`Batcher::handle_batch`]) is cut at once, in order, into batches of `batch_size`
+//! records (the last may be shorter), all sent concurrently. Records of single `handle` calls
+//! are gathered: a batch is sent when it holds `batch_size` records or `batch_timeout` after
+//! its first record, whichever comes first. A batch's records keep their order of arrival. A record that
 //! cannot be framed (in `lines`, one holding a `\n` or an empty one; in `json-array`, one that
 //! is not a JSON value) never joins a batch: it is refused, and so goes to the dead-letter
 //! with the reason, while the rest of the stream goes on.
@@ -20,7 +23,6 @@ use crate::sink::HandlerError;
 /// A record waiting for its batch, and who waits for the outcome.
 struct Pending {
     body: Bytes,
-    digest: u128,
     done: oneshot::Sender<Result<(), HandlerError>>,
 }
 
@@ -28,6 +30,8 @@ struct Pending {
 #[derive(Debug)]
 pub(super) struct Batcher {
     queue: mpsc::UnboundedSender<Pending>,
+    poster: Arc<Poster>,
+    size: usize,
     format: BatchFormat,
 }
 
@@ -43,9 +47,44 @@ impl Batcher {
         timeout: Duration,
         format: BatchFormat,
     ) -> Self {
+        let size = size.max(1);
         let (queue, records) = mpsc::unbounded_channel();
-        tokio::spawn(gather(records, poster, size.max(1), timeout, format));
-        Batcher { queue, format }
+        tokio::spawn(gather(records, Arc::clone(&poster), size, timeout, format));
+        Batcher {
+            queue,
+            poster,
+            size,
+            format,
+        }
+    }
+
+    /// Sends the records of a burst in batches cut from it in order, all at once; answers
+    /// each record with its batch's outcome, or with the reason it cannot be framed.
+    pub(super) async fn handle_batch(&self, bodies: Vec<Bytes>) -> Vec<Result<(), HandlerError>> {
+        let mut outcomes = vec![Ok(()); bodies.len()];
+        // The framable records, with their place in the burst.
+        let mut records = Vec::with_capacity(bodies.len());
+        for (at, body) in bodies.into_iter().enumerate() {
+            match check(self.format, &body) {
+                Ok(()) => records.push((at, body)),
+                Err(reason) => outcomes[at] = Err(HandlerError::Reject(reason)),
+            }
+        }
+        let sent = records.chunks(self.size).map(|batch| async move {
+            let outcome = deliver(
+                &self.poster,
+                self.format,
+                batch.iter().map(|(_, body)| body),
+            )
+            .await;
+            (batch, outcome)
+        });
+        for (batch, outcome) in futures::future::join_all(sent).await {
+            for (at, _) in batch {
+                outcomes[*at] = outcome.clone();
+            }
+        }
+        outcomes
     }
 
     /// Sends `body` in the next batch; answers with that batch's outcome.
@@ -53,9 +92,8 @@ impl Batcher {
         check(self.format, &body).map_err(HandlerError::Reject)?;
         let stopped = || HandlerError::Retry("the http sink's batcher has stopped".into());
         let (done, outcome) = oneshot::channel();
-        let digest = digest(&body);
         self.queue
-            .send(Pending { body, digest, done })
+            .send(Pending { body, done })
             .map_err(|_| stopped())?;
         outcome.await.unwrap_or_else(|_| Err(stopped()))
     }
@@ -89,19 +127,29 @@ async fn gather(
     }
 }
 
-/// Sends one batch and answers each of its records.
+/// Sends one gathered batch and answers each of its records.
 async fn send(poster: Arc<Poster>, batch: Vec<Pending>, format: BatchFormat) {
-    let body = frame(format, batch.iter().map(|p| &p.body));
-    // The key of a batch: a digest of its records' digests, in order.
-    let mut digests = Vec::with_capacity(batch.len() * 16);
-    for pending in &batch {
-        digests.extend_from_slice(&pending.digest.to_le_bytes());
-    }
-    let outcome = poster.deliver(body, digest(&digests)).await;
+    let outcome = deliver(&poster, format, batch.iter().map(|p| &p.body)).await;
     for pending in batch {
         // A caller that gave up (shutdown) no longer listens; its message is requeued.
         let _ = pending.done.send(outcome.clone());
     }
+}
+
+/// Sends `records`, each of which has passed [`check`], as one batch. Its idempotency key is
+/// a digest of its records' digests, in order.
+async fn deliver<'a>(
+    poster: &Poster,
+    format: BatchFormat,
+    records: impl ExactSizeIterator<Item = &'a Bytes> + Clone,
+) -> Result<(), HandlerError> {
+    let mut digests = Vec::with_capacity(records.len() * 16);
+    for record in records.clone() {
+        digests.extend_from_slice(&digest(record).to_le_bytes());
+    }
+    poster
+        .deliver(frame(format, records), digest(&digests))
+        .await
 }
 
 /// Why `body` cannot be a record of a `format` batch, if it cannot.

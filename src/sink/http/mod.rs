@@ -4,9 +4,9 @@
 //! Status rules: 2xx is success; 5xx, 408, 429, timeouts and connection errors are retried
 //! (the message is requeued; after a 429 or 503 with `Retry-After`, no sooner than it says);
 //! any other status (4xx, and 1xx/3xx, which are not followed) sends the message to the
-//! dead-letter. Every request carries an idempotency key (see [`HttpSink`]). With a batch
-//! size above 1, records travel in batches ([`batch`]), each record answered with its batch's
-//! outcome.
+//! dead-letter. Every request carries an idempotency key (see [`HttpSink`]). A burst of
+//! records is sent at once, one request per record or, with a batch size above 1, one per
+//! batch cut from the burst ([`batch`]); each record is answered with its request's outcome.
 //!
 //! - [`config`]: [`HttpSinkConfig`] and the defaults.
 //! - [`batch`]: gathering and framing batches.
@@ -86,6 +86,25 @@ impl Handler for HttpSink {
                 self.poster.deliver(body, key).await
             }
         }
+    }
+
+    /// With a batch size of 1, every body is POSTed at once (the pool bounds how many are
+    /// sent together); above 1, the burst is cut into batches of that size, sent at once.
+    async fn handle_batch(&self, bodies: Vec<Bytes>) -> Vec<Result<(), HandlerError>> {
+        match &self.batcher {
+            Some(batcher) => batcher.handle_batch(bodies).await,
+            None => {
+                let posts = bodies.into_iter().map(|body| {
+                    let key = digest(&body);
+                    self.poster.deliver(body, key)
+                });
+                futures::future::join_all(posts).await
+            }
+        }
+    }
+
+    fn handles_batches(&self) -> bool {
+        true
     }
 }
 
