@@ -92,32 +92,8 @@ impl Store for Backend {
             Backend::Memory(table) | Backend::Journalled(table, _) => {
                 Store::claim_many(table, digests).await
             }
-            Backend::Memcached(store, None) => Box::pin(store.claim_many(digests)).await,
-            Backend::Memcached(store, Some(near)) => {
-                // Answer what this process committed itself; ask Memcached for the rest.
-                let local: Vec<bool> = digests.iter().map(|d| near.committed(*d)).collect();
-                let remote: Vec<Digest> = digests
-                    .iter()
-                    .zip(&local)
-                    .filter(|(_, &hit)| !hit)
-                    .map(|(d, _)| *d)
-                    .collect();
-                let mut answers = if remote.is_empty() {
-                    Vec::new()
-                } else {
-                    Box::pin(store.claim_many(&remote)).await?
-                }
-                .into_iter();
-                Ok(local
-                    .iter()
-                    .map(|&hit| {
-                        if hit {
-                            Claim::Duplicate
-                        } else {
-                            answers.next().unwrap_or(Claim::New)
-                        }
-                    })
-                    .collect())
+            Backend::Memcached(store, near) => {
+                claim_many_behind(store, near.as_ref(), digests).await
             }
             Backend::Redis(store, near) => claim_many_behind(store, near.as_ref(), digests).await,
             Backend::None(store) => store.claim_many(digests).await,
@@ -259,7 +235,8 @@ fn journal_each(
         .collect()
 }
 
-/// Claims `digests` from `store`, answering those the near-table holds without a round trip.
+/// Claims `digests` from a shared `store`, answering those the near-table holds (what this
+/// process committed itself) without a round trip.
 async fn claim_many_behind<S: Store>(
     store: &S,
     near: Option<&NearTable>,
