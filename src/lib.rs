@@ -53,6 +53,7 @@ pub mod filter;
 pub mod http;
 pub mod metrics;
 pub mod nsq;
+pub mod percent;
 pub mod pipeline;
 pub mod redact;
 pub mod sidecar;

@@ -89,7 +89,9 @@ impl NsqdAddress {
 
     /// The `/stats` URL for `topic` (every topic when `None`), without clients or memory.
     fn stats_url(&self, topic: Option<&str>) -> Uri {
-        let topic = topic.map_or_else(String::new, |t| format!("&topic={}", encode_query(t)));
+        let topic = topic.map_or_else(String::new, |t| {
+            format!("&topic={}", nsq_dedupe::percent::encode_query(t))
+        });
         format!(
             "{}/stats?format=json&include_clients=false&include_mem=false{topic}",
             self.base
@@ -244,18 +246,6 @@ fn excerpt(body: &[u8]) -> String {
     } else {
         format!("{text:?}")
     }
-}
-
-fn encode_query(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 #[cfg(test)]

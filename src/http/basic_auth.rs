@@ -15,36 +15,15 @@ pub(crate) fn split(url: &Uri) -> Option<(Uri, HeaderValue)> {
     parts.authority = Some(Authority::try_from(host).ok()?);
     let bare = Uri::from_parts(parts).ok()?;
     let (user, password) = user_info.split_once(':').unwrap_or((user_info, ""));
-    let credentials = format!("{}:{}", percent_decode(user), percent_decode(password));
+    let credentials = format!(
+        "{}:{}",
+        crate::percent::decode(user),
+        crate::percent::decode(password)
+    );
     let mut value =
         HeaderValue::try_from(format!("Basic {}", base64(credentials.as_bytes()))).ok()?;
     value.set_sensitive(true);
     Some((bare, value))
-}
-
-/// `%XX` escapes decoded (user info may escape `:`, `@` and `/`); others kept as they are.
-fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        match (
-            bytes[i],
-            bytes.get(i + 1).copied().and_then(hex),
-            bytes.get(i + 2).copied().and_then(hex),
-        ) {
-            (b'%', Some(high), Some(low)) => {
-                out.push((high * 16 + low) as u8);
-                i += 3;
-            }
-            (byte, _, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Standard base64 with padding (RFC 4648 section 4).

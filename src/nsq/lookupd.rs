@@ -77,9 +77,12 @@ pub async fn lookup(client: &HttpClient, addr: &str, topic: &str) -> Result<Vec<
         addr: addr.to_string(),
         reason,
     };
-    let url = format!("http://{authority}/lookup?topic={}", encode_query(topic))
-        .parse()
-        .map_err(|e| fail(format!("cannot form a URL: {e}")))?;
+    let url = format!(
+        "http://{authority}/lookup?topic={}",
+        crate::percent::encode_query(topic)
+    )
+    .parse()
+    .map_err(|e| fail(format!("cannot form a URL: {e}")))?;
     let headers: [(HeaderName, HeaderValue); 2] = [
         (
             ACCEPT,
@@ -120,18 +123,6 @@ pub async fn lookup(client: &HttpClient, addr: &str, topic: &str) -> Result<Vec<
             }
         })
         .collect())
-}
-
-fn encode_query(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 #[cfg(test)]

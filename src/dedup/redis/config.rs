@@ -97,7 +97,7 @@ impl RedisConfig {
     pub fn take_url_passwords(&mut self) -> Result<(), StoreError> {
         for text in &mut self.urls {
             let mut url = parse_url(text)?;
-            let Some(password) = url.password().map(percent_decode) else {
+            let Some(password) = url.password().map(crate::percent::decode) else {
                 continue;
             };
             let password = RedisPassword::new(password);
@@ -183,26 +183,6 @@ pub(crate) fn parse_url(text: &str) -> Result<url::Url, StoreError> {
         return Err(refuse("the path must be a database number such as /0"));
     }
     Ok(url)
-}
-
-/// Decodes `%XX` escapes of a URL's password (a password with `@` or `:` is written escaped).
-fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let (Some(hi), Some(lo)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                out.push((hi * 16 + lo) as u8);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
