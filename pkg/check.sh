@@ -3,7 +3,8 @@
 #   - the systemd unit passes `systemd-analyze verify` with no warning (its ExecStart pointed at
 #     the binary checked, its man page reference at the generated pages);
 #   - given a package (pkg/build-deb.sh passes its .deb), its files, modes, conffiles and
-#     maintainer scripts, and that its binary runs and names the commit it was built from.
+#     maintainer scripts, the README and docs/ as in the tree, and that its binary runs and names
+#     the commit it was built from.
 # Without a package the unit is checked with target/debug/nsq-dedupe and freshly generated man
 # pages. The rest of the package's parts (Cargo.toml's asset list against the generated files,
 # the example config, the stop timeout) are checked by `cargo test` (tests/package.rs).
@@ -63,6 +64,7 @@ expected="$( {
   echo "-rw-r--r-- ./usr/share/zsh/vendor-completions/_nsq-dedupe"
   echo "-rw-r--r-- ./usr/share/fish/vendor_completions.d/nsq-dedupe.fish"
   echo "-rw-r--r-- ./usr/share/doc/nsq-dedupe/README.md"
+  for page in docs/*; do echo "-rw-r--r-- ./usr/share/doc/nsq-dedupe/$page"; done
   echo "-rw-r--r-- ./usr/share/doc/nsq-dedupe/copyright"
 } | sort)"
 actual="$(dpkg-deb -c "$deb" | awk '$1 !~ /^d/ { print $1, $6 }' | sort)"
@@ -72,6 +74,9 @@ if [ "$expected" != "$actual" ]; then
 fi
 cmp -s "$unit" "pkg/nsq-dedupe@.service" || fail "the packaged unit differs from pkg/nsq-dedupe@.service"
 cmp -s "$root/etc/nsq-dedupe/example.toml" pkg/example.toml || fail "the packaged example differs from pkg/example.toml"
+for page in README.md docs/*; do
+  cmp -s "$root/usr/share/doc/nsq-dedupe/$page" "$page" || fail "/usr/share/doc/nsq-dedupe/$page differs from $page"
+done
 for page in $man_pages; do
   zcat "$root/usr/share/man/man1/$page.gz" | cmp -s - "$work/man/$page" \
     || fail "/usr/share/man/man1/$page.gz is not the binary's own page"

@@ -51,7 +51,7 @@ fn prose_lines(text: &str) -> impl Iterator<Item = &str> {
 }
 
 /// The targets of the inline links and images of a Markdown text: `[text](target)`.
-fn link_targets(text: &str) -> Vec<String> {
+pub fn link_targets(text: &str) -> Vec<String> {
     // A link's text may wrap onto the next line, so the prose is searched as one string.
     let prose: Vec<&str> = prose_lines(text).collect();
     let prose = prose.join("\n");

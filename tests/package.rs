@@ -74,6 +74,7 @@ fn package_installs_the_binary_unit_config_every_man_page_and_completions() {
             "usr/lib/systemd/system/",
             "usr/share/bash-completion/completions/nsq-dedupe",
             "usr/share/doc/nsq-dedupe/",
+            "usr/share/doc/nsq-dedupe/docs/",
             "usr/share/fish/vendor_completions.d/",
             "usr/share/man/man1/",
             "usr/share/zsh/vendor-completions/",
@@ -165,6 +166,67 @@ fn files_matching(dir: &Path, pattern: &str) -> Vec<String> {
     names
 }
 
+/// `path` with its `.` and `..` parts resolved, without touching the file system.
+fn normalize(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+#[test]
+fn package_installs_the_readme_with_every_page_it_links_to() {
+    // README.md and docs/ keep the repository's layout under /usr/share/doc/nsq-dedupe, so a
+    // link between two documentation pages resolves in the installed copy too.
+    let assets = deb_assets();
+    assert_eq!(assets["usr/share/doc/nsq-dedupe/"].0, "README.md");
+    assert_eq!(assets["usr/share/doc/nsq-dedupe/docs/"].0, "docs/*");
+    let mut installed: Vec<PathBuf> = files_matching(&repo(""), "docs/*")
+        .into_iter()
+        .map(|name| Path::new("docs").join(name))
+        .collect();
+    installed.push(PathBuf::from("README.md"));
+
+    let root = repo("");
+    let mut doc_links = 0;
+    let mut missing = Vec::new();
+    for (page, text) in crate::docs::pages() {
+        let dir = page.parent().unwrap().strip_prefix(&root).unwrap();
+        for target in crate::docs::link_targets(&text) {
+            let file = target.split('#').next().unwrap();
+            if file.is_empty() || file.contains("://") {
+                continue;
+            }
+            let linked = normalize(&dir.join(file));
+            // Links into the source tree (src/, config/, examples/) are for readers of the
+            // repository; the package carries the documentation pages and their pictures.
+            let is_doc = linked
+                .extension()
+                .is_some_and(|ext| ext == "md" || ext == "svg");
+            if !is_doc {
+                continue;
+            }
+            doc_links += 1;
+            if !installed.contains(&linked) {
+                missing.push(format!("{}: {target}", page.display()));
+            }
+        }
+    }
+    assert!(doc_links > 20, "only {doc_links} links between pages found");
+    assert!(
+        missing.is_empty(),
+        "links to pages the package does not install:\n{}",
+        missing.join("\n")
+    );
+}
+
 #[test]
 fn unit_runs_one_hardened_instance_per_config_and_outwaits_the_graceful_stop() {
     let unit = unit();
@@ -180,6 +242,7 @@ fn unit_runs_one_hardened_instance_per_config_and_outwaits_the_graceful_stop() {
         ("NoNewPrivileges", "yes"),
         ("StateDirectory", "nsq-dedupe/%i"),
         ("Restart", "on-failure"),
+        ("RestartPreventExitStatus", "2 78"),
         ("CapabilityBoundingSet", ""),
     ] {
         assert_eq!(unit.get(key).map(String::as_str), Some(value), "{key}");
