@@ -18,15 +18,30 @@ fn main() -> ExitCode {
         report(&err);
         return ExitCode::from(2);
     }
+    let is_service = matches!(cli.command, Command::Run(_));
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
             report(&err);
-            ExitCode::FAILURE
+            if is_service
+                && err
+                    .downcast_ref::<nsq_dedupe::config::ConfigError>()
+                    .is_some()
+            {
+                ExitCode::from(EXIT_CONFIG)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
+
+/// The exit status of `run` when its settings (the config file, a flag's value) cannot be read
+/// or are invalid: `EX_CONFIG` of sysexits.h. Starting again unchanged fails the same way, so the
+/// systemd unit lists it, with clap's 2 for a command line it cannot parse, in
+/// `RestartPreventExitStatus=` instead of retrying every few seconds. Any other error is 1.
+const EXIT_CONFIG: u8 = 78;
 
 /// Prints the error chain on stderr, if stderr is still there.
 fn report(err: &anyhow::Error) {

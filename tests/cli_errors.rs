@@ -52,7 +52,7 @@ fn a_flag_value_is_reported_under_the_flag_not_the_key() {
     assert_eq!(
         (code, stderr.as_str()),
         (
-            1,
+            78,
             "error: invalid `--heartbeat-interval` = 120s: nsqd accepts 1 s to 60 s, got 120s\n"
         )
     );
@@ -92,7 +92,7 @@ fn a_lookupd_poll_interval_below_go_nsqs_bound_is_refused() {
             ]
         ),
         (
-            1,
+            78,
             "error: invalid `--lookupd-poll-interval` = 1ms: must be 10ms to 5m (as go-nsq's), \
              got 1ms\n"
                 .to_owned()
@@ -106,10 +106,31 @@ fn a_missing_config_file_says_its_cause_once() {
     assert_eq!(
         (code, stderr.as_str()),
         (
-            1,
+            78,
             "error: cannot read config file /nonexistent/nsq-dedupe.toml (check `--config` / \
              NSQ_DEDUPE_CONFIG): No such file or directory (os error 2)\n"
         )
+    );
+}
+
+/// `run`'s settings that cannot be read or are invalid exit with EX_CONFIG (78), which the
+/// systemd unit does not restart; a failure met while starting or running exits with 1.
+#[test]
+fn run_tells_a_bad_configuration_from_a_failure_by_its_exit_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bad.toml");
+    std::fs::write(&config, "[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"127.0.0.1:1\"]\n[sink]\nkind = \"carrier-pigeon\"\n").unwrap();
+    let (code, stderr) = fails(&["run", "--config", config.to_str().unwrap()]);
+    assert_eq!(code, 78, "{stderr}");
+    assert!(stderr.contains("carrier-pigeon"), "{stderr}");
+    let unit = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("pkg/nsq-dedupe@.service"),
+    )
+    .unwrap();
+    assert!(
+        unit.lines()
+            .any(|line| line == "RestartPreventExitStatus=2 78"),
+        "the unit retries configuration errors"
     );
 }
 
@@ -658,7 +679,7 @@ fn nsqd_connection_options_are_checked_before_connecting() {
     assert_eq!(
         run(&["--tls-root-ca-file", "/nonexistent/ca.pem"]),
         (
-            1,
+            78,
             "error: invalid `--tls-root-ca-file` = \"/nonexistent/ca.pem\": cannot read it: No \
              such file or directory (os error 2)\n"
                 .into()
@@ -667,7 +688,7 @@ fn nsqd_connection_options_are_checked_before_connecting() {
     assert_eq!(
         run(&["--snappy", "--deflate"]),
         (
-            1,
+            78,
             "error: invalid `--snappy` = true: snappy and deflate are exclusive; choose one\n"
                 .into()
         )
@@ -675,7 +696,7 @@ fn nsqd_connection_options_are_checked_before_connecting() {
     assert_eq!(
         run(&["--consumer-opt", "max_in_flight,0"]),
         (
-            1,
+            78,
             "error: invalid `--consumer-opt max_in_flight` = 0: must be at least 1\n".into()
         )
     );
@@ -697,7 +718,7 @@ fn nsqd_connection_options_are_checked_before_connecting() {
     assert_eq!(
         (code, stderr.as_str()),
         (
-            1,
+            78,
             "error: invalid `--auth-secret` = <redacted>: the secret is empty\n"
         )
     );
@@ -750,7 +771,7 @@ fn comma_separated_addresses_are_several_addresses() {
             &[("NSQ_DEDUPE_NSQD_TCP_ADDRESS", "127.0.0.1:4150,nohost")],
             &["--topic", "t"]
         ),
-        (1, expected.to_owned())
+        (78, expected.to_owned())
     );
     assert_eq!(
         run_refused(
@@ -762,7 +783,7 @@ fn comma_separated_addresses_are_several_addresses() {
                 "127.0.0.1:4150,nohost"
             ]
         ),
-        (1, expected.to_owned())
+        (78, expected.to_owned())
     );
     assert_eq!(
         run_refused(
@@ -777,7 +798,7 @@ fn comma_separated_addresses_are_several_addresses() {
             ]
         ),
         (
-            1,
+            78,
             "error: invalid `--memcached-address` = \"nohost\": expected host:port such as \
              127.0.0.1:4150\n"
                 .to_owned()
@@ -790,7 +811,7 @@ fn a_lookupd_address_with_another_scheme_is_refused() {
     assert_eq!(
         run_refused(&[], &["--topic", "t", "--lookupd-http-address", "ftp://x"]),
         (
-            1,
+            78,
             "error: invalid `--lookupd-http-address` = \"ftp://x\": the scheme \"ftp\" is not \
              supported; use host:port or http://host:port\n"
                 .to_owned()
@@ -809,7 +830,7 @@ fn a_setting_another_one_needs_is_named_by_its_flag() {
     assert_eq!(
         with(&["--backoff", "10m", "--max-backoff", "1s"]),
         (
-            1,
+            78,
             "error: invalid `--max-backoff` = 1s: must be at least `--backoff` (600s)\n".into()
         )
     );
@@ -819,7 +840,7 @@ fn a_setting_another_one_needs_is_named_by_its_flag() {
     assert_eq!(
         with(&["--digest", "md5", "--digest-key-file", key]),
         (
-            1,
+            78,
             "error: invalid `--digest` = \"md5\": a digest key file selects keyed BLAKE3; set \
              `--digest` to \"blake3\" or leave it out\n"
                 .into()
@@ -904,7 +925,7 @@ fn a_setting_that_would_do_nothing_is_refused_with_what_it_needs() {
         assert_eq!(
             run_refused(&[], &args),
             (
-                1,
+                78,
                 format!("error: {expected}: remove it, or set that too\n")
             ),
             "{extra:?}"
@@ -967,7 +988,7 @@ fn run_names_every_missing_setting_at_once() {
     assert_eq!(
         run_refused(&[], &["--sink", "http"]),
         (
-            1,
+            78,
             "error: `source.topic` is required: set it in the config file or pass `--topic`; \
              `source.nsqd_tcp_addresses` is required: set it in the config file or pass \
              `--nsqd-tcp-address` or `--lookupd-http-address`; `sink.post` is required: set it \

@@ -204,7 +204,7 @@ fn no_subcommand_panics_when_its_output_goes_away() {
         (&["completions", "zsh"], 0),
         (&["completions", "fish"], 0),
         (&["manpage"], 0),
-        (&["run"], 1),
+        (&["run"], 78),
         (
             &[
                 "run",
@@ -215,7 +215,7 @@ fn no_subcommand_panics_when_its_output_goes_away() {
                 "--heartbeat-interval",
                 "2m",
             ],
-            1,
+            78,
         ),
     ];
     for closed in [Closed::Stdout, Closed::Stderr] {

@@ -38,7 +38,7 @@ fn a_file_name_format_cannot_leave_the_output_directory() {
     assert_eq!(
         (code, stderr.as_str()),
         (
-            1,
+            78,
             "error: invalid `--filename-format` = \"../../escape-<TOPIC><REV>.log\": must make a \
              file name, not a path: no `/` (files are written only in the output directory)\n"
         )
