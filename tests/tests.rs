@@ -24,6 +24,7 @@ mod nsq_transport;
 mod odd_files;
 mod package;
 mod redis;
+mod redis_tls;
 mod secrets;
 mod sidecar;
 mod table;

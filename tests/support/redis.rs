@@ -47,7 +47,9 @@ impl RedisServer {
         Self::start_with_args(&[])
     }
 
-    /// Starts a standalone server with extra arguments (such as `--requirepass x`).
+    /// Starts a standalone server with extra arguments (such as `--requirepass x`); `{port}`
+    /// in an argument stands for the server's port (`--port 0 --tls-port {port}` serves only
+    /// TLS there).
     ///
     /// # Panics
     ///
@@ -137,7 +139,11 @@ impl RedisServer {
             .args(["--protected-mode", "no", "--loglevel", "warning"])
             .arg("--dir")
             .arg(&self.dir)
-            .args(&self.extra_args)
+            .args(
+                self.extra_args
+                    .iter()
+                    .map(|arg| arg.replace("{port}", &port)),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

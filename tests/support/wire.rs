@@ -56,6 +56,8 @@ impl Pki {
         let client = client_params.signed_by(&client_key, &ca, &ca_key).unwrap();
         let write = |name: &str, text: String| std::fs::write(dir.path().join(name), text).unwrap();
         write("ca.pem", ca.pem());
+        write("server.pem", server.pem());
+        write("server.key", server_key.serialize_pem());
         write("client.pem", client.pem());
         write("client.key", client_key.serialize_pem());
         // A CA nobody trusts, for the "does not verify" case.
@@ -79,6 +81,15 @@ impl Pki {
     /// A CA that did not sign the server's certificate.
     pub fn other_ca_file(&self) -> PathBuf {
         self.dir.path().join("other-ca.pem")
+    }
+
+    /// The server certificate (for `127.0.0.1` and `localhost`) and its key, for servers
+    /// started as processes.
+    pub fn server_files(&self) -> (PathBuf, PathBuf) {
+        (
+            self.dir.path().join("server.pem"),
+            self.dir.path().join("server.key"),
+        )
     }
 
     /// The client certificate and its key.
