@@ -342,3 +342,29 @@ fn errors_about_secret_bearing_settings_do_not_repeat_the_secret() {
         )
     );
 }
+
+#[test]
+fn a_config_file_that_does_not_parse_shows_no_secret_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("events.toml");
+    // The closing quote is missing: TOML quotes the line at fault, unless it may hold a secret.
+    std::fs::write(
+        &config,
+        format!("[source]\ntopic = \"events\"\n\n[consumer_opt]\nauth_secret = \"{SENTINEL}\n"),
+    )
+    .unwrap();
+    let out = bin()
+        .args(["run", "--config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    assert!(!stderr.contains(&SENTINEL[..8]), "{stderr}");
+    assert!(
+        stderr.starts_with(&format!(
+            "error: invalid config file {}: TOML parse error at line 5, column ",
+            config.display()
+        )),
+        "{stderr}"
+    );
+}

@@ -107,6 +107,7 @@ mod service;
 mod sink;
 mod source;
 mod store;
+mod toml_error;
 mod unused;
 
 use std::collections::BTreeMap;
@@ -148,7 +149,8 @@ pub enum ConfigError {
     Parse {
         /// The file (or `<string>`).
         path: String,
-        /// The TOML parser's message, which names the key, its line and the value.
+        /// The TOML parser's message, which names the key, its line and the value (not the
+        /// line or the value where it may hold a secret).
         message: String,
     },
     /// A value is out of range or inconsistent with another.
@@ -419,7 +421,7 @@ impl RawConfig {
     pub fn from_toml(text: &str, origin: &str) -> Result<Self, ConfigError> {
         toml::from_str(text).map_err(|error| ConfigError::Parse {
             path: origin.to_owned(),
-            message: error.to_string(),
+            message: toml_error::describe(text, &error),
         })
     }
 
