@@ -931,6 +931,18 @@ fn a_setting_that_would_do_nothing_is_refused_with_what_it_needs() {
             "{extra:?}"
         );
     }
+    // A dead-letter address alone asks for the dead-letter's topic.
+    let mut args = base.to_vec();
+    args.extend_from_slice(&["--dead-letter-nsqd-tcp-address", "127.0.0.1:2"]);
+    assert_eq!(
+        run_refused(&[], &args),
+        (
+            78,
+            "error: `dead_letter.topic` is required with `dead_letter.kind = \"nsq\"`: set it in \
+             the config file or pass `--dead-letter-topic`\n"
+                .to_owned()
+        )
+    );
 }
 
 /// A server on a free loopback port that answers every connection as an HTTP server answers a

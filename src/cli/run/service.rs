@@ -73,10 +73,16 @@ impl ServiceFlags {
         ] {
             overlay.record(key, flag, false);
         }
-        let kind = match (&self.dead_letter_file, &self.dead_letter_topic) {
-            (Some(_), _) => Some(DeadLetterKind::File),
-            (None, Some(_)) => Some(DeadLetterKind::Nsq),
-            (None, None) => None,
+        // An nsqd address alone means an nsq dead-letter, whose topic the validation then asks
+        // for, rather than an address that silently does nothing.
+        let kind = match (
+            &self.dead_letter_file,
+            &self.dead_letter_topic,
+            raw.dead_letter.is_none() && !self.dead_letter_nsqd_tcp_addresses.is_empty(),
+        ) {
+            (Some(_), _, _) => Some(DeadLetterKind::File),
+            (None, Some(_), _) | (None, None, true) => Some(DeadLetterKind::Nsq),
+            (None, None, false) => None,
         };
         if let Some(kind) = kind {
             // A dead-letter given by flags replaces the file's.
