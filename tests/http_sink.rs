@@ -484,21 +484,38 @@ async fn batches_carry_every_record_once_in_order() {
 }
 
 #[tokio::test]
-async fn a_burst_is_cut_into_batches_at_once_in_order() {
+async fn a_burst_sends_its_full_batches_at_once_and_gathers_the_rest() {
     let server = HttpServer::start(Answer::default()).await;
     let mut config = HttpSinkConfig::new(vec![url(&server, "/mpub")]);
     config.batch_size = 50;
-    // Far beyond the test's bound: a burst's last, short batch must not wait for it.
+    // Far beyond the test's bound: the last 7 records of the first burst can only leave with
+    // the second burst's 43, which fill their batch.
     config.batch_timeout = Duration::from_secs(600);
-    let sink = HttpSink::new(&config).unwrap();
+    let sink = Arc::new(HttpSink::new(&config).unwrap());
     assert!(sink.handles_batches());
-    let bodies: Vec<Bytes> = (0..257)
+    let bodies: Vec<Bytes> = (0..300)
         .map(|i| Bytes::from(format!("record {i}")))
         .collect();
-    let outcomes = tokio::time::timeout(Duration::from_secs(20), sink.handle_batch(bodies.clone()))
-        .await
-        .expect("the burst is sent without waiting for the batch timeout");
-    assert_eq!(outcomes, vec![Ok(()); 257]);
+    let first = tokio::spawn({
+        let (sink, burst) = (Arc::clone(&sink), bodies[..257].to_vec());
+        async move { sink.handle_batch(burst).await }
+    });
+    crate::util::wait_until_or(
+        "the first burst's five full batches are sent",
+        Duration::from_secs(20),
+        || server.received().len() == 5,
+        || format!("{} requests", server.received().len()),
+    )
+    .await;
+    assert!(!first.is_finished(), "the last 7 wait for more records");
+    let second = tokio::time::timeout(
+        Duration::from_secs(20),
+        sink.handle_batch(bodies[257..].to_vec()),
+    )
+    .await
+    .expect("43 more records fill the gathered batch");
+    assert_eq!(second, vec![Ok(()); 43]);
+    assert_eq!(first.await.unwrap(), vec![Ok(()); 257]);
     // Batches go out concurrently: put the requests in the order of their first record.
     let received = server.received();
     let mut requests: Vec<Vec<Bytes>> = received
@@ -515,8 +532,24 @@ async fn a_burst_is_cut_into_batches_at_once_in_order() {
         .collect();
     requests.sort_by_key(|records| bodies.iter().position(|b| *b == records[0]));
     let expected: Vec<Vec<Bytes>> = bodies.chunks(50).map(<[Bytes]>::to_vec).collect();
-    assert_eq!(requests.len(), 6, "ceil(257 / 50) requests");
-    assert_eq!(requests, expected, "five batches of 50 and the last 7");
+    assert_eq!(
+        requests, expected,
+        "five batches of 50, then the first burst's last 7 with the second burst's 43"
+    );
+
+    // A short burst with nothing after it leaves when the batch timeout expires.
+    config.batch_timeout = Duration::from_millis(100);
+    let lone = HttpServer::start(Answer::default()).await;
+    config.urls = vec![url(&lone, "/mpub")];
+    let sink = HttpSink::new(&config).unwrap();
+    let outcomes = tokio::time::timeout(
+        Duration::from_secs(20),
+        sink.handle_batch(bodies[..7].to_vec()),
+    )
+    .await
+    .expect("sent after the batch timeout");
+    assert_eq!(outcomes, vec![Ok(()); 7]);
+    assert_eq!(lone.received().len(), 1, "one batch of 7");
 
     // Batch size 1: one request per record, each body as it is.
     let single = HttpServer::start(Answer::default()).await;

@@ -1596,6 +1596,52 @@ async fn http_sink_holds_2000_in_flight_to_its_connection_bound() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickle_of_records_fills_http_batches_within_the_batch_timeout() {
+    // One record every 20 ms reaches the sidecar in bursts of one: each burst's record waits
+    // for the next ones instead of making a request of its own.
+    let server = HttpServer::start(HttpAnswer::default()).await;
+    let a = Broker::start(BrokerConfig::default()).await;
+    let mut raw = raw_config(&[a.tcp_addr()]);
+    raw.sink.kind = Some(SinkKind::Http);
+    raw.sink.post = Some(OneOrMany::One(format!("http://{}/mpub", server.addr)));
+    raw.sink.http_batch_size = Some(10);
+    raw.sink.http_batch_timeout = Some(Dur(Duration::from_secs(2)));
+    let running = Running::start_configured(raw.validate().unwrap()).await;
+    const N: usize = 60;
+    for i in 0..N {
+        a.publish_many(TOPIC, [payload(i)]);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let delivered = || -> Vec<Bytes> {
+        server
+            .received()
+            .iter()
+            .flat_map(|r| lines_of(&r.body))
+            .collect()
+    };
+    wait_until_or(
+        "every record delivered and the broker drained",
+        Duration::from_secs(30),
+        || delivered().len() >= N && drained(&a),
+        || format!("{} delivered", delivered().len()),
+    )
+    .await;
+    running.stop().await;
+    let mut records = delivered();
+    records.sort();
+    let mut expected: Vec<Bytes> = (0..N).map(payload).collect();
+    expected.sort();
+    assert_eq!(records, expected, "each record once");
+    let sizes: Vec<usize> = server
+        .received()
+        .iter()
+        .map(|r| lines_of(&r.body).len())
+        .collect();
+    // Six full batches, unless the machine stalled for the whole batch timeout.
+    assert!(sizes.len() <= 8, "requests of {sizes:?} records");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_batches_lose_nothing_to_a_500_and_dead_letter_what_lines_cannot_frame() {
     // The third request fails: its whole batch is requeued and comes back in later ones.
     let server = HttpServer::start(HttpAnswer {

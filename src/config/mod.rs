@@ -66,7 +66,7 @@
 //! http_concurrency = 100               # default: connections (and requests) per endpoint
 //! http_idempotency_header = "Idempotency-Key"  # default; or "off"
 //! http_batch_size = 1                  # default: each body POSTed as it is
-//! http_batch_timeout = "100ms"         # default; only for records handed over one at a time
+//! http_batch_timeout = "100ms"         # default; how long a batch not full waits for more
 //! http_batch_format = "lines"          # default; or "json-array"
 //! # kind = "file": output_dir, work_dir, filename_format, datetime_format, rotate_interval,
 //! # rotate_size = "100MiB", gzip, gzip_level, sync_interval, host_identifier, skip_empty_files

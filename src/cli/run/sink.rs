@@ -62,8 +62,8 @@ pub(crate) struct SinkFlags {
     /// Records per POST (default 1: each body as it is). `sink.http_batch_size`.
     #[arg(long, value_name = "N")]
     pub(crate) http_batch_size: Option<usize>,
-    /// How long a batch of records handed over one at a time waits to fill (default 100ms);
-    /// the sidecar cuts each burst into batches at once. `sink.http_batch_timeout`.
+    /// How long a batch that is not full waits for more records (default 100ms): a burst's
+    /// full batches go at once, the rest joins the records that follow. `sink.http_batch_timeout`.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub(crate) http_batch_timeout: Option<Duration>,
     /// How a batch's records make one body: each followed by a newline (nsqd's /mpub,

@@ -3,9 +3,12 @@
 //! with its batch's outcome.
 //!
 //! A burst ([`Batcher::handle_batch`]) is cut at once, in order, into batches of `batch_size`
-//! records (the last may be shorter), all sent concurrently. Records of single `handle` calls
-//! are gathered: a batch is sent when it holds `batch_size` records or `batch_timeout` after
-//! its first record, whichever comes first. A batch's records keep their order of arrival. A record that
+//! records, all sent concurrently; what is left, fewer than `batch_size`, is gathered with the
+//! records that follow, as the records of single `handle` calls are: a gathered batch is sent
+//! when it holds `batch_size` records or `batch_timeout` after its first record, whichever
+//! comes first. So a slow stream still makes full batches, at the cost of up to
+//! `batch_timeout` of delay for a burst's last records. A batch's records keep their order of
+//! arrival. A record that
 //! cannot be framed (in `lines`, one holding a `\n` or an empty one; in `json-array`, one that
 //! is not a JSON value) never joins a batch: it is refused, and so goes to the dead-letter
 //! with the reason, while the rest of the stream goes on.
@@ -58,8 +61,9 @@ impl Batcher {
         }
     }
 
-    /// Sends the records of a burst in batches cut from it in order, all at once; answers
-    /// each record with its batch's outcome, or with the reason it cannot be framed.
+    /// Sends the records of a burst in full batches cut from it in order, all at once, and
+    /// gathers the rest with the records that follow; answers each record with its batch's
+    /// outcome, or with the reason it cannot be framed.
     pub(super) async fn handle_batch(&self, bodies: Vec<Bytes>) -> Vec<Result<(), HandlerError>> {
         let mut outcomes = vec![Ok(()); bodies.len()];
         // The framable records, with their place in the burst.
@@ -70,7 +74,8 @@ impl Batcher {
                 Err(reason) => outcomes[at] = Err(HandlerError::Reject(reason)),
             }
         }
-        let sent = records.chunks(self.size).map(|batch| async move {
+        let (full, rest) = records.split_at(records.len() / self.size * self.size);
+        let sent = full.chunks(self.size).map(|batch| async move {
             let outcome = deliver(
                 &self.poster,
                 self.format,
@@ -79,17 +84,34 @@ impl Batcher {
             .await;
             (batch, outcome)
         });
-        for (batch, outcome) in futures::future::join_all(sent).await {
+        let gathered = rest
+            .iter()
+            .map(|(at, body)| async move { (*at, self.gather(body.clone()).await) });
+        let (sent, gathered) = futures::future::join(
+            futures::future::join_all(sent),
+            futures::future::join_all(gathered),
+        )
+        .await;
+        for (batch, outcome) in sent {
             for (at, _) in batch {
                 outcomes[*at] = outcome.clone();
             }
         }
+        for (at, outcome) in gathered {
+            outcomes[at] = outcome;
+        }
         outcomes
     }
 
-    /// Sends `body` in the next batch; answers with that batch's outcome.
+    /// Sends `body` in the next gathered batch; answers with that batch's outcome.
     pub(super) async fn handle(&self, body: Bytes) -> Result<(), HandlerError> {
         check(self.format, &body).map_err(HandlerError::Reject)?;
+        self.gather(body).await
+    }
+
+    /// Hands `body`, which has passed [`check`], to the gathering task; answers with its
+    /// batch's outcome.
+    async fn gather(&self, body: Bytes) -> Result<(), HandlerError> {
         let stopped = || HandlerError::Retry("the http sink's batcher has stopped".into());
         let (done, outcome) = oneshot::channel();
         self.queue

@@ -81,9 +81,10 @@ pub struct HttpSinkConfig {
     pub idempotency_header: Option<HeaderName>,
     /// Records per request. Defaults to: 1 (each body POSTed as it is, unframed).
     pub batch_size: usize,
-    /// How long a batch of records from single [`handle`](crate::sink::Handler::handle) calls
-    /// waits to fill; a burst ([`handle_batch`](crate::sink::Handler::handle_batch)) is cut
-    /// into batches at once. Defaults to: [`DEFAULT_BATCH_TIMEOUT`].
+    /// How long a batch that is not full waits for more records: those of single
+    /// [`handle`](crate::sink::Handler::handle) calls, and those a burst
+    /// ([`handle_batch`](crate::sink::Handler::handle_batch)) leaves after its full batches,
+    /// which are sent at once. Defaults to: [`DEFAULT_BATCH_TIMEOUT`].
     pub batch_timeout: Duration,
     /// How a batch's records are framed. Defaults to: lines.
     pub batch_format: BatchFormat,

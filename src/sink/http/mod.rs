@@ -89,7 +89,8 @@ impl Handler for HttpSink {
     }
 
     /// With a batch size of 1, every body is POSTed at once (the pool bounds how many are
-    /// sent together); above 1, the burst is cut into batches of that size, sent at once.
+    /// sent together); above 1, the burst is cut into batches of that size, sent at once, and
+    /// the records left over wait (up to the batch timeout) to fill a batch with the next.
     async fn handle_batch(&self, bodies: Vec<Bytes>) -> Vec<Result<(), HandlerError>> {
         match &self.batcher {
             Some(batcher) => batcher.handle_batch(bodies).await,
