@@ -55,6 +55,13 @@ use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
 use std::sync::Arc;
 
+mod lock;
+mod regular;
+
+use lock::{lock, lock_path};
+use regular::{kind_of, not_a_file};
+pub(crate) use regular::{open_regular, OpenError};
+
 use crate::dedup::clock::Clock;
 use crate::dedup::table::Table;
 use crate::dedup::Geometry;
@@ -512,80 +519,6 @@ impl Drop for TableFile {
     }
 }
 
-/// Why a file could not be opened as a regular file.
-pub(crate) enum OpenError {
-    Io(io::Error),
-    NotAFile(&'static str),
-}
-
-impl OpenError {
-    pub(crate) fn at(self, path: &Path) -> TableFileError {
-        match self {
-            OpenError::Io(cause) => TableFileError::Io {
-                path: path.to_owned(),
-                cause,
-            },
-            OpenError::NotAFile(kind) => TableFileError::NotAFile {
-                path: path.to_owned(),
-                kind,
-            },
-        }
-    }
-}
-
-/// Opens `path` with `options` only if it is a regular file (following symbolic links).
-///
-/// The open itself does not wait (`O_NONBLOCK`: a FIFO with no writer would block it for
-/// ever), and the check is made on the opened file, so nothing can swap the name in between.
-pub(crate) fn open_regular(path: &Path, options: &mut OpenOptions) -> Result<File, OpenError> {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::fs::OpenOptionsExt as _;
-        options.custom_flags(libc::O_NONBLOCK);
-    }
-    let file = options.open(path).map_err(OpenError::Io)?;
-    let file_type = file.metadata().map_err(OpenError::Io)?.file_type();
-    if !file_type.is_file() {
-        return Err(OpenError::NotAFile(kind_of(&file_type)));
-    }
-    Ok(file)
-}
-
-/// What is at `path` when it exists and is not a regular file (following symbolic links).
-fn not_a_file(path: &Path) -> Option<&'static str> {
-    let meta = std::fs::metadata(path).ok()?;
-    (!meta.file_type().is_file()).then(|| kind_of(&meta.file_type()))
-}
-
-/// A file type as the error message says it.
-fn kind_of(file_type: &std::fs::FileType) -> &'static str {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::FileTypeExt as _;
-        if file_type.is_fifo() {
-            return "a FIFO";
-        }
-        if file_type.is_char_device() {
-            return "a character device";
-        }
-        if file_type.is_block_device() {
-            return "a block device";
-        }
-        if file_type.is_socket() {
-            return "a socket";
-        }
-    }
-    if file_type.is_dir() {
-        "a directory"
-    } else if file_type.is_symlink() {
-        "a symbolic link"
-    } else if file_type.is_file() {
-        "a regular file"
-    } else {
-        "not a file"
-    }
-}
-
 /// What restoring one slot did.
 pub(crate) enum Restored {
     Empty,
@@ -659,100 +592,6 @@ impl Header {
                 }),
             },
         })
-    }
-}
-
-/// `PATH.lock`, the lock file of the table file `path`.
-fn lock_path(path: &Path) -> PathBuf {
-    path.with_file_name(format!(
-        "{}.lock",
-        path.file_name()
-            .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
-    ))
-}
-
-/// Takes the exclusive lock of `path` (on `PATH.lock`) and writes our process ID into it.
-///
-/// The holder removes the lock file when it lets go, so the lock we took may be on a file
-/// that is no longer at its name; then another process may have created and locked a new one,
-/// and we try again with it.
-fn lock(path: &Path) -> Result<File, TableFileError> {
-    if let Some(kind) = not_a_file(path) {
-        return Err(TableFileError::NotAFile {
-            path: path.to_owned(),
-            kind,
-        });
-    }
-    let lock_path = lock_path(path);
-    let io = |cause| TableFileError::Io {
-        path: lock_path.clone(),
-        cause,
-    };
-    let mut attempts = 0;
-    let mut file = loop {
-        attempts += 1;
-        let file = open_regular(
-            &lock_path,
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false),
-        )
-        .map_err(|error| match error {
-            OpenError::Io(cause) => TableFileError::LockFile {
-                path: path.to_owned(),
-                lock: lock_path.clone(),
-                cause,
-            },
-            other => other.at(&lock_path),
-        })?;
-        match file.try_lock() {
-            Ok(()) if attempts < 10 && !same_file(&file, &lock_path) => continue,
-            Ok(()) => break file,
-            Err(std::fs::TryLockError::Error(error)) => return Err(io(error)),
-            Err(std::fs::TryLockError::WouldBlock) => return Err(held(path, &lock_path, file)),
-        }
-    };
-    let written = file
-        .set_len(0)
-        .and_then(|()| file.write_all(format!("{}\n", std::process::id()).as_bytes()));
-    if let Err(error) = written {
-        let _ = std::fs::remove_file(&lock_path);
-        return Err(io(error));
-    }
-    Ok(file)
-}
-
-/// Whether `file` is the file now at `path`.
-fn same_file(file: &File, path: &Path) -> bool {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt as _;
-        match (file.metadata(), std::fs::metadata(path)) {
-            (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
-            _ => false,
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = (file, path);
-        true
-    }
-}
-
-/// The error for a lock held by another process, naming it from the ID in the lock file.
-fn held(path: &Path, lock_path: &Path, mut file: File) -> TableFileError {
-    let mut pid = String::new();
-    let _ = file.read_to_string(&mut pid);
-    let holder = match pid.trim().parse::<u32>() {
-        Ok(pid) => format!("process {pid}"),
-        Err(_) => "another process".into(),
-    };
-    TableFileError::Locked {
-        path: path.to_owned(),
-        lock: lock_path.to_owned(),
-        holder,
     }
 }
 
