@@ -8,11 +8,10 @@ use nsq_dedupe::config::StoreKind;
 use nsq_dedupe::metrics::get;
 use nsq_dedupe::{Claim, Digest, Geometry, RedisConfig, RedisStore, Store};
 
-use crate::sidecar::{drained, payload, raw_config, Recorder, Running, TOPIC};
+use crate::sidecar::{payload, raw_config, wait_all_delivered, Recorder, Running, TOPIC};
 use crate::support::broker::{Broker, BrokerConfig};
 use crate::support::redis::RedisServer;
 use crate::support::wire::Pki;
-use crate::util::wait_until_or;
 
 /// A server listening for TLS only on its port, with `pki`'s server certificate.
 fn tls_server(pki: &Pki) -> RedisServer {
@@ -97,13 +96,7 @@ async fn a_sidecar_shares_its_table_through_a_tls_redis() {
     raw.store.buckets = Some(1 << 14);
     let recorder = Recorder::default();
     let running = Running::start(raw.validate().unwrap(), recorder.clone()).await;
-    wait_until_or(
-        "every payload delivered and both brokers drained",
-        Duration::from_secs(60),
-        || recorder.distinct_delivered() == N && drained(&a) && drained(&b),
-        || format!("{} distinct delivered", recorder.distinct_delivered()),
-    )
-    .await;
+    wait_all_delivered(&recorder, &[&a, &b], N, "").await;
     let metrics = running.metrics.clone();
     running.stop().await;
     let delivered = recorder.delivered();

@@ -175,6 +175,23 @@ pub(crate) fn drained(broker: &Broker) -> bool {
     broker.depth(TOPIC, CHANNEL) == (0, 0, 0)
 }
 
+/// Waits, up to 60 s, until `recorder` holds `n` distinct payloads and every broker's channel
+/// is drained; `after` says what came before, for the failure message.
+pub(crate) async fn wait_all_delivered(
+    recorder: &Recorder,
+    brokers: &[&Broker],
+    n: usize,
+    after: &str,
+) {
+    wait_until_or(
+        &format!("every payload delivered and the brokers drained{after}"),
+        Duration::from_secs(60),
+        || recorder.distinct_delivered() == n && brokers.iter().all(|b| drained(b)),
+        || format!("{} distinct delivered", recorder.distinct_delivered()),
+    )
+    .await;
+}
+
 /// GET /metrics from the sidecar's metrics server.
 fn scrape(addr: SocketAddr) -> String {
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
@@ -671,13 +688,7 @@ async fn memcached_outage_with_requeue_loses_nothing() {
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let during = recorder.distinct_delivered();
     memcached.restart();
-    wait_until_or(
-        "every payload delivered after memcached came back",
-        Duration::from_secs(60),
-        || recorder.distinct_delivered() == N && drained(&a) && drained(&b),
-        || format!("{} distinct delivered", recorder.distinct_delivered()),
-    )
-    .await;
+    wait_all_delivered(&recorder, &[&a, &b], N, " after memcached came back").await;
     let metrics = running.metrics.clone();
     running.stop().await;
     let delivered = recorder.delivered();
