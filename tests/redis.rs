@@ -226,6 +226,115 @@ async fn unreadable_value_is_counted_and_replaced() {
 }
 
 #[tokio::test]
+async fn a_burst_whose_script_fails_writes_nothing_and_the_retry_passes() {
+    let server = RedisServer::start();
+    let namespace = unique_namespace("failed-burst");
+    // 512 sets of 8 ways: no digest of the burst pushes out another.
+    let geometry = Geometry::new(4096, 8).unwrap();
+    let store = RedisStore::connect(config(&[server.url()], false, &namespace), geometry)
+        .await
+        .unwrap();
+    let burst: Vec<Digest> = (0..40).map(digest).collect();
+    // One set's key holds a list: the script cannot read it, so the burst's run fails.
+    let broken = store.set_key(burst[17]);
+    server.cli(&["rpush", &broken, "not a set"]);
+    let error = store.claim_many(&burst).await.unwrap_err();
+    assert!(error.to_string().contains("WRONGTYPE"), "{error}");
+    server.cli(&["del", &broken]);
+    assert_eq!(
+        store.claim_many(&burst).await.unwrap(),
+        vec![Claim::New; burst.len()],
+        "the failed run claimed nothing: no digest waits out a lease"
+    );
+
+    // A commit run that fails commits nothing, and the next one commits every digest.
+    server.cli(&["rename", &broken, "aside"]);
+    server.cli(&["rpush", &broken, "not a set"]);
+    let failed = store.commit_many(&burst).await;
+    assert!(
+        failed.iter().all(|answer| answer.is_err()),
+        "each digest of the failed run is an error: {failed:?}"
+    );
+    server.cli(&["del", &broken]);
+    server.cli(&["rename", "aside", &broken]);
+    let other = RedisStore::connect(config(&[server.url()], false, &namespace), geometry)
+        .await
+        .unwrap();
+    assert_eq!(
+        other.claim_many(&burst).await.unwrap(),
+        vec![Claim::InFlight; burst.len()],
+        "still in flight: the failed commit run wrote nothing"
+    );
+    let committed: Vec<bool> = store
+        .commit_many(&burst)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(committed, vec![true; burst.len()]);
+    assert_eq!(
+        other.claim_many(&burst).await.unwrap(),
+        vec![Claim::Duplicate; burst.len()]
+    );
+}
+
+/// Two owners, four tasks each, claim every digest of the contention scenario in bursts of
+/// 48 in their own orders, all at once: each digest is `New` for exactly one task. Then each
+/// owner commits its own in bursts, and erasing the other owner's does nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_bursts_of_two_owners_get_one_new_per_digest() {
+    let server = RedisServer::start();
+    let namespace = unique_namespace("racing-bursts");
+    let (geometry, digests) = contention_scenario();
+    let (a, b) = two_stores(config(&[server.url()], false, &namespace), geometry).await;
+    let tasks: Vec<_> = (0..8u64)
+        .map(|seed| {
+            let store = if seed % 2 == 0 { a.clone() } else { b.clone() };
+            let mut order = digests.clone();
+            order.shuffle(&mut StdRng::seed_from_u64(seed));
+            tokio::spawn(async move {
+                let mut news = Vec::new();
+                for burst in order.chunks(48) {
+                    let claims = store.claim_many(burst).await.expect("burst claimed");
+                    news.extend(
+                        burst
+                            .iter()
+                            .zip(claims)
+                            .filter(|(_, c)| *c == Claim::New)
+                            .map(|(d, _)| *d),
+                    );
+                }
+                (seed % 2, news)
+            })
+        })
+        .collect();
+    let mut owner_of: HashMap<Digest, u64> = HashMap::new();
+    for task in tasks {
+        let (owner, news) = task.await.unwrap();
+        for d in news {
+            assert!(owner_of.insert(d, owner).is_none(), "{d:?} new twice");
+        }
+    }
+    assert_eq!(owner_of.len(), digests.len(), "every digest new once");
+    for (mine, theirs, owner) in [(&a, &b, 0), (&b, &a, 1)] {
+        let own: Vec<Digest> = digests
+            .iter()
+            .copied()
+            .filter(|d| owner_of[d] == owner)
+            .collect();
+        assert!(!own.is_empty(), "owner {owner} won some digests");
+        let erased = theirs.erase_many(&own).await;
+        assert!(erased.iter().all(|e| e == &Ok(false)), "{erased:?}");
+        let committed = mine.commit_many(&own).await;
+        assert!(committed.iter().all(|c| c == &Ok(true)), "{committed:?}");
+    }
+    assert_eq!(
+        a.claim_many(&digests).await.unwrap(),
+        vec![Claim::Duplicate; digests.len()]
+    );
+}
+
+#[tokio::test]
 async fn a_password_from_the_config_opens_a_protected_server() {
     let server = RedisServer::start_with_args(&["--requirepass", "s3cret-pw"]);
     let namespace = unique_namespace("auth");

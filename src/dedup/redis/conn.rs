@@ -22,7 +22,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{ErrorKind, IntoConnectionInfo, RedisError, Script, Value};
 
 use super::config::RedisConfig;
-use super::slots::{key_slot, SlotMap};
+use super::slots::SlotMap;
 use crate::error::StoreError;
 
 /// Redirections one operation follows before giving up.
@@ -143,9 +143,9 @@ impl Link {
         Ok(())
     }
 
-    /// Runs `script` with `key` and `args` on the node that holds `key`, following
-    /// redirections, loading the script where it is missing, and (in a cluster) waiting out
-    /// a failover. Time-limited by the caller.
+    /// Runs `evalsha` (an `EVALSHA` of `script` whose keys all lie in `slot`) on the node
+    /// that serves `slot`, following redirections, loading the script where it is missing,
+    /// and (in a cluster) waiting out a failover. Time-limited by the caller.
     ///
     /// # Errors
     ///
@@ -153,15 +153,9 @@ impl Link {
     pub(super) async fn eval(
         &self,
         script: &Script,
-        key: &str,
-        args: &[Vec<u8>],
+        slot: u16,
+        evalsha: &redis::Cmd,
     ) -> Result<Value, StoreError> {
-        let slot = key_slot(key.as_bytes());
-        let mut evalsha = redis::cmd("EVALSHA");
-        evalsha.arg(script.get_hash()).arg(1).arg(key);
-        for arg in args {
-            evalsha.arg(&arg[..]);
-        }
         let mut ask: Option<String> = None;
         let mut redirects = 0;
         loop {

@@ -5,27 +5,34 @@
 //! [`Geometry`], the same digest-to-set mapping, one key per set named
 //! `<prefix>:v<format>:<sets>x<ways>:<set>`, and the same binary value (see
 //! [`MemcachedStore`](crate::MemcachedStore) for the format, the replacement order, leases,
-//! owners and `max_age`). No operation touches two keys, so in a cluster every set may live on
-//! any slot and the sets spread over all masters.
+//! owners and `max_age`). No script run touches keys of two slots, so in a cluster every set
+//! may live on any slot and the sets spread over all masters.
 //!
 //! # Atomicity
 //!
-//! Each operation (claim, commit, erase, renew) is one `EVALSHA` of a Lua script (`set.lua`)
-//! that reads the set, decides and writes it back; Redis runs a script to its end before any
-//! other command, so two claims of one digest can never both see it absent, and each
-//! operation is one round trip. The script is loaded on every node when the store connects,
+//! Each operation (claim, commit, erase, renew) runs in an `EVALSHA` of a Lua script
+//! (`set.lua`) that reads the sets, decides and writes them back; Redis runs a script to its
+//! end before any other command, so two claims of one digest can never both see it absent. One
+//! run decides many digests of one operation in order (a digest given twice is `New` once,
+//! then `InFlight`), and reads every set before it writes any: a run that fails (a key that is
+//! not a set, say) writes nothing. The script is loaded on every node when the store connects,
 //! and loaded again by the client when a node answers `NOSCRIPT` (a restarted server, a
 //! promoted replica that missed it).
 //!
 //! # Round trips
 //!
-//! Connections are multiplexed (see `conn`): the operations of concurrent callers, and the
-//! claims of one [`Store::claim_many`], are written together while earlier ones are on the
-//! wire, and their answers read back in order: a pipeline per node without a queue of our own.
+//! A burst ([`Store::claim_many`], `commit_many`, `erase_many`) on a standalone server is one
+//! script run per 256 digests (`MAX_RUN`): one command for the client to write and parse, and
+//! one for the server to dispatch, instead of one per digest. In a cluster, the keys of one run
+//! must share a slot; the sets of a burst almost never do (16,384 slots), and a multi-key
+//! command in a slot that is being migrated answers `TRYAGAIN` until the migration ends, so
+//! there a run holds the digests of one set. Connections are multiplexed (see `conn`):
+//! concurrent runs are written together while earlier ones are on the wire, and their answers
+//! read back in order, a pipeline per node without a queue of our own.
 //!
 //! # Errors, time limits and failover
 //!
-//! Each operation (connecting included) is bounded by [`RedisConfig::timeout`]. A refused
+//! Each script run (connecting included) is bounded by [`RedisConfig::timeout`]. A refused
 //! connection, a timeout, `CLUSTERDOWN` or any error reply is a [`StoreError`], never a
 //! `Duplicate`, and the caller's `on_store_error` decides. After a master fails, its slots are
 //! answered again once a replica is promoted; operations in between fail. Redis replicates
@@ -46,9 +53,10 @@ mod slots;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use futures::future::{join_all, try_join_all};
+use futures::future::join_all;
 
 use self::conn::Link;
+use self::slots::key_slot;
 use crate::dedup::memcached::{
     now_ms, random_owner, FORMAT_VERSION, FORMAT_VERSION_TIMED, KEY_VERSION,
 };
@@ -206,37 +214,94 @@ impl RedisStore {
         format!("{}:{set}", self.inner.namespace)
     }
 
-    /// Runs the script for `op` on the set of `digest`, within the time limit.
-    async fn update(&self, op: Op, digest: Digest) -> Result<i64, StoreError> {
+    /// Runs the script for `op` on every digest; the answers are in the order of `digests`.
+    ///
+    /// Standalone, the digests go in runs of at most [`MAX_RUN`], one script run each; in a
+    /// cluster, one run per set (see the module docs). The runs go out together on the
+    /// multiplexed connections, each within the time limit; a run that fails fails each of
+    /// its digests, and wrote nothing.
+    async fn update_many(&self, op: Op, digests: &[Digest]) -> Vec<Result<i64, StoreError>> {
         let inner = &*self.inner;
         let now = now_ms();
-        let lease_ms = u64::try_from(inner.config.lease.as_millis()).unwrap_or(u64::MAX);
-        let max_age = inner
-            .config
-            .max_age
-            .map(|age| {
-                u64::try_from(age.as_millis())
-                    .unwrap_or(u64::MAX)
-                    .to_string()
+        let keys: Vec<String> = digests.iter().map(|&d| self.set_key(d)).collect();
+        let runs = if inner.config.cluster {
+            runs_by_key(&keys)
+        } else {
+            (0..digests.len())
+                .collect::<Vec<_>>()
+                .chunks(MAX_RUN)
+                .map(<[usize]>::to_vec)
+                .collect()
+        };
+        let answers = join_all(
+            runs.iter()
+                .map(|run| self.run_script(op, now, run.iter().map(|&i| (&keys[i], digests[i])))),
+        )
+        .await;
+        let mut out: Vec<Option<Result<i64, StoreError>>> = Vec::new();
+        out.resize_with(digests.len(), || None);
+        for (run, answer) in runs.iter().zip(answers) {
+            match answer {
+                Ok(codes) => {
+                    for (&i, code) in run.iter().zip(codes) {
+                        out[i] = Some(Ok(code));
+                    }
+                }
+                Err(error) => {
+                    for &i in run {
+                        out[i] = Some(Err(error.clone()));
+                    }
+                }
+            }
+        }
+        out.into_iter()
+            .map(|answer| {
+                answer.unwrap_or_else(|| {
+                    Err(StoreError::Protocol(
+                        "a digest was left out of every run".into(),
+                    ))
+                })
             })
-            .unwrap_or_default();
+            .collect()
+    }
+
+    /// One `EVALSHA` of the script for `op` on `targets` (set key, digest), on the node of
+    /// their slot (all keys share one when in a cluster), within the time limit.
+    async fn run_script<'k>(
+        &self,
+        op: Op,
+        now: u64,
+        targets: impl ExactSizeIterator<Item = (&'k String, Digest)> + Clone,
+    ) -> Result<Vec<i64>, StoreError> {
+        let inner = &*self.inner;
+        let count = targets.len();
+        let lease_ms = u64::try_from(inner.config.lease.as_millis()).unwrap_or(u64::MAX);
         let version = if inner.config.max_age.is_some() {
             FORMAT_VERSION_TIMED
         } else {
             FORMAT_VERSION
         };
-        let args = [
-            op.code().as_bytes().to_vec(),
-            digest.to_bytes().to_vec(),
-            inner.owner.to_be_bytes().to_vec(),
-            now.to_string().into_bytes(),
-            now.saturating_add(lease_ms).to_string().into_bytes(),
-            max_age.into_bytes(),
-            inner.geometry.ways().to_string().into_bytes(),
-            version.to_string().into_bytes(),
-        ];
-        let key = self.set_key(digest);
-        let run = inner.link.eval(&inner.script, &key, &args);
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha.arg(inner.script.get_hash()).arg(count);
+        let mut slot = 0;
+        for (key, _) in targets.clone() {
+            slot = key_slot(key.as_bytes());
+            evalsha.arg(key.as_str());
+        }
+        evalsha
+            .arg(op.code())
+            .arg(&inner.owner.to_be_bytes()[..])
+            .arg(now)
+            .arg(now.saturating_add(lease_ms));
+        match inner.config.max_age {
+            Some(age) => evalsha.arg(u64::try_from(age.as_millis()).unwrap_or(u64::MAX)),
+            None => evalsha.arg(""),
+        };
+        evalsha.arg(inner.geometry.ways()).arg(version);
+        for (_, digest) in targets {
+            evalsha.arg(&digest.to_bytes()[..]);
+        }
+        let run = inner.link.eval(&inner.script, slot, &evalsha);
         let value = match tokio::time::timeout(inner.config.timeout, run).await {
             Ok(result) => result?,
             Err(_) => {
@@ -244,55 +309,100 @@ impl RedisStore {
                 return Err(StoreError::Timeout(inner.config.timeout));
             }
         };
-        let (answer, unreadable): (i64, i64) =
-            redis::from_redis_value(&value).map_err(|error| {
-                StoreError::Protocol(format!("the set script answered {value:?}: {error}"))
-            })?;
-        if unreadable != 0 {
-            inner.unreadable.fetch_add(1, Ordering::Relaxed);
+        let mut answers: Vec<i64> = redis::from_redis_value(&value).map_err(|error| {
+            StoreError::Protocol(format!("the set script answered {value:?}: {error}"))
+        })?;
+        if answers.len() != count + 1 {
+            return Err(StoreError::Protocol(format!(
+                "the set script answered {} values to {count} digests",
+                answers.len()
+            )));
         }
-        Ok(answer)
+        let unreadable = answers.pop().unwrap_or(0);
+        if unreadable > 0 {
+            // A statistic: no other memory depends on it.
+            inner
+                .unreadable
+                .fetch_add(unreadable.unsigned_abs(), Ordering::Relaxed);
+        }
+        Ok(answers)
+    }
+
+    async fn held_many(&self, op: Op, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
+        self.update_many(op, digests)
+            .await
+            .into_iter()
+            .map(|answer| match answer? {
+                0 => Ok(false),
+                1 => Ok(true),
+                other => Err(StoreError::Protocol(format!(
+                    "the set script answered {other} to a {op:?}"
+                ))),
+            })
+            .collect()
     }
 
     async fn held(&self, op: Op, digest: Digest) -> Result<bool, StoreError> {
-        match self.update(op, digest).await? {
-            0 => Ok(false),
-            1 => Ok(true),
-            other => Err(StoreError::Protocol(format!(
-                "the set script answered {other} to a {op:?}"
-            ))),
-        }
+        self.held_many(op, &[digest])
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(StoreError::Protocol("no answer".into())))
     }
+}
+
+/// The most digests one script run decides: a run blocks the server while it runs (about a
+/// microsecond a digest), so a huge burst goes in several runs, pipelined.
+const MAX_RUN: usize = 256;
+
+/// The indices of `keys` grouped by key, in order of first appearance.
+fn runs_by_key(keys: &[String]) -> Vec<Vec<usize>> {
+    let mut runs: Vec<Vec<usize>> = Vec::new();
+    let mut run_of: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for (i, key) in keys.iter().enumerate() {
+        let run = *run_of.entry(key.as_str()).or_insert_with(|| {
+            runs.push(Vec::new());
+            runs.len() - 1
+        });
+        runs[run].push(i);
+    }
+    runs
 }
 
 impl Store for RedisStore {
     async fn claim(&self, digest: Digest) -> Result<Claim, StoreError> {
-        match self.update(Op::Claim, digest).await? {
-            0 => Ok(Claim::New),
-            1 => Ok(Claim::InFlight),
-            2 => Ok(Claim::Duplicate),
-            other => Err(StoreError::Protocol(format!(
-                "the set script answered {other} to a claim"
-            ))),
-        }
+        let mut claims = self.claim_many(&[digest]).await?;
+        claims
+            .pop()
+            .ok_or_else(|| StoreError::Protocol("no answer to a claim".into()))
     }
 
-    /// Claims many digests at once: the claims go out together on the multiplexed
-    /// connections (one write per node) and are answered in order.
+    /// Claims many digests at once: one script run per node (per set in a cluster), see the
+    /// module docs.
     ///
-    /// If any claim fails, the whole batch is an error, although other claims may already
-    /// be written; those entries are in flight under this owner and expire with the lease.
+    /// If any run fails, the whole batch is an error, although other runs may have claimed
+    /// their digests; those entries are in flight under this owner and expire with the lease.
     async fn claim_many(&self, digests: &[Digest]) -> Result<Vec<Claim>, StoreError> {
-        try_join_all(digests.iter().map(|&digest| self.claim(digest))).await
+        self.update_many(Op::Claim, digests)
+            .await
+            .into_iter()
+            .map(|answer| match answer? {
+                0 => Ok(Claim::New),
+                1 => Ok(Claim::InFlight),
+                2 => Ok(Claim::Duplicate),
+                other => Err(StoreError::Protocol(format!(
+                    "the set script answered {other} to a claim"
+                ))),
+            })
+            .collect()
     }
 
     async fn commit(&self, digest: Digest) -> Result<bool, StoreError> {
         self.held(Op::Commit, digest).await
     }
 
-    /// Commits many digests at once, written together on the multiplexed connections.
+    /// Commits many digests at once, in script runs as [`Store::claim_many`] claims them.
     async fn commit_many(&self, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
-        join_all(digests.iter().map(|&digest| self.held(Op::Commit, digest))).await
+        self.held_many(Op::Commit, digests).await
     }
 
     async fn erase(&self, digest: Digest) -> Result<bool, StoreError> {
@@ -301,7 +411,7 @@ impl Store for RedisStore {
 
     /// Erases many digests at once, as [`Store::commit_many`] commits them.
     async fn erase_many(&self, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
-        join_all(digests.iter().map(|&digest| self.held(Op::Erase, digest))).await
+        self.held_many(Op::Erase, digests).await
     }
 
     async fn renew(&self, digest: Digest) -> Result<bool, StoreError> {

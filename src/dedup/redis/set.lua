@@ -1,133 +1,164 @@
--- One operation on one set of the shared de-duplication table, atomically (Redis runs a
--- script to its end before any other command). The set is the string at KEYS[1], in the
--- Memcached store's value format (see src/dedup/memcached/mod.rs):
+-- One operation on many digests of the shared de-duplication table, atomically (Redis runs a
+-- script to its end before any other command). The set of a digest is the string at its key,
+-- in the Memcached store's value format (see src/dedup/memcached/mod.rs):
 --   u8 version (1, or 2 with commit times) | u8 cursor | u8 count |
 --   count x (u8 slot | 16 B digest | u8 state 1=in flight 2=done | u64 time ms | u64 owner)
--- ARGV: op (c = claim, m = commit, e = erase, r = renew), digest (16 bytes), owner (8 bytes),
--- now ms, lease end ms, max age ms ("" for none), ways, version to write.
--- Returns {answer, unreadable}: a claim answers 0 = new, 1 = in flight, 2 = duplicate, the
--- others 1 = held, 0 = not; unreadable is 1 when the stored value could not be decoded (it
--- was read as an empty set).
-local op, digest, owner = ARGV[1], ARGV[2], ARGV[3]
-local now, lease_until = tonumber(ARGV[4]), tonumber(ARGV[5])
-local max_age = tonumber(ARGV[6])
-local ways, version = tonumber(ARGV[7]), tonumber(ARGV[8])
+-- KEYS[i] is the set of the i-th digest; digests of one set repeat its key, and are decided in
+-- order (a digest given twice is claimed new once, then found in flight).
+-- ARGV: op (c = claim, m = commit, e = erase, r = renew), owner (8 bytes), now ms, lease end
+-- ms, max age ms ("" for none), ways, version to write, then one 16-byte digest per key.
+-- Every key is read before any is written, so a key that cannot be read (not a string) fails
+-- the whole call with nothing written.
+-- Returns one answer per digest (a claim: 0 = new, 1 = in flight, 2 = duplicate; the others:
+-- 1 = held, 0 = not), then how many stored values could not be decoded (each was read as an
+-- empty set).
+--
+-- The sets stay strings and each operation splices the one entry it changes: decoding a set
+-- into Lua tables and encoding it again costs several times more than the decision.
+local op, owner = ARGV[1], ARGV[2]
+local now, lease_until = tonumber(ARGV[3]), tonumber(ARGV[4])
+local max_age = tonumber(ARGV[5])
+local ways, version = tonumber(ARGV[6]), tonumber(ARGV[7])
+if op ~= 'c' and op ~= 'm' and op ~= 'e' and op ~= 'r' then
+  return redis.error_reply('unknown operation ' .. tostring(op))
+end
 local ENTRY = 34
+local byte, sub, char, find = string.byte, string.sub, string.char, string.find
+local pack, unpack = struct.pack, struct.unpack
+local band, bor, lshift = bit.band, bit.bor, bit.lshift
 
--- Times are below 2^53 ms, so a Lua number holds them exactly.
-local function u64(s, at)
-  local n = 0
-  for i = at, at + 7 do n = n * 256 + string.byte(s, i) end
-  return n
+-- Whether value is a set of `ways` ways in a known format: the Memcached store's decoder's
+-- checks.
+local function readable(value)
+  local n = #value
+  if n < 3 then return false end
+  local v, cursor, count = byte(value, 1, 3)
+  if (v ~= 1 and v ~= 2) or cursor >= ways or count > ways or n ~= 3 + count * ENTRY then
+    return false
+  end
+  local seen = 0
+  for at = 4, n, ENTRY do
+    local index, state = byte(value, at), byte(value, at + 17)
+    if index >= ways or band(seen, lshift(1, index)) ~= 0 or (state ~= 1 and state ~= 2) then
+      return false
+    end
+    seen = bor(seen, lshift(1, index))
+  end
+  return true
 end
 
-local function be64(n)
-  local bytes = {}
-  for i = 8, 1, -1 do
-    bytes[i] = string.char(n % 256)
-    n = math.floor(n / 256)
+-- Where the entry of digest starts, or nil. A plain search, kept only where it lines up
+-- with an entry's digest field.
+local function locate(value, digest)
+  local from = 5
+  while true do
+    local at = find(value, digest, from, true)
+    if not at then return nil end
+    if (at - 5) % ENTRY == 0 then return at - 1 end
+    from = at + 1
   end
-  return table.concat(bytes)
 end
 
-local function decode(value)
-  local slots = {}
-  if not value then return 0, slots end
-  if #value < 3 then return nil end
-  local v, cursor, count = string.byte(value, 1, 3)
-  if (v ~= 1 and v ~= 2) or cursor >= ways or count > ways or #value ~= 3 + count * ENTRY then
-    return nil
-  end
-  for e = 0, count - 1 do
-    local at = 4 + e * ENTRY
-    local index, state = string.byte(value, at), string.byte(value, at + 17)
-    if index >= ways or slots[index + 1] or (state ~= 1 and state ~= 2) then return nil end
-    slots[index + 1] = {
-      digest = string.sub(value, at + 1, at + 16),
-      state = state,
-      time = u64(value, at + 18),
-      owner = string.sub(value, at + 26, at + 33),
-    }
-  end
-  return cursor, slots
+-- An entry of this owner.
+local function entry(index, digest, state, time)
+  return char(index) .. digest .. pack('>BI8', state, time) .. owner
 end
 
-local function encode(cursor, slots)
-  local parts, count = {}, 0
-  for i = 1, ways do
-    local e = slots[i]
-    if e then
-      count = count + 1
-      parts[#parts + 1] = string.char(i - 1) .. e.digest .. string.char(e.state)
-        .. be64(e.time) .. e.owner
+-- value with the entry at `at` rewritten for this owner.
+local function replace(value, at, state, time)
+  return char(version) .. sub(value, 2, at - 1)
+    .. entry(byte(value, at), sub(value, at + 1, at + 16), state, time)
+    .. sub(value, at + ENTRY)
+end
+
+-- value with digest claimed: the first empty slot, else the cursor's (which moves on).
+local function insert(value, digest)
+  local _, cursor, count = byte(value, 1, 3)
+  local n, used = #value, 0
+  for at = 4, n, ENTRY do used = bor(used, lshift(1, byte(value, at))) end
+  for index = 0, ways - 1 do
+    if band(used, lshift(1, index)) == 0 then
+      -- Entries stay in slot order.
+      local at = 4
+      while at < n and byte(value, at) < index do at = at + ENTRY end
+      return char(version, cursor, count + 1) .. sub(value, 4, at - 1)
+        .. entry(index, digest, 1, lease_until) .. sub(value, at)
     end
   end
-  return string.char(version, cursor, count) .. table.concat(parts)
-end
-
-local cursor, slots = decode(redis.call('GET', KEYS[1]))
-local unreadable = 0
-if not cursor then
-  cursor, slots, unreadable = 0, {}, 1
-end
-
-local found
-for i = 1, ways do
-  if slots[i] and slots[i].digest == digest then found = i break end
-end
-
-local function write()
-  redis.call('SET', KEYS[1], encode(cursor, slots))
-end
-
-if not found then
-  if op ~= 'c' then return {0, unreadable} end
-  local victim
-  for i = 1, ways do
-    if not slots[i] then victim = i break end
-  end
-  if not victim then
-    victim = cursor % ways + 1
-    cursor = victim % ways
-  end
-  slots[victim] = {digest = digest, state = 1, time = lease_until, owner = owner}
-  write()
-  return {0, unreadable}
-end
-
-local e = slots[found]
-local mine = e.owner == owner
-if op == 'c' then
-  if e.state == 2 then
-    if e.time ~= 0 and max_age and now - e.time > max_age then
-      -- Committed longer ago than max_age: a body sent again on purpose.
-      e.state, e.owner, e.time = 1, owner, lease_until
-      write()
-      return {0, unreadable}
+  for at = 4, n, ENTRY do
+    if byte(value, at) == cursor then
+      return char(version, (cursor + 1) % ways, count) .. sub(value, 4, at - 1)
+        .. entry(cursor, digest, 1, lease_until) .. sub(value, at + ENTRY)
     end
-    return {2, unreadable}
   end
-  if e.time > now then return {1, unreadable} end
-  -- The owner let the lease lapse: take the entry over, in its slot.
-  e.owner, e.time = owner, lease_until
-  write()
-  return {0, unreadable}
-elseif op == 'm' then
-  if e.state == 2 then return {1, unreadable} end
-  if not mine then return {0, unreadable} end
-  e.state = 2
-  if max_age then e.time = now else e.time = 0 end
-  write()
-  return {1, unreadable}
-elseif op == 'e' then
-  if not mine then return {0, unreadable} end
-  slots[found] = nil
-  write()
-  return {1, unreadable}
-elseif op == 'r' then
-  if e.state ~= 1 or not mine then return {0, unreadable} end
-  e.time = lease_until
-  write()
-  return {1, unreadable}
 end
-return redis.error_reply('unknown operation ' .. tostring(op))
+
+-- The answer for digest in value, and the new value if it changed.
+local function apply(value, digest)
+  local at = locate(value, digest)
+  if not at then
+    if op ~= 'c' then return 0 end
+    return 0, insert(value, digest)
+  end
+  local state = byte(value, at + 17)
+  local time = unpack('>I8', value, at + 18)
+  local mine = sub(value, at + 26, at + 33) == owner
+  if op == 'c' then
+    if state == 2 then
+      if time ~= 0 and max_age and now - time > max_age then
+        -- Committed longer ago than max_age: a body sent again on purpose.
+        return 0, replace(value, at, 1, lease_until)
+      end
+      return 2
+    end
+    if time > now then return 1 end
+    -- The owner let the lease lapse: take the entry over, in its slot.
+    return 0, replace(value, at, 1, lease_until)
+  elseif op == 'm' then
+    if state == 2 then return 1 end
+    if not mine then return 0 end
+    return 1, replace(value, at, 2, max_age and now or 0)
+  elseif op == 'e' then
+    if not mine then return 0 end
+    local _, cursor, count = byte(value, 1, 3)
+    return 1, char(version, cursor, count - 1) .. sub(value, 4, at - 1) .. sub(value, at + ENTRY)
+  else
+    if state ~= 1 or not mine then return 0 end
+    return 1, replace(value, at, 1, lease_until)
+  end
+end
+
+local sets, unreadable = {}, 0
+for i = 1, #KEYS do
+  local key = KEYS[i]
+  if not sets[key] then
+    local value = redis.pcall('GET', key)
+    if type(value) == 'table' then return value end
+    if value and readable(value) then
+      sets[key] = value
+    else
+      if value then unreadable = unreadable + 1 end
+      sets[key] = char(version, 0, 0)
+    end
+  end
+end
+
+local answers, changed = {}, {}
+for i = 1, #KEYS do
+  local key = KEYS[i]
+  local answer, value = apply(sets[key], ARGV[7 + i])
+  answers[i] = answer
+  if value then
+    sets[key] = value
+    changed[key] = true
+  end
+end
+for i = 1, #KEYS do
+  local key = KEYS[i]
+  if changed[key] then
+    redis.call('SET', key, sets[key])
+    changed[key] = nil
+  end
+end
+answers[#KEYS + 1] = unreadable
+return answers
