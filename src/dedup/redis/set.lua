@@ -25,7 +25,10 @@ end
 local ENTRY = 34
 local byte, sub, char, find = string.byte, string.sub, string.char, string.find
 local pack, unpack = struct.pack, struct.unpack
-local band, bor, lshift = bit.band, bit.bor, bit.lshift
+
+-- 2^i for a slot index i: a bit set of slots in a Lua number, tested with arithmetic (a call
+-- into the bit library costs as much as the test).
+local FLAG = {[0] = 1, 2, 4, 8, 16, 32, 64, 128}
 
 -- Whether value is a set of `ways` ways in a known format: the Memcached store's decoder's
 -- checks.
@@ -39,10 +42,10 @@ local function readable(value)
   local seen = 0
   for at = 4, n, ENTRY do
     local index, state = byte(value, at), byte(value, at + 17)
-    if index >= ways or band(seen, lshift(1, index)) ~= 0 or (state ~= 1 and state ~= 2) then
-      return false
-    end
-    seen = bor(seen, lshift(1, index))
+    if index >= ways or (state ~= 1 and state ~= 2) then return false end
+    local flag = FLAG[index]
+    if seen % (flag + flag) >= flag then return false end
+    seen = seen + flag
   end
   return true
 end
@@ -59,38 +62,43 @@ local function locate(value, digest)
   end
 end
 
--- An entry of this owner.
-local function entry(index, digest, state, time)
-  return char(index) .. digest .. pack('>BI8', state, time) .. owner
+-- The fields of an entry of this owner after its slot index and digest.
+local function tail(state, time)
+  return pack('>BI8', state, time) .. owner
 end
 
 -- value with the entry at `at` rewritten for this owner.
 local function replace(value, at, state, time)
-  return char(version) .. sub(value, 2, at - 1)
-    .. entry(byte(value, at), sub(value, at + 1, at + 16), state, time)
-    .. sub(value, at + ENTRY)
+  return char(version) .. sub(value, 2, at + 16) .. tail(state, time) .. sub(value, at + ENTRY)
 end
 
 -- value with digest claimed: the first empty slot, else the cursor's (which moves on).
 local function insert(value, digest)
   local _, cursor, count = byte(value, 1, 3)
-  local n, used = #value, 0
-  for at = 4, n, ENTRY do used = bor(used, lshift(1, byte(value, at))) end
-  for index = 0, ways - 1 do
-    if band(used, lshift(1, index)) == 0 then
-      -- Entries stay in slot order.
-      local at = 4
-      while at < n and byte(value, at) < index do at = at + ENTRY end
-      return char(version, cursor, count + 1) .. sub(value, 4, at - 1)
-        .. entry(index, digest, 1, lease_until) .. sub(value, at)
+  local n = #value
+  if count < ways then
+    local used = 0
+    for at = 4, n, ENTRY do used = used + FLAG[byte(value, at)] end
+    for index = 0, ways - 1 do
+      local flag = FLAG[index]
+      if used % (flag + flag) < flag then
+        -- Entries stay in slot order.
+        local at = 4
+        while at < n and byte(value, at) < index do at = at + ENTRY end
+        return char(version, cursor, count + 1) .. sub(value, 4, at - 1) .. char(index)
+          .. digest .. tail(1, lease_until) .. sub(value, at)
+      end
     end
   end
-  for at = 4, n, ENTRY do
-    if byte(value, at) == cursor then
-      return char(version, (cursor + 1) % ways, count) .. sub(value, 4, at - 1)
-        .. entry(cursor, digest, 1, lease_until) .. sub(value, at + ENTRY)
-    end
+  -- Full: the cursor's entry, where slot order puts it unless another writer ordered them
+  -- otherwise.
+  local at = 4 + cursor * ENTRY
+  if byte(value, at) ~= cursor then
+    at = 4
+    while byte(value, at) ~= cursor do at = at + ENTRY end
   end
+  return char(version, (cursor + 1) % ways, count) .. sub(value, 4, at)
+    .. digest .. tail(1, lease_until) .. sub(value, at + ENTRY)
 end
 
 -- The answer for digest in value, and the new value if it changed.
