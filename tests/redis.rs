@@ -328,6 +328,7 @@ async fn racing_bursts_of_two_owners_get_one_new_per_digest() {
         let committed = mine.commit_many(&own).await;
         assert!(committed.iter().all(|c| c == &Ok(true)), "{committed:?}");
     }
+    // 768 digests: more than one script run takes, so several runs answer in order.
     assert_eq!(
         a.claim_many(&digests).await.unwrap(),
         vec![Claim::Duplicate; digests.len()]

@@ -143,9 +143,10 @@ impl Link {
         Ok(())
     }
 
-    /// Runs `evalsha` (an `EVALSHA` of `script` whose keys all lie in `slot`) on the node
-    /// that serves `slot`, following redirections, loading the script where it is missing,
-    /// and (in a cluster) waiting out a failover. Time-limited by the caller.
+    /// Runs `evalsha` (an `EVALSHA` of `script` whose keys all lie in `slot`, which a
+    /// standalone server ignores) on the node that serves `slot`, following redirections,
+    /// loading the script where it is missing, and (in a cluster) waiting out a failover.
+    /// Time-limited by the caller.
     ///
     /// # Errors
     ///

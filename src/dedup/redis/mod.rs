@@ -211,7 +211,18 @@ impl RedisStore {
     }
 
     fn key_of_set(&self, set: u64) -> String {
-        format!("{}:{set}", self.inner.namespace)
+        let mut key = String::new();
+        self.write_key(&mut key, set);
+        key
+    }
+
+    /// Writes the key of `set` into `key` (emptied first), reusing its buffer.
+    fn write_key(&self, key: &mut String, set: u64) {
+        use std::fmt::Write as _;
+        key.clear();
+        key.push_str(&self.inner.namespace);
+        // Writing to a String cannot fail.
+        let _ = write!(key, ":{set}");
     }
 
     /// Runs the script for `op` on every digest; the answers are in the order of `digests`.
@@ -223,9 +234,15 @@ impl RedisStore {
     async fn update_many(&self, op: Op, digests: &[Digest]) -> Vec<Result<i64, StoreError>> {
         let inner = &*self.inner;
         let now = now_ms();
-        let keys: Vec<String> = digests.iter().map(|&d| self.set_key(d)).collect();
+        if !inner.config.cluster && digests.len() <= MAX_RUN {
+            // The common case: one run, whose answers are in order.
+            return match self.run_script(op, now, digests.iter().copied()).await {
+                Ok(codes) => codes.into_iter().map(Ok).collect(),
+                Err(error) => vec![Err(error); digests.len()],
+            };
+        }
         let runs = if inner.config.cluster {
-            runs_by_key(&keys)
+            runs_by_set(inner.geometry, digests)
         } else {
             (0..digests.len())
                 .collect::<Vec<_>>()
@@ -235,7 +252,7 @@ impl RedisStore {
         };
         let answers = join_all(
             runs.iter()
-                .map(|run| self.run_script(op, now, run.iter().map(|&i| (&keys[i], digests[i])))),
+                .map(|run| self.run_script(op, now, run.iter().map(|&i| digests[i]))),
         )
         .await;
         let mut out: Vec<Option<Result<i64, StoreError>>> = Vec::new();
@@ -265,27 +282,37 @@ impl RedisStore {
             .collect()
     }
 
-    /// One `EVALSHA` of the script for `op` on `targets` (set key, digest), on the node of
-    /// their slot (all keys share one when in a cluster), within the time limit.
-    async fn run_script<'k>(
+    /// One `EVALSHA` of the script for `op` on `digests`, on the node of their slot (in a
+    /// cluster, all of one set), within the time limit.
+    async fn run_script(
         &self,
         op: Op,
         now: u64,
-        targets: impl ExactSizeIterator<Item = (&'k String, Digest)> + Clone,
+        digests: impl ExactSizeIterator<Item = Digest> + Clone,
     ) -> Result<Vec<i64>, StoreError> {
         let inner = &*self.inner;
-        let count = targets.len();
+        let count = digests.len();
         let lease_ms = u64::try_from(inner.config.lease.as_millis()).unwrap_or(u64::MAX);
         let version = if inner.config.max_age.is_some() {
             FORMAT_VERSION_TIMED
         } else {
             FORMAT_VERSION
         };
-        let mut evalsha = redis::cmd("EVALSHA");
-        evalsha.arg(inner.script.get_hash()).arg(count);
-        let mut slot = 0;
-        for (key, _) in targets.clone() {
-            slot = key_slot(key.as_bytes());
+        // Per digest: its key (the namespace and a set number) and its 16 bytes; and 10
+        // arguments of at most 20 bytes around them.
+        let mut evalsha =
+            redis::Cmd::with_capacity(10 + 2 * count, 200 + count * (inner.namespace.len() + 40));
+        evalsha
+            .arg("EVALSHA")
+            .arg(inner.script.get_hash())
+            .arg(count);
+        let mut key = String::with_capacity(inner.namespace.len() + 21);
+        let mut slot = None;
+        for digest in digests.clone() {
+            self.write_key(&mut key, inner.geometry.set_of(digest));
+            if inner.config.cluster && slot.is_none() {
+                slot = Some(key_slot(key.as_bytes()));
+            }
             evalsha.arg(key.as_str());
         }
         evalsha
@@ -298,10 +325,10 @@ impl RedisStore {
             None => evalsha.arg(""),
         };
         evalsha.arg(inner.geometry.ways()).arg(version);
-        for (_, digest) in targets {
+        for digest in digests {
             evalsha.arg(&digest.to_bytes()[..]);
         }
-        let run = inner.link.eval(&inner.script, slot, &evalsha);
+        let run = inner.link.eval(&inner.script, slot.unwrap_or(0), &evalsha);
         let value = match tokio::time::timeout(inner.config.timeout, run).await {
             Ok(result) => result?,
             Err(_) => {
@@ -354,12 +381,12 @@ impl RedisStore {
 /// microsecond a digest), so a huge burst goes in several runs, pipelined.
 const MAX_RUN: usize = 256;
 
-/// The indices of `keys` grouped by key, in order of first appearance.
-fn runs_by_key(keys: &[String]) -> Vec<Vec<usize>> {
+/// The indices of `digests` grouped by their set of `geometry`, in order of first appearance.
+fn runs_by_set(geometry: Geometry, digests: &[Digest]) -> Vec<Vec<usize>> {
     let mut runs: Vec<Vec<usize>> = Vec::new();
-    let mut run_of: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
-    for (i, key) in keys.iter().enumerate() {
-        let run = *run_of.entry(key.as_str()).or_insert_with(|| {
+    let mut run_of: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+    for (i, &digest) in digests.iter().enumerate() {
+        let run = *run_of.entry(geometry.set_of(digest)).or_insert_with(|| {
             runs.push(Vec::new());
             runs.len() - 1
         });
