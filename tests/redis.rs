@@ -23,6 +23,7 @@ use rand::SeedableRng;
 
 use crate::sidecar::{drained, payload, raw_config, Recorder, Running, TOPIC};
 use crate::support::broker::{Broker, BrokerConfig};
+use crate::support::memcached::MemcachedServer;
 use crate::support::redis::{RedisCluster, RedisServer};
 use crate::util::wait_until_or;
 
@@ -956,6 +957,152 @@ async fn a_full_set_takes_what_size_reports() {
         assert!(
             measured.abs_diff(reported) <= 16,
             "{ways} ways: MEMORY USAGE says {measured}, size reports {reported}"
+        );
+    }
+}
+
+/// The CPU time (user and system) process `pid` has used so far, from `/proc/<pid>/stat`.
+fn cpu_of(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the process's stat");
+    // Fields after the command name, which ends with the last ')': utime and stime are the
+    // 12th and 13th of them, in clock ticks.
+    let after = &stat[stat.rfind(')').expect("a stat line") + 2..];
+    let fields: Vec<&str> = after.split(' ').collect();
+    // SAFETY: sysconf reads a constant of the system and has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let ticks_used: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    Duration::from_secs_f64(ticks_used / ticks)
+}
+
+/// The store of a timed pass.
+#[derive(Clone, Copy)]
+enum BenchStore<'a> {
+    None,
+    Redis(&'a RedisServer),
+    Memcached(&'a MemcachedServer),
+}
+
+/// One timed pass of the sidecar from the test broker to the `null` sink: `n` distinct
+/// 100-byte messages after a warm-up. Returns messages per second, and the CPU µs per message
+/// of this process (sidecar and broker) and of the store's server.
+async fn store_pass(store: BenchStore<'_>, n: usize, pass: usize) -> (f64, f64, f64) {
+    const WARM_UP: usize = 20_000;
+    let broker = Broker::start(BrokerConfig {
+        record_messages: false,
+        ..BrokerConfig::default()
+    })
+    .await;
+    let bodies = |prefix: &str, count: usize| -> Vec<bytes::Bytes> {
+        (0..count)
+            .map(|i| {
+                let mut b = vec![b'x'; 100];
+                b[..13].copy_from_slice(format!("{prefix}{pass:03}{i:09}").as_bytes());
+                bytes::Bytes::from(b)
+            })
+            .collect()
+    };
+    let mut raw = raw_config(&[broker.tcp_addr()]);
+    raw.source.max_in_flight = Some(2500);
+    raw.source.msg_timeout = Some(Dur(Duration::from_secs(60)));
+    raw.source.heartbeat_interval = Some(Dur(Duration::from_secs(30)));
+    raw.sink.kind = Some(nsq_dedupe::config::SinkKind::Null);
+    raw.metrics.address = Some("off".into());
+    raw.metrics.status_interval = Some(Dur(Duration::from_secs(3600)));
+    raw.store.namespace = Some(unique_namespace("throughput"));
+    raw.store.buckets = Some(1 << 20);
+    let server_pid = match store {
+        BenchStore::Redis(server) => {
+            raw.store.kind = Some(StoreKind::Redis);
+            raw.store.redis_urls = Some(vec![server.url()]);
+            server.pid()
+        }
+        BenchStore::Memcached(server) => {
+            raw.store.kind = Some(StoreKind::Memcached);
+            raw.store.memcached_addresses = Some(vec![server.addr()]);
+            server.pid()
+        }
+        BenchStore::None => {
+            raw.store.kind = Some(StoreKind::None);
+            raw.store.buckets = None;
+            raw.store.ways = None;
+            raw.store.window = None;
+            raw.store.namespace = None;
+            None
+        }
+    };
+    broker.publish_many(TOPIC, bodies("w", WARM_UP));
+    let running = Running::start_configured(raw.validate().unwrap()).await;
+    wait_until_or(
+        "the warm-up finished",
+        Duration::from_secs(60),
+        || broker.stats().fin_ok == WARM_UP as u64,
+        || format!("{:?}", broker.stats()),
+    )
+    .await;
+    let timed = bodies("t", n);
+    let server_before = server_pid.map(cpu_of).unwrap_or_default();
+    let started = Instant::now();
+    let cpu_before = crate::sidecar::process_cpu();
+    broker.publish_many(TOPIC, timed);
+    wait_until_or(
+        "all FINs at the broker",
+        Duration::from_secs(300),
+        || broker.stats().fin_ok == (WARM_UP + n) as u64,
+        || format!("{:?}", broker.stats()),
+    )
+    .await;
+    let elapsed = started.elapsed();
+    let cpu = crate::sidecar::process_cpu() - cpu_before;
+    let server_cpu = server_pid.map(cpu_of).unwrap_or_default() - server_before;
+    let metrics = running.metrics.clone();
+    running.stop().await;
+    assert_eq!(get(&metrics.unique), (WARM_UP + n) as u64);
+    assert_eq!(get(&metrics.store_errors), 0);
+    let per_message = |d: Duration| d.as_secs_f64() * 1e6 / n as f64;
+    (
+        n as f64 / elapsed.as_secs_f64(),
+        per_message(cpu),
+        per_message(server_cpu),
+    )
+}
+
+/// End-to-end throughput with the Redis store against no store, and the Memcached store in the
+/// same run: test broker -> sidecar -> `null` sink, 100,000 distinct messages a pass, three
+/// passes each in rotating order, best of each.
+///
+/// `cargo test --release --test integration redis::throughput -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark; run explicitly in release mode"]
+async fn throughput() {
+    const N: usize = 100_000;
+    let redis = RedisServer::start();
+    let memcached = MemcachedServer::start();
+    let stores = [
+        ("none", BenchStore::None),
+        ("redis", BenchStore::Redis(&redis)),
+        ("memcached", BenchStore::Memcached(&memcached)),
+    ];
+    let mut passes = vec![Vec::new(); stores.len()];
+    for round in 0..3 {
+        for k in 0..stores.len() {
+            let which = (round + k) % stores.len();
+            let tag = stores.len() * round + k;
+            passes[which].push(store_pass(stores[which].1, N, tag).await);
+        }
+    }
+    let best = |passes: &[(f64, f64, f64)]| {
+        *passes
+            .iter()
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+            .expect("passes ran")
+    };
+    let baseline = best(&passes[0]).0;
+    println!("sidecar throughput, {N} distinct 100-byte messages, test broker, null sink, best of 3:");
+    for ((name, _), passes) in stores.iter().zip(&passes) {
+        let (rate, cpu, server) = best(passes);
+        println!(
+            "  store {name:<9} {rate:>9.0} msgs/s ({:.3} of none), CPU µs/msg: sidecar and broker {cpu:.2}, store server {server:.2}; passes {passes:.1?}",
+            rate / baseline
         );
     }
 }

@@ -136,7 +136,7 @@ impl Running {
         Running::from_sidecar(sidecar)
     }
 
-    async fn start_configured(settings: Settings) -> Running {
+    pub(crate) async fn start_configured(settings: Settings) -> Running {
         Running::from_sidecar(Sidecar::new(settings).await.expect("the sidecar starts"))
     }
 
@@ -1954,7 +1954,7 @@ enum BenchSink {
 
 /// CPU time (user and system) this process has used so far: the sidecar's and the test
 /// broker's, which share it.
-fn process_cpu() -> Duration {
+pub(crate) fn process_cpu() -> Duration {
     let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
     // SAFETY: getrusage writes one `rusage` through the pointer, which points at one.
     let usage = unsafe {
