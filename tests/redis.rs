@@ -1097,7 +1097,9 @@ async fn throughput() {
             .expect("passes ran")
     };
     let baseline = best(&passes[0]).0;
-    println!("sidecar throughput, {N} distinct 100-byte messages, test broker, null sink, best of 3:");
+    println!(
+        "sidecar throughput, {N} distinct 100-byte messages, test broker, null sink, best of 3:"
+    );
     for ((name, _), passes) in stores.iter().zip(&passes) {
         let (rate, cpu, server) = best(passes);
         println!(
