@@ -84,8 +84,8 @@ impl Digests {
 const TASKS: u64 = 64;
 const PER_TASK: u64 = 16;
 
-/// Runs `iters` rounds of 64 tasks doing 16 operations each; returns the time taken.
-fn rounds<F, Fut>(runtime: &tokio::runtime::Runtime, iters: u64, op: F) -> Duration
+/// Runs `iters` rounds of 64 tasks calling `op` `calls` times each; returns the time taken.
+fn rounds<F, Fut>(runtime: &tokio::runtime::Runtime, iters: u64, calls: u64, op: F) -> Duration
 where
     F: Fn() -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = ()> + Send,
@@ -97,7 +97,7 @@ where
                 .map(|_| {
                     let op = op.clone();
                     tokio::spawn(async move {
-                        for _ in 0..PER_TASK {
+                        for _ in 0..calls {
                             op().await;
                         }
                     })
@@ -154,7 +154,7 @@ fn claims(c: &mut Criterion) {
     group.bench_function(BenchmarkId::new("script_claim", TASKS), |b| {
         b.iter_custom(|iters| {
             let (store, digests) = (store.clone(), digests.clone());
-            rounds(&runtime, iters, move || {
+            rounds(&runtime, iters, PER_TASK, move || {
                 let (store, digests) = (store.clone(), digests.clone());
                 async move {
                     store.claim(digests.next()).await.expect("claim");
@@ -166,24 +166,12 @@ fn claims(c: &mut Criterion) {
     group.bench_function(BenchmarkId::new("script_claim_many", TASKS), |b| {
         b.iter_custom(|iters| {
             let (store, digests) = (store.clone(), digests.clone());
-            runtime.block_on(async move {
-                let start = Instant::now();
-                for _ in 0..iters {
-                    let tasks: Vec<_> = (0..TASKS)
-                        .map(|_| {
-                            let (store, digests) = (store.clone(), digests.clone());
-                            tokio::spawn(async move {
-                                let burst: Vec<Digest> =
-                                    (0..PER_TASK).map(|_| digests.next()).collect();
-                                store.claim_many(&burst).await.expect("claim_many");
-                            })
-                        })
-                        .collect();
-                    for task in tasks {
-                        task.await.expect("benchmark task");
-                    }
+            rounds(&runtime, iters, 1, move || {
+                let (store, digests) = (store.clone(), digests.clone());
+                async move {
+                    let burst: Vec<Digest> = (0..PER_TASK).map(|_| digests.next()).collect();
+                    store.claim_many(&burst).await.expect("claim_many");
                 }
-                start.elapsed()
             })
         })
     });
@@ -191,7 +179,7 @@ fn claims(c: &mut Criterion) {
     group.bench_function(BenchmarkId::new("set_nx", TASKS), |b| {
         b.iter_custom(|iters| {
             let (conn, digests) = (plain.clone(), digests.clone());
-            rounds(&runtime, iters, move || {
+            rounds(&runtime, iters, PER_TASK, move || {
                 let (mut conn, digests) = (conn.clone(), digests.clone());
                 async move {
                     let key = format!("plain:{:032x}", digests.next().as_u128());

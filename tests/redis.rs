@@ -1032,27 +1032,10 @@ async fn store_pass(store: BenchStore<'_>, n: usize, pass: usize) -> (f64, f64, 
     };
     broker.publish_many(TOPIC, bodies("w", WARM_UP));
     let running = Running::start_configured(raw.validate().unwrap()).await;
-    wait_until_or(
-        "the warm-up finished",
-        Duration::from_secs(60),
-        || broker.stats().fin_ok == WARM_UP as u64,
-        || format!("{:?}", broker.stats()),
-    )
-    .await;
-    let timed = bodies("t", n);
+    crate::sidecar::wait_for_fins(&broker, "the warm-up finished", WARM_UP as u64).await;
     let server_before = server_pid.map(cpu_of).unwrap_or_default();
-    let started = Instant::now();
-    let cpu_before = crate::sidecar::process_cpu();
-    broker.publish_many(TOPIC, timed);
-    wait_until_or(
-        "all FINs at the broker",
-        Duration::from_secs(300),
-        || broker.stats().fin_ok == (WARM_UP + n) as u64,
-        || format!("{:?}", broker.stats()),
-    )
-    .await;
-    let elapsed = started.elapsed();
-    let cpu = crate::sidecar::process_cpu() - cpu_before;
+    let (elapsed, cpu) =
+        crate::sidecar::publish_timed(&broker, bodies("t", n), (WARM_UP + n) as u64).await;
     let server_cpu = server_pid.map(cpu_of).unwrap_or_default() - server_before;
     let metrics = running.metrics.clone();
     running.stop().await;

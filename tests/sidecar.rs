@@ -1954,7 +1954,7 @@ enum BenchSink {
 
 /// CPU time (user and system) this process has used so far: the sidecar's and the test
 /// broker's, which share it.
-pub(crate) fn process_cpu() -> Duration {
+fn process_cpu() -> Duration {
     let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
     // SAFETY: getrusage writes one `rusage` through the pointer, which points at one.
     let usage = unsafe {
@@ -1972,6 +1972,31 @@ pub(crate) fn process_cpu() -> Duration {
 struct Pass {
     rate: f64,
     cpu_us: f64,
+}
+
+/// Publishes `bodies` to the test broker and waits until it has counted `fin_total` FINs in
+/// all; returns the time that took and the CPU time this process used meanwhile.
+pub(crate) async fn publish_timed(
+    broker: &Broker,
+    bodies: Vec<Bytes>,
+    fin_total: u64,
+) -> (Duration, Duration) {
+    let started = Instant::now();
+    let cpu_before = process_cpu();
+    broker.publish_many(TOPIC, bodies);
+    wait_for_fins(broker, "all FINs at the broker", fin_total).await;
+    (started.elapsed(), process_cpu() - cpu_before)
+}
+
+/// Waits (at most 5 minutes) until the test broker has counted `fin_total` FINs in all.
+pub(crate) async fn wait_for_fins(broker: &Broker, what: &str, fin_total: u64) {
+    wait_until_or(
+        what,
+        Duration::from_secs(300),
+        || broker.stats().fin_ok == fin_total,
+        || format!("{:?}", broker.stats()),
+    )
+    .await;
 }
 
 async fn timed_pass(store: StoreKind, sink: BenchSink, n: usize, pass: usize) -> Pass {
@@ -2045,26 +2070,9 @@ async fn timed_pass(store: StoreKind, sink: BenchSink, n: usize, pass: usize) ->
             Running::start(raw.validate().unwrap(), handler).await
         }
     };
-    wait_until_or(
-        "the warm-up finished",
-        Duration::from_secs(60),
-        || broker.stats().fin_ok == WARM_UP as u64,
-        || format!("{:?}", broker.stats()),
-    )
-    .await;
-    let timed = bodies("t", n).collect::<Vec<_>>();
-    let started = Instant::now();
-    let cpu_before = process_cpu();
-    broker.publish_many(TOPIC, timed);
-    wait_until_or(
-        "all FINs at the broker",
-        Duration::from_secs(120),
-        || broker.stats().fin_ok == (WARM_UP + n) as u64,
-        || format!("{:?}", broker.stats()),
-    )
-    .await;
-    let elapsed = started.elapsed();
-    let cpu = process_cpu() - cpu_before;
+    wait_for_fins(&broker, "the warm-up finished", WARM_UP as u64).await;
+    let (elapsed, cpu) =
+        publish_timed(&broker, bodies("t", n).collect(), (WARM_UP + n) as u64).await;
     let metrics = running.metrics.clone();
     running.stop().await;
     assert_eq!(get(&metrics.unique), (WARM_UP + n) as u64);
