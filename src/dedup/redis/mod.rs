@@ -234,6 +234,9 @@ impl RedisStore {
     async fn update_many(&self, op: Op, digests: &[Digest]) -> Vec<Result<i64, StoreError>> {
         let inner = &*self.inner;
         let now = now_ms();
+        if digests.is_empty() {
+            return Vec::new();
+        }
         if !inner.config.cluster && digests.len() <= MAX_RUN {
             // The common case: one run, whose answers are in order.
             return match self.run_script(op, now, digests.iter().copied()).await {
