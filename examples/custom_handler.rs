@@ -12,9 +12,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use nsq_dedupe::pipeline::filter_stream;
 use nsq_dedupe::sink::HandlerError;
-use nsq_dedupe::{Keyer, Settings, Sidecar, Table};
+use nsq_dedupe::{filter_stream, Keyer, Settings, Sidecar, Table};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

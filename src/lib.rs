@@ -7,29 +7,37 @@
 //!
 //! # Layout
 //!
-//! - [`dedup`]: the [`Store`] trait, [`Claim`], [`Geometry`], digests and keys.
+//! With no feature the crate is the table and what feeds it:
+//!
+//! - [`dedup`]: the [`Store`] trait, [`Claim`], [`Geometry`], digests and keys, the table file
+//!   and its journal.
 //! - [`Table`]: the in-process, lock-free, set-associative table.
+//! - [`filter_stream`] for plain streams of records; [`filter`] for newline-delimited input.
 //! - [`sizing`]: pure functions between slots, catch probability and window.
 //! - [`units`]: sizes, durations and counts as people write and read them.
-//! - `error`: error types whose messages name the knob to turn.
-//! - [`nsq`]: our NSQ TCP client: [`Consumer`], [`Message`], [`Producer`], nsqlookupd; TLS,
-//!   snappy, deflate and AUTH ([`nsq::Transport`]).
-//! - [`tls`]: TLS client settings shared by the NSQ connections and the HTTP client.
-//! - [`pipeline`]: [`Dedupe`], the de-duplicating step (claim, handle, commit or erase, FIN or
-//!   REQ), and [`filter_stream`](pipeline::filter_stream) for plain streams of records.
-//! - [`sink`]: the [`Handler`](sink::Handler) trait, the sidecar's sinks and the dead-letter.
-//! - [`config`]: the TOML configuration and its validation into [`Settings`].
-//! - [`redact`]: URLs, headers and secrets as they may be printed.
-//! - [`sidecar`]: [`run`], the `nsq-dedupe run` service, and [`Sidecar`] for custom handlers.
-//! - [`metrics`]: counters in Prometheus' text format; [`http`]: the pooled keep-alive HTTPS
-//!   client (http sink, nsqlookupd) and the metrics server, on hyper.
+//! - [`error`]: error types whose messages name the knob to turn.
+//!
+//! Each feature adds a layer (the binary's default, `cli`, enables them all):
+//!
+//! - `nsq`: our NSQ TCP client ([`Consumer`], [`Message`], [`Producer`], nsqlookupd; TLS,
+//!   snappy, deflate and AUTH in `nsq::Transport`), `tls` (client settings shared by the NSQ
+//!   connections and the HTTP client), `http` (the pooled keep-alive HTTPS client, on hyper)
+//!   and the `Metrics` counters the client updates.
+//! - `memcached` and `redis`: the shared stores, `MemcachedStore` and `RedisStore`.
+//! - `sidecar` (all of the above, and more): `pipeline` with `Dedupe`, the de-duplicating step
+//!   (claim, handle, commit or erase, FIN or REQ); `sink` (the `Handler` trait, the sidecar's
+//!   sinks and the dead-letter); `config` (the TOML configuration and its validation into
+//!   `Settings`); `sidecar` (`run`, the `nsq-dedupe run` service, and `Sidecar` for custom
+//!   handlers); the metrics endpoint in Prometheus' text format; `redact` (URLs, headers and
+//!   secrets as they may be printed).
+//! - `cli`: the binary's flags, logs, completions, man pages and plots.
 //!
 //! # Example: de-duplicating a stream of records
 //!
 //! ```
 //! use bytes::Bytes;
 //! use futures::StreamExt;
-//! use nsq_dedupe::{pipeline::filter_stream, Keyer, Table};
+//! use nsq_dedupe::{filter_stream, Keyer, Table};
 //!
 //! let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
 //! runtime.block_on(async {
@@ -46,42 +54,63 @@
 //! ```
 #![warn(unreachable_pub, missing_docs)]
 
+#[cfg(feature = "sidecar")]
 pub mod config;
 pub mod dedup;
 pub mod error;
 pub mod filter;
+#[cfg(feature = "nsq")]
 pub mod http;
+#[cfg(feature = "nsq")]
 pub mod metrics;
+#[cfg(feature = "nsq")]
 pub mod nsq;
+#[cfg(any(feature = "nsq", feature = "redis"))]
 pub mod percent;
+#[cfg(feature = "sidecar")]
 pub mod pipeline;
+#[cfg(any(feature = "nsq", feature = "redis"))]
 pub mod redact;
+#[cfg(feature = "sidecar")]
 pub mod sidecar;
+#[cfg(feature = "sidecar")]
 pub mod sink;
 pub mod sizing;
+mod stream;
+#[cfg(feature = "nsq")]
 pub mod tls;
 pub mod units;
 
+#[cfg(feature = "sidecar")]
 pub use config::Settings;
+#[cfg(feature = "sidecar")]
 pub use dedup::backend::Backend;
 pub use dedup::digest::{DigestAlgorithm, DigestKey, KeySpec, Keyer};
+#[cfg(feature = "memcached")]
 pub use dedup::memcached::{
     MemcachedConfig, MemcachedStore, DEFAULT_FLEET_INTERVAL, FLEET_BUCKETS,
 };
+#[cfg(feature = "redis")]
 pub use dedup::redis::{RedisConfig, RedisPassword, RedisStore};
 pub use dedup::table::Table;
 pub use dedup::{Claim, Digest, Geometry, NoStore, Store};
+#[cfg(feature = "nsq")]
 pub use metrics::Metrics;
+#[cfg(feature = "nsq")]
 pub use nsq::{Consumer, ConsumerConfig, Message, Producer, ProducerConfig};
+#[cfg(feature = "sidecar")]
 pub use pipeline::Dedupe;
+#[cfg(feature = "sidecar")]
 pub use sidecar::{run, Sidecar};
+pub use stream::filter_stream;
 
-/// The README's examples, compiled and run as doc tests.
+/// The README's examples, compiled and run as doc tests (with no feature too: they use only
+/// the table).
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
 /// The guide's examples (a custom handler), compiled as doc tests.
-#[cfg(doctest)]
+#[cfg(all(doctest, feature = "sidecar"))]
 #[doc = include_str!("../docs/guide.md")]
 struct GuideDoctests;

@@ -5,8 +5,6 @@
 //! left (scheme, host, port, path, header names) says which setting is meant without saying
 //! what it holds. Logs are shipped to shared systems; a secret in them is a leaked secret.
 
-use std::fmt;
-
 /// What stands in for a secret wherever it would be printed.
 pub const REDACTED: &str = "<redacted>";
 
@@ -67,10 +65,12 @@ pub fn urls<'a>(texts: impl IntoIterator<Item = &'a str>) -> String {
 }
 
 /// HTTP headers as they may be printed: the names, each value [`REDACTED`].
+#[cfg(feature = "nsq")]
 pub struct Headers<'a>(pub &'a [(hyper::header::HeaderName, hyper::header::HeaderValue)]);
 
-impl fmt::Debug for Headers<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+#[cfg(feature = "nsq")]
+impl std::fmt::Debug for Headers<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_map()
             .entries(self.0.iter().map(|(name, _)| (name.as_str(), REDACTED)))
             .finish()
@@ -101,6 +101,7 @@ mod tests {
         );
     }
 
+    #[cfg(feature = "nsq")]
     #[test]
     fn headers_show_names_only() {
         let headers = [(

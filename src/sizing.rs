@@ -28,6 +28,9 @@
 
 use crate::dedup::Geometry;
 
+/// The window the catch probability is reported for when none is configured: one hour.
+pub const DEFAULT_WINDOW: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// Memcached's per-item overhead: the item header with its CAS value (56 bytes), plus the key
 /// (`<namespace>:<set>`, about 40 bytes) and slab rounding (about 10%). An estimate, not a
 /// measurement.

@@ -16,8 +16,7 @@ use crate::dedup::near::NearTable;
 use crate::dedup::Geometry;
 use crate::{MemcachedConfig, RedisConfig, RedisPassword};
 
-/// The window the catch probability is reported for when none is configured.
-pub const DEFAULT_WINDOW: Duration = Duration::from_secs(3600);
+pub use crate::sizing::DEFAULT_WINDOW;
 
 /// Which store keeps the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -301,7 +300,7 @@ impl RawStore {
         msg_timeout: Duration,
     ) -> Result<(Option<String>, Duration, Option<Duration>), ConfigError> {
         if let Some(ns) = &self.namespace {
-            crate::dedup::memcached::check_namespace(ns)
+            crate::dedup::shared::check_namespace(ns)
                 .map_err(|reason| invalid("store.namespace", quote(Some(ns)), reason))?;
         }
         let lease = self

@@ -13,14 +13,19 @@
 //!
 //! [`NoStore`] de-duplicates nothing; it is the baseline for benchmarks and the `none` store.
 
+#[cfg(feature = "sidecar")]
 pub mod backend;
 pub mod clock;
 pub(crate) mod digest;
 pub mod journal;
 mod json_key;
+#[cfg(feature = "memcached")]
 pub(crate) mod memcached;
 pub mod near;
+#[cfg(feature = "redis")]
 pub(crate) mod redis;
+#[cfg(any(feature = "memcached", feature = "redis"))]
+pub(crate) mod shared;
 pub(crate) mod table;
 pub mod table_file;
 

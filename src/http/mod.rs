@@ -11,8 +11,10 @@
 mod basic_auth;
 pub mod client;
 pub mod pool;
+#[cfg(feature = "sidecar")]
 pub mod server;
 
 pub use client::{check_url, HttpClient, HttpClientConfig, HttpError};
 pub use pool::{BoundedClient, HttpAnswer};
+#[cfg(feature = "sidecar")]
 pub use server::serve;

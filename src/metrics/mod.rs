@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 use crate::dedup::Geometry;
 use crate::sizing;
 
+#[cfg(feature = "sidecar")]
 pub mod exposition;
+#[cfg(feature = "sidecar")]
 mod process;
 pub mod rate;
 
@@ -134,9 +136,9 @@ pub struct Metrics {
 }
 
 impl Default for Metrics {
-    /// Counters whose rate peak covers [`DEFAULT_WINDOW`](crate::config::DEFAULT_WINDOW).
+    /// Counters whose rate peak covers [`DEFAULT_WINDOW`](crate::sizing::DEFAULT_WINDOW).
     fn default() -> Self {
-        Metrics::with_window(crate::config::DEFAULT_WINDOW)
+        Metrics::with_window(sizing::DEFAULT_WINDOW)
     }
 }
 

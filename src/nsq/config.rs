@@ -244,6 +244,7 @@ impl ConsumerConfig {
 }
 
 /// The host name up to its first dot, as NSQ's tools show it.
+#[cfg(feature = "sidecar")]
 pub(crate) fn short_hostname() -> String {
     hostname().split('.').next().unwrap_or("").to_string()
 }

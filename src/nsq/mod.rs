@@ -47,6 +47,7 @@ mod stream;
 mod supervisor;
 mod transport;
 
+#[cfg(feature = "sidecar")]
 pub(crate) use config::short_hostname;
 pub use config::ConsumerConfig;
 pub use consumer::{ConnectionCount, Consumer};
@@ -54,6 +55,7 @@ pub use error::Error;
 pub use events::{ConsumerEvent, ConsumerStats, ShutdownReport};
 pub use frame::{Frame, FrameCodec, MessageId};
 pub use message::{Answer, Message};
+#[cfg(feature = "sidecar")]
 pub(crate) use names::is_valid_name;
 pub use producer::{Producer, ProducerConfig};
 pub use rdy::RDY_SETTLE;

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use crate::dedup::shared::check_namespace;
 use crate::error::StoreError;
 
 /// Settings of a [`MemcachedStore`](super::MemcachedStore).
@@ -77,23 +78,6 @@ impl Default for MemcachedConfig {
             eject_after: Some(Duration::from_secs(10)),
             fleet_interval: super::DEFAULT_FLEET_INTERVAL,
         }
-    }
-}
-
-/// The rule for a namespace: it becomes part of every key, and Memcached keys are printable
-/// ASCII without spaces, at most 250 bytes with the rest of the key.
-///
-/// # Errors
-///
-/// What is wrong, for an error message that names the setting.
-pub(crate) fn check_namespace(namespace: &str) -> Result<(), &'static str> {
-    if namespace.is_empty()
-        || namespace.len() > 160
-        || !namespace.bytes().all(|b| b.is_ascii_graphic())
-    {
-        Err("must be 1 to 160 printable ASCII characters without spaces")
-    } else {
-        Ok(())
     }
 }
 

@@ -120,7 +120,7 @@ mod set;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use futures::future::join_all;
 use tokio::sync::{mpsc, oneshot};
@@ -130,11 +130,14 @@ use self::conn::{PipeConn, Write, Written};
 use self::health::{Failed, Health};
 use self::pool::Pool;
 use self::set::{apply, decode, encode, LeaseFacts, Op, Outcome, SetState};
-pub(crate) use self::set::{FORMAT_VERSION, FORMAT_VERSION_TIMED, KEY_VERSION};
+use crate::dedup::shared::{
+    now_ms, random_owner, FORMAT_VERSION, FORMAT_VERSION_TIMED, KEY_VERSION,
+};
 use crate::dedup::{Claim, Digest, Geometry, Store};
 use crate::error::StoreError;
+#[cfg(feature = "sidecar")]
+pub(crate) use config::check_fleet_interval;
 pub use config::MemcachedConfig;
-pub(crate) use config::{check_fleet_interval, check_namespace};
 pub use fleet::{DEFAULT_FLEET_INTERVAL, FLEET_BUCKETS};
 
 /// Sets per pipeline round trip in a batch. Bounded so that a huge batch never fills both
@@ -791,30 +794,6 @@ async fn probe(inner: std::sync::Weak<Inner>, addr: String) {
 /// Whether an error suggests that the server's other pooled connections are dead too.
 fn is_connection_error(err: &StoreError) -> bool {
     matches!(err, StoreError::Unavailable { .. } | StoreError::Timeout(_))
-}
-
-/// Milliseconds since the Unix epoch (0 if the clock is before it).
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-/// A random owner id: xxh3 of the process id, the time, a per-process counter and a stack
-/// address, so two stores (in one process or in two) practically never share one.
-pub(crate) fn random_owner() -> u64 {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let local = 0u8;
-    let mut seed = Vec::with_capacity(40);
-    seed.extend_from_slice(&u64::from(std::process::id()).to_le_bytes());
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    seed.extend_from_slice(&nanos.to_le_bytes());
-    // Relaxed: only uniqueness of the returned number matters.
-    seed.extend_from_slice(&COUNTER.fetch_add(1, Ordering::Relaxed).to_le_bytes());
-    seed.extend_from_slice(&(std::ptr::addr_of!(local) as usize as u64).to_le_bytes());
-    xxhash_rust::xxh3::xxh3_64(&seed)
 }
 
 #[cfg(test)]

@@ -2,19 +2,8 @@
 //! them ([`apply`]), and the value's bytes ([`encode`], [`decode`]). No I/O: the store reads a
 //! value, applies operations here and compare-and-swaps the result.
 
+use crate::dedup::shared::{FORMAT_VERSION, FORMAT_VERSION_TIMED};
 use crate::dedup::{Claim, Digest};
-
-/// The key format's version, part of the namespace: values of every format below live under it.
-pub(crate) const KEY_VERSION: u8 = 1;
-
-/// The value format written without `max_age`: a done entry's time field is 0. Every
-/// version of nsq-dedupe reads it.
-pub(crate) const FORMAT_VERSION: u8 = 1;
-
-/// The value format written with `max_age`: a done entry's time field is the time of its
-/// commit. Values of version 1 are read as they are (their done entries never expire) and
-/// replaced by version 2 on their next write.
-pub(crate) const FORMAT_VERSION_TIMED: u8 = 2;
 
 /// Bytes of one entry in a value: slot index, digest, state, lease expiry, owner.
 pub(super) const ENTRY_BYTES: usize = 34;

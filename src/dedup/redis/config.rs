@@ -139,7 +139,7 @@ impl RedisConfig {
             ));
         }
         let ns = &self.namespace;
-        if let Err(reason) = crate::dedup::memcached::check_namespace(ns) {
+        if let Err(reason) = crate::dedup::shared::check_namespace(ns) {
             return invalid(format!("`store.namespace` = {ns:?}: {reason}"));
         }
         if self.lease.as_millis() == 0 {

@@ -57,7 +57,7 @@ use futures::future::join_all;
 
 use self::conn::Link;
 use self::slots::key_slot;
-use crate::dedup::memcached::{
+use crate::dedup::shared::{
     now_ms, random_owner, FORMAT_VERSION, FORMAT_VERSION_TIMED, KEY_VERSION,
 };
 use crate::dedup::{Claim, Digest, Geometry, Store};

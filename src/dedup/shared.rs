@@ -1,0 +1,59 @@
+//! What the shared stores (Memcached and Redis) have in common: the versions in their keys and
+//! set values, the namespace rule, lease owners and the wall clock that leases and `max_age`
+//! are measured by. Both keep a set as the same 34-byte entries, so these are written once.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// The key format's version, part of the namespace: values of every format below live under it.
+pub(crate) const KEY_VERSION: u8 = 1;
+
+/// The value format written without `max_age`: a done entry's time field is 0. Every
+/// version of nsq-dedupe reads it.
+pub(crate) const FORMAT_VERSION: u8 = 1;
+
+/// The value format written with `max_age`: a done entry's time field is the time of its
+/// commit. Values of version 1 are read as they are (their done entries never expire) and
+/// replaced by version 2 on their next write.
+pub(crate) const FORMAT_VERSION_TIMED: u8 = 2;
+
+/// The rule for a namespace: it becomes part of every key, and Memcached keys are printable
+/// ASCII without spaces, at most 250 bytes with the rest of the key.
+///
+/// # Errors
+///
+/// What is wrong, for an error message that names the setting.
+pub(crate) fn check_namespace(namespace: &str) -> Result<(), &'static str> {
+    if namespace.is_empty()
+        || namespace.len() > 160
+        || !namespace.bytes().all(|b| b.is_ascii_graphic())
+    {
+        Err("must be 1 to 160 printable ASCII characters without spaces")
+    } else {
+        Ok(())
+    }
+}
+
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// A random owner id: xxh3 of the process id, the time, a per-process counter and a stack
+/// address, so two stores (in one process or in two) practically never share one.
+pub(crate) fn random_owner() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let local = 0u8;
+    let mut seed = Vec::with_capacity(40);
+    seed.extend_from_slice(&u64::from(std::process::id()).to_le_bytes());
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    seed.extend_from_slice(&nanos.to_le_bytes());
+    // Relaxed: only uniqueness of the returned number matters.
+    seed.extend_from_slice(&COUNTER.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+    seed.extend_from_slice(&(std::ptr::addr_of!(local) as usize as u64).to_le_bytes());
+    xxhash_rust::xxh3::xxh3_64(&seed)
+}
