@@ -86,10 +86,10 @@ pub use config::Settings;
 #[cfg(feature = "sidecar")]
 pub use dedup::backend::Backend;
 pub use dedup::digest::{DigestAlgorithm, DigestKey, KeySpec, Keyer};
+#[cfg(any(feature = "memcached", feature = "redis"))]
+pub use dedup::fleet::{FleetCounters, DEFAULT_FLEET_INTERVAL, FLEET_BUCKETS};
 #[cfg(feature = "memcached")]
-pub use dedup::memcached::{
-    MemcachedConfig, MemcachedStore, DEFAULT_FLEET_INTERVAL, FLEET_BUCKETS,
-};
+pub use dedup::memcached::{MemcachedConfig, MemcachedStore};
 #[cfg(feature = "redis")]
 pub use dedup::redis::{RedisConfig, RedisPassword, RedisStore};
 pub use dedup::table::Table;

@@ -20,6 +20,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{DeadLetterSettings, Settings, SinkSettings, StoreSettings};
 use crate::dedup::backend::Backend;
+use crate::dedup::fleet::{FleetCounters, FLEET_BUCKETS};
 use crate::dedup::journal::Journal;
 use crate::dedup::near::NearTable;
 use crate::dedup::table_file::{SaveReport, TableFile};
@@ -391,12 +392,22 @@ impl<H: Handler> Sidecar<H> {
             background.clone(),
         ));
 
-        if let Backend::Memcached(store, _) = dedupe.store() {
-            tokio::spawn(fleet_loop(
-                store.clone(),
-                dedupe.metrics().clone(),
-                background.clone(),
-            ));
+        match dedupe.store() {
+            Backend::Memcached(store, _) => {
+                tokio::spawn(fleet_loop(
+                    store.clone(),
+                    dedupe.metrics().clone(),
+                    background.clone(),
+                ));
+            }
+            Backend::Redis(store, _) => {
+                tokio::spawn(fleet_loop(
+                    store.clone(),
+                    dedupe.metrics().clone(),
+                    background.clone(),
+                ));
+            }
+            _ => {}
         }
         if let (Some(file), Some(settings)) = (&table_file, &settings.table_file) {
             tokio::spawn(snapshot_loop(
@@ -523,8 +534,11 @@ pub async fn run(settings: Settings, shutdown: impl Future) -> Result<RunReport,
 /// Shares this consumer's distinct count with the others of the shared store once per
 /// `store.fleet_interval`, in the middle of each bucket, and records the fleet's rate once the
 /// counters cover whole buckets of this consumer's.
-async fn fleet_loop(store: MemcachedStore, metrics: Arc<Metrics>, stop: CancellationToken) {
-    use crate::dedup::memcached::FLEET_BUCKETS;
+async fn fleet_loop(
+    store: impl FleetCounters + 'static,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) {
     let mut shared = metrics.distinct();
     let mut shares = 0u64;
     loop {

@@ -1043,7 +1043,7 @@ async fn two_servers_share_the_keys_and_routing_is_stable() {
 
 #[tokio::test]
 async fn consumers_of_one_table_each_learn_the_fleets_distinct_rate() {
-    use nsq_dedupe::FLEET_BUCKETS;
+    use nsq_dedupe::{FleetCounters, FLEET_BUCKETS};
     let server = MemcachedServer::start();
     let namespace = unique_namespace("fleet");
     let geometry = Geometry::new(1024, 8).unwrap();

@@ -600,6 +600,55 @@ async fn two_processes_get_one_new_per_digest_standalone() {
 }
 
 // ---------------------------------------------------------------------------------------------
+/// Two consumers of one table add 300 and 100 distinct messages per 200 ms bucket: each
+/// learns the fleet's 2,000 a second, and a consumer of another table only its own 250.
+async fn consumers_of_one_table_each_learn_the_fleets_distinct_rate(
+    urls: &[String],
+    cluster: bool,
+) {
+    use nsq_dedupe::{FleetCounters, FLEET_BUCKETS};
+    let geometry = Geometry::new(1024, 8).unwrap();
+    let store = |namespace: &str| {
+        RedisStore::connect(
+            RedisConfig {
+                fleet_interval: Duration::from_millis(200),
+                ..config(urls, cluster, namespace)
+            },
+            geometry,
+        )
+    };
+    let namespace = unique_namespace("fleet");
+    let (a, b) = (
+        store(&namespace).await.unwrap(),
+        store(&namespace).await.unwrap(),
+    );
+    let other = store(&unique_namespace("fleet-other")).await.unwrap();
+    let mut rates = (0.0, 0.0, 0.0);
+    for _ in 0..FLEET_BUCKETS + 2 {
+        tokio::time::sleep(a.until_next_share()).await;
+        rates = (
+            a.share_distinct(300).await.unwrap(),
+            b.share_distinct(100).await.unwrap(),
+            other.share_distinct(50).await.unwrap(),
+        );
+    }
+    let within = |rate: f64, expected: f64| (rate - expected).abs() <= expected * 0.1;
+    assert!(
+        within(rates.0, 2000.0) && within(rates.1, 2000.0),
+        "{rates:?}"
+    );
+    assert!(
+        within(rates.2, 250.0),
+        "another table is another fleet: {rates:?}"
+    );
+}
+
+#[tokio::test]
+async fn consumers_of_one_table_each_learn_the_fleets_distinct_rate_standalone() {
+    let server = RedisServer::start();
+    consumers_of_one_table_each_learn_the_fleets_distinct_rate(&[server.url()], false).await;
+}
+
 // Redis Cluster: the cases share one cluster in one test, so that six servers start once.
 
 /// The end-to-end work of one message: claim until `New` (retrying errors, and `InFlight`
@@ -696,6 +745,9 @@ async fn claim_in_chunks(store: &RedisStore, digests: &[Digest]) -> Vec<Claim> {
 async fn redis_cluster_shares_one_table_through_reshard_and_failover() {
     let cluster = RedisCluster::start();
     let urls = cluster.urls();
+
+    // The fleet's counters live on one node of the cluster, whichever that is.
+    consumers_of_one_table_each_learn_the_fleets_distinct_rate(&urls, true).await;
 
     // Two processes, exactly one New per digest, sets spread over the three masters.
     two_processes_get_one_new_per_digest(&urls, true).await;

@@ -27,6 +27,7 @@ use crate::support::broker::{Broker, BrokerConfig};
 use crate::support::http::{Answer as HttpAnswer, HttpServer};
 use crate::support::lookupd::Lookupd;
 use crate::support::memcached::MemcachedServer;
+use crate::support::redis::RedisServer;
 use crate::util::wait_until_or;
 
 pub(crate) const TOPIC: &str = "events";
@@ -762,17 +763,36 @@ async fn a_memcached_server_dead_for_good_is_ejected_and_stalls_nothing() {
     assert_eq!(metric(&page, "nsq_dedupe_store_returns_total"), Some(0.0));
 }
 
-/// Two sidecars share one Memcached table, each reading its own nsqd: 600 and 300 distinct
-/// messages a second. Each reports the fleet's 900 as `distinct_rate`, within 10% (810 to
-/// 990); a sidecar that reported its own share (600 or 300) would be outside.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sidecars_sharing_memcached_each_report_the_fleets_distinct_rate() {
+    let memcached = MemcachedServer::start();
+    sidecars_sharing_a_store_report_the_fleets_distinct_rate(|raw| {
+        raw.store.kind = Some(StoreKind::Memcached);
+        raw.store.memcached_addresses = Some(vec![memcached.addr()]);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidecars_sharing_redis_each_report_the_fleets_distinct_rate() {
+    let redis = RedisServer::start();
+    sidecars_sharing_a_store_report_the_fleets_distinct_rate(|raw| {
+        raw.store.kind = Some(StoreKind::Redis);
+        raw.store.redis_urls = Some(vec![redis.url()]);
+    })
+    .await;
+}
+
+/// Two sidecars share one table (the store `shared` configures), each reading its own nsqd:
+/// 600 and 300 distinct messages a second. Each reports the fleet's 900 as `distinct_rate`,
+/// within 10% (810 to 990); a sidecar that reported its own share (600 or 300) would be
+/// outside.
+async fn sidecars_sharing_a_store_report_the_fleets_distinct_rate(shared: impl Fn(&mut RawConfig)) {
     const INTERVAL: Duration = Duration::from_millis(500);
     const TICK: Duration = Duration::from_millis(10);
     // Per tick of 10 ms: 600/s to the first nsqd, 300/s to the second.
     const PER_TICK: [usize; 2] = [6, 3];
     const FLEET: f64 = 900.0;
-    let memcached = MemcachedServer::start();
     let brokers = [
         Broker::start(BrokerConfig::default()).await,
         Broker::start(BrokerConfig::default()).await,
@@ -781,8 +801,7 @@ async fn sidecars_sharing_memcached_each_report_the_fleets_distinct_rate() {
     let mut sidecars = Vec::new();
     for broker in &brokers {
         let mut raw = raw_config(&[broker.tcp_addr()]);
-        raw.store.kind = Some(StoreKind::Memcached);
-        raw.store.memcached_addresses = Some(vec![memcached.addr()]);
+        shared(&mut raw);
         raw.store.namespace = Some("fleet-rate".into());
         raw.store.buckets = Some(1 << 16);
         raw.store.fleet_interval = Some(Dur(INTERVAL));
@@ -936,7 +955,7 @@ fn malformed_configs_are_rejected_with_the_key_named() {
         ("[dead_letter]\nkind = \"file\"\n", "`dead_letter.path` is required with `dead_letter.kind = \"file\"`: set it in the config file"),
         ("[source]\ntopic = \"t\"\nlookupd_http_addresses = [\"https://x:4161\"]\n", "invalid `source.lookupd_http_addresses` = \"https://x:4161\": https is not supported; use http://host:port"),
         ("[store]\nkind = \"memcached\"\nfleet_interval = \"0s\"\n", "invalid `store.fleet_interval` = 0s: must be at least 1ms (the fleet's counters are named by the millisecond)"),
-        ("[store]\nfleet_interval = \"1s\"\n", "`store.fleet_interval` is used only with `store.kind = \"memcached\"`: remove it, or set that too"),
+        ("[store]\nfleet_interval = \"1s\"\n", "`store.fleet_interval` is used only with a shared table, `store.kind = \"memcached\"` or `store.kind = \"redis\"`: remove it, or set that too"),
         ("[store]\nkind = \"memcached\"\nnamespace = \"my table\"\n", "invalid `store.namespace` = \"my table\": must be 1 to 160 printable ASCII characters without spaces"),
         ("[sink]\nkind = \"nsq\"\ndestination_nsqd_tcp_addresses = [\"127.0.0.1:4150\"]\ndestination_topic = \"bad topic!\"\n", "invalid `sink.destination_topic` = \"bad topic!\": NSQ topic names are 1 to 64 of letters, digits, '.', '_' and '-', optionally ending in #ephemeral"),
     ];

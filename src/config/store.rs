@@ -18,6 +18,15 @@ use crate::{MemcachedConfig, RedisConfig, RedisPassword};
 
 pub use crate::sizing::DEFAULT_WINDOW;
 
+/// What `[store]` says for either shared store, checked; `None` where the store's default
+/// applies.
+struct SharedSettings {
+    namespace: Option<String>,
+    lease: Duration,
+    timeout: Option<Duration>,
+    fleet_interval: Option<Duration>,
+}
+
 /// Which store keeps the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -251,13 +260,16 @@ impl RawStore {
             }
             config.servers = servers.clone();
         }
-        let (namespace, lease, timeout) = self.shared(msg_timeout)?;
-        if let Some(ns) = namespace {
+        let shared = self.shared(msg_timeout)?;
+        if let Some(ns) = shared.namespace {
             config.namespace = ns;
         }
-        config.lease = lease;
-        if let Some(timeout) = timeout {
+        config.lease = shared.lease;
+        if let Some(timeout) = shared.timeout {
             config.timeout = timeout;
+        }
+        if let Some(interval) = shared.fleet_interval {
+            config.fleet_interval = interval;
         }
         if let Some(text) = &self.eject_after {
             config.eject_after = if text == "off" {
@@ -278,27 +290,14 @@ impl RawStore {
                 }
             };
         }
-        if let Some(Dur(interval)) = self.fleet_interval {
-            crate::dedup::memcached::check_fleet_interval(interval).map_err(|reason| {
-                let shown = if interval.is_zero() {
-                    "0s".to_owned()
-                } else {
-                    format!("{interval:?}")
-                };
-                invalid("store.fleet_interval", shown, reason)
-            })?;
-            config.fleet_interval = interval;
-        }
         // The store's own rules (the namespace's syntax among them), without building a store.
         config.validate()?;
         Ok(config)
     }
 
     /// The lease, the namespace and the time limit, which the shared stores read alike.
-    fn shared(
-        &self,
-        msg_timeout: Duration,
-    ) -> Result<(Option<String>, Duration, Option<Duration>), ConfigError> {
+    /// The settings both shared stores take, checked.
+    fn shared(&self, msg_timeout: Duration) -> Result<SharedSettings, ConfigError> {
         if let Some(ns) = &self.namespace {
             crate::dedup::shared::check_namespace(ns)
                 .map_err(|reason| invalid("store.namespace", quote(Some(ns)), reason))?;
@@ -319,7 +318,22 @@ impl RawStore {
             }
             other => other.map(|d| d.0),
         };
-        Ok((self.namespace.clone(), lease, timeout))
+        if let Some(Dur(interval)) = self.fleet_interval {
+            crate::dedup::fleet::check_fleet_interval(interval).map_err(|reason| {
+                let shown = if interval.is_zero() {
+                    "0s".to_owned()
+                } else {
+                    format!("{interval:?}")
+                };
+                invalid("store.fleet_interval", shown, reason)
+            })?;
+        }
+        Ok(SharedSettings {
+            namespace: self.namespace.clone(),
+            lease,
+            timeout,
+            fleet_interval: self.fleet_interval.map(|d| d.0),
+        })
     }
 
     fn redis(&self, msg_timeout: Duration) -> Result<RedisConfig, ConfigError> {
@@ -360,13 +374,16 @@ impl RawStore {
                 config.password = self.redis_password.clone();
             }
         }
-        let (namespace, lease, timeout) = self.shared(msg_timeout)?;
-        if let Some(ns) = namespace {
+        let shared = self.shared(msg_timeout)?;
+        if let Some(ns) = shared.namespace {
             config.namespace = ns;
         }
-        config.lease = lease;
-        if let Some(timeout) = timeout {
+        config.lease = shared.lease;
+        if let Some(timeout) = shared.timeout {
             config.timeout = timeout;
+        }
+        if let Some(interval) = shared.fleet_interval {
+            config.fleet_interval = interval;
         }
         config.validate()?;
         Ok(config)

@@ -85,7 +85,6 @@ pub(super) fn check(raw: &RawConfig) -> Result<(), ConfigError> {
         &[
             ("store.memcached_addresses", t.memcached_addresses.is_some()),
             ("store.eject_after", t.eject_after.is_some()),
-            ("store.fleet_interval", t.fleet_interval.is_some()),
         ],
         store == StoreKind::Memcached,
         "`store.kind = \"memcached\"`",
@@ -109,6 +108,7 @@ pub(super) fn check(raw: &RawConfig) -> Result<(), ConfigError> {
             ("store.lease", t.lease.is_some()),
             ("store.timeout", t.timeout.is_some()),
             ("store.near_table", t.near_table.is_some()),
+            ("store.fleet_interval", t.fleet_interval.is_some()),
         ],
         store.is_shared(),
         "a shared table, `store.kind = \"memcached\"` or `store.kind = \"redis\"`",

@@ -17,6 +17,8 @@
 pub mod backend;
 pub mod clock;
 pub(crate) mod digest;
+#[cfg(any(feature = "memcached", feature = "redis"))]
+pub mod fleet;
 pub mod journal;
 mod json_key;
 #[cfg(feature = "memcached")]

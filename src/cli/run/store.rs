@@ -87,7 +87,7 @@ pub(crate) struct StoreFlags {
     /// `store.eject_after`.
     #[arg(long, value_name = "DURATION|off")]
     pub(crate) eject_after: Option<String>,
-    /// With Memcached: how often this consumer adds its distinct count to the fleet's counters
+    /// With Memcached or Redis: how often this consumer adds its distinct count to the fleet's counters
     /// in the store (default 10s); the fleet's rate covers 6 of them and is reported after 7.
     /// The same in every consumer of the table. `store.fleet_interval`.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use crate::dedup::fleet::check_fleet_interval;
 use crate::dedup::shared::check_namespace;
 use crate::error::StoreError;
 
@@ -59,8 +60,8 @@ pub struct MemcachedConfig {
     pub eject_after: Option<Duration>,
     /// How often this consumer adds its distinct count to the fleet's counters, and the
     /// length of one counter: the fleet's rate is measured over six of them and reported after
-    /// seven (see `fleet`). Every consumer of the table needs the same. Defaults to:
-    /// [`DEFAULT_FLEET_INTERVAL`](super::DEFAULT_FLEET_INTERVAL), 10 s.
+    /// seven (see [`fleet`](crate::dedup::fleet)). Every consumer of the table needs the
+    /// same. Defaults to: [`DEFAULT_FLEET_INTERVAL`](crate::dedup::fleet::DEFAULT_FLEET_INTERVAL), 10 s.
     pub fleet_interval: Duration,
 }
 
@@ -76,21 +77,8 @@ impl Default for MemcachedConfig {
             max_age: None,
             coalesce: true,
             eject_after: Some(Duration::from_secs(10)),
-            fleet_interval: super::DEFAULT_FLEET_INTERVAL,
+            fleet_interval: crate::dedup::fleet::DEFAULT_FLEET_INTERVAL,
         }
-    }
-}
-
-/// The rule for `fleet_interval`: the fleet's counters are named by the millisecond.
-///
-/// # Errors
-///
-/// What is wrong, for an error message that names the setting.
-pub(crate) fn check_fleet_interval(interval: Duration) -> Result<(), &'static str> {
-    if interval.as_millis() == 0 {
-        Err("must be at least 1ms (the fleet's counters are named by the millisecond)")
-    } else {
-        Ok(())
     }
 }
 

@@ -135,10 +135,7 @@ use crate::dedup::shared::{
 };
 use crate::dedup::{Claim, Digest, Geometry, Store};
 use crate::error::StoreError;
-#[cfg(feature = "sidecar")]
-pub(crate) use config::check_fleet_interval;
 pub use config::MemcachedConfig;
-pub use fleet::{DEFAULT_FLEET_INTERVAL, FLEET_BUCKETS};
 
 /// Sets per pipeline round trip in a batch. Bounded so that a huge batch never fills both
 /// directions' socket buffers while we are still writing.

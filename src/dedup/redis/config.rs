@@ -68,6 +68,11 @@ pub struct RedisConfig {
     /// Done entries committed longer ago than this count as not seen (`dedupe.max_age`).
     /// Defaults to: `None`.
     pub max_age: Option<Duration>,
+    /// How often this consumer adds its distinct count to the fleet's counters, and the
+    /// length of one counter, as for Memcached (see [`fleet`](crate::dedup::fleet)). Every
+    /// consumer of the table needs the same. Defaults to:
+    /// [`DEFAULT_FLEET_INTERVAL`](crate::dedup::fleet::DEFAULT_FLEET_INTERVAL), 10 s.
+    pub fleet_interval: Duration,
 }
 
 impl Default for RedisConfig {
@@ -81,6 +86,7 @@ impl Default for RedisConfig {
             lease: Duration::from_secs(65),
             timeout: Duration::from_millis(500),
             max_age: None,
+            fleet_interval: crate::dedup::fleet::DEFAULT_FLEET_INTERVAL,
         }
     }
 }
@@ -147,6 +153,12 @@ impl RedisConfig {
         }
         if self.timeout.is_zero() {
             return invalid("`store.timeout` must be more than 0".into());
+        }
+        if let Err(reason) = crate::dedup::fleet::check_fleet_interval(self.fleet_interval) {
+            return invalid(format!(
+                "`store.fleet_interval` = {:?}: {reason}",
+                self.fleet_interval
+            ));
         }
         Ok(())
     }

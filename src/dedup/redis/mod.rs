@@ -40,14 +40,20 @@
 //! the promoted replica: their digests are forgotten once (a redelivery passes again), never
 //! a message lost. The same goes for a server restarted without persistence.
 //!
+//! # The fleet's rate
+//!
+//! Consumers of one table add their distinct counts to counters beside it (`fleet`, with
+//! `fleet.lua`), as Memcached's do, so each reports the fleet's rate, not its own share.
+//!
 //! # Memory
 //!
-//! Keys have no expiry: give Redis `maxmemory` with `maxmemory-policy allkeys-lru` to let it
+//! The sets have no expiry (the fleet's counters do): give Redis `maxmemory` with `maxmemory-policy allkeys-lru` to let it
 //! remove the sets of namespaces nobody uses. `nsq-dedupe size` reports the bytes per set
 //! that `MEMORY USAGE` measures on a full set.
 
 mod config;
 mod conn;
+mod fleet;
 mod slots;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -104,6 +110,8 @@ struct Inner {
     owner: u64,
     link: Link,
     script: redis::Script,
+    /// The script of the fleet's counters (`fleet.rs`), loaded on its first use.
+    fleet_script: redis::Script,
     /// Values that could not be decoded and were treated as empty.
     unreadable: AtomicU64,
 }
@@ -155,6 +163,7 @@ impl RedisStore {
                 owner: random_owner(),
                 link,
                 script: redis::Script::new(SET_SCRIPT),
+                fleet_script: redis::Script::new(fleet::FLEET_SCRIPT),
                 unreadable: AtomicU64::new(0),
             }),
         })
