@@ -1043,7 +1043,6 @@ async fn two_servers_share_the_keys_and_routing_is_stable() {
 
 #[tokio::test]
 async fn consumers_of_one_table_each_learn_the_fleets_distinct_rate() {
-    use nsq_dedupe::{FleetCounters, FLEET_BUCKETS};
     let server = MemcachedServer::start();
     let namespace = unique_namespace("fleet");
     let geometry = Geometry::new(1024, 8).unwrap();
@@ -1058,26 +1057,7 @@ async fn consumers_of_one_table_each_learn_the_fleets_distinct_rate() {
         store(&namespace).await.unwrap(),
     );
     let other = store(&unique_namespace("fleet-other")).await.unwrap();
-    // Short buckets, each consumer adding once in the middle of every one: 300 and 100 per
-    // 200 ms are 2,000 distinct messages a second for the table of `a` and `b`.
-    let mut rates = (0.0, 0.0, 0.0);
-    for _ in 0..FLEET_BUCKETS + 2 {
-        tokio::time::sleep(a.until_next_share()).await;
-        rates = (
-            a.share_distinct(300).await.unwrap(),
-            b.share_distinct(100).await.unwrap(),
-            other.share_distinct(50).await.unwrap(),
-        );
-    }
-    let within = |rate: f64, expected: f64| (rate - expected).abs() <= expected * 0.1;
-    assert!(
-        within(rates.0, 2000.0) && within(rates.1, 2000.0),
-        "{rates:?}"
-    );
-    assert!(
-        within(rates.2, 250.0),
-        "another table is another fleet: {rates:?}"
-    );
+    crate::util::assert_each_learns_the_fleets_rate(&a, &b, &other).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

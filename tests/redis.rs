@@ -606,7 +606,6 @@ async fn consumers_of_one_table_each_learn_the_fleets_distinct_rate(
     urls: &[String],
     cluster: bool,
 ) {
-    use nsq_dedupe::{FleetCounters, FLEET_BUCKETS};
     let geometry = Geometry::new(1024, 8).unwrap();
     let store = |namespace: &str| {
         RedisStore::connect(
@@ -623,24 +622,7 @@ async fn consumers_of_one_table_each_learn_the_fleets_distinct_rate(
         store(&namespace).await.unwrap(),
     );
     let other = store(&unique_namespace("fleet-other")).await.unwrap();
-    let mut rates = (0.0, 0.0, 0.0);
-    for _ in 0..FLEET_BUCKETS + 2 {
-        tokio::time::sleep(a.until_next_share()).await;
-        rates = (
-            a.share_distinct(300).await.unwrap(),
-            b.share_distinct(100).await.unwrap(),
-            other.share_distinct(50).await.unwrap(),
-        );
-    }
-    let within = |rate: f64, expected: f64| (rate - expected).abs() <= expected * 0.1;
-    assert!(
-        within(rates.0, 2000.0) && within(rates.1, 2000.0),
-        "{rates:?}"
-    );
-    assert!(
-        within(rates.2, 250.0),
-        "another table is another fleet: {rates:?}"
-    );
+    crate::util::assert_each_learns_the_fleets_rate(&a, &b, &other).await;
 }
 
 #[tokio::test]

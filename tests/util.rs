@@ -31,3 +31,32 @@ pub async fn wait_until_or(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Two consumers of one table (`a`, `b`) add 300 and 100 distinct messages per bucket of
+/// 200 ms, and a consumer of another table (`other`) 50: once their shares cover whole
+/// buckets, `a` and `b` each learn the fleet's 2,000 a second, within 10%, and `other` only
+/// its own 250. The stores must have a `fleet_interval` of 200 ms.
+pub async fn assert_each_learns_the_fleets_rate<S: nsq_dedupe::FleetCounters>(
+    a: &S,
+    b: &S,
+    other: &S,
+) {
+    let mut rates = (0.0, 0.0, 0.0);
+    for _ in 0..nsq_dedupe::FLEET_BUCKETS + 2 {
+        tokio::time::sleep(a.until_next_share()).await;
+        rates = (
+            a.share_distinct(300).await.unwrap(),
+            b.share_distinct(100).await.unwrap(),
+            other.share_distinct(50).await.unwrap(),
+        );
+    }
+    let within = |rate: f64, expected: f64| (rate - expected).abs() <= expected * 0.1;
+    assert!(
+        within(rates.0, 2000.0) && within(rates.1, 2000.0),
+        "{rates:?}"
+    );
+    assert!(
+        within(rates.2, 250.0),
+        "another table is another fleet: {rates:?}"
+    );
+}
