@@ -62,14 +62,14 @@ local function locate(value, digest)
   end
 end
 
--- The fields of an entry of this owner after its slot index and digest.
-local function tail(state, time)
-  return pack('>BI8', state, time) .. owner
-end
+-- The fields of an entry of this owner after its slot index and digest: the same for every
+-- digest of one run, so made once.
+local CLAIMED = pack('>BI8', 1, lease_until) .. owner
+local DONE = pack('>BI8', 2, max_age and now or 0) .. owner
 
 -- value with the entry at `at` rewritten for this owner.
-local function replace(value, at, state, time)
-  return char(version) .. sub(value, 2, at + 16) .. tail(state, time) .. sub(value, at + ENTRY)
+local function replace(value, at, tail)
+  return char(version) .. sub(value, 2, at + 16) .. tail .. sub(value, at + ENTRY)
 end
 
 -- value with digest claimed: the first empty slot, else the cursor's (which moves on).
@@ -86,7 +86,7 @@ local function insert(value, digest)
         local at = 4
         while at < n and byte(value, at) < index do at = at + ENTRY end
         return char(version, cursor, count + 1) .. sub(value, 4, at - 1) .. char(index)
-          .. digest .. tail(1, lease_until) .. sub(value, at)
+          .. digest .. CLAIMED .. sub(value, at)
       end
     end
   end
@@ -98,7 +98,7 @@ local function insert(value, digest)
     while byte(value, at) ~= cursor do at = at + ENTRY end
   end
   return char(version, (cursor + 1) % ways, count) .. sub(value, 4, at)
-    .. digest .. tail(1, lease_until) .. sub(value, at + ENTRY)
+    .. digest .. CLAIMED .. sub(value, at + ENTRY)
 end
 
 -- The answer for digest in value, and the new value if it changed.
@@ -109,30 +109,30 @@ local function apply(value, digest)
     return 0, insert(value, digest)
   end
   local state = byte(value, at + 17)
-  local time = unpack('>I8', value, at + 18)
-  local mine = sub(value, at + 26, at + 33) == owner
   if op == 'c' then
+    local time = unpack('>I8', value, at + 18)
     if state == 2 then
       if time ~= 0 and max_age and now - time > max_age then
         -- Committed longer ago than max_age: a body sent again on purpose.
-        return 0, replace(value, at, 1, lease_until)
+        return 0, replace(value, at, CLAIMED)
       end
       return 2
     end
     if time > now then return 1 end
     -- The owner let the lease lapse: take the entry over, in its slot.
-    return 0, replace(value, at, 1, lease_until)
-  elseif op == 'm' then
-    if state == 2 then return 1 end
-    if not mine then return 0 end
-    return 1, replace(value, at, 2, max_age and now or 0)
+    return 0, replace(value, at, CLAIMED)
+  end
+  if op == 'm' and state == 2 then return 1 end
+  -- The owner's id is the entry's last 8 bytes.
+  if find(value, owner, at + 26, true) ~= at + 26 then return 0 end
+  if op == 'm' then
+    return 1, replace(value, at, DONE)
   elseif op == 'e' then
-    if not mine then return 0 end
     local _, cursor, count = byte(value, 1, 3)
     return 1, char(version, cursor, count - 1) .. sub(value, 4, at - 1) .. sub(value, at + ENTRY)
   else
-    if state ~= 1 or not mine then return 0 end
-    return 1, replace(value, at, 1, lease_until)
+    if state ~= 1 then return 0 end
+    return 1, replace(value, at, CLAIMED)
   end
 end
 

@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# What the Redis store's script costs the server per message, on full sets, as the sidecar
+# calls it. See `bench/redis-script.sh --help`.
+set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+Usage: bench/redis-script.sh [SCRIPT.lua...]
+
+Starts a redis-server (no persistence) on a free loopback port, fills 4,096 sets of 8 ways,
+then runs 400 bursts of 256 fresh digests through each script as the Redis store does: one
+EVALSHA claiming the burst, one committing it; last it claims again the digests of the last
+10 bursts, which no later claim pushed out (duplicates). Prints the server's own time per
+message from INFO commandstats (usec of EVALSHA) for the claims, the commits and the
+duplicate claims, and the server's CPU per message from /proc. Each script is measured
+twice, in the order given and then reversed, so that a script measured early does not look
+faster. Default: src/dedup/redis/set.lua; name a second file (an edited copy) to compare the
+two in one run. Every answer is checked: a fresh digest must be claimed new, a claimed one
+committed, a committed one found a duplicate.
+
+Needs redis-server (Debian's redis-server package) and python3; nothing else.
+EOF
+}
+
+case "${1:-}" in -h|--help) usage; exit 0 ;; esac
+cd "$(dirname "$0")/.."
+scripts=("$@")
+[ "${#scripts[@]}" -gt 0 ] || scripts=(src/dedup/redis/set.lua)
+command -v redis-server >/dev/null || { echo "redis-server is missing (apt-get install redis-server)" >&2; exit 1; }
+
+exec python3 - "${scripts[@]}" <<'PY'
+import os, random, socket, struct, subprocess, sys, tempfile, time
+
+SETS, WAYS, RUN, BURSTS, DUP_BURSTS = 4096, 8, 256, 400, 10
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+class Redis:
+    """Just enough RESP for EVALSHA, SCRIPT LOAD, INFO and CONFIG."""
+    def __init__(self, port):
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.sock = socket.create_connection(("127.0.0.1", port))
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        self.buf = b""
+
+    def call(self, *args):
+        out = [b"*%d\r\n" % len(args)]
+        for a in args:
+            a = a if isinstance(a, bytes) else str(a).encode()
+            out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+        self.sock.sendall(b"".join(out))
+        return self.reply()
+
+    def line(self):
+        while b"\r\n" not in self.buf:
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                raise SystemExit("redis-server closed the connection")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def exact(self, n):
+        while len(self.buf) < n + 2:
+            self.buf += self.sock.recv(1 << 16)
+        data, self.buf = self.buf[:n], self.buf[n + 2:]
+        return data
+
+    def reply(self):
+        line = self.line()
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return rest
+        if kind == b"-":
+            raise SystemExit(f"redis: {rest.decode()}")
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            n = int(rest)
+            return None if n < 0 else self.exact(n)
+        if kind == b"*":
+            return [self.reply() for _ in range(int(rest))]
+        raise SystemExit(f"unexpected reply {line!r}")
+
+def cpu_seconds(pid):
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+def measure(path):
+    port = free_port()
+    work = tempfile.mkdtemp()
+    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                               "--save", "", "--appendonly", "no", "--dir", work],
+                              stdout=subprocess.DEVNULL)
+    try:
+        r = Redis(port)
+        sha = r.call("SCRIPT", "LOAD", open(path, "rb").read())
+        owner = struct.pack(">Q", 0x6e73712d64656475)
+        rng = random.Random(7)
+
+        def run(op, digests, now=1_000_000):
+            keys = [b"bench:%d" % (int.from_bytes(d[:8], "big") % SETS) for d in digests]
+            answers = r.call("EVALSHA", sha, len(keys), *keys, op, owner, now, now + 65_000, "",
+                             WAYS, 1, *digests)
+            if len(answers) != len(digests) + 1:
+                raise SystemExit(f"{path}: {len(answers)} answers to {len(digests)} digests")
+            return answers
+
+        def fresh():
+            return [rng.randbytes(16) for _ in range(RUN)]
+
+        def usec():
+            stats = r.call("INFO", "commandstats").decode()
+            for line in stats.splitlines():
+                if line.startswith("cmdstat_evalsha:"):
+                    return int(line.split("usec=")[1].split(",")[0])
+            return 0
+
+        for _ in range(SETS * WAYS * 2 // RUN):
+            burst = fresh()
+            run("c", burst)
+            run("m", burst)
+        bursts = [fresh() for _ in range(BURSTS)]
+        claim = commit = 0
+        cpu0 = cpu_seconds(server.pid)
+        for burst in bursts:
+            r.call("CONFIG", "RESETSTAT")
+            if any(a != 0 for a in run("c", burst)[:-1]):
+                raise SystemExit(f"{path}: a fresh digest was not claimed new")
+            claim += usec()
+            r.call("CONFIG", "RESETSTAT")
+            if any(a != 1 for a in run("m", burst)[:-1]):
+                raise SystemExit(f"{path}: a claimed digest was not committed")
+            commit += usec()
+        cpu = cpu_seconds(server.pid) - cpu0
+        r.call("CONFIG", "RESETSTAT")
+        for burst in bursts[-DUP_BURSTS:]:
+            if any(a != 2 for a in run("c", burst)[:-1]):
+                raise SystemExit(f"{path}: a committed digest was not a duplicate")
+        duplicate = usec()
+        n = BURSTS * RUN
+        return claim / n, commit / n, duplicate / (DUP_BURSTS * RUN), cpu * 1e6 / n
+    finally:
+        server.terminate()
+        server.wait()
+
+scripts = sys.argv[1:]
+print(f"{SETS} full sets of {WAYS} ways, {BURSTS} bursts of {RUN} fresh digests, "
+      f"load average {os.getloadavg()[0]:.2f}")
+print(f"{'script':<40} {'claim µs':>9} {'commit µs':>10} {'sum':>6} {'dup claim':>10} {'CPU µs/msg':>11}")
+for path in scripts + scripts[::-1]:
+    claim, commit, duplicate, cpu = measure(path)
+    print(f"{path:<40} {claim:>9.2f} {commit:>10.2f} {claim + commit:>6.2f} {duplicate:>10.2f} {cpu:>11.2f}")
+PY
