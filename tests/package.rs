@@ -272,12 +272,22 @@ fn unit_runs_one_hardened_instance_per_config_and_outwaits_the_graceful_stop() {
 fn example_config_writes_only_its_instance_state_directory() {
     let text = std::fs::read_to_string(repo("pkg/example.toml")).unwrap();
     let config: toml::Value = toml::from_str(&text).unwrap();
-    // The unit's StateDirectory=nsq-dedupe/%i, for the instance `example`.
-    let state = "/var/lib/nsq-dedupe/example/";
+    // Relative paths, in the unit's working directory, which is its state directory: a copy
+    // of the example for another instance writes in that instance's directory. (Absolute
+    // paths naming the `example` instance's directory made every copy fail to start, and
+    // restart every 5 s.)
+    let unit = std::fs::read_to_string(repo("pkg/nsq-dedupe@.service")).unwrap();
+    assert!(unit.contains("\nStateDirectory=nsq-dedupe/%i\n"), "{unit}");
+    assert!(unit.contains("\nWorkingDirectory=%S/nsq-dedupe/%i\n"), "{unit}");
     let table = config["store"]["table_file"].as_str().unwrap();
     let dead_letter = config["dead_letter"]["path"].as_str().unwrap();
     for path in [table, dead_letter] {
-        assert!(path.starts_with(state), "{path} is outside {state}");
+        let path = Path::new(path);
+        assert!(
+            path.is_relative() && path.components().count() == 1,
+            "{} is not a plain name in the working directory",
+            path.display()
+        );
     }
     assert_eq!(
         config["sink"]["kind"].as_str(),
