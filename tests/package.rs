@@ -278,7 +278,10 @@ fn example_config_writes_only_its_instance_state_directory() {
     // restart every 5 s.)
     let unit = std::fs::read_to_string(repo("pkg/nsq-dedupe@.service")).unwrap();
     assert!(unit.contains("\nStateDirectory=nsq-dedupe/%i\n"), "{unit}");
-    assert!(unit.contains("\nWorkingDirectory=%S/nsq-dedupe/%i\n"), "{unit}");
+    assert!(
+        unit.contains("\nWorkingDirectory=%S/nsq-dedupe/%i\n"),
+        "{unit}"
+    );
     let table = config["store"]["table_file"].as_str().unwrap();
     let dead_letter = config["dead_letter"]["path"].as_str().unwrap();
     for path in [table, dead_letter] {
