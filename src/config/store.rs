@@ -27,6 +27,28 @@ struct SharedSettings {
     fleet_interval: Option<Duration>,
 }
 
+impl SharedSettings {
+    /// Writes what was set over a store's defaults.
+    fn apply(
+        self,
+        namespace: &mut String,
+        lease: &mut Duration,
+        timeout: &mut Duration,
+        fleet_interval: &mut Duration,
+    ) {
+        if let Some(ns) = self.namespace {
+            *namespace = ns;
+        }
+        *lease = self.lease;
+        if let Some(t) = self.timeout {
+            *timeout = t;
+        }
+        if let Some(interval) = self.fleet_interval {
+            *fleet_interval = interval;
+        }
+    }
+}
+
 /// Which store keeps the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -260,17 +282,12 @@ impl RawStore {
             }
             config.servers = servers.clone();
         }
-        let shared = self.shared(msg_timeout)?;
-        if let Some(ns) = shared.namespace {
-            config.namespace = ns;
-        }
-        config.lease = shared.lease;
-        if let Some(timeout) = shared.timeout {
-            config.timeout = timeout;
-        }
-        if let Some(interval) = shared.fleet_interval {
-            config.fleet_interval = interval;
-        }
+        self.shared(msg_timeout)?.apply(
+            &mut config.namespace,
+            &mut config.lease,
+            &mut config.timeout,
+            &mut config.fleet_interval,
+        );
         if let Some(text) = &self.eject_after {
             config.eject_after = if text == "off" {
                 None
@@ -295,8 +312,8 @@ impl RawStore {
         Ok(config)
     }
 
-    /// The lease, the namespace and the time limit, which the shared stores read alike.
-    /// The settings both shared stores take, checked.
+    /// The settings both shared stores take (namespace, lease, time limit, fleet interval),
+    /// checked.
     fn shared(&self, msg_timeout: Duration) -> Result<SharedSettings, ConfigError> {
         if let Some(ns) = &self.namespace {
             crate::dedup::shared::check_namespace(ns)
@@ -374,17 +391,12 @@ impl RawStore {
                 config.password = self.redis_password.clone();
             }
         }
-        let shared = self.shared(msg_timeout)?;
-        if let Some(ns) = shared.namespace {
-            config.namespace = ns;
-        }
-        config.lease = shared.lease;
-        if let Some(timeout) = shared.timeout {
-            config.timeout = timeout;
-        }
-        if let Some(interval) = shared.fleet_interval {
-            config.fleet_interval = interval;
-        }
+        self.shared(msg_timeout)?.apply(
+            &mut config.namespace,
+            &mut config.lease,
+            &mut config.timeout,
+            &mut config.fleet_interval,
+        );
         config.validate()?;
         Ok(config)
     }
