@@ -15,8 +15,9 @@
 //! This module holds the rules; each store's `share_distinct` does the one round trip.
 
 use std::future::Future;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
+use crate::dedup::shared::now_ms;
 use crate::error::StoreError;
 
 /// How often each consumer adds its count, and the length of one counter's bucket, unless
@@ -71,7 +72,7 @@ pub(crate) fn check_fleet_interval(interval: Duration) -> Result<(), &'static st
 /// each bucket gets one count of every consumer, clear of its edges.
 pub fn until_next_share(interval: Duration) -> Duration {
     let length = bucket_millis(interval);
-    let now = unix_millis();
+    let now = now_ms();
     let middle = (now / length + 1) * length + length / 2;
     let wait = (middle - now) % length;
     Duration::from_millis(if wait == 0 { length } else { wait })
@@ -92,7 +93,7 @@ impl Share {
     /// The buckets of a share made now.
     pub(crate) fn now(interval: Duration) -> Share {
         let length = bucket_millis(interval);
-        let current = unix_millis() / length;
+        let current = now_ms() / length;
         Share {
             current,
             read: (1..=FLEET_BUCKETS)
@@ -113,12 +114,6 @@ fn bucket_millis(interval: Duration) -> u64 {
     u64::try_from(interval.as_millis())
         .unwrap_or(u64::MAX)
         .max(1)
-}
-
-fn unix_millis() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]
@@ -145,7 +140,7 @@ mod tests {
         let interval = Duration::from_millis(1000);
         let wait = until_next_share(interval);
         assert!(wait > Duration::ZERO && wait <= interval, "{wait:?}");
-        let landing = (unix_millis() + wait.as_millis() as u64) % 1000;
+        let landing = (now_ms() + wait.as_millis() as u64) % 1000;
         assert!(
             (400..=600).contains(&landing),
             "lands at {landing} ms of its bucket"

@@ -45,14 +45,9 @@ impl FleetCounters for RedisStore {
         } else {
             0
         };
-        let run = inner.link.eval(&inner.fleet_script, slot, &evalsha);
-        let value = match tokio::time::timeout(inner.config.timeout, run).await {
-            Ok(result) => result?,
-            Err(_) => {
-                inner.link.forget_after_timeout();
-                return Err(StoreError::Timeout(inner.config.timeout));
-            }
-        };
+        let value = self
+            .in_time(inner.link.eval(&inner.fleet_script, slot, &evalsha))
+            .await?;
         let counters: Vec<u64> = redis::from_redis_value(&value).map_err(|error| {
             StoreError::Protocol(format!("the fleet script answered {value:?}: {error}"))
         })?;

@@ -47,8 +47,8 @@
 //!
 //! # Memory
 //!
-//! The sets have no expiry (the fleet's counters do): give Redis `maxmemory` with `maxmemory-policy allkeys-lru` to let it
-//! remove the sets of namespaces nobody uses. `nsq-dedupe size` reports the bytes per set
+//! The sets have no expiry (the fleet's counters do): give Redis `maxmemory` with
+//! `maxmemory-policy allkeys-lru` to let it remove the sets of namespaces nobody uses. `nsq-dedupe size` reports the bytes per set
 //! that `MEMORY USAGE` measures on a full set.
 
 mod config;
@@ -176,15 +176,8 @@ impl RedisStore {
     ///
     /// As [`RedisStore::connect`].
     pub async fn load_script(&self) -> Result<(), StoreError> {
-        let inner = &*self.inner;
-        let load = inner.link.load_script(&inner.script);
-        match tokio::time::timeout(inner.config.timeout, load).await {
-            Ok(result) => result,
-            Err(_) => {
-                inner.link.forget_after_timeout();
-                Err(StoreError::Timeout(inner.config.timeout))
-            }
-        }
+        self.in_time(self.inner.link.load_script(&self.inner.script))
+            .await
     }
 
     /// The settings this store was built with (any URL's password moved to `password`).
@@ -232,6 +225,22 @@ impl RedisStore {
         key.push_str(&self.inner.namespace);
         // Writing to a String cannot fail.
         let _ = write!(key, ":{set}");
+    }
+
+    /// `operation` within `store.timeout`. After a timeout every connection is dropped (a
+    /// server that stopped answering), and the next operation connects again.
+    async fn in_time<T>(
+        &self,
+        operation: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let inner = &*self.inner;
+        match tokio::time::timeout(inner.config.timeout, operation).await {
+            Ok(result) => result,
+            Err(_) => {
+                inner.link.forget_after_timeout();
+                Err(StoreError::Timeout(inner.config.timeout))
+            }
+        }
     }
 
     /// Runs the script for `op` on every digest; the answers are in the order of `digests`.
@@ -340,14 +349,9 @@ impl RedisStore {
         for digest in digests {
             evalsha.arg(&digest.to_bytes()[..]);
         }
-        let run = inner.link.eval(&inner.script, slot.unwrap_or(0), &evalsha);
-        let value = match tokio::time::timeout(inner.config.timeout, run).await {
-            Ok(result) => result?,
-            Err(_) => {
-                inner.link.forget_after_timeout();
-                return Err(StoreError::Timeout(inner.config.timeout));
-            }
-        };
+        let value = self
+            .in_time(inner.link.eval(&inner.script, slot.unwrap_or(0), &evalsha))
+            .await?;
         let mut answers: Vec<i64> = redis::from_redis_value(&value).map_err(|error| {
             StoreError::Protocol(format!("the set script answered {value:?}: {error}"))
         })?;
