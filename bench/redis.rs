@@ -170,7 +170,9 @@ fn claims(c: &mut Criterion) {
                 let (store, digests) = (store.clone(), digests.clone());
                 async move {
                     let burst: Vec<Digest> = (0..PER_TASK).map(|_| digests.next()).collect();
-                    store.claim_many(&burst).await.expect("claim_many");
+                    for claim in store.claim_many(&burst).await {
+                        claim.expect("claim_many");
+                    }
                 }
             })
         })

@@ -24,9 +24,13 @@
 //!      once the dead-letter accepted it. Without a dead-letter it is requeued with the longest
 //!      delay instead: never dropped.
 //! 3. A store error at claim follows [`StoreErrorPolicy`]: `Requeue` (REQ, decided later) or
-//!    `Process` (delivered without de-duplication). Errors of `commit`, `erase` and `renew` are
-//!    counted and logged, and the message goes on: a stale claim only delays or duplicates a
-//!    later copy, it never drops one. The first store error is logged, then at most one a
+//!    `Process` (delivered without de-duplication). Each message has its own claim: where a
+//!    burst's sets live on several servers and one fails, only its messages take the policy.
+//!    Errors of `commit`, `erase` and `renew` are counted and logged, and the message goes on:
+//!    a stale claim only delays or duplicates a later copy, it never drops one. Failed commits
+//!    and erases, and the erases of requeued claims that got no answer, are sent again with the
+//!    next bursts (`unsettled`), so a store that answers again decides copies at once, not a
+//!    lease later. The first store error is logged, then at most one a
 //!    `STORE_ERROR_LOG_INTERVAL`, with the count of those not logged; every one is counted.
 //!
 //! Whatever nsqd no longer accepts (a FIN for a message that timed out) is counted as an
@@ -44,6 +48,10 @@ use crate::error::StoreError;
 use crate::metrics::{add, inc, Metrics};
 use crate::nsq::{Answer, Message};
 use crate::sink::{DeadLetter, Handler, HandlerError};
+
+mod unsettled;
+
+use unsettled::Unsettled;
 
 /// How often store errors are logged at most, after the first.
 const STORE_ERROR_LOG_INTERVAL: Duration = Duration::from_secs(10);
@@ -223,6 +231,8 @@ struct Inner<S, H> {
     abandon: tokio_util::sync::CancellationToken,
     /// Records handed to the handler and not yet answered.
     handling: AtomicUsize,
+    /// Commits and erases the store failed, sent again with the next burst's claims.
+    unsettled: Unsettled,
 }
 
 /// Counts records as being handled for as long as it lives.
@@ -266,6 +276,7 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
                 store_errors_unlogged: AtomicU64::new(0),
                 abandon: tokio_util::sync::CancellationToken::new(),
                 handling: AtomicUsize::new(0),
+                unsettled: Unsettled::default(),
             }),
         }
     }
@@ -335,70 +346,77 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
         }
         let mut answers = Vec::new();
         let started = Instant::now();
-        let claims = if digests.is_empty() {
-            Ok(Vec::new())
-        } else {
-            inner.store.claim_many(&digests).await
+        let claimed = !digests.is_empty();
+        let claim = async {
+            if claimed {
+                inner.store.claim_many(&digests).await
+            } else {
+                Vec::new()
+            }
         };
+        let (claims, ()) = futures::future::join(claim, self.settle_unsettled()).await;
         // One clock read ends the claim and starts the handler: at hundreds of thousands of
         // messages a second, reading the clock is a few percent of the work.
         let answered = Instant::now();
-        if !digests.is_empty() {
-            metrics.store_answered(answered - started, claims.is_ok());
-        }
-        let claims = claims.and_then(|claims| {
-            if claims.len() == digests.len() {
-                Ok(claims)
-            } else {
-                Err(StoreError::Protocol(format!(
-                    "{} answers to {} claims",
-                    claims.len(),
-                    digests.len()
-                )))
-            }
-        });
-        match claims {
-            Ok(claims) => {
-                for (((index, message), claim), digest) in
-                    keyed.into_iter().zip(claims).zip(digests)
-                {
-                    match claim {
-                        Claim::Duplicate => {
-                            inc(&metrics.duplicates);
-                            outcomes[index] = Outcome::Duplicate;
-                            answers.push((message, Answer::Finish));
-                        }
-                        Claim::InFlight => {
-                            outcomes[index] = Outcome::InFlight;
-                            let answer = match inner.policy.on_in_flight {
-                                InFlightPolicy::Requeue => {
-                                    inc(&metrics.in_flight_requeues);
-                                    requeue(Some(inner.policy.in_flight_requeue_delay), false)
-                                }
-                                InFlightPolicy::Finish => {
-                                    inc(&metrics.in_flight_finished);
-                                    Answer::Finish
-                                }
-                            };
-                            answers.push((message, answer));
-                        }
-                        Claim::New => {
-                            inc(&metrics.unique);
-                            deliver.push(Record {
-                                index,
-                                message,
-                                digest: Some(digest),
-                            });
-                        }
-                    }
+        let claims = if claims.len() == digests.len() {
+            claims
+        } else {
+            let error = StoreError::Protocol(format!(
+                "{} answers to {} claims",
+                claims.len(),
+                digests.len()
+            ));
+            vec![Err(error); digests.len()]
+        };
+        // Each message is decided by its own claim: where a burst's sets live on several
+        // servers and one fails, the messages of the others go on as usual.
+        let mut failed: Option<(StoreError, usize)> = None;
+        for (((index, message), claim), digest) in keyed.into_iter().zip(claims).zip(digests) {
+            match claim {
+                Ok(Claim::Duplicate) => {
+                    inc(&metrics.duplicates);
+                    outcomes[index] = Outcome::Duplicate;
+                    answers.push((message, Answer::Finish));
                 }
-            }
-            Err(error) => {
-                // Every message's claim failed: each is a store error.
-                self.store_errors("claim", &error, keyed.len());
-                for (index, message) in keyed {
+                Ok(Claim::InFlight) => {
+                    outcomes[index] = Outcome::InFlight;
+                    let answer = match inner.policy.on_in_flight {
+                        InFlightPolicy::Requeue => {
+                            inc(&metrics.in_flight_requeues);
+                            requeue(Some(inner.policy.in_flight_requeue_delay), false)
+                        }
+                        InFlightPolicy::Finish => {
+                            inc(&metrics.in_flight_finished);
+                            Answer::Finish
+                        }
+                    };
+                    answers.push((message, answer));
+                }
+                Ok(Claim::New) => {
+                    inc(&metrics.unique);
+                    deliver.push(Record {
+                        index,
+                        message,
+                        digest: Some(digest),
+                    });
+                }
+                Err(error) => {
+                    let unanswered = matches!(
+                        error,
+                        StoreError::Timeout(_) | StoreError::Unavailable { .. }
+                    );
+                    match &mut failed {
+                        Some((_, count)) => *count += 1,
+                        None => failed = Some((error, 1)),
+                    }
                     match inner.policy.on_store_error {
                         StoreErrorPolicy::Requeue => {
+                            if unanswered {
+                                // The claim may have reached the store: erase it once the
+                                // store answers, so the requeued message is not held back
+                                // as in flight for the whole lease.
+                                inner.unsettled.keep(&[], &[digest]);
+                            }
                             inc(&metrics.store_error_requeues);
                             let delay = inner.policy.store_error_delay(message.attempts());
                             answers.push((message, requeue(Some(delay), false)));
@@ -414,6 +432,12 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
                     }
                 }
             }
+        }
+        if claimed {
+            metrics.store_answered(answered - started, failed.is_none());
+        }
+        if let Some((error, count)) = failed {
+            self.store_errors("claim", &error, count);
         }
         // Copies are answered at once, not after the burst's records are handed on.
         self.answer(answers);
@@ -476,12 +500,9 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
         let Some(mut results) = results else {
             add(&metrics.abandoned, count);
             let digests: Vec<Digest> = records.iter().filter_map(|r| r.digest).collect();
-            for error in self
-                .erase_all(&digests)
-                .await
-                .into_iter()
-                .filter_map(Result::err)
-            {
+            let erases = self.erase_all(&digests).await;
+            self.keep_unsettled(&[], &[], &digests, &erases);
+            for error in erases.into_iter().filter_map(Result::err) {
                 self.store_error("erase", &error);
             }
             let answers = records
@@ -524,6 +545,9 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
         if !committed.is_empty() || !erased.is_empty() {
             let ok = commits.iter().chain(&erases).all(Result::is_ok);
             metrics.store_answered(handled.elapsed(), ok);
+            if !ok {
+                self.keep_unsettled(&committed, &commits, &erased, &erases);
+            }
         }
         for result in commits {
             // Delivered all the same: a later copy may be delivered again, but this message
@@ -577,6 +601,49 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
             outcomes.push((index, Box::pin(self.dead_letter(message, &error)).await));
         }
         outcomes
+    }
+
+    /// Keeps the commits and erases that failed with a store error, to send them again with
+    /// the next burst (see `unsettled`).
+    fn keep_unsettled(
+        &self,
+        committed: &[Digest],
+        commits: &[Result<bool, StoreError>],
+        erased: &[Digest],
+        erases: &[Result<bool, StoreError>],
+    ) {
+        let failed = |digests: &[Digest], answers: &[Result<bool, StoreError>]| -> Vec<Digest> {
+            digests
+                .iter()
+                .zip(answers)
+                .filter(|(_, answer)| answer.is_err())
+                .map(|(digest, _)| *digest)
+                .collect()
+        };
+        self.inner
+            .unsettled
+            .keep(&failed(committed, commits), &failed(erased, erases));
+    }
+
+    /// Sends again the commits and erases the store failed before; those that fail again are
+    /// kept for the next burst. Their errors were counted when they first failed.
+    async fn settle_unsettled(&self) {
+        let writes = self.inner.unsettled.take();
+        if writes.is_empty() {
+            return;
+        }
+        let (commits, erases) = futures::future::join(
+            self.commit_all(&writes.commits),
+            self.erase_all(&writes.erases),
+        )
+        .await;
+        self.keep_unsettled(&writes.commits, &commits, &writes.erases, &erases);
+        tracing::debug!(
+            commits = writes.commits.len(),
+            erases = writes.erases.len(),
+            still_unsettled = self.inner.unsettled.len(),
+            "Sent failed store writes again."
+        );
     }
 
     /// Commits each digest; the results are in the order of `digests`.

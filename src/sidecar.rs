@@ -359,6 +359,7 @@ impl<H: Handler> Sidecar<H> {
                         window,
                         target,
                         ejections: store.store().ejections(),
+                        cluster_retries: store.store().cluster_retries(),
                     };
                     (StatusCode::OK, metrics.render(&view))
                 }),
@@ -633,6 +634,7 @@ fn table_view<H: Handler>(dedupe: &Dedupe<Backend, H>, settings: &Settings) -> T
         near: None,
         target: settings.target_probability,
         ejections: None,
+        cluster_retries: None,
     }
 }
 
@@ -645,6 +647,7 @@ fn log_status<H: Handler>(dedupe: &Dedupe<Backend, H>, window: Duration, target:
         window,
         target,
         ejections: dedupe.store().ejections(),
+        cluster_retries: dedupe.store().cluster_retries(),
     };
     let secs = m.uptime().as_secs_f64().max(1e-3);
     tracing::info!(

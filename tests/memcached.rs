@@ -16,6 +16,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
 use crate::support::memcached::MemcachedServer;
+use crate::util::claimed;
 
 /// A namespace no other test (or earlier case) uses, so tests can share nothing by accident.
 fn unique_namespace(tag: &str) -> String {
@@ -233,7 +234,7 @@ async fn run_case(addr: &str, ways: u32, actions: &[Action]) -> Result<(), TestC
             }
             Action::ClaimMany(who, indices) => {
                 let batch: Vec<Digest> = indices.iter().map(|&i| pool[i]).collect();
-                let got = stores[*who].claim_many(&batch).await.map_err(fail)?;
+                let got = claimed(stores[*who].claim_many(&batch).await).map_err(fail)?;
                 let mut seen_in_batch = std::collections::HashSet::new();
                 for ((i, d), claim) in indices.iter().zip(&batch).zip(&got) {
                     if !ever_claimed.contains(i) && seen_in_batch.insert(*i) {
@@ -364,9 +365,7 @@ async fn claim_all(
     let mut news = Vec::new();
     if batched {
         for chunk in order.chunks(16) {
-            let claims = store
-                .claim_many(chunk)
-                .await
+            let claims = claimed(store.claim_many(chunk).await)
                 .unwrap_or_else(|e| panic!("claim_many failed: {e}"));
             news.extend(
                 chunk
@@ -571,7 +570,7 @@ async fn tasks_and_processes_get_one_new_per_digest() {
     let check = MemcachedStore::connect(config(&[server.addr()], &namespace), geometry)
         .await
         .expect("connect");
-    let claims = check.claim_many(&digests).await.expect("final claims");
+    let claims = claimed(check.claim_many(&digests).await).expect("final claims");
     assert!(claims.iter().all(|c| *c == Claim::InFlight));
     assert_eq!(check.unreadable_values(), 0);
 }
@@ -748,7 +747,7 @@ async fn batch_claims_follow_the_single_claim_rules() {
     let (x, y) = (digest(10), digest(11));
     assert_eq!(a.claim(x).await.unwrap(), Claim::New);
     assert!(a.commit(x).await.unwrap());
-    let got = a.claim_many(&[x, y, y, x]).await.unwrap();
+    let got = claimed(a.claim_many(&[x, y, y, x]).await).unwrap();
     assert_eq!(
         got,
         [
@@ -758,11 +757,14 @@ async fn batch_claims_follow_the_single_claim_rules() {
             Claim::Duplicate
         ]
     );
-    assert_eq!(a.claim_many(&[]).await.unwrap(), []);
+    assert_eq!(claimed(a.claim_many(&[]).await).unwrap(), []);
     // Three digests in one two-way set: the third pushes out the first.
     let same_set = digests_per_set(geometry, 3);
     let (p, q, r) = (same_set[0], same_set[1], same_set[2]);
-    assert_eq!(a.claim_many(&[p, q, r]).await.unwrap(), [Claim::New; 3]);
+    assert_eq!(
+        claimed(a.claim_many(&[p, q, r]).await).unwrap(),
+        [Claim::New; 3]
+    );
     assert_eq!(a.claim(q).await.unwrap(), Claim::InFlight);
     assert_eq!(
         a.claim(p).await.unwrap(),
@@ -794,7 +796,7 @@ async fn unreadable_value_is_counted_and_replaced() {
     raw.set(store.item_key(e), "\u{2}\u{0}".as_bytes(), None, None)
         .await
         .unwrap();
-    assert_eq!(store.claim_many(&[e]).await.unwrap(), [Claim::New]);
+    assert_eq!(claimed(store.claim_many(&[e]).await).unwrap(), [Claim::New]);
     assert_eq!(
         store.unreadable_values(),
         2,
@@ -807,7 +809,7 @@ async fn unreadable_value_is_counted_and_replaced() {
         .await
         .unwrap();
     assert_eq!(
-        store.claim_many(&[f, e]).await.unwrap(),
+        claimed(store.claim_many(&[f, e]).await).unwrap(),
         [Claim::New, Claim::InFlight]
     );
     assert_eq!(store.unreadable_values(), 3);
@@ -859,7 +861,7 @@ async fn outage(coalesce: bool) {
     .unwrap();
     let (d, e) = (digest(30), digest(31));
     assert_eq!(store.claim(d).await.unwrap(), Claim::New);
-    assert_eq!(store.claim_many(&[e]).await.unwrap(), [Claim::New]);
+    assert_eq!(claimed(store.claim_many(&[e]).await).unwrap(), [Claim::New]);
     let old_pid = server.pid();
 
     server.stop();
@@ -873,7 +875,7 @@ async fn outage(coalesce: bool) {
         "{claim:?}"
     );
     let batch = store.claim_many(&[d, e]).await;
-    assert!(batch.is_err(), "{batch:?}");
+    assert!(batch.iter().all(|answer| answer.is_err()), "{batch:?}");
     assert!(store.commit(d).await.is_err());
     assert!(store.renew(d).await.is_err());
     assert!(store.erase(d).await.is_err());
@@ -902,7 +904,7 @@ async fn outage(coalesce: bool) {
     assert_eq!(recovered, Claim::New);
     assert!(attempts <= 2, "recovery took {attempts} attempts");
     assert_eq!(
-        store.claim_many(&[d, e]).await.unwrap(),
+        claimed(store.claim_many(&[d, e]).await).unwrap(),
         [Claim::InFlight, Claim::New]
     );
 }
@@ -946,7 +948,7 @@ async fn silent_server_times_out() {
         );
         assert_eq!(
             store.claim_many(&[digest(41)]).await,
-            Err(StoreError::Timeout(Duration::from_millis(200)))
+            [Err(StoreError::Timeout(Duration::from_millis(200)))]
         );
     }
     assert!(
@@ -992,9 +994,7 @@ async fn two_servers_share_the_keys_and_routing_is_stable() {
     for d in &digests[..100] {
         assert_eq!(store.claim(*d).await.unwrap(), Claim::New);
     }
-    assert!(store
-        .claim_many(&digests[100..])
-        .await
+    assert!(claimed(store.claim_many(&digests[100..]).await)
         .unwrap()
         .iter()
         .all(|c| *c == Claim::New));
@@ -1033,9 +1033,7 @@ async fn two_servers_share_the_keys_and_routing_is_stable() {
             servers[store.server_of(key)]
         );
     }
-    assert!(again
-        .claim_many(&digests)
-        .await
+    assert!(claimed(again.claim_many(&digests).await)
         .unwrap()
         .iter()
         .all(|c| *c == Claim::InFlight));
@@ -1270,4 +1268,50 @@ async fn max_age_lets_a_committed_digest_be_claimed_again_once_older() {
     tokio::time::sleep(Duration::from_millis(1_100)).await;
     assert_eq!(store.claim(d).await, Ok(Claim::New), "older than max_age");
     assert_eq!(store.claim(d).await, Ok(Claim::InFlight));
+}
+
+/// A burst whose sets live on two servers, one of them dead: the digests of the live server
+/// are claimed as usual, only those of the dead one fail, and once it is back they are
+/// claimed too.
+#[tokio::test]
+async fn a_burst_fails_only_the_digests_of_a_dead_server() {
+    let one = MemcachedServer::start();
+    let mut two = MemcachedServer::start();
+    let mut settings = config(&[one.addr(), two.addr()], &unique_namespace("burst-dead"));
+    settings.timeout = Duration::from_millis(300);
+    let store = MemcachedStore::connect(settings, Geometry::new(1 << 14, 8).unwrap())
+        .await
+        .unwrap();
+    let burst: Vec<Digest> = (0..200).map(digest).collect();
+    let home = |d: &Digest| store.server_of(&store.item_key(*d));
+    two.stop();
+
+    let answers = store.claim_many(&burst).await;
+    for (d, answer) in burst.iter().zip(&answers) {
+        match home(d) {
+            0 => assert_eq!(answer, &Ok(Claim::New), "server one's digests are decided"),
+            _ => assert!(answer.is_err(), "server two is dead: {answer:?}"),
+        }
+    }
+    let dead = burst.iter().filter(|d| home(d) == 1).count();
+    assert!(
+        dead > 0 && dead < burst.len(),
+        "{dead} of the burst on server two"
+    );
+
+    two.restart();
+    let failed: Vec<Digest> = burst.iter().copied().filter(|d| home(d) == 1).collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let answers = loop {
+        let answers = store.claim_many(&failed).await;
+        if answers.iter().all(Result::is_ok) || Instant::now() > deadline {
+            break answers;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        claimed(answers).expect("server two answers again"),
+        vec![Claim::New; failed.len()],
+        "the failed claims wrote nothing"
+    );
 }

@@ -12,6 +12,7 @@ use nsq_dedupe::sidecar::build_store;
 use nsq_dedupe::{Claim, Digest, Geometry, MemcachedConfig, Store};
 
 use crate::support::memcached::MemcachedServer;
+use crate::util::claimed;
 
 fn digest(n: u64) -> Digest {
     Digest::from_u128(xxhash_rust::xxh3::xxh3_128(&n.to_le_bytes()))
@@ -86,7 +87,7 @@ async fn own_copies_skip_memcached_and_survive_its_outage() {
     assert!(round_trips(&server) >= before + 100);
     // A batch mixing own copies and new digests asks Memcached for the new ones only.
     let batch: Vec<Digest> = (90..110).map(digest).collect();
-    let claims = store.claim_many(&batch).await.unwrap();
+    let claims = claimed(store.claim_many(&batch).await).unwrap();
     assert_eq!(&claims[..10], &[Claim::Duplicate; 10]);
     assert_eq!(&claims[10..], &[Claim::New; 10]);
 

@@ -25,7 +25,7 @@ use crate::sidecar::{drained, payload, raw_config, Recorder, Running, TOPIC};
 use crate::support::broker::{Broker, BrokerConfig};
 use crate::support::memcached::MemcachedServer;
 use crate::support::redis::{RedisCluster, RedisServer};
-use crate::util::wait_until_or;
+use crate::util::{claimed, wait_until_or};
 
 /// A namespace no other test uses.
 fn unique_namespace(tag: &str) -> String {
@@ -146,14 +146,14 @@ async fn replacement_follows_the_in_process_table() {
         .await
         .unwrap();
     let digests: Vec<Digest> = (0..3).map(digest).collect();
-    let claims = store.claim_many(&digests).await.unwrap();
+    let claims = claimed(store.claim_many(&digests).await).unwrap();
     assert_eq!(claims, [Claim::New; 3]);
     // Two ways: the third digest pushed out the first (FIFO); the second is still held.
     assert_eq!(store.claim(digests[1]).await.unwrap(), Claim::InFlight);
     assert_eq!(store.claim(digests[0]).await.unwrap(), Claim::New);
     // The first took the second's slot (the cursor's); the second comes back in the third's.
     assert_eq!(
-        store.claim_many(&[digests[1], digests[1]]).await.unwrap(),
+        claimed(store.claim_many(&[digests[1], digests[1]]).await).unwrap(),
         [Claim::New, Claim::InFlight],
         "pushed out by the first; a batch's repeat is in flight"
     );
@@ -239,11 +239,16 @@ async fn a_burst_whose_script_fails_writes_nothing_and_the_retry_passes() {
     // One set's key holds a list: the script cannot read it, so the burst's run fails.
     let broken = store.set_key(burst[17]);
     server.cli(&["rpush", &broken, "not a set"]);
-    let error = store.claim_many(&burst).await.unwrap_err();
-    assert!(error.to_string().contains("WRONGTYPE"), "{error}");
+    let failed = store.claim_many(&burst).await;
+    assert!(
+        failed.iter().all(|answer| answer
+            .as_ref()
+            .is_err_and(|error| error.to_string().contains("WRONGTYPE"))),
+        "each digest of the failed run is an error: {failed:?}"
+    );
     server.cli(&["del", &broken]);
     assert_eq!(
-        store.claim_many(&burst).await.unwrap(),
+        claimed(store.claim_many(&burst).await).unwrap(),
         vec![Claim::New; burst.len()],
         "the failed run claimed nothing: no digest waits out a lease"
     );
@@ -262,7 +267,7 @@ async fn a_burst_whose_script_fails_writes_nothing_and_the_retry_passes() {
         .await
         .unwrap();
     assert_eq!(
-        other.claim_many(&burst).await.unwrap(),
+        claimed(other.claim_many(&burst).await).unwrap(),
         vec![Claim::InFlight; burst.len()],
         "still in flight: the failed commit run wrote nothing"
     );
@@ -274,7 +279,7 @@ async fn a_burst_whose_script_fails_writes_nothing_and_the_retry_passes() {
         .collect();
     assert_eq!(committed, vec![true; burst.len()]);
     assert_eq!(
-        other.claim_many(&burst).await.unwrap(),
+        claimed(other.claim_many(&burst).await).unwrap(),
         vec![Claim::Duplicate; burst.len()]
     );
 }
@@ -296,7 +301,7 @@ async fn racing_bursts_of_two_owners_get_one_new_per_digest() {
             tokio::spawn(async move {
                 let mut news = Vec::new();
                 for burst in order.chunks(48) {
-                    let claims = store.claim_many(burst).await.expect("burst claimed");
+                    let claims = claimed(store.claim_many(burst).await).expect("burst claimed");
                     news.extend(
                         burst
                             .iter()
@@ -331,7 +336,7 @@ async fn racing_bursts_of_two_owners_get_one_new_per_digest() {
     }
     // 768 digests: more than one script run takes, so several runs answer in order.
     assert_eq!(
-        a.claim_many(&digests).await.unwrap(),
+        claimed(a.claim_many(&digests).await).unwrap(),
         vec![Claim::Duplicate; digests.len()]
     );
 }
@@ -377,7 +382,7 @@ async fn killed_redis_fails_fast_then_recovers_and_reloads_the_script() {
     .unwrap();
     let (d, e) = (digest(30), digest(31));
     assert_eq!(store.claim(d).await.unwrap(), Claim::New);
-    assert_eq!(store.claim_many(&[e]).await.unwrap(), [Claim::New]);
+    assert_eq!(claimed(store.claim_many(&[e]).await).unwrap(), [Claim::New]);
 
     server.stop();
     let began = Instant::now();
@@ -389,7 +394,11 @@ async fn killed_redis_fails_fast_then_recovers_and_reloads_the_script() {
         ),
         "{claim:?}"
     );
-    assert!(store.claim_many(&[d, e]).await.is_err());
+    assert!(store
+        .claim_many(&[d, e])
+        .await
+        .iter()
+        .all(|answer| answer.is_err()));
     assert!(store.commit(d).await.is_err());
     assert!(store.renew(d).await.is_err());
     assert!(store.erase(d).await.is_err());
@@ -414,7 +423,7 @@ async fn killed_redis_fails_fast_then_recovers_and_reloads_the_script() {
     };
     assert_eq!(recovered, Claim::New);
     assert_eq!(
-        store.claim_many(&[d, e]).await.unwrap(),
+        claimed(store.claim_many(&[d, e]).await).unwrap(),
         [Claim::InFlight, Claim::New]
     );
 }
@@ -450,7 +459,7 @@ async fn claim_all(store: &RedisStore, digests: &[Digest], seed: u64) -> (Vec<Di
     let mut news = Vec::new();
     for chunk in order.chunks(16) {
         let claims = if seed.is_multiple_of(2) {
-            store.claim_many(chunk).await
+            claimed(store.claim_many(chunk).await)
         } else {
             futures::future::try_join_all(chunk.iter().map(|&d| store.claim(d))).await
         }
@@ -589,7 +598,7 @@ async fn two_processes_get_one_new_per_digest(urls: &[String], cluster: bool) {
     let check = RedisStore::connect(config(urls, cluster, &namespace), geometry)
         .await
         .unwrap();
-    let claims = check.claim_many(&digests).await.unwrap();
+    let claims = claimed(check.claim_many(&digests).await).unwrap();
     assert!(claims.iter().all(|c| *c == Claim::InFlight));
 }
 
@@ -718,7 +727,7 @@ async fn process_all(
 async fn claim_in_chunks(store: &RedisStore, digests: &[Digest]) -> Vec<Claim> {
     let mut claims = Vec::with_capacity(digests.len());
     for chunk in digests.chunks(100) {
-        claims.extend(store.claim_many(chunk).await.unwrap());
+        claims.extend(claimed(store.claim_many(chunk).await).unwrap());
     }
     claims
 }
@@ -1140,4 +1149,147 @@ async fn throughput() {
         "  redis: {runs} script runs for {messages} messages, a claim and a commit each: {:.1} digests a run",
         2.0 * messages as f64 / runs as f64
     );
+}
+
+/// The slot ranges that node `index` serves as a master, from `CLUSTER NODES`.
+fn slots_served_by(cluster: &RedisCluster, index: usize, via: usize) -> Vec<(u16, u16)> {
+    let id = cluster.id_of(index);
+    let nodes = cluster.nodes[via].cli(&["cluster", "nodes"]);
+    let line = nodes
+        .lines()
+        .find(|line| line.starts_with(&id))
+        .unwrap_or_else(|| panic!("node {id} in {nodes}"));
+    line.split_whitespace()
+        .skip(8)
+        .filter_map(|range| {
+            let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+            Some((lo.parse().ok()?, hi.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Claims `digests` until every claim is answered, for at most `limit`.
+async fn claim_until_answered(
+    store: &RedisStore,
+    digests: &[Digest],
+    limit: Duration,
+) -> Vec<Claim> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let answers = store.claim_many(digests).await;
+        if answers.iter().all(Result::is_ok) {
+            return claimed(answers).unwrap();
+        }
+        let failed = answers.iter().filter(|a| a.is_err()).count();
+        assert!(
+            Instant::now() < deadline,
+            "{failed} of {} claims still fail after {limit:?}: {:?}",
+            digests.len(),
+            answers.iter().find(|a| a.is_err())
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Bursts whose sets live on every master, as a sidecar claims them, while one master is
+/// frozen (SIGSTOP) and then another killed (SIGKILL): the digests of the other masters are
+/// decided at once, only those of the failed master fail, and as soon as its replica is
+/// promoted every digest is decided again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_fails_only_the_digests_of_a_failed_master() {
+    let cluster = RedisCluster::start();
+    let store = RedisStore::connect(
+        RedisConfig {
+            timeout: Duration::from_millis(300),
+            ..config(&cluster.urls(), true, &unique_namespace("burst-failover"))
+        },
+        Geometry::new(1 << 16, 8).unwrap(),
+    )
+    .await
+    .unwrap();
+    let mut admin = redis::Client::open(cluster.nodes[5].url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let mut next = 0;
+    let mut burst = |n: u64| {
+        next += n;
+        (next - n..next).map(digest).collect::<Vec<_>>()
+    };
+    // Nodes frozen or killed so far, which no command may be sent to.
+    let mut down = Vec::new();
+    // Slot 0 and slot 16383 start on different masters: the second fault hits a live shard.
+    for (signal, slot) in [("STOP", 0), ("KILL", 16_383)] {
+        let warm = burst(300);
+        assert_eq!(
+            claimed(store.claim_many(&warm).await).unwrap(),
+            vec![Claim::New; 300]
+        );
+        let via = (0..6).find(|i| !down.contains(i)).unwrap();
+        let victim = cluster.master_of_slot(slot, via);
+        let ranges = slots_served_by(&cluster, victim, via);
+        let pid = cluster.nodes[victim].pid().expect("the victim runs");
+        let status = std::process::Command::new("kill")
+            .args([format!("-{signal}"), pid.to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success());
+        down.push(victim);
+
+        let digests = burst(300);
+        let began = Instant::now();
+        let answers = store.claim_many(&digests).await;
+        let took = began.elapsed();
+        let mut failed = Vec::new();
+        for (&d, answer) in digests.iter().zip(&answers) {
+            let slot: u16 = redis::cmd("CLUSTER")
+                .arg("KEYSLOT")
+                .arg(store.set_key(d))
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            let on_victim = ranges.iter().any(|&(lo, hi)| (lo..=hi).contains(&slot));
+            match answer {
+                Ok(claim) => {
+                    assert!(
+                        !on_victim,
+                        "SIG{signal}: a claim on the failed master answered"
+                    );
+                    assert_eq!(*claim, Claim::New);
+                }
+                Err(error) => {
+                    assert!(
+                        on_victim,
+                        "SIG{signal}: a live master's digest failed: {error}"
+                    );
+                    failed.push(d);
+                }
+            }
+        }
+        assert!(
+            !failed.is_empty(),
+            "SIG{signal}: no digest of the burst was on the victim"
+        );
+        println!(
+            "SIG{signal}: {} of 300 claims failed with the victim, the burst answered in {took:?}",
+            failed.len()
+        );
+
+        // Once the replica is promoted, the failed digests are claimed (nothing was written
+        // for them) and a fresh burst over every master is answered in full.
+        let failover = Instant::now();
+        let retried = claim_until_answered(&store, &failed, Duration::from_secs(15)).await;
+        assert_eq!(retried, vec![Claim::New; failed.len()]);
+        let fresh = burst(300);
+        let claims = claim_until_answered(&store, &fresh, Duration::from_secs(5)).await;
+        assert_eq!(claims, vec![Claim::New; 300]);
+        println!(
+            "SIG{signal}: every digest answered {:?} after the fault",
+            failover.elapsed()
+        );
+        let committed = store.commit_many(&fresh).await;
+        assert!(committed.iter().all(|c| c == &Ok(true)), "{committed:?}");
+        cluster.wait_until_ok(&down);
+    }
 }

@@ -60,3 +60,10 @@ pub async fn assert_each_learns_the_fleets_rate<S: nsq_dedupe::FleetCounters>(
         "another table is another fleet: {rates:?}"
     );
 }
+
+/// The claims of a burst when every one was answered; the first error otherwise.
+pub fn claimed(
+    answers: Vec<Result<nsq_dedupe::Claim, nsq_dedupe::error::StoreError>>,
+) -> Result<Vec<nsq_dedupe::Claim>, nsq_dedupe::error::StoreError> {
+    answers.into_iter().collect()
+}

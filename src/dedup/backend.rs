@@ -66,6 +66,17 @@ impl Backend {
         }
     }
 
+    /// For a Redis Cluster: the `MOVED`/`ASK` answers followed, and the operations tried
+    /// again after a node failed or the cluster was failing over.
+    pub fn cluster_retries(&self) -> Option<(u64, u64)> {
+        match self {
+            Backend::Redis(store, _) if store.config().cluster => {
+                Some((store.redirects(), store.retries()))
+            }
+            _ => None,
+        }
+    }
+
     /// What the near-table answered, when there is one.
     pub fn near_stats(&self) -> Option<NearStats> {
         match self {
@@ -87,7 +98,7 @@ impl Store for Backend {
         }
     }
 
-    async fn claim_many(&self, digests: &[Digest]) -> Result<Vec<Claim>, StoreError> {
+    async fn claim_many(&self, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
         match self {
             Backend::Memory(table) | Backend::Journalled(table, _) => {
                 Store::claim_many(table, digests).await
@@ -241,7 +252,7 @@ async fn claim_many_behind<S: Store>(
     store: &S,
     near: Option<&NearTable>,
     digests: &[Digest],
-) -> Result<Vec<Claim>, StoreError> {
+) -> Vec<Result<Claim, StoreError>> {
     let Some(near) = near else {
         return Box::pin(store.claim_many(digests)).await;
     };
@@ -255,19 +266,23 @@ async fn claim_many_behind<S: Store>(
     let mut answers = if remote.is_empty() {
         Vec::new()
     } else {
-        Box::pin(store.claim_many(&remote)).await?
+        Box::pin(store.claim_many(&remote)).await
     }
     .into_iter();
-    Ok(local
+    local
         .iter()
         .map(|&hit| {
             if hit {
-                Claim::Duplicate
+                Ok(Claim::Duplicate)
             } else {
-                answers.next().unwrap_or(Claim::New)
+                answers.next().unwrap_or_else(|| {
+                    Err(StoreError::Protocol(
+                        "a claim of a burst went unanswered".into(),
+                    ))
+                })
             }
         })
-        .collect())
+        .collect()
 }
 
 #[cfg(test)]

@@ -155,20 +155,23 @@ pub trait Store: Send + Sync {
     /// otherwise what it is held as.
     fn claim(&self, digest: Digest) -> impl Future<Output = Result<Claim, StoreError>> + Send;
 
-    /// Claims many digests; a shared store pipelines them in few round trips.
+    /// Claims many digests, as [`claim`](Store::claim) each; a shared store pipelines them in
+    /// few round trips.
     ///
     /// The answers are in the order of `digests`. A digest that appears twice gets `New` once
-    /// and `InFlight` after that.
+    /// and `InFlight` after that. Each digest has its own answer: where a burst's sets live on
+    /// several servers, one server failing fails only the digests of that server, and the
+    /// others are decided as usual.
     fn claim_many(
         &self,
         digests: &[Digest],
-    ) -> impl Future<Output = Result<Vec<Claim>, StoreError>> + Send {
+    ) -> impl Future<Output = Vec<Result<Claim, StoreError>>> + Send {
         async move {
             let mut claims = Vec::with_capacity(digests.len());
             for &digest in digests {
-                claims.push(self.claim(digest).await?);
+                claims.push(self.claim(digest).await);
             }
-            Ok(claims)
+            claims
         }
     }
 

@@ -163,6 +163,18 @@ impl Scrape {
                 returns,
             ));
         }
+        if let Some((redirects, retries)) = table.cluster_retries {
+            counters.push((
+                "nsq_dedupe_store_redirects",
+                "MOVED and ASK answers of the Redis Cluster followed: slots that moved.",
+                redirects,
+            ));
+            counters.push((
+                "nsq_dedupe_store_retries",
+                "Redis Cluster operations tried again after a node failed or a failover.",
+                retries,
+            ));
+        }
         let copy = |name, help, histogram: &Histogram| {
             let (buckets, sum) = histogram.buckets();
             (name, help, buckets, sum, histogram.count())
@@ -396,6 +408,7 @@ mod tests {
             window: Duration::from_secs(60),
             target: 0.99,
             ejections: None,
+            cluster_retries: None,
         };
         m.render(&view)
     }

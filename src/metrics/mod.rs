@@ -211,6 +211,9 @@ pub struct TableView {
     pub target: f64,
     /// Servers of a shared store ejected and taken back so far, with several servers.
     pub ejections: Option<(u64, u64)>,
+    /// For a Redis Cluster: redirections followed, and operations tried again after a node
+    /// failed or the cluster was failing over.
+    pub cluster_retries: Option<(u64, u64)>,
 }
 
 /// The catch probability a table is expected to keep when `store.probability` is not given.

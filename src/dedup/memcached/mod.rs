@@ -107,9 +107,10 @@
 //! waiting. An operation whose caller stops waiting (its future dropped) may still be carried
 //! out.
 //!
-//! In a batch, an error of one server fails the operations on that server only; for
-//! `claim_many` it fails the whole call, although claims on other servers (or written before
-//! the error) may stand as in-flight entries that expire with their lease.
+//! In a batch, an error of one server fails the operations on that server only, claims
+//! included: the digests of the other servers are decided as usual. A failed claim whose write
+//! reached the server before the error stands as an in-flight entry that expires with its
+//! lease.
 
 mod coalesce;
 mod config;
@@ -597,10 +598,9 @@ impl Store for MemcachedStore {
     /// per server (and per 256 sets), then written with one compare-and-swap each in the
     /// next; sets that lost a race are read and written again.
     ///
-    /// If any server fails, the whole batch is an error, although some of its claims may
-    /// already be written; those entries are in flight under this owner and expire with the
-    /// lease.
-    async fn claim_many(&self, digests: &[Digest]) -> Result<Vec<Claim>, StoreError> {
+    /// A server that fails fails the claims of its sets only; some of them may already be
+    /// written, and those entries are in flight under this owner and expire with the lease.
+    async fn claim_many(&self, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
         let ops: Vec<(Op, Digest)> = digests.iter().map(|&d| (Op::Claim, d)).collect();
         self.run_ops(&ops)
             .await

@@ -3,23 +3,38 @@
 //!
 //! A multiplexed connection pipelines concurrent commands: whatever callers send while
 //! earlier commands are on the wire goes out in the next write, so concurrent operations share
-//! round trips without a queue of our own. A connection that fails is dropped and the next
-//! operation opens a new one (after a server restart, say).
+//! round trips without a queue of our own.
 //!
-//! In a cluster, the slot map comes from `CLUSTER SLOTS` of any node that answers (the seeds
-//! first). An operation goes to the master of its key's slot; `MOVED` updates the map and
-//! sends it on to the new master, `ASK` sends it once to the importing node with `ASKING`
-//! first (in the same write, so nothing comes between), and a dead node or `CLUSTERDOWN`
-//! reloads the map and tries again until the operation's time limit: a failover is answered
-//! as soon as the cluster has promoted a replica.
+//! In a cluster, the slot map comes from `CLUSTER SLOTS`, asked of every known node at once
+//! (the masters in the map and the seeds), the first answer winning, so that a dead or frozen
+//! node never holds up the others. An operation goes to the master of its key's slot; `MOVED`
+//! updates the map and sends it on to the new master, `ASK` sends it once to the importing
+//! node with `ASKING` first (in the same write, so nothing comes between), and a dead node or
+//! `CLUSTERDOWN` reloads the map and tries again until the operation's time limit: a failover
+//! is answered as soon as the cluster has promoted a replica.
+//!
+//! # Failures stay with their node
+//!
+//! A sidecar sends bursts: many operations at once, spread over every master. Each operation
+//! is bounded by its own deadline ([`RedisConfig::timeout`]), and what happens at one node
+//! stays with it:
+//! - an operation that runs out of time drops the connection it waited on (that node's only),
+//!   and marks the slot map stale: the next operation in a cluster reads it again first, so a
+//!   master that froze (no error, no answer) is replaced by its promoted replica as soon as
+//!   the cluster says so;
+//! - connecting to one node never waits for a connection to another (a lock per node);
+//! - the slot map is read once per failure, however many operations saw that failure (a
+//!   generation number), and never by more than one operation at a time.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::future::select_ok;
 use redis::aio::MultiplexedConnection;
 use redis::{ErrorKind, IntoConnectionInfo, RedisError, Script, Value};
+use tokio::time::Instant;
 
 use super::config::RedisConfig;
 use super::slots::SlotMap;
@@ -36,22 +51,42 @@ pub(super) struct Link {
     /// `host:port` of each URL: the server, or the cluster's seed nodes.
     seeds: Vec<String>,
     cluster: bool,
+    /// The time limit of one operation (`store.timeout`).
     timeout: Duration,
     /// How to open a connection to a node, given its `host:port`.
     template: Template,
     /// Open connections by `host:port`. A `std` mutex: held only to clone, add or remove an
     /// entry, never across an `.await`.
-    nodes: Mutex<HashMap<String, MultiplexedConnection>>,
-    /// Held while connecting, so that many callers waiting for one node open one connection.
-    connecting: tokio::sync::Mutex<()>,
+    nodes: Mutex<HashMap<String, Open>>,
+    /// The id of the next connection opened.
+    next_id: AtomicU64,
+    /// A lock per node, held while connecting to it, so that many callers waiting for one
+    /// node open one connection, and a node that does not answer holds up no other.
+    connecting: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// The cluster's slot map (empty until first read, and for a standalone server).
     slots: Mutex<SlotMap>,
+    /// How many times the slot map was read: an operation that failed reads it again only if
+    /// nobody did since it failed.
+    generation: AtomicU64,
+    /// Set when an operation ran out of time at a node: the next operation reads the slot map
+    /// before routing.
+    stale: AtomicBool,
     /// Held while the slot map is read again, so that one failover reloads it once.
     refreshing: tokio::sync::Mutex<()>,
     /// `MOVED` and `ASK` answers followed.
     pub(super) redirects: AtomicU64,
+    /// Operations tried again after a node failed or the cluster was failing over.
+    pub(super) retries: AtomicU64,
     /// For errors and logs: the servers' addresses, without user or password.
     pub(super) addr: String,
+}
+
+/// An open connection to a node, with an id that tells it from the connection that replaced
+/// it.
+#[derive(Clone)]
+struct Open {
+    id: u64,
+    conn: MultiplexedConnection,
 }
 
 /// What every node's connection shares: TLS, the user, the password, the database.
@@ -111,31 +146,48 @@ impl Link {
                 db: first.redis.db,
             },
             nodes: Mutex::new(HashMap::new()),
-            connecting: tokio::sync::Mutex::new(()),
+            next_id: AtomicU64::new(0),
+            connecting: Mutex::new(HashMap::new()),
             slots: Mutex::new(SlotMap::default()),
+            generation: AtomicU64::new(0),
+            stale: AtomicBool::new(false),
             refreshing: tokio::sync::Mutex::new(()),
             redirects: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
             addr,
         })
     }
 
+    /// The deadline of an operation that starts now.
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.timeout
+    }
+
     /// Loads `script` on the server, or on every master of the cluster (reading the slot
-    /// map first): a check that the servers answer and run scripts.
+    /// map first): a check that the servers answer and run scripts. Bounded by the time limit.
     ///
     /// # Errors
     ///
-    /// The first node that fails.
+    /// The first node that fails, or [`StoreError::Timeout`].
     pub(super) async fn load_script(&self, script: &Script) -> Result<(), StoreError> {
+        let deadline = self.deadline();
         let nodes = if self.cluster {
-            self.refresh_slots().await?;
+            self.refresh_slots(self.generation(), deadline).await?;
             self.slots_map().all_masters()
         } else {
             self.seeds.clone()
         };
         for node in nodes {
-            let mut conn = self.node(&node).await?;
-            let loaded: Result<String, RedisError> =
-                script.prepare_invoke().load_async(&mut conn).await;
+            let open = self.node(&node, deadline).await?;
+            let mut conn = open.conn.clone();
+            let loaded: Result<String, RedisError> = self
+                .within(
+                    deadline,
+                    &node,
+                    &open,
+                    script.prepare_invoke().load_async(&mut conn),
+                )
+                .await?;
             if let Err(error) = loaded {
                 return Err(self.failed(&node, &error));
             }
@@ -145,32 +197,38 @@ impl Link {
 
     /// Runs `evalsha` (an `EVALSHA` of `script` whose keys all lie in `slot`, which a
     /// standalone server ignores) on the node that serves `slot`, following redirections,
-    /// loading the script where it is missing, and (in a cluster) waiting out a failover.
-    /// Time-limited by the caller.
+    /// loading the script where it is missing, and (in a cluster) waiting out a failover, all
+    /// within the time limit.
     ///
     /// # Errors
     ///
-    /// The node's error; in a standalone server the first error, in a cluster the last one.
+    /// [`StoreError::Timeout`] when the time limit passes; otherwise the node's error (in a
+    /// standalone server the first one, in a cluster the last one).
     pub(super) async fn eval(
         &self,
         script: &Script,
         slot: u16,
         evalsha: &redis::Cmd,
     ) -> Result<Value, StoreError> {
+        let deadline = self.deadline();
         let mut ask: Option<String> = None;
         let mut redirects = 0;
         loop {
+            // The map this attempt routes by: a failure reads it again only if nobody has
+            // since.
+            let seen = self.generation();
             let node = match &ask {
                 Some(node) => node.clone(),
-                None => self.route(slot).await?,
+                None => self.route(slot, deadline).await?,
             };
-            let mut conn = match self.node(&node).await {
-                Ok(conn) => conn,
-                Err(error) if !self.cluster => return Err(error),
+            let open = match self.node(&node, deadline).await {
+                Ok(open) => open,
+                Err(error) if !self.cluster || matches!(error, StoreError::Timeout(_)) => {
+                    return Err(error)
+                }
                 Err(_) => {
                     // The node died: its replica takes over once the cluster notices.
-                    tokio::time::sleep(RETRY_PAUSE).await;
-                    let _ = self.refresh_slots().await;
+                    self.retry_after(seen, deadline).await?;
                     ask = None;
                     continue;
                 }
@@ -178,11 +236,17 @@ impl Link {
             let result: Result<Value, RedisError> = if ask.is_some() {
                 let mut pipe = redis::pipe();
                 pipe.cmd("ASKING").ignore().add_command(evalsha.clone());
-                pipe.query_async::<(Value,)>(&mut conn)
-                    .await
-                    .map(|(value,)| value)
+                let mut asking = open.conn.clone();
+                self.within(deadline, &node, &open, async move {
+                    pipe.query_async::<(Value,)>(&mut asking)
+                        .await
+                        .map(|(value,)| value)
+                })
+                .await?
             } else {
-                evalsha.query_async(&mut conn).await
+                let mut sending = open.conn.clone();
+                self.within(deadline, &node, &open, evalsha.query_async(&mut sending))
+                    .await?
             };
             let error = match result {
                 Ok(value) => return Ok(value),
@@ -191,8 +255,15 @@ impl Link {
             match error.kind() {
                 ErrorKind::NoScriptError => {
                     // A restarted server, or a replica promoted before it saw the script.
-                    let loaded: Result<String, RedisError> =
-                        script.prepare_invoke().load_async(&mut conn).await;
+                    let mut loading = open.conn.clone();
+                    let loaded: Result<String, RedisError> = self
+                        .within(
+                            deadline,
+                            &node,
+                            &open,
+                            script.prepare_invoke().load_async(&mut loading),
+                        )
+                        .await?;
                     if let Err(error) = loaded {
                         return Err(self.failed(&node, &error));
                     }
@@ -226,15 +297,13 @@ impl Link {
                 | ErrorKind::ReadOnly
                     if self.cluster =>
                 {
-                    tokio::time::sleep(RETRY_PAUSE).await;
-                    let _ = self.refresh_slots().await;
+                    self.retry_after(seen, deadline).await?;
                     ask = None;
                 }
                 _ if self.cluster && is_connection_error(&error) => {
                     // The node died: its replica takes over once the cluster notices.
-                    self.drop_node(&node);
-                    tokio::time::sleep(RETRY_PAUSE).await;
-                    let _ = self.refresh_slots().await;
+                    self.drop_conn(&node, &open);
+                    self.retry_after(seen, deadline).await?;
                     ask = None;
                 }
                 _ => return Err(self.failed(&node, &error)),
@@ -242,15 +311,63 @@ impl Link {
         }
     }
 
-    /// The master of `slot` (the server, when standalone).
-    async fn route(&self, slot: u16) -> Result<String, StoreError> {
+    /// `step`, a command sent on `open` to `node`, within `deadline`. When the deadline
+    /// passes, the node did not answer in time: its connection is dropped (a frozen server
+    /// would hold every later command too) and the slot map is marked stale.
+    async fn within<T>(
+        &self,
+        deadline: Instant,
+        node: &str,
+        open: &Open,
+        step: impl std::future::Future<Output = T>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout_at(deadline, step).await {
+            Ok(answer) => Ok(answer),
+            Err(_) => {
+                self.drop_conn(node, open);
+                if self.cluster {
+                    self.stale.store(true, Ordering::Relaxed);
+                }
+                Err(StoreError::Timeout(self.timeout))
+            }
+        }
+    }
+
+    /// Waits a moment, then reads the slot map again unless someone did since `seen`: a
+    /// cluster that is failing over.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Timeout`] if the deadline comes first.
+    async fn retry_after(&self, seen: u64, deadline: Instant) -> Result<(), StoreError> {
+        if Instant::now() + RETRY_PAUSE >= deadline {
+            tokio::time::sleep_until(deadline).await;
+            self.stale.store(true, Ordering::Relaxed);
+            return Err(StoreError::Timeout(self.timeout));
+        }
+        // A statistic: nothing else depends on it.
+        self.retries.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(RETRY_PAUSE).await;
+        // A failed read leaves the old map: the next attempt fails again and reads it again.
+        let _ = self.refresh_slots(seen, deadline).await;
+        Ok(())
+    }
+
+    /// The master of `slot` (the server, when standalone), reading the slot map first when it
+    /// is unknown or stale.
+    async fn route(&self, slot: u16, deadline: Instant) -> Result<String, StoreError> {
         if !self.cluster {
             return Ok(self.seeds[0].clone());
+        }
+        if self.stale.load(Ordering::Relaxed) {
+            // A node ran out of time: its slots may have a new master. If no node answers,
+            // route by the old map.
+            let _ = self.refresh_slots(self.generation(), deadline).await;
         }
         if let Some(master) = self.slots_map().master(slot) {
             return Ok(master.to_owned());
         }
-        self.refresh_slots().await?;
+        self.refresh_slots(self.generation(), deadline).await?;
         self.slots_map()
             .master(slot)
             .map(str::to_owned)
@@ -260,66 +377,109 @@ impl Link {
             })
     }
 
-    /// Reads the slot map from the first node that answers: known masters, then the seeds.
-    async fn refresh_slots(&self) -> Result<(), StoreError> {
-        let _refreshing = self.refreshing.lock().await;
-        let mut candidates = self.slots_map().all_masters();
-        candidates.extend(self.seeds.iter().cloned());
-        let mut last = None;
-        for node in candidates {
-            let mut conn = match self.node(&node).await {
-                Ok(conn) => conn,
-                Err(error) => {
-                    last = Some(error);
-                    continue;
-                }
-            };
-            let answer: Result<Value, RedisError> = redis::cmd("CLUSTER")
-                .arg("SLOTS")
-                .query_async(&mut conn)
-                .await;
-            match answer {
-                Ok(value) => match SlotMap::from_cluster_slots(&value, host_of(&node)) {
-                    Ok(map) if !map.all_masters().is_empty() => {
-                        *self.slots_map() = map;
-                        return Ok(());
-                    }
-                    Ok(_) => {
-                        last = Some(StoreError::Unavailable {
-                            addr: node.clone(),
-                            detail: "CLUSTER SLOTS named no master".into(),
-                        })
-                    }
-                    Err(detail) => last = Some(StoreError::Protocol(detail)),
-                },
-                Err(error) => last = Some(self.failed(&node, &error)),
-            }
-        }
-        Err(last.unwrap_or_else(|| StoreError::Unavailable {
-            addr: self.addr.clone(),
-            detail: "no node to ask for the slot map".into(),
-        }))
+    /// How many times the slot map has been read.
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
-    /// The open connection to `node`, or a new one.
-    async fn node(&self, node: &str) -> Result<MultiplexedConnection, StoreError> {
+    /// Reads the slot map again, unless it was read since generation `seen`: asks every known
+    /// master and seed at once, and takes the first map that names a master.
+    async fn refresh_slots(&self, seen: u64, deadline: Instant) -> Result<(), StoreError> {
+        let _refreshing = match tokio::time::timeout_at(deadline, self.refreshing.lock()).await {
+            Ok(guard) => guard,
+            Err(_) => return Err(StoreError::Timeout(self.timeout)),
+        };
+        if self.generation() != seen {
+            // Read by another operation while this one waited.
+            return Ok(());
+        }
+        let mut candidates = self.slots_map().all_masters();
+        candidates.extend(self.seeds.iter().cloned());
+        candidates.sort_unstable();
+        candidates.dedup();
+        if candidates.is_empty() {
+            return Err(StoreError::Unavailable {
+                addr: self.addr.clone(),
+                detail: "no node to ask for the slot map".into(),
+            });
+        }
+        let asks = candidates
+            .iter()
+            .map(|node| Box::pin(self.slots_of(node, deadline)));
+        // The nodes that have not answered yet are dropped with the rest of `select_ok`'s
+        // answer: nothing waits for them.
+        let map = select_ok(asks).await.map(|(map, _unasked)| map)?;
+        *self.slots_map() = map;
+        self.stale.store(false, Ordering::Relaxed);
+        self.generation.fetch_add(1, Ordering::Release);
+        Ok(())
+    }
+
+    /// The slot map as `node` sees it.
+    async fn slots_of(&self, node: &str, deadline: Instant) -> Result<SlotMap, StoreError> {
+        let open = self.node(node, deadline).await?;
+        let mut asking = open.conn.clone();
+        let answer: Result<Value, RedisError> = self
+            .within(
+                deadline,
+                node,
+                &open,
+                redis::cmd("CLUSTER").arg("SLOTS").query_async(&mut asking),
+            )
+            .await?;
+        match answer {
+            Ok(value) => match SlotMap::from_cluster_slots(&value, host_of(node)) {
+                Ok(map) if !map.all_masters().is_empty() => Ok(map),
+                Ok(_) => Err(StoreError::Unavailable {
+                    addr: node.to_owned(),
+                    detail: "CLUSTER SLOTS named no master".into(),
+                }),
+                Err(detail) => Err(StoreError::Protocol(detail)),
+            },
+            Err(error) => Err(self.failed(node, &error)),
+        }
+    }
+
+    /// The open connection to `node`, or a new one, within `deadline`.
+    async fn node(&self, node: &str, deadline: Instant) -> Result<Open, StoreError> {
         if let Some(conn) = self.open(node) {
             return Ok(conn);
         }
-        let _connecting = self.connecting.lock().await;
-        if let Some(conn) = self.open(node) {
-            return Ok(conn);
+        let lock = Arc::clone(
+            self.connecting_map()
+                .entry(node.to_owned())
+                .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(()))),
+        );
+        let connect = async {
+            let _connecting = lock.lock().await;
+            if let Some(conn) = self.open(node) {
+                return Ok(conn);
+            }
+            let client = self.client_for(node)?;
+            let config = redis::AsyncConnectionConfig::new()
+                .set_connection_timeout(self.timeout)
+                .set_response_timeout(self.timeout);
+            let conn = client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+                .map_err(|error| self.failed(node, &error))?;
+            let open = Open {
+                // Only told apart from other ids: no order depends on it.
+                id: self.next_id.fetch_add(1, Ordering::Relaxed),
+                conn,
+            };
+            self.nodes_map().insert(node.to_owned(), open.clone());
+            Ok(open)
+        };
+        match tokio::time::timeout_at(deadline, connect).await {
+            Ok(result) => result,
+            Err(_) => {
+                if self.cluster {
+                    self.stale.store(true, Ordering::Relaxed);
+                }
+                Err(StoreError::Timeout(self.timeout))
+            }
         }
-        let client = self.client_for(node)?;
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(self.timeout)
-            .set_response_timeout(self.timeout);
-        let conn = client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-            .map_err(|error| self.failed(node, &error))?;
-        self.nodes_map().insert(node.to_owned(), conn.clone());
-        Ok(conn)
     }
 
     fn client_for(&self, node: &str) -> Result<redis::Client, StoreError> {
@@ -348,10 +508,13 @@ impl Link {
         self.nodes_map().remove(node);
     }
 
-    /// Drops every connection after an operation ran out of time: a server that stopped
-    /// answering; the next operation connects again.
-    pub(super) fn forget_after_timeout(&self) {
-        self.nodes_map().clear();
+    /// Drops `open`, the connection to `node` that an operation found broken or silent,
+    /// unless another operation has replaced it already.
+    fn drop_conn(&self, node: &str, open: &Open) {
+        let mut nodes = self.nodes_map();
+        if nodes.get(node).is_some_and(|current| current.id == open.id) {
+            nodes.remove(node);
+        }
     }
 
     /// A [`StoreError`] for `error` at `node` (never showing a password); drops the node's
@@ -374,13 +537,22 @@ impl Link {
         }
     }
 
-    fn open(&self, node: &str) -> Option<MultiplexedConnection> {
+    fn open(&self, node: &str) -> Option<Open> {
         self.nodes_map().get(node).cloned()
     }
 
-    fn nodes_map(&self) -> std::sync::MutexGuard<'_, HashMap<String, MultiplexedConnection>> {
+    fn nodes_map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Open>> {
         // A poisoned lock still holds a whole map.
         self.nodes
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    fn connecting_map(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, Arc<tokio::sync::Mutex<()>>>> {
+        // As above.
+        self.connecting
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
     }

@@ -45,9 +45,7 @@ impl FleetCounters for RedisStore {
         } else {
             0
         };
-        let value = self
-            .in_time(inner.link.eval(&inner.fleet_script, slot, &evalsha))
-            .await?;
+        let value = inner.link.eval(&inner.fleet_script, slot, &evalsha).await?;
         let counters: Vec<u64> = redis::from_redis_value(&value).map_err(|error| {
             StoreError::Protocol(format!("the fleet script answered {value:?}: {error}"))
         })?;

@@ -176,8 +176,7 @@ impl RedisStore {
     ///
     /// As [`RedisStore::connect`].
     pub async fn load_script(&self) -> Result<(), StoreError> {
-        self.in_time(self.inner.link.load_script(&self.inner.script))
-            .await
+        self.inner.link.load_script(&self.inner.script).await
     }
 
     /// The settings this store was built with (any URL's password moved to `password`).
@@ -212,6 +211,13 @@ impl RedisStore {
         self.inner.link.redirects.load(Ordering::Relaxed)
     }
 
+    /// How many operations on a Redis Cluster were tried again after a node failed (dead,
+    /// or not answering in time) or the cluster answered that it was failing over; each
+    /// retry follows a fresh read of the slot map.
+    pub fn retries(&self) -> u64 {
+        self.inner.link.retries.load(Ordering::Relaxed)
+    }
+
     fn key_of_set(&self, set: u64) -> String {
         let mut key = String::new();
         self.write_key(&mut key, set);
@@ -225,22 +231,6 @@ impl RedisStore {
         key.push_str(&self.inner.namespace);
         // Writing to a String cannot fail.
         let _ = write!(key, ":{set}");
-    }
-
-    /// `operation` within `store.timeout`. After a timeout every connection is dropped (a
-    /// server that stopped answering), and the next operation connects again.
-    async fn in_time<T>(
-        &self,
-        operation: impl std::future::Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let inner = &*self.inner;
-        match tokio::time::timeout(inner.config.timeout, operation).await {
-            Ok(result) => result,
-            Err(_) => {
-                inner.link.forget_after_timeout();
-                Err(StoreError::Timeout(inner.config.timeout))
-            }
-        }
     }
 
     /// Runs the script for `op` on every digest; the answers are in the order of `digests`.
@@ -349,8 +339,9 @@ impl RedisStore {
         for digest in digests {
             evalsha.arg(&digest.to_bytes()[..]);
         }
-        let value = self
-            .in_time(inner.link.eval(&inner.script, slot.unwrap_or(0), &evalsha))
+        let value = inner
+            .link
+            .eval(&inner.script, slot.unwrap_or(0), &evalsha)
             .await?;
         let mut answers: Vec<i64> = redis::from_redis_value(&value).map_err(|error| {
             StoreError::Protocol(format!("the set script answered {value:?}: {error}"))
@@ -413,18 +404,18 @@ fn runs_by_set(geometry: Geometry, digests: &[Digest]) -> Vec<Vec<usize>> {
 
 impl Store for RedisStore {
     async fn claim(&self, digest: Digest) -> Result<Claim, StoreError> {
-        let mut claims = self.claim_many(&[digest]).await?;
-        claims
+        self.claim_many(&[digest])
+            .await
             .pop()
-            .ok_or_else(|| StoreError::Protocol("no answer to a claim".into()))
+            .unwrap_or_else(|| Err(StoreError::Protocol("no answer to a claim".into())))
     }
 
     /// Claims many digests at once: one script run per node (per set in a cluster), see the
     /// module docs.
     ///
-    /// If any run fails, the whole batch is an error, although other runs may have claimed
-    /// their digests; those entries are in flight under this owner and expire with the lease.
-    async fn claim_many(&self, digests: &[Digest]) -> Result<Vec<Claim>, StoreError> {
+    /// A run that fails fails only its own digests (in a cluster, those of its set): the
+    /// others are decided as usual.
+    async fn claim_many(&self, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
         self.update_many(Op::Claim, digests)
             .await
             .into_iter()

@@ -755,10 +755,10 @@ impl Store for Table {
         Ok(Table::claim(self, digest))
     }
 
-    async fn claim_many(&self, digests: &[Digest]) -> Result<Vec<Claim>, StoreError> {
+    async fn claim_many(&self, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
         let mut claims = Vec::with_capacity(digests.len());
         self.claim_many_into(digests, &mut claims);
-        Ok(claims)
+        claims.into_iter().map(Ok).collect()
     }
 
     async fn commit(&self, digest: Digest) -> Result<bool, StoreError> {
