@@ -109,6 +109,42 @@ impl RedisServer {
         }
     }
 
+    /// Kills the process with SIGKILL and returns at once, as a crash would: connections to
+    /// it break and its port refuses new ones. Drop reaps it.
+    ///
+    /// # Panics
+    ///
+    /// If the server is not running or `kill` fails.
+    pub fn kill(&self) {
+        self.signal("KILL");
+    }
+
+    /// Freezes the process (SIGSTOP): its port still accepts connections, and nothing is
+    /// answered until the returned guard is dropped, which resumes it (SIGCONT).
+    ///
+    /// # Panics
+    ///
+    /// If the server is not running or `kill` fails.
+    pub fn freeze(&self) -> Frozen<'_> {
+        self.signal("STOP");
+        Frozen { server: self }
+    }
+
+    /// Sends `signal` (a name such as `STOP`) to the process with `kill`.
+    ///
+    /// # Panics
+    ///
+    /// If the server is not running or `kill` fails.
+    fn signal(&self, signal: &str) {
+        let pid = self.pid().expect("the server runs");
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -{signal} {pid} failed: {status}");
+    }
+
     /// Starts a new process on the same port (memory starts empty).
     ///
     /// # Panics
@@ -181,6 +217,23 @@ impl Drop for RedisServer {
     }
 }
 
+/// A server frozen by [`RedisServer::freeze`]; dropping it resumes the server (SIGCONT), so
+/// the server's own drop can kill it.
+#[derive(Debug)]
+pub struct Frozen<'a> {
+    server: &'a RedisServer,
+}
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        if let Some(pid) = self.server.pid() {
+            let _ = Command::new("kill")
+                .args(["-CONT", &pid.to_string()])
+                .status();
+        }
+    }
+}
+
 /// A Redis Cluster of three masters with one replica each, on six free loopback ports.
 #[derive(Debug)]
 pub struct RedisCluster {
@@ -198,6 +251,18 @@ impl RedisCluster {
     ///
     /// If a node does not start or the cluster does not form within 30 s.
     pub fn start() -> Self {
+        Self::start_with_node_timeout(Duration::from_secs(1))
+    }
+
+    /// As [`RedisCluster::start`], with `cluster-node-timeout` set to `node_timeout`: how long
+    /// a master may fail to answer before the others mark it failed and its replica takes
+    /// over.
+    ///
+    /// # Panics
+    ///
+    /// As [`RedisCluster::start`].
+    pub fn start_with_node_timeout(node_timeout: Duration) -> Self {
+        let node_timeout = node_timeout.as_millis().to_string();
         let temp = tempfile::tempdir().expect("temp dir for the cluster");
         let mut nodes = Vec::new();
         for i in 0..6 {
@@ -211,7 +276,7 @@ impl RedisCluster {
                     "--cluster-config-file",
                     "nodes.conf",
                     "--cluster-node-timeout",
-                    "1000",
+                    &node_timeout,
                     "--cluster-replica-validity-factor",
                     "0",
                 ],
@@ -277,33 +342,64 @@ impl RedisCluster {
     ///
     /// If no node serves the slot.
     pub fn master_of_slot(&self, slot: u16, via: usize) -> usize {
+        let (masters, nodes) = self.serving_masters(via);
+        masters
+            .into_iter()
+            .find(|master| master.slots.iter().any(|range| range.contains(&slot)))
+            .map(|master| master.index)
+            .unwrap_or_else(|| panic!("no master serves slot {slot}: {nodes}"))
+    }
+
+    /// The indices of the nodes that are masters serving slots now, asked of node `via`, in
+    /// node order.
+    ///
+    /// # Panics
+    ///
+    /// If node `via` does not answer.
+    pub fn masters(&self, via: usize) -> Vec<usize> {
+        let mut masters: Vec<usize> = self
+            .serving_masters(via)
+            .0
+            .into_iter()
+            .map(|master| master.index)
+            .collect();
+        masters.sort_unstable();
+        masters
+    }
+
+    /// The masters that node `via` believes up and serving slots, and its `CLUSTER NODES`
+    /// answer.
+    fn serving_masters(&self, via: usize) -> (Vec<ServingMaster>, String) {
         let nodes = cli(self.nodes[via].port, &["cluster", "nodes"]);
+        let mut masters = Vec::new();
         for line in nodes.lines() {
             let fields: Vec<&str> = line.split_whitespace().collect();
             if fields.len() < 9 || !fields[2].contains("master") || fields[2].contains("fail") {
                 continue;
             }
-            let serves = fields[8..].iter().any(|range| {
-                let (lo, hi) = range.split_once('-').unwrap_or((range, range));
-                match (lo.parse::<u16>(), hi.parse::<u16>()) {
-                    (Ok(lo), Ok(hi)) => (lo..=hi).contains(&slot),
-                    _ => false,
-                }
-            });
-            if serves {
-                let port: u16 = fields[1]
-                    .split(['@', ':'])
-                    .nth(1)
-                    .and_then(|p| p.parse().ok())
-                    .expect("a node address");
-                return self
-                    .nodes
-                    .iter()
-                    .position(|n| n.port == port)
-                    .expect("a node of this cluster");
+            let slots: Vec<_> = fields[8..]
+                .iter()
+                .filter_map(|range| {
+                    let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+                    Some(lo.parse::<u16>().ok()?..=hi.parse::<u16>().ok()?)
+                })
+                .collect();
+            if slots.is_empty() {
+                continue;
             }
+            let port: u16 = fields[1]
+                .split(['@', ':'])
+                .nth(1)
+                .and_then(|p| p.parse().ok())
+                .expect("a node address");
+            let index = self
+                .nodes
+                .iter()
+                .position(|n| n.port == port)
+                .expect("a node of this cluster");
+            masters.push(ServingMaster { index, slots });
         }
-        panic!("no master serves slot {slot}: {nodes}");
+        (masters, nodes)
     }
 
     /// The node id of node `index` (`CLUSTER MYID`).
@@ -313,6 +409,14 @@ impl RedisCluster {
             .trim()
             .to_owned()
     }
+}
+
+/// A master in a node's view of the cluster.
+struct ServingMaster {
+    /// Its index in [`RedisCluster::nodes`].
+    index: usize,
+    /// The slot ranges it serves.
+    slots: Vec<std::ops::RangeInclusive<u16>>,
 }
 
 /// `redis-cli -p <port> <args>`: its standard output.
