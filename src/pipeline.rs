@@ -28,9 +28,8 @@
 //!    burst's sets live on several servers and one fails, only its messages take the policy.
 //!    Errors of `commit`, `erase` and `renew` are counted and logged, and the message goes on:
 //!    a stale claim only delays or duplicates a later copy, it never drops one. Failed commits
-//!    and erases, and the erases of requeued claims that got no answer, are sent again with the
-//!    next bursts (`unsettled`), so a store that answers again decides copies at once, not a
-//!    lease later. The first store error is logged, then at most one a
+//!    and erases are sent again before the next bursts' claims (`unsettled`), so a store that
+//!    answers again decides copies at once, not a lease later. The first store error is logged, then at most one a
 //!    `STORE_ERROR_LOG_INTERVAL`, with the count of those not logged; every one is counted.
 //!
 //! Whatever nsqd no longer accepts (a FIN for a message that timed out) is counted as an
@@ -231,7 +230,7 @@ struct Inner<S, H> {
     abandon: tokio_util::sync::CancellationToken,
     /// Records handed to the handler and not yet answered.
     handling: AtomicUsize,
-    /// Commits and erases the store failed, sent again with the next burst's claims.
+    /// Commits and erases the store failed, sent again before the next burst's claims.
     unsettled: Unsettled,
 }
 
@@ -347,14 +346,14 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
         let mut answers = Vec::new();
         let started = Instant::now();
         let claimed = !digests.is_empty();
-        let claim = async {
-            if claimed {
-                inner.store.claim_many(&digests).await
-            } else {
-                Vec::new()
-            }
+        // Before the claims: an erase of an earlier claim that got no answer must not land
+        // after this burst claims the same digest again.
+        self.settle_unsettled().await;
+        let claims = if claimed {
+            inner.store.claim_many(&digests).await
+        } else {
+            Vec::new()
         };
-        let (claims, ()) = futures::future::join(claim, self.settle_unsettled()).await;
         // One clock read ends the claim and starts the handler: at hundreds of thousands of
         // messages a second, reading the clock is a few percent of the work.
         let answered = Instant::now();
@@ -401,22 +400,12 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
                     });
                 }
                 Err(error) => {
-                    let unanswered = matches!(
-                        error,
-                        StoreError::Timeout(_) | StoreError::Unavailable { .. }
-                    );
                     match &mut failed {
                         Some((_, count)) => *count += 1,
                         None => failed = Some((error, 1)),
                     }
                     match inner.policy.on_store_error {
                         StoreErrorPolicy::Requeue => {
-                            if unanswered {
-                                // The claim may have reached the store: erase it once the
-                                // store answers, so the requeued message is not held back
-                                // as in flight for the whole lease.
-                                inner.unsettled.keep(&[], &[digest]);
-                            }
                             inc(&metrics.store_error_requeues);
                             let delay = inner.policy.store_error_delay(message.attempts());
                             answers.push((message, requeue(Some(delay), false)));

@@ -9,10 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use nsq_dedupe::error::StoreError;
 use nsq_dedupe::nsq::{Consumer, Message};
 use nsq_dedupe::pipeline::{Dedupe, Outcome, Policy};
 use nsq_dedupe::sink::{Handler, HandlerError};
-use nsq_dedupe::{Keyer, Metrics, Table};
+use nsq_dedupe::{Claim, Digest, Geometry, Keyer, Metrics, Store, Table};
 
 use crate::nsq::{config, CHANNEL, TOPIC};
 use crate::support::broker::{Broker, BrokerConfig, MsgRecord};
@@ -322,5 +323,98 @@ async fn no_message_is_finished_before_its_record_is_handed_on() {
     );
     drained(&broker).await;
     assert!(records_of(&broker, &sent).iter().all(|r| r.fin_ok == 1));
+    consumer.shutdown(Duration::from_secs(1)).await;
+}
+
+/// The in-process table behind a switch that fails every commit and erase while it is on:
+/// a shared store whose master died between a burst's claims and its commits.
+struct FailingWrites {
+    table: Table,
+    failing: std::sync::atomic::AtomicBool,
+}
+
+impl FailingWrites {
+    fn fail(&self, fail: bool) {
+        self.failing
+            .store(fail, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn check(&self) -> Result<(), StoreError> {
+        if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+            Err(StoreError::Timeout(Duration::from_millis(500)))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Store for FailingWrites {
+    async fn claim(&self, digest: Digest) -> Result<Claim, StoreError> {
+        Ok(self.table.claim(digest))
+    }
+
+    async fn commit(&self, digest: Digest) -> Result<bool, StoreError> {
+        self.check()?;
+        Ok(self.table.commit(digest))
+    }
+
+    async fn erase(&self, digest: Digest) -> Result<bool, StoreError> {
+        self.check()?;
+        Ok(self.table.erase(digest))
+    }
+
+    async fn renew(&self, digest: Digest) -> Result<bool, StoreError> {
+        Ok(self.table.contains(digest))
+    }
+
+    fn geometry(&self) -> Option<Geometry> {
+        Some(self.table.geometry())
+    }
+}
+
+/// A commit and an erase that failed are sent again before the next burst's claims: once
+/// the store answers, the copy of the delivered message is a duplicate at once, and the
+/// retry of the failed one is delivered, instead of both being held back as in flight until
+/// a lease ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_commits_and_erases_are_sent_again_with_the_next_burst() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let sent = bodies(&["a", "bad"]);
+    broker.publish_many(TOPIC, sent.clone());
+    let mut consumer = consumer(&broker);
+    let sink = BatchSink::default();
+    sink.fail(&sent[1], true);
+    let store = FailingWrites {
+        table: Table::with_slots(1024, 8).unwrap(),
+        failing: Default::default(),
+    };
+    let dedupe = Dedupe::new(
+        store,
+        Keyer::new("body".parse().unwrap(), Default::default()),
+        sink.clone(),
+        policy(),
+        None,
+        Arc::new(Metrics::default()),
+    );
+    dedupe.store().fail(true);
+    let burst = take(&mut consumer, 2).await;
+    assert_eq!(
+        dedupe.process_batch(burst).await,
+        [Outcome::Delivered, Outcome::Retried]
+    );
+
+    // The store answers again; a copy of "a" arrives with the retry of "bad".
+    dedupe.store().fail(false);
+    sink.fail(&sent[1], false);
+    broker.publish_many(TOPIC, bodies(&["a"]));
+    let mut next = take(&mut consumer, 2).await;
+    next.sort_by(|x, y| x.body().cmp(y.body()));
+    assert_eq!(
+        dedupe.process_batch(next).await,
+        [Outcome::Duplicate, Outcome::Delivered],
+        "the commit of a and the erase of bad were sent again first"
+    );
+    drained(&broker).await;
+    assert_eq!(sink.taken(), bodies(&["a", "bad"]));
     consumer.shutdown(Duration::from_secs(1)).await;
 }

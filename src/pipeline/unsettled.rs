@@ -1,17 +1,20 @@
-//! Store writes that failed and are tried again: the commits of delivered messages, the
-//! erases of failed ones, and the erases of claims that may have reached the store although
-//! no answer came back.
+//! Store writes that failed and are tried again: the commits of delivered messages and the
+//! erases of failed ones.
 //!
 //! Each of these leaves an entry in flight under this owner, which holds back every copy of
 //! its content (answered `InFlight`, requeued) until the lease ends: 65 s by default. A shared
 //! store that failed over or came back after a short outage answers again within seconds, so
-//! the pipeline sends the writes again beside its next claims, and copies are decided as soon
+//! the pipeline sends the writes again before its next claims, and copies are decided as soon
 //! as the store answers instead of a lease later.
 //!
 //! Trying again is safe: a commit or an erase only touches this owner's own entry of that
-//! digest, and answers `false` where there is none (the claim never arrived, the lease lapsed
-//! and another owner took it over). An erase that comes after a later claim of the same
-//! digest by this owner lets one copy through: a duplicate, never a loss.
+//! digest, and answers `false` where there is none (the lease lapsed and another owner took
+//! it over). An erase that lands after a later claim of the same digest by this owner lets
+//! one copy through: a duplicate, never a loss.
+//!
+//! Claims that got no answer are not erased: the claim may have landed, but an erase sent
+//! later could just as well remove the claim of a redelivery that this owner is handling
+//! now. Such a claim ends with its lease.
 
 use std::sync::Mutex;
 
