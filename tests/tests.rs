@@ -14,6 +14,7 @@ mod cli_filter;
 mod cli_size;
 mod cli_size_nsqd;
 mod closed_output;
+mod doc_commands;
 mod docs;
 mod file_sink;
 mod http_sink;
