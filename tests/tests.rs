@@ -15,6 +15,7 @@ mod cli_size;
 mod cli_size_nsqd;
 mod closed_output;
 mod cluster_failover;
+mod doc_commands;
 mod docs;
 mod file_sink;
 mod http_sink;
