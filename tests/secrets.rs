@@ -368,3 +368,48 @@ fn a_config_file_that_does_not_parse_shows_no_secret_line() {
         "{stderr}"
     );
 }
+
+/// An array left open (the closing `]` missing) makes TOML point past the line that opened
+/// it; whatever the place, the error gives the parser's hint and the line and column, and
+/// quotes no line of the file.
+#[test]
+fn a_config_file_with_an_open_array_shows_no_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("events.toml");
+    let cases = [
+        (
+            "store",
+            format!("redis_urls = [\"redis://:{SENTINEL}@127.0.0.1:6379\""),
+        ),
+        (
+            "sink",
+            format!("post = [\"http://u:{SENTINEL}@127.0.0.1:1/in\""),
+        ),
+        ("consumer_opt", format!("auth_secret = [\"{SENTINEL}\"")),
+    ];
+    for (table, line) in &cases {
+        // At the end of the file, and followed by more settings.
+        for rest in ["\n", "\n\n[metrics]\naddress = \"off\"\n"] {
+            let text = format!("[source]\ntopic = \"events\"\n\n[{table}]\n{line}{rest}");
+            std::fs::write(&config, &text).unwrap();
+            let out = bin()
+                .args(["run", "--config", config.to_str().unwrap()])
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8(out.stderr).unwrap();
+            assert_eq!(out.status.code(), Some(78), "{text:?}: {stderr}");
+            assert!(stderr.contains("expected `]`"), "{text:?}: {stderr}");
+            assert!(
+                stderr.contains("TOML parse error at line ") && stderr.contains(", column "),
+                "{text:?}: {stderr}"
+            );
+            assert!(!stderr.contains(&SENTINEL[..8]), "{text:?}: {stderr}");
+            for quoted in text.lines().filter(|l| l.contains('=')) {
+                assert!(
+                    !stderr.contains(quoted),
+                    "{text:?} quotes {quoted:?}: {stderr}"
+                );
+            }
+        }
+    }
+}
