@@ -413,3 +413,88 @@ fn a_config_file_with_an_open_array_shows_no_line() {
         }
     }
 }
+
+/// The cause of a failing sink (the status and the URL without its secrets) is logged at the
+/// default level, at most once a second for one cause, with the count of failures not logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_sink_is_logged_with_its_cause_once_a_second() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let server = HttpServer::start(Answer {
+        status: 500,
+        ..Answer::default()
+    })
+    .await;
+    let post = format!(
+        "http://user:{SENTINEL}@{}/ingest?token={SENTINEL}",
+        server.addr
+    );
+    let nsqd = broker.tcp_addr().to_string();
+    let args: Vec<String> = [
+        "run",
+        "--topic",
+        "events",
+        "--nsqd-tcp-address",
+        &nsqd,
+        "--metrics-address",
+        "off",
+        "--sink",
+        "http",
+        "--post",
+        &post,
+        "--backoff",
+        "100ms",
+        "--max-backoff",
+        "200ms",
+        "--max-attempts",
+        "1000",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let started = Instant::now();
+    let run = tokio::task::spawn_blocking(move || {
+        Running::start(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    })
+    .await
+    .unwrap();
+    for i in 0..20 {
+        broker.publish("events", format!("m{i}"));
+    }
+    let cause = format!(
+        "cause=http://<redacted>@{}/ingest?token=<redacted> answered HTTP 500 Internal Server \
+         Error",
+        server.addr
+    );
+    let logged = |stderr: &str| -> Vec<String> {
+        stderr
+            .lines()
+            .filter(|line| line.contains("Handler failed; messages requeued."))
+            .map(str::to_owned)
+            .collect()
+    };
+    // A second line comes at least a second after the first, with the failures in between.
+    wait_until_or_dump(&run, "a second line about the failures", || {
+        logged(&run.stderr()).len() >= 2 && server.received().len() >= 40
+    })
+    .await;
+    let (_, _, stderr) = tokio::task::spawn_blocking(move || run.stop())
+        .await
+        .unwrap();
+    let elapsed = started.elapsed().as_secs() + 1;
+    let lines = logged(&stderr);
+    assert!(lines.len() as u64 <= elapsed, "{elapsed} s: {stderr}");
+    let mut suppressed = 0;
+    for line in &lines {
+        assert!(line.contains(" WARN "), "{line}");
+        assert!(line.contains(&cause), "{line}");
+        let count = line.rsplit("suppressed=").next().unwrap();
+        suppressed += count.trim().parse::<usize>().unwrap();
+    }
+    assert!(suppressed > 0, "{stderr}");
+    assert!(
+        lines.len() + suppressed <= server.received().len(),
+        "{} POSTs: {stderr}",
+        server.received().len()
+    );
+    assert!(!stderr.contains(SENTINEL), "{stderr}");
+}
