@@ -594,6 +594,44 @@ fn json_logs_are_one_object_per_line() {
     );
 }
 
+/// Colour codes are for a person at a terminal: logs into a pipe (a file, journald) have none,
+/// in either format, whatever the terminal type says.
+#[test]
+fn logs_into_a_pipe_have_no_colour_codes() {
+    for format in ["text", "json"] {
+        let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
+            .args(["--log-format", format, "run", "--topic", "t"])
+            .args([
+                "--metrics-address",
+                "off",
+                "--nsqd-tcp-address",
+                "127.0.0.1:1",
+            ])
+            .env("TERM", "xterm-256color")
+            .env_remove("NO_COLOR")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(700));
+        let _ = child.kill();
+        let _ = child.wait();
+        let mut stderr = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut stderr)
+            .unwrap();
+        assert!(stderr.contains("Could not connect to nsqd"), "{stderr}");
+        assert!(
+            !stderr.contains("\x1b[") && !stderr.contains("\\u001b["),
+            "{format}: {stderr:?}"
+        );
+    }
+}
+
 #[test]
 fn a_bad_log_level_is_an_error_naming_the_flag() {
     let (code, stderr) = fails(&[
