@@ -3,14 +3,18 @@
 //! `/dev/null` Rust's runtime puts in its place. One redirected to `/dev/null` on purpose is
 //! used as asked.
 
+use std::ffi::OsStr;
+use std::fmt::Debug;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::closed_output::input;
 use crate::support::broker::{Broker, BrokerConfig};
 
 /// `args` run with `redirect` (such as `>&-`) applied by the shell; stdin empty unless
 /// redirected, stdout and stderr gathered unless redirected. Killed after 20 s.
-fn run_with(redirect: &str, args: &[&str]) -> Output {
+fn run_with(redirect: &str, args: &[impl AsRef<OsStr> + Debug]) -> Output {
     let child = Command::new("sh")
         .arg("-c")
         .arg(format!("exec \"$0\" \"$@\" {redirect}"))
@@ -44,11 +48,27 @@ fn stderr_of(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
-/// The records `a b a c`, in a file in `dir`.
-fn input(dir: &std::path::Path) -> String {
-    let path = dir.join("in.ndjson");
-    std::fs::write(&path, "a\nb\na\nc\n").unwrap();
-    path.to_str().unwrap().to_owned()
+/// `run` on `topic` events of `nsqd`, metrics off, with `extra` flags.
+fn run_args(nsqd: &str, extra: &[&str]) -> Vec<String> {
+    let base = ["run", "--topic", "events", "--nsqd-tcp-address", nsqd];
+    base.iter()
+        .chain(&["--metrics-address", "off"])
+        .chain(extra)
+        .map(|arg| (*arg).to_owned())
+        .collect()
+}
+
+/// `filter` of the records `a b a c` (a file in `dir`) with a table file: the table file's
+/// path and the arguments.
+fn filter_with_table(dir: &Path) -> (PathBuf, Vec<String>) {
+    let file = input(dir);
+    let table = dir.join("table");
+    let args = ["filter", "--memory", "64KiB", "--table-file"]
+        .map(str::to_owned)
+        .into_iter()
+        .chain([table.to_str().unwrap().to_owned(), file])
+        .collect();
+    (table, args)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -57,22 +77,9 @@ async fn run_with_its_stdout_sink_closed_takes_no_message() {
     let bodies: Vec<bytes::Bytes> = (0..1000).map(|i| format!("m{i}").into()).collect();
     broker.publish_many("events", bodies);
     let nsqd = broker.tcp_addr().to_string();
-    let output = tokio::task::spawn_blocking(move || {
-        run_with(
-            ">&-",
-            &[
-                "run",
-                "--topic",
-                "events",
-                "--nsqd-tcp-address",
-                &nsqd,
-                "--metrics-address",
-                "off",
-            ],
-        )
-    })
-    .await
-    .unwrap();
+    let output = tokio::task::spawn_blocking(move || run_with(">&-", &run_args(&nsqd, &[])))
+        .await
+        .unwrap();
     let stderr = stderr_of(&output);
     let stats = broker.stats();
     assert_eq!(
@@ -96,20 +103,7 @@ async fn run_with_its_stderr_closed_does_not_start_without_its_log() {
     broker.publish("events", "one");
     let nsqd = broker.tcp_addr().to_string();
     let output = tokio::task::spawn_blocking(move || {
-        run_with(
-            "2>&-",
-            &[
-                "run",
-                "--topic",
-                "events",
-                "--nsqd-tcp-address",
-                &nsqd,
-                "--metrics-address",
-                "off",
-                "--sink",
-                "null",
-            ],
-        )
+        run_with("2>&-", &run_args(&nsqd, &["--sink", "null"]))
     })
     .await
     .unwrap();
@@ -130,17 +124,7 @@ async fn run_with_another_sink_runs_with_stdout_closed() {
         .arg("-c")
         .arg("exec \"$0\" \"$@\" >&-")
         .arg(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
-        .args([
-            "run",
-            "--topic",
-            "events",
-            "--nsqd-tcp-address",
-            &nsqd,
-            "--metrics-address",
-            "off",
-            "--sink",
-            "null",
-        ])
+        .args(run_args(&nsqd, &["--sink", "null"]))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -173,21 +157,12 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// Before the fix, the run wrote its records nowhere and saved a table that made the next run
+/// Otherwise the records would be written nowhere, and the table saved would make the next run
 /// drop all of them as copies.
 #[test]
 fn filter_with_stdout_closed_saves_no_table() {
     let dir = tempfile::tempdir().unwrap();
-    let file = input(dir.path());
-    let table = dir.path().join("table");
-    let args = [
-        "filter",
-        "--memory",
-        "64KiB",
-        "--table-file",
-        table.to_str().unwrap(),
-        file.as_str(),
-    ];
+    let (table, args) = filter_with_table(dir.path());
     let closed = run_with(">&-", &args);
     assert_eq!(
         (closed.status.code(), stderr_of(&closed).as_str()),
@@ -234,16 +209,7 @@ fn filter_reading_a_closed_stdin_refuses() {
 #[test]
 fn filter_to_dev_null_runs_and_saves_its_table() {
     let dir = tempfile::tempdir().unwrap();
-    let file = input(dir.path());
-    let table = dir.path().join("table");
-    let args = [
-        "filter",
-        "--memory",
-        "64KiB",
-        "--table-file",
-        table.to_str().unwrap(),
-        file.as_str(),
-    ];
+    let (table, args) = filter_with_table(dir.path());
     let discarded = run_with(">/dev/null", &args);
     assert_eq!(
         discarded.status.code(),

@@ -343,22 +343,26 @@ fn errors_about_secret_bearing_settings_do_not_repeat_the_secret() {
     );
 }
 
-#[test]
-fn a_config_file_that_does_not_parse_shows_no_secret_line() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("events.toml");
-    // The closing quote is missing: TOML quotes the line at fault, unless it may hold a secret.
-    std::fs::write(
-        &config,
-        format!("[source]\ntopic = \"events\"\n\n[consumer_opt]\nauth_secret = \"{SENTINEL}\n"),
-    )
-    .unwrap();
+/// `run --config` with `text` written at `config`: the exit status and stderr.
+fn run_config(config: &std::path::Path, text: &str) -> (Option<i32>, String) {
+    std::fs::write(config, text).unwrap();
     let out = bin()
         .args(["run", "--config", config.to_str().unwrap()])
         .output()
         .unwrap();
-    let stderr = String::from_utf8(out.stderr).unwrap();
-    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    (out.status.code(), String::from_utf8(out.stderr).unwrap())
+}
+
+#[test]
+fn a_config_file_that_does_not_parse_shows_no_secret_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("events.toml");
+    // The closing quote is missing.
+    let (code, stderr) = run_config(
+        &config,
+        &format!("[source]\ntopic = \"events\"\n\n[consumer_opt]\nauth_secret = \"{SENTINEL}\n"),
+    );
+    assert_eq!(code, Some(78), "{stderr}");
     assert!(!stderr.contains(&SENTINEL[..8]), "{stderr}");
     assert!(
         stderr.starts_with(&format!(
@@ -391,13 +395,8 @@ fn a_config_file_with_an_open_array_shows_no_line() {
         // At the end of the file, and followed by more settings.
         for rest in ["\n", "\n\n[metrics]\naddress = \"off\"\n"] {
             let text = format!("[source]\ntopic = \"events\"\n\n[{table}]\n{line}{rest}");
-            std::fs::write(&config, &text).unwrap();
-            let out = bin()
-                .args(["run", "--config", config.to_str().unwrap()])
-                .output()
-                .unwrap();
-            let stderr = String::from_utf8(out.stderr).unwrap();
-            assert_eq!(out.status.code(), Some(78), "{text:?}: {stderr}");
+            let (code, stderr) = run_config(&config, &text);
+            assert_eq!(code, Some(78), "{text:?}: {stderr}");
             assert!(stderr.contains("expected `]`"), "{text:?}: {stderr}");
             assert!(
                 stderr.contains("TOML parse error at line ") && stderr.contains(", column "),
