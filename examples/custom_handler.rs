@@ -8,6 +8,7 @@
 //! consumes `events` from that nsqd, drops the copies (keyed on the JSON field `id`) and
 //! prints the rest, until Ctrl-C. Without arguments it only runs the stream part.
 
+use std::io::IsTerminal;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -17,8 +18,10 @@ use nsq_dedupe::{filter_stream, Keyer, Settings, Sidecar, Table};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // Colours only for a person at a terminal, not in a file or a pipe.
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
 
     // 1. A plain stream of records, de-duplicated by their `id` field.
@@ -64,7 +67,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(())
     };
     let sidecar = Sidecar::with_handler(settings, handler).await?;
-    eprintln!("metrics at http://{:?}/metrics", sidecar.metrics_address());
+    if let Some(url) = sidecar.metrics_url() {
+        eprintln!("metrics at {url}");
+    }
     let report = sidecar
         .run(async {
             let _ = tokio::signal::ctrl_c().await;

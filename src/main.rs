@@ -11,7 +11,9 @@ mod cmd;
 /// Every subcommand ends quietly when its output or its error output goes away: nothing here
 /// writes with `print!`, which panics on a closed pipe. A closed stdout (`nsq-dedupe filter |
 /// head`) is how a reader says it has enough (status 0); a closed stderr loses the messages,
-/// not the work (the exit status still tells an error).
+/// not the work (the exit status still tells an error). A stream closed before the program
+/// started (`>&-`) is another matter: a command that needs it refuses to start
+/// ([`cmd::std_streams`]).
 fn main() -> ExitCode {
     let cli = Cli::parse_with_env();
     if let Err(err) = start_logging(&cli.log) {
@@ -24,11 +26,13 @@ fn main() -> ExitCode {
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
             report(&err);
-            if is_service
-                && err
-                    .downcast_ref::<nsq_dedupe::config::ConfigError>()
-                    .is_some()
-            {
+            let unusable_setup = err
+                .downcast_ref::<nsq_dedupe::config::ConfigError>()
+                .is_some()
+                || err
+                    .downcast_ref::<cmd::std_streams::ClosedAtStart>()
+                    .is_some();
+            if is_service && unusable_setup {
                 ExitCode::from(EXIT_CONFIG)
             } else {
                 ExitCode::FAILURE
@@ -38,9 +42,11 @@ fn main() -> ExitCode {
 }
 
 /// The exit status of `run` when its settings (the config file, a flag's value) cannot be read
-/// or are invalid: `EX_CONFIG` of sysexits.h. Starting again unchanged fails the same way, so the
-/// systemd unit lists it, with clap's 2 for a command line it cannot parse, in
-/// `RestartPreventExitStatus=` instead of retrying every few seconds. Any other error is 1.
+/// or are invalid, or when it was started without a standard stream it needs (stdout for the
+/// stdout sink, stderr for its log): `EX_CONFIG` of sysexits.h. Starting again unchanged fails
+/// the same way, so the systemd unit lists it, with clap's 2 for a command line it cannot
+/// parse, in `RestartPreventExitStatus=` instead of retrying every few seconds. Any other error
+/// is 1, as is every error of the other commands.
 const EXIT_CONFIG: u8 = 78;
 
 /// Prints the error chain on stderr, if stderr is still there.
@@ -108,17 +114,27 @@ fn check_log_level(text: &str) -> Result<(), String> {
 
 /// Runs the parsed command line; the error chain is printed by `main`.
 fn run(cli: Cli) -> anyhow::Result<()> {
+    use cmd::std_streams::{require, Stream};
     match cli.command {
-        Command::Size(args) => cmd::size::run(&args),
+        Command::Size(args) => {
+            require(Stream::Stdout, "`size` writes its answer")?;
+            cmd::size::run(&args)
+        }
         Command::Filter(args) => cmd::filter::run(&args),
         Command::Run(args) => cmd::run::run(&args),
         // Generated in memory: clap_complete panics when its writer fails.
         Command::Completions { shell } => {
+            require(Stream::Stdout, "`completions` writes the script")?;
             let mut script = Vec::new();
             clap_complete::generate(shell, &mut Cli::definition(), "nsq-dedupe", &mut script);
             Ok(write_stdout(&script)?)
         }
-        Command::Manpage { dir } => cmd::manpage::run(Cli::definition(), dir.as_deref()),
+        Command::Manpage { dir } => {
+            if dir.is_none() {
+                require(Stream::Stdout, "`manpage` writes the page")?;
+            }
+            cmd::manpage::run(Cli::definition(), dir.as_deref())
+        }
     }
 }
 

@@ -22,7 +22,8 @@
 //!      message alone, with a delay that grows with the attempts; a rejection, or a failure on
 //!      the `max_attempts`-th delivery, sends the message to the dead-letter and FINs it only
 //!      once the dead-letter accepted it. Without a dead-letter it is requeued with the longest
-//!      delay instead: never dropped.
+//!      delay instead: never dropped. The cause of a failure is logged at WARN, at most once
+//!      a second per cause (`pipeline/failure_log.rs`).
 //! 3. A store error at claim follows [`StoreErrorPolicy`]: `Requeue` (REQ, decided later) or
 //!    `Process` (delivered without de-duplication). Each message has its own claim: where a
 //!    burst's sets live on several servers and one fails, only its messages take the policy.
@@ -47,6 +48,9 @@ use crate::error::StoreError;
 use crate::metrics::{add, inc, Metrics};
 use crate::nsq::{Answer, Message};
 use crate::sink::{DeadLetter, Handler, HandlerError};
+use failure_log::FailureLog;
+
+mod failure_log;
 
 mod unsettled;
 
@@ -226,6 +230,8 @@ struct Inner<S, H> {
     store_error_logged_at: AtomicU64,
     /// Store errors not logged since the last one that was.
     store_errors_unlogged: AtomicU64,
+    /// When each cause of handler failures was last logged.
+    failure_log: FailureLog,
     /// Cancelled by [`Dedupe::abandon`]: running handlers are dropped and their claims erased.
     abandon: tokio_util::sync::CancellationToken,
     /// Records handed to the handler and not yet answered.
@@ -273,6 +279,7 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
                 metrics,
                 store_error_logged_at: AtomicU64::new(0),
                 store_errors_unlogged: AtomicU64::new(0),
+                failure_log: FailureLog::default(),
                 abandon: tokio_util::sync::CancellationToken::new(),
                 handling: AtomicUsize::new(0),
                 unsettled: Unsettled::default(),
@@ -578,6 +585,7 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
                         .retry_delay(attempts)
                         .max(error.retry_after().unwrap_or_default());
                     tracing::debug!(id = %message.id(), attempts, %error, delay_ms = delay.as_millis() as u64, "Handler failed; requeued.");
+                    inner.failure_log.requeued(&error);
                     outcomes.push((index, Outcome::Retried));
                     answers.push((message, requeue(Some(delay), true)));
                 }

@@ -309,6 +309,13 @@ impl<H: Handler> Sidecar<H> {
             .and_then(|l| l.local_addr().ok())
     }
 
+    /// The metrics page's URL at the bound address, such as `http://127.0.0.1:9150/metrics`
+    /// (`http://[::1]:9150/metrics` for IPv6); `None` when metrics are off.
+    pub fn metrics_url(&self) -> Option<String> {
+        self.metrics_address()
+            .map(|addr| format!("http://{addr}/metrics"))
+    }
+
     /// The counters, shared with the running pipeline.
     pub fn metrics(&self) -> Arc<Metrics> {
         self.dedupe.metrics().clone()

@@ -551,19 +551,19 @@ fn completions_and_the_man_page_generate() {
     assert!(page.contains("completions"), "{page}");
 }
 
-#[test]
-fn json_logs_are_one_object_per_line() {
+/// What `run` logs in its first 700 ms, in `--log-format` `format`, into a pipe, while it
+/// tries to reach an nsqd that is not there.
+fn first_logs(format: &str) -> String {
     let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
+        .args(["--log-format", format, "run", "--topic", "t"])
         .args([
-            "--log-format",
-            "json",
-            "run",
-            "--topic",
-            "t",
             "--metrics-address",
             "off",
+            "--nsqd-tcp-address",
+            "127.0.0.1:1",
         ])
-        .args(["--nsqd-tcp-address", "127.0.0.1:1"])
+        .env("TERM", "xterm-256color")
+        .env_remove("NO_COLOR")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -579,6 +579,16 @@ fn json_logs_are_one_object_per_line() {
         .unwrap()
         .read_to_string(&mut stderr)
         .unwrap();
+    assert!(
+        stderr.contains("Could not connect to nsqd; retrying."),
+        "{stderr}"
+    );
+    stderr
+}
+
+#[test]
+fn json_logs_are_one_object_per_line() {
+    let stderr = first_logs("json");
     let lines: Vec<&str> = stderr.lines().collect();
     assert!(lines.len() >= 2, "{stderr}");
     for line in &lines {
@@ -588,10 +598,19 @@ fn json_logs_are_one_object_per_line() {
             "{line}"
         );
     }
-    assert!(
-        stderr.contains("Could not connect to nsqd; retrying."),
-        "{stderr}"
-    );
+}
+
+/// Colour codes are for a person at a terminal: logs into a pipe (a file, journald) have none,
+/// in either format, whatever the terminal type says.
+#[test]
+fn logs_into_a_pipe_have_no_colour_codes() {
+    for format in ["text", "json"] {
+        let stderr = first_logs(format);
+        assert!(
+            !stderr.contains("\x1b[") && !stderr.contains("\\u001b["),
+            "{format}: {stderr:?}"
+        );
+    }
 }
 
 #[test]

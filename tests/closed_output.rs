@@ -71,7 +71,8 @@ fn run_closed(args: &[&str], closed: Closed) -> (i32, String) {
     (code, open.join().unwrap())
 }
 
-fn input(dir: &Path) -> String {
+/// The records `a b a c`, in a file in `dir`.
+pub(crate) fn input(dir: &Path) -> String {
     let path = dir.join("in.ndjson");
     std::fs::write(&path, "a\nb\na\nc\n").unwrap();
     path.to_str().unwrap().to_owned()

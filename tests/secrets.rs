@@ -343,22 +343,26 @@ fn errors_about_secret_bearing_settings_do_not_repeat_the_secret() {
     );
 }
 
-#[test]
-fn a_config_file_that_does_not_parse_shows_no_secret_line() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("events.toml");
-    // The closing quote is missing: TOML quotes the line at fault, unless it may hold a secret.
-    std::fs::write(
-        &config,
-        format!("[source]\ntopic = \"events\"\n\n[consumer_opt]\nauth_secret = \"{SENTINEL}\n"),
-    )
-    .unwrap();
+/// `run --config` with `text` written at `config`: the exit status and stderr.
+fn run_config(config: &std::path::Path, text: &str) -> (Option<i32>, String) {
+    std::fs::write(config, text).unwrap();
     let out = bin()
         .args(["run", "--config", config.to_str().unwrap()])
         .output()
         .unwrap();
-    let stderr = String::from_utf8(out.stderr).unwrap();
-    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    (out.status.code(), String::from_utf8(out.stderr).unwrap())
+}
+
+#[test]
+fn a_config_file_that_does_not_parse_shows_no_secret_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("events.toml");
+    // The closing quote is missing.
+    let (code, stderr) = run_config(
+        &config,
+        &format!("[source]\ntopic = \"events\"\n\n[consumer_opt]\nauth_secret = \"{SENTINEL}\n"),
+    );
+    assert_eq!(code, Some(78), "{stderr}");
     assert!(!stderr.contains(&SENTINEL[..8]), "{stderr}");
     assert!(
         stderr.starts_with(&format!(
@@ -367,4 +371,129 @@ fn a_config_file_that_does_not_parse_shows_no_secret_line() {
         )),
         "{stderr}"
     );
+}
+
+/// An array left open (the closing `]` missing) makes TOML point past the line that opened
+/// it; whatever the place, the error gives the parser's hint and the line and column, and
+/// quotes no line of the file.
+#[test]
+fn a_config_file_with_an_open_array_shows_no_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("events.toml");
+    let cases = [
+        (
+            "store",
+            format!("redis_urls = [\"redis://:{SENTINEL}@127.0.0.1:6379\""),
+        ),
+        (
+            "sink",
+            format!("post = [\"http://u:{SENTINEL}@127.0.0.1:1/in\""),
+        ),
+        ("consumer_opt", format!("auth_secret = [\"{SENTINEL}\"")),
+    ];
+    for (table, line) in &cases {
+        // At the end of the file, and followed by more settings.
+        for rest in ["\n", "\n\n[metrics]\naddress = \"off\"\n"] {
+            let text = format!("[source]\ntopic = \"events\"\n\n[{table}]\n{line}{rest}");
+            let (code, stderr) = run_config(&config, &text);
+            assert_eq!(code, Some(78), "{text:?}: {stderr}");
+            assert!(stderr.contains("expected `]`"), "{text:?}: {stderr}");
+            assert!(
+                stderr.contains("TOML parse error at line ") && stderr.contains(", column "),
+                "{text:?}: {stderr}"
+            );
+            assert!(!stderr.contains(&SENTINEL[..8]), "{text:?}: {stderr}");
+            for quoted in text.lines().filter(|l| l.contains('=')) {
+                assert!(
+                    !stderr.contains(quoted),
+                    "{text:?} quotes {quoted:?}: {stderr}"
+                );
+            }
+        }
+    }
+}
+
+/// The cause of a failing sink (the status and the URL without its secrets) is logged at the
+/// default level, at most once a second for one cause, with the count of failures not logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_sink_is_logged_with_its_cause_once_a_second() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let server = HttpServer::start(Answer {
+        status: 500,
+        ..Answer::default()
+    })
+    .await;
+    let post = format!(
+        "http://user:{SENTINEL}@{}/ingest?token={SENTINEL}",
+        server.addr
+    );
+    let nsqd = broker.tcp_addr().to_string();
+    let args: Vec<String> = [
+        "run",
+        "--topic",
+        "events",
+        "--nsqd-tcp-address",
+        &nsqd,
+        "--metrics-address",
+        "off",
+        "--sink",
+        "http",
+        "--post",
+        &post,
+        "--backoff",
+        "100ms",
+        "--max-backoff",
+        "200ms",
+        "--max-attempts",
+        "1000",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let started = Instant::now();
+    let run = tokio::task::spawn_blocking(move || {
+        Running::start(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    })
+    .await
+    .unwrap();
+    for i in 0..20 {
+        broker.publish("events", format!("m{i}"));
+    }
+    let cause = format!(
+        "cause=http://<redacted>@{}/ingest?token=<redacted> answered HTTP 500 Internal Server \
+         Error",
+        server.addr
+    );
+    let logged = |stderr: &str| -> Vec<String> {
+        stderr
+            .lines()
+            .filter(|line| line.contains("Handler failed; messages requeued."))
+            .map(str::to_owned)
+            .collect()
+    };
+    // A second line comes at least a second after the first, with the failures in between.
+    wait_until_or_dump(&run, "a second line about the failures", || {
+        logged(&run.stderr()).len() >= 2 && server.received().len() >= 40
+    })
+    .await;
+    let (_, _, stderr) = tokio::task::spawn_blocking(move || run.stop())
+        .await
+        .unwrap();
+    let elapsed = started.elapsed().as_secs() + 1;
+    let lines = logged(&stderr);
+    assert!(lines.len() as u64 <= elapsed, "{elapsed} s: {stderr}");
+    let mut suppressed = 0;
+    for line in &lines {
+        assert!(line.contains(" WARN "), "{line}");
+        assert!(line.contains(&cause), "{line}");
+        let count = line.rsplit("suppressed=").next().unwrap();
+        suppressed += count.trim().parse::<usize>().unwrap();
+    }
+    assert!(suppressed > 0, "{stderr}");
+    assert!(
+        lines.len() + suppressed <= server.received().len(),
+        "{} POSTs: {stderr}",
+        server.received().len()
+    );
+    assert!(!stderr.contains(SENTINEL), "{stderr}");
 }

@@ -13,6 +13,7 @@ mod cli_errors;
 mod cli_filter;
 mod cli_size;
 mod cli_size_nsqd;
+mod closed_at_start;
 mod closed_output;
 mod cluster_failover;
 mod doc_commands;

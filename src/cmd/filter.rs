@@ -6,6 +6,7 @@ use std::io::{self, BufWriter, Read, Write};
 use anyhow::{Context, Result};
 
 use crate::cli::{Digest, FilterArgs, MissingKey};
+use crate::cmd::std_streams::{require, Stream};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +21,13 @@ use nsq_dedupe::{DigestAlgorithm, Geometry, Keyer, Table};
 const BUFFER_BYTES: usize = 256 * 1024;
 
 pub(crate) fn run(args: &FilterArgs) -> Result<()> {
+    require(Stream::Stdout, "`filter` writes the unique records")?;
+    if args.files.is_empty() || args.files.iter().any(|path| path.as_os_str() == "-") {
+        require(Stream::Stdin, "`filter` reads its records")?;
+    }
+    if args.stats {
+        require(Stream::Stderr, "`filter --stats` writes the statistics")?;
+    }
     let (geometry, flag) = match args.table.geometry()? {
         Some(geometry) if args.table.buckets.is_some() => (geometry, "`--buckets`"),
         Some(geometry) => (geometry, "`--memory`"),

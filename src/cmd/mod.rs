@@ -1,4 +1,5 @@
-//! The subcommands of the binary: each module turns parsed flags into output.
+//! The subcommands of the binary: each module turns parsed flags into output, after
+//! [`std_streams`] confirmed that the streams it uses were open when the process started.
 
 mod catch_plot;
 pub(crate) mod filter;
@@ -7,6 +8,7 @@ mod measured_rate;
 mod nsqd_stats;
 pub(crate) mod run;
 pub(crate) mod size;
+pub(crate) mod std_streams;
 
 /// A probability with six decimals, or as many more as it takes to tell it from 1 (or from 0):
 /// 0.999999999 must not print as 1.000000. Past twelve nines the difference is below what

@@ -4,7 +4,8 @@
 use anyhow::Context as _;
 
 use crate::cli::RunArgs;
-use nsq_dedupe::config::RawConfig;
+use crate::cmd::std_streams::{require, Stream};
+use nsq_dedupe::config::{RawConfig, SinkSettings};
 
 /// Builds the settings from `--config` and the flags, and runs the service.
 ///
@@ -17,6 +18,15 @@ pub(crate) fn run(args: &RunArgs) -> anyhow::Result<()> {
     };
     args.apply(&mut raw);
     let settings = raw.validate()?;
+    // Before anything is consumed. A service's log is how it tells of failing sinks and
+    // stores; `2>/dev/null` runs it without one on purpose.
+    require(Stream::Stderr, "`run` writes its log")?;
+    if settings.sink == SinkSettings::Stdout {
+        require(
+            Stream::Stdout,
+            "`run` writes the unique messages of the stdout sink",
+        )?;
+    }
     tracing::info!(version = crate::cli::VERSION, "Starting nsq-dedupe.");
     let names = settings.names.clone();
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -149,8 +149,8 @@ pub enum ConfigError {
     Parse {
         /// The file (or `<string>`).
         path: String,
-        /// The TOML parser's message, which names the key, its line and the value (not the
-        /// line or the value where it may hold a secret).
+        /// The place (line, column and key) and the TOML parser's reason: no line of the
+        /// file, and no value where it may hold a secret.
         message: String,
     },
     /// A value is out of range or inconsistent with another.
@@ -340,9 +340,14 @@ pub struct Dur(pub Duration);
 impl<'de> Deserialize<'de> for Dur {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let text = String::deserialize(deserializer)?;
+        // The value is named in the error (config errors quote no line of the file), in
+        // serde's words: `invalid value: string "10 parsecs", expected a duration such as …`.
         crate::units::parse_duration(&text)
             .map(Dur)
-            .map_err(serde::de::Error::custom)
+            .map_err(|reason| {
+                let expected = reason.strip_prefix("expected ").unwrap_or(&reason);
+                serde::de::Error::invalid_value(serde::de::Unexpected::Str(&text), &expected)
+            })
     }
 }
 
