@@ -5,6 +5,7 @@ use anyhow::Context as _;
 
 use crate::cli::RunArgs;
 use nsq_dedupe::config::RawConfig;
+use nsq_dedupe::sidecar::RunError;
 
 /// Builds the settings from `--config` and the flags, and runs the service.
 ///
@@ -29,15 +30,26 @@ pub(crate) fn run(args: &RunArgs) -> anyhow::Result<()> {
         anyhow::Ok(())
     });
     // The service's errors name settings by their keys; say them as the user gave them. A
-    // closed output keeps its cause, which `main` looks for.
+    // closed output keeps its cause, and a setting error its kind, which `main` looks for.
     result.map_err(|error| {
+        let setting = error
+            .downcast_ref::<RunError>()
+            .is_some_and(RunError::is_setting);
         if crate::is_broken_pipe(&error) {
             error
+        } else if setting {
+            SettingError(names.rename(&format!("{error:#}"))).into()
         } else {
             anyhow::anyhow!("{}", names.rename(&format!("{error:#}")))
         }
     })
 }
+
+/// An error of the running service that starting again with the same settings meets again
+/// (see [`RunError::is_setting`]): `main` exits with the status of an invalid config for it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct SettingError(String);
 
 /// Completes on the first SIGINT or SIGTERM, and arms an immediate exit on the second.
 async fn signals() {

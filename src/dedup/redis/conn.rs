@@ -22,6 +22,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{ErrorKind, IntoConnectionInfo, RedisError, Script, Value};
 
 use super::config::RedisConfig;
+use super::refusal::Credentials;
 use super::slots::SlotMap;
 use crate::error::StoreError;
 
@@ -52,6 +53,8 @@ pub(super) struct Link {
     pub(super) redirects: AtomicU64,
     /// For errors and logs: the servers' addresses, without user or password.
     pub(super) addr: String,
+    /// Who this client is, for the message of a server's refusal.
+    credentials: Credentials,
 }
 
 /// What every node's connection shares: TLS, the user, the password, the database.
@@ -116,6 +119,7 @@ impl Link {
             refreshing: tokio::sync::Mutex::new(()),
             redirects: AtomicU64::new(0),
             addr,
+            credentials: Credentials::of(config, first.redis.username.as_deref()),
         })
     }
 
@@ -354,14 +358,18 @@ impl Link {
         self.nodes_map().clear();
     }
 
-    /// A [`StoreError`] for `error` at `node` (never showing a password); drops the node's
-    /// connection if the error may have broken it.
+    /// A [`StoreError`] for `error` at `node` (never showing a password): a refusal when it
+    /// means a setting is wrong (see `refusal`); drops the node's connection if the error may
+    /// have broken it.
     fn failed(&self, node: &str, error: &RedisError) -> StoreError {
         if is_connection_error(error) {
             self.drop_node(node);
         }
         if error.is_timeout() {
             return StoreError::Timeout(self.timeout);
+        }
+        if let Some(refused) = self.credentials.refusal(node, error) {
+            return refused;
         }
         match error.kind() {
             ErrorKind::ResponseError | ErrorKind::ExtensionError | ErrorKind::TypeError => {
