@@ -1,14 +1,18 @@
 //! A wrong store setting is a refusal, not an outage: a Redis that refuses the password (or
 //! wants one) or a Memcached address that is another service stops `run` at start with exit
 //! status 78 and one error naming the setting (never the password); a store that is not there
-//! at start is an outage, which `run` waits out.
+//! at start is an outage, which `run` waits out; and a refusal met while running (a password
+//! changed) is logged when it appears, with its messages requeued, none lost.
 
 use std::io::Read as _;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+
 use crate::cli_errors::{http_port, run_refused};
+use crate::support::broker::{Broker, BrokerConfig};
 use crate::support::memcached::MemcachedServer;
 use crate::support::redis::RedisServer;
 use crate::table_file::Sidecar;
@@ -310,4 +314,125 @@ async fn a_store_that_is_not_there_at_start_is_an_outage_that_run_waits_out() {
         );
         assert_eq!(stop(&mut running), Some(0), "{}", read(&log));
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_changed_while_running_is_logged_as_it_appears_and_nothing_is_lost() {
+    const TOPIC: &str = "events";
+    const SECOND: &str = "second-pw-51d0e8";
+    let body = |i: usize| Bytes::from(format!("{{\"id\":{i}}}"));
+    let mut server = RedisServer::start_with_args(&["--requirepass", PASSWORD]);
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (out, log) = (dir.path().join("out"), dir.path().join("log"));
+    let url = format!("redis://:{PASSWORD}@{}", server.addr());
+    let nsqd = broker.tcp_addr().to_string();
+    let mut running = start(
+        &[
+            "--topic",
+            TOPIC,
+            "--nsqd-tcp-address",
+            &nsqd,
+            "--metrics-address",
+            "off",
+            "--store",
+            "redis",
+            "--redis-url",
+            &url,
+            "--buckets",
+            "65536",
+            "--store-error-requeue-delay",
+            "100ms",
+        ],
+        &out,
+        &log,
+    );
+    let delivered = || read(&out).lines().count();
+    broker.publish_many(TOPIC, (0..20).map(body));
+    wait_until_or(
+        "the first 20 delivered",
+        Duration::from_secs(20),
+        || delivered() == 20,
+        || read(&log),
+    )
+    .await;
+
+    // Redis goes away (an outage), and comes back with another password (a refusal).
+    server.stop();
+    broker.publish_many(TOPIC, (20..40).map(body));
+    let store_errors = |log: &str| {
+        log.lines()
+            .filter(|line| line.contains(" ERROR ") && line.contains("Store error."))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    wait_until_or(
+        "the outage logged",
+        Duration::from_secs(10),
+        || !store_errors(&read(&log)).is_empty(),
+        || read(&log),
+    )
+    .await;
+    let first_logged = Instant::now();
+    server.restart_with_args(&["--requirepass", SECOND]);
+    // Logged when it appears, not when the outage's line is 10 s old.
+    let refusal = "refused this client: AUTH failed: it does not accept the password from \
+                   `store.redis_urls`";
+    while !store_errors(&read(&log))
+        .iter()
+        .any(|l| l.contains(refusal))
+    {
+        assert!(
+            first_logged.elapsed() < Duration::from_secs(8),
+            "the refusal was not logged within 8 s of the outage's line:\n{}",
+            read(&log)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(delivered(), 20, "delivered while the store refused us");
+
+    // The password is set back: every message requeued meanwhile is delivered, once.
+    server.cli(&[
+        "-a",
+        SECOND,
+        "--no-auth-warning",
+        "CONFIG",
+        "SET",
+        "requirepass",
+        PASSWORD,
+    ]);
+    wait_until_or(
+        "all 40 delivered",
+        Duration::from_secs(30),
+        || delivered() == 40,
+        || read(&log),
+    )
+    .await;
+    assert_eq!(stop(&mut running), Some(0), "{}", read(&log));
+    let mut lines: Vec<String> = read(&out).lines().map(str::to_owned).collect();
+    lines.sort();
+    let mut expected: Vec<String> = (0..40)
+        .map(|i| String::from_utf8(body(i).to_vec()).unwrap())
+        .collect();
+    expected.sort();
+    assert_eq!(lines, expected, "each message once, none lost");
+
+    let log = read(&log);
+    assert!(
+        !log.contains(PASSWORD) && !log.contains(SECOND),
+        "a password was logged: {log}"
+    );
+    let counted: u64 = log
+        .lines()
+        .find(|line| line.contains("Sidecar stopped."))
+        .and_then(|line| line.split("store_errors=").nth(1))
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no store_errors in the last status line: {log}"));
+    let logged = store_errors(&log).len() as u64;
+    println!("{counted} store errors, {logged} logged");
+    assert!(
+        logged <= 4 && counted >= 5 * logged,
+        "{logged} lines for {counted} store errors: {log}"
+    );
 }
