@@ -2215,7 +2215,19 @@ async fn stdout_throughput() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn second_signal_exits_at_once_and_nsqd_keeps_the_message() {
+async fn a_second_sigterm_exits_at_once_with_143_and_nsqd_keeps_the_message() {
+    assert_eq!(second_signal_exit_status("-TERM").await, Some(128 + 15));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigint_exits_at_once_with_130_and_nsqd_keeps_the_message() {
+    assert_eq!(second_signal_exit_status("-INT").await, Some(128 + 2));
+}
+
+/// Sends `signal` twice to a run whose handler hangs, and returns its exit status; checks that
+/// the first signal waits for the handler, the second exits at once, and the message stays
+/// with nsqd.
+async fn second_signal_exit_status(signal: &str) -> Option<i32> {
     // An HTTP endpoint that accepts connections and never answers: the handler hangs.
     let black_hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let a = Broker::start(BrokerConfig::default()).await;
@@ -2246,7 +2258,7 @@ async fn second_signal_exits_at_once_and_nsqd_keeps_the_message() {
     let child = guard.0.as_mut().unwrap();
     let pid = child.id().to_string();
     assert!(Command::new("kill")
-        .args(["-TERM", &pid])
+        .args([signal, &pid])
         .status()
         .unwrap()
         .success());
@@ -2257,7 +2269,7 @@ async fn second_signal_exits_at_once_and_nsqd_keeps_the_message() {
         log_text()
     );
     assert!(Command::new("kill")
-        .args(["-TERM", &pid])
+        .args([signal, &pid])
         .status()
         .unwrap()
         .success());
@@ -2272,12 +2284,17 @@ async fn second_signal_exits_at_once_and_nsqd_keeps_the_message() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    assert_eq!(status.code(), Some(130), "{}", log_text());
+    assert!(
+        log_text().contains("Second signal: exiting at once"),
+        "{}",
+        log_text()
+    );
     // The message was never finished: nsqd still holds it (in flight until its timeout, then
     // queued again), so it is not lost.
     let (queued, deferred, in_flight) = a.depth(TOPIC, CHANNEL);
     assert_eq!(queued + deferred + in_flight, 1);
     assert_eq!(a.stats().fin_ok, 0);
+    status.code()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

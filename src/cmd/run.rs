@@ -9,8 +9,9 @@ use nsq_dedupe::sidecar::RunError;
 
 /// Builds the settings from `--config` and the flags, and runs the service.
 ///
-/// The first SIGINT/SIGTERM starts a graceful stop; a second one exits at once (status 130),
-/// leaving nsqd to redeliver whatever was in flight.
+/// The first SIGINT/SIGTERM starts a graceful stop; a second one exits at once (status 128
+/// plus the signal's number: 130 for SIGINT, 143 for SIGTERM, as a shell reports a process
+/// the signal ended), leaving nsqd to redeliver whatever was in flight.
 pub(crate) fn run(args: &RunArgs) -> anyhow::Result<()> {
     let mut raw = match &args.config {
         Some(path) => RawConfig::from_file(path)?,
@@ -67,11 +68,14 @@ async fn signals() {
         _ = term.recv() => tracing::info!(signal = "SIGTERM", "Stopping gracefully; send it again to exit at once."),
     }
     tokio::spawn(async move {
-        tokio::select! {
-            _ = int.recv() => {}
-            _ = term.recv() => {}
-        }
-        tracing::warn!("Second signal: exiting at once; nsqd redelivers what was in flight.");
-        std::process::exit(130);
+        let (name, kind) = tokio::select! {
+            _ = int.recv() => ("SIGINT", SignalKind::interrupt()),
+            _ = term.recv() => ("SIGTERM", SignalKind::terminate()),
+        };
+        tracing::warn!(
+            signal = name,
+            "Second signal: exiting at once; nsqd redelivers what was in flight."
+        );
+        std::process::exit(128 + kind.as_raw_value());
     });
 }
