@@ -2224,6 +2224,65 @@ async fn a_second_sigint_exits_at_once_with_130_and_nsqd_keeps_the_message() {
     assert_eq!(second_signal_exit_status("-INT").await, Some(128 + 2));
 }
 
+/// A SIGTERM while the store is still being opened (a Memcached that accepts connections and
+/// never answers) stops the run gracefully once it is open, with status 0: the handlers are
+/// installed before anything connects, not when the run starts taking messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_while_the_store_is_opened_stops_the_run_gracefully() {
+    // Accepts connections (into its backlog) and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("sidecar.log");
+    let child = Command::new(sidecar_binary())
+        .args(["run", "--topic", TOPIC, "--nsqd-tcp-address", "127.0.0.1:1"])
+        .args([
+            "--metrics-address",
+            "off",
+            "--store",
+            "memcached",
+            "--store-timeout",
+            "1s",
+        ])
+        .arg("--memcached-address")
+        .arg(silent.local_addr().unwrap().to_string())
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut guard = ChildGuard(Some(child));
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_until_or(
+        "the start logged",
+        Duration::from_secs(10),
+        || log_text().contains("Starting nsq-dedupe."),
+        log_text,
+    )
+    .await;
+    // Opening the store takes about 2 s (a connect and a `version` of 1 s each).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let child = guard.0.as_mut().unwrap();
+    assert!(Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still running 20 s after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(status.code(), Some(0), "{status:?}\n{}", log_text());
+    assert!(log_text().contains("Stopping gracefully"), "{}", log_text());
+}
+
 /// Sends `signal` twice to a run whose handler hangs, and returns its exit status; checks that
 /// the first signal waits for the handler, the second exits at once, and the message stays
 /// with nsqd.

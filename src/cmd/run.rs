@@ -26,8 +26,10 @@ pub(crate) fn run(args: &RunArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     let result = runtime.block_on(async move {
+        // Before anything connects: a signal from then on starts a graceful stop.
+        let stop = signals();
         let sidecar = nsq_dedupe::Sidecar::new(settings).await?;
-        sidecar.run(signals()).await?;
+        sidecar.run(stop).await?;
         anyhow::Ok(())
     });
     // The service's errors name settings by their keys; say them as the user gave them. A
@@ -52,17 +54,34 @@ pub(crate) fn run(args: &RunArgs) -> anyhow::Result<()> {
 #[error("{0}")]
 pub(crate) struct SettingError(String);
 
-/// Completes on the first SIGINT or SIGTERM, and arms an immediate exit on the second.
-async fn signals() {
+/// Installs the SIGINT and SIGTERM handlers at once (inside the runtime), and returns a future
+/// that completes on the first of those signals and arms an immediate exit on the second.
+///
+/// Installed when called, not when first polled: the service polls its stop future only once
+/// it has opened the store and started the consumer, and a signal before that would end the
+/// process by the signal's default action, without a graceful stop.
+fn signals() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut int), Ok(mut term)) = (
+    let handlers = (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),
-    ) else {
-        // Without signal handlers we can still be stopped by SIGKILL; nsqd redelivers.
-        tracing::warn!("Could not install signal handlers; graceful shutdown is unavailable.");
-        return std::future::pending().await;
-    };
+    );
+    async move {
+        let (Ok(int), Ok(term)) = handlers else {
+            // Without signal handlers we can still be stopped by SIGKILL; nsqd redelivers.
+            tracing::warn!("Could not install signal handlers; graceful shutdown is unavailable.");
+            return std::future::pending().await;
+        };
+        first_and_second(int, term).await;
+    }
+}
+
+/// Completes on the first of `int` and `term`, and arms an immediate exit on the second.
+async fn first_and_second(
+    mut int: tokio::signal::unix::Signal,
+    mut term: tokio::signal::unix::Signal,
+) {
+    use tokio::signal::unix::SignalKind;
     tokio::select! {
         _ = int.recv() => tracing::info!(signal = "SIGINT", "Stopping gracefully; send it again to exit at once."),
         _ = term.recv() => tracing::info!(signal = "SIGTERM", "Stopping gracefully; send it again to exit at once."),
