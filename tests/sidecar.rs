@@ -28,7 +28,7 @@ use crate::support::http::{Answer as HttpAnswer, HttpServer};
 use crate::support::lookupd::Lookupd;
 use crate::support::memcached::MemcachedServer;
 use crate::support::redis::RedisServer;
-use crate::util::wait_until_or;
+use crate::util::{signal_and_wait, wait_until_or};
 
 pub(crate) const TOPIC: &str = "events";
 pub(crate) const CHANNEL: &str = "dedupe";
@@ -2263,22 +2263,7 @@ async fn a_signal_while_the_store_is_opened_stops_the_run_gracefully() {
     // Opening the store takes about 2 s (a connect and a `version` of 1 s each).
     tokio::time::sleep(Duration::from_millis(200)).await;
     let child = guard.0.as_mut().unwrap();
-    assert!(Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap()
-        .success());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "still running 20 s after SIGTERM"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let status = signal_and_wait(child, "-TERM", Duration::from_secs(20)).await;
     assert_eq!(status.code(), Some(0), "{status:?}\n{}", log_text());
     assert!(log_text().contains("Stopping gracefully"), "{}", log_text());
 }
@@ -2327,22 +2312,8 @@ async fn second_signal_exit_status(signal: &str) -> Option<i32> {
         "exited before the grace period:\n{}",
         log_text()
     );
-    assert!(Command::new("kill")
-        .args([signal, &pid])
-        .status()
-        .unwrap()
-        .success());
-    let deadline = Instant::now() + Duration::from_secs(3);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "still running 3 s after the second signal"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    // Exits at once: well within the grace period of 30 s.
+    let status = signal_and_wait(child, signal, Duration::from_secs(3)).await;
     assert!(
         log_text().contains("Second signal: exiting at once"),
         "{}",

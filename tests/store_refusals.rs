@@ -16,7 +16,7 @@ use crate::support::broker::{Broker, BrokerConfig};
 use crate::support::memcached::MemcachedServer;
 use crate::support::redis::RedisServer;
 use crate::table_file::Sidecar;
-use crate::util::wait_until_or;
+use crate::util::{signal_and_wait, wait_until_or};
 
 /// The server's password, and the wrong one given; neither may appear in any output.
 const PASSWORD: &str = "right-pw-7f3a2c";
@@ -248,19 +248,10 @@ fn start(args: &[&str], out: &Path, log: &Path) -> Sidecar {
 }
 
 /// Sends SIGTERM to `running` and waits (at most 20 s) for its exit status.
-fn stop(running: &mut Sidecar) -> Option<i32> {
-    running.signal("-TERM");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(status) = running.0.try_wait().unwrap() {
-            return status.code();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "still running 20 s after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+async fn stop(running: &mut Sidecar) -> Option<i32> {
+    signal_and_wait(&mut running.0, "-TERM", Duration::from_secs(20))
+        .await
+        .code()
 }
 
 fn read(path: &Path) -> String {
@@ -312,7 +303,7 @@ async fn a_store_that_is_not_there_at_start_is_an_outage_that_run_waits_out() {
             "{store}: an outage stopped the run: {}",
             read(&log)
         );
-        assert_eq!(stop(&mut running), Some(0), "{}", read(&log));
+        assert_eq!(stop(&mut running).await, Some(0), "{}", read(&log));
     }
 }
 
@@ -408,7 +399,7 @@ async fn a_password_changed_while_running_is_logged_as_it_appears_and_nothing_is
         || read(&log),
     )
     .await;
-    assert_eq!(stop(&mut running), Some(0), "{}", read(&log));
+    assert_eq!(stop(&mut running).await, Some(0), "{}", read(&log));
     let mut lines: Vec<String> = read(&out).lines().map(str::to_owned).collect();
     lines.sort();
     let mut expected: Vec<String> = (0..40)

@@ -61,7 +61,7 @@ impl Sidecar {
         Sidecar(child)
     }
 
-    pub(crate) fn signal(&mut self, signal: &str) {
+    fn signal(&mut self, signal: &str) {
         let status = Command::new("kill")
             .args([signal, &self.0.id().to_string()])
             .status()
