@@ -101,4 +101,14 @@ pub enum StoreError {
     /// The store's settings are unusable; the message names the setting.
     #[error("invalid store configuration: {0}")]
     Config(String),
+    /// The server answered and refused this client (a wrong password, a missing one), or is
+    /// not the kind of server the settings name (an HTTP port given as Memcached's). Unlike
+    /// an outage, waiting does not help: a setting is wrong, and `detail` names it.
+    #[error("store at {addr} refused this client: {detail}")]
+    Refused {
+        /// The server address.
+        addr: String,
+        /// What it answered, and the setting to correct.
+        detail: String,
+    },
 }

@@ -26,13 +26,7 @@ fn main() -> ExitCode {
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
             report(&err);
-            let unusable_setup = err
-                .downcast_ref::<nsq_dedupe::config::ConfigError>()
-                .is_some()
-                || err
-                    .downcast_ref::<cmd::std_streams::ClosedAtStart>()
-                    .is_some();
-            if is_service && unusable_setup {
+            if is_service && is_setting_error(&err) {
                 ExitCode::from(EXIT_CONFIG)
             } else {
                 ExitCode::FAILURE
@@ -42,12 +36,23 @@ fn main() -> ExitCode {
 }
 
 /// The exit status of `run` when its settings (the config file, a flag's value) cannot be read
-/// or are invalid, or when it was started without a standard stream it needs (stdout for the
-/// stdout sink, stderr for its log): `EX_CONFIG` of sysexits.h. Starting again unchanged fails
-/// the same way, so the systemd unit lists it, with clap's 2 for a command line it cannot
-/// parse, in `RestartPreventExitStatus=` instead of retrying every few seconds. Any other error
-/// is 1, as is every error of the other commands.
+/// or are invalid, or a server or file they name refuses them (a store's password, a table
+/// file written for another size), or when it was started without a standard stream it needs
+/// (stdout for the stdout sink, stderr for its log): `EX_CONFIG` of sysexits.h. Starting again
+/// unchanged fails the same way, so the systemd unit lists it, with clap's 2 for a command
+/// line it cannot parse, in `RestartPreventExitStatus=` instead of retrying every few seconds.
+/// Any other error is 1, as is every error of the other commands.
 const EXIT_CONFIG: u8 = 78;
+
+/// Whether `err` is one of `run`'s setting errors (see [`EXIT_CONFIG`]).
+fn is_setting_error(err: &anyhow::Error) -> bool {
+    err.downcast_ref::<nsq_dedupe::config::ConfigError>()
+        .is_some()
+        || err.downcast_ref::<cmd::run::SettingError>().is_some()
+        || err
+            .downcast_ref::<cmd::std_streams::ClosedAtStart>()
+            .is_some()
+}
 
 /// Prints the error chain on stderr, if stderr is still there.
 fn report(err: &anyhow::Error) {

@@ -30,13 +30,16 @@
 //!    Errors of `commit`, `erase` and `renew` are counted and logged, and the message goes on:
 //!    a stale claim only delays or duplicates a later copy, it never drops one. Failed commits
 //!    and erases are sent again before the next bursts' claims (`unsettled`), so a store that
-//!    answers again decides copies at once, not a lease later. The first store error is logged, then at most one a
-//!    `STORE_ERROR_LOG_INTERVAL`, with the count of those not logged; every one is counted.
+//!    answers again decides copies at once, not a lease later. Each cause of store errors is
+//!    logged when it appears, then at most once a `STORE_ERROR_LOG_INTERVAL` while it lasts,
+//!    with the count of those not logged (see `store_error_log`); every one is counted.
 //!
 //! Whatever nsqd no longer accepts (a FIN for a message that timed out) is counted as an
 //! answer failure: nsqd redelivers that message, and the store decides it again.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+mod store_error_log;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -49,15 +52,11 @@ use crate::metrics::{add, inc, Metrics};
 use crate::nsq::{Answer, Message};
 use crate::sink::{DeadLetter, Handler, HandlerError};
 use failure_log::FailureLog;
-
-mod failure_log;
-
-mod unsettled;
-
+use store_error_log::StoreErrorLog;
 use unsettled::Unsettled;
 
-/// How often store errors are logged at most, after the first.
-const STORE_ERROR_LOG_INTERVAL: Duration = Duration::from_secs(10);
+mod failure_log;
+mod unsettled;
 
 /// What to do with a copy whose original is still being handled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
@@ -226,10 +225,8 @@ struct Inner<S, H> {
     policy: Policy,
     dead_letter: Option<DeadLetter>,
     metrics: Arc<Metrics>,
-    /// Milliseconds since `metrics`' start of the last logged store error, plus one (0: none).
-    store_error_logged_at: AtomicU64,
-    /// Store errors not logged since the last one that was.
-    store_errors_unlogged: AtomicU64,
+    /// Which store errors are logged.
+    store_error_log: StoreErrorLog,
     /// When each cause of handler failures was last logged.
     failure_log: FailureLog,
     /// Cancelled by [`Dedupe::abandon`]: running handlers are dropped and their claims erased.
@@ -277,8 +274,7 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
                 policy,
                 dead_letter,
                 metrics,
-                store_error_logged_at: AtomicU64::new(0),
-                store_errors_unlogged: AtomicU64::new(0),
+                store_error_log: StoreErrorLog::default(),
                 failure_log: FailureLog::default(),
                 abandon: tokio_util::sync::CancellationToken::new(),
                 handling: AtomicUsize::new(0),
@@ -782,22 +778,9 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
     fn store_errors(&self, operation: &'static str, error: &StoreError, count: usize) {
         let inner = &*self.inner;
         add(&inner.metrics.store_errors, count);
-        let now = inner.metrics.uptime().as_millis() as u64 + 1;
-        let last = inner.store_error_logged_at.load(Ordering::Relaxed);
-        let due =
-            last == 0 || now.saturating_sub(last) >= STORE_ERROR_LOG_INTERVAL.as_millis() as u64;
-        if due
-            && inner
-                .store_error_logged_at
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            let suppressed = inner.store_errors_unlogged.swap(0, Ordering::Relaxed);
+        let now = inner.metrics.uptime();
+        if let Some(suppressed) = inner.store_error_log.note(error, count as u64, now) {
             tracing::error!(operation, %error, suppressed, policy = ?inner.policy.on_store_error, "Store error.");
-        } else {
-            inner
-                .store_errors_unlogged
-                .fetch_add(count as u64, Ordering::Relaxed);
         }
     }
 }

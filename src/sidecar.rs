@@ -25,6 +25,7 @@ use crate::dedup::journal::Journal;
 use crate::dedup::near::NearTable;
 use crate::dedup::table_file::{SaveReport, TableFile};
 use crate::dedup::Geometry;
+use crate::error::StoreError;
 use crate::metrics::{get, Metrics, TableView};
 use crate::nsq::{Consumer, ProducerConfig, ShutdownReport, Transport};
 use crate::pipeline::Dedupe;
@@ -37,7 +38,7 @@ use hyper::StatusCode;
 pub enum RunError {
     /// The store could not be built.
     #[error("cannot open the de-duplication store")]
-    Store(#[from] crate::error::StoreError),
+    Store(#[from] StoreError),
     /// The table could not be allocated.
     #[error("cannot build the in-process table; choose a smaller `store.buckets` (`--buckets`), `store.memory` (`--memory`) or `store.probability`")]
     Table(#[from] crate::error::TableError),
@@ -80,6 +81,30 @@ pub enum RunError {
     },
 }
 
+impl RunError {
+    /// Whether starting again with the same settings fails the same way, so that a setting
+    /// must change: a store that refuses this client or cannot use its settings, a table file
+    /// written for another table or at a path that cannot hold one. The binary exits with
+    /// `EX_CONFIG` (78) for these, as for an invalid config, and a service manager does not
+    /// restart it in a loop; any other error may pass with time (a server coming back, a
+    /// lock let go).
+    pub fn is_setting(&self) -> bool {
+        use crate::dedup::table_file::TableFileError;
+        match self {
+            RunError::Store(error) => {
+                matches!(error, StoreError::Config(_) | StoreError::Refused { .. })
+            }
+            RunError::TableFile(error) => matches!(
+                error,
+                TableFileError::Mismatch { .. }
+                    | TableFileError::NoDirectory { .. }
+                    | TableFileError::NotAFile { .. }
+            ),
+            _ => false,
+        }
+    }
+}
+
 /// What a run did, for callers and tests.
 #[derive(Debug, Clone)]
 pub struct RunReport {
@@ -115,7 +140,8 @@ fn producer_config(addresses: &[String], transport: &Transport) -> ProducerConfi
 ///
 /// # Errors
 ///
-/// [`RunError`] if a table cannot be allocated or Memcached's settings are unusable.
+/// [`RunError`] if a table cannot be allocated, a shared store's settings are unusable, or
+/// its server refuses this client (see [`RunError::is_setting`]).
 pub async fn build_store(
     store: &StoreSettings,
     near_table: Option<Geometry>,
@@ -133,41 +159,55 @@ pub async fn build_store(
             Some((age, clock)) => Table::with_max_age(*geometry, age, clock)?,
         }),
         StoreSettings::None => Backend::None(NoStore),
-        StoreSettings::Memcached(config, geometry) => {
-            // A Memcached server that is down at start is a store error per message (handled
-            // by `on_store_error`), not a reason to refuse to start; but say so at once.
-            let probe = MemcachedStore::connect(config.clone(), *geometry);
-            match tokio::time::timeout(config.timeout * 4, probe).await {
-                Ok(Ok(store)) => Backend::Memcached(store, near),
-                Ok(Err(error @ crate::error::StoreError::Config(_))) => return Err(error.into()),
-                Ok(Err(error)) => {
-                    tracing::warn!(servers = %config.servers.join(","), %error, "Memcached is not answering; messages follow `dedupe.on_store_error` until it does.");
-                    Backend::Memcached(MemcachedStore::new_lazy(config.clone(), *geometry)?, near)
-                }
-                Err(_) => {
-                    tracing::warn!(servers = %config.servers.join(","), "Memcached did not answer in time; messages follow `dedupe.on_store_error` until it does.");
-                    Backend::Memcached(MemcachedStore::new_lazy(config.clone(), *geometry)?, near)
-                }
-            }
-        }
-        StoreSettings::Redis(config, geometry) => {
-            // As for Memcached: a Redis that is down at start is a store error per message.
-            // The URLs carry no password (it was moved out of them), so they can be logged.
-            let probe = RedisStore::connect(config.clone(), *geometry);
-            match tokio::time::timeout(config.timeout * 4, probe).await {
-                Ok(Ok(store)) => Backend::Redis(store, near),
-                Ok(Err(error @ crate::error::StoreError::Config(_))) => return Err(error.into()),
-                Ok(Err(error)) => {
-                    tracing::warn!(urls = %config.urls.join(","), %error, "Redis is not answering; messages follow `dedupe.on_store_error` until it does.");
-                    Backend::Redis(RedisStore::new_lazy(config.clone(), *geometry)?, near)
-                }
-                Err(_) => {
-                    tracing::warn!(urls = %config.urls.join(","), "Redis did not answer in time; messages follow `dedupe.on_store_error` until it does.");
-                    Backend::Redis(RedisStore::new_lazy(config.clone(), *geometry)?, near)
-                }
-            }
-        }
+        StoreSettings::Memcached(config, geometry) => Backend::Memcached(
+            open_shared(
+                MemcachedStore::connect(config.clone(), *geometry),
+                config.timeout * 4,
+                || MemcachedStore::new_lazy(config.clone(), *geometry),
+                ("Memcached", config.servers.join(",")),
+            )
+            .await?,
+            near,
+        ),
+        // The URLs carry no password (it was moved out of them), so they can be logged.
+        StoreSettings::Redis(config, geometry) => Backend::Redis(
+            open_shared(
+                RedisStore::connect(config.clone(), *geometry),
+                config.timeout * 4,
+                || RedisStore::new_lazy(config.clone(), *geometry),
+                ("Redis", config.urls.join(",")),
+            )
+            .await?,
+            near,
+        ),
     })
+}
+
+/// Opens a shared store at start with `connect`, within `limit`.
+///
+/// A server that is down or does not answer in time is an outage: a store error per message
+/// (handled by `on_store_error`) until it answers, not a reason to refuse to start; we say so
+/// at once and open the store `lazy`, without contacting it. A server that answered and
+/// refused us, or settings the store cannot use, stop the start: waiting would not help.
+async fn open_shared<S>(
+    connect: impl Future<Output = Result<S, StoreError>>,
+    limit: Duration,
+    lazy: impl FnOnce() -> Result<S, StoreError>,
+    (store, servers): (&str, String),
+) -> Result<S, RunError> {
+    match tokio::time::timeout(limit, connect).await {
+        Ok(Ok(opened)) => return Ok(opened),
+        Ok(Err(error @ (StoreError::Config(_) | StoreError::Refused { .. }))) => {
+            return Err(error.into())
+        }
+        Ok(Err(error)) => {
+            tracing::warn!(%servers, %error, "{store} is not answering; messages follow `dedupe.on_store_error` until it does.");
+        }
+        Err(_) => {
+            tracing::warn!(%servers, "{store} did not answer in time; messages follow `dedupe.on_store_error` until it does.");
+        }
+    }
+    Ok(lazy()?)
 }
 
 /// `max_age` with the clock tables read it by.

@@ -745,7 +745,7 @@ fn nsqd_connection_options_are_checked_before_connecting() {
 
 /// Runs `run` with `env` set and `args`, and returns its exit code and stderr; the settings
 /// are refused before anything connects, so a run still going after 10 s fails the test.
-fn run_refused(env: &[(&str, &str)], args: &[&str]) -> (i32, String) {
+pub(crate) fn run_refused(env: &[(&str, &str)], args: &[&str]) -> (i32, String) {
     let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
         .arg("run")
         .args(args)
@@ -966,7 +966,7 @@ fn a_setting_that_would_do_nothing_is_refused_with_what_it_needs() {
 
 /// A server on a free loopback port that answers every connection as an HTTP server answers a
 /// request it cannot read, until the returned flag is set (or 30 s pass).
-fn http_port() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+pub(crate) fn http_port() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicBool>) {
     use std::io::Write as _;
     use std::sync::atomic::{AtomicBool, Ordering};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -28,7 +28,7 @@ use crate::support::http::{Answer as HttpAnswer, HttpServer};
 use crate::support::lookupd::Lookupd;
 use crate::support::memcached::MemcachedServer;
 use crate::support::redis::RedisServer;
-use crate::util::wait_until_or;
+use crate::util::{signal_and_wait, wait_until_or};
 
 pub(crate) const TOPIC: &str = "events";
 pub(crate) const CHANNEL: &str = "dedupe";
@@ -2244,7 +2244,63 @@ async fn stdout_throughput() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn second_signal_exits_at_once_and_nsqd_keeps_the_message() {
+async fn a_second_sigterm_exits_at_once_with_143_and_nsqd_keeps_the_message() {
+    assert_eq!(second_signal_exit_status("-TERM").await, Some(128 + 15));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigint_exits_at_once_with_130_and_nsqd_keeps_the_message() {
+    assert_eq!(second_signal_exit_status("-INT").await, Some(128 + 2));
+}
+
+/// A SIGTERM while the store is still being opened (a Memcached that accepts connections and
+/// never answers) stops the run gracefully once it is open, with status 0: the handlers are
+/// installed before anything connects, not when the run starts taking messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_while_the_store_is_opened_stops_the_run_gracefully() {
+    // Accepts connections (into its backlog) and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("sidecar.log");
+    let child = Command::new(sidecar_binary())
+        .args(["run", "--topic", TOPIC, "--nsqd-tcp-address", "127.0.0.1:1"])
+        .args([
+            "--metrics-address",
+            "off",
+            "--store",
+            "memcached",
+            "--store-timeout",
+            "1s",
+        ])
+        .arg("--memcached-address")
+        .arg(silent.local_addr().unwrap().to_string())
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut guard = ChildGuard(Some(child));
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_until_or(
+        "the start logged",
+        Duration::from_secs(10),
+        || log_text().contains("Starting nsq-dedupe."),
+        log_text,
+    )
+    .await;
+    // Opening the store takes about 2 s (a connect and a `version` of 1 s each).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let child = guard.0.as_mut().unwrap();
+    let status = signal_and_wait(child, "-TERM", Duration::from_secs(20)).await;
+    assert_eq!(status.code(), Some(0), "{status:?}\n{}", log_text());
+    assert!(log_text().contains("Stopping gracefully"), "{}", log_text());
+}
+
+/// Sends `signal` twice to a run whose handler hangs, and returns its exit status; checks that
+/// the first signal waits for the handler, the second exits at once, and the message stays
+/// with nsqd.
+async fn second_signal_exit_status(signal: &str) -> Option<i32> {
     // An HTTP endpoint that accepts connections and never answers: the handler hangs.
     let black_hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let a = Broker::start(BrokerConfig::default()).await;
@@ -2275,7 +2331,7 @@ async fn second_signal_exits_at_once_and_nsqd_keeps_the_message() {
     let child = guard.0.as_mut().unwrap();
     let pid = child.id().to_string();
     assert!(Command::new("kill")
-        .args(["-TERM", &pid])
+        .args([signal, &pid])
         .status()
         .unwrap()
         .success());
@@ -2285,28 +2341,19 @@ async fn second_signal_exits_at_once_and_nsqd_keeps_the_message() {
         "exited before the grace period:\n{}",
         log_text()
     );
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
-    let deadline = Instant::now() + Duration::from_secs(3);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "still running 3 s after the second signal"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    assert_eq!(status.code(), Some(130), "{}", log_text());
+    // Exits at once: well within the grace period of 30 s.
+    let status = signal_and_wait(child, signal, Duration::from_secs(3)).await;
+    assert!(
+        log_text().contains("Second signal: exiting at once"),
+        "{}",
+        log_text()
+    );
     // The message was never finished: nsqd still holds it (in flight until its timeout, then
     // queued again), so it is not lost.
     let (queued, deferred, in_flight) = a.depth(TOPIC, CHANNEL);
     assert_eq!(queued + deferred + in_flight, 1);
     assert_eq!(a.stats().fin_ok, 0);
+    status.code()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use crate::cli_errors::run_refused;
 use crate::support::broker::{Broker, BrokerConfig};
 use crate::util::wait_until_or;
 
@@ -19,7 +20,7 @@ fn body(i: usize) -> Bytes {
 }
 
 /// A running sidecar, killed when dropped.
-struct Sidecar(Child);
+pub(crate) struct Sidecar(pub(crate) Child);
 
 impl Drop for Sidecar {
     fn drop(&mut self) {
@@ -258,6 +259,66 @@ async fn a_second_process_on_the_same_file_is_refused() {
     );
     first.signal("-TERM");
     assert!(first.wait().success());
+}
+
+/// A table file written for another table, or in a directory that does not exist, is a
+/// setting error: `run` stops at once with status 78 (which the service does not restart)
+/// and says what to change.
+#[test]
+fn a_table_file_for_other_settings_or_without_its_directory_is_a_setting_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("table");
+    crate::util::bin()
+        .args(["filter", "--buckets", "8192", "--table-file"])
+        .arg(&table)
+        .write_stdin("a\n")
+        .assert()
+        .success();
+    let run = |table: &Path, extra: &[&str]| {
+        let mut args = vec!["--topic", TOPIC, "--nsqd-tcp-address", "127.0.0.1:1"];
+        args.extend(["--metrics-address", "off", "--table-file"]);
+        args.push(table.to_str().unwrap());
+        args.extend_from_slice(extra);
+        let (code, stderr) = run_refused(&[], &args);
+        (code, stderr.lines().last().unwrap_or_default().to_owned())
+    };
+    let start_fresh = "start fresh by moving the file away (the table starts empty) or with \
+                       `--table-file-on-mismatch recreate`";
+    assert_eq!(
+        run(&table, &["--buckets", "16384"]),
+        (
+            78,
+            format!(
+                "error: table file {} was written for 8192 slots in sets of 8 ways, not 16384 \
+                 in sets of 8; {start_fresh}",
+                table.display()
+            )
+        )
+    );
+    assert_eq!(
+        run(&table, &["--buckets", "8192", "--key", "json:/id"]),
+        (
+            78,
+            format!(
+                "error: table file {} was written for digests of \"body xxh3\", not \
+                 \"json:/id xxh3\"; {start_fresh}",
+                table.display()
+            )
+        )
+    );
+    let missing = dir.path().join("missing");
+    assert_eq!(
+        run(&missing.join("table"), &["--buckets", "8192"]),
+        (
+            78,
+            format!(
+                "error: table file {}: its directory {} does not exist; create it, or give \
+                 another `--table-file`",
+                missing.join("table").display(),
+                missing.display()
+            )
+        )
+    );
 }
 
 /// What the table file costs: the time to write and to load a 512 MiB table (2^26 slots), and

@@ -30,5 +30,6 @@ mod redis;
 mod redis_tls;
 mod secrets;
 mod sidecar;
+mod store_refusals;
 mod table;
 mod table_file;

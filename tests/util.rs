@@ -32,6 +32,34 @@ pub async fn wait_until_or(
     }
 }
 
+/// Sends `signal` (such as `-TERM`) to `child` and waits at most `limit` for it to exit.
+///
+/// # Panics
+///
+/// If `kill` fails, or `child` is still running after `limit`.
+pub async fn signal_and_wait(
+    child: &mut std::process::Child,
+    signal: &str,
+    limit: Duration,
+) -> std::process::ExitStatus {
+    let sent = std::process::Command::new("kill")
+        .args([signal, &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success(), "kill {signal} failed");
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still running {limit:?} after {signal}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Two consumers of one table (`a`, `b`) add 300 and 100 distinct messages per bucket of
 /// 200 ms, and a consumer of another table (`other`) 50: once their shares cover whole
 /// buckets, `a` and `b` each learn the fleet's 2,000 a second, within 10%, and `other` only

@@ -138,10 +138,12 @@ pub(crate) fn run(args: &FilterArgs) -> Result<()> {
 
 /// A table file message as `filter` should say it: with its flag, not the config key.
 fn for_filter(message: &str) -> String {
-    message.replace(
-        "`store.table_file_on_mismatch = \"recreate\"`",
-        "`--table-file-on-mismatch recreate`",
-    )
+    message
+        .replace(
+            "`store.table_file_on_mismatch = \"recreate\"`",
+            "`--table-file-on-mismatch recreate`",
+        )
+        .replace("`store.table_file`", "`--table-file`")
 }
 
 /// Prints the counts on stderr; when stderr is closed they are lost, nothing else.

@@ -105,7 +105,7 @@ pub struct RawStore {
     pub redis_cluster: Option<bool>,
     pub redis_tls_root_ca_file: Option<PathBuf>,
     pub redis_password_file: Option<PathBuf>,
-    /// The Redis password from the environment (`NSQ_DEDUPE_REDIS_PASSWORD`), set by the
+    /// The Redis password from the environment ([`RedisConfig::PASSWORD_ENV`]), set by the
     /// binary; never read from a file's text.
     #[serde(skip)]
     pub redis_password: Option<RedisPassword>,
@@ -387,8 +387,10 @@ impl RawStore {
                     ));
                 }
                 config.password = Some(RedisPassword::new(password));
-            } else {
-                config.password = self.redis_password.clone();
+                config.password_setting = Some("store.redis_password_file");
+            } else if let Some(password) = &self.redis_password {
+                config.password = Some(password.clone());
+                config.password_setting = Some(RedisConfig::PASSWORD_ENV);
             }
         }
         self.shared(msg_timeout)?.apply(

@@ -119,6 +119,15 @@ pub enum TableFileError {
         /// The I/O error, in the message (said once).
         cause: io::Error,
     },
+    /// The table file's directory does not exist (so neither the file nor its lock can be
+    /// created there).
+    #[error("table file {path}: its directory {dir} does not exist; create it, or give another `store.table_file`")]
+    NoDirectory {
+        /// The table file.
+        path: PathBuf,
+        /// Its directory.
+        dir: PathBuf,
+    },
     /// Another process holds the file.
     #[error("table file {path} is in use by {holder} (its lock {lock} is held); stop it, or give this process another file")]
     Locked {

@@ -157,6 +157,17 @@ impl RedisServer {
         }
     }
 
+    /// Starts a new process on the same port with `args` instead of the extra arguments it
+    /// had (another `--requirepass`, say); memory starts empty.
+    ///
+    /// # Panics
+    ///
+    /// As [`RedisServer::restart`].
+    pub fn restart_with_args(&mut self, args: &[&str]) {
+        self.extra_args = args.iter().map(|&a| a.to_owned()).collect();
+        self.restart();
+    }
+
     /// Runs `redis-cli -p <port> <args>` and returns its standard output.
     ///
     /// # Panics

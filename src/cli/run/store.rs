@@ -13,7 +13,7 @@ use crate::cli::parse::{
 };
 
 /// The environment variable that may hold the Redis password.
-pub(crate) const REDIS_PASSWORD_ENV: &str = "NSQ_DEDUPE_REDIS_PASSWORD";
+pub(crate) const REDIS_PASSWORD_ENV: &str = nsq_dedupe::RedisConfig::PASSWORD_ENV;
 
 /// Where the table lives and how large it is.
 #[derive(Debug, Args)]

@@ -71,6 +71,11 @@ impl PipeConn {
         }
     }
 
+    /// The last line the server answered, without its CRLF (for an error message).
+    pub(super) fn last_answer(&self) -> String {
+        String::from_utf8_lossy(&self.line).into_owned()
+    }
+
     /// Reads `keys` in one round trip, with their CAS tokens.
     pub(super) async fn get_many(&mut self, keys: &[&str]) -> io::Result<Vec<Read>> {
         for key in keys {

@@ -77,7 +77,9 @@
 //! a server restart the next operations reconnect. A claim whose write reached the server before
 //! the error leaves an in-flight entry of this owner; claims of it (by anyone, this store
 //! included) answer `InFlight` until its lease expires, so a redelivery is processed at the
-//! latest one lease later.
+//! latest one lease later. [`MemcachedStore::connect`] tells an outage from a wrong address:
+//! a server that answers `version` as memcached does not (an HTTP port, a memcached that
+//! requires authentication) is a [`StoreError::Refused`] naming `store.memcached_addresses`.
 //!
 //! # Memory
 //!
@@ -198,20 +200,42 @@ impl MemcachedStore {
     ///
     /// # Errors
     ///
-    /// [`StoreError::Config`] for an invalid `config`; [`StoreError::Unavailable`] or
-    /// [`StoreError::Timeout`] when a server does not answer `version`.
+    /// [`StoreError::Config`] for an invalid `config`; [`StoreError::Refused`] when a server
+    /// answers `version` as memcached does not (another service at that address, or a
+    /// memcached that requires authentication), naming `store.memcached_addresses`, even if
+    /// another server is down; else [`StoreError::Unavailable`] or [`StoreError::Timeout`]
+    /// for the first server that does not answer.
     pub async fn connect(config: MemcachedConfig, geometry: Geometry) -> Result<Self, StoreError> {
         let store = Self::new_lazy(config, geometry)?;
+        let mut outage = None;
         for server in &store.inner.servers {
-            let mut conn = store.pipe(server).await?;
-            let timeout = store.inner.config.timeout;
-            match tokio::time::timeout(timeout, conn.version()).await {
-                Ok(Ok(_)) => conn.set_healthy(true),
-                Ok(Err(err)) => return Err(unavailable(server, &err)),
-                Err(_) => return Err(StoreError::Timeout(timeout)),
+            match store.check(server).await {
+                Ok(()) => {}
+                Err(refused @ StoreError::Refused { .. }) => return Err(refused),
+                Err(error) => {
+                    outage.get_or_insert(error);
+                }
             }
         }
-        Ok(store)
+        outage.map_or(Ok(store), Err)
+    }
+
+    /// Asks `server` for its `version`.
+    async fn check(&self, server: &Server) -> Result<(), StoreError> {
+        let mut conn = self.pipe(server).await?;
+        let timeout = self.inner.config.timeout;
+        match tokio::time::timeout(timeout, conn.version()).await {
+            Ok(Ok(_)) => {
+                conn.set_healthy(true);
+                Ok(())
+            }
+            // It answered, but not as memcached does.
+            Ok(Err(err)) if err.kind() == std::io::ErrorKind::InvalidData => {
+                Err(not_memcached(server, &conn.last_answer()))
+            }
+            Ok(Err(err)) => Err(unavailable(server, &err)),
+            Err(_) => Err(StoreError::Timeout(timeout)),
+        }
     }
 
     /// Builds a store without contacting any server; connections open on first use.
@@ -673,6 +697,27 @@ fn unavailable(server: &Server, err: &dyn std::fmt::Display) -> StoreError {
     StoreError::Unavailable {
         addr: server.addr.clone(),
         detail: err.to_string(),
+    }
+}
+
+/// The refusal of a server that answered `version` with `answer`, which memcached does not
+/// give: another service at that address, or a memcached that requires authentication
+/// (`-Y`), which this client does not speak.
+fn not_memcached(server: &Server, answer: &str) -> StoreError {
+    let why = if answer == "CLIENT_ERROR unauthenticated" {
+        ": it requires authentication (memcached -Y), which this client does not speak"
+    } else {
+        ", so it is not memcached"
+    };
+    // Enough to tell the service; a binary protocol's line may be long.
+    let answer: String = answer.chars().take(64).collect();
+    StoreError::Refused {
+        addr: server.addr.clone(),
+        detail: format!(
+            "it answered `version` with {answer:?}{why}; give the TCP address of a memcached \
+             without authentication (port 11211 unless it was started with another) in \
+             `store.memcached_addresses`"
+        ),
     }
 }
 

@@ -57,6 +57,11 @@ pub struct RedisConfig {
     pub cluster: bool,
     /// The password sent with `AUTH` (with the URL's user name, if any). Defaults to: none.
     pub password: Option<RedisPassword>,
+    /// The setting `password` came from (`store.redis_urls`, `store.redis_password_file` or
+    /// [`RedisConfig::PASSWORD_ENV`]), so that a server that refuses it is answered with what
+    /// to correct. Set by [`RedisConfig::take_url_passwords`] for a password it moves out of a
+    /// URL. Defaults to: `None` (the password is then called "the password given").
+    pub password_setting: Option<&'static str>,
     /// A PEM file of CA certificates trusted besides the system's roots, for `rediss://`.
     pub tls_root_ca_file: Option<PathBuf>,
     /// The user's part of the namespace, as for Memcached. Defaults to: `nsq-dedupe`.
@@ -81,6 +86,7 @@ impl Default for RedisConfig {
             urls: vec!["redis://127.0.0.1:6379".to_owned()],
             cluster: false,
             password: None,
+            password_setting: None,
             tls_root_ca_file: None,
             namespace: "nsq-dedupe".to_owned(),
             lease: Duration::from_secs(65),
@@ -92,6 +98,10 @@ impl Default for RedisConfig {
 }
 
 impl RedisConfig {
+    /// The environment variable the binary reads the password from when neither a URL nor
+    /// `store.redis_password_file` gives one.
+    pub const PASSWORD_ENV: &'static str = "NSQ_DEDUPE_REDIS_PASSWORD";
+
     /// Moves a password written in a URL (`redis://user:secret@host`) into
     /// [`RedisConfig::password`] and removes it from the URL. Two URLs with different
     /// passwords are refused.
@@ -115,7 +125,10 @@ impl RedisConfig {
                             .into(),
                     ))
                 }
-                _ => self.password = Some(password),
+                _ => {
+                    self.password = Some(password);
+                    self.password_setting = Some("store.redis_urls");
+                }
             }
             // Setting a password fails only for URLs without a host, which parse_url refused.
             let _ = url.set_password(None);

@@ -37,6 +37,7 @@ use redis::{ErrorKind, IntoConnectionInfo, RedisError, Script, Value};
 use tokio::time::Instant;
 
 use super::config::RedisConfig;
+use super::refusal::Credentials;
 use super::slots::SlotMap;
 use crate::error::StoreError;
 
@@ -79,6 +80,8 @@ pub(super) struct Link {
     pub(super) retries: AtomicU64,
     /// For errors and logs: the servers' addresses, without user or password.
     pub(super) addr: String,
+    /// Who this client is, for the message of a server's refusal.
+    credentials: Credentials,
 }
 
 /// An open connection to a node, with an id that tells it from the connection that replaced
@@ -155,6 +158,7 @@ impl Link {
             redirects: AtomicU64::new(0),
             retries: AtomicU64::new(0),
             addr,
+            credentials: Credentials::of(config, first.redis.username.as_deref()),
         })
     }
 
@@ -517,14 +521,18 @@ impl Link {
         }
     }
 
-    /// A [`StoreError`] for `error` at `node` (never showing a password); drops the node's
-    /// connection if the error may have broken it.
+    /// A [`StoreError`] for `error` at `node` (never showing a password): a refusal when it
+    /// means a setting is wrong (see `refusal`); drops the node's connection if the error may
+    /// have broken it.
     fn failed(&self, node: &str, error: &RedisError) -> StoreError {
         if is_connection_error(error) {
             self.drop_node(node);
         }
         if error.is_timeout() {
             return StoreError::Timeout(self.timeout);
+        }
+        if let Some(refused) = self.credentials.refusal(node, error) {
+            return refused;
         }
         match error.kind() {
             ErrorKind::ResponseError | ErrorKind::ExtensionError | ErrorKind::TypeError => {

@@ -34,11 +34,14 @@
 //!
 //! Each script run (connecting included) is bounded by [`RedisConfig::timeout`]. A refused
 //! connection, a timeout, `CLUSTERDOWN` or any error reply is a [`StoreError`], never a
-//! `Duplicate`, and the caller's `on_store_error` decides. After a master fails, its slots are
-//! answered again once a replica is promoted; operations in between fail. Redis replicates
-//! asynchronously, so writes acknowledged by a master just before it died may be missing on
-//! the promoted replica: their digests are forgotten once (a redelivery passes again), never
-//! a message lost. The same goes for a server restarted without persistence.
+//! `Duplicate`, and the caller's `on_store_error` decides. An answer that means a setting is
+//! wrong (a password refused or missing, a user without the rights, an address that is not
+//! Redis's) is a [`StoreError::Refused`] naming the setting (see `refusal`): the sidecar does
+//! not start with it, and logs it when it appears while running. After a master fails, its
+//! slots are answered again once a replica is promoted; operations in between fail. Redis
+//! replicates asynchronously, so writes acknowledged by a master just before it died may be
+//! missing on the promoted replica: their digests are forgotten once (a redelivery passes
+//! again), never a message lost. The same goes for a server restarted without persistence.
 //!
 //! # The fleet's rate
 //!
@@ -54,6 +57,7 @@
 mod config;
 mod conn;
 mod fleet;
+mod refusal;
 mod slots;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -46,6 +46,14 @@ pub(super) fn lock(path: &Path) -> Result<File, TableFileError> {
                 .truncate(false),
         )
         .map_err(|error| match error {
+            OpenError::Io(cause)
+                if cause.kind() == std::io::ErrorKind::NotFound && !directory_of(path).is_dir() =>
+            {
+                TableFileError::NoDirectory {
+                    path: path.to_owned(),
+                    dir: directory_of(path),
+                }
+            }
             OpenError::Io(cause) => TableFileError::LockFile {
                 path: path.to_owned(),
                 lock: lock_path.clone(),
@@ -68,6 +76,14 @@ pub(super) fn lock(path: &Path) -> Result<File, TableFileError> {
         return Err(io(error));
     }
     Ok(file)
+}
+
+/// The directory of the file `path`: `.` for a bare name.
+fn directory_of(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_owned(),
+        _ => PathBuf::from("."),
+    }
 }
 
 /// Whether `file` is the file now at `path`.

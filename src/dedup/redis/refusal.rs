@@ -1,0 +1,89 @@
+//! Telling a refusal from an outage: the Redis answers that mean a setting is wrong (the
+//! password, the user's rights, cluster mode, an address that is not Redis's), each said as
+//! a [`StoreError::Refused`] that names the setting to correct and never the password.
+//!
+//! Everything else (a refused connection, a reset, a timeout, `CLUSTERDOWN`) is an outage,
+//! which waiting may end. The sidecar stops at start on a refusal; while running, a refusal
+//! (a password changed under it) is a store error like an outage's, logged when it appears.
+
+use redis::{ErrorKind, RedisError};
+
+use super::config::RedisConfig;
+use crate::error::StoreError;
+
+/// What the settings say about who this client is, for the message of a refusal.
+pub(super) struct Credentials {
+    /// The user name of the URLs, if any (not a secret).
+    user: Option<String>,
+    has_password: bool,
+    /// Where the password came from (see [`RedisConfig::password_setting`]).
+    password_setting: Option<&'static str>,
+    cluster: bool,
+}
+
+impl Credentials {
+    /// The credentials of `config`, whose URLs carry `user`.
+    pub(super) fn of(config: &RedisConfig, user: Option<&str>) -> Self {
+        Credentials {
+            user: user.map(str::to_owned),
+            has_password: config.password.is_some(),
+            password_setting: config.password_setting,
+            cluster: config.cluster,
+        }
+    }
+
+    /// The refusal `error` from `node` is, or `None` when it is not one.
+    pub(super) fn refusal(&self, node: &str, error: &RedisError) -> Option<StoreError> {
+        let detail = match (error.kind(), error.code()) {
+            (ErrorKind::AuthenticationFailed, _) | (_, Some("WRONGPASS")) => {
+                let password = match self.password_setting {
+                    Some(setting) => format!("the password from `{setting}`"),
+                    None => "the password given".to_owned(),
+                };
+                let user = self
+                    .user
+                    .as_ref()
+                    .map_or_else(String::new, |user| format!(" for user {user:?}"));
+                format!(
+                    "AUTH failed: it does not accept {password}{user} (a wrong password, or a \
+                     server without one)"
+                )
+            }
+            (_, Some("NOAUTH")) if !self.has_password => format!(
+                "it requires a password and none was given; give it in `store.redis_urls` \
+                 (redis://:PASSWORD@host:port), `store.redis_password_file` or `{}`",
+                RedisConfig::PASSWORD_ENV
+            ),
+            (_, Some("NOPERM")) => {
+                format!(
+                "{}; user {:?} of `store.redis_urls` needs the right to run EVALSHA and SCRIPT \
+                 LOAD{}",
+                error.detail().unwrap_or("permission denied"),
+                self.user.as_deref().unwrap_or("default"),
+                if self.cluster { " and CLUSTER SLOTS" } else { "" }
+            )
+            }
+            (ErrorKind::ResponseError, _)
+                if self.cluster
+                    && error
+                        .detail()
+                        .is_some_and(|d| d.contains("cluster support disabled")) =>
+            {
+                "it is a standalone server, not a node of a Redis Cluster; turn \
+                 `store.redis_cluster` off"
+                    .to_owned()
+            }
+            // The parser's own text lists the bytes it did not expect, over several lines.
+            (ErrorKind::ParseError, _) => "its answer is not in Redis's protocol, so it is not \
+                                          Redis (an HTTP port, say); give Redis's address (port \
+                                          6379 unless it was started with another) in \
+                                          `store.redis_urls`"
+                .to_owned(),
+            _ => return None,
+        };
+        Some(StoreError::Refused {
+            addr: node.to_owned(),
+            detail,
+        })
+    }
+}
