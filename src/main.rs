@@ -112,12 +112,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Size(args) => cmd::size::run(&args),
         Command::Filter(args) => cmd::filter::run(&args),
         Command::Run(args) => cmd::run::run(&args),
-        // Generated in memory: clap_complete panics when its writer fails.
-        Command::Completions { shell } => {
-            let mut script = Vec::new();
-            clap_complete::generate(shell, &mut Cli::definition(), "nsq-dedupe", &mut script);
-            Ok(write_stdout(&script)?)
-        }
+        Command::Completions { shell } => cmd::completions::run(shell, Cli::definition()),
         Command::Manpage { dir } => cmd::manpage::run(Cli::definition(), dir.as_deref()),
     }
 }

@@ -8,6 +8,7 @@ mod support;
 mod util;
 
 mod batch;
+mod cli_completions;
 mod cli_docs;
 mod cli_errors;
 mod cli_filter;

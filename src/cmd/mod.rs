@@ -1,6 +1,7 @@
 //! The subcommands of the binary: each module turns parsed flags into output.
 
 mod catch_plot;
+pub(crate) mod completions;
 pub(crate) mod filter;
 pub(crate) mod manpage;
 mod measured_rate;
