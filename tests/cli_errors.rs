@@ -766,7 +766,8 @@ pub(crate) fn run_refused(env: &[(&str, &str)], args: &[&str]) -> (i32, String) 
 
 #[test]
 fn comma_separated_addresses_are_several_addresses() {
-    // The second address is wrong: it is named alone, so the value was split.
+    // The second address is wrong: it is named alone, so the value was split. From the
+    // environment, it is named by its variable.
     let expected = "error: invalid `--nsqd-tcp-address` = \"nohost\": expected host:port such \
                     as 127.0.0.1:4150\n";
     assert_eq!(
@@ -774,7 +775,10 @@ fn comma_separated_addresses_are_several_addresses() {
             &[("NSQ_DEDUPE_NSQD_TCP_ADDRESS", "127.0.0.1:4150,nohost")],
             &["--topic", "t"]
         ),
-        (78, expected.to_owned())
+        (
+            78,
+            expected.replace("--nsqd-tcp-address", "NSQ_DEDUPE_NSQD_TCP_ADDRESS")
+        )
     );
     assert_eq!(
         run_refused(
@@ -802,8 +806,8 @@ fn comma_separated_addresses_are_several_addresses() {
         ),
         (
             78,
-            "error: invalid `--memcached-address` = \"nohost\": expected host:port such as \
-             127.0.0.1:4150\n"
+            "error: invalid `NSQ_DEDUPE_MEMCACHED_ADDRESS` = \"nohost\": expected host:port \
+             such as 127.0.0.1:4150\n"
                 .to_owned()
         )
     );

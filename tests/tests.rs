@@ -10,6 +10,7 @@ mod util;
 mod batch;
 mod cli_completions;
 mod cli_docs;
+mod cli_env;
 mod cli_errors;
 mod cli_filter;
 mod cli_size;

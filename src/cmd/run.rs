@@ -3,19 +3,20 @@
 
 use anyhow::Context as _;
 
-use crate::cli::RunArgs;
+use crate::cli::{FromEnv, RunArgs};
 use nsq_dedupe::config::RawConfig;
 
-/// Builds the settings from `--config` and the flags, and runs the service.
+/// Builds the settings from `--config`, the flags and the environment (`from_env` tells
+/// which flags took their value from it), and runs the service.
 ///
 /// The first SIGINT/SIGTERM starts a graceful stop; a second one exits at once (status 130),
 /// leaving nsqd to redeliver whatever was in flight.
-pub(crate) fn run(args: &RunArgs) -> anyhow::Result<()> {
+pub(crate) fn run(args: &RunArgs, from_env: &FromEnv) -> anyhow::Result<()> {
     let mut raw = match &args.config {
         Some(path) => RawConfig::from_file(path)?,
         None => RawConfig::default(),
     };
-    args.apply(&mut raw);
+    args.apply(&mut raw, from_env);
     let settings = raw.validate()?;
     tracing::info!(version = crate::cli::VERSION, "Starting nsq-dedupe.");
     let names = settings.names.clone();
