@@ -13,6 +13,7 @@ mod cli_docs;
 mod cli_env;
 mod cli_errors;
 mod cli_filter;
+mod cli_settings;
 mod cli_size;
 mod cli_size_nsqd;
 mod closed_output;

@@ -77,7 +77,7 @@
 //! # nsqd_tcp_addresses = [...]; topic = "events.dead"
 //!
 //! [metrics]
-//! address = "127.0.0.1:9150"        # or "off"
+//! address = "127.0.0.1:9150"        # or ":9150" (every IPv4 interface), or "off"
 //! status_interval = "10s"
 //!
 //! [shutdown]
@@ -99,10 +99,13 @@
 //! settings) belong to the components and are only called from here:
 //! `source` (`[source]`), `dedupe` (`[dedupe]`), `store` (`[store]`), `sink` (`[sink]` and
 //! `[dead_letter]`), `service` (`[metrics]`, `[shutdown]`) and `nsq_opts` (`[consumer_opt]`,
-//! `[producer_opt]`).
+//! `[producer_opt]`). Rules shared by sections have their own: `output_name` (an output file
+//! name must not ask for a compression the file will not have), `unused` (a setting the others
+//! leave unused) and `toml_error` (the parser's message, naming the key).
 
 mod dedupe;
 mod nsq_opts;
+mod output_name;
 mod service;
 mod sink;
 mod source;
@@ -237,6 +240,14 @@ impl ConfigError {
                 flag: flags.known.get(key).copied(),
             },
             other => other,
+        }
+    }
+
+    /// The one missing setting of `missing`, or all of them in one error.
+    pub(super) fn all_missing(mut missing: Vec<ConfigError>) -> Self {
+        match missing.len() {
+            1 => missing.remove(0),
+            _ => ConfigError::MissingAll(missing),
         }
     }
 
@@ -478,13 +489,12 @@ impl RawConfig {
                 ConfigError::MissingAll(all) => all,
                 other => return other,
             };
-            if let Err(sink @ ConfigError::Missing { .. }) = self.sink.validate("topic") {
-                missing.push(sink);
+            match self.sink.validate("topic") {
+                Err(sink @ ConfigError::Missing { .. }) => missing.push(sink),
+                Err(ConfigError::MissingAll(sink)) => missing.extend(sink),
+                _ => {}
             }
-            match missing.len() {
-                1 => missing.remove(0),
-                _ => ConfigError::MissingAll(missing),
-            }
+            ConfigError::all_missing(missing)
         })?;
         let (transport, identity) = self.consumer_opt.validate(nsq_opts::Side::Consumer)?;
         source.apply(transport, identity)?;
