@@ -16,6 +16,7 @@ mod cli_filter;
 mod cli_settings;
 mod cli_size;
 mod cli_size_nsqd;
+mod cli_start;
 mod closed_output;
 mod docs;
 mod file_sink;
