@@ -180,7 +180,10 @@ mod tests {
     #[test]
     fn no_help_shows_a_value_from_the_environment() {
         fn check(command: &clap::Command, checked: &mut usize) {
-            for arg in command.get_arguments().filter(|arg| arg.get_env().is_some()) {
+            for arg in command
+                .get_arguments()
+                .filter(|arg| arg.get_env().is_some())
+            {
                 assert!(
                     arg.is_hide_env_values_set(),
                     "{} --{:?}",
