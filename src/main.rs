@@ -15,12 +15,19 @@ mod cmd;
 /// started (`>&-`) is another matter: a command that needs it refuses to start
 /// ([`cmd::std_streams`]).
 fn main() -> ExitCode {
-    let cli = Cli::parse_with_env();
-    if let Err(err) = start_logging(&cli.log) {
-        report(&err);
-        return ExitCode::from(2);
-    }
+    let cli = match Cli::parse_with_env() {
+        Ok(cli) => cli,
+        Err(from_env) => {
+            let _ = writeln!(io::stderr().lock(), "error: {}", from_env.message);
+            return bad_value_status(from_env.is_run, true);
+        }
+    };
     let is_service = matches!(cli.command, Command::Run(_));
+    let log_level_variable = cli.from_env.variable("--log-level");
+    if let Err(err) = start_logging(&cli.log, log_level_variable) {
+        report(&err);
+        return bad_value_status(is_service, log_level_variable.is_some());
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
@@ -33,6 +40,13 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// The exit status for a value clap or the logging refused: 2 as for a command line that
+/// cannot be parsed, but [`EXIT_CONFIG`] for `run` when the value came from the environment,
+/// which holds `run`'s settings as the config file does.
+fn bad_value_status(is_run: bool, from_env: bool) -> ExitCode {
+    ExitCode::from(if is_run && from_env { EXIT_CONFIG } else { 2 })
 }
 
 /// The exit status of `run` when its settings (the config file, a flag's value) cannot be read
@@ -66,16 +80,18 @@ fn write_stdout(bytes: &[u8]) -> io::Result<()> {
     stdout.flush()
 }
 
-/// Logs to stderr at `--log-level` (else RUST_LOG, else info), as text or JSON lines.
-fn start_logging(flags: &cli::LogFlags) -> anyhow::Result<()> {
+/// Logs to stderr at `--log-level` (else RUST_LOG, else info), as text or JSON lines;
+/// `variable` is the environment variable the level came from, if it came from one.
+fn start_logging(flags: &cli::LogFlags, variable: Option<&str>) -> anyhow::Result<()> {
     use tracing_subscriber::EnvFilter;
     let filter = match &flags.log_level {
         Some(level) => check_log_level(level)
             .and_then(|()| EnvFilter::try_new(level).map_err(|error| format!("{error}; ")))
             .map_err(|reason| {
                 anyhow::anyhow!(
-                    "invalid `--log-level` {level:?}: {reason}expected one of {LOG_LEVELS}, or \
-                     directives such as info,nsq_dedupe::nsq=debug"
+                    "invalid `{}` {level:?}: {reason}expected one of {LOG_LEVELS}, or \
+                     directives such as info,nsq_dedupe::nsq=debug",
+                    variable.unwrap_or("--log-level")
                 )
             })?,
         None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
@@ -126,13 +142,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             cmd::size::run(&args)
         }
         Command::Filter(args) => cmd::filter::run(&args),
-        Command::Run(args) => cmd::run::run(&args),
-        // Generated in memory: clap_complete panics when its writer fails.
+        Command::Run(args) => cmd::run::run(&args, &cli.from_env),
         Command::Completions { shell } => {
             require(Stream::Stdout, "`completions` writes the script")?;
-            let mut script = Vec::new();
-            clap_complete::generate(shell, &mut Cli::definition(), "nsq-dedupe", &mut script);
-            Ok(write_stdout(&script)?)
+            cmd::completions::run(shell, Cli::definition())
         }
         Command::Manpage { dir } => {
             if dir.is_none() {

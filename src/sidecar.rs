@@ -382,7 +382,8 @@ impl<H: Handler> Sidecar<H> {
         tracing::info!(
             topic = %settings.source.topic,
             channel = %settings.source.channel,
-            nsqd = %settings.source.nsqd_tcp_addresses.join(","),
+            // Only the sources given: a consumer of nsqlookupd alone has no nsqd to name.
+            nsqd = (!settings.source.nsqd_tcp_addresses.is_empty()).then(|| tracing::field::display(settings.source.nsqd_tcp_addresses.join(","))),
             lookupd = (!settings.source.lookupd_http_addresses.is_empty()).then(|| tracing::field::display(crate::redact::urls(settings.source.lookupd_http_addresses.iter().map(String::as_str)))),
             store = dedupe.store().kind(),
             buckets = table.geometry.map(|g| g.slots()),

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::io::Read;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Stdio;
+use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use nsq_dedupe::Settings;
@@ -449,9 +449,30 @@ fn an_unwritable_dead_letter_says_its_cause_once() {
     );
 }
 
+/// Waits for `child` to exit, or kills it and panics naming `what` if it is still running
+/// after `limit`.
+pub(crate) fn exit_within(child: &mut Child, limit: Duration, what: &str) -> ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Runs `run` against the nsqd at `addrs` with `extra` flags and returns its exit code and
 /// stderr once it exits, or panics if it is still running after `limit`.
-fn run_until_exit(addrs: &[SocketAddr], extra: &[&str], limit: Duration) -> (i32, String) {
+pub(crate) fn run_until_exit(
+    addrs: &[SocketAddr],
+    extra: &[&str],
+    limit: Duration,
+) -> (i32, String) {
     let mut command = std::process::Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"));
     command.args(["run", "--topic", "events", "--metrics-address", "off"]);
     for addr in addrs {
@@ -464,18 +485,7 @@ fn run_until_exit(addrs: &[SocketAddr], extra: &[&str], limit: Duration) -> (i32
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("run still running after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = exit_within(&mut child, limit, "run");
     let mut stderr = String::new();
     child
         .stderr
@@ -755,18 +765,11 @@ pub(crate) fn run_refused(env: &[(&str, &str)], args: &[&str]) -> (i32, String) 
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("run {args:?} was not refused: still running after 10 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = exit_within(
+        &mut child,
+        Duration::from_secs(10),
+        &format!("run {args:?} (not refused)"),
+    );
     let mut stderr = String::new();
     child
         .stderr
@@ -782,7 +785,8 @@ pub(crate) fn run_refused(env: &[(&str, &str)], args: &[&str]) -> (i32, String) 
 
 #[test]
 fn comma_separated_addresses_are_several_addresses() {
-    // The second address is wrong: it is named alone, so the value was split.
+    // The second address is wrong: it is named alone, so the value was split. From the
+    // environment, it is named by its variable.
     let expected = "error: invalid `--nsqd-tcp-address` = \"nohost\": expected host:port such \
                     as 127.0.0.1:4150\n";
     assert_eq!(
@@ -790,7 +794,10 @@ fn comma_separated_addresses_are_several_addresses() {
             &[("NSQ_DEDUPE_NSQD_TCP_ADDRESS", "127.0.0.1:4150,nohost")],
             &["--topic", "t"]
         ),
-        (78, expected.to_owned())
+        (
+            78,
+            expected.replace("--nsqd-tcp-address", "NSQ_DEDUPE_NSQD_TCP_ADDRESS")
+        )
     );
     assert_eq!(
         run_refused(
@@ -818,8 +825,8 @@ fn comma_separated_addresses_are_several_addresses() {
         ),
         (
             78,
-            "error: invalid `--memcached-address` = \"nohost\": expected host:port such as \
-             127.0.0.1:4150\n"
+            "error: invalid `NSQ_DEDUPE_MEMCACHED_ADDRESS` = \"nohost\": expected host:port \
+             such as 127.0.0.1:4150\n"
                 .to_owned()
         )
     );

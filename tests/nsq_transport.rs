@@ -476,12 +476,13 @@ async fn run_stops_when_nsqd_refuses_its_secret_and_never_shows_it() {
     .await
     .unwrap();
     assert_eq!(code, 1, "{stderr}");
+    // The secret came from its variable, which the advice names.
     assert_eq!(
         stderr.lines().last().unwrap(),
         format!(
             "error: stopped: nsqd {addr} refused AUTH: E_AUTH_FAILED AUTH failed; nsqd's auth \
-             server refused the secret, or nsqd could not reach it; check `--auth-secret` and \
-             nsqd's --auth-http-address"
+             server refused the secret, or nsqd could not reach it; check \
+             `NSQ_DEDUPE_AUTH_SECRET` and nsqd's --auth-http-address"
         )
     );
     assert!(!stderr.contains("not-the-secret"), "{stderr}");

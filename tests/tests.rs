@@ -8,11 +8,15 @@ mod support;
 mod util;
 
 mod batch;
+mod cli_completions;
 mod cli_docs;
+mod cli_env;
 mod cli_errors;
 mod cli_filter;
+mod cli_settings;
 mod cli_size;
 mod cli_size_nsqd;
+mod cli_start;
 mod closed_at_start;
 mod closed_output;
 mod cluster_failover;

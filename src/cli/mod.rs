@@ -4,6 +4,7 @@
 //! flags here and its code under `cmd`, which reads these types; nothing here calls `cmd`.
 //! `run`'s flags are grouped by the config section they override.
 
+mod env;
 mod filter;
 mod parse;
 mod run;
@@ -14,6 +15,7 @@ use std::path::PathBuf;
 
 use clap::{Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand, ValueEnum};
 
+pub(crate) use env::{EnvError, FromEnv};
 pub(crate) use filter::{Digest, FilterArgs, MissingKey};
 pub(crate) use parse::MAX_WINDOW_MESSAGES;
 pub(crate) use run::RunArgs;
@@ -38,6 +40,9 @@ pub(crate) struct Cli {
     /// How to log.
     #[command(flatten)]
     pub(crate) log: LogFlags,
+    /// Which flags took their value from the environment.
+    #[arg(skip)]
+    pub(crate) from_env: FromEnv,
 }
 
 impl Cli {
@@ -45,26 +50,55 @@ impl Cli {
     /// as `NSQ_DEDUPE_<FLAG>` (`--max-in-flight` from `NSQ_DEDUPE_MAX_IN_FLIGHT`): one rule
     /// instead of an `env` attribute on each flag. A flag on the command line wins over the
     /// environment, which wins over the config file. `--help` names the variables but never
-    /// shows their values.
+    /// shows their values, for any flag of any command: `--post`, `--header` and the secrets
+    /// may hold credentials, and help text is pasted into tickets.
     pub(crate) fn definition() -> clap::Command {
-        Cli::command().mut_subcommand("run", |run| {
+        let definition = Cli::command().mut_subcommand("run", |run| {
             run.mut_args(|arg| match arg.get_long() {
                 Some(long) if !matches!(long, "help" | "version") => {
                     let env = format!("NSQ_DEDUPE_{}", long.to_ascii_uppercase().replace('-', "_"));
-                    // `--help` shows no value from the environment: `--post`, `--header` and
-                    // the secrets may hold credentials, and help text is pasted into tickets.
-                    arg.env(env).hide_env_values(true)
+                    arg.env(env)
                 }
                 _ => arg,
             })
-        })
+        });
+        map_args(definition, |arg| arg.hide_env_values(true))
     }
 
-    /// Parses the process's arguments and environment; exits with clap's message on errors.
-    pub(crate) fn parse_with_env() -> Cli {
-        let matches = Cli::definition().get_matches();
-        Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit())
+    /// Parses the process's arguments and environment; exits with clap's message when the
+    /// command line is wrong, and returns a value from the environment that is wrong, named
+    /// by its variable.
+    ///
+    /// # Errors
+    ///
+    /// [`EnvError`] for a variable's value that clap refuses.
+    pub(crate) fn parse_with_env() -> Result<Cli, EnvError> {
+        let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        let mut definition = Cli::definition();
+        let matches = match definition.try_get_matches_from_mut(&args) {
+            Ok(matches) => matches,
+            Err(error) => match env::explain(&definition, &args, &error) {
+                Some(from_env) => return Err(from_env),
+                None => error.exit(),
+            },
+        };
+        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
+        cli.from_env = FromEnv::of(&definition, &matches);
+        Ok(cli)
     }
+}
+
+/// `command` with `change` made to every argument of it and of its subcommands, at any depth.
+fn map_args(command: clap::Command, change: fn(clap::Arg) -> clap::Arg) -> clap::Command {
+    let names: Vec<String> = command
+        .get_subcommands()
+        .map(|subcommand| subcommand.get_name().to_owned())
+        .collect();
+    let mut command = command.mut_args(change);
+    for name in names {
+        command = command.mut_subcommand(name, |subcommand| map_args(subcommand, change));
+    }
+    command
 }
 
 /// How the binary logs (to stderr), for every subcommand.
@@ -141,6 +175,32 @@ mod tests {
     fn command_line_definition_is_consistent() {
         super::Cli::command().debug_assert();
         super::Cli::definition().debug_assert();
+    }
+
+    #[test]
+    fn no_help_shows_a_value_from_the_environment() {
+        fn check(command: &clap::Command, checked: &mut usize) {
+            for arg in command
+                .get_arguments()
+                .filter(|arg| arg.get_env().is_some())
+            {
+                assert!(
+                    arg.is_hide_env_values_set(),
+                    "{} --{:?}",
+                    command.get_name(),
+                    arg.get_long()
+                );
+                *checked += 1;
+            }
+            for subcommand in command.get_subcommands() {
+                check(subcommand, checked);
+            }
+        }
+        let mut definition = super::Cli::definition();
+        definition.build();
+        let mut checked = 0;
+        check(&definition, &mut checked);
+        assert!(checked > 30, "only {checked} flags read the environment");
     }
 
     #[test]

@@ -35,7 +35,6 @@ pub(crate) struct SizeArgs {
         value_name = "ADDR",
         value_delimiter = ',',
         env = "NSQ_DEDUPE_NSQD_HTTP_ADDRESS",
-        hide_env_values = true,
         help_heading = "Measured rate"
     )]
     pub(crate) nsqd_http_addresses: Vec<String>,

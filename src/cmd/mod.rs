@@ -2,6 +2,7 @@
 //! [`std_streams`] confirmed that the streams it uses were open when the process started.
 
 mod catch_plot;
+pub(crate) mod completions;
 pub(crate) mod filter;
 pub(crate) mod manpage;
 mod measured_rate;

@@ -77,7 +77,7 @@
 //! # nsqd_tcp_addresses = [...]; topic = "events.dead"
 //!
 //! [metrics]
-//! address = "127.0.0.1:9150"        # or "off"
+//! address = "127.0.0.1:9150"        # or ":9150" (every IPv4 interface), or "off"
 //! status_interval = "10s"
 //!
 //! [shutdown]
@@ -99,10 +99,13 @@
 //! settings) belong to the components and are only called from here:
 //! `source` (`[source]`), `dedupe` (`[dedupe]`), `store` (`[store]`), `sink` (`[sink]` and
 //! `[dead_letter]`), `service` (`[metrics]`, `[shutdown]`) and `nsq_opts` (`[consumer_opt]`,
-//! `[producer_opt]`).
+//! `[producer_opt]`). Rules shared by sections have their own: `output_name` (an output file
+//! name must not ask for a compression the file will not have), `unused` (a setting the others
+//! leave unused) and `toml_error` (the parser's message, naming the key).
 
 mod dedupe;
 mod nsq_opts;
+mod output_name;
 mod service;
 mod sink;
 mod source;
@@ -240,6 +243,14 @@ impl ConfigError {
         }
     }
 
+    /// The one missing setting of `missing`, or all of them in one error.
+    pub(super) fn all_missing(mut missing: Vec<ConfigError>) -> Self {
+        match missing.len() {
+            1 => missing.remove(0),
+            _ => ConfigError::MissingAll(missing),
+        }
+    }
+
     pub(super) fn required(key: &'static str, with: &str) -> Self {
         ConfigError::Required {
             key,
@@ -257,10 +268,11 @@ fn flag_list(flags: &[&str]) -> String {
         .join(" or ")
 }
 
-/// Which config keys were set by which flag, so that errors name what the user typed.
+/// Which config keys were set by which flag, so that errors name what the user typed: the
+/// flag, or the environment variable the flag took its value from.
 #[derive(Debug, Clone, Default)]
 pub struct FlagOrigins {
-    /// Keys a flag set, with that flag.
+    /// Keys a flag set, with that flag (or its variable).
     given: BTreeMap<&'static str, &'static str>,
     /// Every key that has a flag, with the flag.
     known: BTreeMap<&'static str, &'static str>,
@@ -275,6 +287,12 @@ impl FlagOrigins {
         if given {
             self.given.insert(key, flag);
         }
+    }
+
+    /// Records that `key`, which a flag sets, was given by the flag's environment variable
+    /// (such as `NSQ_DEDUPE_WAYS`), and is to be named by it.
+    pub fn record_variable(&mut self, key: &'static str, variable: &'static str) {
+        self.given.insert(key, variable);
     }
 
     /// Records that the settings come from a config file as well as from flags.
@@ -294,9 +312,20 @@ impl FlagOrigins {
             .or_else(|| (!self.file).then(|| self.known.get(key).copied()).flatten())
     }
 
+    /// How the user gave the setting of `flag`: its environment variable, when the value came
+    /// from there.
+    fn given_by_flag(&self, flag: &str) -> Option<&'static str> {
+        self.known
+            .iter()
+            .filter(|(_, known)| **known == flag)
+            .find_map(|(key, _)| self.given.get(key).copied())
+    }
+
     /// `text` with each setting in backquotes named as the user gives it: `` `source.backoff` ``
-    /// as `` `--backoff` `` when that flag set it (or there is no config file), and
-    /// `` `store.kind = "memcached"` `` as `` `--store memcached` ``.
+    /// as `` `--backoff` `` when that flag set it (or there is no config file), as
+    /// `` `NSQ_DEDUPE_BACKOFF` `` when the flag's variable did (and so is `` `--backoff` ``), and
+    /// `` `store.kind = "memcached"` `` as `` `--store memcached` `` (or
+    /// `` `NSQ_DEDUPE_STORE=memcached` ``).
     pub fn rename(&self, text: &str) -> String {
         let mut pieces: Vec<String> = text.split('`').map(str::to_owned).collect();
         for piece in pieces.iter_mut().skip(1).step_by(2) {
@@ -304,14 +333,15 @@ impl FlagOrigins {
                 Some((key, value)) => (key, Some(value.trim_matches('"'))),
                 None => (piece.as_str(), None),
             };
-            let Some(flag) = self.naming(key) else {
+            let Some(name) = self.naming(key).or_else(|| self.given_by_flag(key)) else {
                 continue;
             };
             *piece = match value {
-                None | Some("true") => flag.to_owned(),
-                // `--consumer-opt deflate_level,6`
-                Some(value) if flag.contains(' ') => format!("{flag},{value}"),
-                Some(value) => format!("{flag} {value}"),
+                None | Some("true") => name.to_owned(),
+                // `--consumer-opt deflate_level,6`, `NSQ_DEDUPE_CONSUMER_OPT=deflate_level,6`
+                Some(value) if name.contains([' ', '=']) => format!("{name},{value}"),
+                Some(value) if name.starts_with("--") => format!("{name} {value}"),
+                Some(value) => format!("{name}={value}"),
             };
         }
         // A message that names a setting both ways, "`--x` (`section.x`)" or "`--x` /
@@ -464,13 +494,12 @@ impl RawConfig {
                 ConfigError::MissingAll(all) => all,
                 other => return other,
             };
-            if let Err(sink @ ConfigError::Missing { .. }) = self.sink.validate("topic") {
-                missing.push(sink);
+            match self.sink.validate("topic") {
+                Err(sink @ ConfigError::Missing { .. }) => missing.push(sink),
+                Err(ConfigError::MissingAll(sink)) => missing.extend(sink),
+                _ => {}
             }
-            match missing.len() {
-                1 => missing.remove(0),
-                _ => ConfigError::MissingAll(missing),
-            }
+            ConfigError::all_missing(missing)
         })?;
         let (transport, identity) = self.consumer_opt.validate(nsq_opts::Side::Consumer)?;
         source.apply(transport, identity)?;
@@ -670,6 +699,18 @@ mod tests {
             names.rename(text),
             "`--backoff`, `--store memcached`, `--backoff`, `--consumer-opt deflate_level,6`, \
              `dedupe.key`"
+        );
+        // A flag's value from its environment variable is named by the variable, as a key
+        // and as a flag.
+        names.record("source.msg_timeout", "--msg-timeout", true);
+        names.record_variable("source.msg_timeout", "NSQ_DEDUPE_MSG_TIMEOUT");
+        names.record("sink.kind", "--sink", true);
+        names.record_variable("sink.kind", "NSQ_DEDUPE_SINK");
+        assert_eq!(
+            names.rename(
+                "set `--msg-timeout` (`source.msg_timeout`), `sink.kind = \"http\"`, `--sink`"
+            ),
+            "set `NSQ_DEDUPE_MSG_TIMEOUT`, `NSQ_DEDUPE_SINK=http`, `NSQ_DEDUPE_SINK`"
         );
         // With a config file, a setting no flag gave keeps its key.
         names.with_file();

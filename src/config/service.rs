@@ -61,21 +61,28 @@ pub(super) fn validate(
     })
 }
 
-/// `host:port` to the first address it names; host names are resolved as any server does.
+/// A listen address in the forms NSQ's tools and Prometheus exporters take to the first
+/// address it names: `127.0.0.1:9150`, `[::1]:9150`, `localhost:9150` (host names are
+/// resolved as any server does), and `:9150`, a port alone, which listens on every IPv4
+/// interface as `0.0.0.0:9150` does (`[::]:9150` for IPv6 as well).
 fn resolve(text: &str) -> Result<SocketAddr, ConfigError> {
-    let expected = "expected host:port such as 127.0.0.1:9150 or localhost:9150, or \"off\"";
-    let addrs = text.to_socket_addrs().map_err(|error| {
-        invalid(
-            "metrics.address",
-            quote(Some(text)),
-            format!("{error}; {expected}"),
-        )
-    })?;
-    let mut addrs: Vec<SocketAddr> = addrs.collect();
+    let expected = "expected host:port such as 127.0.0.1:9150, localhost:9150 or :9150 (every \
+                    IPv4 interface), or \"off\"";
+    let refuse = |reason: String| invalid("metrics.address", quote(Some(text)), reason);
+    let listen = match text.strip_prefix(':') {
+        Some(port) => {
+            let port: u16 = port.parse().map_err(|_| refuse(expected.to_owned()))?;
+            return Ok(SocketAddr::from(([0, 0, 0, 0], port)));
+        }
+        None => text.to_socket_addrs(),
+    };
+    let mut addrs: Vec<SocketAddr> = listen
+        .map_err(|error| refuse(format!("{error}; {expected}")))?
+        .collect();
     // Prefer IPv4 loopback for `localhost`, where most scrapers look first.
     addrs.sort_by_key(|addr| !addr.is_ipv4());
     addrs
         .into_iter()
         .next()
-        .ok_or_else(|| invalid("metrics.address", quote(Some(text)), expected))
+        .ok_or_else(|| refuse(expected.to_owned()))
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::source::RawSource;
-use super::{check_host_port, check_name, invalid, quote, ConfigError, Dur};
+use super::{check_host_port, check_name, invalid, output_name, quote, ConfigError, Dur};
 use crate::http::{check_url, HttpClientConfig};
 use crate::redact;
 use crate::sink::{
@@ -301,6 +301,7 @@ impl RawSink {
             };
             invalid(key, value, reason)
         })?;
+        output_name::check_file_sink(&config.filename_format, config.gzip_level.is_some())?;
         Ok(SinkSettings::File(config))
     }
 
@@ -314,19 +315,27 @@ impl RawSink {
                     .destination_nsqd_tcp_addresses
                     .clone()
                     .unwrap_or_default();
-                if addrs.is_empty() {
-                    return Err(ConfigError::Missing {
-                        key: "sink.destination_nsqd_tcp_addresses",
-                        flags: &["--destination-nsqd-tcp-address"],
-                    });
-                }
+                let (Some(topic), false) = (self.destination_topic.clone(), addrs.is_empty())
+                else {
+                    // Both named at once when both are missing.
+                    let mut missing = Vec::new();
+                    if addrs.is_empty() {
+                        missing.push(ConfigError::Missing {
+                            key: "sink.destination_nsqd_tcp_addresses",
+                            flags: &["--destination-nsqd-tcp-address"],
+                        });
+                    }
+                    if self.destination_topic.is_none() {
+                        missing.push(ConfigError::Missing {
+                            key: "sink.destination_topic",
+                            flags: &["--destination-topic"],
+                        });
+                    }
+                    return Err(ConfigError::all_missing(missing));
+                };
                 for a in &addrs {
                     check_host_port("sink.destination_nsqd_tcp_addresses", a)?;
                 }
-                let topic = self.destination_topic.clone().ok_or(ConfigError::Missing {
-                    key: "sink.destination_topic",
-                    flags: &["--destination-topic"],
-                })?;
                 check_name("sink.destination_topic", "topic", &topic)?;
                 SinkSettings::Nsq {
                     nsqd_tcp_addresses: addrs,
@@ -462,9 +471,19 @@ pub(super) fn validate_dead_letter(
         return Ok(None);
     };
     Ok(Some(match dl.kind {
-        DeadLetterKind::File => DeadLetterSettings::File(dl.path.clone().ok_or(
-            ConfigError::required("dead_letter.path", "`dead_letter.kind = \"file\"`"),
-        )?),
+        DeadLetterKind::File => {
+            let path = dl.path.clone().ok_or(ConfigError::required(
+                "dead_letter.path",
+                "`dead_letter.kind = \"file\"`",
+            ))?;
+            output_name::check_uncompressed(
+                "dead_letter.path",
+                &path.to_string_lossy(),
+                "the dead-letter file",
+                "plain JSON lines",
+            )?;
+            DeadLetterSettings::File(path)
+        }
         DeadLetterKind::Nsq => {
             let topic = dl.topic.clone().ok_or(ConfigError::required(
                 "dead_letter.topic",

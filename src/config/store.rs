@@ -168,6 +168,12 @@ impl RawStore {
         let Some(path) = &self.table_file else {
             return Ok(None);
         };
+        super::output_name::check_uncompressed(
+            "store.table_file",
+            &path.to_string_lossy(),
+            "the table file",
+            "nsq-dedupe's own snapshot",
+        )?;
         let snapshot_interval = self
             .snapshot_interval
             .map_or(DEFAULT_SNAPSHOT_INTERVAL, |d| d.0);

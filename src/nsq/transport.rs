@@ -301,7 +301,7 @@ fn check_agreement(
             command: "IDENTIFY",
             text: "nsqd did not agree to TLS (it has no --tls-cert and --tls-key)".into(),
             advice: format!(
-                "give nsqd a certificate, or turn TLS off with {}",
+                "give nsqd a certificate, or remove {}",
                 role.setting("tls_v1")
             ),
         });

@@ -16,6 +16,8 @@ use std::path::PathBuf;
 use clap::Args;
 use nsq_dedupe::config::{FlagOrigins, RawConfig};
 
+use crate::cli::FromEnv;
+
 /// Flags of `nsq-dedupe run`. Each overrides the config file's key of the same name.
 #[derive(Debug, Args)]
 pub(crate) struct RunArgs {
@@ -39,10 +41,14 @@ pub(crate) struct RunArgs {
 }
 
 impl RunArgs {
-    /// Lays the flags over the file's settings: a flag that was given wins.
-    pub(crate) fn apply(&self, raw: &mut RawConfig) {
+    /// Lays the flags over the file's settings: a flag that was given wins. `from_env` tells
+    /// which flags took their value from the environment, so that errors name the variable.
+    pub(crate) fn apply(&self, raw: &mut RawConfig, from_env: &FromEnv) {
         let mut flags = std::mem::take(&mut raw.flags);
-        let mut overlay = Overlay { flags: &mut flags };
+        let mut overlay = Overlay {
+            flags: &mut flags,
+            from_env,
+        };
         self.source.apply(raw, &mut overlay);
         self.nsq.apply(raw, &mut overlay);
         self.dedupe.apply(raw, &mut overlay);
@@ -54,9 +60,11 @@ impl RunArgs {
     }
 }
 
-/// Sets config keys from flags and records which flag set which key.
+/// Sets config keys from flags and records which flag set which key, and for a flag whose
+/// value came from the environment, its variable.
 pub(super) struct Overlay<'a> {
     flags: &'a mut FlagOrigins,
+    from_env: &'a FromEnv,
 }
 
 impl Overlay<'_> {
@@ -71,12 +79,25 @@ impl Overlay<'_> {
         if let Some(value) = value {
             *target = Some(value.clone());
         }
-        self.flags.record(key, flag, value.is_some());
+        self.record(key, flag, value.is_some());
     }
 
-    /// Records that `flag` sets `key` by a merge of its own, and whether it was given.
+    /// Records that `flag` sets `key` by a merge of its own, and whether it was given. `flag`
+    /// may name an option of a repeatable flag, `--consumer-opt deflate_level`: from the
+    /// environment, that is `NSQ_DEDUPE_CONSUMER_OPT=deflate_level`.
     pub(super) fn record(&mut self, key: &'static str, flag: &'static str, given: bool) {
         self.flags.record(key, flag, given);
+        let (base, option) = flag.split_once(' ').unwrap_or((flag, ""));
+        let Some(variable) = self.from_env.variable(base).filter(|_| given) else {
+            return;
+        };
+        let variable = if option.is_empty() {
+            variable
+        } else {
+            // Leaked as the flag's own name is: one short string per option given.
+            Box::leak(format!("{variable}={option}").into_boxed_str())
+        };
+        self.flags.record_variable(key, variable);
     }
 
     /// Sets `target` to the values of a repeatable flag, if it was given at least once.
@@ -90,7 +111,7 @@ impl Overlay<'_> {
         if !values.is_empty() {
             *target = Some(values.to_vec());
         }
-        self.flags.record(key, flag, !values.is_empty());
+        self.record(key, flag, !values.is_empty());
     }
 }
 
@@ -122,7 +143,7 @@ mod tests {
         let Command::Run(run) = cli.command else {
             panic!("not run")
         };
-        run.apply(&mut file);
+        run.apply(&mut file, &crate::cli::FromEnv::default());
         file.validate().unwrap()
     }
 
@@ -283,7 +304,7 @@ mod tests {
             panic!("not run")
         };
         let mut raw = RawConfig::default();
-        run.apply(&mut raw);
+        run.apply(&mut raw, &crate::cli::FromEnv::default());
         let error = raw.validate().unwrap_err().to_string();
         assert!(
             error.contains("--redis-url") || error.contains("redis_urls"),

@@ -67,7 +67,7 @@ pub(crate) struct NsqOptFlags {
     pub(crate) deflate_level: Option<u32>,
     /// AUTH secret for an nsqd with --auth-http-address; prefer the environment variable or
     /// --auth-secret-file, which stay out of process listings. `consumer_opt.auth_secret`.
-    #[arg(long, value_name = "SECRET", hide_env_values = true)]
+    #[arg(long, value_name = "SECRET")]
     pub(crate) auth_secret: Option<String>,
     /// File holding the AUTH secret. `consumer_opt.auth_secret_file`.
     #[arg(long, value_name = "FILE")]

@@ -14,7 +14,8 @@ use crate::cli::parse::parse_duration;
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Service")]
 pub(crate) struct ServiceFlags {
-    /// Where to serve Prometheus metrics, host:port or `off`. `metrics.address`.
+    /// Where to serve Prometheus metrics: host:port, :port (every IPv4 interface) or `off`.
+    /// `metrics.address`.
     #[arg(long, value_name = "ADDR")]
     pub(crate) metrics_address: Option<String>,
     /// How often the one-line status is logged (default 10s). `metrics.status_interval`.

@@ -1,0 +1,67 @@
+//! What `run` says as it starts and when nsqd refuses it: the start line names only the
+//! sources given, and a refusal's advice names the setting to change as it was given.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::cli_errors::run_until_exit;
+use crate::support::broker::{Broker, BrokerConfig};
+
+/// The "Sidecar started." line of `run` with `source` flags (nothing answers at those
+/// addresses; the line comes before any connection).
+fn start_line(source: &[&str]) -> String {
+    let mut child = Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
+        .args([
+            "run",
+            "--topic",
+            "t",
+            "--metrics-address",
+            "off",
+            "--sink",
+            "null",
+        ])
+        .args(source)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The line, or the end of stderr when the process exits without it.
+    let line = BufReader::new(child.stderr.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+        .find(|line| line.contains("Sidecar started."));
+    let _ = child.kill();
+    let _ = child.wait();
+    line.expect("run logs its start line")
+}
+
+#[test]
+fn the_start_line_names_only_the_sources_given() {
+    let lookupd = start_line(&["--lookupd-http-address", "127.0.0.1:1"]);
+    assert!(!lookupd.contains("nsqd="), "{lookupd}");
+    assert!(lookupd.contains("lookupd=127.0.0.1:1"), "{lookupd}");
+    let nsqd = start_line(&["--nsqd-tcp-address", "127.0.0.1:1"]);
+    assert!(nsqd.contains("nsqd=127.0.0.1:1"), "{nsqd}");
+    assert!(!nsqd.contains("lookupd="), "{nsqd}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_refused_by_nsqd_says_to_remove_the_flag() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let addr = broker.tcp_addr();
+    let (code, stderr) = tokio::task::spawn_blocking(move || {
+        run_until_exit(&[addr], &["--tls"], Duration::from_secs(60))
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(
+        stderr.lines().last().unwrap(),
+        format!(
+            "error: stopped: nsqd {addr} refused IDENTIFY: nsqd did not agree to TLS (it has no \
+             --tls-cert and --tls-key); give nsqd a certificate, or remove `--tls`"
+        )
+    );
+}
