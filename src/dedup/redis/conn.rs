@@ -227,9 +227,14 @@ impl Link {
             };
             let open = match self.node(&node, deadline).await {
                 Ok(open) => open,
-                Err(error) if !self.cluster || matches!(error, StoreError::Timeout(_)) => {
-                    return Err(error)
-                }
+                // Out of time, or refused (a wrong password): waiting for a replica to take
+                // over would not help.
+                Err(
+                    error @ (StoreError::Timeout(_)
+                    | StoreError::Refused { .. }
+                    | StoreError::Config(_)),
+                ) => return Err(error),
+                Err(error) if !self.cluster => return Err(error),
                 Err(_) => {
                     // The node died: its replica takes over once the cluster notices.
                     self.retry_after(seen, deadline).await?;
