@@ -980,7 +980,7 @@ fn malformed_configs_are_rejected_with_the_key_named() {
         ("[store]\nprobability = 1.5\nrate = 10\nwindow = \"1h\"\n", "invalid `store.probability` = 1.5: `probability` must be between 0 and 1 exclusive (0 < p < 1), got 1.5"),
         ("[store]\nkind = \"memcached\"\nlease = \"5s\"\n", "invalid `store.lease` = 5s: must be at least `source.msg_timeout` (60s), or another delivery may take over a claim whose handler is still running"),
         ("[dedupe]\nkey = \"id\"\n", "invalid `dedupe.key` = \"id\": expected `body` or `json:<JSON pointer>` such as `json:/id`"),
-        ("[metrics]\naddress = \"localhost\"\n", "invalid `metrics.address` = \"localhost\": invalid socket address; expected host:port such as 127.0.0.1:9150 or localhost:9150, or \"off\""),
+        ("[metrics]\naddress = \"localhost\"\n", "invalid `metrics.address` = \"localhost\": invalid socket address; expected host:port such as 127.0.0.1:9150, localhost:9150 or :9150 (every IPv4 interface), or \"off\""),
         ("[dead_letter]\nkind = \"file\"\n", "`dead_letter.path` is required with `dead_letter.kind = \"file\"`: set it in the config file"),
         ("[source]\ntopic = \"t\"\nlookupd_http_addresses = [\"https://x:4161\"]\n", "invalid `source.lookupd_http_addresses` = \"https://x:4161\": https is not supported; use http://host:port"),
         ("[store]\nkind = \"memcached\"\nfleet_interval = \"0s\"\n", "invalid `store.fleet_interval` = 0s: must be at least 1ms (the fleet's counters are named by the millisecond)"),
