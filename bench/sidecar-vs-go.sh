@@ -150,9 +150,12 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/sidecar-vs-go.XXXXXX")
 export BENCH_MESSAGES=$messages BENCH_PAIRS=$pairs BENCH_MAX_IN_FLIGHT=$max_in_flight \
   BENCH_OURS_ARGS=$ours_args BENCH_BASE_ARGS=$base_args BENCH_POST_PATH=$post_path \
   BENCH_TIMEOUT=$timeout BENCH_WORK=$work BENCH_KEEP=$keep BENCH_OURS=$ours BENCH_NSQ_BIN=$nsq_bin_dir
+# The helpers shared with the other end-to-end benchmarks.
+export PYTHONPATH="$here/bench${PYTHONPATH:+:$PYTHONPATH}"
 # exec: a signal to this script (timeout, kill) reaches the program that owns the processes.
 exec python3 - "${scenarios[@]}" <<'PY'
-import ctypes, http.client, json, os, shlex, shutil, signal, socket, subprocess, sys, time
+import os, shlex, shutil, signal, socket, subprocess, sys, time
+import nsq_bench as nb
 
 N_GIVEN = int(os.environ["BENCH_MESSAGES"] or 0)
 N = 0  # messages per run of the current scenario; set by main()
@@ -165,158 +168,15 @@ TIMEOUT_GIVEN = float(os.environ["BENCH_TIMEOUT"] or 0)
 WORK = os.environ["BENCH_WORK"]
 OURS = os.environ["BENCH_OURS"]
 NSQ = os.environ["BENCH_NSQ_BIN"]
-TICK = os.sysconf("SC_CLK_TCK")
 BODY = 100
-CHUNK = 10000
-
-# Children must not inherit settings meant for someone's own sidecar.
-CHILD_ENV = {k: v for k, v in os.environ.items() if not k.startswith("NSQ_DEDUPE_")}
-children = []
-libc = ctypes.CDLL(None, use_errno=True)
+CHUNK = nb.CHUNK
+spawn, stop, free_port, cpu_seconds, peak_rss_mib, tail, connections = (
+    nb.spawn, nb.stop, nb.free_port, nb.cpu_seconds, nb.peak_rss_mib, nb.tail, nb.connections)
+nb.exit_on_signals()
 
 
-def die_with_parent():
-    # A child outlives a killed benchmark otherwise (PR_SET_PDEATHSIG = 1).
-    libc.prctl(1, signal.SIGKILL)
-
-
-def spawn(argv, log, stdout=subprocess.DEVNULL):
-    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout,
-                         stderr=open(log, "wb"), env=CHILD_ENV, preexec_fn=die_with_parent)
-    children.append(p)
-    return p
-
-
-def stop(p, grace=15.0):
-    """SIGTERM, then SIGKILL after `grace` seconds; returns (exit status, rusage or None)."""
-    if p in children:
-        children.remove(p)
-    if p.returncode is not None:  # already reaped by poll(): no rusage left
-        return p.returncode, None
-    try:
-        p.send_signal(signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    deadline = time.monotonic() + grace
-    pid = 0
-    while not pid and time.monotonic() < deadline:
-        pid, status, ru = os.wait4(p.pid, os.WNOHANG)
-        if not pid:
-            time.sleep(0.02)
-    if not pid:
-        p.kill()
-        pid, status, ru = os.wait4(p.pid, 0)
-    p.returncode = os.waitstatus_to_exitcode(status)
-    return p.returncode, ru
-
-
-def cleanup(*_):
-    for p in list(children):
-        try:
-            p.kill()
-        except ProcessLookupError:
-            pass
-    sys.exit(130)
-
-
-signal.signal(signal.SIGTERM, cleanup)
-signal.signal(signal.SIGINT, cleanup)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cpu_seconds(pid):
-    """User+sys time of a live process, exited threads included."""
-    with open(f"/proc/{pid}/stat") as f:
-        rest = f.read().rsplit(")", 1)[1].split()
-    return (int(rest[11]) + int(rest[12])) / TICK
-
-
-def peak_rss_mib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def tail(path, lines=15):
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(f.readlines()[-lines:])
-    except OSError:
-        return ""
-
-
-class Nsqd:
-    def __init__(self, name, tls=None):
-        self.tcp, self.http_port = free_port(), free_port()
-        self.data = os.path.join(WORK, name)
-        os.makedirs(self.data)
-        self.log = self.data + ".nsqd.log"
-        argv = [f"{NSQ}/nsqd", "--broadcast-address=127.0.0.1",
-                f"--tcp-address=127.0.0.1:{self.tcp}", f"--http-address=127.0.0.1:{self.http_port}",
-                f"--data-path={self.data}", f"--mem-queue-size={N + CHUNK}", "--log-level=warn"]
-        self.https_port = None
-        if tls:
-            self.https_port = free_port()
-            argv += [f"--https-address=127.0.0.1:{self.https_port}",
-                     f"--tls-cert={tls['cert']}", f"--tls-key={tls['key']}"]
-        self.proc = spawn(argv, self.log)
-        self.conn = None
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                if self.request("GET", "/ping") == b"OK":
-                    break
-            except OSError:
-                self.conn = None
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"nsqd did not start:\n{tail(self.log)}")
-            time.sleep(0.05)
-
-    def request(self, method, path, body=None):
-        if self.conn is None:
-            self.conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=30)
-        try:
-            self.conn.request(method, path, body)
-            r = self.conn.getresponse()
-            data = r.read()
-        except (OSError, http.client.HTTPException):
-            self.conn.close()
-            self.conn = None
-            raise
-        if r.status != 200:
-            raise SystemExit(f"nsqd {method} {path}: HTTP {r.status} {data[:200]!r}")
-        return data
-
-    def own_port(self):
-        return self.conn.sock.getsockname()[1] if self.conn and self.conn.sock else None
-
-    def channel(self, topic, channel):
-        s = json.loads(self.request(
-            "GET", f"/stats?format=json&topic={topic}&channel={channel}&include_clients=false&include_mem=false"))
-        for t in s.get("topics") or []:
-            for c in t.get("channels") or []:
-                if c["channel_name"] == channel:
-                    return c
-        raise SystemExit(f"nsqd has no channel {topic}/{channel}")
-
-    def topic_count(self, topic):
-        s = json.loads(self.request("GET", f"/stats?format=json&topic={topic}&include_clients=false&include_mem=false"))
-        return sum(t["message_count"] for t in s.get("topics") or [] if t["topic_name"] == topic)
-
-    def publish(self, topic, tag):
-        for start in range(0, N, CHUNK):
-            lines = []
-            for i in range(start, min(N, start + CHUNK)):
-                head = f'{{"id":"{tag}-{i:010d}","pad":"'
-                lines.append(head + "x" * (BODY - len(head) - 2) + '"}')
-            self.request("POST", f"/mpub?topic={topic}", "\n".join(lines).encode())
+def Nsqd(name, tls=None):
+    return nb.Nsqd(NSQ, WORK, name, N + CHUNK, tls)
 
 
 def make_certs():
@@ -427,17 +287,9 @@ def one_run(name, r, side, label, cmd, check_out, memcached):
     d = Nsqd(f"{name}-{r}-{label}", tls)
     d.topic = f"bench{r}"
     try:
-        d.request("POST", f"/topic/create?topic={d.topic}")
-        d.request("POST", f"/channel/create?topic={d.topic}&channel=c")
         if check_out:
             d.request("POST", f"/topic/create?topic={d.topic}.out")
-        d.publish(d.topic, f"{name}{r}p{os.getpid()}")
-        # nsqd copies a topic's messages to its channels in the background.
-        deadline = time.monotonic() + 30
-        while d.channel(d.topic, "c")["depth"] != N:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"published {N} but the channel holds {d.channel(d.topic, 'c')['depth']}")
-            time.sleep(0.02)
+        d.fill(d.topic, "c", f"{name}{r}p{os.getpid()}", N)
         argv = cmd(side, d, r)
         log = os.path.join(WORK, f"{name}-{r}-{label}.log")
         mc0 = cpu_seconds(memcached.pid) if memcached else 0.0
@@ -446,8 +298,8 @@ def one_run(name, r, side, label, cmd, check_out, memcached):
         p = spawn(argv, log)
         status = "ok"
         while True:
-            c = d.channel(d.topic, "c")
-            if c["depth"] + c["in_flight_count"] + c["deferred_count"] == 0 and c["message_count"] == N:
+            c, done = d.drained(d.topic, "c", N)
+            if done:
                 break
             if p.poll() is not None:
                 raise SystemExit(f"{label} exited with {p.returncode} before draining:\n"
@@ -589,12 +441,7 @@ def main():
 try:
     main()
 finally:
-    for p in list(children):
-        try:
-            p.kill()
-            p.wait()
-        except ProcessLookupError:
-            pass
+    nb.kill_children()
     if os.environ["BENCH_KEEP"] != "1":
         shutil.rmtree(WORK, ignore_errors=True)
 PY

@@ -15,7 +15,7 @@ use nsq_dedupe::sink::{
     with_content_type, BatchFormat, Handler, HandlerError, HttpMode, HttpSink, HttpSinkConfig,
 };
 
-use crate::support::http::{Answer, HttpServer};
+use crate::support::http::{Answer, ConnectingWatch, HttpServer, SmallServer};
 
 fn url(server: &HttpServer, path: &str) -> Uri {
     let scheme = if server.ca_pem.is_some() {
@@ -270,6 +270,65 @@ async fn two_thousand_records_at_once_use_at_most_n_connections() {
     assert!(server.most_open() <= N as u64);
     // The bound was reached: the records did wait for each other's connections.
     assert!(server.connections() > 1);
+}
+
+/// Against a server that takes one connection at a time with a backlog of 1 and closes each
+/// after its answer (as Python's `http.server`), 100 connects at once overflow the backlog:
+/// most wait for the kernel's SYN retransmits (1 s, 3 s, ...) and many time out. The sink
+/// connects no faster than the server takes connections, and delivers every record once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_with_a_tiny_backlog_is_not_flooded_with_connects() {
+    let server = SmallServer::start();
+    let connecting = ConnectingWatch::start(server.addr.port());
+    let mut config =
+        HttpSinkConfig::new(vec![format!("http://{}/in", server.addr).parse().unwrap()]);
+    // A request whose connect stalls tries once more, then waits for the kernel's SYN
+    // retransmits (after 1 s, and 3 s): within 5 s only a flood fails.
+    config.client.connect_timeout = Duration::from_secs(5);
+    assert_eq!(config.concurrency, 100);
+    let sink = Arc::new(HttpSink::new(&config).unwrap());
+    let bodies: Vec<Bytes> = (0..400)
+        .map(|i| Bytes::from(format!("record {i}")))
+        .collect();
+    let outcomes = handle_all(&sink, bodies.clone()).await;
+    let most_connecting = connecting.most();
+    drop(connecting);
+    assert!(
+        most_connecting <= 16,
+        "{most_connecting} connects waited for the backlog at once"
+    );
+    let failed: Vec<_> = outcomes.iter().filter(|o| o.is_err()).collect();
+    assert!(
+        failed.is_empty(),
+        "{} failed: {:?}",
+        failed.len(),
+        failed.first()
+    );
+    let mut received = server.bodies();
+    received.sort();
+    let mut expected = bodies;
+    expected.sort();
+    assert_eq!(received, expected, "each record delivered once");
+}
+
+/// The connections follow the load up to the bound: a burst against a keep-alive server that
+/// answers slowly gets all 100, each kept and reused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_to_a_keep_alive_server_opens_connections_up_to_the_bound() {
+    let server = HttpServer::start(Answer {
+        delay: Duration::from_millis(50),
+        ..Answer::default()
+    })
+    .await;
+    let config = HttpSinkConfig::new(vec![url(&server, "/in")]);
+    assert_eq!(config.concurrency, 100);
+    let sink = Arc::new(HttpSink::new(&config).unwrap());
+    let bodies: Vec<Bytes> = (0..3000).map(|i| Bytes::from(format!("{i}"))).collect();
+    let outcomes = handle_all(&sink, bodies).await;
+    assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+    assert_eq!(server.received().len(), 3000);
+    assert_eq!(server.most_open(), 100, "open at once");
+    assert_eq!(server.connections(), 100, "accepted, each reused");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -63,7 +63,7 @@
 //! http_client_connect_timeout = "2s"   # default
 //! http_client_request_timeout = "10s"  # default
 //! # http_client_tls_root_ca_file = "/etc/nsq-dedupe/ca.pem"
-//! http_concurrency = 100               # default: connections (and requests) per endpoint
+//! http_concurrency = 100               # default: most connections (and requests) per endpoint
 //! http_idempotency_header = "Idempotency-Key"  # default; or "off"
 //! http_batch_size = 1                  # default: each body POSTed as it is
 //! http_batch_timeout = "100ms"         # default; how long a batch not full waits for more

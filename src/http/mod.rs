@@ -6,10 +6,13 @@
 //!   a URL's user info is sent as basic authentication (`basic_auth`).
 //! - [`pool`]: [`BoundedClient`], for the http sink: per endpoint at most N connections, each
 //!   reused request after request, callers beyond the bound waiting; one TLS session cache.
+//! - `limit`: how many of the N a pool may hold now, learnt from how fast the endpoint takes
+//!   connections (more while connects are fast and requests wait, half on a stalled connect).
 //! - [`server`]: [`serve`], answers `GET`/`HEAD` of a few fixed paths.
 
 mod basic_auth;
 pub mod client;
+mod limit;
 pub mod pool;
 #[cfg(feature = "sidecar")]
 pub mod server;

@@ -1,17 +1,25 @@
-//! A bounded pool of keep-alive HTTP/1.1 connections to one endpoint (a scheme, host and
-//! port): at most `max_connections` requests in flight and as many connections open, reused
-//! for request after request; callers beyond the bound wait for a connection to come free.
+//! A pool of keep-alive HTTP/1.1 connections to one endpoint (a scheme, host and port): at
+//! most `max_connections` requests in flight and as many connections open, reused for request
+//! after request; callers beyond the bound wait for a connection to come free.
 //!
 //! hyper-util's pooled client has no such bound: a request that finds no idle connection
 //! opens a new one, and when an idle one frees up first the new one still completes and joins
-//! the pool, so under load it opens connections by the thousand. Here a request takes a permit
+//! the pool, so under load it opens connections by the thousand. Here a request takes a slot
 //! before it looks for a connection, and opens one only when no idle one is left, so the
-//! connections never outnumber the permits. For `https://` every pool of a client shares one
-//! rustls configuration, whose session cache lets a reconnect resume its TLS session instead of
-//! a full handshake.
+//! connections never outnumber the slots.
+//!
+//! The slots are not all there from the start: their number is a limit learnt per endpoint
+//! ([`limit`](super::limit)), two at first, one more for a request that finds every slot taken
+//! while connects complete fast, halved when a connect stalls (a full listen backlog makes the
+//! kernel resend the SYN after a second). So a server that closes each connection and takes
+//! few at once (Python's `http.server`) gets about as many connects at a time as it can take,
+//! and a keep-alive one the `max_connections` its load needs. For `https://` every pool of a
+//! client shares one rustls configuration, whose session cache lets a reconnect resume its TLS
+//! session instead of a full handshake.
 
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -21,10 +29,11 @@ use hyper::{Method, Request, StatusCode, Uri};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio_rustls::TlsConnector;
 
 use super::client::{chain, tls_config, HttpClientConfig, HttpError, MAX_BODY_BYTES};
+use super::limit::ConnectionLimit;
 
 /// An answer: its status, headers and body.
 #[derive(Debug, Clone)]
@@ -65,7 +74,7 @@ struct Target {
 
 impl BoundedClient {
     /// A pool for each endpoint among `urls`, each holding at most `max_connections`
-    /// connections, with `config`'s time limits and trusted roots. A URL's user info is sent as
+    /// connections (fewer while the endpoint takes no more: see [`limit`](super::limit)), with `config`'s time limits and trusted roots. A URL's user info is sent as
     /// basic authentication, unless the request's headers authorize.
     ///
     /// # Errors
@@ -188,14 +197,28 @@ struct EndpointPool {
     host_header: HeaderValue,
     /// The connector and the name the certificate must carry, for `https://`.
     tls: Option<(TlsConnector, ServerName<'static>)>,
-    /// One per connection the pool may hold; a request holds one from before it looks for a
-    /// connection until it has put the connection back.
-    permits: Semaphore,
+    /// One per connection the pool may hold now; a request holds one ([`Slot`]) from before it
+    /// looks for a connection until it has put the connection back. Together with those
+    /// handed out, and less the ones [`Limits::owed`], as many as the limit.
+    slots: Semaphore,
+    /// The learnt limit. A lock never held across an `.await`.
+    limits: Mutex<Limits>,
+    /// Requests waiting for a slot: the demand that lets the limit rise when a slot comes
+    /// back.
+    waiting: AtomicUsize,
     /// Connections between requests, the most recently used last. A lock never held across an
     /// `.await`.
     idle: Mutex<Vec<SendRequest<Full<Bytes>>>>,
     connect_timeout: Duration,
     request_timeout: Duration,
+}
+
+/// The limit, and the slots it still has to take back.
+struct Limits {
+    limit: ConnectionLimit,
+    /// Slots handed out beyond a lowered limit: each is forgotten instead of given back,
+    /// until none is owed.
+    owed: usize,
 }
 
 impl std::fmt::Debug for EndpointPool {
@@ -240,6 +263,7 @@ impl EndpointPool {
             None
         };
         let authority = url.authority().map_or(host, |a| a.as_str());
+        let limit = ConnectionLimit::new(max_connections, Instant::now());
         Ok(EndpointPool {
             host: host
                 .trim_start_matches('[')
@@ -249,47 +273,109 @@ impl EndpointPool {
             host_header: HeaderValue::from_str(authority)
                 .map_err(|error| PoolError::Url(error.to_string()))?,
             tls,
-            permits: Semaphore::new(max_connections),
-            idle: Mutex::new(Vec::with_capacity(max_connections)),
+            slots: Semaphore::new(limit.get()),
+            limits: Mutex::new(Limits { limit, owed: 0 }),
+            waiting: AtomicUsize::new(0),
+            idle: Mutex::new(Vec::new()),
             connect_timeout: config.connect_timeout,
             request_timeout: config.request_timeout,
         })
     }
 
     /// Sends `request` once a connection is free; `shown` names the URL in errors.
+    ///
+    /// A request whose new connection stalls gives its slot up and waits for another, under
+    /// the lowered limit; the second time it waits for its connect as long as the connect
+    /// bound allows.
     async fn send(
-        &self,
-        request: Request<Full<Bytes>>,
-        shown: &str,
-    ) -> Result<HttpAnswer, HttpError> {
-        let _permit = self
-            .permits
-            .acquire()
-            .await
-            .expect("the semaphore is never closed");
-        tokio::time::timeout(self.request_timeout, self.exchange(request, shown))
-            .await
-            .map_err(|_| HttpError::Timeout {
-                url: shown.to_owned(),
-                after: self.request_timeout,
-            })?
-    }
-
-    /// One request on an idle connection, or a new one when none is left. A request that an
-    /// idle connection gives back unsent (the server closed it meanwhile) goes on the next.
-    async fn exchange(
         &self,
         mut request: Request<Full<Bytes>>,
         shown: &str,
     ) -> Result<HttpAnswer, HttpError> {
-        let failed = |cause: String| HttpError::Request {
-            url: shown.to_owned(),
-            cause,
+        let mut patient = false;
+        loop {
+            let _slot = self.slot().await;
+            let exchange = self.exchange(request, shown, patient);
+            match tokio::time::timeout(self.request_timeout, exchange).await {
+                Ok(Ok(answer)) => return Ok(answer),
+                Ok(Err(Exchange::Stalled(unsent))) => {
+                    request = unsent;
+                    patient = true;
+                }
+                Ok(Err(Exchange::Failed(error))) => return Err(error),
+                Err(_) => {
+                    return Err(HttpError::Timeout {
+                        url: shown.to_owned(),
+                        after: self.request_timeout,
+                    })
+                }
+            }
+        }
+    }
+
+    /// The limit, locked.
+    fn limits(&self) -> MutexGuard<'_, Limits> {
+        self.limits.lock().expect("never poisoned")
+    }
+
+    /// A slot, at once if one is free; otherwise the limit rises for this request if it may,
+    /// and the request waits its turn.
+    async fn slot(&self) -> Slot<'_> {
+        let permit = match self.slots.try_acquire() {
+            Ok(permit) => permit,
+            Err(_) => {
+                self.waiting.fetch_add(1, Ordering::SeqCst);
+                let _waiting = Waiting(&self.waiting);
+                self.grow();
+                self.slots
+                    .acquire()
+                    .await
+                    .expect("the semaphore is never closed")
+            }
+        };
+        Slot {
+            pool: self,
+            permit: Some(permit),
+        }
+    }
+
+    /// Raises the limit by one, if it may rise now: a slot more, or one less owed.
+    fn grow(&self) {
+        let mut limits = self.limits();
+        if limits.limit.grow(Instant::now()) {
+            if limits.owed > 0 {
+                limits.owed -= 1;
+            } else {
+                self.slots.add_permits(1);
+            }
+        }
+    }
+
+    /// One request on an idle connection, or a new one when none is left. A request that an
+    /// idle connection gives back unsent (the server closed it meanwhile) goes on the next;
+    /// one whose new connection stalls comes back unsent, unless `patient`.
+    async fn exchange(
+        &self,
+        mut request: Request<Full<Bytes>>,
+        shown: &str,
+        patient: bool,
+    ) -> Result<HttpAnswer, Exchange> {
+        let failed = |cause: String| {
+            Exchange::Failed(HttpError::Request {
+                url: shown.to_owned(),
+                cause,
+            })
         };
         loop {
             let (mut sender, reused) = match self.take_idle().await {
                 Some(sender) => (sender, true),
-                None => (self.connect().await.map_err(failed)?, false),
+                None => match self.connect(patient).await {
+                    Ok(sender) => (sender, false),
+                    Err(ConnectError::Stalled) => return Err(Exchange::Stalled(request)),
+                    Err(ConnectError::TimedOut(cause) | ConnectError::Failed(cause)) => {
+                        return Err(failed(cause))
+                    }
+                },
             };
             match sender.try_send_request(request).await {
                 Ok(response) => {
@@ -299,9 +385,7 @@ impl EndpointPool {
                         .await
                         .map_err(|error| failed(format!("reading the answer: {error}")))?
                         .to_bytes();
-                    if !sender.is_closed() {
-                        self.idle.lock().expect("never poisoned").push(sender);
-                    }
+                    self.put_idle(sender);
                     return Ok(HttpAnswer {
                         status: parts.status,
                         headers: parts.headers,
@@ -326,15 +410,82 @@ impl EndpointPool {
         }
     }
 
+    /// Keeps `sender` for the next request, unless the server closed it or the limit has
+    /// fallen to the connections already idle.
+    fn put_idle(&self, sender: SendRequest<Full<Bytes>>) {
+        if sender.is_closed() {
+            return;
+        }
+        let limit = self.limits().limit.get();
+        let mut idle = self.idle.lock().expect("never poisoned");
+        if idle.len() < limit {
+            idle.push(sender);
+        }
+    }
+
+    /// A new connection, timed: one that is not open within the stall bound lowers the limit
+    /// and, unless `patient`, is given up ([`ConnectError::Stalled`]): its SYN was most
+    /// likely dropped, and the kernel would send it again only after a second, together with
+    /// the others of the crowd. A time-out lowers the limit too.
+    async fn connect(&self, patient: bool) -> Result<SendRequest<Full<Bytes>>, ConnectError> {
+        let started = Instant::now();
+        let stall_after = self.limits().limit.stall_after();
+        let attempt = self.open();
+        tokio::pin!(attempt);
+        // The stall, if any, lasts until the end of this call.
+        let (opened, stall) = match tokio::time::timeout(stall_after, &mut attempt).await {
+            Ok(opened) => (opened, None),
+            Err(_) => {
+                let stall = self.stalled(started);
+                if !patient {
+                    return Err(ConnectError::Stalled);
+                }
+                (attempt.await, Some(stall))
+            }
+        };
+        match &opened {
+            Ok(_) => self.limits().limit.connected(started.elapsed()),
+            Err(ConnectError::TimedOut(_)) if stall.is_none() => {
+                // Timed out within the stall bound: a stall too, over at once.
+                drop(self.stalled(started));
+            }
+            Err(_) => {}
+        }
+        opened
+    }
+
+    /// Reports a stalled connect begun at `started`; the limit's lost slots are taken back
+    /// now if free, or owed. The stall lasts until the returned guard is dropped.
+    fn stalled(&self, started: Instant) -> Stall<'_> {
+        let mut limits = self.limits();
+        let lost = limits.limit.stalled(started, Instant::now());
+        if lost > 0 {
+            let taken = self.slots.forget_permits(lost);
+            limits.owed += lost - taken;
+            tracing::debug!(
+                host = %self.host,
+                port = self.port,
+                limit = limits.limit.get(),
+                "Connecting stalled; fewer connections at once."
+            );
+        }
+        Stall(self)
+    }
+
     /// A new connection: TCP, the TLS handshake for `https://`, and its task.
-    async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, String> {
+    async fn open(&self) -> Result<SendRequest<Full<Bytes>>, ConnectError> {
         let tcp = tokio::time::timeout(
             self.connect_timeout,
             TcpStream::connect((self.host.as_str(), self.port)),
         )
         .await
-        .map_err(|_| format!("connecting took longer than {:?}", self.connect_timeout))?
-        .map_err(|error| format!("connecting: {error}"))?;
+        .map_err(|_| {
+            ConnectError::TimedOut(format!(
+                "connecting took longer than {:?}",
+                self.connect_timeout
+            ))
+        })?
+        .map_err(|error| ConnectError::Failed(format!("connecting: {error}")))?;
         // Requests are written whole; waiting for more would only delay them.
         let _ = tcp.set_nodelay(true);
         match &self.tls {
@@ -343,10 +494,75 @@ impl EndpointPool {
                 let tls = connector
                     .connect(name.clone(), tcp)
                     .await
-                    .map_err(|error| format!("TLS handshake: {}", chain(&error)))?;
+                    .map_err(|error| {
+                        ConnectError::Failed(format!("TLS handshake: {}", chain(&error)))
+                    })?;
                 start(tls).await
             }
         }
+        .map_err(ConnectError::Failed)
+    }
+}
+
+/// Why a connection could not be opened.
+enum ConnectError {
+    /// It was not open within the stall bound, and was given up.
+    Stalled,
+    /// The TCP connect took longer than its bound.
+    TimedOut(String),
+    /// Anything else: refused, unreachable, the TLS handshake.
+    Failed(String),
+}
+
+/// Why a request got no answer.
+enum Exchange {
+    /// Its new connection stalled: the request, unsent, to try again with another slot.
+    Stalled(Request<Full<Bytes>>),
+    /// It failed.
+    Failed(HttpError),
+}
+
+/// A request's hold on one of its endpoint's connections. On drop the slot goes back (or is
+/// forgotten, while the lowered limit is owed slots), and a request still waiting may have
+/// the limit rise for it.
+struct Slot<'a> {
+    pool: &'a EndpointPool,
+    permit: Option<SemaphorePermit<'a>>,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        let permit = self.permit.take().expect("taken only here");
+        {
+            let mut limits = self.pool.limits();
+            if limits.owed > 0 {
+                limits.owed -= 1;
+                permit.forget();
+                return;
+            }
+        }
+        drop(permit);
+        if self.pool.waiting.load(Ordering::SeqCst) > 0 {
+            self.pool.grow();
+        }
+    }
+}
+
+/// Counts a request among those waiting for a slot until dropped.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A stalled connect, pending until dropped: the limit does not rise meanwhile.
+struct Stall<'a>(&'a EndpointPool);
+
+impl Drop for Stall<'_> {
+    fn drop(&mut self) {
+        self.0.limits().limit.stall_ended();
     }
 }
 

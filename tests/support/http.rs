@@ -225,3 +225,167 @@ impl HttpServer {
         self.received.lock().unwrap().clone()
     }
 }
+
+/// A server as small as Python's `http.server`: it listens with a backlog of 1, takes one
+/// connection at a time on a thread of its own, reads one request, answers
+/// `HTTP/1.0 200 OK` after [`SmallServer::WORK`] and closes the connection. Connections beyond the backlog wait in the
+/// client's kernel, which resends their SYN after 1 s, 3 s, ...; stops when dropped.
+pub struct SmallServer {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    bodies: Arc<Mutex<Vec<Bytes>>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl SmallServer {
+    /// How long each request takes: less than a millisecond would let the server keep up
+    /// with a flood of connects on a quiet machine.
+    pub const WORK: Duration = Duration::from_millis(1);
+
+    /// Starts a server on a free loopback port.
+    pub fn start() -> SmallServer {
+        let bodies = Arc::new(Mutex::new(Vec::new()));
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let (listening, listens) = std::sync::mpsc::channel();
+        let record = bodies.clone();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let socket = tokio::net::TcpSocket::new_v4().unwrap();
+                socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+                let listener = socket.listen(1).unwrap();
+                listening.send(listener.local_addr().unwrap()).unwrap();
+                let serve = async {
+                    loop {
+                        let Ok((stream, _)) = listener.accept().await else {
+                            continue;
+                        };
+                        if let Some(body) = answer_once(stream).await {
+                            record.lock().unwrap().push(body);
+                        }
+                    }
+                };
+                tokio::select! {
+                    () = serve => {}
+                    _ = stopped => {}
+                }
+            });
+        });
+        SmallServer {
+            addr: listens.recv().unwrap(),
+            bodies,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    /// The bodies of the requests answered so far, in order.
+    pub fn bodies(&self) -> Vec<Bytes> {
+        self.bodies.lock().unwrap().clone()
+    }
+}
+
+impl Drop for SmallServer {
+    fn drop(&mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        let _ = self.thread.take().unwrap().join();
+    }
+}
+
+/// Reads one request from `stream`, answers `200 OK` and closes; the request's body, unless
+/// the client went away first.
+async fn answer_once(mut stream: tokio::net::TcpStream) -> Option<Bytes> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut read = Vec::new();
+    let mut buf = [0u8; 4096];
+    let head_end = loop {
+        let n = stream.read(&mut buf).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        read.extend_from_slice(&buf[..n]);
+        if let Some(at) = read.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+    };
+    let head = std::str::from_utf8(&read[..head_end])
+        .ok()?
+        .to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|line| line.strip_prefix("content-length:"))
+        .map_or(Some(0), |v| v.trim().parse().ok())?;
+    while read.len() < head_end + length {
+        let n = stream.read(&mut buf).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        read.extend_from_slice(&buf[..n]);
+    }
+    tokio::time::sleep(SmallServer::WORK).await;
+    stream
+        .write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nOK")
+        .await
+        .ok()?;
+    let _ = stream.shutdown().await;
+    Some(Bytes::copy_from_slice(&read[head_end..head_end + length]))
+}
+
+/// Watches, on a thread of its own, how many of this machine's TCP sockets towards a port are
+/// still connecting (SYN sent, no answer yet: the connections a full backlog turned away);
+/// keeps the most seen at once. Reads `/proc/net/tcp` every millisecond; stops when dropped.
+pub struct ConnectingWatch {
+    most: Arc<AtomicU64>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ConnectingWatch {
+    /// Starts watching the sockets connecting to `port`.
+    pub fn start(port: u16) -> ConnectingWatch {
+        let most = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (seen, stopped) = (most.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !stopped.load(Ordering::SeqCst) {
+                seen.fetch_max(connecting_to(port), Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        ConnectingWatch {
+            most,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// The most sockets seen connecting at once so far.
+    pub fn most(&self) -> u64 {
+        self.most.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for ConnectingWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.thread.take().unwrap().join();
+    }
+}
+
+/// The IPv4 sockets in state SYN_SENT (`02` in `/proc/net/tcp`) whose remote port is `port`.
+fn connecting_to(port: u16) -> u64 {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    let remote = format!(":{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .filter(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            fields.len() > 3 && fields[2].ends_with(&remote) && fields[3] == "02"
+        })
+        .count() as u64
+}

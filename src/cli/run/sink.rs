@@ -51,8 +51,8 @@ pub(crate) struct SinkFlags {
     /// `sink.http_client_tls_root_ca_file`.
     #[arg(long, value_name = "FILE")]
     pub(crate) http_client_tls_root_ca_file: Option<PathBuf>,
-    /// Requests in flight, and connections open, per http sink endpoint; more records wait
-    /// (default 100). `sink.http_concurrency`.
+    /// Most requests in flight, and connections open, per http sink endpoint; more records
+    /// wait (default 100). Fewer while connects to the endpoint stall. `sink.http_concurrency`.
     #[arg(long, visible_alias = "n", value_name = "N")]
     pub(crate) http_concurrency: Option<usize>,
     /// Header carrying each request's idempotency key (the body's digest), or "off" (default

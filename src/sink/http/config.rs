@@ -12,8 +12,9 @@ use crate::http::HttpClientConfig;
 /// The content type sent when none is configured, as `nsq_to_http`.
 pub const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
 
-/// Requests in flight, and connections open, per endpoint when none is configured:
-/// `nsq_to_http`'s `--n`.
+/// The most requests in flight, and connections open, per endpoint when none is configured:
+/// `nsq_to_http`'s `--n`. The pool opens them as the load needs and the endpoint takes them
+/// ([`crate::http::BoundedClient`]).
 pub const DEFAULT_CONCURRENCY: usize = 100;
 
 /// The header carrying each request's idempotency key, the IETF httpapi draft's name.
@@ -73,8 +74,8 @@ pub struct HttpSinkConfig {
     pub headers: Vec<(HeaderName, HeaderValue)>,
     /// Time limits and trusted roots.
     pub client: HttpClientConfig,
-    /// Requests in flight, and connections open, per endpoint; more wait. Defaults to:
-    /// [`DEFAULT_CONCURRENCY`].
+    /// The most requests in flight, and connections open, per endpoint; more wait. Fewer
+    /// while connects to the endpoint stall. Defaults to: [`DEFAULT_CONCURRENCY`].
     pub concurrency: usize,
     /// The header carrying the idempotency key, or none. Defaults to:
     /// [`DEFAULT_IDEMPOTENCY_HEADER`].

@@ -1,5 +1,6 @@
 //! The `http` sink: POSTs each unique body to one or more URLs, as `nsq_to_http` does, over a
-//! bounded pool of keep-alive connections per endpoint, with HTTPS.
+//! bounded pool of keep-alive connections per endpoint, opened as the load needs and the
+//! endpoint takes them, with HTTPS.
 //!
 //! Status rules: 2xx is success; 5xx, 408, 429, timeouts and connection errors are retried
 //! (the message is requeued; after a 429 or 503 with `Retry-After`, no sooner than it says);
