@@ -147,6 +147,16 @@ pub async fn build_store(
     near_table: Option<Geometry>,
     max_age: Option<Duration>,
 ) -> Result<Backend, RunError> {
+    Ok(open_store(store, near_table, max_age).await?.0)
+}
+
+/// [`build_store`], and whether a shared store answered at start (`false`: it is down or
+/// silent, and the service is not ready until it answers).
+async fn open_store(
+    store: &StoreSettings,
+    near_table: Option<Geometry>,
+    max_age: Option<Duration>,
+) -> Result<(Backend, bool), RunError> {
     let near = match (store, near_table) {
         (StoreSettings::Memcached(..) | StoreSettings::Redis(..), Some(geometry)) => {
             Some(NearTable::new(geometry, timing(max_age))?)
@@ -154,32 +164,35 @@ pub async fn build_store(
         _ => None,
     };
     Ok(match store {
-        StoreSettings::Memory(geometry) => Backend::Memory(match timing(max_age) {
-            None => Table::new(*geometry)?,
-            Some((age, clock)) => Table::with_max_age(*geometry, age, clock)?,
-        }),
-        StoreSettings::None => Backend::None(NoStore),
-        StoreSettings::Memcached(config, geometry) => Backend::Memcached(
-            open_shared(
+        StoreSettings::Memory(geometry) => (
+            Backend::Memory(match timing(max_age) {
+                None => Table::new(*geometry)?,
+                Some((age, clock)) => Table::with_max_age(*geometry, age, clock)?,
+            }),
+            true,
+        ),
+        StoreSettings::None => (Backend::None(NoStore), true),
+        StoreSettings::Memcached(config, geometry) => {
+            let (opened, answered) = open_shared(
                 MemcachedStore::connect(config.clone(), *geometry),
                 config.timeout * 4,
                 || MemcachedStore::new_lazy(config.clone(), *geometry),
                 ("Memcached", config.servers.join(",")),
             )
-            .await?,
-            near,
-        ),
+            .await?;
+            (Backend::Memcached(opened, near), answered)
+        }
         // The URLs carry no password (it was moved out of them), so they can be logged.
-        StoreSettings::Redis(config, geometry) => Backend::Redis(
-            open_shared(
+        StoreSettings::Redis(config, geometry) => {
+            let (opened, answered) = open_shared(
                 RedisStore::connect(config.clone(), *geometry),
                 config.timeout * 4,
                 || RedisStore::new_lazy(config.clone(), *geometry),
                 ("Redis", config.urls.join(",")),
             )
-            .await?,
-            near,
-        ),
+            .await?;
+            (Backend::Redis(opened, near), answered)
+        }
     })
 }
 
@@ -194,9 +207,9 @@ async fn open_shared<S>(
     limit: Duration,
     lazy: impl FnOnce() -> Result<S, StoreError>,
     (store, servers): (&str, String),
-) -> Result<S, RunError> {
+) -> Result<(S, bool), RunError> {
     match tokio::time::timeout(limit, connect).await {
-        Ok(Ok(opened)) => return Ok(opened),
+        Ok(Ok(opened)) => return Ok((opened, true)),
         Ok(Err(error @ (StoreError::Config(_) | StoreError::Refused { .. }))) => {
             return Err(error.into())
         }
@@ -207,7 +220,7 @@ async fn open_shared<S>(
             tracing::warn!(%servers, "{store} did not answer in time; messages follow `dedupe.on_store_error` until it does.");
         }
     }
-    Ok(lazy()?)
+    Ok((lazy()?, false))
 }
 
 /// `max_age` with the clock tables read it by.
@@ -264,6 +277,9 @@ impl<H: Handler> Sidecar<H> {
     ///
     /// [`RunError`] naming what could not be built.
     pub async fn with_handler(settings: Settings, handler: H) -> Result<Self, RunError> {
+        // A shared store that did not answer at start is failing until it does: `/ready`
+        // says so from the start, not only after the first message's claim.
+        let mut store_answered = true;
         let (store, table_file) = match (&settings.store, &settings.table_file) {
             (StoreSettings::Memory(geometry), Some(file)) => {
                 let identity = format!("{} {}", settings.keyer.key(), settings.keyer.algorithm());
@@ -300,10 +316,12 @@ impl<H: Handler> Sidecar<H> {
                     Some(Arc::new(opened)),
                 )
             }
-            (store, _) => (
-                build_store(store, settings.near_table, settings.max_age).await?,
-                None,
-            ),
+            (store, _) => {
+                let (backend, answered) =
+                    open_store(store, settings.near_table, settings.max_age).await?;
+                store_answered = answered;
+                (backend, None)
+            }
         };
         let dead_letter = match &settings.dead_letter {
             None => None,
@@ -325,13 +343,19 @@ impl<H: Handler> Sidecar<H> {
                     .map_err(|source| RunError::Metrics { addr, source })?,
             ),
         };
+        let metrics = Arc::new(Metrics::with_window(settings.window));
+        if !store_answered {
+            metrics
+                .store_failing
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         let dedupe = Dedupe::new(
             store,
             settings.keyer.clone(),
             handler,
             settings.policy.clone(),
             dead_letter,
-            Arc::new(Metrics::with_window(settings.window)),
+            metrics,
         );
         Ok(Sidecar {
             settings,

@@ -255,6 +255,46 @@ async fn the_metrics_url_is_the_bound_address() {
     assert_eq!(without.metrics_url(), None);
 }
 
+/// A shared store that does not answer at start leaves the service unready from the start,
+/// before any message has tried it; once it answers a claim, the service is ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_ready_while_the_shared_store_has_not_answered_since_start() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let mut memcached = MemcachedServer::start();
+    memcached.stop();
+    let mut raw = raw_config(&[broker.tcp_addr()]);
+    raw.store.kind = Some(StoreKind::Memcached);
+    raw.store.memcached_addresses = Some(vec![memcached.addr()]);
+    raw.store.buckets = Some(1 << 12);
+    let running = Running::start(raw.validate().unwrap(), Recorder::default()).await;
+    let addr = running.metrics_addr.unwrap();
+    wait_until_or(
+        "an nsqd connected",
+        Duration::from_secs(10),
+        || scrape(addr).contains("nsq_dedupe_nsqd_connections 1"),
+        || scrape(addr),
+    )
+    .await;
+    assert_eq!(
+        get_page(addr, "/ready"),
+        (
+            503,
+            "not ready: the store's last operation failed (see store_errors_total)\n".to_owned()
+        ),
+        "no message has reached the store yet"
+    );
+    memcached.restart();
+    broker.publish(TOPIC, payload(1));
+    wait_until_or(
+        "ready once the store answered a claim",
+        Duration::from_secs(15),
+        || get_page(addr, "/ready") == (200, "ready\n".to_owned()),
+        || format!("{:?}", get_page(addr, "/ready")),
+    )
+    .await;
+    running.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ready_only_while_an_nsqd_is_connected() {
     // Nothing listens at the configured nsqd yet: not ready, and the body says why.

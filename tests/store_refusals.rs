@@ -14,7 +14,7 @@ use bytes::Bytes;
 use crate::cli_errors::{http_port, run_refused};
 use crate::support::broker::{Broker, BrokerConfig};
 use crate::support::memcached::MemcachedServer;
-use crate::support::redis::RedisServer;
+use crate::support::redis::{RedisCluster, RedisServer};
 use crate::table_file::Sidecar;
 use crate::util::{signal_and_wait, wait_until_or};
 
@@ -160,6 +160,20 @@ fn a_redis_that_is_not_what_the_settings_say_stops_the_run() {
              off",
         ),
     );
+
+    // A node of a Redis Cluster given as a standalone server: the sets of the other masters
+    // would answer MOVED for ever.
+    let cluster = RedisCluster::start();
+    refused_with(
+        &[],
+        &["--store", "redis", "--redis-url", &cluster.nodes[0].url()],
+        &refused(
+            &cluster.nodes[0].addr(),
+            "it is a node of a Redis Cluster; turn `--redis-cluster` on, with the cluster's \
+             nodes as seeds",
+        ),
+    );
+    drop(cluster);
 
     // A user who may not load scripts.
     server.cli(&[

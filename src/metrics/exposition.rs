@@ -142,12 +142,12 @@ impl Scrape {
         if let Some(near) = table.near {
             counters.push((
                 "nsq_dedupe_near_table_hits",
-                "Claims answered Duplicate by the near-table, without a Memcached round trip.",
+                "Claims answered Duplicate by the near-table, without a round trip to the shared store.",
                 near.hits,
             ));
             counters.push((
                 "nsq_dedupe_near_table_misses",
-                "Claims the near-table did not hold, which went on to Memcached.",
+                "Claims the near-table did not hold, which went on to the shared store.",
                 near.misses,
             ));
         }

@@ -195,8 +195,40 @@ impl Link {
             if let Err(error) = loaded {
                 return Err(self.failed(&node, &error));
             }
+            if !self.cluster {
+                self.refuse_cluster_node(&node, &open, deadline).await?;
+            }
         }
         Ok(())
+    }
+
+    /// Refuses a node of a Redis Cluster given as a standalone server: it would answer
+    /// `MOVED` for the sets of every other master, for ever.
+    async fn refuse_cluster_node(
+        &self,
+        node: &str,
+        open: &Open,
+        deadline: Instant,
+    ) -> Result<(), StoreError> {
+        let mut conn = open.conn.clone();
+        let info: Result<String, RedisError> = self
+            .within(
+                deadline,
+                node,
+                open,
+                redis::cmd("INFO").arg("cluster").query_async(&mut conn),
+            )
+            .await?;
+        match info {
+            Ok(info) if info.contains("cluster_enabled:1") => Err(StoreError::Refused {
+                addr: node.to_owned(),
+                detail: "it is a node of a Redis Cluster; turn `store.redis_cluster` on, \
+                         with the cluster's nodes as seeds"
+                    .into(),
+            }),
+            // A server without INFO (a proxy, say) is taken as standalone.
+            _ => Ok(()),
+        }
     }
 
     /// Runs `evalsha` (an `EVALSHA` of `script` whose keys all lie in `slot`, which a
@@ -334,11 +366,26 @@ impl Link {
             Ok(answer) => Ok(answer),
             Err(_) => {
                 self.drop_conn(node, open);
-                if self.cluster {
-                    self.stale.store(true, Ordering::Relaxed);
-                }
-                Err(StoreError::Timeout(self.timeout))
+                Err(self.no_answer(node))
             }
+        }
+    }
+
+    /// The error of `node` not answering within the time limit. A standalone server is slow
+    /// (a longer `store.timeout` may help); in a cluster it is rather a node that failed,
+    /// whose replica the cluster promotes, and the slot map is marked stale to find it.
+    fn no_answer(&self, node: &str) -> StoreError {
+        if !self.cluster {
+            return StoreError::Timeout(self.timeout);
+        }
+        self.stale.store(true, Ordering::Relaxed);
+        StoreError::Unavailable {
+            addr: node.to_owned(),
+            detail: format!(
+                "no answer within {:?}; if the node failed, the cluster promotes its replica \
+                 within its cluster-node-timeout",
+                self.timeout
+            ),
         }
     }
 
@@ -351,8 +398,7 @@ impl Link {
     async fn retry_after(&self, seen: u64, deadline: Instant) -> Result<(), StoreError> {
         if Instant::now() + RETRY_PAUSE >= deadline {
             tokio::time::sleep_until(deadline).await;
-            self.stale.store(true, Ordering::Relaxed);
-            return Err(StoreError::Timeout(self.timeout));
+            return Err(self.no_answer(&self.addr));
         }
         // A statistic: nothing else depends on it.
         self.retries.fetch_add(1, Ordering::Relaxed);
@@ -482,12 +528,7 @@ impl Link {
         };
         match tokio::time::timeout_at(deadline, connect).await {
             Ok(result) => result,
-            Err(_) => {
-                if self.cluster {
-                    self.stale.store(true, Ordering::Relaxed);
-                }
-                Err(StoreError::Timeout(self.timeout))
-            }
+            Err(_) => Err(self.no_answer(node)),
         }
     }
 
