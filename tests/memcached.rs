@@ -1315,3 +1315,87 @@ async fn a_burst_fails_only_the_digests_of_a_dead_server() {
         "the failed claims wrote nothing"
     );
 }
+
+/// How many reads (`get`, `mg`, ...) `memcached` at `addr` has answered so far.
+fn reads_served(addr: &str) -> u64 {
+    use std::io::{BufRead, BufReader, Write};
+    let mut conn = std::net::TcpStream::connect(addr).expect("connect to memcached");
+    conn.write_all(b"stats\r\n").expect("ask for stats");
+    let mut reader = BufReader::new(conn);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        reader.read_line(&mut line).expect("read stats");
+        if let Some(count) = line.strip_prefix("STAT cmd_get ") {
+            return count.trim().parse().expect("a count");
+        }
+        assert!(!line.is_empty() && line != "END\r\n", "no cmd_get in stats");
+    }
+}
+
+#[tokio::test]
+async fn a_commit_after_the_stores_own_claim_sends_no_read() {
+    let server = MemcachedServer::start();
+    let geometry = Geometry::new(1 << 16, 8).unwrap();
+    let store = MemcachedStore::connect(
+        config(&[server.addr()], &unique_namespace("known")),
+        geometry,
+    )
+    .await
+    .unwrap();
+    let burst: Vec<Digest> = (0..50).map(digest).collect();
+    assert_eq!(
+        claimed(store.claim_many(&burst).await).unwrap(),
+        [Claim::New; 50]
+    );
+    let before = reads_served(&server.addr());
+    let commits: Vec<bool> = store
+        .commit_many(&burst)
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(commits, [true; 50]);
+    assert_eq!(
+        reads_served(&server.addr()) - before,
+        0,
+        "each set is as this store's claim wrote it: the commit's compare-and-swap needs no read"
+    );
+    assert_eq!(
+        claimed(store.claim_many(&burst).await).unwrap(),
+        [Claim::Duplicate; 50]
+    );
+}
+
+#[tokio::test]
+async fn a_set_another_store_changed_is_read_again_before_answering() {
+    let server = MemcachedServer::start();
+    let namespace = unique_namespace("stale");
+    // One set of one way: every claim pushes out the entry before it.
+    let geometry = Geometry::new(1, 1).unwrap();
+    let a = MemcachedStore::connect(config(&[server.addr()], &namespace), geometry)
+        .await
+        .unwrap();
+    let b = MemcachedStore::connect(config(&[server.addr()], &namespace), geometry)
+        .await
+        .unwrap();
+    let (d, e) = (digest(1), digest(2));
+    assert_eq!(a.claim(d).await.unwrap(), Claim::New);
+    assert_eq!(
+        b.claim(e).await.unwrap(),
+        Claim::New,
+        "pushes out a's claim of d"
+    );
+    // What a wrote last still holds d in flight; the set does not.
+    assert_eq!(
+        a.claim(d).await.unwrap(),
+        Claim::New,
+        "d is no longer in the set: a must not answer from what it wrote before"
+    );
+    assert!(
+        !b.commit(e).await.unwrap(),
+        "a's claim of d pushed out b's e"
+    );
+    assert!(a.commit(d).await.unwrap());
+    assert_eq!(b.claim(d).await.unwrap(), Claim::Duplicate);
+}

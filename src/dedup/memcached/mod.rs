@@ -92,8 +92,14 @@
 //!
 //! One engine does every operation: a small pipelined meta-protocol connection of our own
 //! (`conn`). All reads of a batch (`mg <key> v c`) go in one round trip per server, all
-//! compare-and-swaps (`ms <key> <len> C<token>` / `ME`) in the next, and sets that lost a race
-//! are read and written again. `async-memcached` cannot do this: its pipelined write applies
+//! compare-and-swaps (`ms <key> <len> C<token> c` / `ME c`) in the next, and sets that lost a
+//! race are read and written again. Each write answers the item's new CAS token, and the store
+//! keeps the value it wrote with it for the last 16,384 sets it wrote (`KNOWN_SETS`, about 5 MB
+//! at 8 ways): an operation on such a set (a commit after this store's own claim, most of all)
+//! is decided on that value and written with that token at once, one command instead of a read
+//! and a write. If another writer changed the set in between, the write fails and the set is
+//! read and decided again; a decision that writes nothing (a duplicate, say) is not verified by
+//! any write, so it is made again on a fresh read. `async-memcached` cannot do this: its pipelined write applies
 //! one flag list to every item, so it cannot carry a CAS token per item, and a `Client` runs one
 //! command at a time, so concurrent operations cannot share a round trip.
 //!
@@ -144,6 +150,24 @@ pub use config::MemcachedConfig;
 /// directions' socket buffers while we are still writing.
 const MAX_PIPELINE_SETS: usize = 256;
 
+/// The most sets whose last written value a store keeps (about 300 bytes each at 8 ways).
+const KNOWN_SETS: usize = 16_384;
+
+/// Keeps `value`, just written to `key` with the new CAS token `cas`; when [`KNOWN_SETS`] are
+/// kept, one of them is forgotten first.
+fn remember(sets: &mut HashMap<String, (Vec<u8>, u64)>, key: &str, value: Vec<u8>, cas: u64) {
+    if let Some(kept) = sets.get_mut(key) {
+        *kept = (value, cas);
+        return;
+    }
+    if sets.len() >= KNOWN_SETS {
+        if let Some(other) = sets.keys().next().cloned() {
+            sets.remove(&other);
+        }
+    }
+    sets.insert(key.to_owned(), (value, cas));
+}
+
 /// A set-associative de-duplication table kept in memcached and shared by every process that
 /// uses the same servers, namespace and geometry.
 ///
@@ -170,6 +194,9 @@ struct Inner {
     returns: AtomicU64,
     /// The clock of the servers' failure times.
     started: std::time::Instant,
+    /// The sets this store wrote last, as it wrote them, with their CAS tokens: at most
+    /// [`KNOWN_SETS`] (see `remember`).
+    known: std::sync::Mutex<HashMap<String, (Vec<u8>, u64)>>,
     /// The queue of the coalescing task (see [`coalesce`]), set on first use. The task ends
     /// when this sender (and the clones that callers hold briefly) is dropped.
     coalescer: std::sync::Mutex<Option<mpsc::UnboundedSender<Request>>>,
@@ -250,6 +277,7 @@ impl MemcachedStore {
                 returns: AtomicU64::new(0),
                 started: std::time::Instant::now(),
                 coalescer: std::sync::Mutex::new(None),
+                known: std::sync::Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -474,24 +502,53 @@ impl MemcachedStore {
         let mut conn = self.pipe(server).await?;
         for chunk in sets.chunks(MAX_PIPELINE_SETS) {
             let mut pending: Vec<usize> = (0..chunk.len()).collect();
+            let mut first_try = vec![true; chunk.len()];
             let mut rounds = 0;
             while !pending.is_empty() {
-                if rounds == inner.config.max_cas_retries {
-                    conn.set_healthy(true);
-                    return Err(StoreError::Contended { attempts: rounds });
+                // Sets this store wrote last are decided on the value it wrote, without a read:
+                // the write's compare-and-swap with that value's token verifies it. Each set
+                // gets that one chance; a set decided again is read.
+                let mut known = Vec::with_capacity(pending.len());
+                let mut to_read = Vec::with_capacity(pending.len());
+                {
+                    let sets = inner.known.lock().unwrap_or_else(|p| p.into_inner());
+                    for &p in &pending {
+                        match sets.get(&chunk[p].key).filter(|_| first_try[p]) {
+                            Some((value, cas)) => known.push((p, Some((value.clone(), *cas)))),
+                            None => to_read.push(p),
+                        }
+                    }
                 }
-                rounds += 1;
+                if !to_read.is_empty() {
+                    if rounds == inner.config.max_cas_retries {
+                        conn.set_healthy(true);
+                        return Err(StoreError::Contended { attempts: rounds });
+                    }
+                    rounds += 1;
+                }
                 let pending_keys: Vec<&str> =
-                    pending.iter().map(|&p| chunk[p].key.as_str()).collect();
-                let reads = tokio::time::timeout(timeout, conn.get_many(&pending_keys))
-                    .await
-                    .map_err(|_| StoreError::Timeout(timeout))?
-                    .map_err(io_error)?;
+                    to_read.iter().map(|&p| chunk[p].key.as_str()).collect();
+                let reads = if pending_keys.is_empty() {
+                    Vec::new()
+                } else {
+                    tokio::time::timeout(timeout, conn.get_many(&pending_keys))
+                        .await
+                        .map_err(|_| StoreError::Timeout(timeout))?
+                        .map_err(io_error)?
+                };
+                let from_known = known.len();
+                let reads: Vec<(usize, conn::Read)> = known
+                    .into_iter()
+                    .chain(to_read.into_iter().zip(reads))
+                    .collect();
                 let facts = self.lease_facts();
                 // For each pending set: its new value (if it changed), the CAS token of the
                 // read, and the outcomes that the write would make true.
                 let mut planned = Vec::with_capacity(pending.len());
-                for (&p, read) in pending.iter().zip(reads) {
+                let mut undecided = Vec::new();
+                for (i, (p, read)) in reads.into_iter().enumerate() {
+                    let cached = i < from_known;
+                    first_try[p] = false;
                     let (mut entries, cas) = match read {
                         Some((value, cas)) => (self.decode_counted(Some(&value)), Some(cas)),
                         None => (SetState::empty(self.ways()), None),
@@ -506,6 +563,9 @@ impl MemcachedStore {
                     }
                     if changed {
                         planned.push((p, encode(&entries, self.value_version()), cas, outcomes));
+                    } else if cached {
+                        // Nothing to write, so nothing verifies the value it was decided on.
+                        undecided.push(p);
                     } else {
                         answers.extend(outcomes);
                     }
@@ -526,16 +586,8 @@ impl MemcachedStore {
                         .map_err(|_| StoreError::Timeout(timeout))?
                         .map_err(io_error)?
                 };
-                pending.clear();
-                for ((p, _, _, outcomes), written) in planned.into_iter().zip(written) {
-                    match written {
-                        Written::Stored => answers.extend(outcomes),
-                        Written::Conflict => {
-                            inner.cas_conflicts.fetch_add(1, Ordering::Relaxed);
-                            pending.push(p);
-                        }
-                    }
-                }
+                pending = undecided;
+                self.note_written(chunk, planned, written, &mut answers, &mut pending);
                 if !pending.is_empty() {
                     tokio::task::yield_now().await;
                 }
@@ -543,6 +595,36 @@ impl MemcachedStore {
         }
         conn.set_healthy(true);
         Ok(answers)
+    }
+
+    /// Takes the answers of the writes of `planned` that were stored (and keeps the values
+    /// written, see `remember`) and puts the sets whose write lost a race in `pending`.
+    fn note_written(
+        &self,
+        chunk: &[SetOps],
+        planned: Vec<Planned>,
+        written: Vec<Written>,
+        answers: &mut Vec<(usize, Outcome)>,
+        pending: &mut Vec<usize>,
+    ) {
+        let inner = &*self.inner;
+        let mut sets = inner.known.lock().unwrap_or_else(|p| p.into_inner());
+        for ((p, value, _, outcomes), written) in planned.into_iter().zip(written) {
+            match written {
+                Written::Stored(cas) => {
+                    answers.extend(outcomes);
+                    match cas {
+                        Some(cas) => remember(&mut sets, &chunk[p].key, value, cas),
+                        None => drop(sets.remove(&chunk[p].key)),
+                    }
+                }
+                Written::Conflict => {
+                    inner.cas_conflicts.fetch_add(1, Ordering::Relaxed);
+                    sets.remove(&chunk[p].key);
+                    pending.push(p);
+                }
+            }
+        }
     }
 
     fn lease_facts(&self) -> LeaseFacts {
@@ -659,6 +741,10 @@ fn held(outcome: Outcome) -> Result<bool, StoreError> {
         Outcome::Claim(_) => Err(StoreError::Protocol("operation gave a claim".into())),
     }
 }
+
+/// A set's planned write: its index in its chunk, its new value, the CAS token of the value
+/// it was decided on (`None`: absent), and the outcomes the write makes true.
+type Planned = (usize, Vec<u8>, Option<u64>, Vec<(usize, Outcome)>);
 
 /// The operations of one batch that fall in one set.
 #[derive(Clone)]
