@@ -1399,3 +1399,33 @@ async fn a_set_another_store_changed_is_read_again_before_answering() {
     assert!(a.commit(d).await.unwrap());
     assert_eq!(b.claim(d).await.unwrap(), Claim::Duplicate);
 }
+
+#[tokio::test]
+async fn a_filling_table_takes_new_sets_without_reading_them() {
+    let server = MemcachedServer::start();
+    let geometry = Geometry::new(1 << 20, 8).unwrap();
+    let namespace = unique_namespace("absent");
+    let store = MemcachedStore::connect(config(&[server.addr()], &namespace), geometry)
+        .await
+        .unwrap();
+    let first: Vec<Digest> = (0..50).map(digest).collect();
+    assert_eq!(
+        claimed(store.claim_many(&first).await).unwrap(),
+        [Claim::New; 50]
+    );
+    // Every set read so far was absent: the next fresh sets are written as new at once.
+    let before = reads_served(&server.addr());
+    let next: Vec<Digest> = (50..100).map(digest).collect();
+    assert_eq!(
+        claimed(store.claim_many(&next).await).unwrap(),
+        [Claim::New; 50]
+    );
+    assert_eq!(reads_served(&server.addr()) - before, 0);
+    // A set that exists after all is read and decided as usual.
+    let other = MemcachedStore::connect(config(&[server.addr()], &namespace), geometry)
+        .await
+        .unwrap();
+    assert_eq!(other.claim(digest(7)).await.unwrap(), Claim::InFlight);
+    assert!(store.commit(digest(7)).await.unwrap());
+    assert_eq!(other.claim(digest(7)).await.unwrap(), Claim::Duplicate);
+}

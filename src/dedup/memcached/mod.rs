@@ -99,7 +99,9 @@
 //! is decided on that value and written with that token at once, one command instead of a read
 //! and a write. If another writer changed the set in between, the write fails and the set is
 //! read and decided again; a decision that writes nothing (a duplicate, say) is not verified by
-//! any write, so it is made again on a fresh read. `async-memcached` cannot do this: its pipelined write applies
+//! any write, so it is made again on a fresh read. While most sets it reads turn out absent (a
+//! table that is still filling), a store writes a set it does not know as new (`ME`) without
+//! reading it first; if the set exists after all, the add fails and the set is read. `async-memcached` cannot do this: its pipelined write applies
 //! one flag list to every item, so it cannot carry a CAS token per item, and a `Client` runs one
 //! command at a time, so concurrent operations cannot share a round trip.
 //!
@@ -168,6 +170,20 @@ fn remember(sets: &mut HashMap<String, (Vec<u8>, u64)>, key: &str, value: Vec<u8
     sets.insert(key.to_owned(), (value, cas));
 }
 
+/// Adds what one round learnt to `score`: `absent` sets found absent (or added), `present`
+/// found existing. Bounded, so that the guess follows a table that fills up within a few
+/// rounds.
+fn note_absent(score: &std::sync::atomic::AtomicI64, absent: usize, present: usize) {
+    const BOUND: i64 = 1024;
+    let change = i64::try_from(absent).unwrap_or(BOUND) - i64::try_from(present).unwrap_or(BOUND);
+    if change != 0 {
+        // Relaxed: a hint, never a decision.
+        let _ = score.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+            Some((old + change).clamp(-BOUND, BOUND))
+        });
+    }
+}
+
 /// A set-associative de-duplication table kept in memcached and shared by every process that
 /// uses the same servers, namespace and geometry.
 ///
@@ -194,6 +210,9 @@ struct Inner {
     returns: AtomicU64,
     /// The clock of the servers' failure times.
     started: std::time::Instant,
+    /// Whether the sets this store does not know are mostly absent (a table that is still
+    /// filling): above 0, such a set is written as new without a read (see `note_absent`).
+    absent: std::sync::atomic::AtomicI64,
     /// The sets this store wrote last, as it wrote them, with their CAS tokens: at most
     /// [`KNOWN_SETS`] (see `remember`).
     known: std::sync::Mutex<HashMap<String, (Vec<u8>, u64)>>,
@@ -278,6 +297,7 @@ impl MemcachedStore {
                 started: std::time::Instant::now(),
                 coalescer: std::sync::Mutex::new(None),
                 known: std::sync::Mutex::new(HashMap::new()),
+                absent: std::sync::atomic::AtomicI64::new(0),
             }),
         })
     }
@@ -510,11 +530,14 @@ impl MemcachedStore {
                 // gets that one chance; a set decided again is read.
                 let mut known = Vec::with_capacity(pending.len());
                 let mut to_read = Vec::with_capacity(pending.len());
+                let guess_absent = inner.absent.load(Ordering::Relaxed) > 0;
                 {
                     let sets = inner.known.lock().unwrap_or_else(|p| p.into_inner());
                     for &p in &pending {
                         match sets.get(&chunk[p].key).filter(|_| first_try[p]) {
                             Some((value, cas)) => known.push((p, Some((value.clone(), *cas)))),
+                            // Written as new (`ME`), which fails if the set exists after all.
+                            None if first_try[p] && guess_absent => known.push((p, None)),
                             None => to_read.push(p),
                         }
                     }
@@ -536,6 +559,8 @@ impl MemcachedStore {
                         .map_err(|_| StoreError::Timeout(timeout))?
                         .map_err(io_error)?
                 };
+                let found = reads.iter().filter(|read| read.is_some()).count();
+                note_absent(&inner.absent, reads.len() - found, found);
                 let from_known = known.len();
                 let reads: Vec<(usize, conn::Read)> = known
                     .into_iter()
@@ -608,8 +633,15 @@ impl MemcachedStore {
         pending: &mut Vec<usize>,
     ) {
         let inner = &*self.inner;
+        let (mut added, mut existed) = (0, 0);
         let mut sets = inner.known.lock().unwrap_or_else(|p| p.into_inner());
-        for ((p, value, _, outcomes), written) in planned.into_iter().zip(written) {
+        for ((p, value, cas, outcomes), written) in planned.into_iter().zip(written) {
+            if cas.is_none() {
+                match written {
+                    Written::Stored(_) => added += 1,
+                    Written::Conflict => existed += 1,
+                }
+            }
             match written {
                 Written::Stored(cas) => {
                     answers.extend(outcomes);
@@ -625,6 +657,8 @@ impl MemcachedStore {
                 }
             }
         }
+        drop(sets);
+        note_absent(&inner.absent, added, existed);
     }
 
     fn lease_facts(&self) -> LeaseFacts {
