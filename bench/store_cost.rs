@@ -204,36 +204,27 @@ async fn redis_cases(settings: &Settings) -> Result<(), String> {
         .get_multiplexed_async_connection()
         .await
         .map_err(|e| e.to_string())?;
-    let naive = |digests: Arc<Digests>| {
-        let plain = plain.clone();
-        measure(
-            &server,
-            settings,
-            settings.messages,
-            digests,
-            move |burst| {
-                let mut plain = plain.clone();
-                async move {
-                    let mut pipe = redis::pipe();
-                    for digest in &burst {
-                        pipe.cmd("SET")
-                            .arg(format!("naive:{:032x}", digest.as_u128()))
-                            .arg(1)
-                            .arg("NX")
-                            .arg("EX")
-                            .arg(3600);
-                    }
-                    let answers: Vec<Option<String>> = pipe
-                        .query_async(&mut plain)
-                        .await
-                        .expect("pipelined SET NX");
-                    assert!(
-                        answers.iter().all(Option::is_some),
-                        "a fresh key must be set"
-                    );
-                }
-            },
-        )
+    let naive = move |burst: Vec<Digest>| {
+        let mut plain = plain.clone();
+        async move {
+            let mut pipe = redis::pipe();
+            for digest in &burst {
+                pipe.cmd("SET")
+                    .arg(format!("naive:{:032x}", digest.as_u128()))
+                    .arg(1)
+                    .arg("NX")
+                    .arg("EX")
+                    .arg(3600);
+            }
+            let answers: Vec<Option<String>> = pipe
+                .query_async(&mut plain)
+                .await
+                .expect("pipelined SET NX");
+            assert!(
+                answers.iter().all(Option::is_some),
+                "a fresh key must be set"
+            );
+        }
     };
     run_cases(settings, "redis", &server, naive, |namespace, slots| {
         let store = connect(namespace, slots);
@@ -245,39 +236,30 @@ async fn redis_cases(settings: &Settings) -> Result<(), String> {
 async fn memcached_cases(settings: &Settings) -> Result<(), String> {
     let server = Server::memcached()?;
     let addr = server.addr.clone();
-    let naive = |digests: Arc<Digests>| {
-        let addr = addr.clone();
-        measure(
-            &server,
-            settings,
-            settings.messages,
-            digests,
-            move |burst| {
-                let addr = addr.clone();
-                async move {
-                    // A connection per burst would cost the server a connect: idle ones are kept.
-                    let mut conn = NAIVE_CONNS.take(&addr).await;
-                    let mut out = Vec::with_capacity(burst.len() * 60);
-                    for digest in &burst {
-                        out.extend_from_slice(
-                            format!("ms naive:{:032x} 1 T3600 ME\r\n1\r\n", digest.as_u128())
-                                .as_bytes(),
-                        );
-                    }
-                    conn.get_mut()
-                        .write_all(&out)
-                        .await
-                        .expect("write the adds");
-                    let mut line = String::new();
-                    for _ in &burst {
-                        line.clear();
-                        conn.read_line(&mut line).await.expect("read an answer");
-                        assert_eq!(line, "HD\r\n", "a fresh key must be added");
-                    }
-                    NAIVE_CONNS.give(conn);
-                }
-            },
-        )
+    let naive_addr = addr.clone();
+    let naive = move |burst: Vec<Digest>| {
+        let addr = naive_addr.clone();
+        async move {
+            // A connection per burst would cost the server a connect: idle ones are kept.
+            let mut conn = NAIVE_CONNS.take(&addr).await;
+            let mut out = Vec::with_capacity(burst.len() * 60);
+            for digest in &burst {
+                out.extend_from_slice(
+                    format!("ms naive:{:032x} 1 T3600 ME\r\n1\r\n", digest.as_u128()).as_bytes(),
+                );
+            }
+            conn.get_mut()
+                .write_all(&out)
+                .await
+                .expect("write the adds");
+            let mut line = String::new();
+            for _ in &burst {
+                line.clear();
+                conn.read_line(&mut line).await.expect("read an answer");
+                assert_eq!(line, "HD\r\n", "a fresh key must be added");
+            }
+            NAIVE_CONNS.give(conn);
+        }
     };
     run_cases(settings, "memcached", &server, naive, |namespace, slots| {
         let store = MemcachedStore::connect(
@@ -316,8 +298,8 @@ impl Conns {
     }
 }
 
-/// The four cases of one store: naive, ours on an empty table, ours on a full one, naive
-/// again.
+/// The four cases of one store: naive (`naive` sends one burst's naive writes), ours on an
+/// empty table, ours on a full one, naive again.
 async fn run_cases<N, NF, C, CF, S>(
     settings: &Settings,
     name: &str,
@@ -326,15 +308,15 @@ async fn run_cases<N, NF, C, CF, S>(
     connect: C,
 ) -> Result<(), String>
 where
-    N: Fn(Arc<Digests>) -> NF,
-    NF: std::future::Future<Output = (u64, f64)>,
+    N: Fn(Vec<Digest>) -> NF + Clone + Send + 'static,
+    NF: std::future::Future<Output = ()> + Send,
     C: Fn(&str, u64) -> CF,
     CF: std::future::Future<Output = Result<S, String>>,
     S: Store + Clone + Send + Sync + 'static,
 {
     let n = settings.messages;
     // Digests of each case start far apart, so no case meets another's.
-    let naive_first = naive(Digests::starting_at(0)).await;
+    let naive_first = measure(server, settings, n, Digests::starting_at(0), naive.clone()).await;
     // Room for every message: one set in eight or more holds one of them.
     let big = (n * 8 * 8).next_power_of_two();
     let empty = connect("empty", big).await?;
@@ -350,7 +332,7 @@ where
     )
     .await;
     let full = ours(server, settings, full, n, Digests::starting_at(3 << 40)).await;
-    let naive_again = naive(Digests::starting_at(4 << 40)).await;
+    let naive_again = measure(server, settings, n, Digests::starting_at(4 << 40), naive).await;
     let baseline = (micros(naive_first.0, n) + micros(naive_again.0, n)) / 2.0;
     report(name, "naive", n, naive_first, None);
     report(name, "ours empty", n, empty, Some(baseline));

@@ -554,10 +554,7 @@ impl MemcachedStore {
                 let reads = if pending_keys.is_empty() {
                     Vec::new()
                 } else {
-                    tokio::time::timeout(timeout, conn.get_many(&pending_keys))
-                        .await
-                        .map_err(|_| StoreError::Timeout(timeout))?
-                        .map_err(io_error)?
+                    within(timeout, conn.get_many(&pending_keys), io_error).await?
                 };
                 let found = reads.iter().filter(|read| read.is_some()).count();
                 note_absent(&inner.absent, reads.len() - found, found);
@@ -606,10 +603,7 @@ impl MemcachedStore {
                 let written = if writes.is_empty() {
                     Vec::new()
                 } else {
-                    tokio::time::timeout(timeout, conn.set_many(&writes))
-                        .await
-                        .map_err(|_| StoreError::Timeout(timeout))?
-                        .map_err(io_error)?
+                    within(timeout, conn.set_many(&writes), io_error).await?
                 };
                 pending = undecided;
                 self.note_written(chunk, planned, written, &mut answers, &mut pending);
@@ -787,6 +781,18 @@ struct SetOps {
     key: String,
     /// Indices into the batch's operations, in order.
     ops: Vec<usize>,
+}
+
+/// One network step within `timeout`, its I/O error made a [`StoreError`] by `io_error`.
+async fn within<T>(
+    timeout: Duration,
+    step: impl std::future::Future<Output = std::io::Result<T>>,
+    io_error: impl Fn(std::io::Error) -> StoreError,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(timeout, step)
+        .await
+        .map_err(|_| StoreError::Timeout(timeout))?
+        .map_err(io_error)
 }
 
 fn unavailable(server: &Server, err: &dyn std::fmt::Display) -> StoreError {
