@@ -1429,3 +1429,50 @@ async fn a_filling_table_takes_new_sets_without_reading_them() {
     assert!(store.commit(digest(7)).await.unwrap());
     assert_eq!(other.claim(digest(7)).await.unwrap(), Claim::Duplicate);
 }
+
+#[tokio::test]
+async fn a_restarted_server_is_not_written_with_a_token_from_before() {
+    let mut server = MemcachedServer::start();
+    let namespace = unique_namespace("restart-cas");
+    let geometry = Geometry::new(2, 2).unwrap();
+    let a = MemcachedStore::connect(config(&[server.addr()], &namespace), geometry)
+        .await
+        .unwrap();
+    let (d, e) = (digest(1), digest(2));
+    let e = (2..)
+        .map(digest)
+        .find(|x| geometry.set_of(*x) == geometry.set_of(d))
+        .unwrap_or(e);
+    // Writes before a's claim, so that its token is not the first a restarted server gives.
+    let mut raw = raw_client(&server.addr()).await;
+    for i in 0..20 {
+        raw.set(format!("filler-{i}"), "x".as_bytes(), None, None)
+            .await
+            .unwrap();
+    }
+    assert_eq!(a.claim(d).await.unwrap(), Claim::New);
+    server.restart();
+    // After the restart, as many writes as before, then b's claim of e in d's set: that item
+    // now carries the token a's claim was answered.
+    let mut raw = raw_client(&server.addr()).await;
+    for i in 0..20 {
+        raw.set(format!("filler-{i}"), "x".as_bytes(), None, None)
+            .await
+            .unwrap();
+    }
+    let b = MemcachedStore::connect(config(&[server.addr()], &namespace), geometry)
+        .await
+        .unwrap();
+    assert_eq!(b.claim(e).await.unwrap(), Claim::New);
+    // a's pooled connections died with the server: its first operation may fail.
+    let mut committed = a.commit(d).await;
+    if committed.is_err() {
+        committed = a.commit(d).await;
+    }
+    assert_eq!(committed, Ok(false), "d was forgotten with the restart");
+    assert_eq!(
+        b.claim(e).await.unwrap(),
+        Claim::InFlight,
+        "b's claim of e stands: a did not write its set from before the restart over it"
+    );
+}

@@ -487,7 +487,7 @@ impl MemcachedStore {
     }
 
     /// [`Self::run_ops`] for the sets that live on `server`; a connection error empties the
-    /// server's pool.
+    /// server's pool and forgets every set's last written value.
     async fn run_sets_on(
         &self,
         server: &Server,
@@ -497,6 +497,13 @@ impl MemcachedStore {
         let result = self.run_sets_pipelined(server, sets, ops).await;
         if result.as_ref().is_err_and(is_connection_error) {
             server.pipes.clear();
+            // The server may have restarted (its CAS tokens start again from 1) or its sets
+            // may move to another server: no token kept is to be trusted any more.
+            self.inner
+                .known
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clear();
         }
         self.note_health(server, &result);
         result
