@@ -229,6 +229,14 @@ struct Server {
     health: Health,
 }
 
+impl Inner {
+    /// Forgets every set's last written value and token: none may be trusted once a server
+    /// restarted or sets moved between servers (each numbers its CAS tokens on its own).
+    fn forget_known(&self) {
+        self.known.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+}
+
 impl std::fmt::Debug for MemcachedStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemcachedStore")
@@ -498,12 +506,8 @@ impl MemcachedStore {
         if result.as_ref().is_err_and(is_connection_error) {
             server.pipes.clear();
             // The server may have restarted (its CAS tokens start again from 1) or its sets
-            // may move to another server: no token kept is to be trusted any more.
-            self.inner
-                .known
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clear();
+            // may move to another server.
+            self.inner.forget_known();
         }
         self.note_health(server, &result);
         result
