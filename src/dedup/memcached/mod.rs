@@ -94,7 +94,7 @@
 //! (`conn`). All reads of a batch (`mg <key> v c`) go in one round trip per server, all
 //! compare-and-swaps (`ms <key> <len> C<token> c` / `ME c`) in the next, and sets that lost a
 //! race are read and written again. Each write answers the item's new CAS token, and the store
-//! keeps the value it wrote with it for the last 16,384 sets it wrote (`KNOWN_SETS`, about 5 MB
+//! keeps the value it wrote with it, for up to 16,384 sets (`KNOWN_SETS`, about 5 MB
 //! at 8 ways): an operation on such a set (a commit after this store's own claim, most of all)
 //! is decided on that value and written with that token at once, one command instead of a read
 //! and a write. If another writer changed the set in between, the write fails and the set is
