@@ -7,6 +7,7 @@
 mod memcached;
 mod nsq;
 mod redis;
+mod servers;
 mod table;
 
 criterion::criterion_main!(

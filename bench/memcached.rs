@@ -8,8 +8,6 @@
 //! Run with `cargo bench --bench main -- MemcachedStore`. Needs `/usr/bin/memcached` (or
 //! `$MEMCACHED_BIN`); without it the group is skipped with a message.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,76 +15,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use nsq_dedupe::{Digest, Geometry, MemcachedConfig, MemcachedStore, Store};
 
-/// A memcached process for the benchmark, killed on drop. (The bench binary cannot use the
-/// tests' `support` module.)
-struct Server {
-    child: Child,
-    addr: String,
-}
-
-impl Server {
-    fn start() -> Result<Self, String> {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| e.to_string())?
-            .port();
-        let binary =
-            std::env::var("MEMCACHED_BIN").unwrap_or_else(|_| "/usr/bin/memcached".to_owned());
-        let mut command = Command::new(&binary);
-        // 4 worker threads (memcached's default), 512 MB so nothing is evicted, no UDP.
-        command
-            .args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0"])
-            .args(["-t", "4", "-m", "512"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        let is_root = std::fs::read_to_string("/proc/self/status")
-            .map(|s| s.lines().any(|l| l.starts_with("Uid:\t0\t")))
-            .unwrap_or(false);
-        if is_root {
-            command.args(["-u", "root"]);
-        }
-        let mut child = command
-            .spawn()
-            .map_err(|e| format!("cannot run {binary}: {e}"))?;
-        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_err() {
-            if Instant::now() > deadline || matches!(child.try_wait(), Ok(Some(_))) {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err("memcached did not start".into());
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Ok(Server {
-            child,
-            addr: addr.to_string(),
-        })
-    }
-
-    /// CPU ticks of the server and of this benchmark process so far.
-    fn cpu_ticks(&self) -> Option<(u64, u64)> {
-        Some((cpu_ticks(&self.child.id().to_string())?, cpu_ticks("self")?))
-    }
-}
-
-/// User plus system CPU time of process `pid` so far, in clock ticks (100 per second on Linux
-/// unless the kernel was built otherwise).
-fn cpu_ticks(pid: &str) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
-    let after = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = after.split(' ').collect();
-    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use crate::servers::{cpu_ticks, Server};
 
 /// Fresh digests: xxh3-128 of a counter.
 struct Digests(AtomicU64);
@@ -112,9 +41,9 @@ struct Meter {
 impl Meter {
     /// Runs `routine`, which makes `claims` claims, and adds up what it cost.
     fn record(&self, server: &Server, claims: u64, routine: impl FnOnce() -> Duration) -> Duration {
-        let before = server.cpu_ticks();
+        let before = ticks(server);
         let elapsed = routine();
-        if let (Some(before), Some(after)) = (before, server.cpu_ticks()) {
+        if let (Some(before), Some(after)) = (before, ticks(server)) {
             // Relaxed: plain counters, read after the benchmark.
             self.server_ticks
                 .fetch_add(after.0 - before.0, Ordering::Relaxed);
@@ -143,8 +72,13 @@ impl Meter {
     }
 }
 
+/// CPU ticks of the server and of this benchmark process so far.
+fn ticks(server: &Server) -> Option<(u64, u64)> {
+    Some((server.cpu_ticks()?, cpu_ticks("self")?))
+}
+
 fn claims(c: &mut Criterion) {
-    let server = match Server::start() {
+    let server = match Server::memcached() {
         Ok(server) => server,
         Err(err) => {
             eprintln!("skipping memcached benchmarks: {err}");

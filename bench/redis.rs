@@ -12,8 +12,6 @@
 //! Run with `cargo bench --bench main -- RedisStore`. Needs `/usr/bin/redis-server` (or
 //! `$REDIS_SERVER_BIN`); without it the group is skipped with a message.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,54 +19,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use nsq_dedupe::{Digest, Geometry, RedisConfig, RedisStore, Store};
 
-/// A redis-server without persistence for the benchmark, killed on drop.
-struct Server {
-    child: Child,
-    url: String,
-}
-
-impl Server {
-    fn start() -> Result<Self, String> {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| e.to_string())?
-            .port();
-        let binary = std::env::var("REDIS_SERVER_BIN")
-            .unwrap_or_else(|_| "/usr/bin/redis-server".to_owned());
-        let dir = std::env::temp_dir();
-        let mut child = Command::new(&binary)
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
-            .arg("--dir")
-            .arg(dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("cannot run {binary}: {e}"))?;
-        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_err() {
-            if Instant::now() > deadline || matches!(child.try_wait(), Ok(Some(_))) {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err("redis-server did not start".into());
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Ok(Server {
-            child,
-            url: format!("redis://{addr}"),
-        })
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use crate::servers::Server;
 
 /// Fresh digests: xxh3-128 of a counter.
 struct Digests(AtomicU64);
@@ -112,7 +63,7 @@ where
 }
 
 fn claims(c: &mut Criterion) {
-    let server = match Server::start() {
+    let server = match Server::redis() {
         Ok(server) => server,
         Err(err) => {
             eprintln!("skipping Redis benchmarks: {err}");
@@ -128,7 +79,7 @@ fn claims(c: &mut Criterion) {
     let store = runtime
         .block_on(RedisStore::connect(
             RedisConfig {
-                urls: vec![server.url.clone()],
+                urls: vec![format!("redis://{}", server.addr)],
                 namespace: "bench".into(),
                 ..RedisConfig::default()
             },
@@ -137,7 +88,7 @@ fn claims(c: &mut Criterion) {
         .expect("connect to the benchmark's redis");
     let plain = runtime
         .block_on(async {
-            redis::Client::open(server.url.as_str())?
+            redis::Client::open(format!("redis://{}", server.addr))?
                 .get_multiplexed_async_connection()
                 .await
         })

@@ -1315,3 +1315,164 @@ async fn a_burst_fails_only_the_digests_of_a_dead_server() {
         "the failed claims wrote nothing"
     );
 }
+
+/// How many reads (`get`, `mg`, ...) `memcached` at `addr` has answered so far.
+fn reads_served(addr: &str) -> u64 {
+    use std::io::{BufRead, BufReader, Write};
+    let mut conn = std::net::TcpStream::connect(addr).expect("connect to memcached");
+    conn.write_all(b"stats\r\n").expect("ask for stats");
+    let mut reader = BufReader::new(conn);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        reader.read_line(&mut line).expect("read stats");
+        if let Some(count) = line.strip_prefix("STAT cmd_get ") {
+            return count.trim().parse().expect("a count");
+        }
+        assert!(!line.is_empty() && line != "END\r\n", "no cmd_get in stats");
+    }
+}
+
+#[tokio::test]
+async fn a_commit_after_the_stores_own_claim_sends_no_read() {
+    let server = MemcachedServer::start();
+    let geometry = Geometry::new(1 << 16, 8).unwrap();
+    let store = MemcachedStore::connect(
+        config(&[server.addr()], &unique_namespace("known")),
+        geometry,
+    )
+    .await
+    .unwrap();
+    let burst: Vec<Digest> = (0..50).map(digest).collect();
+    assert_eq!(
+        claimed(store.claim_many(&burst).await).unwrap(),
+        [Claim::New; 50]
+    );
+    let before = reads_served(&server.addr());
+    let commits: Vec<bool> = store
+        .commit_many(&burst)
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(commits, [true; 50]);
+    assert_eq!(
+        reads_served(&server.addr()) - before,
+        0,
+        "each set is as this store's claim wrote it: the commit's compare-and-swap needs no read"
+    );
+    assert_eq!(
+        claimed(store.claim_many(&burst).await).unwrap(),
+        [Claim::Duplicate; 50]
+    );
+}
+
+#[tokio::test]
+async fn a_set_another_store_changed_is_read_again_before_answering() {
+    let server = MemcachedServer::start();
+    let namespace = unique_namespace("stale");
+    // One set of one way: every claim pushes out the entry before it.
+    let geometry = Geometry::new(1, 1).unwrap();
+    let a = MemcachedStore::connect(config(&[server.addr()], &namespace), geometry)
+        .await
+        .unwrap();
+    let b = MemcachedStore::connect(config(&[server.addr()], &namespace), geometry)
+        .await
+        .unwrap();
+    let (d, e) = (digest(1), digest(2));
+    assert_eq!(a.claim(d).await.unwrap(), Claim::New);
+    assert_eq!(
+        b.claim(e).await.unwrap(),
+        Claim::New,
+        "pushes out a's claim of d"
+    );
+    // What a wrote last still holds d in flight; the set does not.
+    assert_eq!(
+        a.claim(d).await.unwrap(),
+        Claim::New,
+        "d is no longer in the set: a must not answer from what it wrote before"
+    );
+    assert!(
+        !b.commit(e).await.unwrap(),
+        "a's claim of d pushed out b's e"
+    );
+    assert!(a.commit(d).await.unwrap());
+    assert_eq!(b.claim(d).await.unwrap(), Claim::Duplicate);
+}
+
+#[tokio::test]
+async fn a_filling_table_takes_new_sets_without_reading_them() {
+    let server = MemcachedServer::start();
+    let geometry = Geometry::new(1 << 20, 8).unwrap();
+    let namespace = unique_namespace("absent");
+    let store = MemcachedStore::connect(config(&[server.addr()], &namespace), geometry)
+        .await
+        .unwrap();
+    let first: Vec<Digest> = (0..50).map(digest).collect();
+    assert_eq!(
+        claimed(store.claim_many(&first).await).unwrap(),
+        [Claim::New; 50]
+    );
+    // Every set read so far was absent: the next fresh sets are written as new at once.
+    let before = reads_served(&server.addr());
+    let next: Vec<Digest> = (50..100).map(digest).collect();
+    assert_eq!(
+        claimed(store.claim_many(&next).await).unwrap(),
+        [Claim::New; 50]
+    );
+    assert_eq!(reads_served(&server.addr()) - before, 0);
+    // A set that exists after all is read and decided as usual.
+    let other = MemcachedStore::connect(config(&[server.addr()], &namespace), geometry)
+        .await
+        .unwrap();
+    assert_eq!(other.claim(digest(7)).await.unwrap(), Claim::InFlight);
+    assert!(store.commit(digest(7)).await.unwrap());
+    assert_eq!(other.claim(digest(7)).await.unwrap(), Claim::Duplicate);
+}
+
+#[tokio::test]
+async fn a_restarted_server_is_not_written_with_a_token_from_before() {
+    let mut server = MemcachedServer::start();
+    let namespace = unique_namespace("restart-cas");
+    let geometry = Geometry::new(2, 2).unwrap();
+    let a = MemcachedStore::connect(config(&[server.addr()], &namespace), geometry)
+        .await
+        .unwrap();
+    let (d, e) = (digest(1), digest(2));
+    let e = (2..)
+        .map(digest)
+        .find(|x| geometry.set_of(*x) == geometry.set_of(d))
+        .unwrap_or(e);
+    // Writes before a's claim, so that its token is not the first a restarted server gives.
+    let mut raw = raw_client(&server.addr()).await;
+    for i in 0..20 {
+        raw.set(format!("filler-{i}"), "x".as_bytes(), None, None)
+            .await
+            .unwrap();
+    }
+    assert_eq!(a.claim(d).await.unwrap(), Claim::New);
+    server.restart();
+    // After the restart, as many writes as before, then b's claim of e in d's set: that item
+    // now carries the token a's claim was answered.
+    let mut raw = raw_client(&server.addr()).await;
+    for i in 0..20 {
+        raw.set(format!("filler-{i}"), "x".as_bytes(), None, None)
+            .await
+            .unwrap();
+    }
+    let b = MemcachedStore::connect(config(&[server.addr()], &namespace), geometry)
+        .await
+        .unwrap();
+    assert_eq!(b.claim(e).await.unwrap(), Claim::New);
+    // a's pooled connections died with the server: its first operation may fail.
+    let mut committed = a.commit(d).await;
+    if committed.is_err() {
+        committed = a.commit(d).await;
+    }
+    assert_eq!(committed, Ok(false), "d was forgotten with the restart");
+    assert_eq!(
+        b.claim(e).await.unwrap(),
+        Claim::InFlight,
+        "b's claim of e stands: a did not write its set from before the restart over it"
+    );
+}

@@ -125,15 +125,15 @@ async fn commit_and_erase_touch_only_the_callers_own_entry() {
         b.commit(d).await.unwrap(),
         "committing a done entry is a harmless no-op"
     );
-    // One key per set, in the Memcached store's value format: version, cursor, count, then
-    // 34 bytes per entry.
+    // One key per set (key format 2): version, cursor, ways, then 34 bytes per slot at its
+    // fixed offset, as many slots as have been filled.
     let value = raw_get(&server.url(), &a.set_key(d))
         .await
         .expect("the set's key");
     assert_eq!(a.set_key(d), b.set_key(e));
-    assert_eq!(&value[..3], &[1, 0, 2]);
+    assert_eq!(&value[..3], &[1, 0, 4]);
     assert_eq!(value.len(), 3 + 2 * 34);
-    assert!(a.set_key(d).starts_with(&format!("{namespace}:v1:16x4:")));
+    assert!(a.set_key(d).starts_with(&format!("{namespace}:v2:16x4:")));
     assert_eq!(a.unreadable_values(), 0);
 }
 

@@ -3,8 +3,9 @@
 //! A batch of operations needs one compare-and-swap per set, each with the CAS token its own
 //! read returned, sent together in one round trip; `async-memcached`'s pipelined write applies
 //! one flag list to every item and its client runs one command at a time, so it cannot. This
-//! connection speaks the commands the store needs, `mg <key> v c` and `ms <key> <len> C<cas>` /
-//! `ms <key> <len> ME` in pipelines of many keys, `ma` and `mg` on the fleet's counters, plus
+//! connection speaks the commands the store needs, `mg <key> v c` and `ms <key> <len> C<cas> c`
+//! / `ms <key> <len> ME c` (each write answering the item's new CAS token) in pipelines of many
+//! keys, `ma` and `mg` on the fleet's counters, plus
 //! `version` as a liveness probe, and reads the answers back in order (memcached answers a
 //! connection's commands in order).
 //!
@@ -24,8 +25,8 @@ pub(super) type Read = Option<(Vec<u8>, u64)>;
 /// How the server answered one write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Written {
-    /// `HD`: stored.
-    Stored,
+    /// `HD`: stored; the item's new CAS token, if the server gave it.
+    Stored(Option<u64>),
     /// `EX`, `NS` or `NF`: another writer got there first (CAS mismatch, add of an existing
     /// item, or CAS on an item that vanished).
     Conflict,
@@ -122,14 +123,15 @@ impl PipeConn {
         Ok(reads)
     }
 
-    /// Writes `writes` in one round trip, each as a compare-and-swap or an add.
+    /// Writes `writes` in one round trip, each as a compare-and-swap or an add, and asks for
+    /// each item's new CAS token.
     pub(super) async fn set_many(&mut self, writes: &[Write<'_>]) -> io::Result<Vec<Written>> {
         for write in writes {
             let mode = match write.cas {
                 Some(cas) => format!("C{cas}"),
                 None => "ME".to_owned(),
             };
-            let header = format!("ms {} {} {mode}\r\n", write.key, write.value.len());
+            let header = format!("ms {} {} {mode} c\r\n", write.key, write.value.len());
             self.stream.write_all(header.as_bytes()).await?;
             self.stream.write_all(write.value).await?;
             self.stream.write_all(b"\r\n").await?;
@@ -139,7 +141,7 @@ impl PipeConn {
         for _ in writes {
             self.read_line().await?;
             written.push(match self.line.get(..2) {
-                Some(b"HD") => Written::Stored,
+                Some(b"HD") => Written::Stored(flag_cas(&self.line[2..])),
                 Some(b"EX" | b"NS" | b"NF") => Written::Conflict,
                 _ => return Err(self.unexpected("ms")),
             });
@@ -223,15 +225,21 @@ impl PipeConn {
 /// Parses `<len> c<cas>` (flags in any order) from a `VA` line.
 fn parse_value_header(header: &[u8]) -> Option<(usize, u64)> {
     let text = std::str::from_utf8(header).ok()?;
-    let mut parts = text.split(' ');
-    let len = parts.next()?.parse().ok()?;
-    let cas = parts.find_map(|flag| flag.strip_prefix('c')?.parse().ok())?;
-    Some((len, cas))
+    let (len, flags) = text.split_once(' ')?;
+    Some((len.parse().ok()?, flag_cas(flags.as_bytes())?))
+}
+
+/// The `c<cas>` flag among the space-separated return flags `flags`.
+fn flag_cas(flags: &[u8]) -> Option<u64> {
+    std::str::from_utf8(flags)
+        .ok()?
+        .split(' ')
+        .find_map(|flag| flag.strip_prefix('c')?.parse().ok())
 }
 
 #[cfg(test)]
 mod tests {
-    use super::parse_value_header;
+    use super::{flag_cas, parse_value_header};
 
     #[test]
     fn value_header_gives_length_and_cas() {
@@ -239,5 +247,12 @@ mod tests {
         assert_eq!(parse_value_header(b"0 t-1 c9"), Some((0, 9)));
         assert_eq!(parse_value_header(b"35"), None);
         assert_eq!(parse_value_header(b"x c1"), None);
+    }
+
+    #[test]
+    fn a_write_answer_gives_its_cas() {
+        assert_eq!(flag_cas(b" c42"), Some(42));
+        assert_eq!(flag_cas(b""), None);
+        assert_eq!(flag_cas(b" t-1 c7"), Some(7));
     }
 }

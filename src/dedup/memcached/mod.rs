@@ -94,8 +94,16 @@
 //!
 //! One engine does every operation: a small pipelined meta-protocol connection of our own
 //! (`conn`). All reads of a batch (`mg <key> v c`) go in one round trip per server, all
-//! compare-and-swaps (`ms <key> <len> C<token>` / `ME`) in the next, and sets that lost a race
-//! are read and written again. `async-memcached` cannot do this: its pipelined write applies
+//! compare-and-swaps (`ms <key> <len> C<token> c` / `ME c`) in the next, and sets that lost a
+//! race are read and written again. Each write answers the item's new CAS token, and the store
+//! keeps the value it wrote with it, for up to 16,384 sets (`KNOWN_SETS`, about 5 MB
+//! at 8 ways): an operation on such a set (a commit after this store's own claim, most of all)
+//! is decided on that value and written with that token at once, one command instead of a read
+//! and a write. If another writer changed the set in between, the write fails and the set is
+//! read and decided again; a decision that writes nothing (a duplicate, say) is not verified by
+//! any write, so it is made again on a fresh read. While most sets it reads turn out absent (a
+//! table that is still filling), a store writes a set it does not know as new (`ME`) without
+//! reading it first; if the set exists after all, the add fails and the set is read. `async-memcached` cannot do this: its pipelined write applies
 //! one flag list to every item, so it cannot carry a CAS token per item, and a `Client` runs one
 //! command at a time, so concurrent operations cannot share a round trip.
 //!
@@ -146,6 +154,37 @@ pub use config::MemcachedConfig;
 /// directions' socket buffers while we are still writing.
 const MAX_PIPELINE_SETS: usize = 256;
 
+/// The most sets whose last written value a store keeps (about 300 bytes each at 8 ways).
+const KNOWN_SETS: usize = 16_384;
+
+/// Keeps `value`, just written to `key` with the new CAS token `cas`; when [`KNOWN_SETS`] are
+/// kept, all are forgotten first (removing one at a time from the front of a hash map makes
+/// each removal scan the emptied front: slower than the reads it saves).
+fn remember(sets: &mut HashMap<String, (Vec<u8>, u64)>, key: &str, value: Vec<u8>, cas: u64) {
+    if let Some(kept) = sets.get_mut(key) {
+        *kept = (value, cas);
+        return;
+    }
+    if sets.len() >= KNOWN_SETS {
+        sets.clear();
+    }
+    sets.insert(key.to_owned(), (value, cas));
+}
+
+/// Adds what one round learnt to `score`: `absent` sets found absent (or added), `present`
+/// found existing. Bounded, so that the guess follows a table that fills up within a few
+/// rounds.
+fn note_absent(score: &std::sync::atomic::AtomicI64, absent: usize, present: usize) {
+    const BOUND: i64 = 1024;
+    let change = i64::try_from(absent).unwrap_or(BOUND) - i64::try_from(present).unwrap_or(BOUND);
+    if change != 0 {
+        // Relaxed: a hint, never a decision.
+        let _ = score.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+            Some((old + change).clamp(-BOUND, BOUND))
+        });
+    }
+}
+
 /// A set-associative de-duplication table kept in memcached and shared by every process that
 /// uses the same servers, namespace and geometry.
 ///
@@ -172,6 +211,12 @@ struct Inner {
     returns: AtomicU64,
     /// The clock of the servers' failure times.
     started: std::time::Instant,
+    /// Whether the sets this store does not know are mostly absent (a table that is still
+    /// filling): above 0, such a set is written as new without a read (see `note_absent`).
+    absent: std::sync::atomic::AtomicI64,
+    /// The sets this store wrote last, as it wrote them, with their CAS tokens: at most
+    /// [`KNOWN_SETS`] (see `remember`).
+    known: std::sync::Mutex<HashMap<String, (Vec<u8>, u64)>>,
     /// The queue of the coalescing task (see [`coalesce`]), set on first use. The task ends
     /// when this sender (and the clones that callers hold briefly) is dropped.
     coalescer: std::sync::Mutex<Option<mpsc::UnboundedSender<Request>>>,
@@ -183,6 +228,14 @@ struct Server {
     route_seed: u64,
     pipes: Pool<PipeConn>,
     health: Health,
+}
+
+impl Inner {
+    /// Forgets every set's last written value and token: none may be trusted once a server
+    /// restarted or sets moved between servers (each numbers its CAS tokens on its own).
+    fn forget_known(&self) {
+        self.known.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
 }
 
 impl std::fmt::Debug for MemcachedStore {
@@ -274,6 +327,8 @@ impl MemcachedStore {
                 returns: AtomicU64::new(0),
                 started: std::time::Instant::now(),
                 coalescer: std::sync::Mutex::new(None),
+                known: std::sync::Mutex::new(HashMap::new()),
+                absent: std::sync::atomic::AtomicI64::new(0),
             }),
         })
     }
@@ -463,7 +518,7 @@ impl MemcachedStore {
     }
 
     /// [`Self::run_ops`] for the sets that live on `server`; a connection error empties the
-    /// server's pool.
+    /// server's pool and forgets every set's last written value.
     async fn run_sets_on(
         &self,
         server: &Server,
@@ -473,6 +528,9 @@ impl MemcachedStore {
         let result = self.run_sets_pipelined(server, sets, ops).await;
         if result.as_ref().is_err_and(is_connection_error) {
             server.pipes.clear();
+            // The server may have restarted (its CAS tokens start again from 1) or its sets
+            // may move to another server.
+            self.inner.forget_known();
         }
         self.note_health(server, &result);
         result
@@ -498,24 +556,55 @@ impl MemcachedStore {
         let mut conn = self.pipe(server).await?;
         for chunk in sets.chunks(MAX_PIPELINE_SETS) {
             let mut pending: Vec<usize> = (0..chunk.len()).collect();
+            let mut first_try = vec![true; chunk.len()];
             let mut rounds = 0;
             while !pending.is_empty() {
-                if rounds == inner.config.max_cas_retries {
-                    conn.set_healthy(true);
-                    return Err(StoreError::Contended { attempts: rounds });
+                // Sets this store wrote last are decided on the value it wrote, without a read:
+                // the write's compare-and-swap with that value's token verifies it. Each set
+                // gets that one chance; a set decided again is read.
+                let mut known = Vec::with_capacity(pending.len());
+                let mut to_read = Vec::with_capacity(pending.len());
+                let guess_absent = inner.absent.load(Ordering::Relaxed) > 0;
+                {
+                    let sets = inner.known.lock().unwrap_or_else(|p| p.into_inner());
+                    for &p in &pending {
+                        match sets.get(&chunk[p].key).filter(|_| first_try[p]) {
+                            Some((value, cas)) => known.push((p, Some((value.clone(), *cas)))),
+                            // Written as new (`ME`), which fails if the set exists after all.
+                            None if first_try[p] && guess_absent => known.push((p, None)),
+                            None => to_read.push(p),
+                        }
+                    }
                 }
-                rounds += 1;
+                if !to_read.is_empty() {
+                    if rounds == inner.config.max_cas_retries {
+                        conn.set_healthy(true);
+                        return Err(StoreError::Contended { attempts: rounds });
+                    }
+                    rounds += 1;
+                }
                 let pending_keys: Vec<&str> =
-                    pending.iter().map(|&p| chunk[p].key.as_str()).collect();
-                let reads = tokio::time::timeout(timeout, conn.get_many(&pending_keys))
-                    .await
-                    .map_err(|_| StoreError::Timeout(timeout))?
-                    .map_err(io_error)?;
+                    to_read.iter().map(|&p| chunk[p].key.as_str()).collect();
+                let reads = if pending_keys.is_empty() {
+                    Vec::new()
+                } else {
+                    within(timeout, conn.get_many(&pending_keys), io_error).await?
+                };
+                let found = reads.iter().filter(|read| read.is_some()).count();
+                note_absent(&inner.absent, reads.len() - found, found);
+                let from_known = known.len();
+                let reads: Vec<(usize, conn::Read)> = known
+                    .into_iter()
+                    .chain(to_read.into_iter().zip(reads))
+                    .collect();
                 let facts = self.lease_facts();
                 // For each pending set: its new value (if it changed), the CAS token of the
                 // read, and the outcomes that the write would make true.
                 let mut planned = Vec::with_capacity(pending.len());
-                for (&p, read) in pending.iter().zip(reads) {
+                let mut undecided = Vec::new();
+                for (i, (p, read)) in reads.into_iter().enumerate() {
+                    let cached = i < from_known;
+                    first_try[p] = false;
                     let (mut entries, cas) = match read {
                         Some((value, cas)) => (self.decode_counted(Some(&value)), Some(cas)),
                         None => (SetState::empty(self.ways()), None),
@@ -530,6 +619,9 @@ impl MemcachedStore {
                     }
                     if changed {
                         planned.push((p, encode(&entries, self.value_version()), cas, outcomes));
+                    } else if cached {
+                        // Nothing to write, so nothing verifies the value it was decided on.
+                        undecided.push(p);
                     } else {
                         answers.extend(outcomes);
                     }
@@ -545,21 +637,10 @@ impl MemcachedStore {
                 let written = if writes.is_empty() {
                     Vec::new()
                 } else {
-                    tokio::time::timeout(timeout, conn.set_many(&writes))
-                        .await
-                        .map_err(|_| StoreError::Timeout(timeout))?
-                        .map_err(io_error)?
+                    within(timeout, conn.set_many(&writes), io_error).await?
                 };
-                pending.clear();
-                for ((p, _, _, outcomes), written) in planned.into_iter().zip(written) {
-                    match written {
-                        Written::Stored => answers.extend(outcomes),
-                        Written::Conflict => {
-                            inner.cas_conflicts.fetch_add(1, Ordering::Relaxed);
-                            pending.push(p);
-                        }
-                    }
-                }
+                pending = undecided;
+                self.note_written(chunk, planned, written, &mut answers, &mut pending);
                 if !pending.is_empty() {
                     tokio::task::yield_now().await;
                 }
@@ -567,6 +648,45 @@ impl MemcachedStore {
         }
         conn.set_healthy(true);
         Ok(answers)
+    }
+
+    /// Takes the answers of the writes of `planned` that were stored (and keeps the values
+    /// written, see `remember`) and puts the sets whose write lost a race in `pending`.
+    fn note_written(
+        &self,
+        chunk: &[SetOps],
+        planned: Vec<Planned>,
+        written: Vec<Written>,
+        answers: &mut Vec<(usize, Outcome)>,
+        pending: &mut Vec<usize>,
+    ) {
+        let inner = &*self.inner;
+        let (mut added, mut existed) = (0, 0);
+        let mut sets = inner.known.lock().unwrap_or_else(|p| p.into_inner());
+        for ((p, value, cas, outcomes), written) in planned.into_iter().zip(written) {
+            if cas.is_none() {
+                match written {
+                    Written::Stored(_) => added += 1,
+                    Written::Conflict => existed += 1,
+                }
+            }
+            match written {
+                Written::Stored(cas) => {
+                    answers.extend(outcomes);
+                    match cas {
+                        Some(cas) => remember(&mut sets, &chunk[p].key, value, cas),
+                        None => drop(sets.remove(&chunk[p].key)),
+                    }
+                }
+                Written::Conflict => {
+                    inner.cas_conflicts.fetch_add(1, Ordering::Relaxed);
+                    sets.remove(&chunk[p].key);
+                    pending.push(p);
+                }
+            }
+        }
+        drop(sets);
+        note_absent(&inner.absent, added, existed);
     }
 
     fn lease_facts(&self) -> LeaseFacts {
@@ -684,6 +804,10 @@ fn held(outcome: Outcome) -> Result<bool, StoreError> {
     }
 }
 
+/// A set's planned write: its index in its chunk, its new value, the CAS token of the value
+/// it was decided on (`None`: absent), and the outcomes the write makes true.
+type Planned = (usize, Vec<u8>, Option<u64>, Vec<(usize, Outcome)>);
+
 /// The operations of one batch that fall in one set.
 #[derive(Clone)]
 struct SetOps {
@@ -691,6 +815,18 @@ struct SetOps {
     key: String,
     /// Indices into the batch's operations, in order.
     ops: Vec<usize>,
+}
+
+/// One network step within `timeout`, its I/O error made a [`StoreError`] by `io_error`.
+async fn within<T>(
+    timeout: Duration,
+    step: impl std::future::Future<Output = std::io::Result<T>>,
+    io_error: impl Fn(std::io::Error) -> StoreError,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(timeout, step)
+        .await
+        .map_err(|_| StoreError::Timeout(timeout))?
+        .map_err(io_error)
 }
 
 fn unavailable(server: &Server, err: &dyn std::fmt::Display) -> StoreError {

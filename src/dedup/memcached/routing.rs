@@ -121,6 +121,8 @@ async fn probe(inner: std::sync::Weak<Inner>, addr: String) {
             if let Some(server) = inner.servers.iter().find(|s| s.addr == addr) {
                 server.pipes.clear();
                 server.health.returned();
+                // Its sets come back from the servers that took them.
+                inner.forget_known();
                 inner.returns.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(server = %addr, "Memcached server answers again: its sets return to it.");
             }

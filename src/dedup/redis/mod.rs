@@ -1,11 +1,14 @@
 //! The Redis-backed table: one de-duplication memory shared by many consumers, on one Redis
 //! (or Valkey) server or spread over a Redis Cluster.
 //!
-//! [`RedisStore`] keeps the Memcached store's table with the same layout: the same
-//! [`Geometry`], the same digest-to-set mapping, one key per set named
-//! `<prefix>:v<format>:<sets>x<ways>:<set>`, and the same binary value (see
-//! [`MemcachedStore`](crate::MemcachedStore) for the format, the replacement order, leases,
-//! owners and `max_age`). No script run touches keys of two slots, so in a cluster every set
+//! [`RedisStore`] keeps the Memcached store's table: the same [`Geometry`], the same
+//! digest-to-set mapping, one key per set named `<prefix>:v<format>:<sets>x<ways>:<set>`, the
+//! same 34-byte entries, replacement order, leases, owners and `max_age` (see
+//! [`MemcachedStore`](crate::MemcachedStore)). Only the value's layout differs (key format 2):
+//! a set is always `3 + 34 × ways` bytes, the entry of slot `i` at byte `3 + 34 i` and an empty
+//! slot all zeros (`set.lua` has the layout), so that the script checks a stored set by its
+//! length and header alone and writes only the bytes an operation changes (`SETRANGE`), never a
+//! whole new value. No script run touches keys of two slots, so in a cluster every set
 //! may live on any slot and the sets spread over all masters.
 //!
 //! # Atomicity
@@ -68,7 +71,7 @@ use futures::future::join_all;
 use self::conn::Link;
 use self::slots::key_slot;
 use crate::dedup::shared::{
-    now_ms, random_owner, FORMAT_VERSION, FORMAT_VERSION_TIMED, KEY_VERSION,
+    now_ms, random_owner, FORMAT_VERSION, FORMAT_VERSION_TIMED, REDIS_KEY_VERSION,
 };
 use crate::dedup::{Claim, Digest, Geometry, Store};
 use crate::error::StoreError;
@@ -153,7 +156,7 @@ impl RedisStore {
         config.take_url_passwords()?;
         config.validate()?;
         let namespace = format!(
-            "{}:v{KEY_VERSION}:{}x{}",
+            "{}:v{REDIS_KEY_VERSION}:{}x{}",
             config.namespace,
             geometry.sets(),
             geometry.ways()

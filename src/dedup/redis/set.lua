@@ -1,8 +1,11 @@
 -- One operation on many digests of the shared de-duplication table, atomically (Redis runs a
 -- script to its end before any other command). The set of a digest is the string at its key,
--- in the Memcached store's value format (see src/dedup/memcached/mod.rs):
---   u8 version (1, or 2 with commit times) | u8 cursor | u8 count |
---   count x (u8 slot | 16 B digest | u8 state 1=in flight 2=done | u64 time ms | u64 owner)
+-- every entry at a fixed offset, so that a claim or a commit writes only its own entry:
+--   u8 version (1, or 2 with commit times) | u8 cursor | u8 ways |
+--   k x (u8 slot | 16 B digest | u8 state 0=empty 1=in flight 2=done | u64 time ms |
+--        u64 owner), the entry of slot i at byte 3 + 34 i; an empty slot is all zeros.
+-- Slots fill in order, so a set holds its first k slots (k <= ways): it grows by one entry
+-- until it is full, then keeps its length.
 -- KEYS[i] is the set of the i-th digest; digests of one set repeat its key, and are decided in
 -- order (a digest given twice is claimed new once, then found in flight).
 -- ARGV: op (c = claim, m = commit, e = erase, r = renew), owner (8 bytes), now ms, lease end
@@ -10,11 +13,13 @@
 -- Every key is read before any is written, so a key that cannot be read (not a string) fails
 -- the whole call with nothing written.
 -- Returns one answer per digest (a claim: 0 = new, 1 = in flight, 2 = duplicate; the others:
--- 1 = held, 0 = not), then how many stored values could not be decoded (each was read as an
--- empty set).
+-- 1 = held, 0 = not), then how many stored values were not sets of this shape (each was read
+-- as an empty set).
 --
--- The sets stay strings and each operation splices the one entry it changes: decoding a set
--- into Lua tables and encoding it again costs several times more than the decision.
+-- A stored set is checked by its length and its header only: every offset the script reads
+-- is then inside it, whatever the entries hold. A change inside a set is a SETRANGE of the
+-- bytes it changes (building a new value in Lua costs more than the decision); a set that
+-- grows is written whole, so that Redis allocates it no more than its length.
 local op, owner = ARGV[1], ARGV[2]
 local now, lease_until = tonumber(ARGV[3]), tonumber(ARGV[4])
 local max_age = tonumber(ARGV[5])
@@ -23,41 +28,29 @@ if op ~= 'c' and op ~= 'm' and op ~= 'e' and op ~= 'r' then
   return redis.error_reply('unknown operation ' .. tostring(op))
 end
 local ENTRY = 34
-local byte, sub, char, find = string.byte, string.sub, string.char, string.find
+local SIZE = 3 + ways * ENTRY
+local byte, sub, char, find, rep = string.byte, string.sub, string.char, string.find, string.rep
+-- A set with no entry, for a key that holds none.
+local EMPTY = char(version, 0, ways)
 local pack, unpack = struct.pack, struct.unpack
+local call = redis.call
 
--- 2^i for a slot index i: a bit set of slots in a Lua number, tested with arithmetic (a call
--- into the bit library costs as much as the test).
-local FLAG = {[0] = 1, 2, 4, 8, 16, 32, 64, 128}
-
--- Whether value is a set of `ways` ways in a known format: the Memcached store's decoder's
--- checks.
+-- Whether value is a set of `ways` ways in a known format.
 local function readable(value)
   local n = #value
-  if n < 3 then return false end
-  local v, cursor, count = byte(value, 1, 3)
-  if (v ~= 1 and v ~= 2) or cursor >= ways or count > ways or n ~= 3 + count * ENTRY then
-    return false
-  end
-  local seen = 0
-  for at = 4, n, ENTRY do
-    local index, state = byte(value, at), byte(value, at + 17)
-    if index >= ways or (state ~= 1 and state ~= 2) then return false end
-    local flag = FLAG[index]
-    if seen % (flag + flag) >= flag then return false end
-    seen = seen + flag
-  end
-  return true
+  if n < 3 or n > SIZE or (n - 3) % ENTRY ~= 0 then return false end
+  local v, cursor, w = byte(value, 1, 3)
+  return (v == 1 or v == 2) and cursor < ways and w == ways
 end
 
--- Where the entry of digest starts, or nil. A plain search, kept only where it lines up
--- with an entry's digest field.
+-- Where the entry of digest starts (1-based), or nil. A plain search, kept only where it
+-- lines up with an occupied entry's digest field.
 local function locate(value, digest)
   local from = 5
   while true do
     local at = find(value, digest, from, true)
     if not at then return nil end
-    if (at - 5) % ENTRY == 0 then return at - 1 end
+    if (at - 5) % ENTRY == 0 and byte(value, at + 16) ~= 0 then return at - 1 end
     from = at + 1
   end
 end
@@ -65,48 +58,44 @@ end
 -- The fields of an entry of this owner after its slot index and digest: the same for every
 -- digest of one run, so made once.
 local CLAIMED = pack('>BI8', 1, lease_until) .. owner
-local DONE = pack('>BI8', 2, max_age and now or 0) .. owner
+local DONE = pack('>BI8', 2, max_age and now or 0)
 
--- value with the entry at `at` rewritten for this owner.
-local function replace(value, at, tail)
-  return char(version) .. sub(value, 2, at + 16) .. tail .. sub(value, at + ENTRY)
+-- Writes `bytes` at 0-based `offset` of the set at key, and the header's version if the
+-- stored one differs.
+local function write(key, value, offset, bytes)
+  call('SETRANGE', key, offset, bytes)
+  if byte(value, 1) ~= version then call('SETRANGE', key, 0, char(version)) end
 end
 
--- value with digest claimed: the first empty slot, else the cursor's (which moves on).
-local function insert(value, digest)
-  local _, cursor, count = byte(value, 1, 3)
+-- Claims digest in a set where it is absent: the first empty slot, else the cursor's (which
+-- moves on). `value` is what the key holds, or an empty set's header if nothing readable.
+local function insert(key, value, digest)
   local n = #value
-  if count < ways then
-    local used = 0
-    for at = 4, n, ENTRY do used = used + FLAG[byte(value, at)] end
-    for index = 0, ways - 1 do
-      local flag = FLAG[index]
-      if used % (flag + flag) < flag then
-        -- Entries stay in slot order.
-        local at = 4
-        while at < n and byte(value, at) < index do at = at + ENTRY end
-        return char(version, cursor, count + 1) .. sub(value, 4, at - 1) .. char(index)
-          .. digest .. CLAIMED .. sub(value, at)
-      end
+  for at = 4 + 17, n, ENTRY do
+    if byte(value, at) == 0 then
+      -- A slot that an erase emptied.
+      local slot = (at - 21) / ENTRY
+      write(key, value, 3 + slot * ENTRY, char(slot) .. digest .. CLAIMED)
+      return
     end
   end
-  -- Full: the cursor's entry, where slot order puts it unless another writer ordered them
-  -- otherwise.
-  local at = 4 + cursor * ENTRY
-  if byte(value, at) ~= cursor then
-    at = 4
-    while byte(value, at) ~= cursor do at = at + ENTRY end
+  if n < SIZE then
+    call('SET', key, char(version) .. sub(value, 2, n) .. char((n - 3) / ENTRY) .. digest
+      .. CLAIMED)
+    return
   end
-  return char(version, (cursor + 1) % ways, count) .. sub(value, 4, at)
-    .. digest .. CLAIMED .. sub(value, at + ENTRY)
+  local cursor = byte(value, 2)
+  call('SETRANGE', key, 3 + cursor * ENTRY, char(cursor) .. digest .. CLAIMED)
+  call('SETRANGE', key, 0, char(version, (cursor + 1) % ways))
 end
 
--- The answer for digest in value, and the new value if it changed.
-local function apply(value, digest)
+-- The answer for digest in the set at key, and whether the set changed.
+local function apply(key, value, digest)
   local at = locate(value, digest)
   if not at then
-    if op ~= 'c' then return 0 end
-    return 0, insert(value, digest)
+    if op ~= 'c' then return 0, false end
+    insert(key, value, digest)
+    return 0, true
   end
   local state = byte(value, at + 17)
   if op == 'c' then
@@ -114,58 +103,58 @@ local function apply(value, digest)
     if state == 2 then
       if time ~= 0 and max_age and now - time > max_age then
         -- Committed longer ago than max_age: a body sent again on purpose.
-        return 0, replace(value, at, CLAIMED)
+        write(key, value, at + 16, CLAIMED)
+        return 0, true
       end
-      return 2
+      return 2, false
     end
-    if time > now then return 1 end
+    if time > now then return 1, false end
     -- The owner let the lease lapse: take the entry over, in its slot.
-    return 0, replace(value, at, CLAIMED)
+    write(key, value, at + 16, CLAIMED)
+    return 0, true
   end
-  if op == 'm' and state == 2 then return 1 end
+  if op == 'm' and state == 2 then return 1, false end
   -- The owner's id is the entry's last 8 bytes.
-  if find(value, owner, at + 26, true) ~= at + 26 then return 0 end
+  if find(value, owner, at + 26, true) ~= at + 26 then return 0, false end
   if op == 'm' then
-    return 1, replace(value, at, DONE)
+    write(key, value, at + 16, DONE)
   elseif op == 'e' then
-    local _, cursor, count = byte(value, 1, 3)
-    return 1, char(version, cursor, count - 1) .. sub(value, 4, at - 1) .. sub(value, at + ENTRY)
+    call('SETRANGE', key, at - 1, rep('\0', ENTRY))
   else
-    if state ~= 1 then return 0 end
-    return 1, replace(value, at, CLAIMED)
+    if state ~= 1 then return 0, false end
+    write(key, value, at + 16, CLAIMED)
   end
+  return 1, true
 end
 
-local sets, unreadable = {}, 0
+-- Every key read first; `left[key]` counts the digests of the run still to be decided in it.
+local sets, left, unreadable = {}, {}, 0
 for i = 1, #KEYS do
   local key = KEYS[i]
-  if not sets[key] then
+  if sets[key] then
+    left[key] = left[key] + 1
+  else
+    left[key] = 1
     local value = redis.pcall('GET', key)
     if type(value) == 'table' then return value end
     if value and readable(value) then
       sets[key] = value
     else
       if value then unreadable = unreadable + 1 end
-      sets[key] = char(version, 0, 0)
+      sets[key] = EMPTY
     end
   end
 end
 
-local answers, changed = {}, {}
+local answers = {}
 for i = 1, #KEYS do
   local key = KEYS[i]
-  local answer, value = apply(sets[key], ARGV[7 + i])
+  local answer, changed = apply(key, sets[key], ARGV[7 + i])
   answers[i] = answer
-  if value then
-    sets[key] = value
-    changed[key] = true
-  end
-end
-for i = 1, #KEYS do
-  local key = KEYS[i]
-  if changed[key] then
-    redis.call('SET', key, sets[key])
-    changed[key] = nil
+  left[key] = left[key] - 1
+  if changed and left[key] > 0 then
+    -- Another digest of the run is in this set: it is decided on the set as changed.
+    sets[key] = call('GET', key)
   end
 end
 answers[#KEYS + 1] = unreadable

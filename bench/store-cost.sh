@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# What the shared table costs its store server per distinct message, against the pipelined
+# naive write. See `bench/store-cost.sh --help`.
+set -euo pipefail
+
+usage() {
+  cat <<'USAGE'
+Usage: bench/store-cost.sh [--messages N] [--burst B] [--tasks T] [--full-slots S] [redis] [memcached]
+
+Starts its own redis-server and memcached on free loopback ports and prints, for each, the
+server's CPU per distinct message (user + system from /proc/PID/stat, before and after each
+case) for:
+  naive        the write users send instead, pipelined a burst at a time: Redis
+               `SET key 1 NX EX 3600`, Memcached `ms key 1 T3600 ME` (add)
+  ours empty   a claim and a commit of each message, bursts as the sidecar sends them
+               (claim_many, then commit_many), on a table the messages do not fill
+  ours full    the same on a table of S slots (default 65,536) filled first
+  naive again  the naive write once more; the ratios are to the mean of both naive runs
+with the ratio ours/naive and the messages per second one server core would serve.
+Defaults: 300,000 messages per case, bursts of 128, 4 bursts at once, both stores.
+Every answer is checked (a fresh digest claimed new, its commit held, each naive write stored).
+
+Needs redis-server and memcached (or $REDIS_SERVER_BIN, $MEMCACHED_BIN); builds the benchmark
+with `cargo bench` (release profile). The machine's other load shows in the figures: run it
+more than once.
+USAGE
+}
+
+case "${1:-}" in -h|--help) usage; exit 0 ;; esac
+cd "$(dirname "$0")/.."
+exec cargo bench --quiet --bench store_cost -- "$@"

@@ -1,0 +1,383 @@
+//! What a shared table costs its store server per distinct message, against the pipelined
+//! naive write users would send instead (`SET key v NX EX ttl` to Redis, a meta-protocol add,
+//! `ms key 1 T<ttl> ME`, to Memcached), measured in the same run.
+//!
+//! For each store it starts a server on a free loopback port and reads the server's CPU time
+//! (user + system, `/proc/<pid>/stat`) before and after each case:
+//! - `naive`: the naive write of every message, in pipelines of one burst, several at once;
+//! - `ours empty`: a claim and a commit of every message (`claim_many` then `commit_many` of
+//!   each burst, as the sidecar sends them), on a table that starts empty and that the
+//!   messages do not fill;
+//! - `ours full`: the same on a small table filled first (every set at its ways), so that every
+//!   claim replaces an entry;
+//! - `naive` again: the figure compared against is the mean of its two runs, so that a drift of
+//!   the shared machine's load does not favour either side.
+//!
+//! Every answer is checked: each fresh digest must be claimed new and its commit held, each
+//! naive write stored. Run through `bench/store-cost.sh` (see `--help` there), or
+//! `cargo bench --bench store_cost -- [--messages N] [--burst B] [--tasks T]
+//! [--full-slots S] [redis] [memcached]`.
+
+#[path = "servers.rs"]
+mod servers;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use nsq_dedupe::{
+    Claim, Digest, Geometry, MemcachedConfig, MemcachedStore, RedisConfig, RedisStore, Store,
+};
+use servers::Server;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+/// Clock ticks per second of `/proc/<pid>/stat` (Linux's `USER_HZ`).
+const TICKS_PER_SECOND: f64 = 100.0;
+
+/// Ways of every table measured: the sidecar's default.
+const WAYS: u32 = 8;
+
+struct Settings {
+    messages: u64,
+    /// Messages per burst: what the sidecar claims at once.
+    burst: u64,
+    /// Bursts in flight at once.
+    tasks: u64,
+    /// Slots of the table that is filled before it is measured.
+    full_slots: u64,
+    stores: Vec<String>,
+}
+
+impl Settings {
+    fn from_args() -> Result<Self, String> {
+        let mut settings = Settings {
+            messages: 300_000,
+            burst: 128,
+            tasks: 4,
+            full_slots: 65_536,
+            stores: Vec::new(),
+        };
+        let mut args = std::env::args().skip(1);
+        while let Some(arg) = args.next() {
+            let mut number = |name: &str| -> Result<u64, String> {
+                let value = args.next().ok_or(format!("{name} needs a number"))?;
+                value
+                    .parse()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or(format!("{name} needs a positive number, not {value:?}"))
+            };
+            match arg.as_str() {
+                // What `cargo bench` adds to every bench binary's arguments.
+                "--bench" => {}
+                "--messages" => settings.messages = number("--messages")?,
+                "--burst" => settings.burst = number("--burst")?,
+                "--tasks" => settings.tasks = number("--tasks")?,
+                "--full-slots" => settings.full_slots = number("--full-slots")?,
+                "redis" | "memcached" => settings.stores.push(arg),
+                other => {
+                    return Err(format!(
+                        "unknown argument {other:?}: give --messages, --burst, --tasks, \
+                         --full-slots, redis or memcached"
+                    ))
+                }
+            }
+        }
+        if settings.stores.is_empty() {
+            settings.stores = vec!["redis".into(), "memcached".into()];
+        }
+        Ok(settings)
+    }
+}
+
+/// Fresh digests: xxh3-128 of a counter, from a start of its own per case.
+struct Digests(AtomicU64);
+
+impl Digests {
+    fn starting_at(n: u64) -> Arc<Self> {
+        Arc::new(Digests(AtomicU64::new(n)))
+    }
+
+    fn burst(&self, len: u64) -> Vec<Digest> {
+        // Relaxed: only uniqueness matters.
+        let first = self.0.fetch_add(len, Ordering::Relaxed);
+        (first..first + len)
+            .map(|n| Digest::from_u128(xxhash_rust::xxh3::xxh3_128(&n.to_le_bytes())))
+            .collect()
+    }
+}
+
+/// Runs `settings.tasks` tasks that each call `burst` with bursts of fresh digests until
+/// `messages` were sent in all; returns the server's CPU ticks and the wall time taken.
+async fn measure<F, Fut>(
+    server: &Server,
+    settings: &Settings,
+    messages: u64,
+    digests: Arc<Digests>,
+    burst: F,
+) -> (u64, f64)
+where
+    F: Fn(Vec<Digest>) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let before = server.cpu_ticks().expect("the server's CPU time");
+    let start = Instant::now();
+    let bursts = messages / settings.burst;
+    let left = Arc::new(AtomicU64::new(bursts));
+    let size = settings.burst;
+    let tasks: Vec<_> = (0..settings.tasks)
+        .map(|_| {
+            let (burst, left, digests) = (burst.clone(), left.clone(), digests.clone());
+            tokio::spawn(async move {
+                // Relaxed: a plain counter of bursts still to send.
+                while left
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                    .is_ok()
+                {
+                    burst(digests.burst(size)).await;
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("a benchmark task");
+    }
+    let wall = start.elapsed().as_secs_f64();
+    let after = server.cpu_ticks().expect("the server's CPU time");
+    (after - before, wall)
+}
+
+/// Claims and commits each burst as the sidecar does, checking every answer.
+async fn ours<S: Store + Clone + Send + Sync + 'static>(
+    server: &Server,
+    settings: &Settings,
+    store: S,
+    messages: u64,
+    digests: Arc<Digests>,
+) -> (u64, f64) {
+    measure(server, settings, messages, digests, move |burst| {
+        let store = store.clone();
+        async move {
+            for claim in store.claim_many(&burst).await {
+                assert_eq!(claim, Ok(Claim::New), "a fresh digest must be claimed new");
+            }
+            for commit in store.commit_many(&burst).await {
+                assert_eq!(commit, Ok(true), "a claimed digest must be committed");
+            }
+        }
+    })
+    .await
+}
+
+/// One printed line: a case's server CPU per message, its ratio to `naive` (µs per message)
+/// and its rate per server core.
+fn report(store: &str, case: &str, messages: u64, (ticks, wall): (u64, f64), naive: Option<f64>) {
+    let micros = micros(ticks, messages);
+    let ratio = naive.map_or("".to_owned(), |naive| format!("{:.2}x", micros / naive));
+    println!(
+        "{store:<10} {case:<12} {messages:>9} {micros:>10.2} {ratio:>7} {:>12.0} {:>10.0}",
+        1e6 / micros.max(1e-9),
+        messages as f64 / wall,
+    );
+}
+
+/// Server CPU µs per message.
+fn micros(ticks: u64, messages: u64) -> f64 {
+    ticks as f64 / TICKS_PER_SECOND * 1e6 / messages as f64
+}
+
+async fn redis_cases(settings: &Settings) -> Result<(), String> {
+    let server = Server::redis()?;
+    let url = format!("redis://{}", server.addr);
+    let connect = |namespace: &str, slots: u64| {
+        RedisStore::connect(
+            RedisConfig {
+                urls: vec![url.clone()],
+                namespace: namespace.into(),
+                ..RedisConfig::default()
+            },
+            Geometry::new(slots, WAYS).expect("a valid geometry"),
+        )
+    };
+    let plain = redis::Client::open(url.as_str())
+        .map_err(|e| e.to_string())?
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| e.to_string())?;
+    let naive = move |burst: Vec<Digest>| {
+        let mut plain = plain.clone();
+        async move {
+            let mut pipe = redis::pipe();
+            for digest in &burst {
+                pipe.cmd("SET")
+                    .arg(format!("naive:{:032x}", digest.as_u128()))
+                    .arg(1)
+                    .arg("NX")
+                    .arg("EX")
+                    .arg(3600);
+            }
+            let answers: Vec<Option<String>> = pipe
+                .query_async(&mut plain)
+                .await
+                .expect("pipelined SET NX");
+            assert!(
+                answers.iter().all(Option::is_some),
+                "a fresh key must be set"
+            );
+        }
+    };
+    run_cases(settings, "redis", &server, naive, |namespace, slots| {
+        let store = connect(namespace, slots);
+        async move { store.await.map_err(|e| e.to_string()) }
+    })
+    .await
+}
+
+async fn memcached_cases(settings: &Settings) -> Result<(), String> {
+    let server = Server::memcached()?;
+    let addr = server.addr.clone();
+    let naive_addr = addr.clone();
+    let naive = move |burst: Vec<Digest>| {
+        let addr = naive_addr.clone();
+        async move {
+            // A connection per burst would cost the server a connect: idle ones are kept.
+            let mut conn = NAIVE_CONNS.take(&addr).await;
+            let mut out = Vec::with_capacity(burst.len() * 60);
+            for digest in &burst {
+                out.extend_from_slice(
+                    format!("ms naive:{:032x} 1 T3600 ME\r\n1\r\n", digest.as_u128()).as_bytes(),
+                );
+            }
+            conn.get_mut()
+                .write_all(&out)
+                .await
+                .expect("write the adds");
+            let mut line = String::new();
+            for _ in &burst {
+                line.clear();
+                conn.read_line(&mut line).await.expect("read an answer");
+                assert_eq!(line, "HD\r\n", "a fresh key must be added");
+            }
+            NAIVE_CONNS.give(conn);
+        }
+    };
+    run_cases(settings, "memcached", &server, naive, |namespace, slots| {
+        let store = MemcachedStore::connect(
+            MemcachedConfig {
+                servers: vec![addr.clone()],
+                namespace: namespace.into(),
+                ..MemcachedConfig::default()
+            },
+            Geometry::new(slots, WAYS).expect("a valid geometry"),
+        );
+        async move { store.await.map_err(|e| e.to_string()) }
+    })
+    .await
+}
+
+/// Idle connections of the naive Memcached writer, one per task at most.
+struct Conns(std::sync::Mutex<Vec<BufReader<tokio::net::TcpStream>>>);
+
+static NAIVE_CONNS: Conns = Conns(std::sync::Mutex::new(Vec::new()));
+
+impl Conns {
+    async fn take(&self, addr: &str) -> BufReader<tokio::net::TcpStream> {
+        let idle = self.0.lock().expect("the pool's lock").pop();
+        match idle {
+            Some(conn) => conn,
+            None => BufReader::new(
+                tokio::net::TcpStream::connect(addr)
+                    .await
+                    .expect("connect to memcached"),
+            ),
+        }
+    }
+
+    fn give(&self, conn: BufReader<tokio::net::TcpStream>) {
+        self.0.lock().expect("the pool's lock").push(conn);
+    }
+}
+
+/// The four cases of one store: naive (`naive` sends one burst's naive writes), ours on an
+/// empty table, ours on a full one, naive again.
+async fn run_cases<N, NF, C, CF, S>(
+    settings: &Settings,
+    name: &str,
+    server: &Server,
+    naive: N,
+    connect: C,
+) -> Result<(), String>
+where
+    N: Fn(Vec<Digest>) -> NF + Clone + Send + 'static,
+    NF: std::future::Future<Output = ()> + Send,
+    C: Fn(&str, u64) -> CF,
+    CF: std::future::Future<Output = Result<S, String>>,
+    S: Store + Clone + Send + Sync + 'static,
+{
+    let n = settings.messages;
+    // Digests of each case start far apart, so no case meets another's.
+    let naive_first = measure(server, settings, n, Digests::starting_at(0), naive.clone()).await;
+    // Room for every message: one set in eight or more holds one of them.
+    let big = (n * 8 * 8).next_power_of_two();
+    let empty = connect("empty", big).await?;
+    let empty = ours(server, settings, empty, n, Digests::starting_at(1 << 40)).await;
+    let full = connect("full", settings.full_slots).await?;
+    // Fills every set: four times the slots, which every set's ways take many times over.
+    ours(
+        server,
+        settings,
+        full.clone(),
+        settings.full_slots * 4,
+        Digests::starting_at(2 << 40),
+    )
+    .await;
+    let full = ours(server, settings, full, n, Digests::starting_at(3 << 40)).await;
+    let naive_again = measure(server, settings, n, Digests::starting_at(4 << 40), naive).await;
+    let baseline = (micros(naive_first.0, n) + micros(naive_again.0, n)) / 2.0;
+    report(name, "naive", n, naive_first, None);
+    report(name, "ours empty", n, empty, Some(baseline));
+    report(name, "ours full", n, full, Some(baseline));
+    report(name, "naive again", n, naive_again, None);
+    Ok(())
+}
+
+fn main() {
+    let settings = match Settings::from_args() {
+        Ok(settings) => settings,
+        Err(error) => {
+            eprintln!("store_cost: {error}");
+            std::process::exit(2);
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    println!(
+        "{} distinct messages, bursts of {}, {} bursts at once, full table of {} slots x {WAYS} \
+         ways; load average {}",
+        settings.messages,
+        settings.burst,
+        settings.tasks,
+        settings.full_slots,
+        std::fs::read_to_string("/proc/loadavg")
+            .map(|l| l.split(' ').next().unwrap_or("?").to_owned())
+            .unwrap_or_else(|_| "?".into()),
+    );
+    println!(
+        "{:<10} {:<12} {:>9} {:>10} {:>7} {:>12} {:>10}",
+        "store", "case", "messages", "µs/msg", "ratio", "msg/s/core", "wall msg/s"
+    );
+    for store in &settings.stores {
+        let result = runtime.block_on(async {
+            match store.as_str() {
+                "redis" => redis_cases(&settings).await,
+                _ => memcached_cases(&settings).await,
+            }
+        });
+        if let Err(error) = result {
+            eprintln!("store_cost: {store}: {error}");
+            std::process::exit(1);
+        }
+    }
+}
