@@ -7,11 +7,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The Memcached key format's version, part of the namespace: values of every format below live
 /// under it.
+#[cfg(feature = "memcached")]
 pub(crate) const KEY_VERSION: u8 = 1;
 
 /// The Redis key format's version, part of the namespace. Since version 2 a Redis set keeps
 /// every entry at a fixed offset (see `redis/set.lua`), so its values are no longer the
 /// Memcached store's, and the sets of version 1 are never read as version 2's, nor the reverse.
+#[cfg(feature = "redis")]
 pub(crate) const REDIS_KEY_VERSION: u8 = 2;
 
 /// The value format written without `max_age`: a done entry's time field is 0. Every
