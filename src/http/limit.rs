@@ -15,9 +15,10 @@
 //! cannot be right for both that server and a keep-alive one that wants 100 requests in
 //! flight; so the pool adapts the count as TCP adapts its window (AIMD, RFC 5681):
 //!
-//! - **Only on demand.** The limit rises by one only for a request that found every
-//!   connection busy ([`ConnectionLimit::grow`]): connections follow the load, and a caller
-//!   that sends one request at a time keeps one connection.
+//! - **Only on demand, and on evidence.** The limit rises by one only for a request that
+//!   found every connection busy ([`ConnectionLimit::grow`]), and only once a connect has
+//!   completed: connections follow the load, and a caller that sends one request at a time
+//!   keeps one connection.
 //! - **No faster than we learn.** Whether a connect stalled is known within the stall bound
 //!   ([`ConnectionLimit::stall_after`]), so the limit rises at most so far per bound: it may
 //!   double (slow start: from 2 to 4 at once, then 8, 16, ... 100 within 0.5 s against a
@@ -38,10 +39,12 @@
 //!
 //! # The stall bound
 //!
-//! `max(100 ms, 4 × the fastest connect seen)`, a connect being the TCP handshake plus, for
-//! `https://`, the TLS one. 100 ms is far below the 1 s a dropped SYN costs and far above a
-//! connect on a loopback or a LAN (well under 1 ms), even on a loaded machine; the multiple of
-//! the fastest connect keeps a distant endpoint (100 ms away: 400 ms) from looking stalled.
+//! `max(100 ms, 4 × the fastest connect seen)`, a connect being the TCP handshake (a TLS
+//! handshake's time is mostly the endpoint's work, not its backlog). 100 ms is far below the
+//! 1 s a dropped SYN costs and far above a connect on a loopback or a LAN (well under 1 ms),
+//! even on a loaded machine; the multiple of the fastest connect keeps a distant endpoint
+//! (100 ms away: 400 ms) from looking stalled. Until a first connect has completed there is
+//! no bound: nothing is judged, and the limit does not rise.
 
 use std::time::{Duration, Instant};
 
@@ -101,21 +104,24 @@ impl ConnectionLimit {
         self.limit
     }
 
-    /// How long a connect may take before it counts as stalled: see the module docs.
-    pub(super) fn stall_after(&self) -> Duration {
-        self.fastest.map_or(STALL_FLOOR, |fastest| {
-            (fastest * STALL_FACTOR).max(STALL_FLOOR)
-        })
+    /// How long a connect may take before it counts as stalled (see the module docs); none
+    /// before a connect has completed, when there is nothing to judge by.
+    pub(super) fn stall_after(&self) -> Option<Duration> {
+        self.fastest
+            .map(|fastest| (fastest * STALL_FACTOR).max(STALL_FLOOR))
     }
 
     /// A request found every connection busy at `now`: raises the limit by one if it may rise
-    /// (below the maximum, no stalled connect pending, within this window's pace); whether it
-    /// did.
+    /// (below the maximum, a connect completed and none stalled pending, within this window's
+    /// pace); whether it did.
     pub(super) fn grow(&mut self, now: Instant) -> bool {
+        let Some(window) = self.stall_after() else {
+            return false;
+        };
         if self.limit >= self.max || self.stalled > 0 {
             return false;
         }
-        if now.saturating_duration_since(self.window_start) >= self.stall_after() {
+        if now.saturating_duration_since(self.window_start) >= window {
             self.window_start = now;
             self.window_base = self.limit;
         }
@@ -176,6 +182,8 @@ mod tests {
         let t0 = Instant::now();
         let mut limit = ConnectionLimit::new(100, t0);
         assert_eq!(limit.get(), INITIAL);
+        assert!(!limit.grow(t0), "no connect has completed yet");
+        limit.connected(Duration::from_micros(80));
         assert_eq!(grow_all(&mut limit, t0), 4);
         assert_eq!(
             grow_all(&mut limit, t0 + STALL_FLOOR - MS),
@@ -186,14 +194,17 @@ mod tests {
             .map(|k| grow_all(&mut limit, t0 + k * STALL_FLOOR))
             .collect();
         assert_eq!(rounds, [8, 16, 32, 64, 100, 100, 100]);
-        assert_eq!(ConnectionLimit::new(1, t0).get(), 1);
-        assert!(!ConnectionLimit::new(1, t0).grow(t0));
+        let mut one = ConnectionLimit::new(1, t0);
+        one.connected(Duration::from_micros(80));
+        assert_eq!(one.get(), 1);
+        assert!(!one.grow(t0));
     }
 
     #[test]
     fn a_stall_halves_the_limit_once_per_crowd_and_growth_then_goes_one_by_one() {
         let t0 = Instant::now();
         let mut limit = ConnectionLimit::new(100, t0);
+        limit.connected(Duration::from_micros(80));
         for k in 0..3 {
             grow_all(&mut limit, t0 + k * STALL_FLOOR);
         }
@@ -226,13 +237,13 @@ mod tests {
     fn the_stall_bound_follows_the_fastest_connect() {
         let now = Instant::now();
         let mut near = ConnectionLimit::new(10, now);
-        assert_eq!(near.stall_after(), STALL_FLOOR);
+        assert_eq!(near.stall_after(), None, "nothing to judge by yet");
         near.connected(Duration::from_micros(80));
-        assert_eq!(near.stall_after(), STALL_FLOOR);
+        assert_eq!(near.stall_after(), Some(STALL_FLOOR));
         let mut far = ConnectionLimit::new(10, now);
         for took in [300, 100, 250] {
             far.connected(Duration::from_millis(took));
         }
-        assert_eq!(far.stall_after(), Duration::from_millis(400));
+        assert_eq!(far.stall_after(), Some(Duration::from_millis(400)));
     }
 }

@@ -372,9 +372,7 @@ impl EndpointPool {
                 None => match self.connect(patient).await {
                     Ok(sender) => (sender, false),
                     Err(ConnectError::Stalled) => return Err(Exchange::Stalled(request)),
-                    Err(ConnectError::TimedOut(cause) | ConnectError::Failed(cause)) => {
-                        return Err(failed(cause))
-                    }
+                    Err(ConnectError::Failed(cause)) => return Err(failed(cause)),
                 },
             };
             match sender.try_send_request(request).await {
@@ -423,35 +421,73 @@ impl EndpointPool {
         }
     }
 
-    /// A new connection, timed: one that is not open within the stall bound lowers the limit
-    /// and, unless `patient`, is given up ([`ConnectError::Stalled`]): its SYN was most
-    /// likely dropped, and the kernel would send it again only after a second, together with
-    /// the others of the crowd. A time-out lowers the limit too.
+    /// A new connection: TCP ([`tcp`](Self::tcp)), the TLS handshake for `https://`, and
+    /// its task.
     async fn connect(&self, patient: bool) -> Result<SendRequest<Full<Bytes>>, ConnectError> {
-        let started = Instant::now();
-        let stall_after = self.limits().limit.stall_after();
-        let attempt = self.open();
-        tokio::pin!(attempt);
-        // The stall, if any, lasts until the end of this call.
-        let (opened, stall) = match tokio::time::timeout(stall_after, &mut attempt).await {
-            Ok(opened) => (opened, None),
-            Err(_) => {
-                let stall = self.stalled(started);
-                if !patient {
-                    return Err(ConnectError::Stalled);
-                }
-                (attempt.await, Some(stall))
+        let tcp = self.tcp(patient).await?;
+        // Requests are written whole; waiting for more would only delay them.
+        let _ = tcp.set_nodelay(true);
+        match &self.tls {
+            None => start(tcp).await,
+            Some((connector, name)) => {
+                let tls = connector
+                    .connect(name.clone(), tcp)
+                    .await
+                    .map_err(|error| {
+                        ConnectError::Failed(format!("TLS handshake: {}", chain(&error)))
+                    })?;
+                start(tls).await
             }
-        };
-        match &opened {
-            Ok(_) => self.limits().limit.connected(started.elapsed()),
-            Err(ConnectError::TimedOut(_)) if stall.is_none() => {
-                // Timed out within the stall bound: a stall too, over at once.
-                drop(self.stalled(started));
-            }
-            Err(_) => {}
         }
-        opened
+        .map_err(ConnectError::Failed)
+    }
+
+    /// A TCP connection, timed: one not open within the stall bound lowers the limit and,
+    /// unless `patient`, is given up ([`ConnectError::Stalled`]): its SYN was most likely
+    /// dropped, and the kernel would send it again only after a second, together with the
+    /// others of the crowd. A time-out lowers the limit too. Only the TCP handshake is timed:
+    /// a full backlog is what it shows, while a TLS handshake's time is mostly the
+    /// endpoint's work.
+    async fn tcp(&self, patient: bool) -> Result<TcpStream, ConnectError> {
+        let started = Instant::now();
+        let connect = tokio::time::timeout(
+            self.connect_timeout,
+            TcpStream::connect((self.host.as_str(), self.port)),
+        );
+        tokio::pin!(connect);
+        let stall_after = self.limits().limit.stall_after();
+        // The stall, if any, lasts until the end of this call.
+        let (connected, stall) = match stall_after {
+            None => (connect.await, None),
+            Some(bound) => match tokio::time::timeout(bound, &mut connect).await {
+                Ok(connected) => (connected, None),
+                Err(_) => {
+                    let stall = self.stalled(started);
+                    if !patient {
+                        return Err(ConnectError::Stalled);
+                    }
+                    (connect.await, Some(stall))
+                }
+            },
+        };
+        match connected {
+            Ok(Ok(tcp)) => {
+                self.limits().limit.connected(started.elapsed());
+                Ok(tcp)
+            }
+            Ok(Err(error)) => Err(ConnectError::Failed(format!("connecting: {error}"))),
+            Err(_) => {
+                if stall.is_none() {
+                    // Timed out within the stall bound, or before any bound: a stall too,
+                    // over at once.
+                    drop(self.stalled(started));
+                }
+                Err(ConnectError::Failed(format!(
+                    "connecting took longer than {:?}",
+                    self.connect_timeout
+                )))
+            }
+        }
     }
 
     /// Reports a stalled connect begun at `started`; the limit's lost slots are taken back
@@ -471,46 +507,13 @@ impl EndpointPool {
         }
         Stall(self)
     }
-
-    /// A new connection: TCP, the TLS handshake for `https://`, and its task.
-    async fn open(&self) -> Result<SendRequest<Full<Bytes>>, ConnectError> {
-        let tcp = tokio::time::timeout(
-            self.connect_timeout,
-            TcpStream::connect((self.host.as_str(), self.port)),
-        )
-        .await
-        .map_err(|_| {
-            ConnectError::TimedOut(format!(
-                "connecting took longer than {:?}",
-                self.connect_timeout
-            ))
-        })?
-        .map_err(|error| ConnectError::Failed(format!("connecting: {error}")))?;
-        // Requests are written whole; waiting for more would only delay them.
-        let _ = tcp.set_nodelay(true);
-        match &self.tls {
-            None => start(tcp).await,
-            Some((connector, name)) => {
-                let tls = connector
-                    .connect(name.clone(), tcp)
-                    .await
-                    .map_err(|error| {
-                        ConnectError::Failed(format!("TLS handshake: {}", chain(&error)))
-                    })?;
-                start(tls).await
-            }
-        }
-        .map_err(ConnectError::Failed)
-    }
 }
 
 /// Why a connection could not be opened.
 enum ConnectError {
-    /// It was not open within the stall bound, and was given up.
+    /// The TCP connect was not done within the stall bound, and was given up.
     Stalled,
-    /// The TCP connect took longer than its bound.
-    TimedOut(String),
-    /// Anything else: refused, unreachable, the TLS handshake.
+    /// It failed: refused, unreachable, timed out, the TLS handshake.
     Failed(String),
 }
 
