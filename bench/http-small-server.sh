@@ -108,7 +108,7 @@ export BENCH_MESSAGES=$messages BENCH_ROUNDS=$rounds BENCH_BEFORE=$before \
 export PYTHONPATH="$here/bench${PYTHONPATH:+:$PYTHONPATH}"
 # exec: a signal to this script (timeout, kill) reaches the program that owns the processes.
 exec python3 - <<'PY'
-import http.client, json, os, shlex, shutil, signal, sys, threading, time
+import http.client, json, os, shlex, signal, sys, threading, time
 import nsq_bench as nb
 
 N = int(os.environ["BENCH_MESSAGES"])
@@ -334,16 +334,8 @@ def main():
                 result += f" {key}_ratio={best[key] / best['baseline']:.2f}"
     print("\nbest run of each, as a ratio of the best baseline:")
     print(result, flush=True)
-    if failed:
-        print("\nsome runs timed out, lost messages or exited with an error; run again with --keep "
-              "to read their logs", file=sys.stderr)
-        sys.exit(1)
+    return failed
 
 
-try:
-    main()
-finally:
-    nb.kill_children()
-    if os.environ["BENCH_KEEP"] != "1":
-        shutil.rmtree(WORK, ignore_errors=True)
+nb.run(main, WORK, os.environ["BENCH_KEEP"] == "1")
 PY

@@ -142,7 +142,7 @@ export BENCH_MESSAGES=$messages BENCH_PAIRS=$pairs BENCH_MAX_IN_FLIGHT=$max_in_f
 export PYTHONPATH="$here/bench${PYTHONPATH:+:$PYTHONPATH}"
 # exec: a signal to this script (timeout, kill) reaches the program that owns the processes.
 exec python3 - "${scenarios[@]}" <<'PY'
-import os, shlex, shutil, signal, socket, subprocess, sys, time
+import os, shlex, signal, socket, subprocess, sys, time
 import nsq_bench as nb
 
 N_GIVEN = int(os.environ["BENCH_MESSAGES"] or 0)
@@ -421,15 +421,8 @@ def main():
         stop(memcached)
     if redis:
         stop(redis)
-    if failed:
-        print("\nsome runs timed out, lost messages or exited with an error; run again with --keep to read their logs", file=sys.stderr)
-        sys.exit(1)
+    return failed
 
 
-try:
-    main()
-finally:
-    nb.kill_children()
-    if os.environ["BENCH_KEEP"] != "1":
-        shutil.rmtree(WORK, ignore_errors=True)
+nb.run(main, WORK, os.environ["BENCH_KEEP"] == "1")
 PY
