@@ -7,6 +7,7 @@ import ctypes
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -77,6 +78,21 @@ def exit_on_signals():
         sys.exit(130)
     signal.signal(signal.SIGTERM, cleanup)
     signal.signal(signal.SIGINT, cleanup)
+
+
+def run(main, work, keep):
+    """Runs `main`, which returns whether some run failed; then, however it ended, stops every
+    child and removes `work` unless `keep`. Exits 1 if some run failed."""
+    try:
+        failed = main()
+    finally:
+        kill_children()
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+    if failed:
+        print("\nsome runs timed out, lost messages or exited with an error; run again with --keep "
+              "to read their logs", file=sys.stderr)
+        sys.exit(1)
 
 
 def free_port():

@@ -74,6 +74,8 @@ EOF
 }
 
 here=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=bench/nsq_bench.sh
+source "$here/bench/nsq_bench.sh"
 messages=""
 pairs=1
 max_in_flight=2500
@@ -112,13 +114,7 @@ if [ ${#scenarios[@]} -eq 0 ]; then
 fi
 
 nsq_bin_dir=${NSQ_BIN_DIR:-/work/nsq-real/bin}
-for tool in nsqd nsq_tail nsq_to_nsq nsq_to_http; do
-  if [ ! -x "$nsq_bin_dir/$tool" ]; then
-    echo "sidecar-vs-go.sh: $nsq_bin_dir/$tool is missing: build NSQ v1.3.0's apps (nsqd, nsq_tail," >&2
-    echo "  nsq_to_nsq, nsq_to_http; 'go build ./apps/...' in its source) and set NSQ_BIN_DIR to their directory" >&2
-    exit 1
-  fi
-done
+need_tools sidecar-vs-go.sh "$nsq_bin_dir" nsqd nsq_tail nsq_to_nsq nsq_to_http
 for s in "${scenarios[@]}"; do
   if [ "$s" = memcached ] && ! command -v memcached >/dev/null; then
     echo "sidecar-vs-go.sh: the memcached scenario needs memcached on PATH (Debian package: memcached)" >&2
@@ -133,16 +129,8 @@ for s in "${scenarios[@]}"; do
     exit 1
   fi
 done
-command -v python3 >/dev/null || { echo "sidecar-vs-go.sh: needs python3" >&2; exit 1; }
 
-if [ -n "${NSQ_DEDUPE_BIN:-}" ]; then
-  ours=$NSQ_DEDUPE_BIN
-  [ -x "$ours" ] || { echo "sidecar-vs-go.sh: NSQ_DEDUPE_BIN=$ours is not an executable file" >&2; exit 1; }
-else
-  echo "building the sidecar: cargo build --release (set NSQ_DEDUPE_BIN to measure another binary)" >&2
-  cargo build --release --quiet --manifest-path "$here/Cargo.toml"
-  ours=$here/target/release/nsq-dedupe
-fi
+ours=$(sidecar_binary sidecar-vs-go.sh "$here")
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/sidecar-vs-go.XXXXXX")
 [ "$keep" = 1 ] && echo "work directory (kept): $work" >&2
@@ -154,7 +142,7 @@ export BENCH_MESSAGES=$messages BENCH_PAIRS=$pairs BENCH_MAX_IN_FLIGHT=$max_in_f
 export PYTHONPATH="$here/bench${PYTHONPATH:+:$PYTHONPATH}"
 # exec: a signal to this script (timeout, kill) reaches the program that owns the processes.
 exec python3 - "${scenarios[@]}" <<'PY'
-import os, shlex, shutil, signal, socket, subprocess, sys, time
+import os, shlex, signal, socket, subprocess, sys, time
 import nsq_bench as nb
 
 N_GIVEN = int(os.environ["BENCH_MESSAGES"] or 0)
@@ -433,15 +421,8 @@ def main():
         stop(memcached)
     if redis:
         stop(redis)
-    if failed:
-        print("\nsome runs timed out, lost messages or exited with an error; run again with --keep to read their logs", file=sys.stderr)
-        sys.exit(1)
+    return failed
 
 
-try:
-    main()
-finally:
-    nb.kill_children()
-    if os.environ["BENCH_KEEP"] != "1":
-        shutil.rmtree(WORK, ignore_errors=True)
+nb.run(main, WORK, os.environ["BENCH_KEEP"] == "1")
 PY

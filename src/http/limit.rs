@@ -9,9 +9,10 @@
 //! them. Beyond it the kernel drops the SYN (or the handshake's last ACK), and the client's
 //! kernel sends it again after 1 s, then 2 s more, 4 s more (RFC 6298's initial RTO of 1 s,
 //! doubled). Python's `http.server` listens with a backlog of 5 and closes each connection
-//! after one answer, so every request connects anew: one to eight clients get 1,500 answers a
-//! second from it, but 100 connects at once overflow the backlog and most requests wait a
-//! second or more for a retransmit, about 100 answers a second. A fixed count of connections
+//! after one answer, so every request connects anew: a few plain clients got 1,000 to 2,300
+//! answers a second from it on the 2 shared cores of `docs/benchmarks.md`, but 100 connects at
+//! once overflow the backlog and most requests wait a second or more for a retransmit: 93 to
+//! 189 answers a second. A fixed count of connections
 //! cannot be right for both that server and a keep-alive one that wants 100 requests in
 //! flight; so the pool adapts the count as TCP adapts its window (AIMD, RFC 5681):
 //!
