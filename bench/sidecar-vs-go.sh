@@ -186,20 +186,6 @@ def make_certs():
     return {"ca": f"{d}/ca.pem", "cert": f"{d}/cert.pem", "key": f"{d}/key.pem"}
 
 
-def connections(port, exclude):
-    """Client ports seen on a server port (established and TIME_WAIT sockets)."""
-    out = subprocess.run(["ss", "-Htan", f"( sport = :{port} or dport = :{port} )"],
-                         capture_output=True, text=True).stdout
-    ports = set()
-    for line in out.splitlines():
-        f = line.split()
-        if len(f) < 5 or f[0] == "LISTEN":
-            continue
-        local, peer = int(f[3].rsplit(":", 1)[1]), int(f[4].rsplit(":", 1)[1])
-        ports.add(peer if local == port else local)
-    return len(ports - set(exclude))
-
-
 def ours_cmd(d, extra):
     return [OURS, "run", "--nsqd-tcp-address", f"127.0.0.1:{d.tcp}", "--topic", d.topic,
             "--channel", "c", "--max-in-flight", MIF, "--metrics-address", "off"] + extra
@@ -304,7 +290,7 @@ def one_run(name, r, side, label, cmd, check_out, memcached):
         conns = None
         if name in ("http", "https"):
             port = d.https_port if (name == "https" and side == "ours") else d.http_port
-            conns = connections(port, [d.own_port()])
+            conns = nb.connections(port, [d.own_port()])
         code, ru = stop(p)
         exit_cpu = ru.ru_utime + ru.ru_stime if ru else float("nan")
         if code not in (0, -signal.SIGTERM, 143) and status == "ok":
