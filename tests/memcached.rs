@@ -16,7 +16,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
 use crate::support::memcached::MemcachedServer;
-use crate::util::claimed;
+use crate::util::{claim_until_answered, claimed};
 
 /// A namespace no other test (or earlier case) uses, so tests can share nothing by accident.
 fn unique_namespace(tag: &str) -> String {
@@ -1301,16 +1301,8 @@ async fn a_burst_fails_only_the_digests_of_a_dead_server() {
 
     two.restart();
     let failed: Vec<Digest> = burst.iter().copied().filter(|d| home(d) == 1).collect();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let answers = loop {
-        let answers = store.claim_many(&failed).await;
-        if answers.iter().all(Result::is_ok) || Instant::now() > deadline {
-            break answers;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
     assert_eq!(
-        claimed(answers).expect("server two answers again"),
+        claim_until_answered(&store, &failed, Duration::from_secs(10)).await,
         vec![Claim::New; failed.len()],
         "the failed claims wrote nothing"
     );

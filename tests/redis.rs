@@ -25,7 +25,7 @@ use crate::sidecar::{drained, payload, raw_config, Recorder, Running, TOPIC};
 use crate::support::broker::{Broker, BrokerConfig};
 use crate::support::memcached::MemcachedServer;
 use crate::support::redis::{RedisCluster, RedisServer};
-use crate::util::{claimed, wait_until_or};
+use crate::util::{claim_until_answered, claimed, wait_until_or};
 
 /// A namespace no other test uses.
 fn unique_namespace(tag: &str) -> String {
@@ -1166,29 +1166,6 @@ fn slots_served_by(cluster: &RedisCluster, index: usize, via: usize) -> Vec<(u16
             Some((lo.parse().ok()?, hi.parse().ok()?))
         })
         .collect()
-}
-
-/// Claims `digests` until every claim is answered, for at most `limit`.
-async fn claim_until_answered(
-    store: &RedisStore,
-    digests: &[Digest],
-    limit: Duration,
-) -> Vec<Claim> {
-    let deadline = Instant::now() + limit;
-    loop {
-        let answers = store.claim_many(digests).await;
-        if answers.iter().all(Result::is_ok) {
-            return claimed(answers).unwrap();
-        }
-        let failed = answers.iter().filter(|a| a.is_err()).count();
-        assert!(
-            Instant::now() < deadline,
-            "{failed} of {} claims still fail after {limit:?}: {:?}",
-            digests.len(),
-            answers.iter().find(|a| a.is_err())
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Bursts whose sets live on every master, as a sidecar claims them, while one master is

@@ -95,3 +95,28 @@ pub fn claimed(
 ) -> Result<Vec<nsq_dedupe::Claim>, nsq_dedupe::error::StoreError> {
     answers.into_iter().collect()
 }
+
+/// Claims `digests` in bursts until every claim of one burst is answered (a shared store that
+/// failed answers again), every 100 ms; the claims, or a panic after `limit` with the first
+/// error.
+pub async fn claim_until_answered<S: nsq_dedupe::Store>(
+    store: &S,
+    digests: &[nsq_dedupe::Digest],
+    limit: Duration,
+) -> Vec<nsq_dedupe::Claim> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let answers = store.claim_many(digests).await;
+        if answers.iter().all(Result::is_ok) {
+            return claimed(answers).unwrap();
+        }
+        let failed = answers.iter().filter(|a| a.is_err()).count();
+        assert!(
+            Instant::now() < deadline,
+            "{failed} of {} claims still fail after {limit:?}: {:?}",
+            digests.len(),
+            answers.iter().find(|a| a.is_err())
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
