@@ -16,6 +16,7 @@
 //! later could just as well remove the claim of a redelivery that this owner is handling
 //! now. Such a claim ends with its lease.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use crate::dedup::Digest;
@@ -29,6 +30,9 @@ const MAX_KEPT: usize = 1 << 16;
 pub(super) struct Unsettled {
     /// A `std` mutex: held only to push or take the lists, never across an `.await`.
     writes: Mutex<Writes>,
+    /// Whether `writes` may hold anything: every burst asks, and with a store that answers
+    /// (the in-process table always does) the answer is no without taking the lock.
+    any: AtomicBool,
 }
 
 /// Digests to commit, and digests to erase.
@@ -53,11 +57,19 @@ impl Unsettled {
         let mut writes = self.lock();
         extend_bounded(&mut writes.commits, commits);
         extend_bounded(&mut writes.erases, erases);
+        // Relaxed: the lock orders the lists; a burst that misses the flag just set takes
+        // them with the next burst.
+        self.any.store(true, Ordering::Relaxed);
     }
 
     /// Takes every kept write, leaving none.
     pub(super) fn take(&self) -> Writes {
-        std::mem::take(&mut *self.lock())
+        if !self.any.load(Ordering::Relaxed) {
+            return Writes::default();
+        }
+        let mut writes = self.lock();
+        self.any.store(false, Ordering::Relaxed);
+        std::mem::take(&mut *writes)
     }
 
     /// How many writes are kept.
