@@ -29,7 +29,8 @@
 //!    burst's sets live on several servers and one fails, only its messages take the policy.
 //!    Errors of `commit`, `erase` and `renew` are counted and logged, and the message goes on:
 //!    a stale claim only delays or duplicates a later copy, it never drops one. Failed commits
-//!    and erases are sent again before the next bursts' claims (`unsettled`), so a store that
+//!    and erases, and the erases of requeued claims that got no answer, are sent again before
+//!    the next bursts' claims (`unsettled`), so a store that
 //!    answers again decides copies at once, not a lease later. Each cause of store errors is
 //!    logged when it appears, then at most once a `STORE_ERROR_LOG_INTERVAL` while it lasts,
 //!    with the count of those not logged (see `store_error_log`); every one is counted.
@@ -403,12 +404,24 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
                     });
                 }
                 Err(error) => {
+                    // The claim may have reached the store with its answer lost (a node that
+                    // died mid-answer): such an entry would hold back every copy, this
+                    // message's retry included, for a whole lease.
+                    let unanswered = matches!(
+                        error,
+                        StoreError::Timeout(_) | StoreError::Unavailable { .. }
+                    );
                     match &mut failed {
                         Some((_, count)) => *count += 1,
                         None => failed = Some((error, 1)),
                     }
                     match inner.policy.on_store_error {
                         StoreErrorPolicy::Requeue => {
+                            if unanswered {
+                                // Erased before a later burst claims it again (see
+                                // `unsettled`).
+                                inner.unsettled.keep(&[], &[digest]);
+                            }
                             inc(&metrics.store_error_requeues);
                             let delay = inner.policy.store_error_delay(message.attempts());
                             answers.push((message, requeue(Some(delay), false)));

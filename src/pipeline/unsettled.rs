@@ -1,5 +1,6 @@
-//! Store writes that failed and are tried again: the commits of delivered messages and the
-//! erases of failed ones.
+//! Store writes that failed and are tried again: the commits of delivered messages, the
+//! erases of failed ones, and the erases of requeued claims that got no answer (they may have
+//! reached the store).
 //!
 //! Each of these leaves an entry in flight under this owner, which holds back every copy of
 //! its content (answered `InFlight`, requeued) until the lease ends: 65 s by default. A shared
@@ -12,9 +13,9 @@
 //! it over). An erase that lands after a later claim of the same digest by this owner lets
 //! one copy through: a duplicate, never a loss.
 //!
-//! Claims that got no answer are not erased: the claim may have landed, but an erase sent
-//! later could just as well remove the claim of a redelivery that this owner is handling
-//! now. Such a claim ends with its lease.
+//! The erase of a claim that got no answer is sent before the next burst's claims, so it
+//! lands before this owner claims that digest again in a later burst; a burst running at the
+//! same time may still claim it first, and the erase then lets one copy through.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
