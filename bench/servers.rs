@@ -48,6 +48,26 @@ impl Server {
         Self::spawn(command, &binary, port)
     }
 
+    /// A redis-server as one node of a cluster, its cluster state in `dir`.
+    fn redis_cluster_node(dir: &std::path::Path) -> Result<Self, String> {
+        let port = free_port()?;
+        let binary = std::env::var("REDIS_SERVER_BIN")
+            .unwrap_or_else(|_| "/usr/bin/redis-server".to_owned());
+        let mut command = Command::new(&binary);
+        command
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
+            .args([
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+            ])
+            .arg("--dir")
+            .arg(dir);
+        Self::spawn(command, &binary, port)
+    }
+
     fn spawn(mut command: Command, binary: &str, port: u16) -> Result<Self, String> {
         let mut child = command
             .stdin(Stdio::null())
@@ -81,6 +101,61 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A Redis Cluster of three masters without replicas (what is measured is each master's
+/// CPU), killed on drop (`$REDIS_CLI_BIN`, else `/usr/bin/redis-cli`, creates it).
+pub struct RedisCluster {
+    /// The masters.
+    pub masters: Vec<Server>,
+    _dir: tempfile::TempDir,
+}
+
+impl RedisCluster {
+    /// Starts three nodes, creates the cluster and waits until every node serves every slot.
+    pub fn start() -> Result<Self, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let mut masters = Vec::new();
+        for i in 0..3 {
+            let node_dir = dir.path().join(format!("node{i}"));
+            std::fs::create_dir_all(&node_dir).map_err(|e| e.to_string())?;
+            masters.push(Server::redis_cluster_node(&node_dir)?);
+        }
+        let cli = std::env::var("REDIS_CLI_BIN").unwrap_or_else(|_| "/usr/bin/redis-cli".into());
+        let mut create = Command::new(&cli);
+        create.args(["--cluster", "create"]);
+        create.args(masters.iter().map(|m| m.addr.as_str()));
+        let output = create
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run {cli}: {e}"))?;
+        if !output.status.success() {
+            return Err(format!(
+                "redis-cli --cluster create failed: {}",
+                String::from_utf8_lossy(&output.stdout)
+            ));
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for master in &masters {
+            let (host, port) = master.addr.split_once(':').unwrap_or_default();
+            loop {
+                let info = Command::new(&cli)
+                    .args(["-h", host, "-p", port, "cluster", "info"])
+                    .output()
+                    .map_err(|e| format!("cannot run {cli}: {e}"))?;
+                let info = String::from_utf8_lossy(&info.stdout);
+                if info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384") {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(format!("the cluster did not form: {info}"));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Ok(RedisCluster { masters, _dir: dir })
     }
 }
 

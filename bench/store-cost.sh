@@ -5,10 +5,11 @@ set -euo pipefail
 
 usage() {
   cat <<'USAGE'
-Usage: bench/store-cost.sh [--messages N] [--burst B] [--tasks T] [--full-slots S] [redis] [memcached]
+Usage: bench/store-cost.sh [--messages N] [--burst B] [--tasks T] [--full-slots S] [redis] [redis-cluster] [memcached]
 
-Starts its own redis-server and memcached on free loopback ports and prints, for each, the
-server's CPU per distinct message (user + system from /proc/PID/stat, before and after each
+Starts its own redis-server, Redis Cluster (three masters, no replicas) and memcached on free
+loopback ports and prints, for each server (each master of the cluster), its CPU per distinct
+message of the whole stream (user + system from /proc/PID/stat, before and after each
 case) for:
   naive        the write users send instead, pipelined a burst at a time: Redis
                `SET key 1 NX EX 3600`, Memcached `ms key 1 T3600 ME` (add)
@@ -17,7 +18,10 @@ case) for:
   ours full    the same on a table of S slots (default 65,536) filled first
   naive again  the naive write once more; the ratios are to the mean of both naive runs
 with the ratio ours/naive and the messages per second one server core would serve.
-Defaults: 300,000 messages per case, bursts of 128, 4 bursts at once, both stores.
+The cluster's naive write sends each burst as one pipeline per master, routed by key slot, as
+a cluster client does.
+Defaults: 300,000 messages per case, bursts of 128, 4 bursts at once, redis and memcached
+(redis-cluster when named).
 Every answer is checked (a fresh digest claimed new, its commit held, each naive write stored).
 
 Needs redis-server and memcached (or $REDIS_SERVER_BIN, $MEMCACHED_BIN); builds the benchmark

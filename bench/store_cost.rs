@@ -28,11 +28,15 @@ use std::time::Instant;
 use nsq_dedupe::{
     Claim, Digest, Geometry, MemcachedConfig, MemcachedStore, RedisConfig, RedisStore, Store,
 };
-use servers::Server;
+use servers::{RedisCluster, Server};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 /// Clock ticks per second of `/proc/<pid>/stat` (Linux's `USER_HZ`).
 const TICKS_PER_SECOND: f64 = 100.0;
+
+/// The stores' time limit per operation: what is measured is the server's CPU, so a machine
+/// busy with other work must not fail a case.
+const BENCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Ways of every table measured: the sidecar's default.
 const WAYS: u32 = 8;
@@ -74,11 +78,11 @@ impl Settings {
                 "--burst" => settings.burst = number("--burst")?,
                 "--tasks" => settings.tasks = number("--tasks")?,
                 "--full-slots" => settings.full_slots = number("--full-slots")?,
-                "redis" | "memcached" => settings.stores.push(arg),
+                "redis" | "redis-cluster" | "memcached" => settings.stores.push(arg),
                 other => {
                     return Err(format!(
                         "unknown argument {other:?}: give --messages, --burst, --tasks, \
-                         --full-slots, redis or memcached"
+                         --full-slots, redis, redis-cluster or memcached"
                     ))
                 }
             }
@@ -107,20 +111,53 @@ impl Digests {
     }
 }
 
+/// The server processes whose CPU a case costs: one server, or each master of a cluster.
+trait Measured {
+    /// Each process's name, as printed.
+    fn names(&self, store: &str) -> Vec<String>;
+    /// Each process's CPU time so far, in clock ticks, in the order of `names`.
+    fn cpu_ticks(&self) -> Vec<u64>;
+}
+
+impl Measured for Server {
+    fn names(&self, store: &str) -> Vec<String> {
+        vec![store.to_owned()]
+    }
+
+    fn cpu_ticks(&self) -> Vec<u64> {
+        vec![Server::cpu_ticks(self).expect("the server's CPU time")]
+    }
+}
+
+impl Measured for RedisCluster {
+    fn names(&self, store: &str) -> Vec<String> {
+        (1..=self.masters.len())
+            .map(|i| format!("{store} m{i}"))
+            .collect()
+    }
+
+    fn cpu_ticks(&self) -> Vec<u64> {
+        self.masters
+            .iter()
+            .map(|m| m.cpu_ticks().expect("a master's CPU time"))
+            .collect()
+    }
+}
+
 /// Runs `settings.tasks` tasks that each call `burst` with bursts of fresh digests until
-/// `messages` were sent in all; returns the server's CPU ticks and the wall time taken.
+/// `messages` were sent in all; returns each server's CPU ticks and the wall time taken.
 async fn measure<F, Fut>(
-    server: &Server,
+    server: &impl Measured,
     settings: &Settings,
     messages: u64,
     digests: Arc<Digests>,
     burst: F,
-) -> (u64, f64)
+) -> (Vec<u64>, f64)
 where
     F: Fn(Vec<Digest>) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = ()> + Send,
 {
-    let before = server.cpu_ticks().expect("the server's CPU time");
+    let before = server.cpu_ticks();
     let start = Instant::now();
     let bursts = messages / settings.burst;
     let left = Arc::new(AtomicU64::new(bursts));
@@ -143,18 +180,21 @@ where
         task.await.expect("a benchmark task");
     }
     let wall = start.elapsed().as_secs_f64();
-    let after = server.cpu_ticks().expect("the server's CPU time");
-    (after - before, wall)
+    let after = server.cpu_ticks();
+    (
+        after.iter().zip(&before).map(|(a, b)| a - b).collect(),
+        wall,
+    )
 }
 
 /// Claims and commits each burst as the sidecar does, checking every answer.
 async fn ours<S: Store + Clone + Send + Sync + 'static>(
-    server: &Server,
+    server: &impl Measured,
     settings: &Settings,
     store: S,
     messages: u64,
     digests: Arc<Digests>,
-) -> (u64, f64) {
+) -> (Vec<u64>, f64) {
     measure(server, settings, messages, digests, move |burst| {
         let store = store.clone();
         async move {
@@ -194,6 +234,7 @@ async fn redis_cases(settings: &Settings) -> Result<(), String> {
             RedisConfig {
                 urls: vec![url.clone()],
                 namespace: namespace.into(),
+                timeout: BENCH_TIMEOUT,
                 ..RedisConfig::default()
             },
             Geometry::new(slots, WAYS).expect("a valid geometry"),
@@ -233,6 +274,119 @@ async fn redis_cases(settings: &Settings) -> Result<(), String> {
     .await
 }
 
+/// Slot of a key without a hash tag: CRC16 (XMODEM) of the key, modulo 16,384, as Redis
+/// Cluster computes it.
+fn key_slot(key: &[u8]) -> usize {
+    let mut crc: u16 = 0;
+    for &byte in key {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    usize::from(crc) % 16_384
+}
+
+/// The three-master cluster's cases: the naive write sends each burst as one pipeline per
+/// master, as a cluster client does; every master's CPU is reported on its own.
+async fn redis_cluster_cases(settings: &Settings) -> Result<(), String> {
+    let cluster = RedisCluster::start()?;
+    let urls: Vec<String> = cluster
+        .masters
+        .iter()
+        .map(|m| format!("redis://{}", m.addr))
+        .collect();
+    let mut conns = Vec::new();
+    for url in &urls {
+        conns.push(
+            redis::Client::open(url.as_str())
+                .map_err(|e| e.to_string())?
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    // The master of each slot, from CLUSTER SLOTS: [[start, end, [host, port, id, ...], ...], ...].
+    let ranges: Vec<Vec<redis::Value>> = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query_async(&mut conns[0].clone())
+        .await
+        .map_err(|e| format!("CLUSTER SLOTS: {e}"))?;
+    let mut owner = vec![usize::MAX; 16_384];
+    for range in ranges {
+        let parse = || -> redis::RedisResult<(usize, usize, String, u16)> {
+            let node: Vec<redis::Value> = redis::from_redis_value(&range[2])?;
+            Ok((
+                redis::from_redis_value(&range[0])?,
+                redis::from_redis_value(&range[1])?,
+                redis::from_redis_value(&node[0])?,
+                redis::from_redis_value(&node[1])?,
+            ))
+        };
+        let (start, end, host, port) = parse().map_err(|e| format!("CLUSTER SLOTS: {e}"))?;
+        let addr = format!("{host}:{port}");
+        let master = cluster
+            .masters
+            .iter()
+            .position(|m| m.addr == addr)
+            .ok_or(format!("CLUSTER SLOTS names an unknown node {addr}"))?;
+        owner[start..=end].fill(master);
+    }
+    let owner = Arc::new(owner);
+    let naive =
+        move |burst: Vec<Digest>| {
+            let (conns, owner) = (conns.clone(), owner.clone());
+            async move {
+                let mut pipes: Vec<redis::Pipeline> = conns.iter().map(|_| redis::pipe()).collect();
+                let mut counts = vec![0usize; conns.len()];
+                for digest in &burst {
+                    let key = format!("naive:{:032x}", digest.as_u128());
+                    let master = owner[key_slot(key.as_bytes())];
+                    counts[master] += 1;
+                    pipes[master]
+                        .cmd("SET")
+                        .arg(key)
+                        .arg(1)
+                        .arg("NX")
+                        .arg("EX")
+                        .arg(3600);
+                }
+                let sends = pipes.iter().zip(conns).zip(&counts).map(
+                    |((pipe, mut conn), &count)| async move {
+                        if count == 0 {
+                            return;
+                        }
+                        let answers: Vec<Option<String>> =
+                            pipe.query_async(&mut conn).await.expect("pipelined SET NX");
+                        assert!(
+                            answers.iter().all(Option::is_some),
+                            "a fresh key must be set"
+                        );
+                    },
+                );
+                futures::future::join_all(sends).await;
+            }
+        };
+    run_cases(settings, "cluster", &cluster, naive, |namespace, slots| {
+        let store = RedisStore::connect(
+            RedisConfig {
+                urls: urls.clone(),
+                cluster: true,
+                namespace: namespace.into(),
+                timeout: BENCH_TIMEOUT,
+                ..RedisConfig::default()
+            },
+            Geometry::new(slots, WAYS).expect("a valid geometry"),
+        );
+        async move { store.await.map_err(|e| e.to_string()) }
+    })
+    .await
+}
+
 async fn memcached_cases(settings: &Settings) -> Result<(), String> {
     let server = Server::memcached()?;
     let addr = server.addr.clone();
@@ -266,6 +420,7 @@ async fn memcached_cases(settings: &Settings) -> Result<(), String> {
             MemcachedConfig {
                 servers: vec![addr.clone()],
                 namespace: namespace.into(),
+                timeout: BENCH_TIMEOUT,
                 ..MemcachedConfig::default()
             },
             Geometry::new(slots, WAYS).expect("a valid geometry"),
@@ -303,7 +458,7 @@ impl Conns {
 async fn run_cases<N, NF, C, CF, S>(
     settings: &Settings,
     name: &str,
-    server: &Server,
+    server: &impl Measured,
     naive: N,
     connect: C,
 ) -> Result<(), String>
@@ -333,11 +488,14 @@ where
     .await;
     let full = ours(server, settings, full, n, Digests::starting_at(3 << 40)).await;
     let naive_again = measure(server, settings, n, Digests::starting_at(4 << 40), naive).await;
-    let baseline = (micros(naive_first.0, n) + micros(naive_again.0, n)) / 2.0;
-    report(name, "naive", n, naive_first, None);
-    report(name, "ours empty", n, empty, Some(baseline));
-    report(name, "ours full", n, full, Some(baseline));
-    report(name, "naive again", n, naive_again, None);
+    for (i, name) in server.names(name).iter().enumerate() {
+        let case = |(ticks, wall): &(Vec<u64>, f64)| (ticks[i], *wall);
+        let baseline = (micros(naive_first.0[i], n) + micros(naive_again.0[i], n)) / 2.0;
+        report(name, "naive", n, case(&naive_first), None);
+        report(name, "ours empty", n, case(&empty), Some(baseline));
+        report(name, "ours full", n, case(&full), Some(baseline));
+        report(name, "naive again", n, case(&naive_again), None);
+    }
     Ok(())
 }
 
@@ -372,6 +530,7 @@ fn main() {
         let result = runtime.block_on(async {
             match store.as_str() {
                 "redis" => redis_cases(&settings).await,
+                "redis-cluster" => redis_cluster_cases(&settings).await,
                 _ => memcached_cases(&settings).await,
             }
         });

@@ -432,6 +432,18 @@ impl Link {
             })
     }
 
+    /// The master of `slot` in the slot map as last read, if it names one. A cluster's
+    /// operations group their keys by it; one grouped by a map that is out of date fails at
+    /// the node and is sent again another way.
+    pub(super) fn master_of(&self, slot: u16) -> Option<String> {
+        self.slots_map().master(slot).map(str::to_owned)
+    }
+
+    /// Marks the slot map out of date: the next operation reads it again before routing.
+    pub(super) fn mark_stale(&self) {
+        self.stale.store(true, Ordering::Relaxed);
+    }
+
     /// How many times the slot map has been read.
     fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)

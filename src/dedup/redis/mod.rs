@@ -8,8 +8,8 @@
 //! a set is always `3 + 34 × ways` bytes, the entry of slot `i` at byte `3 + 34 i` and an empty
 //! slot all zeros (`set.lua` has the layout), so that the script checks a stored set by its
 //! length and header alone and writes only the bytes an operation changes (`SETRANGE`), never a
-//! whole new value. No script run touches keys of two slots, so in a cluster every set
-//! may live on any slot and the sets spread over all masters.
+//! whole new value. Every set may live on any slot, so in a cluster the sets spread over all
+//! masters.
 //!
 //! # Atomicity
 //!
@@ -26,10 +26,14 @@
 //!
 //! A burst ([`Store::claim_many`], `commit_many`, `erase_many`) on a standalone server is one
 //! script run per 256 digests (`MAX_RUN`): one command for the client to write and parse, and
-//! one for the server to dispatch, instead of one per digest. In a cluster, the keys of one run
-//! must share a slot; the sets of a burst almost never do (16,384 slots), and a multi-key
-//! command in a slot that is being migrated answers `TRYAGAIN` until the migration ends, so
-//! there a run holds the digests of one set. Connections are multiplexed (see `conn`):
+//! one for the server to dispatch, instead of one per digest. In a cluster, a run holds the
+//! digests whose sets have one master in the slot map: it declares the first set's key alone,
+//! which routes it, and reaches the others as a script without flags may, any key its node
+//! serves (the keys declared by one command must share a slot, and the sets of a burst almost
+//! never do). A run whose node refuses it (the slot map was out of date, or a slot is being
+//! migrated) wrote nothing, and is sent again as one run per set, each following `MOVED` and
+//! `ASK`. So a burst costs each master one script run, as on a standalone server, not one per
+//! digest. Connections are multiplexed (see `conn`):
 //! concurrent runs are written together while earlier ones are on the wire, and their answers
 //! read back in order, a pipeline per node without a queue of our own.
 //!
@@ -242,10 +246,10 @@ impl RedisStore {
 
     /// Runs the script for `op` on every digest; the answers are in the order of `digests`.
     ///
-    /// Standalone, the digests go in runs of at most [`MAX_RUN`], one script run each; in a
-    /// cluster, one run per set (see the module docs). The runs go out together on the
-    /// multiplexed connections, each within the time limit; a run that fails fails each of
-    /// its digests, and wrote nothing.
+    /// The digests go in runs of at most [`MAX_RUN`], one script run each: standalone, in
+    /// their order; in a cluster, grouped by the master of their set's slot (see the module
+    /// docs). The runs go out together on the multiplexed connections, each within the time
+    /// limit; a run that fails fails each of its digests, and wrote nothing.
     async fn update_many(&self, op: Op, digests: &[Digest]) -> Vec<Result<i64, StoreError>> {
         let inner = &*self.inner;
         let now = now_ms();
@@ -260,7 +264,7 @@ impl RedisStore {
             };
         }
         let runs = if inner.config.cluster {
-            runs_by_set(inner.geometry, digests)
+            self.runs_by_master(digests)
         } else {
             (0..digests.len())
                 .collect::<Vec<_>>()
@@ -270,23 +274,14 @@ impl RedisStore {
         };
         let answers = join_all(
             runs.iter()
-                .map(|run| self.run_script(op, now, run.iter().map(|&i| digests[i]))),
+                .map(|run| self.run_or_split(op, now, digests, run)),
         )
         .await;
         let mut out: Vec<Option<Result<i64, StoreError>>> = Vec::new();
         out.resize_with(digests.len(), || None);
         for (run, answer) in runs.iter().zip(answers) {
-            match answer {
-                Ok(codes) => {
-                    for (&i, code) in run.iter().zip(codes) {
-                        out[i] = Some(Ok(code));
-                    }
-                }
-                Err(error) => {
-                    for &i in run {
-                        out[i] = Some(Err(error.clone()));
-                    }
-                }
+            for (&i, code) in run.iter().zip(answer) {
+                out[i] = Some(code);
             }
         }
         out.into_iter()
@@ -298,6 +293,83 @@ impl RedisStore {
                 })
             })
             .collect()
+    }
+
+    /// The indices of `digests` grouped by the master of their set's slot in the slot map as
+    /// last read (in order of first appearance), each group cut into runs of [`MAX_RUN`].
+    fn runs_by_master(&self, digests: &[Digest]) -> Vec<Vec<usize>> {
+        let inner = &*self.inner;
+        let mut groups: Vec<(Option<String>, Vec<usize>)> = Vec::new();
+        let mut key = String::with_capacity(inner.namespace.len() + 21);
+        for (i, &digest) in digests.iter().enumerate() {
+            self.write_key(&mut key, inner.geometry.set_of(digest));
+            let master = inner.link.master_of(key_slot(key.as_bytes()));
+            match groups.iter_mut().find(|(m, _)| *m == master) {
+                Some((_, group)) => group.push(i),
+                None => groups.push((master, vec![i])),
+            }
+        }
+        groups
+            .into_iter()
+            .flat_map(|(_, group)| {
+                group
+                    .chunks(MAX_RUN)
+                    .map(<[usize]>::to_vec)
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    /// One script run of the digests at `run`; in a cluster, a run over several sets that
+    /// its node refused (a key of a slot it no longer serves, or one being migrated) is sent
+    /// again as one run per set, which follows `MOVED` and `ASK` as any command does. The
+    /// answers are in the order of `run`.
+    async fn run_or_split(
+        &self,
+        op: Op,
+        now: u64,
+        digests: &[Digest],
+        run: &[usize],
+    ) -> Vec<Result<i64, StoreError>> {
+        let error = match self
+            .run_script(op, now, run.iter().map(|&i| digests[i]))
+            .await
+        {
+            Ok(codes) => return codes.into_iter().map(Ok).collect(),
+            Err(error) => error,
+        };
+        let sets = runs_by_set(
+            self.inner.geometry,
+            &run.iter().map(|&i| digests[i]).collect::<Vec<_>>(),
+        );
+        // Only an answer of the node: a node that did not answer would not answer the
+        // runs per set either, and waiting for each would hold the burst up.
+        if !self.inner.config.cluster || sets.len() < 2 || !matches!(error, StoreError::Protocol(_))
+        {
+            return vec![Err(error); run.len()];
+        }
+        self.inner.link.mark_stale();
+        let answers = join_all(
+            sets.iter()
+                .map(|set| self.run_script(op, now, set.iter().map(|&j| digests[run[j]]))),
+        )
+        .await;
+        let mut out: Vec<Result<i64, StoreError>> = vec![Err(error); run.len()];
+        for (set, answer) in sets.iter().zip(answers) {
+            match answer {
+                Ok(codes) => {
+                    for (&j, code) in set.iter().zip(codes) {
+                        out[j] = Ok(code);
+                    }
+                }
+                Err(error) => {
+                    for &j in set {
+                        out[j] = Err(error.clone());
+                    }
+                }
+            }
+        }
+        out
     }
 
     /// One `EVALSHA` of the script for `op` on `digests`, on the node of their slot (in a
@@ -316,24 +388,21 @@ impl RedisStore {
         } else {
             FORMAT_VERSION
         };
-        // Per digest: its key (the namespace and a set number) and its 16 bytes; and 10
+        // Per digest: its key (the namespace and a set number) and its 16 bytes; and 11
         // arguments of at most 20 bytes around them.
         let mut evalsha =
-            redis::Cmd::with_capacity(10 + 2 * count, 200 + count * (inner.namespace.len() + 40));
-        evalsha
-            .arg("EVALSHA")
-            .arg(inner.script.get_hash())
-            .arg(count);
+            redis::Cmd::with_capacity(11 + 2 * count, 220 + count * (inner.namespace.len() + 40));
+        evalsha.arg("EVALSHA").arg(inner.script.get_hash()).arg(1);
         let mut key = String::with_capacity(inner.namespace.len() + 21);
-        let mut slot = None;
-        for digest in digests.clone() {
-            self.write_key(&mut key, inner.geometry.set_of(digest));
-            if inner.config.cluster && slot.is_none() {
-                slot = Some(key_slot(key.as_bytes()));
-            }
-            evalsha.arg(key.as_str());
-        }
+        // The first digest's key routes the run: the only key declared.
+        let first = digests
+            .clone()
+            .next()
+            .ok_or_else(|| StoreError::Protocol("a script run needs at least one digest".into()))?;
+        self.write_key(&mut key, inner.geometry.set_of(first));
+        let slot = key_slot(key.as_bytes());
         evalsha
+            .arg(key.as_str())
             .arg(op.code())
             .arg(&inner.owner.to_be_bytes()[..])
             .arg(now)
@@ -343,13 +412,14 @@ impl RedisStore {
             None => evalsha.arg(""),
         };
         evalsha.arg(inner.geometry.ways()).arg(version);
-        for digest in digests {
+        for digest in digests.clone() {
             evalsha.arg(&digest.to_bytes()[..]);
         }
-        let value = inner
-            .link
-            .eval(&inner.script, slot.unwrap_or(0), &evalsha)
-            .await?;
+        for digest in digests {
+            self.write_key(&mut key, inner.geometry.set_of(digest));
+            evalsha.arg(key.as_str());
+        }
+        let value = inner.link.eval(&inner.script, slot, &evalsha).await?;
         let mut answers: Vec<i64> = redis::from_redis_value(&value).map_err(|error| {
             StoreError::Protocol(format!("the set script answered {value:?}: {error}"))
         })?;

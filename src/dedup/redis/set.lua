@@ -6,10 +6,14 @@
 --        u64 owner), the entry of slot i at byte 3 + 34 i; an empty slot is all zeros.
 -- Slots fill in order, so a set holds its first k slots (k <= ways): it grows by one entry
 -- until it is full, then keeps its length.
--- KEYS[i] is the set of the i-th digest; digests of one set repeat its key, and are decided in
--- order (a digest given twice is claimed new once, then found in flight).
 -- ARGV: op (c = claim, m = commit, e = erase, r = renew), owner (8 bytes), now ms, lease end
--- ms, max age ms ("" for none), ways, version to write, then one 16-byte digest per key.
+-- ms, max age ms ("" for none), ways, version to write, then n 16-byte digests, then the n keys
+-- of their sets (the i-th digest's set is the i-th key); digests of one set repeat its key, and
+-- are decided in order (a digest given twice is claimed new once, then found in flight).
+-- KEYS holds the first of those keys only: it routes the run to its node. In a cluster the
+-- other keys may be of other slots of the same node (a script without flags may reach any key
+-- its node serves); one its node does not serve fails the run when it is read, before any
+-- write.
 -- Every key is read before any is written, so a key that cannot be read (not a string) fails
 -- the whole call with nothing written.
 -- Returns one answer per digest (a claim: 0 = new, 1 = in flight, 2 = duplicate; the others:
@@ -27,6 +31,7 @@ local ways, version = tonumber(ARGV[6]), tonumber(ARGV[7])
 if op ~= 'c' and op ~= 'm' and op ~= 'e' and op ~= 'r' then
   return redis.error_reply('unknown operation ' .. tostring(op))
 end
+local n = (#ARGV - 7) / 2
 local ENTRY = 34
 local SIZE = 3 + ways * ENTRY
 local byte, sub, char, find, rep = string.byte, string.sub, string.char, string.find, string.rep
@@ -129,8 +134,8 @@ end
 
 -- Every key read first; `left[key]` counts the digests of the run still to be decided in it.
 local sets, left, unreadable = {}, {}, 0
-for i = 1, #KEYS do
-  local key = KEYS[i]
+for i = 1, n do
+  local key = ARGV[7 + n + i]
   if sets[key] then
     left[key] = left[key] + 1
   else
@@ -147,8 +152,8 @@ for i = 1, #KEYS do
 end
 
 local answers = {}
-for i = 1, #KEYS do
-  local key = KEYS[i]
+for i = 1, n do
+  local key = ARGV[7 + n + i]
   local answer, changed = apply(key, sets[key], ARGV[7 + i])
   answers[i] = answer
   left[key] = left[key] - 1
@@ -157,5 +162,5 @@ for i = 1, #KEYS do
     sets[key] = call('GET', key)
   end
 end
-answers[#KEYS + 1] = unreadable
+answers[n + 1] = unreadable
 return answers
