@@ -121,7 +121,7 @@ mod tests {
             addr: "127.0.0.1:4150".into(),
             command: "AUTH",
             text: "E_AUTH_FAILED".into(),
-            advice: "check `nsq_opt.auth_secret`".into(),
+            advice: "give the secret nsqd expects".into(),
         });
         let error = Stop::Refused(cause.clone())
             .into_result(report())
@@ -152,7 +152,9 @@ mod tests {
         // The binary exits 0 for a reader that went away: it finds the broken pipe in the
         // chain.
         let source = std::error::Error::source(&error).expect("the closed output is the cause");
-        let io = source.downcast_ref::<std::io::Error>().expect("an I/O error");
+        let io = source
+            .downcast_ref::<std::io::Error>()
+            .expect("an I/O error");
         assert_eq!(io.kind(), std::io::ErrorKind::BrokenPipe);
     }
 }
