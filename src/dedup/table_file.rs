@@ -63,7 +63,7 @@ use regular::{kind_of, not_a_file};
 pub(crate) use regular::{open_regular, OpenError};
 
 use crate::dedup::clock::Clock;
-use crate::dedup::table::Table;
+use crate::dedup::table::{Restored, Table};
 use crate::dedup::Geometry;
 
 const MAGIC: &[u8; 8] = b"NSQDDTBL";
@@ -526,13 +526,6 @@ impl Drop for TableFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(lock_path(&self.path));
     }
-}
-
-/// What restoring one slot did.
-pub(crate) enum Restored {
-    Empty,
-    Done,
-    Released,
 }
 
 struct Header {
