@@ -171,7 +171,12 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
 
     /// What `on_store_error` makes of a message whose claim failed: its answer (REQ), or
     /// `None` to deliver it without de-duplication.
-    fn claim_failed(&self, error: &StoreError, digest: Digest, message: &Message) -> Option<Answer> {
+    fn claim_failed(
+        &self,
+        error: &StoreError,
+        digest: Digest,
+        message: &Message,
+    ) -> Option<Answer> {
         let inner = &*self.inner;
         match inner.policy.on_store_error {
             StoreErrorPolicy::Requeue => {

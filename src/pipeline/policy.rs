@@ -117,4 +117,3 @@ mod tests {
         assert_eq!(p.retry_delay(u16::MAX), Duration::from_secs(1));
     }
 }
-

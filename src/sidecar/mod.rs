@@ -162,7 +162,8 @@ impl<H: Handler> Sidecar<H> {
     /// [`RunError`] naming what could not be built.
     pub async fn with_handler(settings: Settings, handler: H) -> Result<Self, RunError> {
         let store = store::open(&settings).await?;
-        let dead_letter = sink::build_dead_letter(settings.dead_letter.as_ref(), &settings.producer)?;
+        let dead_letter =
+            sink::build_dead_letter(settings.dead_letter.as_ref(), &settings.producer)?;
         let dead_letter_refused = dead_letter.as_ref().map(|d| Box::pin(d.refused()) as _);
         let metrics_listener = endpoints::bind(settings.metrics_address).await?;
         let metrics = Arc::new(Metrics::with_window(settings.window));

@@ -30,8 +30,7 @@ pub(super) struct Opened {
 /// Opens the store of `settings`: the in-process table from its file when it has one,
 /// otherwise [`open_store`].
 pub(super) async fn open(settings: &Settings) -> Result<Opened, RunError> {
-    if let (StoreSettings::Memory(geometry), Some(file)) = (&settings.store, &settings.table_file)
-    {
+    if let (StoreSettings::Memory(geometry), Some(file)) = (&settings.store, &settings.table_file) {
         let (backend, table_file) = open_table_file(settings, *geometry, file)?;
         return Ok(Opened {
             backend,
