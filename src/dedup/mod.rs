@@ -6,7 +6,7 @@
 //! (see [`table`](crate::Table) for the odds); "not seen" is wrong once a digest has been pushed
 //! out, and the number of slots decides how long that takes (see [`sizing`](crate::sizing)).
 //!
-//! Two backends share one geometry ([`Geometry`]) and one trait ([`Store`]):
+//! Three stores share one geometry ([`Geometry`]) and one trait ([`Store`]):
 //! - [`Table`](crate::Table): in-process, lock-free reads, one cache line per set.
 //! - the Memcached store: one item per set, shared by many consumers.
 //! - the Redis store: the same sets as keys of one Redis server or a Redis Cluster.
@@ -49,7 +49,7 @@ pub enum Claim {
 
 /// The shape of a table: how many slots, grouped in sets of how many ways.
 ///
-/// Both backends map a digest to a set the same way, so a table's contents do not depend on
+/// Every store maps a digest to a set the same way, so a table's contents do not depend on
 /// where it lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Geometry {
