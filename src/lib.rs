@@ -71,7 +71,7 @@ pub mod percent;
 #[cfg(feature = "sidecar")]
 pub mod pipeline;
 #[cfg(any(feature = "nsq", feature = "redis"))]
-pub mod redact;
+pub(crate) mod redact;
 #[cfg(feature = "sidecar")]
 pub mod sidecar;
 #[cfg(feature = "sidecar")]

@@ -23,7 +23,7 @@ pub mod journal;
 mod json_key;
 #[cfg(feature = "memcached")]
 pub(crate) mod memcached;
-pub mod near;
+pub(crate) mod near;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 #[cfg(any(feature = "memcached", feature = "redis"))]
@@ -35,6 +35,7 @@ use std::future::Future;
 
 use crate::error::StoreError;
 pub use digest::Digest;
+pub use near::{NearStats, NearTable};
 
 /// What a store knew about a digest when it was claimed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
