@@ -22,7 +22,8 @@
 //! - `nsq`: our NSQ TCP client ([`Consumer`], [`Message`], [`Producer`], nsqlookupd; TLS,
 //!   snappy, deflate and AUTH in `nsq::Transport`), `tls` (client settings shared by the NSQ
 //!   connections and the HTTP client), `http` (the pooled keep-alive HTTPS client, on hyper)
-//!   and the `Metrics` counters the client updates.
+//!   and the `Metrics` counters, which the pipeline updates (the client counts in its own
+//!   `ConsumerStats`).
 //! - `memcached` and `redis`: the shared stores, `MemcachedStore` and `RedisStore`.
 //! - `sidecar` (all of the above, and more): `pipeline` with `Dedupe`, the de-duplicating step
 //!   (claim, handle, commit or erase, FIN or REQ); `sink` (the `Handler` trait, the sidecar's
@@ -70,7 +71,7 @@ pub mod percent;
 #[cfg(feature = "sidecar")]
 pub mod pipeline;
 #[cfg(any(feature = "nsq", feature = "redis"))]
-pub mod redact;
+pub(crate) mod redact;
 #[cfg(feature = "sidecar")]
 pub mod sidecar;
 #[cfg(feature = "sidecar")]

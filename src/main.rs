@@ -4,6 +4,7 @@ use std::io::{self, IsTerminal, Write};
 use std::process::ExitCode;
 
 use cli::{Cli, Command};
+use cmd::output;
 
 mod cli;
 mod cmd;
@@ -30,7 +31,7 @@ fn main() -> ExitCode {
     }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
+        Err(err) if output::is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
             report(&err);
             if is_service && is_setting_error(&err) {
@@ -71,13 +72,6 @@ fn is_setting_error(err: &anyhow::Error) -> bool {
 /// Prints the error chain on stderr, if stderr is still there.
 fn report(err: &anyhow::Error) {
     let _ = writeln!(io::stderr().lock(), "error: {err:#}");
-}
-
-/// Writes `bytes` to stdout and flushes it.
-fn write_stdout(bytes: &[u8]) -> io::Result<()> {
-    let mut stdout = io::stdout().lock();
-    stdout.write_all(bytes)?;
-    stdout.flush()
 }
 
 /// Logs to stderr at `--log-level` (else RUST_LOG, else info), as text or JSON lines;
@@ -154,15 +148,4 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             cmd::manpage::run(Cli::definition(), dir.as_deref())
         }
     }
-}
-
-fn is_broken_pipe(err: &anyhow::Error) -> bool {
-    err.chain().any(|cause| {
-        cause
-            .downcast_ref::<io::Error>()
-            .is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe)
-            || cause
-                .downcast_ref::<nsq_dedupe::filter::FilterError>()
-                .is_some_and(|f| matches!(f, nsq_dedupe::filter::FilterError::Io(io) if io.kind() == io::ErrorKind::BrokenPipe))
-    })
 }

@@ -6,20 +6,11 @@
 //! what it holds. Logs are shipped to shared systems; a secret in them is a leaked secret.
 
 /// What stands in for a secret wherever it would be printed.
-pub const REDACTED: &str = "<redacted>";
+pub(crate) const REDACTED: &str = "<redacted>";
 
 /// `text`, a URL or an address (`http://user:pass@host/path?token=x`), as it may be printed:
 /// user info and query values replaced by [`REDACTED`], and any fragment too.
-///
-/// ```
-/// use nsq_dedupe::redact;
-/// assert_eq!(
-///     redact::url("https://user:pass@host:8443/x?token=abc&v"),
-///     "https://<redacted>@host:8443/x?token=<redacted>&<redacted>"
-/// );
-/// assert_eq!(redact::url("http://host/x"), "http://host/x");
-/// ```
-pub fn url(text: &str) -> String {
+pub(crate) fn url(text: &str) -> String {
     let (scheme, rest) = match text.find("://") {
         Some(at) => text.split_at(at + 3),
         None => ("", text),
@@ -60,15 +51,16 @@ pub fn url(text: &str) -> String {
 }
 
 /// Several URLs, each through [`url`], separated by `, `.
-pub fn urls<'a>(texts: impl IntoIterator<Item = &'a str>) -> String {
+#[cfg(feature = "sidecar")]
+pub(crate) fn urls<'a>(texts: impl IntoIterator<Item = &'a str>) -> String {
     texts.into_iter().map(url).collect::<Vec<_>>().join(", ")
 }
 
 /// HTTP headers as they may be printed: the names, each value [`REDACTED`].
-#[cfg(feature = "nsq")]
-pub struct Headers<'a>(pub &'a [(hyper::header::HeaderName, hyper::header::HeaderValue)]);
+#[cfg(feature = "sidecar")]
+pub(crate) struct Headers<'a>(pub &'a [(hyper::header::HeaderName, hyper::header::HeaderValue)]);
 
-#[cfg(feature = "nsq")]
+#[cfg(feature = "sidecar")]
 impl std::fmt::Debug for Headers<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_map()
@@ -83,6 +75,11 @@ mod tests {
 
     #[test]
     fn urls_keep_where_and_lose_what() {
+        assert_eq!(
+            url("https://user:pass@host:8443/x?token=abc&v"),
+            "https://<redacted>@host:8443/x?token=<redacted>&<redacted>"
+        );
+        assert_eq!(url("http://host/x"), "http://host/x");
         assert_eq!(url("https://u:p@h/x"), "https://<redacted>@h/x");
         assert_eq!(url("https://u@h"), "https://<redacted>@h");
         assert_eq!(url("u:p@h:4161"), "<redacted>@h:4161");
@@ -95,13 +92,18 @@ mod tests {
         assert_eq!(url("http://h/p#frag"), "http://h/p#<redacted>");
         // A path's `@` is not user info.
         assert_eq!(url("http://h/a@b"), "http://h/a@b");
+    }
+
+    #[cfg(feature = "sidecar")]
+    #[test]
+    fn a_list_of_urls_loses_each_one_s_secrets() {
         assert_eq!(
             urls(["http://u:p@a/", "http://b/"]),
             "http://<redacted>@a/, http://b/"
         );
     }
 
-    #[cfg(feature = "nsq")]
+    #[cfg(feature = "sidecar")]
     #[test]
     fn headers_show_names_only() {
         let headers = [(

@@ -15,7 +15,7 @@ pub(crate) fn run(shell: Shell, mut definition: clap::Command) -> anyhow::Result
     if shell == Shell::Bash {
         script = relabel_bash_states(&String::from_utf8_lossy(&script)).into_bytes();
     }
-    Ok(crate::write_stdout(&script)?)
+    Ok(crate::cmd::output::write_stdout(&script)?)
 }
 
 /// clap_complete's bash script spells a subcommand's state two ways when the binary's name

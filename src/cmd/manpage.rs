@@ -20,14 +20,14 @@ pub(crate) fn run(definition: clap::Command, dir: Option<&Path>) -> anyhow::Resu
         clap_mangen::Man::new(definition)
             .source(source)
             .render(&mut page)?;
-        return Ok(crate::write_stdout(&page)?);
+        return Ok(crate::cmd::output::write_stdout(&page)?);
     };
     std::fs::create_dir_all(dir)
         .with_context(|| format!("cannot create the `--dir` {}", dir.display()))?;
     definition.build();
     let mut written = Vec::new();
     write_pages(&definition, &source, dir, &mut written)?;
-    Ok(crate::write_stdout(&written)?)
+    Ok(crate::cmd::output::write_stdout(&written)?)
 }
 
 /// The page of `command`, then those of its subcommands.

@@ -7,6 +7,7 @@ pub(crate) mod filter;
 pub(crate) mod manpage;
 mod measured_rate;
 mod nsqd_stats;
+pub(crate) mod output;
 pub(crate) mod run;
 pub(crate) mod size;
 pub(crate) mod std_streams;

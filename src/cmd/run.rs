@@ -49,7 +49,7 @@ pub(crate) fn run(args: &RunArgs, from_env: &FromEnv) -> anyhow::Result<()> {
         let setting = error
             .downcast_ref::<RunError>()
             .is_some_and(RunError::is_setting);
-        if crate::is_broken_pipe(&error) {
+        if crate::cmd::output::is_broken_pipe(&error) {
             error
         } else if setting {
             SettingError(names.rename(&format!("{error:#}"))).into()

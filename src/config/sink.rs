@@ -119,7 +119,7 @@ pub struct RawDeadLetter {
 }
 
 /// The validated sink. `Debug` and `Display` never show a secret: URLs lose their user info
-/// and query values, headers their values ([`crate::redact`]).
+/// and query values, headers their values (`crate::redact`).
 #[derive(Clone, PartialEq)]
 pub enum SinkSettings {
     /// Standard output.

@@ -6,7 +6,7 @@
 //! (see [`table`](crate::Table) for the odds); "not seen" is wrong once a digest has been pushed
 //! out, and the number of slots decides how long that takes (see [`sizing`](crate::sizing)).
 //!
-//! Two backends share one geometry ([`Geometry`]) and one trait ([`Store`]):
+//! Three stores share one geometry ([`Geometry`]) and one trait ([`Store`]):
 //! - [`Table`](crate::Table): in-process, lock-free reads, one cache line per set.
 //! - the Memcached store: one item per set, shared by many consumers.
 //! - the Redis store: the same sets as keys of one Redis server or a Redis Cluster.
@@ -23,7 +23,7 @@ pub mod journal;
 mod json_key;
 #[cfg(feature = "memcached")]
 pub(crate) mod memcached;
-pub mod near;
+pub(crate) mod near;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 #[cfg(any(feature = "memcached", feature = "redis"))]
@@ -35,6 +35,7 @@ use std::future::Future;
 
 use crate::error::StoreError;
 pub use digest::Digest;
+pub use near::{NearStats, NearTable};
 
 /// What a store knew about a digest when it was claimed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -49,7 +50,7 @@ pub enum Claim {
 
 /// The shape of a table: how many slots, grouped in sets of how many ways.
 ///
-/// Both backends map a digest to a set the same way, so a table's contents do not depend on
+/// Every store maps a digest to a set the same way, so a table's contents do not depend on
 /// where it lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Geometry {

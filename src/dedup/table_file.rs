@@ -63,7 +63,7 @@ use regular::{kind_of, not_a_file};
 pub(crate) use regular::{open_regular, OpenError};
 
 use crate::dedup::clock::Clock;
-use crate::dedup::table::Table;
+use crate::dedup::table::{Restored, Table};
 use crate::dedup::Geometry;
 
 const MAGIC: &[u8; 8] = b"NSQDDTBL";
@@ -305,28 +305,7 @@ impl TableFile {
         }
         file.read_exact(&mut header).map_err(io)?;
         let header = Header::parse(&header).map_err(corrupt)?;
-        let mut differs = Vec::new();
-        if header.layout != SLOT_LAYOUT && header.layout != SLOT_LAYOUT_TIMED {
-            differs.push(format!(
-                "slot layout {} (this version reads {SLOT_LAYOUT} and {SLOT_LAYOUT_TIMED})",
-                header.layout
-            ));
-        }
-        if (header.sets, header.ways) != (geometry.sets(), geometry.ways()) {
-            differs.push(format!(
-                "{} slots in sets of {} ways, not {} in sets of {}",
-                header.sets * u64::from(header.ways),
-                header.ways,
-                geometry.slots(),
-                geometry.ways()
-            ));
-        }
-        if header.identity != self.identity {
-            differs.push(format!(
-                "digests of {:?}, not {:?}",
-                header.identity, self.identity
-            ));
-        }
+        let differs = self.differences(&header, geometry);
         if !differs.is_empty() {
             return Err(TableFileError::Mismatch {
                 path: self.path.clone(),
@@ -388,6 +367,34 @@ impl TableFile {
             return Err(corrupt("its slots do not match their checksum".into()));
         }
         Ok((table, report))
+    }
+
+    /// What makes the file described by `header` another table than this one of shape
+    /// `geometry`: its slot layout, its shape, or its digests.
+    fn differences(&self, header: &Header, geometry: Geometry) -> Vec<String> {
+        let mut differs = Vec::new();
+        if header.layout != SLOT_LAYOUT && header.layout != SLOT_LAYOUT_TIMED {
+            differs.push(format!(
+                "slot layout {} (this version reads {SLOT_LAYOUT} and {SLOT_LAYOUT_TIMED})",
+                header.layout
+            ));
+        }
+        if (header.sets, header.ways) != (geometry.sets(), geometry.ways()) {
+            differs.push(format!(
+                "{} slots in sets of {} ways, not {} in sets of {}",
+                header.sets * u64::from(header.ways),
+                header.ways,
+                geometry.slots(),
+                geometry.ways()
+            ));
+        }
+        if header.identity != self.identity {
+            differs.push(format!(
+                "digests of {:?}, not {:?}",
+                header.identity, self.identity
+            ));
+        }
+        differs
     }
 
     /// Writes a snapshot of `table`: a temporary file beside the table file, fsynced, renamed
@@ -522,17 +529,10 @@ impl TableFile {
 
 impl Drop for TableFile {
     /// Removes the lock file while still holding its lock: a process waiting for it finds it
-    /// gone (see [`lock`]), and no `.lock` stays beside a table file nobody uses.
+    /// gone (see `lock`), and no `.lock` stays beside a table file nobody uses.
     fn drop(&mut self) {
         let _ = std::fs::remove_file(lock_path(&self.path));
     }
-}
-
-/// What restoring one slot did.
-pub(crate) enum Restored {
-    Empty,
-    Done,
-    Released,
 }
 
 struct Header {

@@ -50,7 +50,7 @@ pub enum HttpError {
     /// Connecting, the TLS handshake, writing or reading failed.
     #[error("HTTP request to {url} failed: {cause}")]
     Request {
-        /// The URL, without its secrets ([`crate::redact::url`]).
+        /// The URL, without its secrets (`crate::redact::url`).
         url: String,
         /// What failed, with its causes.
         cause: String,
@@ -58,7 +58,7 @@ pub enum HttpError {
     /// The request took longer than its bound.
     #[error("HTTP request to {url} got no answer within {after:?}")]
     Timeout {
-        /// The URL, without its secrets ([`crate::redact::url`]).
+        /// The URL, without its secrets (`crate::redact::url`).
         url: String,
         /// The bound.
         after: Duration,

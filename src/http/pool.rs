@@ -74,7 +74,7 @@ struct Target {
 
 impl BoundedClient {
     /// A pool for each endpoint among `urls`, each holding at most `max_connections`
-    /// connections (fewer while the endpoint takes no more: see [`limit`](super::limit)), with `config`'s time limits and trusted roots. A URL's user info is sent as
+    /// connections (fewer while the endpoint takes no more: see `limit`), with `config`'s time limits and trusted roots. A URL's user info is sent as
     /// basic authentication, unless the request's headers authorize.
     ///
     /// # Errors

@@ -17,7 +17,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
 /// A page: its content type and a function that renders its status and body on each request.
-pub type Page = (
+pub(crate) type Page = (
     &'static str,
     Arc<dyn Fn() -> (StatusCode, String) + Send + Sync>,
 );
@@ -25,7 +25,7 @@ pub type Page = (
 /// Serves `pages` (path, page) on an already bound listener until `shutdown` completes:
 /// `GET` and `HEAD` of a listed path answer 200 with the rendered page, other paths 404,
 /// other methods 405. Connections are kept alive; each is closed after 30 s idle.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     pages: Vec<(&'static str, Page)>,
     shutdown: impl Future<Output = ()>,

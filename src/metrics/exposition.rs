@@ -15,7 +15,7 @@ use prometheus_client::registry::Registry;
 use super::{get, process, Histogram, Metrics, TableView};
 
 /// The `Content-Type` of the page.
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// The version that `nsq_dedupe_build_info` reports.
 const VERSION: &str = env!("CARGO_PKG_VERSION");

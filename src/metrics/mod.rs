@@ -1,4 +1,4 @@
-//! Counters of the sidecar; [`exposition`] renders them for Prometheus, with the process's own
+//! Counters of the sidecar; `exposition` renders them for Prometheus, with the process's own
 //! figures from `process.rs`.
 //!
 //! One [`Metrics`] per pipeline, shared by its tasks behind an `Arc`. Every outcome of a message
@@ -17,10 +17,10 @@ use crate::dedup::Geometry;
 use crate::sizing;
 
 #[cfg(feature = "sidecar")]
-pub mod exposition;
+pub(crate) mod exposition;
 #[cfg(feature = "sidecar")]
 mod process;
-pub mod rate;
+pub(crate) mod rate;
 
 use rate::RateTracker;
 
@@ -307,14 +307,14 @@ impl Metrics {
     }
 
     /// Distinct messages per second: the fleet's when consumers share a store and it is known
-    /// (see [`rate`]), else this process's [`own_distinct_rate`](Metrics::own_distinct_rate).
+    /// (see `rate`), else this process's [`own_distinct_rate`](Metrics::own_distinct_rate).
     pub fn distinct_rate(&self) -> f64 {
         self.rates
             .fleet()
             .unwrap_or_else(|| self.own_distinct_rate())
     }
 
-    /// This process's distinct messages per second over the last [`rate::RECENT_SPAN`] (since
+    /// This process's distinct messages per second over the last `rate::RECENT_SPAN` (since
     /// the start until two samples were taken).
     pub fn own_distinct_rate(&self) -> f64 {
         self.rates.recent().unwrap_or_else(|| {

@@ -13,11 +13,11 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// The span the recent rate is measured over.
-pub const RECENT_SPAN: Duration = Duration::from_secs(60);
+pub(crate) const RECENT_SPAN: Duration = Duration::from_secs(60);
 
 /// How many parts of the window the peak is kept in: the peak forgets a part once it is a
 /// whole window old.
-pub const PEAK_BUCKETS: u32 = 60;
+pub(crate) const PEAK_BUCKETS: u32 = 60;
 
 /// Samples of a count, giving its recent rate and that rate's peak over a window.
 #[derive(Debug)]

@@ -21,13 +21,13 @@ use tokio_util::sync::CancellationToken;
 
 use super::error::{broker_error, Error};
 use super::frame::{Command, Frame, FrameCodec, MessageId};
-pub use super::identify::{Identify, IdentifyResponse, USER_AGENT};
+pub(crate) use super::identify::{Identify, IdentifyResponse};
 use super::refusal::Role;
 use super::stream::{ReadHalf, WriteHalf};
 use super::transport::Prepared;
 
 /// An open, identified connection to one nsqd.
-pub struct Connection {
+pub(crate) struct Connection {
     addr: Arc<str>,
     reader: FramedRead<ReadHalf, FrameCodec>,
     writer: WriteHalf,
@@ -84,7 +84,7 @@ impl Connection {
     /// # Errors
     ///
     /// [`Error::Broker`] when nsqd refuses (bad names, heartbeats disabled), or socket errors.
-    pub async fn subscribe(&mut self, topic: &str, channel: &str) -> Result<(), Error> {
+    pub(crate) async fn subscribe(&mut self, topic: &str, channel: &str) -> Result<(), Error> {
         self.send(&Command::Sub {
             topic: topic.to_string(),
             channel: channel.to_string(),
@@ -105,7 +105,7 @@ impl Connection {
     /// # Errors
     ///
     /// [`Error::Io`] when the socket fails.
-    pub async fn send(&mut self, command: &Command) -> Result<(), Error> {
+    pub(crate) async fn send(&mut self, command: &Command) -> Result<(), Error> {
         let mut buf = BytesMut::new();
         command.encode(&mut buf);
         let io = |cause| Error::Io {
@@ -121,7 +121,7 @@ impl Connection {
     /// # Errors
     ///
     /// [`Error::Protocol`] for malformed frames and socket errors.
-    pub async fn read_frame(&mut self) -> Result<Option<Frame>, Error> {
+    pub(crate) async fn read_frame(&mut self) -> Result<Option<Frame>, Error> {
         match self.reader.next().await {
             None => Ok(None),
             Some(Ok(frame)) => Ok(Some(frame)),
@@ -160,13 +160,8 @@ impl Connection {
         }
     }
 
-    /// The address we connected to.
-    pub fn addr(&self) -> &Arc<str> {
-        &self.addr
-    }
-
     /// nsqd's settings from the IDENTIFY response.
-    pub fn settings(&self) -> &IdentifyResponse {
+    pub(crate) fn settings(&self) -> &IdentifyResponse {
         &self.settings
     }
 

@@ -3,11 +3,11 @@
 use serde::{Deserialize, Serialize};
 
 /// The user agent we announce: `nsq-dedupe/<version>`.
-pub const USER_AGENT: &str = concat!("nsq-dedupe/", env!("CARGO_PKG_VERSION"));
+pub(crate) const USER_AGENT: &str = concat!("nsq-dedupe/", env!("CARGO_PKG_VERSION"));
 
 /// What we tell nsqd about ourselves in IDENTIFY.
 #[derive(Debug, Clone, Serialize)]
-pub struct Identify {
+pub(crate) struct Identify {
     /// Shown in nsqd's stats. Defaults to the short host name.
     pub client_id: String,
     /// Our host name.
@@ -57,7 +57,7 @@ fn is_zero_u8(n: &u8) -> bool {
 /// nsqd's answer to IDENTIFY under feature negotiation. Missing fields take nsqd's defaults.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(default)]
-pub struct IdentifyResponse {
+pub(crate) struct IdentifyResponse {
     /// The largest RDY nsqd accepts (`--max-rdy-count`); above it is a fatal `E_INVALID`.
     pub max_rdy_count: u32,
     /// nsqd's version.

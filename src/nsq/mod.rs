@@ -8,7 +8,7 @@
 //! # Layout
 //!
 //! - [`frame`]: frames from nsqd and commands to it, as a bounded, panic-free codec.
-//! - [`connection`]: one open connection (SUB, frames in, the writer task out); `identify`:
+//! - `connection`: one open connection (SUB, frames in, the writer task out); `identify`:
 //!   what IDENTIFY says and what nsqd answers.
 //! - `transport`: opening it: magic, IDENTIFY, then TLS (`crate::tls`), snappy (`snappy`) or
 //!   deflate (`deflate`) as async stream adapters (`stream`), and AUTH ([`AuthSecret`]); the
@@ -24,7 +24,7 @@
 //! - [`Error`]: the error type.
 
 mod config;
-pub mod connection;
+pub(crate) mod connection;
 mod consumer;
 mod control;
 mod deflate;

@@ -121,7 +121,13 @@
 //! included: the digests of the other servers are decided as usual. A failed claim whose write
 //! reached the server before the error stands as an in-flight entry that expires with its
 //! lease.
+//!
+//! Files: `set.rs` is the pure model of a set's value, `batch.rs` runs a batch's pipelines,
+//! `coalesce.rs` gathers single operations into batches, `conn.rs` and `pool.rs` are the
+//! connections, `routing.rs` and `health.rs` pick a set's server and eject a failing one,
+//! `fleet.rs` shares the fleet's counts, and `config.rs` holds the settings.
 
+mod batch;
 mod coalesce;
 mod config;
 mod conn;
@@ -133,57 +139,20 @@ mod set;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
-use futures::future::join_all;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
-use self::coalesce::{coalesce, coalescer_gone, Request};
-use self::conn::{PipeConn, Write, Written};
+use self::coalesce::Request;
+use self::conn::PipeConn;
 use self::health::Health;
 use self::pool::Pool;
-use self::set::{apply, decode, encode, LeaseFacts, Op, Outcome, SetState};
+use self::set::{decode, LeaseFacts, Op, Outcome, SetState};
 use crate::dedup::shared::{
     now_ms, random_owner, FORMAT_VERSION, FORMAT_VERSION_TIMED, KEY_VERSION,
 };
 use crate::dedup::{Claim, Digest, Geometry, Store};
 use crate::error::StoreError;
 pub use config::MemcachedConfig;
-
-/// Sets per pipeline round trip in a batch. Bounded so that a huge batch never fills both
-/// directions' socket buffers while we are still writing.
-const MAX_PIPELINE_SETS: usize = 256;
-
-/// The most sets whose last written value a store keeps (about 300 bytes each at 8 ways).
-const KNOWN_SETS: usize = 16_384;
-
-/// Keeps `value`, just written to `key` with the new CAS token `cas`; when [`KNOWN_SETS`] are
-/// kept, all are forgotten first (removing one at a time from the front of a hash map makes
-/// each removal scan the emptied front: slower than the reads it saves).
-fn remember(sets: &mut HashMap<String, (Vec<u8>, u64)>, key: &str, value: Vec<u8>, cas: u64) {
-    if let Some(kept) = sets.get_mut(key) {
-        *kept = (value, cas);
-        return;
-    }
-    if sets.len() >= KNOWN_SETS {
-        sets.clear();
-    }
-    sets.insert(key.to_owned(), (value, cas));
-}
-
-/// Adds what one round learnt to `score`: `absent` sets found absent (or added), `present`
-/// found existing. Bounded, so that the guess follows a table that fills up within a few
-/// rounds.
-fn note_absent(score: &std::sync::atomic::AtomicI64, absent: usize, present: usize) {
-    const BOUND: i64 = 1024;
-    let change = i64::try_from(absent).unwrap_or(BOUND) - i64::try_from(present).unwrap_or(BOUND);
-    if change != 0 {
-        // Relaxed: a hint, never a decision.
-        let _ = score.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
-            Some((old + change).clamp(-BOUND, BOUND))
-        });
-    }
-}
 
 /// A set-associative de-duplication table kept in memcached and shared by every process that
 /// uses the same servers, namespace and geometry.
@@ -215,7 +184,7 @@ struct Inner {
     /// filling): above 0, such a set is written as new without a read (see `note_absent`).
     absent: std::sync::atomic::AtomicI64,
     /// The sets this store wrote last, as it wrote them, with their CAS tokens: at most
-    /// [`KNOWN_SETS`] (see `remember`).
+    /// `KNOWN_SETS` (see `batch::remember`).
     known: std::sync::Mutex<HashMap<String, (Vec<u8>, u64)>>,
     /// The queue of the coalescing task (see [`coalesce`]), set on first use. The task ends
     /// when this sender (and the clones that callers hold briefly) is dropped.
@@ -388,307 +357,6 @@ impl MemcachedStore {
         }
     }
 
-    /// Applies `op` to the set of `digest`: through the coalescer if it is on, else in a
-    /// pipeline of its own.
-    async fn update(&self, digest: Digest, op: Op) -> Result<Outcome, StoreError> {
-        match self.coalescer() {
-            Some(queue) => {
-                let (reply, answer) = oneshot::channel();
-                if queue.send(Request { op, digest, reply }).is_err() {
-                    return Err(coalescer_gone());
-                }
-                // The batch's own steps are time-limited; this bounds the wait for a free
-                // pipeline too.
-                let limit = self.operation_limit();
-                match tokio::time::timeout(limit, answer).await {
-                    Ok(Ok(result)) => result,
-                    Ok(Err(_)) => Err(coalescer_gone()),
-                    Err(_) => Err(StoreError::Timeout(limit)),
-                }
-            }
-            None => self
-                .run_ops(&[(op, digest)])
-                .await
-                .pop()
-                .unwrap_or_else(|| {
-                    Err(StoreError::Protocol("an operation went unanswered".into()))
-                }),
-        }
-    }
-
-    /// The longest one operation may take: a connect plus a read and a write per attempt.
-    fn operation_limit(&self) -> Duration {
-        let config = &self.inner.config;
-        let steps = config.max_cas_retries.saturating_mul(2).saturating_add(1);
-        config.timeout.saturating_mul(steps)
-    }
-
-    /// The queue of the task that coalesces concurrent single operations into pipelines, or
-    /// `None` if coalescing is off or we are not inside a tokio runtime.
-    ///
-    /// The task starts on first use, on the current runtime. If that runtime has shut down
-    /// since (the task is gone), a new task starts on the current one.
-    fn coalescer(&self) -> Option<mpsc::UnboundedSender<Request>> {
-        if !self.inner.config.coalesce {
-            return None;
-        }
-        // A `std` mutex: held only to clone or replace the sender, never across an `.await`;
-        // a panic cannot leave the `Option` half-written, so a poisoned lock is still usable.
-        let mut slot = self
-            .inner
-            .coalescer
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner());
-        match &*slot {
-            Some(queue) if !queue.is_closed() => Some(queue.clone()),
-            previous => {
-                let handle = tokio::runtime::Handle::try_current().ok()?;
-                if previous.is_some() {
-                    // The old task's runtime is gone, and with it the I/O driver that idle
-                    // connections were registered with: they would fail on first use.
-                    for server in &self.inner.servers {
-                        server.pipes.clear();
-                    }
-                }
-                let (queue, requests) = mpsc::unbounded_channel();
-                let inner = std::sync::Arc::downgrade(&self.inner);
-                handle.spawn(coalesce(inner, requests, self.inner.config.pool_size));
-                *slot = Some(queue.clone());
-                Some(queue)
-            }
-        }
-    }
-
-    /// Applies `ops` in pipelines: grouped by server (all servers at once) and by set (a
-    /// set's operations in their order, then one write). Returns each operation's outcome;
-    /// an operation fails only with the server of its set.
-    async fn run_ops(&self, ops: &[(Op, Digest)]) -> Vec<Result<Outcome, StoreError>> {
-        let inner = &*self.inner;
-        // set -> (server, position in that server's list)
-        let mut set_index: HashMap<u64, (usize, usize)> = HashMap::with_capacity(ops.len());
-        let mut per_server: Vec<Vec<SetOps>> = vec![Vec::new(); inner.servers.len()];
-        let mut server_of_op = Vec::with_capacity(ops.len());
-        for (index, (_, digest)) in ops.iter().enumerate() {
-            let set = inner.geometry.set_of(*digest);
-            let (server, slot) = *set_index.entry(set).or_insert_with(|| {
-                let key = self.key_of_set(set);
-                let server = self.route(&key);
-                per_server[server].push(SetOps {
-                    key,
-                    ops: Vec::new(),
-                });
-                (server, per_server[server].len() - 1)
-            });
-            per_server[server][slot].ops.push(index);
-            server_of_op.push(server);
-        }
-        let results = join_all(per_server.iter().zip(&inner.servers).map(
-            |(sets, server)| async move {
-                if sets.is_empty() {
-                    Ok(Vec::new())
-                } else {
-                    self.run_sets_on(server, sets, ops).await
-                }
-            },
-        ))
-        .await;
-        let mut outcomes: Vec<Option<Result<Outcome, StoreError>>> = vec![None; ops.len()];
-        let mut failures: Vec<Option<StoreError>> = vec![None; inner.servers.len()];
-        for (server, result) in results.into_iter().enumerate() {
-            match result {
-                Ok(answers) => {
-                    for (index, outcome) in answers {
-                        outcomes[index] = Some(Ok(outcome));
-                    }
-                }
-                Err(err) => failures[server] = Some(err),
-            }
-        }
-        outcomes
-            .into_iter()
-            .zip(server_of_op)
-            .map(|(outcome, server)| {
-                outcome.unwrap_or_else(|| {
-                    Err(failures[server].clone().unwrap_or_else(|| {
-                        StoreError::Protocol("an operation of a batch went unanswered".into())
-                    }))
-                })
-            })
-            .collect()
-    }
-
-    /// [`Self::run_ops`] for the sets that live on `server`; a connection error empties the
-    /// server's pool and forgets every set's last written value.
-    async fn run_sets_on(
-        &self,
-        server: &Server,
-        sets: &[SetOps],
-        ops: &[(Op, Digest)],
-    ) -> Result<Vec<(usize, Outcome)>, StoreError> {
-        let result = self.run_sets_pipelined(server, sets, ops).await;
-        if result.as_ref().is_err_and(is_connection_error) {
-            server.pipes.clear();
-            // The server may have restarted (its CAS tokens start again from 1) or its sets
-            // may move to another server.
-            self.inner.forget_known();
-        }
-        self.note_health(server, &result);
-        result
-    }
-
-    async fn run_sets_pipelined(
-        &self,
-        server: &Server,
-        sets: &[SetOps],
-        ops: &[(Op, Digest)],
-    ) -> Result<Vec<(usize, Outcome)>, StoreError> {
-        let inner = &*self.inner;
-        let timeout = inner.config.timeout;
-        // An answer we cannot parse (including memcached's error lines) is a protocol error;
-        // anything else means the connection is gone.
-        let io_error = |err: std::io::Error| match err.kind() {
-            std::io::ErrorKind::InvalidData => {
-                StoreError::Protocol(format!("{}: {err}", server.addr))
-            }
-            _ => unavailable(server, &err),
-        };
-        let mut answers = Vec::with_capacity(ops.len());
-        let mut conn = self.pipe(server).await?;
-        for chunk in sets.chunks(MAX_PIPELINE_SETS) {
-            let mut pending: Vec<usize> = (0..chunk.len()).collect();
-            let mut first_try = vec![true; chunk.len()];
-            let mut rounds = 0;
-            while !pending.is_empty() {
-                // Sets this store wrote last are decided on the value it wrote, without a read:
-                // the write's compare-and-swap with that value's token verifies it. Each set
-                // gets that one chance; a set decided again is read.
-                let mut known = Vec::with_capacity(pending.len());
-                let mut to_read = Vec::with_capacity(pending.len());
-                let guess_absent = inner.absent.load(Ordering::Relaxed) > 0;
-                {
-                    let sets = inner.known.lock().unwrap_or_else(|p| p.into_inner());
-                    for &p in &pending {
-                        match sets.get(&chunk[p].key).filter(|_| first_try[p]) {
-                            Some((value, cas)) => known.push((p, Some((value.clone(), *cas)))),
-                            // Written as new (`ME`), which fails if the set exists after all.
-                            None if first_try[p] && guess_absent => known.push((p, None)),
-                            None => to_read.push(p),
-                        }
-                    }
-                }
-                if !to_read.is_empty() {
-                    if rounds == inner.config.max_cas_retries {
-                        conn.set_healthy(true);
-                        return Err(StoreError::Contended { attempts: rounds });
-                    }
-                    rounds += 1;
-                }
-                let pending_keys: Vec<&str> =
-                    to_read.iter().map(|&p| chunk[p].key.as_str()).collect();
-                let reads = if pending_keys.is_empty() {
-                    Vec::new()
-                } else {
-                    within(timeout, conn.get_many(&pending_keys), io_error).await?
-                };
-                let found = reads.iter().filter(|read| read.is_some()).count();
-                note_absent(&inner.absent, reads.len() - found, found);
-                let from_known = known.len();
-                let reads: Vec<(usize, conn::Read)> = known
-                    .into_iter()
-                    .chain(to_read.into_iter().zip(reads))
-                    .collect();
-                let facts = self.lease_facts();
-                // For each pending set: its new value (if it changed), the CAS token of the
-                // read, and the outcomes that the write would make true.
-                let mut planned = Vec::with_capacity(pending.len());
-                let mut undecided = Vec::new();
-                for (i, (p, read)) in reads.into_iter().enumerate() {
-                    let cached = i < from_known;
-                    first_try[p] = false;
-                    let (mut entries, cas) = match read {
-                        Some((value, cas)) => (self.decode_counted(Some(&value)), Some(cas)),
-                        None => (SetState::empty(self.ways()), None),
-                    };
-                    let mut outcomes = Vec::with_capacity(chunk[p].ops.len());
-                    let mut changed = false;
-                    for &index in &chunk[p].ops {
-                        let (op, digest) = ops[index];
-                        let (outcome, did) = apply(&mut entries, op, digest, facts);
-                        changed |= did;
-                        outcomes.push((index, outcome));
-                    }
-                    if changed {
-                        planned.push((p, encode(&entries, self.value_version()), cas, outcomes));
-                    } else if cached {
-                        // Nothing to write, so nothing verifies the value it was decided on.
-                        undecided.push(p);
-                    } else {
-                        answers.extend(outcomes);
-                    }
-                }
-                let writes: Vec<Write<'_>> = planned
-                    .iter()
-                    .map(|(p, value, cas, _)| Write {
-                        key: &chunk[*p].key,
-                        value,
-                        cas: *cas,
-                    })
-                    .collect();
-                let written = if writes.is_empty() {
-                    Vec::new()
-                } else {
-                    within(timeout, conn.set_many(&writes), io_error).await?
-                };
-                pending = undecided;
-                self.note_written(chunk, planned, written, &mut answers, &mut pending);
-                if !pending.is_empty() {
-                    tokio::task::yield_now().await;
-                }
-            }
-        }
-        conn.set_healthy(true);
-        Ok(answers)
-    }
-
-    /// Takes the answers of the writes of `planned` that were stored (and keeps the values
-    /// written, see `remember`) and puts the sets whose write lost a race in `pending`.
-    fn note_written(
-        &self,
-        chunk: &[SetOps],
-        planned: Vec<Planned>,
-        written: Vec<Written>,
-        answers: &mut Vec<(usize, Outcome)>,
-        pending: &mut Vec<usize>,
-    ) {
-        let inner = &*self.inner;
-        let (mut added, mut existed) = (0, 0);
-        let mut sets = inner.known.lock().unwrap_or_else(|p| p.into_inner());
-        for ((p, value, cas, outcomes), written) in planned.into_iter().zip(written) {
-            if cas.is_none() {
-                match written {
-                    Written::Stored(_) => added += 1,
-                    Written::Conflict => existed += 1,
-                }
-            }
-            match written {
-                Written::Stored(cas) => {
-                    answers.extend(outcomes);
-                    match cas {
-                        Some(cas) => remember(&mut sets, &chunk[p].key, value, cas),
-                        None => drop(sets.remove(&chunk[p].key)),
-                    }
-                }
-                Written::Conflict => {
-                    inner.cas_conflicts.fetch_add(1, Ordering::Relaxed);
-                    sets.remove(&chunk[p].key);
-                    pending.push(p);
-                }
-            }
-        }
-        drop(sets);
-        note_absent(&inner.absent, added, existed);
-    }
-
     fn lease_facts(&self) -> LeaseFacts {
         let now_ms = now_ms();
         let lease_ms = u64::try_from(self.inner.config.lease.as_millis()).unwrap_or(u64::MAX);
@@ -804,31 +472,6 @@ fn held(outcome: Outcome) -> Result<bool, StoreError> {
     }
 }
 
-/// A set's planned write: its index in its chunk, its new value, the CAS token of the value
-/// it was decided on (`None`: absent), and the outcomes the write makes true.
-type Planned = (usize, Vec<u8>, Option<u64>, Vec<(usize, Outcome)>);
-
-/// The operations of one batch that fall in one set.
-#[derive(Clone)]
-struct SetOps {
-    /// The set's item key.
-    key: String,
-    /// Indices into the batch's operations, in order.
-    ops: Vec<usize>,
-}
-
-/// One network step within `timeout`, its I/O error made a [`StoreError`] by `io_error`.
-async fn within<T>(
-    timeout: Duration,
-    step: impl std::future::Future<Output = std::io::Result<T>>,
-    io_error: impl Fn(std::io::Error) -> StoreError,
-) -> Result<T, StoreError> {
-    tokio::time::timeout(timeout, step)
-        .await
-        .map_err(|_| StoreError::Timeout(timeout))?
-        .map_err(io_error)
-}
-
 fn unavailable(server: &Server, err: &dyn std::fmt::Display) -> StoreError {
     StoreError::Unavailable {
         addr: server.addr.clone(),
@@ -864,6 +507,7 @@ fn is_connection_error(err: &StoreError) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::set::encode;
     use super::*;
 
     #[test]

@@ -10,7 +10,7 @@ use super::{is_connection_error, Inner, MemcachedStore, Server};
 use crate::error::StoreError;
 
 impl MemcachedStore {
-    /// The index in [`MemcachedConfig::servers`] of the server that holds `key`.
+    /// The index in [`MemcachedConfig::servers`](super::MemcachedConfig::servers) of the server that holds `key`.
     ///
     /// Rendezvous hashing: the server with the highest `xxh3_64(key, seed = xxh3_64(addr))`
     /// wins. It depends only on the key and the server strings.

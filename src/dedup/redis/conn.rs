@@ -343,7 +343,7 @@ impl Link {
                 }
                 _ if self.cluster && is_connection_error(&error) => {
                     // The node died: its replica takes over once the cluster notices.
-                    self.drop_conn(&node, &open);
+                    self.drop_conn(&node, Some(&open));
                     self.retry_after(seen, deadline).await?;
                     ask = None;
                 }
@@ -365,7 +365,7 @@ impl Link {
         match tokio::time::timeout_at(deadline, step).await {
             Ok(answer) => Ok(answer),
             Err(_) => {
-                self.drop_conn(node, open);
+                self.drop_conn(node, Some(open));
                 Err(self.no_answer(node))
             }
         }
@@ -565,16 +565,12 @@ impl Link {
         client.map_err(|error| StoreError::Config(format!("`store.redis_urls`: {error}")))
     }
 
-    /// Drops the connection to `node` after an error that may have broken it.
-    pub(super) fn drop_node(&self, node: &str) {
-        self.nodes_map().remove(node);
-    }
-
-    /// Drops `open`, the connection to `node` that an operation found broken or silent,
-    /// unless another operation has replaced it already.
-    fn drop_conn(&self, node: &str, open: &Open) {
+    /// Drops the connection to `node` after an error that may have broken it: `open`, the
+    /// connection the operation used, unless another operation has replaced it already;
+    /// with no `open` (an error from a step that does not know it), whichever the node has.
+    fn drop_conn(&self, node: &str, open: Option<&Open>) {
         let mut nodes = self.nodes_map();
-        if nodes.get(node).is_some_and(|current| current.id == open.id) {
+        if open.is_none_or(|open| nodes.get(node).is_some_and(|current| current.id == open.id)) {
             nodes.remove(node);
         }
     }
@@ -584,7 +580,7 @@ impl Link {
     /// have broken it.
     fn failed(&self, node: &str, error: &RedisError) -> StoreError {
         if is_connection_error(error) {
-            self.drop_node(node);
+            self.drop_conn(node, None);
         }
         if error.is_timeout() {
             return StoreError::Timeout(self.timeout);

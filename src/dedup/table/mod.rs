@@ -288,8 +288,7 @@ impl Table {
 
     /// Puts a slot value of a table file into slot `index` of this (new, unused) table: a done
     /// entry as it is, an in-flight one released (its claimer is gone), no set's guard held.
-    pub(crate) fn restore_slot(&self, index: usize, word: u64) -> super::table_file::Restored {
-        use super::table_file::Restored;
+    pub(crate) fn restore_slot(&self, index: usize, word: u64) -> Restored {
         let (value, restored) = match word & STATE_MASK {
             DONE => (word & !LOCK, Restored::Done),
             IN_FLIGHT => (word & CURSOR_MASK, Restored::Released),
@@ -776,6 +775,16 @@ impl Store for Table {
     fn geometry(&self) -> Option<Geometry> {
         Some(self.geometry)
     }
+}
+
+/// What restoring one slot of a table file did (see [`Table::restore_slot`]).
+pub(crate) enum Restored {
+    /// The slot was empty.
+    Empty,
+    /// A done entry, restored as it was.
+    Done,
+    /// An in-flight entry, released: its claimer is gone.
+    Released,
 }
 
 #[cfg(test)]

@@ -63,7 +63,7 @@ impl BatchFormat {
 }
 
 /// Everything the http sink is built from. `Debug` shows no secret: URLs lose their user info
-/// and query values, headers their values ([`crate::redact`]).
+/// and query values, headers their values (`crate::redact`).
 #[derive(Clone, PartialEq)]
 pub struct HttpSinkConfig {
     /// The URLs; at least one.

@@ -1,0 +1,303 @@
+//! Provides [`run`]: the `nsq-dedupe run` service, from validated [`Settings`] to a stopped
+//! consumer.
+//!
+//! Tasks: the main loop takes bursts of messages from the [`Consumer`] (every message one
+//! connection's reader found at once) and spawns one task per burst (tracked by a
+//! [`TaskTracker`]), which runs [`Dedupe::process_batch`]; a status task logs one line
+//! every `status_interval`; the metrics server answers `GET /metrics`. When `shutdown`
+//! completes, we stop taking messages (the consumer sends `CLS`), let the running handlers
+//! finish within the grace period (the consumer REQs whatever is still unanswered when it
+//! ends), flush the sink and return.
+//!
+//! - `store.rs` and `sink.rs` build the store, the sink and the dead-letter from their
+//!   settings.
+//! - `stop.rs` is the main loop, which returns why it stopped; `drain.rs` the graceful stop.
+//! - `status.rs` (the status line), `snapshot.rs` (the table file's saves) and `fleet.rs`
+//!   (the fleet's counts) are the background tasks; `endpoints.rs` serves `/metrics`, `/ping`
+//!   and `/ready`.
+
+mod drain;
+mod endpoints;
+mod fleet;
+mod sink;
+mod snapshot;
+mod status;
+mod stop;
+mod store;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Settings;
+use crate::dedup::backend::Backend;
+use crate::dedup::table_file::TableFile;
+use crate::error::StoreError;
+use crate::metrics::Metrics;
+use crate::nsq::{Consumer, ShutdownReport};
+use crate::pipeline::Dedupe;
+use crate::sink::{Handler, Sink};
+use status::Target;
+use stop::Refusal;
+
+pub use sink::build_sink;
+pub use store::build_store;
+
+/// Why the service could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The store could not be built.
+    #[error("cannot open the de-duplication store")]
+    Store(#[from] StoreError),
+    /// The table could not be allocated.
+    #[error("cannot build the in-process table; choose a smaller `store.buckets` (`--buckets`), `store.memory` (`--memory`) or `store.probability`")]
+    Table(#[from] crate::error::TableError),
+    /// The consumer or a producer could not be built.
+    #[error("the NSQ client failed")]
+    Nsq(#[from] crate::nsq::Error),
+    /// The http sink's client could not be built.
+    #[error("cannot build the http sink")]
+    Http(#[from] crate::http::HttpError),
+    /// The dead-letter could not be opened.
+    #[error("cannot open the dead-letter")]
+    DeadLetter(#[from] crate::sink::DeadLetterError),
+    /// An nsqd refused this client in a way no retry changes (settings it does not accept,
+    /// AUTH or TLS it requires); the run stopped gracefully. The cause names the setting.
+    #[error("stopped")]
+    Refused(#[source] Arc<crate::nsq::Error>),
+    /// The sink's output was closed for good (stdout's reader went away); the run stopped
+    /// gracefully and its messages were requeued.
+    #[error("the sink's output was closed; stopped")]
+    SinkClosed(#[source] std::io::Error),
+    /// The table file could not be opened or written; the message names the file and what to
+    /// do.
+    #[error(transparent)]
+    TableFile(#[from] crate::dedup::table_file::TableFileError),
+    /// The file sink's directories or formats are unusable.
+    #[error("cannot start the file sink: `sink.{field}`: {reason}")]
+    FileSink {
+        /// The setting.
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The metrics address could not be bound.
+    #[error("cannot listen on metrics address {addr} (change `--metrics-address` / `metrics.address`, or set it to \"off\")")]
+    Metrics {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+impl RunError {
+    /// Whether starting again with the same settings fails the same way, so that a setting
+    /// must change: a store that refuses this client or cannot use its settings, a table file
+    /// written for another table or at a path that cannot hold one. The binary exits with
+    /// `EX_CONFIG` (78) for these, as for an invalid config, and a service manager does not
+    /// restart it in a loop; any other error may pass with time (a server coming back, a
+    /// lock let go).
+    pub fn is_setting(&self) -> bool {
+        use crate::dedup::table_file::TableFileError;
+        match self {
+            RunError::Store(error) => {
+                matches!(error, StoreError::Config(_) | StoreError::Refused { .. })
+            }
+            RunError::TableFile(error) => matches!(
+                error,
+                TableFileError::Mismatch { .. }
+                    | TableFileError::NoDirectory { .. }
+                    | TableFileError::NotAFile { .. }
+            ),
+            _ => false,
+        }
+    }
+}
+
+/// What a run did, for callers and tests.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    /// The consumer's shutdown report.
+    pub shutdown: ShutdownReport,
+    /// Records still with the handler when the grace period ended (their messages were
+    /// requeued).
+    pub abandoned_handlers: usize,
+}
+
+/// A built, not yet running, sidecar: the store, the handler and the metrics listener.
+pub struct Sidecar<H> {
+    settings: Settings,
+    dedupe: Dedupe<Backend, H>,
+    metrics_listener: Option<TcpListener>,
+    /// Completes if the dead-letter's nsqd refuses this client for good.
+    dead_letter_refused: Option<Refusal>,
+    /// The in-process table's file, locked while this sidecar lives.
+    table_file: Option<Arc<TableFile>>,
+}
+
+impl Sidecar<Sink> {
+    /// Builds the store, the configured sink and the dead-letter, and binds the metrics
+    /// address.
+    ///
+    /// # Errors
+    ///
+    /// [`RunError`] naming what could not be built.
+    pub async fn new(settings: Settings) -> Result<Self, RunError> {
+        let sink = build_sink(&settings.sink, &settings.producer)?;
+        Self::with_handler(settings, sink).await
+    }
+}
+
+impl<H: Handler> Sidecar<H> {
+    /// Like [`Sidecar::new`] with the library user's own handler instead of the configured
+    /// sink (`settings.sink` is ignored).
+    ///
+    /// # Errors
+    ///
+    /// [`RunError`] naming what could not be built.
+    pub async fn with_handler(settings: Settings, handler: H) -> Result<Self, RunError> {
+        let store = store::open(&settings).await?;
+        let dead_letter =
+            sink::build_dead_letter(settings.dead_letter.as_ref(), &settings.producer)?;
+        let dead_letter_refused = dead_letter.as_ref().map(|d| Box::pin(d.refused()) as _);
+        let metrics_listener = endpoints::bind(settings.metrics_address).await?;
+        let metrics = Arc::new(Metrics::with_window(settings.window));
+        // A shared store that did not answer at start is failing until it does: `/ready`
+        // says so from the start, not only after the first message's claim.
+        if !store.answered {
+            metrics
+                .store_failing
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        let dedupe = Dedupe::new(
+            store.backend,
+            settings.keyer.clone(),
+            handler,
+            settings.policy.clone(),
+            dead_letter,
+            metrics,
+        );
+        Ok(Sidecar {
+            settings,
+            dedupe,
+            metrics_listener,
+            dead_letter_refused,
+            table_file: store.table_file,
+        })
+    }
+
+    /// The bound metrics address (useful with port 0).
+    pub fn metrics_address(&self) -> Option<SocketAddr> {
+        self.metrics_listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
+    }
+
+    /// The metrics page's URL at the bound address, such as `http://127.0.0.1:9150/metrics`
+    /// (`http://[::1]:9150/metrics` for IPv6); `None` when metrics are off.
+    pub fn metrics_url(&self) -> Option<String> {
+        self.metrics_address()
+            .map(|addr| format!("http://{addr}/metrics"))
+    }
+
+    /// The counters, shared with the running pipeline.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.dedupe.metrics().clone()
+    }
+
+    /// Consumes until `shutdown` completes, then stops gracefully (see the module docs).
+    ///
+    /// # Errors
+    ///
+    /// [`RunError::Nsq`] if the consumer cannot be started.
+    pub async fn run(self, shutdown: impl Future) -> Result<RunReport, RunError> {
+        let Sidecar {
+            settings,
+            dedupe,
+            metrics_listener,
+            dead_letter_refused,
+            table_file,
+        } = self;
+        let mut consumer = Consumer::new(settings.source.clone())?;
+        let background = CancellationToken::new();
+        // Stops the background tasks whichever way we leave this function.
+        let _stop_background = background.clone().drop_guard();
+        let target = Target {
+            window: settings.window,
+            probability: settings.target_probability,
+        };
+        log_started(&settings, &dedupe);
+        if let Some(listener) = metrics_listener {
+            endpoints::spawn(listener, &dedupe, target, &background);
+        }
+        tokio::spawn(status::status_loop(
+            dedupe.clone(),
+            consumer.connection_count(),
+            settings.status_interval,
+            target,
+            background.clone(),
+        ));
+        fleet::spawn(dedupe.store(), dedupe.metrics(), &background);
+        if let (Some(file), Some(settings)) = (&table_file, &settings.table_file) {
+            tokio::spawn(snapshot::snapshot_loop(
+                file.clone(),
+                dedupe.clone(),
+                settings.snapshot_interval,
+                background.clone(),
+            ));
+        }
+        let tracker = TaskTracker::new();
+        let stop = stop::consume(
+            &mut consumer,
+            &dedupe,
+            &tracker,
+            dead_letter_refused,
+            shutdown,
+        )
+        .await;
+        let mut running = drain::Running {
+            consumer: Some(consumer),
+            tracker,
+            dedupe,
+            table_file,
+            background,
+            target,
+        };
+        let report = drain::drain(&mut running, settings.grace).await?;
+        stop.into_result(report)
+    }
+}
+
+/// Logs what the sidecar consumes, and where it sends the messages.
+fn log_started<H: Handler>(settings: &Settings, dedupe: &Dedupe<Backend, H>) {
+    let geometry = crate::Store::geometry(dedupe.store());
+    let source = &settings.source;
+    tracing::info!(
+        topic = %source.topic,
+        channel = %source.channel,
+        // Only the sources given: a consumer of nsqlookupd alone has no nsqd to name.
+        nsqd = (!source.nsqd_tcp_addresses.is_empty()).then(|| tracing::field::display(source.nsqd_tcp_addresses.join(","))),
+        lookupd = (!source.lookupd_http_addresses.is_empty()).then(|| tracing::field::display(crate::redact::urls(source.lookupd_http_addresses.iter().map(String::as_str)))),
+        store = dedupe.store().kind(),
+        buckets = geometry.map(|g| g.slots()),
+        ways = geometry.map(|g| g.ways()),
+        sink = %settings.sink,
+        dead_letter = settings.dead_letter.as_ref().map(tracing::field::display),
+        "Sidecar started."
+    );
+}
+
+/// Runs the sidecar described by `settings` with its configured sink until `shutdown`
+/// completes. The binary passes a signal future; tests pass any future.
+///
+/// # Errors
+///
+/// [`RunError`] if something cannot be built or started.
+pub async fn run(settings: Settings, shutdown: impl Future) -> Result<RunReport, RunError> {
+    Sidecar::new(settings).await?.run(shutdown).await
+}

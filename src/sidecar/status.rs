@@ -1,0 +1,114 @@
+//! The status line: the counters logged every `status_interval` and once at the end, with a
+//! warning when the table is too small for the recent rate; and the table's view the status
+//! line and the metrics page read.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::dedup::backend::Backend;
+use crate::metrics::{get, TableView};
+use crate::pipeline::Dedupe;
+use crate::sink::Handler;
+use crate::Store;
+
+/// The window the table was sized for, and the catch probability it should keep.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Target {
+    pub(super) window: Duration,
+    pub(super) probability: f64,
+}
+
+/// What the store says of its table now, for the status line and the metrics page.
+pub(super) fn table_view(store: &Backend, target: Target) -> TableView {
+    TableView {
+        geometry: store.geometry(),
+        occupancy: store.occupancy(),
+        near: store.near_stats(),
+        window: target.window,
+        target: target.probability,
+        ejections: store.ejections(),
+        cluster_retries: store.cluster_retries(),
+    }
+}
+
+/// Keeps the nsqd connection gauge current (every second) and logs the status line every
+/// `every`.
+pub(super) async fn status_loop<H: Handler>(
+    dedupe: Dedupe<Backend, H>,
+    connections: crate::nsq::ConnectionCount,
+    every: Duration,
+    target: Target,
+    stop: CancellationToken,
+) {
+    let metrics = dedupe.metrics().clone();
+    let gauge = |count: &crate::nsq::ConnectionCount| {
+        metrics
+            .nsqd_connections
+            .store(count.get(), std::sync::atomic::Ordering::Relaxed);
+    };
+    let mut status = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    let mut refresh = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = refresh.tick() => {
+                gauge(&connections);
+                metrics.sample_rate();
+            }
+            _ = status.tick() => {
+                gauge(&connections);
+                log_status(&dedupe, target, "Status.");
+            }
+        }
+    }
+}
+
+/// Logs the counters as `what`, and warns when the table is too small for the recent rate.
+pub(super) fn log_status<H: Handler>(dedupe: &Dedupe<Backend, H>, target: Target, what: &str) {
+    let m = dedupe.metrics();
+    let view = table_view(dedupe.store(), target);
+    let secs = m.uptime().as_secs_f64().max(1e-3);
+    tracing::info!(
+        nsqd_connections = get(&m.nsqd_connections),
+        received = m.received_total(),
+        rate = format_args!("{:.1}", m.received_total() as f64 / secs),
+        unique = get(&m.unique),
+        duplicates = get(&m.duplicates),
+        in_flight_requeues = get(&m.in_flight_requeues),
+        keyless = get(&m.keyless),
+        failures = get(&m.handler_failures),
+        dead_lettered = get(&m.dead_lettered),
+        store_errors = get(&m.store_errors),
+        occupancy = view.occupancy.map(|o| format!("{o:.4}")),
+        distinct_rate = format_args!("{:.1}", m.distinct_rate()),
+        distinct_rate_peak = format_args!("{:.1}", m.distinct_rate_peak()),
+        catch_probability = m.catch_probability(&view).map(|p| format!("{p:.6}")),
+        "{what}"
+    );
+    let (Some(small), Some(geometry)) = (m.too_small(&view), view.geometry) else {
+        return;
+    };
+    let memory = match dedupe.store() {
+        // `--memory` sizes the in-process table only.
+        // Whole MiB, rounded up, so the flag's value is at least the size.
+        Backend::Memory(_) | Backend::Journalled(..) => format!(
+            " or --memory {}MiB",
+            small.suggested.memory_bytes().div_ceil(1 << 20)
+        ),
+        _ => String::new(),
+    };
+    let (window, target) = (target.window, target.probability);
+    tracing::warn!(
+        catch_probability = format_args!("{:.6}", small.probability),
+        target,
+        distinct_rate = format_args!("{:.1}", small.rate),
+        window = %crate::units::format_duration(window),
+        buckets = geometry.slots(),
+        suggested_buckets = small.suggested.slots(),
+        "The table is too small for the recent rate: a copy one window late is caught with probability {:.4}, below the target {target}; --buckets {}{memory} (with --ways {}) would meet it.",
+        small.probability,
+        small.suggested.slots(),
+        geometry.ways(),
+    );
+}
