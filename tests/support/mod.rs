@@ -1,6 +1,7 @@
 //! Test tools: servers that the integration tests start and stop themselves.
 
 pub mod broker;
+pub mod child;
 pub mod http;
 pub mod lookupd;
 pub mod memcached;
