@@ -7,4 +7,5 @@ pub mod lookupd;
 pub mod memcached;
 pub mod nsqd_stats;
 pub mod redis;
+pub mod server;
 pub mod wire;
