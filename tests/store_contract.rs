@@ -124,6 +124,9 @@ pub trait Harness: Sync {
 
     /// The values the store found unreadable and replaced so far.
     fn unreadable_values(store: &Self::Store) -> u64;
+
+    /// The cases of [`random_operations_match_the_table_model`].
+    const MODEL_CASES: u32 = 64;
 }
 
 /// A store shared by processes: owners, leases, the fleet's counters.
@@ -468,14 +471,13 @@ async fn run_case<H: Harness>(h: &H, ways: u32, actions: &[Action]) -> Result<()
 }
 
 /// Random sequences of every operation, by two stores of one table, give the answers of an
-/// exact model of the table (`cases` cases of up to 80 operations, 1 to 8 ways).
+/// exact model of the table (`H::MODEL_CASES` cases of up to 80 operations, 1 to 8 ways).
 pub fn random_operations_match_the_table_model<H: Harness>(
     h: &H,
     runtime: &tokio::runtime::Runtime,
-    cases: u32,
 ) {
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases,
+        cases: H::MODEL_CASES,
         max_shrink_iters: 256,
         ..ProptestConfig::default()
     });
@@ -765,37 +767,56 @@ async fn claim_all<H: SharedHarness>(
     (news, start, now_ms(), conflicts)
 }
 
-/// Two claimers in this process, each a store of its own (its own owner), starting at
-/// `start_ms`; the store's other path for the second.
-async fn two_claimers<H: SharedHarness>(
-    h: &H,
-    spec: &Spec,
-    start_ms: u64,
+/// Two stores of the table of `spec` for two claimers, each its own owner; the store's other
+/// path for the second.
+async fn two_owners<H: SharedHarness>(h: &H, spec: &Spec) -> [H::Store; 2] {
+    let other_path = Spec {
+        single_path: true,
+        ..spec.clone()
+    };
+    [h.connect(spec).await, h.connect(&other_path).await]
+}
+
+/// A claimer on each of `stores`, with `seeds`, starting at `start_ms`.
+fn start_claimers<H: SharedHarness>(
+    stores: [H::Store; 2],
     seeds: [u64; 2],
+    start_ms: u64,
 ) -> Vec<tokio::task::JoinHandle<Claimed>> {
     let (_, digests) = contention_scenario();
-    let mut tasks = Vec::new();
-    for (t, seed) in seeds.into_iter().enumerate() {
-        let store = h
-            .connect(&Spec {
-                single_path: t == 1,
-                ..spec.clone()
-            })
-            .await;
-        let digests = digests.clone();
-        tasks.push(tokio::spawn(async move {
-            claim_all::<H>(&store, &digests, seed, start_ms).await
-        }));
+    stores
+        .into_iter()
+        .zip(seeds)
+        .map(|(store, seed)| {
+            let digests = digests.clone();
+            tokio::spawn(async move { claim_all::<H>(&store, &digests, seed, start_ms).await })
+        })
+        .collect()
+}
+
+/// The start of the race, once the file `go` holds it: each process connects its stores
+/// first, says so, and then all start together.
+async fn start_of_the_race(go: &std::path::Path) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(start) = std::fs::read_to_string(go)
+            .ok()
+            .and_then(|text| text.parse().ok())
+        {
+            return start;
+        }
+        assert!(Instant::now() < deadline, "no start of the race in 60 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    tasks
 }
 
 const WORKER_ENV: &str = "NSQ_DEDUPE_TEST_CLAIM_WORKER";
 
 /// Not a test: the body of the other OS processes of
 /// [`tasks_and_processes_get_one_new_per_digest`], which runs this binary again with this
-/// filter and `NSQ_DEDUPE_TEST_CLAIM_WORKER=<kind> <address> <namespace> <start ms> <seed>
-/// <output file>`.
+/// filter and `NSQ_DEDUPE_TEST_CLAIM_WORKER=<kind> <address> <namespace> <seed> <output
+/// file>`. The worker creates `<output file>.ready` once connected, and starts at the instant
+/// (ms since the epoch) that the file `go` beside it holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "helper process of tasks_and_processes_get_one_new_per_digest"]
 async fn claim_worker_process() {
@@ -803,16 +824,16 @@ async fn claim_worker_process() {
         return;
     };
     let fields: Vec<&str> = spec.split(' ').collect();
-    let [kind, address, namespace, start, seed, out] = fields[..] else {
+    let [kind, address, namespace, seed, out] = fields[..] else {
         panic!("bad {WORKER_ENV}: {spec}");
     };
-    let (start, seed) = (start.parse().unwrap(), seed.parse().unwrap());
+    let (seed, out) = (seed.parse().unwrap(), std::path::Path::new(out));
     let report = match kind {
         crate::memcached::Memcached::KIND => {
-            claim_worker::<crate::memcached::Memcached>(address, namespace, start, seed).await
+            claim_worker::<crate::memcached::Memcached>(address, namespace, seed, out).await
         }
         crate::redis::Redis::KIND => {
-            claim_worker::<crate::redis::Redis>(address, namespace, start, seed).await
+            claim_worker::<crate::redis::Redis>(address, namespace, seed, out).await
         }
         _ => panic!("bad store kind in {WORKER_ENV}: {spec}"),
     };
@@ -824,8 +845,8 @@ async fn claim_worker_process() {
 async fn claim_worker<H: SharedHarness>(
     address: &str,
     namespace: &str,
-    start: u64,
     seed: u64,
+    out: &std::path::Path,
 ) -> String {
     let h = H::reach(address);
     let (geometry, _) = contention_scenario();
@@ -833,8 +854,11 @@ async fn claim_worker<H: SharedHarness>(
         namespace: namespace.to_owned(),
         ..Spec::new("worker", geometry)
     };
+    let stores = two_owners(&h, &spec).await;
+    std::fs::write(out.with_extension("ready"), "").expect("worker says it is ready");
+    let start = start_of_the_race(&out.with_file_name("go")).await;
     let mut report = String::new();
-    for task in two_claimers(&h, &spec, start, [seed * 10, seed * 10 + 1]).await {
+    for task in start_claimers::<H>(stores, [seed * 10, seed * 10 + 1], start) {
         let (news, begin, end, conflicts) = task.await.expect("worker task");
         report.push_str(&format!("T {begin} {end} {conflicts}\n"));
         for d in news {
@@ -850,7 +874,6 @@ async fn claim_worker<H: SharedHarness>(
 pub async fn tasks_and_processes_get_one_new_per_digest<H: SharedHarness>(h: &H) {
     let (geometry, digests) = contention_scenario();
     let spec = Spec::new("race", geometry);
-    let start = now_ms() + 2_000;
     let dir = tempfile::tempdir().expect("temp dir");
 
     // Two more OS processes: this test binary, running only `claim_worker_process`.
@@ -868,7 +891,7 @@ pub async fn tasks_and_processes_get_one_new_per_digest<H: SharedHarness>(h: &H)
                 .env(
                     WORKER_ENV,
                     format!(
-                        "{} {} {} {start} {} {}",
+                        "{} {} {} {} {}",
                         H::KIND,
                         h.address(),
                         spec.namespace,
@@ -880,9 +903,26 @@ pub async fn tasks_and_processes_get_one_new_per_digest<H: SharedHarness>(h: &H)
         workers.push((child, out));
     }
 
-    // Four tasks in this process: every way of claiming, on both of the store's paths.
-    let mut tasks = two_claimers(h, &spec, start, [0, 1]).await;
-    tasks.extend(two_claimers(h, &spec, start, [2, 3]).await);
+    // Four tasks in this process: every way of claiming, on both of the store's paths. All
+    // eight claimers start 100 ms after the last of them is connected.
+    let (first, second) = (two_owners(h, &spec).await, two_owners(h, &spec).await);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for (worker, out) in &mut workers {
+        while !out.with_extension("ready").exists() {
+            assert!(
+                !worker.has_exited() && Instant::now() < deadline,
+                "a worker process did not connect: {}",
+                worker.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let start = now_ms() + 100;
+    let go = dir.path().join("go");
+    std::fs::write(go.with_extension("new"), start.to_string()).expect("write the start");
+    std::fs::rename(go.with_extension("new"), &go).expect("publish the start");
+    let mut tasks = start_claimers::<H>(first, [0, 1], start);
+    tasks.extend(start_claimers::<H>(second, [2, 3], start));
     let mut news: HashMap<Digest, u32> = HashMap::new();
     let mut intervals = Vec::new();
     let mut conflicts = 0;
@@ -984,12 +1024,12 @@ pub fn runtime() -> tokio::runtime::Runtime {
 
 /// Every rule against the stores of `h` in one test, for a store whose servers are costly to
 /// start (a Redis Cluster). The rules run at once, each on a table of its own (most of them
-/// mostly wait), while another thread checks the model in 16 cases; the fleet's counters,
+/// mostly wait), while another thread checks the model; the fleet's counters,
 /// which need each share in its bucket, are counted alone after.
 pub fn run_all<H: SharedHarness>(h: &H) {
     let started = Instant::now();
     std::thread::scope(|scope| {
-        let model = scope.spawn(|| random_operations_match_the_table_model(h, &runtime(), 16));
+        let model = scope.spawn(|| random_operations_match_the_table_model(h, &runtime()));
         runtime().block_on(async {
             tokio::join!(
                 batch_claims_follow_the_single_claim_rules(h),
@@ -1030,9 +1070,7 @@ macro_rules! store_contract_tests {
         fn random_operations_match_the_table_model() {
             let harness = $harness;
             let runtime = $crate::store_contract::runtime();
-            $crate::store_contract::random_operations_match_the_table_model(
-                &harness, &runtime, 64,
-            );
+            $crate::store_contract::random_operations_match_the_table_model(&harness, &runtime);
         }
     };
     (outlives_runtime: $harness:expr $(, #[$attr:meta])*) => {
