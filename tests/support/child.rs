@@ -127,6 +127,11 @@ impl Child {
         self.child.id()
     }
 
+    /// What the child has written to stdout so far.
+    pub fn stdout(&self) -> String {
+        self.stdout.so_far()
+    }
+
     /// What the child has written to stderr so far.
     pub fn stderr(&self) -> String {
         self.stderr.so_far()
