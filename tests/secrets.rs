@@ -165,7 +165,7 @@ async fn a_secret_in_any_setting_never_appears_in_the_output() {
     .map(|s| s.to_string())
     .collect();
     let run = tokio::task::spawn_blocking(move || {
-        Child::bin(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        Child::bin(args)
     })
     .await
     .unwrap();
@@ -367,7 +367,7 @@ async fn a_failing_sink_is_logged_with_its_cause_once_a_second() {
     .collect();
     let started = Instant::now();
     let run = tokio::task::spawn_blocking(move || {
-        Child::bin(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        Child::bin(args)
     })
     .await
     .unwrap();
