@@ -592,6 +592,10 @@ pub async fn commit_and_erase_by_a_non_owner_do_nothing<H: SharedHarness>(h: &H)
     let (d, e) = same_set_pair(geometry);
     assert_eq!(a.claim(d).await.unwrap(), Claim::New);
     assert_eq!(b.claim(e).await.unwrap(), Claim::New);
+    assert_eq!(b.claim(d).await.unwrap(), Claim::InFlight);
+    assert!(!b.commit(d).await.unwrap(), "b does not own d");
+    assert!(!b.erase(d).await.unwrap());
+    assert!(!b.renew(d).await.unwrap());
     assert!(a.commit(d).await.unwrap());
     assert_eq!(b.claim(d).await.unwrap(), Claim::Duplicate);
     assert_eq!(
@@ -610,6 +614,10 @@ pub async fn commit_and_erase_by_a_non_owner_do_nothing<H: SharedHarness>(h: &H)
         a.claim(e).await.unwrap(),
         Claim::New,
         "erased: claimable again"
+    );
+    assert!(
+        b.commit(d).await.unwrap(),
+        "committing a done entry is a harmless no-op"
     );
     assert_eq!(H::unreadable_values(&a), 0);
 }
