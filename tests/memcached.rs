@@ -15,7 +15,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
 use crate::store_contract::{
-    contention_scenario, digest, unique_namespace, Harness, SharedHarness, Spec,
+    contention_scenario, digest, unique_namespace, Harness, Restartable, SharedHarness, Spec,
 };
 use crate::support::memcached::MemcachedServer;
 use crate::util::{claim_until_answered, claimed};
@@ -252,54 +252,24 @@ async fn outage(coalesce: bool) {
     )
     .await
     .unwrap();
-    let (d, e) = (digest(30), digest(31));
-    assert_eq!(store.claim(d).await.unwrap(), Claim::New);
-    assert_eq!(claimed(store.claim_many(&[e]).await).unwrap(), [Claim::New]);
-    let old_pid = server.pid();
-
-    server.stop();
-    let began = Instant::now();
-    let claim = store.claim(d).await;
-    assert!(
-        matches!(
-            claim,
-            Err(StoreError::Unavailable { .. } | StoreError::Timeout(_))
-        ),
-        "{claim:?}"
-    );
-    let batch = store.claim_many(&[d, e]).await;
-    assert!(batch.iter().all(|answer| answer.is_err()), "{batch:?}");
-    assert!(store.commit(d).await.is_err());
-    assert!(store.renew(d).await.is_err());
-    assert!(store.erase(d).await.is_err());
-    assert!(
-        began.elapsed() < Duration::from_secs(3),
-        "failing took {:?}",
-        began.elapsed()
-    );
-
-    server.restart();
-    assert_ne!(server.pid(), old_pid);
     // A restarted memcached is empty, so the digests are new again once we reconnect.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut attempts = 0;
-    let recovered = loop {
-        attempts += 1;
-        match store.claim(d).await {
-            Ok(claim) => break claim,
-            Err(err) if Instant::now() < deadline => {
-                eprintln!("not yet recovered: {err}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(err) => panic!("no recovery within 10 s: {err}"),
-        }
-    };
-    assert_eq!(recovered, Claim::New);
+    let attempts =
+        crate::store_contract::a_killed_server_fails_fast_then_recovers(&store, &mut server).await;
     assert!(attempts <= 2, "recovery took {attempts} attempts");
-    assert_eq!(
-        claimed(store.claim_many(&[d, e]).await).unwrap(),
-        [Claim::InFlight, Claim::New]
-    );
+}
+
+impl Restartable for MemcachedServer {
+    fn stop(&mut self) {
+        MemcachedServer::stop(self);
+    }
+
+    fn restart(&mut self) {
+        MemcachedServer::restart(self);
+    }
+
+    fn pid(&self) -> Option<u32> {
+        MemcachedServer::pid(self)
+    }
 }
 
 #[tokio::test]

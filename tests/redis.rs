@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 use std::net::SocketAddr;
 
 use nsq_dedupe::config::{Dur, StoreKind};
-use nsq_dedupe::error::StoreError;
 use nsq_dedupe::metrics::get;
 use nsq_dedupe::pipeline::StoreErrorPolicy;
 use nsq_dedupe::{Claim, Digest, Geometry, RedisConfig, RedisStore, Store};
@@ -24,7 +23,7 @@ use rand::SeedableRng;
 
 use crate::sidecar::{drained, payload, raw_config, Recorder, Running, TOPIC};
 use crate::store_contract::{
-    digest, same_set_pair, unique_namespace, Harness, SharedHarness, Spec,
+    digest, same_set_pair, unique_namespace, Harness, Restartable, SharedHarness, Spec,
 };
 use crate::support::broker::{Broker, BrokerConfig};
 use crate::support::memcached::MemcachedServer;
@@ -320,52 +319,22 @@ async fn killed_redis_fails_fast_then_recovers_and_reloads_the_script() {
     )
     .await
     .unwrap();
-    let (d, e) = (digest(30), digest(31));
-    assert_eq!(store.claim(d).await.unwrap(), Claim::New);
-    assert_eq!(claimed(store.claim_many(&[e]).await).unwrap(), [Claim::New]);
-
-    server.stop();
-    let began = Instant::now();
-    let claim = store.claim(d).await;
-    assert!(
-        matches!(
-            claim,
-            Err(StoreError::Unavailable { .. } | StoreError::Timeout(_))
-        ),
-        "{claim:?}"
-    );
-    assert!(store
-        .claim_many(&[d, e])
-        .await
-        .iter()
-        .all(|answer| answer.is_err()));
-    assert!(store.commit(d).await.is_err());
-    assert!(store.renew(d).await.is_err());
-    assert!(store.erase(d).await.is_err());
-    assert!(
-        began.elapsed() < Duration::from_secs(3),
-        "failing took {:?}",
-        began.elapsed()
-    );
-
     // The new process is empty and has no script loaded: NOSCRIPT, load, run.
-    server.restart();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let recovered = loop {
-        match store.claim(d).await {
-            Ok(claim) => break claim,
-            Err(err) if Instant::now() < deadline => {
-                eprintln!("not yet recovered: {err}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(err) => panic!("no recovery within 10 s: {err}"),
-        }
-    };
-    assert_eq!(recovered, Claim::New);
-    assert_eq!(
-        claimed(store.claim_many(&[d, e]).await).unwrap(),
-        [Claim::InFlight, Claim::New]
-    );
+    crate::store_contract::a_killed_server_fails_fast_then_recovers(&store, &mut server).await;
+}
+
+impl Restartable for RedisServer {
+    fn stop(&mut self) {
+        RedisServer::stop(self);
+    }
+
+    fn restart(&mut self) {
+        RedisServer::restart(self);
+    }
+
+    fn pid(&self) -> Option<u32> {
+        RedisServer::pid(self)
+    }
 }
 
 // Redis Cluster: resharded and failed over while claims run.

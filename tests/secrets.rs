@@ -164,11 +164,9 @@ async fn a_secret_in_any_setting_never_appears_in_the_output() {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let run = tokio::task::spawn_blocking(move || {
-        Child::bin(args)
-    })
-    .await
-    .unwrap();
+    let run = tokio::task::spawn_blocking(move || Child::bin(args))
+        .await
+        .unwrap();
     broker.publish("events", "one");
     broker.publish("events", "two");
     wait_until_or_dump(&run, "two POSTs with the header", || {
@@ -366,11 +364,9 @@ async fn a_failing_sink_is_logged_with_its_cause_once_a_second() {
     .map(|s| s.to_string())
     .collect();
     let started = Instant::now();
-    let run = tokio::task::spawn_blocking(move || {
-        Child::bin(args)
-    })
-    .await
-    .unwrap();
+    let run = tokio::task::spawn_blocking(move || Child::bin(args))
+        .await
+        .unwrap();
     for i in 0..20 {
         broker.publish("events", format!("m{i}"));
     }

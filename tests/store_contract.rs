@@ -710,6 +710,73 @@ pub async fn consumers_of_one_table_each_learn_the_fleets_distinct_rate<H: Share
 }
 
 // ---------------------------------------------------------------------------------------------
+// Shared stores: the server killed and started again.
+
+/// A store's one server, stopped and started again empty on the same port.
+pub trait Restartable {
+    fn stop(&mut self);
+    fn restart(&mut self);
+    fn pid(&self) -> Option<u32>;
+}
+
+/// `store` (a timeout of 300 ms, its one server `server`) with the server killed: every
+/// operation fails, as `Unavailable` or `Timeout`, within 3 s in all; once a new, empty server
+/// runs in its place, claims are decided again within 10 s, the digests new again. Returns the
+/// claims that recovery took.
+pub async fn a_killed_server_fails_fast_then_recovers<S: Store>(
+    store: &S,
+    server: &mut impl Restartable,
+) -> u32 {
+    let (d, e) = (digest(30), digest(31));
+    assert_eq!(store.claim(d).await.unwrap(), Claim::New);
+    assert_eq!(claimed(store.claim_many(&[e]).await).unwrap(), [Claim::New]);
+    let old_pid = server.pid();
+
+    server.stop();
+    let began = Instant::now();
+    let claim = store.claim(d).await;
+    assert!(
+        matches!(
+            claim,
+            Err(StoreError::Unavailable { .. } | StoreError::Timeout(_))
+        ),
+        "{claim:?}"
+    );
+    let batch = store.claim_many(&[d, e]).await;
+    assert!(batch.iter().all(|answer| answer.is_err()), "{batch:?}");
+    assert!(store.commit(d).await.is_err());
+    assert!(store.renew(d).await.is_err());
+    assert!(store.erase(d).await.is_err());
+    assert!(
+        began.elapsed() < Duration::from_secs(3),
+        "failing took {:?}",
+        began.elapsed()
+    );
+
+    server.restart();
+    assert_ne!(server.pid(), old_pid);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut attempts = 0;
+    let recovered = loop {
+        attempts += 1;
+        match store.claim(d).await {
+            Ok(claim) => break claim,
+            Err(err) if Instant::now() < deadline => {
+                eprintln!("not yet recovered: {err}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(err) => panic!("no recovery within 10 s: {err}"),
+        }
+    };
+    assert_eq!(recovered, Claim::New);
+    assert_eq!(
+        claimed(store.claim_many(&[d, e]).await).unwrap(),
+        [Claim::InFlight, Claim::New]
+    );
+    attempts
+}
+
+// ---------------------------------------------------------------------------------------------
 // Shared stores: tasks and OS processes claiming the same digests at once.
 
 /// The shape and digests of the concurrency scenario: 6 digests in each of 128 sets of 8 ways,
