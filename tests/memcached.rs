@@ -15,7 +15,8 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
 use crate::store_contract::{
-    contention_scenario, digest, unique_namespace, Harness, Restartable, SharedHarness, Spec,
+    claimed_before_the_outage, contention_scenario, digest, fails_fast_while_its_server_is_down,
+    recovers_once_an_empty_server_is_back, unique_namespace, Harness, SharedHarness, Spec,
 };
 use crate::support::memcached::MemcachedServer;
 use crate::util::{claim_until_answered, claimed};
@@ -252,24 +253,15 @@ async fn outage(coalesce: bool) {
     )
     .await
     .unwrap();
+    let digests = claimed_before_the_outage(&store).await;
+    let old_pid = server.pid();
+    server.stop();
+    fails_fast_while_its_server_is_down(&store, digests).await;
+    server.restart();
+    assert_ne!(server.pid(), old_pid);
     // A restarted memcached is empty, so the digests are new again once we reconnect.
-    let attempts =
-        crate::store_contract::a_killed_server_fails_fast_then_recovers(&store, &mut server).await;
+    let attempts = recovers_once_an_empty_server_is_back(&store, digests).await;
     assert!(attempts <= 2, "recovery took {attempts} attempts");
-}
-
-impl Restartable for MemcachedServer {
-    fn stop(&mut self) {
-        MemcachedServer::stop(self);
-    }
-
-    fn restart(&mut self) {
-        MemcachedServer::restart(self);
-    }
-
-    fn pid(&self) -> Option<u32> {
-        MemcachedServer::pid(self)
-    }
 }
 
 #[tokio::test]

@@ -23,7 +23,9 @@ use rand::SeedableRng;
 
 use crate::sidecar::{drained, payload, raw_config, Recorder, Running, TOPIC};
 use crate::store_contract::{
-    digest, same_set_pair, unique_namespace, Harness, Restartable, SharedHarness, Spec,
+    claimed_before_the_outage, digest, fails_fast_while_its_server_is_down,
+    recovers_once_an_empty_server_is_back, same_set_pair, unique_namespace, Harness, SharedHarness,
+    Spec,
 };
 use crate::support::broker::{Broker, BrokerConfig};
 use crate::support::memcached::MemcachedServer;
@@ -319,22 +321,12 @@ async fn killed_redis_fails_fast_then_recovers_and_reloads_the_script() {
     )
     .await
     .unwrap();
+    let digests = claimed_before_the_outage(&store).await;
+    server.stop();
+    fails_fast_while_its_server_is_down(&store, digests).await;
     // The new process is empty and has no script loaded: NOSCRIPT, load, run.
-    crate::store_contract::a_killed_server_fails_fast_then_recovers(&store, &mut server).await;
-}
-
-impl Restartable for RedisServer {
-    fn stop(&mut self) {
-        RedisServer::stop(self);
-    }
-
-    fn restart(&mut self) {
-        RedisServer::restart(self);
-    }
-
-    fn pid(&self) -> Option<u32> {
-        RedisServer::pid(self)
-    }
+    server.restart();
+    recovers_once_an_empty_server_is_back(&store, digests).await;
 }
 
 // Redis Cluster: resharded and failed over while claims run.

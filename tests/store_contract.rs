@@ -712,27 +712,17 @@ pub async fn consumers_of_one_table_each_learn_the_fleets_distinct_rate<H: Share
 // ---------------------------------------------------------------------------------------------
 // Shared stores: the server killed and started again.
 
-/// A store's one server, stopped and started again empty on the same port.
-pub trait Restartable {
-    fn stop(&mut self);
-    fn restart(&mut self);
-    fn pid(&self) -> Option<u32>;
-}
-
-/// `store` (a timeout of 300 ms, its one server `server`) with the server killed: every
-/// operation fails, as `Unavailable` or `Timeout`, within 3 s in all; once a new, empty server
-/// runs in its place, claims are decided again within 10 s, the digests new again. Returns the
-/// claims that recovery took.
-pub async fn a_killed_server_fails_fast_then_recovers<S: Store>(
-    store: &S,
-    server: &mut impl Restartable,
-) -> u32 {
+/// The digests of the outage test, claimed before the server is killed.
+pub async fn claimed_before_the_outage<S: Store>(store: &S) -> [Digest; 2] {
     let (d, e) = (digest(30), digest(31));
     assert_eq!(store.claim(d).await.unwrap(), Claim::New);
     assert_eq!(claimed(store.claim_many(&[e]).await).unwrap(), [Claim::New]);
-    let old_pid = server.pid();
+    [d, e]
+}
 
-    server.stop();
+/// `store` (a timeout of 300 ms) with its one server killed: every operation fails, as
+/// `Unavailable` or `Timeout`, within 3 s in all.
+pub async fn fails_fast_while_its_server_is_down<S: Store>(store: &S, [d, e]: [Digest; 2]) {
     let began = Instant::now();
     let claim = store.claim(d).await;
     assert!(
@@ -752,9 +742,14 @@ pub async fn a_killed_server_fails_fast_then_recovers<S: Store>(
         "failing took {:?}",
         began.elapsed()
     );
+}
 
-    server.restart();
-    assert_ne!(server.pid(), old_pid);
+/// Once a new, empty server runs in place of the killed one, claims are decided again
+/// within 10 s, the digests new again. Returns the claims that recovery took.
+pub async fn recovers_once_an_empty_server_is_back<S: Store>(
+    store: &S,
+    [d, e]: [Digest; 2],
+) -> u32 {
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut attempts = 0;
     let recovered = loop {
