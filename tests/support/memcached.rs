@@ -16,6 +16,21 @@ pub struct MemcachedServer {
     extra_args: Vec<String>,
 }
 
+/// The process: `addr`, `port`, `pid`, `stop`.
+impl std::ops::Deref for MemcachedServer {
+    type Target = ServerProcess;
+
+    fn deref(&self) -> &ServerProcess {
+        &self.process
+    }
+}
+
+impl std::ops::DerefMut for MemcachedServer {
+    fn deref_mut(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
+}
+
 impl MemcachedServer {
     /// Starts memcached with its defaults (64 MB, 4 threads) on a free loopback port.
     ///
@@ -40,26 +55,6 @@ impl MemcachedServer {
             process,
             extra_args,
         }
-    }
-
-    /// `127.0.0.1:<port>`.
-    pub fn addr(&self) -> String {
-        self.process.addr()
-    }
-
-    /// The TCP port.
-    pub fn port(&self) -> u16 {
-        self.process.port()
-    }
-
-    /// The process id while running.
-    pub fn pid(&self) -> Option<u32> {
-        self.process.pid()
-    }
-
-    /// Kills the process and waits for it to exit; the port then refuses connections.
-    pub fn stop(&mut self) {
-        self.process.stop();
     }
 
     /// Starts a new process on the same port (memcached's memory starts empty).

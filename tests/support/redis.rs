@@ -34,6 +34,21 @@ pub struct RedisServer {
     _temp: Option<tempfile::TempDir>,
 }
 
+/// The process: `addr`, `port`, `pid`, `stop`.
+impl std::ops::Deref for RedisServer {
+    type Target = ServerProcess;
+
+    fn deref(&self) -> &ServerProcess {
+        &self.process
+    }
+}
+
+impl std::ops::DerefMut for RedisServer {
+    fn deref_mut(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
+}
+
 impl RedisServer {
     /// Starts a standalone server without persistence on a free loopback port.
     ///
@@ -73,29 +88,9 @@ impl RedisServer {
         }
     }
 
-    /// `127.0.0.1:<port>`.
-    pub fn addr(&self) -> String {
-        self.process.addr()
-    }
-
     /// `redis://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("redis://{}", self.addr())
-    }
-
-    /// The TCP port.
-    pub fn port(&self) -> u16 {
-        self.process.port()
-    }
-
-    /// The process id while running.
-    pub fn pid(&self) -> Option<u32> {
-        self.process.pid()
-    }
-
-    /// Kills the process (SIGKILL) and waits for it; the port then refuses connections.
-    pub fn stop(&mut self) {
-        self.process.stop();
     }
 
     /// Kills the process with SIGKILL and returns at once, as a crash would: connections to
@@ -230,7 +225,7 @@ impl RedisCluster {
                 ],
             ));
         }
-        let addrs: Vec<String> = nodes.iter().map(RedisServer::addr).collect();
+        let addrs: Vec<String> = nodes.iter().map(|node| node.addr()).collect();
         let mut args = vec!["--cluster", "create"];
         args.extend(addrs.iter().map(String::as_str));
         args.extend(["--cluster-replicas", "1", "--cluster-yes"]);
