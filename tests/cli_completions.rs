@@ -3,12 +3,11 @@
 //! Bash is required; zsh and fish are tested where installed, and a test says on its output
 //! when it skipped one (a skipped shell was not tested).
 
-use std::io::Read;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::cli_errors::exit_within;
+use crate::support::child::Child;
 
 /// A shell with completion scripts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,34 +123,16 @@ fn candidates(shell: Shell, file: Option<&Path>, line: &str) -> Option<Vec<Strin
         Shell::Zsh => (&["-f", "-c"], zsh_script(&load, line)),
         Shell::Fish => (&["--no-config", "-c"], fish_script(&load, line)),
     };
-    let mut child = Command::new(shell.name())
-        .args(args)
-        .arg(&script)
-        .env("PATH", path_with_the_binary())
-        .env("TERM", "dumb")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let status = exit_within(
-        &mut child,
-        Duration::from_secs(60),
-        &format!("{shell:?} completing {line:?}"),
-    );
-    let (mut out, mut err) = (String::new(), String::new());
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+    let finished = Child::spawn(
+        Command::new(shell.name())
+            .args(args)
+            .arg(&script)
+            .env("PATH", path_with_the_binary())
+            .env("TERM", "dumb")
+            .stdin(Stdio::null()),
+    )
+    .wait_within(Duration::from_secs(60));
+    let (status, out, err) = (finished.status, finished.stdout, finished.stderr);
     assert!(
         status.success(),
         "{shell:?} completing {line:?}: {status}\n{err}\n{out}"

@@ -5,12 +5,13 @@ use std::collections::BTreeSet;
 use std::io::Read;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, ExitStatus, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use nsq_dedupe::Settings;
 
 use crate::support::broker::{Broker, BrokerConfig};
+use crate::support::child::{Child, Reading};
 use crate::util::bin;
 
 /// Runs the binary and returns its exit code and stderr.
@@ -449,23 +450,6 @@ fn an_unwritable_dead_letter_says_its_cause_once() {
     );
 }
 
-/// Waits for `child` to exit, or kills it and panics naming `what` if it is still running
-/// after `limit`.
-pub(crate) fn exit_within(child: &mut Child, limit: Duration, what: &str) -> ExitStatus {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} still running after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Runs `run` against the nsqd at `addrs` with `extra` flags and returns its exit code and
 /// stderr once it exits, or panics if it is still running after `limit`.
 pub(crate) fn run_until_exit(
@@ -473,27 +457,15 @@ pub(crate) fn run_until_exit(
     extra: &[&str],
     limit: Duration,
 ) -> (i32, String) {
-    let mut command = std::process::Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"));
-    command.args(["run", "--topic", "events", "--metrics-address", "off"]);
+    let mut args: Vec<String> = ["run", "--topic", "events", "--metrics-address", "off"]
+        .map(str::to_owned)
+        .to_vec();
     for addr in addrs {
-        command.args(["--nsqd-tcp-address", &addr.to_string()]);
+        args.extend(["--nsqd-tcp-address".to_owned(), addr.to_string()]);
     }
-    let mut child = command
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let status = exit_within(&mut child, limit, "run");
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
-    (status.code().unwrap_or(-1), stderr)
+    args.extend(extra.iter().map(|&arg| arg.to_owned()));
+    let finished = Child::bin(&args).wait_within(limit);
+    (finished.code().unwrap_or(-1), finished.stderr)
 }
 
 /// The message `run` ends with when the nsqd at `addr` refuses a message timeout of one hour.
@@ -564,31 +536,22 @@ fn completions_and_the_man_page_generate() {
 /// What `run` logs in its first 700 ms, in `--log-format` `format`, into a pipe, while it
 /// tries to reach an nsqd that is not there.
 fn first_logs(format: &str) -> String {
-    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
-        .args(["--log-format", format, "run", "--topic", "t"])
-        .args([
-            "--metrics-address",
-            "off",
-            "--nsqd-tcp-address",
-            "127.0.0.1:1",
-        ])
-        .env("TERM", "xterm-256color")
-        .env_remove("NO_COLOR")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = Child::spawn_reading(
+        std::process::Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
+            .args(["--log-format", format, "run", "--topic", "t"])
+            .args([
+                "--metrics-address",
+                "off",
+                "--nsqd-tcp-address",
+                "127.0.0.1:1",
+            ])
+            .env("TERM", "xterm-256color")
+            .env_remove("NO_COLOR")
+            .stdin(Stdio::null()),
+        Reading::Stderr,
+    );
     std::thread::sleep(Duration::from_millis(700));
-    let _ = child.kill();
-    let _ = child.wait();
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    let stderr = child.stop_within("KILL", Duration::from_secs(10)).stderr;
     assert!(
         stderr.contains("Could not connect to nsqd; retrying."),
         "{stderr}"
@@ -756,30 +719,18 @@ fn nsqd_connection_options_are_checked_before_connecting() {
 /// Runs `run` with `env` set and `args`, and returns its exit code and stderr; the settings
 /// are refused before anything connects, so a run still going after 10 s fails the test.
 pub(crate) fn run_refused(env: &[(&str, &str)], args: &[&str]) -> (i32, String) {
-    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
-        .arg("run")
-        .args(args)
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let status = exit_within(
-        &mut child,
-        Duration::from_secs(10),
-        &format!("run {args:?} (not refused)"),
-    );
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    let finished = Child::spawn_reading(
+        std::process::Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
+            .arg("run")
+            .args(args)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null()),
+        Reading::Stderr,
+    )
+    .wait_within(Duration::from_secs(10));
     (
-        status.code().expect("exited, not killed by a signal"),
-        stderr,
+        finished.code().expect("exited, not killed by a signal"),
+        finished.stderr,
     )
 }
 

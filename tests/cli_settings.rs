@@ -2,14 +2,14 @@
 //! exporters take, output file names that ask for a format we do not write, and every missing
 //! setting named at once.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nsq_dedupe::Settings;
 
 use crate::cli_errors::run_refused;
+use crate::support::child::Child;
 
 const SOURCE: &str = "[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"127.0.0.1:4150\"]\n";
 
@@ -76,35 +76,32 @@ fn ping(addr: SocketAddr) -> Option<String> {
 #[test]
 fn run_serves_metrics_on_a_port_given_without_a_host() {
     let port = free_port();
-    let mut child = Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
-        .args(["run", "--topic", "t", "--nsqd-tcp-address", "127.0.0.1:1"])
-        .args(["--metrics-address", &format!(":{port}"), "--sink", "null"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let log = std::thread::spawn(move || {
-        BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-            .find(|line| line.contains("Serving /metrics"))
-    });
+    let metrics = format!(":{port}");
+    let mut child = Child::bin([
+        "run",
+        "--topic",
+        "t",
+        "--nsqd-tcp-address",
+        "127.0.0.1:1",
+        "--metrics-address",
+        &metrics,
+        "--sink",
+        "null",
+    ]);
     let deadline = Instant::now() + Duration::from_secs(60);
     let answer = loop {
         if let Some(answer) = ping(SocketAddr::from(([127, 0, 0, 1], port))) {
             break Some(answer);
         }
-        if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
+        if Instant::now() > deadline || child.has_exited() {
             break None;
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    let _ = child.kill();
-    let _ = child.wait();
     assert_eq!(answer.as_deref(), Some("HTTP/1.1 200 OK"));
-    let line = log.join().unwrap().expect("the metrics line is logged");
+    let line = child
+        .line_on_stderr("Serving /metrics", Duration::from_secs(10))
+        .expect("the metrics line is logged");
     assert!(line.contains(&format!("addr=0.0.0.0:{port}")), "{line}");
 }
 

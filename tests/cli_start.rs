@@ -1,39 +1,27 @@
 //! What `run` says as it starts and when nsqd refuses it: the start line names only the
 //! sources given, and a refusal's advice names the setting to change as it was given.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::cli_errors::run_until_exit;
 use crate::support::broker::{Broker, BrokerConfig};
+use crate::support::child::Child;
 
 /// The "Sidecar started." line of `run` with `source` flags (nothing answers at those
 /// addresses; the line comes before any connection).
 fn start_line(source: &[&str]) -> String {
-    let mut child = Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
-        .args([
-            "run",
-            "--topic",
-            "t",
-            "--metrics-address",
-            "off",
-            "--sink",
-            "null",
-        ])
-        .args(source)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // The line, or the end of stderr when the process exits without it.
-    let line = BufReader::new(child.stderr.take().unwrap())
-        .lines()
-        .map_while(Result::ok)
-        .find(|line| line.contains("Sidecar started."));
-    let _ = child.kill();
-    let _ = child.wait();
+    let args = [
+        "run",
+        "--topic",
+        "t",
+        "--metrics-address",
+        "off",
+        "--sink",
+        "null",
+    ];
+    let mut child = Child::bin(args.iter().chain(source));
+    // The line, or none when the process exits without it.
+    let line = child.line_on_stderr("Sidecar started.", Duration::from_secs(60));
     line.expect("run logs its start line")
 }
 

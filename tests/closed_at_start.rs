@@ -4,44 +4,31 @@
 //! used as asked.
 
 use std::ffi::OsStr;
-use std::fmt::Debug;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::closed_output::input;
 use crate::support::broker::{Broker, BrokerConfig};
+use crate::support::child::Child;
 
 /// `args` run with `redirect` (such as `>&-`) applied by the shell; stdin empty unless
 /// redirected, stdout and stderr gathered unless redirected. Killed after 20 s.
-fn run_with(redirect: &str, args: &[impl AsRef<OsStr> + Debug]) -> Output {
-    let child = Command::new("sh")
-        .arg("-c")
-        .arg(format!("exec \"$0\" \"$@\" {redirect}"))
-        .arg(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let waiter = std::thread::spawn(move || child.wait_with_output().unwrap());
-    while !waiter.is_finished() {
-        if Instant::now() > deadline {
-            let _ = Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .status();
-            let output = waiter.join().unwrap();
-            panic!(
-                "{args:?} {redirect} still running after 20 s; stderr: {}",
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
+fn run_with(redirect: &str, args: &[impl AsRef<OsStr>]) -> Output {
+    let finished = Child::spawn(
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("exec \"$0\" \"$@\" {redirect}"))
+            .arg(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
+            .args(args)
+            .stdin(Stdio::null()),
+    )
+    .wait_within(Duration::from_secs(20));
+    Output {
+        status: finished.status,
+        stdout: finished.stdout.into_bytes(),
+        stderr: finished.stderr.into_bytes(),
     }
-    waiter.join().unwrap()
 }
 
 fn stderr_of(output: &Output) -> String {
@@ -120,41 +107,21 @@ async fn run_with_another_sink_runs_with_stdout_closed() {
     let broker = Broker::start(BrokerConfig::default()).await;
     broker.publish("events", "one");
     let nsqd = broker.tcp_addr().to_string();
-    let child = Command::new("sh")
-        .arg("-c")
-        .arg("exec \"$0\" \"$@\" >&-")
-        .arg(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
-        .args(run_args(&nsqd, &["--sink", "null"]))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let guard = KillOnDrop(child.id());
+    let child = Child::spawn(
+        Command::new("sh")
+            .arg("-c")
+            .arg("exec \"$0\" \"$@\" >&-")
+            .arg(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
+            .args(run_args(&nsqd, &["--sink", "null"]))
+            .stdin(Stdio::null()),
+    );
     crate::util::wait_until("the message finished", Duration::from_secs(20), || {
         broker.finished("events", "nsq-dedupe").len() == 1
     })
     .await;
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    let output = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
-        .await
-        .unwrap();
-    std::mem::forget(guard);
-    assert_eq!(output.status.code(), Some(0), "{}", stderr_of(&output));
-}
-
-/// Kills the process of this id when dropped: a test that fails leaves nothing running.
-struct KillOnDrop(u32);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-KILL", &self.0.to_string()])
-            .status();
-    }
+    child.signal("TERM");
+    let finished = child.finish_within(Duration::from_secs(20)).await;
+    assert_eq!(finished.code(), Some(0), "{}", finished.stderr);
 }
 
 /// Otherwise the records would be written nowhere, and the table saved would make the next run

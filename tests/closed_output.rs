@@ -1,12 +1,12 @@
 //! Every subcommand ends quietly when its output or its error output goes away (`| head`,
 //! `2>&1 >/dev/null | head`), after saving what it must save: no panic, no backtrace.
 
-use std::io::Read;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use crate::support::broker::{Broker, BrokerConfig};
+use crate::support::child::{Child, Reading};
 
 /// Which stream the reader closes before the program writes to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,50 +25,20 @@ fn command(args: &[&str]) -> Command {
     command
 }
 
-/// Reads what `child` writes on `stream` until it ends, on a thread.
-fn gather(stream: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<String> {
-    std::thread::spawn(move || {
-        let mut text = String::new();
-        if let Some(mut stream) = stream {
-            let _ = stream.read_to_string(&mut text);
-        }
-        text
-    })
-}
-
-/// Waits for `child` to exit within 30 s (killing it and panicking otherwise).
-fn exit_code(child: &mut Child, what: &str) -> i32 {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status.code().unwrap_or(-1);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} still running after 30 s");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// Runs `args` with `closed` closed from the start; returns the exit code and what came out
-/// on the other stream.
+/// on the other stream. Killed after 30 s.
 fn run_closed(args: &[&str], closed: Closed) -> (i32, String) {
-    let mut child = command(args).spawn().unwrap();
-    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
-    let open = match closed {
-        Closed::Stdout => {
-            drop(stdout);
-            gather(stderr)
-        }
-        Closed::Stderr => {
-            drop(stderr);
-            gather(stdout)
-        }
+    let reading = match closed {
+        Closed::Stdout => Reading::Stderr,
+        Closed::Stderr => Reading::Stdout,
     };
-    let code = exit_code(&mut child, &format!("{args:?} with {closed:?} closed"));
-    (code, open.join().unwrap())
+    let finished =
+        Child::spawn_reading(&mut command(args), reading).wait_within(Duration::from_secs(30));
+    let open = match closed {
+        Closed::Stdout => finished.stderr,
+        Closed::Stderr => finished.stdout,
+    };
+    (finished.status.code().unwrap_or(-1), open)
 }
 
 /// The records `a b a c`, in a file in `dir`.
@@ -260,25 +230,15 @@ async fn run_ends_quietly_when_its_output_goes_away() {
     assert_eq!(stdout_closed.0, 0, "{}", stdout_closed.1);
     assert!(!stdout_closed.1.contains("panicked"), "{}", stdout_closed.1);
     // The message was requeued, not lost: the next run with stderr closed delivers it.
-    let mut child = tokio::task::spawn_blocking(move || {
+    let (child, line) = tokio::task::spawn_blocking(move || {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        command(&args).spawn().unwrap()
+        let mut child = Child::spawn_reading(&mut command(&args), Reading::Stdout);
+        let line = child.first_stdout_bytes(4, Duration::from_secs(30));
+        (child, line)
     })
     .await
     .unwrap();
-    drop(child.stderr.take());
-    let mut stdout = child.stdout.take().unwrap();
-    let line = tokio::task::spawn_blocking(move || {
-        let mut line = [0u8; 4];
-        stdout.read_exact(&mut line).map(|()| line)
-    })
-    .await
-    .unwrap();
-    let pid = child.id().to_string();
-    let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-    assert!(killed.success());
-    let code = tokio::task::spawn_blocking(move || exit_code(&mut child, "run"))
-        .await
-        .unwrap();
-    assert_eq!((code, &line.unwrap()), (0, b"one\n"));
+    child.signal("TERM");
+    let code = child.finish_within(Duration::from_secs(30)).await.code();
+    assert_eq!((code, line.as_slice()), (Some(0), &b"one\n"[..]));
 }

@@ -17,6 +17,7 @@ use nsq_dedupe::tls::{TlsSettings, TlsVersion};
 
 use crate::nsq::{assert_all_finished_once, body, config, consume_finishing, CHANNEL, TOPIC};
 use crate::support::broker::{Auth, Broker, BrokerConfig, Tls};
+use crate::support::child::{Child, Reading};
 use crate::support::wire::{ClientAuth, Pki};
 
 const N: usize = 300;
@@ -412,37 +413,17 @@ async fn the_producer_reports_a_refusal_as_permanent() {
 /// Runs the binary's `run` with `args` until it exits (or panics after `limit`); returns the
 /// exit code and stderr.
 fn run_binary(args: Vec<String>, envs: &[(&str, &str)], limit: Duration) -> (i32, String) {
-    use std::io::Read as _;
-    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
-        .arg("run")
-        .args(["--metrics-address", "off", "--log-level", "info"])
-        .args(&args)
-        .envs(envs.iter().copied())
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + limit;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("run still running after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
-    (status.code().unwrap_or(-1), stderr)
+    let finished = Child::spawn_reading(
+        std::process::Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
+            .arg("run")
+            .args(["--metrics-address", "off", "--log-level", "info"])
+            .args(&args)
+            .envs(envs.iter().copied())
+            .stdin(std::process::Stdio::null()),
+        Reading::Stderr,
+    )
+    .wait_within(limit);
+    (finished.code().unwrap_or(-1), finished.stderr)
 }
 
 fn strings(args: &[&str]) -> Vec<String> {
@@ -587,16 +568,12 @@ async fn run_consumes_over_tls_with_auth_and_publishes_over_tls_with_deflate() {
         "--producer-opt",
         "deflate_level,1",
     ]);
-    let child = std::process::Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
-        .arg("run")
-        .args(["--metrics-address", "off"])
-        .args(&args)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut child = KillOnDrop(child);
+    let child = Child::bin(
+        ["run", "--metrics-address", "off"]
+            .iter()
+            .map(|&a| a.to_owned())
+            .chain(args),
+    );
     crate::util::wait_until_or(
         "every copy finished",
         Duration::from_secs(20),
@@ -604,27 +581,17 @@ async fn run_consumes_over_tls_with_auth_and_publishes_over_tls_with_deflate() {
         || format!("finished {}", source.finished(TOPIC, CHANNEL).len()),
     )
     .await;
-    let _ = std::process::Command::new("kill")
-        .args(["-TERM", &child.0.id().to_string()])
-        .status();
-    let status = child.0.wait().unwrap();
-    assert!(status.success(), "{status:?}");
+    child.signal("TERM");
+    child
+        .finish_within(Duration::from_secs(20))
+        .await
+        .assert_success();
     let mut published = sink.messages_on("events.unique");
     published.sort();
     let mut expected: Vec<Bytes> = (0..100).map(body).collect();
     expected.sort();
     assert_eq!(published, expected, "each body exactly once");
     assert_eq!(source.depth(TOPIC, CHANNEL), (0, 0, 0));
-}
-
-/// A child process killed when the test ends, however it ends.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// Consumes and FINishes `n` JSON-like 100-byte bodies over `transport`; returns messages per

@@ -2,94 +2,27 @@
 //! values, the AUTH secret and the digest key are redacted in logs (at debug), errors,
 //! status lines and metrics.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::support::broker::{Auth, Broker, BrokerConfig};
+use crate::support::child::Child;
 use crate::support::http::{Answer, HttpServer};
 use crate::util::bin;
 
 /// 64 hex digits, so that it can also be the digest key.
 const SENTINEL: &str = "5ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7";
 
-/// A running `nsq-dedupe`, its stderr gathered line by line as it comes.
-struct Running {
-    child: Child,
-    stderr: Arc<Mutex<Vec<String>>>,
-    /// Ends at the end of stderr, which the exit closes.
-    reader: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Running {
-    fn start(args: &[&str]) -> Running {
-        let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = Arc::new(Mutex::new(Vec::new()));
-        let lines = stderr.clone();
-        let pipe = child.stderr.take().unwrap();
-        let reader = std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines() {
-                let Ok(line) = line else { break };
-                lines.lock().unwrap().push(line);
-            }
-        });
-        Running {
-            child,
-            stderr,
-            reader: Some(reader),
-        }
-    }
-
-    fn stderr(&self) -> String {
-        self.stderr.lock().unwrap().join("\n")
-    }
-
-    /// SIGTERM, then the exit status and stdout; panics if it does not stop within 10 s.
-    fn stop(mut self) -> (i32, String, String) {
-        let pid = self.child.id().to_string();
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let status = loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!("still running 10 s after SIGTERM: {}", self.stderr());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let mut stdout = String::new();
-        self.child
-            .stdout
-            .take()
-            .unwrap()
-            .read_to_string(&mut stdout)
-            .unwrap();
-        if let Some(reader) = self.reader.take() {
-            reader.join().unwrap();
-        }
-        (status.code().unwrap_or(-1), stdout, self.stderr())
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// SIGTERM to a running `nsq-dedupe`, then its exit code, stdout and stderr; panics if it does
+/// not stop within 10 s.
+fn stop(run: Child) -> (i32, String, String) {
+    let finished = run.stop_within("TERM", Duration::from_secs(10));
+    (
+        finished.code().unwrap_or(-1),
+        finished.stdout,
+        finished.stderr,
+    )
 }
 
 /// The metrics page at `addr`, as plain HTTP/1.0.
@@ -110,7 +43,7 @@ fn metrics_page(addr: &str) -> String {
 fn the_startup_line_summarises_the_sink_without_its_secrets() {
     let post = format!("https://user:{SENTINEL}@127.0.0.1:1/ingest?token={SENTINEL}");
     let header = format!("Authorization: Bearer {SENTINEL}");
-    let run = Running::start(&[
+    let mut run = Child::bin([
         "run",
         "--topic",
         "events",
@@ -127,16 +60,9 @@ fn the_startup_line_summarises_the_sink_without_its_secrets() {
         "--header",
         &header,
     ]);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !run.stderr().contains("Sidecar started.") {
-        assert!(
-            Instant::now() < deadline,
-            "no startup line: {}",
-            run.stderr()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let (code, _, stderr) = run.stop();
+    let started = run.line_on_stderr("Sidecar started.", Duration::from_secs(10));
+    assert!(started.is_some(), "no startup line: {}", run.stderr());
+    let (code, _, stderr) = stop(run);
     assert_eq!(code, 0, "{stderr}");
     let started = stderr
         .lines()
@@ -156,7 +82,7 @@ fn the_startup_line_summarises_the_sink_without_its_secrets() {
 fn a_file_sink_is_summarised_by_its_directory_and_name() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().to_str().unwrap();
-    let run = Running::start(&[
+    let mut run = Child::bin([
         "run",
         "--topic",
         "events",
@@ -169,16 +95,9 @@ fn a_file_sink_is_summarised_by_its_directory_and_name() {
         "--output-dir",
         out,
     ]);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !run.stderr().contains("Sidecar started.") {
-        assert!(
-            Instant::now() < deadline,
-            "no startup line: {}",
-            run.stderr()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let (code, _, stderr) = run.stop();
+    let started = run.line_on_stderr("Sidecar started.", Duration::from_secs(10));
+    assert!(started.is_some(), "no startup line: {}", run.stderr());
+    let (code, _, stderr) = stop(run);
     assert_eq!(code, 0, "{stderr}");
     let expected = format!("sink=file dir={out} format=<TOPIC>.<HOST><REV>.<DATETIME>.log");
     assert!(stderr.contains(&expected), "{stderr}");
@@ -245,11 +164,9 @@ async fn a_secret_in_any_setting_never_appears_in_the_output() {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let run = tokio::task::spawn_blocking(move || {
-        Running::start(&args.iter().map(String::as_str).collect::<Vec<_>>())
-    })
-    .await
-    .unwrap();
+    let run = tokio::task::spawn_blocking(move || Child::bin(args))
+        .await
+        .unwrap();
     broker.publish("events", "one");
     broker.publish("events", "two");
     wait_until_or_dump(&run, "two POSTs with the header", || {
@@ -278,7 +195,7 @@ async fn a_secret_in_any_setting_never_appears_in_the_output() {
         .await
         .unwrap();
     assert!(page.contains("nsq_dedupe"), "{page}");
-    let (code, stdout, stderr) = tokio::task::spawn_blocking(move || run.stop())
+    let (code, stdout, stderr) = tokio::task::spawn_blocking(move || stop(run))
         .await
         .unwrap();
     assert_eq!(code, 0, "{stderr}");
@@ -288,12 +205,8 @@ async fn a_secret_in_any_setting_never_appears_in_the_output() {
     }
 }
 
-async fn wait_until_or_dump(run: &Running, what: &str, cond: impl FnMut() -> bool) {
-    let stderr = run.stderr.clone();
-    crate::util::wait_until_or(what, Duration::from_secs(20), cond, move || {
-        stderr.lock().unwrap().join("\n")
-    })
-    .await;
+async fn wait_until_or_dump(run: &Child, what: &str, cond: impl FnMut() -> bool) {
+    crate::util::wait_until_or(what, Duration::from_secs(20), cond, || run.stderr()).await;
 }
 
 /// Settings refused at start: the error names the setting, not the secret in it.
@@ -451,11 +364,9 @@ async fn a_failing_sink_is_logged_with_its_cause_once_a_second() {
     .map(|s| s.to_string())
     .collect();
     let started = Instant::now();
-    let run = tokio::task::spawn_blocking(move || {
-        Running::start(&args.iter().map(String::as_str).collect::<Vec<_>>())
-    })
-    .await
-    .unwrap();
+    let run = tokio::task::spawn_blocking(move || Child::bin(args))
+        .await
+        .unwrap();
     for i in 0..20 {
         broker.publish("events", format!("m{i}"));
     }
@@ -476,7 +387,7 @@ async fn a_failing_sink_is_logged_with_its_cause_once_a_second() {
         logged(&run.stderr()).len() >= 2 && server.received().len() >= 40
     })
     .await;
-    let (_, _, stderr) = tokio::task::spawn_blocking(move || run.stop())
+    let (_, _, stderr) = tokio::task::spawn_blocking(move || stop(run))
         .await
         .unwrap();
     let elapsed = started.elapsed().as_secs() + 1;

@@ -4,8 +4,6 @@
 //! at start is an outage, which `run` waits out; and a refusal met while running (a password
 //! changed) is logged when it appears, with its messages requeued, none lost.
 
-use std::io::Read as _;
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -13,10 +11,10 @@ use bytes::Bytes;
 
 use crate::cli_errors::{http_port, run_refused};
 use crate::support::broker::{Broker, BrokerConfig};
+use crate::support::child::{Child, Finished};
 use crate::support::memcached::MemcachedServer;
 use crate::support::redis::{RedisCluster, RedisServer};
-use crate::table_file::Sidecar;
-use crate::util::{signal_and_wait, wait_until_or};
+use crate::util::wait_until_or;
 
 /// The server's password, and the wrong one given; neither may appear in any output.
 const PASSWORD: &str = "right-pw-7f3a2c";
@@ -247,33 +245,21 @@ fn a_memcached_address_that_is_another_service_stops_the_run() {
     );
 }
 
-/// Starts `run` with `args`, its stdout (the sink) to `out` and its log to `log`.
-fn start(args: &[&str], out: &Path, log: &Path) -> Sidecar {
-    let child = Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
-        .arg("run")
-        .args(args)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(out).unwrap())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .unwrap();
-    Sidecar(child)
+/// Starts `run` with `args`, its stdout (the sink) and its log gathered.
+fn start(args: &[&str]) -> Child {
+    Child::spawn(
+        Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
+            .arg("run")
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null()),
+    )
 }
 
-/// Sends SIGTERM to `running` and waits (at most 20 s) for its exit status.
-async fn stop(running: &mut Sidecar) -> Option<i32> {
-    signal_and_wait(&mut running.0, "-TERM", Duration::from_secs(20))
-        .await
-        .code()
-}
-
-fn read(path: &Path) -> String {
-    let mut text = String::new();
-    if let Ok(mut file) = std::fs::File::open(path) {
-        let _ = file.read_to_string(&mut text);
-    }
-    text
+/// Sends SIGTERM to `running` and waits (at most 20 s) for it to exit.
+async fn stop(running: Child) -> Finished {
+    running.signal("TERM");
+    running.finish_within(Duration::from_secs(20)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -284,8 +270,6 @@ async fn a_store_that_is_not_there_at_start_is_an_outage_that_run_waits_out() {
         .local_addr()
         .unwrap()
         .to_string();
-    let dir = tempfile::tempdir().unwrap();
-    let (out, log) = (dir.path().join("out"), dir.path().join("log"));
     let url = format!("redis://{closed}");
     for (store, setting, address, said) in [
         (
@@ -303,21 +287,22 @@ async fn a_store_that_is_not_there_at_start_is_an_outage_that_run_waits_out() {
     ] {
         let mut args = NO_NSQD.to_vec();
         args.extend(["--store", store, setting, address]);
-        let mut running = start(&args, &out, &log);
+        let mut running = start(&args);
         wait_until_or(
             "the warning that the store is not answering",
             Duration::from_secs(10),
-            || read(&log).contains(said),
-            || read(&log),
+            || running.stderr().contains(said),
+            || running.stderr(),
         )
         .await;
         std::thread::sleep(Duration::from_millis(500));
         assert!(
-            running.0.try_wait().unwrap().is_none(),
+            !running.has_exited(),
             "{store}: an outage stopped the run: {}",
-            read(&log)
+            running.stderr()
         );
-        assert_eq!(stop(&mut running).await, Some(0), "{}", read(&log));
+        let stopped = stop(running).await;
+        assert_eq!(stopped.code(), Some(0), "{}", stopped.stderr);
     }
 }
 
@@ -328,37 +313,31 @@ async fn a_password_changed_while_running_is_logged_as_it_appears_and_nothing_is
     let body = |i: usize| Bytes::from(format!("{{\"id\":{i}}}"));
     let mut server = RedisServer::start_with_args(&["--requirepass", PASSWORD]);
     let broker = Broker::start(BrokerConfig::default()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let (out, log) = (dir.path().join("out"), dir.path().join("log"));
     let url = format!("redis://:{PASSWORD}@{}", server.addr());
     let nsqd = broker.tcp_addr().to_string();
-    let mut running = start(
-        &[
-            "--topic",
-            TOPIC,
-            "--nsqd-tcp-address",
-            &nsqd,
-            "--metrics-address",
-            "off",
-            "--store",
-            "redis",
-            "--redis-url",
-            &url,
-            "--buckets",
-            "65536",
-            "--store-error-requeue-delay",
-            "100ms",
-        ],
-        &out,
-        &log,
-    );
-    let delivered = || read(&out).lines().count();
+    let running = start(&[
+        "--topic",
+        TOPIC,
+        "--nsqd-tcp-address",
+        &nsqd,
+        "--metrics-address",
+        "off",
+        "--store",
+        "redis",
+        "--redis-url",
+        &url,
+        "--buckets",
+        "65536",
+        "--store-error-requeue-delay",
+        "100ms",
+    ]);
+    let delivered = || running.stdout().lines().count();
     broker.publish_many(TOPIC, (0..20).map(body));
     wait_until_or(
         "the first 20 delivered",
         Duration::from_secs(20),
         || delivered() == 20,
-        || read(&log),
+        || running.stderr(),
     )
     .await;
 
@@ -374,8 +353,8 @@ async fn a_password_changed_while_running_is_logged_as_it_appears_and_nothing_is
     wait_until_or(
         "the outage logged",
         Duration::from_secs(10),
-        || !store_errors(&read(&log)).is_empty(),
-        || read(&log),
+        || !store_errors(&running.stderr()).is_empty(),
+        || running.stderr(),
     )
     .await;
     let first_logged = Instant::now();
@@ -383,14 +362,14 @@ async fn a_password_changed_while_running_is_logged_as_it_appears_and_nothing_is
     // Logged when it appears, not when the outage's line is 10 s old.
     let refusal = "refused this client: AUTH failed: it does not accept the password from \
                    `store.redis_urls`";
-    while !store_errors(&read(&log))
+    while !store_errors(&running.stderr())
         .iter()
         .any(|l| l.contains(refusal))
     {
         assert!(
             first_logged.elapsed() < Duration::from_secs(8),
             "the refusal was not logged within 8 s of the outage's line:\n{}",
-            read(&log)
+            running.stderr()
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -410,11 +389,12 @@ async fn a_password_changed_while_running_is_logged_as_it_appears_and_nothing_is
         "all 40 delivered",
         Duration::from_secs(30),
         || delivered() == 40,
-        || read(&log),
+        || running.stderr(),
     )
     .await;
-    assert_eq!(stop(&mut running).await, Some(0), "{}", read(&log));
-    let mut lines: Vec<String> = read(&out).lines().map(str::to_owned).collect();
+    let stopped = stop(running).await;
+    assert_eq!(stopped.code(), Some(0), "{}", stopped.stderr);
+    let mut lines: Vec<String> = stopped.stdout.lines().map(str::to_owned).collect();
     lines.sort();
     let mut expected: Vec<String> = (0..40)
         .map(|i| String::from_utf8(body(i).to_vec()).unwrap())
@@ -422,7 +402,7 @@ async fn a_password_changed_while_running_is_logged_as_it_appears_and_nothing_is
     expected.sort();
     assert_eq!(lines, expected, "each message once, none lost");
 
-    let log = read(&log);
+    let log = stopped.stderr;
     assert!(
         !log.contains(PASSWORD) && !log.contains(SECOND),
         "a password was logged: {log}"

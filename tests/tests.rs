@@ -34,6 +34,7 @@ mod redis;
 mod redis_tls;
 mod secrets;
 mod sidecar;
+mod store_contract;
 mod store_refusals;
 mod table;
 mod table_file;

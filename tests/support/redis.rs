@@ -6,13 +6,12 @@
 //! drop, so every test cleans up even when it fails. `$REDIS_SERVER_BIN` and `$REDIS_CLI_BIN`
 //! override `/usr/bin/redis-server` and `/usr/bin/redis-cli`.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// How long a fresh server may take to accept connections.
-const READY_TIMEOUT: Duration = Duration::from_secs(10);
+use super::server::ServerProcess;
 
 /// How long a new cluster may take to agree on its slots.
 const CLUSTER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -28,12 +27,26 @@ fn cli_bin() -> String {
 /// One `redis-server` on `127.0.0.1:<port>`, killed on drop.
 #[derive(Debug)]
 pub struct RedisServer {
-    child: Option<Child>,
-    port: u16,
+    process: ServerProcess,
     dir: PathBuf,
     extra_args: Vec<String>,
     /// Holds the directory of a standalone server (a cluster's nodes share the cluster's).
     _temp: Option<tempfile::TempDir>,
+}
+
+/// The process: `addr`, `port`, `pid`, `stop`.
+impl std::ops::Deref for RedisServer {
+    type Target = ServerProcess;
+
+    fn deref(&self) -> &ServerProcess {
+        &self.process
+    }
+}
+
+impl std::ops::DerefMut for RedisServer {
+    fn deref_mut(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
 }
 
 impl RedisServer {
@@ -63,50 +76,21 @@ impl RedisServer {
     }
 
     fn launch_on_free_port(dir: &Path, args: &[&str]) -> Self {
-        let mut last_error = String::new();
-        // Another process may take the free port between our probe and the bind.
-        for _ in 0..5 {
-            let mut server = RedisServer {
-                child: None,
-                port: free_port(),
-                dir: dir.to_owned(),
-                extra_args: args.iter().map(|&a| a.to_owned()).collect(),
-                _temp: None,
-            };
-            match server.launch() {
-                Ok(()) => return server,
-                Err(err) => last_error = err,
-            }
+        let extra_args: Vec<String> = args.iter().map(|&a| a.to_owned()).collect();
+        let process = ServerProcess::start("redis-server", free_port, |port| {
+            command(port, dir, &extra_args)
+        });
+        RedisServer {
+            process,
+            dir: dir.to_owned(),
+            extra_args,
+            _temp: None,
         }
-        panic!("could not start redis-server: {last_error}");
-    }
-
-    /// `127.0.0.1:<port>`.
-    pub fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
     }
 
     /// `redis://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("redis://{}", self.addr())
-    }
-
-    /// The TCP port.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// The process id while running.
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
-    }
-
-    /// Kills the process (SIGKILL) and waits for it; the port then refuses connections.
-    pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
     }
 
     /// Kills the process with SIGKILL and returns at once, as a crash would: connections to
@@ -116,7 +100,7 @@ impl RedisServer {
     ///
     /// If the server is not running or `kill` fails.
     pub fn kill(&self) {
-        self.signal("KILL");
+        self.process.signal("KILL");
     }
 
     /// Freezes the process (SIGSTOP): its port still accepts connections, and nothing is
@@ -126,23 +110,8 @@ impl RedisServer {
     ///
     /// If the server is not running or `kill` fails.
     pub fn freeze(&self) -> Frozen<'_> {
-        self.signal("STOP");
+        self.process.signal("STOP");
         Frozen { server: self }
-    }
-
-    /// Sends `signal` (a name such as `STOP`) to the process with `kill`.
-    ///
-    /// # Panics
-    ///
-    /// If the server is not running or `kill` fails.
-    fn signal(&self, signal: &str) {
-        let pid = self.pid().expect("the server runs");
-        let status = Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(pid.to_string())
-            .status()
-            .expect("kill runs");
-        assert!(status.success(), "kill -{signal} {pid} failed: {status}");
     }
 
     /// Starts a new process on the same port (memory starts empty).
@@ -151,10 +120,8 @@ impl RedisServer {
     ///
     /// If it does not come back within 10 s.
     pub fn restart(&mut self) {
-        self.stop();
-        if let Err(err) = self.launch() {
-            panic!("could not restart redis on port {}: {err}", self.port);
-        }
+        let command = command(self.port(), &self.dir, &self.extra_args);
+        self.process.restart(command);
     }
 
     /// Starts a new process on the same port with `args` instead of the extra arguments it
@@ -174,58 +141,23 @@ impl RedisServer {
     ///
     /// If redis-cli cannot run or fails.
     pub fn cli(&self, args: &[&str]) -> String {
-        cli(self.port, args)
-    }
-
-    fn launch(&mut self) -> Result<(), String> {
-        let binary = server_bin();
-        let port = self.port.to_string();
-        let mut child = Command::new(&binary)
-            .args(["--bind", "127.0.0.1", "--port", &port])
-            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-            .args(["--protected-mode", "no", "--loglevel", "warning"])
-            .arg("--dir")
-            .arg(&self.dir)
-            .args(
-                self.extra_args
-                    .iter()
-                    .map(|arg| arg.replace("{port}", &port)),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|err| {
-                format!(
-                    "cannot run {binary} ({err}); install it with `apt-get install redis-server`"
-                )
-            })?;
-        let addr: SocketAddr = ([127, 0, 0, 1], self.port).into();
-        let deadline = Instant::now() + READY_TIMEOUT;
-        loop {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(format!("redis-server exited with {status} on port {port}"));
-            }
-            if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
-                self.child = Some(child);
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "redis-server did not accept connections within {READY_TIMEOUT:?}"
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        cli(self.port(), args)
     }
 }
 
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.stop();
-    }
+/// `redis-server` on `127.0.0.1:<port>` without persistence, in `dir`, with `extra_args`
+/// (`{port}` in one stands for the port).
+fn command(port: u16, dir: &Path, extra_args: &[String]) -> Command {
+    let port = port.to_string();
+    let mut command = Command::new(server_bin());
+    command
+        .args(["--bind", "127.0.0.1", "--port", &port])
+        .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+        .args(["--protected-mode", "no", "--loglevel", "warning"])
+        .arg("--dir")
+        .arg(dir)
+        .args(extra_args.iter().map(|arg| arg.replace("{port}", &port)));
+    command
 }
 
 /// A server frozen by [`RedisServer::freeze`]; dropping it resumes the server (SIGCONT), so
@@ -293,7 +225,7 @@ impl RedisCluster {
                 ],
             ));
         }
-        let addrs: Vec<String> = nodes.iter().map(RedisServer::addr).collect();
+        let addrs: Vec<String> = nodes.iter().map(|node| node.addr()).collect();
         let mut args = vec!["--cluster", "create"];
         args.extend(addrs.iter().map(String::as_str));
         args.extend(["--cluster-replicas", "1", "--cluster-yes"]);
@@ -330,8 +262,8 @@ impl RedisCluster {
                 .nodes
                 .iter()
                 .enumerate()
-                .filter(|(i, node)| !except.contains(i) && node.child.is_some())
-                .map(|(_, node)| try_cli(node.port, &["cluster", "info"]).unwrap_or_default())
+                .filter(|(i, node)| !except.contains(i) && node.process.is_running())
+                .map(|(_, node)| try_cli(node.port(), &["cluster", "info"]).unwrap_or_default())
                 .collect();
             let ok = answers
                 .iter()
@@ -381,7 +313,7 @@ impl RedisCluster {
     /// The masters that node `via` believes up and serving slots, and its `CLUSTER NODES`
     /// answer.
     fn serving_masters(&self, via: usize) -> (Vec<ServingMaster>, String) {
-        let nodes = cli(self.nodes[via].port, &["cluster", "nodes"]);
+        let nodes = cli(self.nodes[via].port(), &["cluster", "nodes"]);
         let mut masters = Vec::new();
         for line in nodes.lines() {
             let fields: Vec<&str> = line.split_whitespace().collect();
@@ -406,7 +338,7 @@ impl RedisCluster {
             let index = self
                 .nodes
                 .iter()
-                .position(|n| n.port == port)
+                .position(|n| n.port() == port)
                 .expect("a node of this cluster");
             masters.push(ServingMaster { index, slots });
         }
