@@ -51,7 +51,7 @@ use crate::dedup::{Claim, Digest, Store};
 use crate::error::StoreError;
 use crate::metrics::{add, inc, Metrics};
 use crate::nsq::{Answer, Message};
-use crate::sink::{DeadLetter, Handler, HandlerError};
+use crate::sink::{DeadLetter, Delivery, Handler, HandlerError};
 use failure_log::FailureLog;
 use store_error_log::StoreErrorLog;
 use unsettled::Unsettled;
@@ -480,12 +480,12 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
         let count = records.len();
         let _handling = Handling::new(&inner.handling, count);
         let mut outcomes = Vec::with_capacity(count);
-        let bodies = records.iter().map(|r| r.message.body().clone()).collect();
+        let deliveries = records.iter().map(|r| Delivery::of(&r.message)).collect();
         let results = {
             // A panicking handler is a failed delivery of the whole batch: its claims must be
             // erased, or the in-process table (which has no leases) would hold them in flight
             // for ever and requeue every redelivery as a copy.
-            let handled = std::panic::AssertUnwindSafe(inner.handler.handle_batch(bodies))
+            let handled = std::panic::AssertUnwindSafe(inner.handler.handle_deliveries(deliveries))
                 .catch_unwind()
                 .map(|outcome| {
                     outcome.unwrap_or_else(|panic| vec![crate::sink::panicked(panic); count])
