@@ -584,3 +584,181 @@ async fn bad_commands_are_answered_as_nsqd_answers_them() {
         "E_INVALID too many connections: the endpoint takes 2 consumers (max_connections)"
     );
 }
+
+/// GET `path` from `addr` with `headers`: the status, the headers and the body.
+async fn http_get(addr: SocketAddr, path: &str, headers: &str) -> (u16, String, String) {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{headers}\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut answer))
+        .await
+        .expect("an answer within 5 s")
+        .unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").expect("a head and a body");
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, head.to_owned(), body.to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_answers_ping_lookup_as_nsqlookupd_and_stats_as_nsqd() {
+    let served = start_serve(serve_config()).await;
+    let http = served.0.http_address().unwrap();
+    let tcp = served.0.tcp_address();
+    assert_eq!(http_get(http, "/ping", "").await.2, "OK");
+
+    let v1 = "X-NSQ-Content-Type: nsq; version=1.0\r\n";
+    let (status, head, body) = http_get(http, &format!("/lookup?topic={TOPIC}"), v1).await;
+    assert_eq!(status, 200);
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("x-nsq-content-type: nsq; version=1.0"),
+        "{head}"
+    );
+    let lookup: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(lookup["channels"], serde_json::json!([CHANNEL]));
+    let producer = &lookup["producers"][0];
+    assert_eq!(producer["broadcast_address"], "127.0.0.1");
+    assert_eq!(producer["tcp_port"], tcp.port());
+    assert_eq!(producer["http_port"], http.port());
+    // Without the header: the wrapped form go-nsq 1.1 expects.
+    let (status, _, body) = http_get(http, &format!("/lookup?topic={TOPIC}"), "").await;
+    let wrapped: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (status, &wrapped["status_code"], &wrapped["status_txt"]),
+        (200, &200.into(), &"OK".into())
+    );
+    assert_eq!(wrapped["data"], lookup);
+    let (status, _, body) = http_get(http, "/lookup?topic=other", v1).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (404, r#"{"message":"TOPIC_NOT_FOUND"}"#)
+    );
+    let (status, _, body) = http_get(http, "/lookup", v1).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (400, r#"{"message":"MISSING_ARG_TOPIC"}"#)
+    );
+
+    // Two waiting, one in flight to a consumer.
+    let _calls = submit(&served, (0..3).map(payload));
+    let mut raw = Raw::subscribed(tcp, NEGOTIATE, 1).await;
+    raw.expect_message().await;
+    wait_until_or(
+        "two records waiting",
+        Duration::from_secs(5),
+        || served.0.stats().waiting == 2,
+        || format!("{:?}", served.0.stats()),
+    )
+    .await;
+    let (status, _, body) = http_get(http, "/stats?format=json", v1).await;
+    assert_eq!(status, 200);
+    let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let topic = &stats["topics"][0];
+    assert_eq!(topic["topic_name"], TOPIC);
+    let channel = &topic["channels"][0];
+    assert_eq!(channel["channel_name"], CHANNEL);
+    assert_eq!(
+        (
+            &channel["depth"],
+            &channel["in_flight_count"],
+            &channel["client_count"]
+        ),
+        (&2.into(), &1.into(), &1.into())
+    );
+    assert_eq!(channel["clients"][0]["ready_count"], 1);
+    assert_eq!(channel["clients"][0]["in_flight_count"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_finds_the_served_port_through_lookup() {
+    let served = start_serve(serve_config()).await;
+    let calls = submit(&served, (0..10).map(payload));
+    let mut config = ConsumerConfig::new(TOPIC, CHANNEL);
+    config.lookupd_http_addresses = vec![format!("http://{}", served.0.http_address().unwrap())];
+    config.max_in_flight = 10;
+    let (seen, task) = consume(Consumer::new(config).unwrap(), |_| true);
+    wait_until_or(
+        "10 payloads through lookup",
+        Duration::from_secs(30),
+        || finished_once(&seen) == 10,
+        || format!("{:?}", served.0.stats()),
+    )
+    .await;
+    for call in calls {
+        assert_eq!(call.await.unwrap(), Ok(()));
+    }
+    task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_and_auth_are_offered_as_nsqd_offers_them() {
+    use nsq_dedupe::nsq::{AuthSecret, Transport};
+    use nsq_dedupe::serve::{ServeSecret, ServeTls};
+    use nsq_dedupe::tls::TlsSettings;
+
+    let pki = crate::support::wire::Pki::new();
+    let (cert_file, key_file) = pki.server_files();
+    let mut config = serve_config();
+    config.tls = Some(ServeTls {
+        cert_file,
+        key_file,
+        required: true,
+    });
+    config.auth_secret = Some(ServeSecret::new("s3cret").unwrap());
+    let served = start_serve(config).await;
+    let tcp = served.0.tcp_address();
+    let transport = |secret: &str| Transport {
+        tls: Some(TlsSettings {
+            root_ca_file: Some(pki.ca_file()),
+            ..TlsSettings::default()
+        }),
+        auth_secret: Some(AuthSecret::new(secret).unwrap()),
+        ..Transport::default()
+    };
+    let consumer = |secret: &str| {
+        let mut config = ConsumerConfig::new(TOPIC, CHANNEL);
+        config.nsqd_tcp_addresses = vec![tcp.to_string()];
+        config.transport = transport(secret);
+        Consumer::new(config).unwrap()
+    };
+    // A wrong secret is refused for good.
+    let wrong = consumer("guess");
+    let refusal = tokio::time::timeout(Duration::from_secs(10), wrong.refused())
+        .await
+        .expect("the wrong secret is refused");
+    assert!(refusal.to_string().contains("E_AUTH_FAILED"), "{refusal}");
+    drop(wrong);
+    // Without TLS, nothing but IDENTIFY.
+    let mut plain = Raw::connect(tcp).await;
+    plain.identify("{}").await;
+    plain
+        .send(Command::Sub {
+            topic: TOPIC.into(),
+            channel: CHANNEL.into(),
+        })
+        .await;
+    assert_eq!(
+        plain.expect_error().await,
+        "E_INVALID cannot SUB in current state (TLS required)"
+    );
+    // The right secret over TLS gets the message.
+    let calls = submit(&served, [payload(7)]);
+    let (seen, task) = consume(consumer("s3cret"), |_| true);
+    wait_until_or(
+        "the payload over TLS",
+        Duration::from_secs(15),
+        || finished_once(&seen) == 1,
+        || format!("{:?}", served.0.stats()),
+    )
+    .await;
+    for call in calls {
+        assert_eq!(call.await.unwrap(), Ok(()));
+    }
+    let consumers = served.0.stats().consumers;
+    assert!(
+        consumers[0].info.tls && consumers[0].info.authed,
+        "{consumers:?}"
+    );
+    task.abort();
+}
