@@ -36,6 +36,10 @@ impl Handler for Served {
     async fn handle_deliveries(&self, deliveries: Vec<Delivery>) -> Vec<Result<(), HandlerError>> {
         self.0.handle_deliveries(deliveries).await
     }
+
+    fn backs_off(&self) -> bool {
+        self.0.backs_off()
+    }
 }
 
 fn serve_config() -> ServeConfig {
@@ -157,7 +161,11 @@ async fn each_payload_of_two_replicated_brokers_reaches_a_downstream_consumer_on
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_downstream_req_erases_the_claim_and_the_payload_comes_back() {
-    let broker = Broker::start(BrokerConfig::default()).await;
+    let broker = Broker::start(BrokerConfig {
+        log_flow: true,
+        ..BrokerConfig::default()
+    })
+    .await;
     const N: usize = 200;
     broker.publish_many(TOPIC, (0..N).map(payload));
     let served = start_serve(serve_config()).await;
@@ -178,6 +186,15 @@ async fn a_downstream_req_erases_the_claim_and_the_payload_comes_back() {
         || format!("{} payloads seen twice, {:?}", twice(), served.0.stats()),
     )
     .await;
+    // The downstream consumer backs off itself: the sidecar's upstream consumer does not
+    // stop the whole stream for one consumer's failures (its RDY never falls back to 0).
+    let flow = broker.flow_log();
+    let raised = flow
+        .iter()
+        .position(|e| e.rdy > 0)
+        .expect("the sidecar sent RDY");
+    let stalls = flow[raised..].iter().filter(|e| e.rdy == 0).count();
+    assert_eq!(stalls, 0, "the sidecar's RDY fell to 0 {stalls} times");
     running.stop().await;
     task.abort();
     for (body, attempts) in seen.lock().unwrap().iter() {

@@ -260,4 +260,9 @@ impl Handler for ServeSink {
     async fn handle_deliveries(&self, deliveries: Vec<Delivery>) -> Vec<Result<(), HandlerError>> {
         futures::future::join_all(deliveries.into_iter().map(|d| self.deliver(d))).await
     }
+
+    /// A consumer's REQ, timeout or disconnection is its own; it backs off itself.
+    fn backs_off(&self) -> bool {
+        false
+    }
 }

@@ -148,6 +148,15 @@ pub trait Handler: Send + Sync + 'static {
         false
     }
 
+    /// Whether a failure of this handler backs the upstream consumer off (go-nsq's backoff:
+    /// RDY 0 for a while, then one message at a time), as it should when the handler's own
+    /// destination is failing. A handler whose failures are its consumers' answers (the serve
+    /// sink, whose consumers back off themselves) answers `false`: one consumer's REQ must
+    /// not stall the stream for every other. Defaults to: `true`.
+    fn backs_off(&self) -> bool {
+        true
+    }
+
     /// Writes out anything buffered; called once at shutdown.
     fn flush(&self) -> impl Future<Output = Result<(), HandlerError>> + Send {
         async { Ok(()) }
@@ -251,6 +260,10 @@ impl Handler for Sink {
             Sink::Serve(sink) => sink.handles_batches(),
             Sink::Null => true,
         }
+    }
+
+    fn backs_off(&self) -> bool {
+        !matches!(self, Sink::Serve(_))
     }
 
     async fn flush(&self) -> Result<(), HandlerError> {
