@@ -49,7 +49,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         key = "{key}"
         [store]
         probability = 0.99
-        rate = 100000
+        rate = 10000
         window = "10m"
         "#
     ))?;

@@ -171,7 +171,7 @@ pub(crate) async fn run(shared: Arc<Shared>, id: ClientId, stream: TcpStream, re
         let _ = tokio::time::timeout(Duration::from_secs(1), s.shutdown()).await;
     }
     shared.dispatcher.remove(id);
-    tracing::debug!(client = id, %remote, %reason, "Consumer connection closed.");
+    tracing::info!(client = id, %remote, %reason, "Consumer connection closed.");
 }
 
 impl Connection {
@@ -294,6 +294,7 @@ impl Connection {
                     ));
                 }
                 self.phase = Phase::Subscribed;
+                tracing::info!(client = self.id, remote = %self.info.remote_address, user_agent = %self.info.user_agent, tls = self.info.tls, "Consumer subscribed.");
                 shared.dispatcher.subscribe(
                     self.id,
                     self.info.clone(),

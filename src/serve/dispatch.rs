@@ -246,7 +246,8 @@ impl Dispatcher {
         if let Some(slot) = state.slots.get_mut(&client) {
             slot.requeue_count += 1;
         }
-        let reason = format!("the consumer requeued message {id}");
+        // No ID in the reason: the pipeline logs each distinct cause at most once a second.
+        let reason = "a consumer requeued the message".to_string();
         record.resolve(Err(if delay.is_zero() {
             HandlerError::Retry(reason)
         } else {
@@ -290,7 +291,7 @@ impl Dispatcher {
             if let Some(flight) = state.in_flight.remove(&id) {
                 state.counters.abandoned += 1;
                 flight.record.resolve(Err(HandlerError::Retry(
-                    "the consumer disconnected with the message in flight".into(),
+                    "a consumer disconnected with the message in flight".into(),
                 )));
             }
         }
@@ -315,9 +316,9 @@ impl Dispatcher {
                 if let Some(slot) = state.slots.get_mut(&flight.client) {
                     slot.in_flight = slot.in_flight.saturating_sub(1);
                 }
-                flight.record.resolve(Err(HandlerError::Retry(format!(
-                    "the consumer did not answer message {id} within its msg_timeout"
-                ))));
+                flight.record.resolve(Err(HandlerError::Retry(
+                    "a consumer did not answer the message within its msg_timeout".into(),
+                )));
             }
         }
         state.pump(now);
