@@ -114,6 +114,30 @@ fn serve_idle(served: &Served) -> bool {
     stats.waiting == 0 && stats.in_flight == 0
 }
 
+/// Waits, up to 60 s, until `seen` holds `n` distinct payloads, `brokers` are drained and
+/// nothing waits in or is in flight through the serve sink; `what` names the wait.
+async fn wait_all_finished(
+    seen: &Seen,
+    brokers: &[&Broker],
+    served: &Served,
+    n: usize,
+    what: &str,
+) {
+    wait_until_or(
+        what,
+        Duration::from_secs(60),
+        || finished_once(seen) == n && brokers.iter().all(|b| drained(b)) && serve_idle(served),
+        || {
+            format!(
+                "{} distinct downstream, {:?}",
+                finished_once(seen),
+                served.0.stats()
+            )
+        },
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_payload_of_two_replicated_brokers_reaches_a_downstream_consumer_once() {
     let a = Broker::start(BrokerConfig::default()).await;
@@ -124,17 +148,12 @@ async fn each_payload_of_two_replicated_brokers_reaches_a_downstream_consumer_on
     let served = start_serve(serve_config()).await;
     let running = sidecar(&[&a, &b], &served).await;
     let (seen, task) = consume(downstream(served.0.tcp_address(), 50), |_| true);
-    wait_until_or(
+    wait_all_finished(
+        &seen,
+        &[&a, &b],
+        &served,
+        N,
         "every payload downstream and both brokers drained",
-        Duration::from_secs(60),
-        || finished_once(&seen) == N && drained(&a) && drained(&b) && serve_idle(&served),
-        || {
-            format!(
-                "{} distinct downstream, {:?}",
-                finished_once(&seen),
-                served.0.stats()
-            )
-        },
     )
     .await;
     running.stop().await;
@@ -346,17 +365,12 @@ async fn a_consumer_killed_mid_stream_loses_nothing() {
     }
     drop(doomed);
     let (seen, task) = consume(downstream(served.0.tcp_address(), 50), |_| true);
-    wait_until_or(
+    wait_all_finished(
+        &seen,
+        &[&broker],
+        &served,
+        N,
         "every payload finished downstream after the first consumer died",
-        Duration::from_secs(60),
-        || finished_once(&seen) == N && drained(&broker) && serve_idle(&served),
-        || {
-            format!(
-                "{} distinct downstream, {:?}",
-                finished_once(&seen),
-                served.0.stats()
-            )
-        },
     )
     .await;
     running.stop().await;
@@ -388,17 +402,12 @@ async fn a_consumer_that_stops_answering_is_timed_out_and_its_messages_requeued(
     // It takes no more and answers none of what it holds.
     silent.send(Command::Rdy(0)).await;
     let (seen, task) = consume(downstream(served.0.tcp_address(), 20), |_| true);
-    wait_until_or(
+    wait_all_finished(
+        &seen,
+        &[&broker],
+        &served,
+        N,
         "every payload finished by the consumer that answers",
-        Duration::from_secs(60),
-        || finished_once(&seen) == N && drained(&broker) && serve_idle(&served),
-        || {
-            format!(
-                "{} distinct downstream, {:?}",
-                finished_once(&seen),
-                served.0.stats()
-            )
-        },
     )
     .await;
     assert_eq!(served.0.stats().counters.timed_out, 5);
