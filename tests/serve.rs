@@ -295,8 +295,10 @@ impl Raw {
 
     /// The next frame that is not a heartbeat.
     async fn next(&mut self, within: Duration) -> Read {
+        let deadline = tokio::time::Instant::now() + within;
         loop {
-            match self.read(within).await {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.read(left).await {
                 Read::Frame(Frame::Response(r)) if r == "_heartbeat_" => continue,
                 other => return other,
             }
@@ -329,9 +331,11 @@ impl Raw {
 
     /// Messages arriving within `within`.
     async fn messages_within(&mut self, within: Duration) -> Vec<RawMessage> {
+        let deadline = tokio::time::Instant::now() + within;
         let mut out = Vec::new();
         loop {
-            match self.next(within).await {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.next(left).await {
                 Read::Frame(Frame::Message(m)) => out.push(m),
                 Read::Frame(other) => panic!("expected messages, got {other:?}"),
                 Read::Nothing | Read::Closed => return out,
@@ -339,9 +343,12 @@ impl Raw {
         }
     }
 
+    /// Whether the server closes the connection within `within` (frames before are skipped).
     async fn closed_within(&mut self, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
         loop {
-            match self.read(within).await {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.read(left).await {
                 Read::Closed => return true,
                 Read::Nothing => return false,
                 Read::Frame(_) => {}
