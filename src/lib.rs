@@ -28,7 +28,8 @@
 //! - `sidecar` (all of the above, and more): `pipeline` with `Dedupe`, the de-duplicating step
 //!   (claim, handle, commit or erase, FIN or REQ); `sink` (the `Handler` trait, the sidecar's
 //!   sinks and the dead-letter); `config` (the TOML configuration and its validation into
-//!   `Settings`); `sidecar` (`run`, the `nsq-dedupe run` service, and `Sidecar` for custom
+//!   `Settings`); `serve` (the serve sink: the sidecar as an nsqd for any NSQ consumer);
+//!   `sidecar` (`run`, the `nsq-dedupe run` service, and `Sidecar` for custom
 //!   handlers); the metrics endpoint in Prometheus' text format; `redact` (URLs, headers and
 //!   secrets as they may be printed).
 //! - `cli`: the binary's flags, logs, completions, man pages and plots.
@@ -72,6 +73,8 @@ pub mod percent;
 pub mod pipeline;
 #[cfg(any(feature = "nsq", feature = "redis"))]
 pub(crate) mod redact;
+#[cfg(feature = "sidecar")]
+pub mod serve;
 #[cfg(feature = "sidecar")]
 pub mod sidecar;
 #[cfg(feature = "sidecar")]

@@ -1,6 +1,7 @@
 //! TLS client settings shared by the NSQ connections and the HTTP client: which certificates
 //! to trust (the system's roots plus a CA file), an optional client certificate, the lowest
-//! protocol version, and the opt-out from verification. Built on rustls with the ring provider.
+//! protocol version, and the opt-out from verification; and the server side of the serve
+//! endpoint ([`server_config`]). Built on rustls with the ring provider.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -148,6 +149,24 @@ pub fn client_config(settings: &TlsSettings) -> Result<rustls::ClientConfig, Tls
             "it needs its certificate too (tls_cert)",
         )),
     }
+}
+
+/// A rustls server configuration presenting the PEM chain `cert` with its PEM key `key`,
+/// asking no client certificate.
+///
+/// # Errors
+///
+/// A file that cannot be read or used, or a key that does not fit the certificate.
+pub fn server_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, TlsFileError> {
+    let chain = read_certs("server certificate", cert)?;
+    let key_der = PrivateKeyDer::from_pem_file(key)
+        .map_err(|error| file_error("server key", key, pem_error(error)))?;
+    rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default versions")
+        .with_no_client_auth()
+        .with_single_cert(chain, key_der)
+        .map_err(|error| file_error("server key", key, error))
 }
 
 /// The name a server's certificate must carry: an IP address or a DNS name.

@@ -33,6 +33,7 @@ mod package;
 mod redis;
 mod redis_tls;
 mod secrets;
+mod serve;
 mod sidecar;
 mod store_contract;
 mod store_refusals;

@@ -22,6 +22,10 @@ pub(crate) type Page = (
     Arc<dyn Fn() -> (StatusCode, String) + Send + Sync>,
 );
 
+/// A function that answers each request (for paths whose answer depends on the query or the
+/// headers).
+pub(crate) type Responder = Arc<dyn Fn(&Request<Incoming>) -> Response<Full<Bytes>> + Send + Sync>;
+
 /// Serves `pages` (path, page) on an already bound listener until `shutdown` completes:
 /// `GET` and `HEAD` of a listed path answer 200 with the rendered page, other paths 404,
 /// other methods 405. Connections are kept alive; each is closed after 30 s idle.
@@ -31,6 +35,21 @@ pub(crate) async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let pages = Arc::new(pages);
+    serve_with(
+        listener,
+        Arc::new(move |request| answer(&pages, request)),
+        shutdown,
+    )
+    .await;
+}
+
+/// Serves every request with `respond` on an already bound listener until `shutdown`
+/// completes. Connections are kept alive; each is closed after 30 s idle.
+pub(crate) async fn serve_with(
+    listener: TcpListener,
+    respond: Responder,
+    shutdown: impl Future<Output = ()>,
+) {
     tokio::pin!(shutdown);
     loop {
         let (stream, _) = tokio::select! {
@@ -38,17 +57,17 @@ pub(crate) async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(error) => {
-                    tracing::warn!(%error, "Metrics listener failed to accept.");
+                    tracing::warn!(%error, "HTTP listener failed to accept.");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
             },
         };
-        let pages = pages.clone();
+        let respond = respond.clone();
         tokio::spawn(async move {
             let service = service_fn(move |request| {
-                let pages = pages.clone();
-                async move { Ok::<_, Infallible>(answer(&pages, &request)) }
+                let respond = respond.clone();
+                async move { Ok::<_, Infallible>(respond(&request)) }
             });
             let connection = http1::Builder::new()
                 .keep_alive(true)

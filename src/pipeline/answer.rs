@@ -55,7 +55,7 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
                     tracing::debug!(id = %message.id(), attempts, %error, delay_ms = delay.as_millis() as u64, "Handler failed; requeued.");
                     inner.failure_log.requeued(&error);
                     outcomes.push((index, Outcome::Retried));
-                    answers.push((message, requeue(Some(delay), true)));
+                    answers.push((message, requeue(Some(delay), inner.handler.backs_off())));
                 }
             }
         }

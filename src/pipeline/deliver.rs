@@ -10,7 +10,7 @@ use futures::FutureExt;
 use super::{requeue, Dedupe, Outcome, Record};
 use crate::dedup::{Digest, Store};
 use crate::metrics::{add, inc};
-use crate::sink::{Handler, HandlerError};
+use crate::sink::{Delivery, Handler, HandlerError};
 
 /// The handler's result for each record of a call, in the records' order.
 type Results = Vec<Result<(), HandlerError>>;
@@ -79,11 +79,11 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
     /// one result per record, or `None` if abandoned at shutdown.
     async fn handle(&self, records: &[Record]) -> Option<Results> {
         let count = records.len();
-        let bodies = records.iter().map(|r| r.message.body().clone()).collect();
+        let deliveries = records.iter().map(|r| Delivery::of(&r.message)).collect();
         // A panicking handler is a failed delivery of the whole batch: its claims must be
         // erased, or the in-process table (which has no leases) would hold them in flight
         // for ever and requeue every redelivery as a copy.
-        let handled = std::panic::AssertUnwindSafe(self.inner.handler.handle_batch(bodies))
+        let handled = std::panic::AssertUnwindSafe(self.inner.handler.handle_deliveries(deliveries))
             .catch_unwind()
             .map(|outcome| {
                 outcome.unwrap_or_else(|panic| vec![crate::sink::panicked(panic); count])

@@ -62,6 +62,28 @@ impl HandlerError {
     }
 }
 
+/// A unique record as the pipeline hands it on: the body, and what nsqd said of its message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// The payload.
+    pub body: Bytes,
+    /// How many times nsqd has delivered the message, this delivery included.
+    pub attempts: u16,
+    /// When nsqd first received the message, in nanoseconds since the Unix epoch.
+    pub timestamp_ns: i64,
+}
+
+impl Delivery {
+    /// The delivery of `message`.
+    pub fn of(message: &crate::nsq::Message) -> Self {
+        Delivery {
+            body: message.body().clone(),
+            attempts: message.attempts(),
+            timestamp_ns: message.timestamp(),
+        }
+    }
+}
+
 /// Receives each unique message body.
 ///
 /// Called concurrently from many tasks (up to `max_in_flight` at once); the message is
@@ -105,6 +127,18 @@ pub trait Handler: Send + Sync + 'static {
         }))
     }
 
+    /// Takes the records of a burst with their messages' attempts and timestamps; what the
+    /// pipeline calls. Only a handler that passes messages on as NSQ messages (the serve
+    /// sink) needs more than the bodies.
+    ///
+    /// Defaults to: [`handle_batch`](Handler::handle_batch) of the bodies.
+    fn handle_deliveries(
+        &self,
+        deliveries: Vec<Delivery>,
+    ) -> impl Future<Output = Vec<Result<(), HandlerError>>> + Send {
+        self.handle_batch(deliveries.into_iter().map(|d| d.body).collect())
+    }
+
     /// Whether [`handle_batch`](Handler::handle_batch) is the handler's own, made for
     /// batches. Then the pipeline hands it a burst's records in one call and answers their
     /// messages once the whole call is done. Otherwise each record is handed on in its own
@@ -112,6 +146,15 @@ pub trait Handler: Send + Sync + 'static {
     /// record holds back no other. Defaults to: `false`.
     fn handles_batches(&self) -> bool {
         false
+    }
+
+    /// Whether a failure of this handler backs the upstream consumer off (go-nsq's backoff:
+    /// RDY 0 for a while, then one message at a time), as it should when the handler's own
+    /// destination is failing. A handler whose failures are its consumers' answers (the serve
+    /// sink, whose consumers back off themselves) answers `false`: one consumer's REQ must
+    /// not stall the stream for every other. Defaults to: `true`.
+    fn backs_off(&self) -> bool {
+        true
     }
 
     /// Writes out anything buffered; called once at shutdown.
@@ -166,6 +209,8 @@ pub enum Sink {
     Http(HttpSink),
     /// Archive to files, as `nsq_to_file`.
     File(FileSink),
+    /// Serve NSQ consumers as nsqd does; a consumer's FIN delivers.
+    Serve(crate::serve::ServeSink),
     /// Accept and discard everything (benchmarks, dry runs).
     Null,
 }
@@ -180,6 +225,7 @@ impl Handler for Sink {
             Sink::Nsq(sink) => Box::pin(sink.handle(body)).await,
             Sink::Http(sink) => Box::pin(sink.handle(body)).await,
             Sink::File(sink) => Box::pin(sink.handle(body)).await,
+            Sink::Serve(sink) => Box::pin(sink.handle(body)).await,
             Sink::Null => Ok(()),
         }
     }
@@ -190,7 +236,18 @@ impl Handler for Sink {
             Sink::Nsq(sink) => sink.handle_batch(bodies).await,
             Sink::Http(sink) => sink.handle_batch(bodies).await,
             Sink::File(sink) => sink.handle_batch(bodies).await,
+            Sink::Serve(sink) => sink.handle_batch(bodies).await,
             Sink::Null => vec![Ok(()); bodies.len()],
+        }
+    }
+
+    async fn handle_deliveries(&self, deliveries: Vec<Delivery>) -> Vec<Result<(), HandlerError>> {
+        match self {
+            Sink::Serve(sink) => Box::pin(sink.handle_deliveries(deliveries)).await,
+            _ => {
+                self.handle_batch(deliveries.into_iter().map(|d| d.body).collect())
+                    .await
+            }
         }
     }
 
@@ -200,22 +257,27 @@ impl Handler for Sink {
             Sink::Nsq(sink) => sink.handles_batches(),
             Sink::Http(sink) => sink.handles_batches(),
             Sink::File(sink) => sink.handles_batches(),
+            Sink::Serve(sink) => sink.handles_batches(),
             Sink::Null => true,
         }
+    }
+
+    fn backs_off(&self) -> bool {
+        !matches!(self, Sink::Serve(_))
     }
 
     async fn flush(&self) -> Result<(), HandlerError> {
         match self {
             Sink::Stdout(sink) => sink.flush().await,
             Sink::File(sink) => sink.flush().await,
-            Sink::Nsq(_) | Sink::Http(_) | Sink::Null => Ok(()),
+            Sink::Nsq(_) | Sink::Http(_) | Sink::Serve(_) | Sink::Null => Ok(()),
         }
     }
 
     async fn closed(&self) -> std::io::Error {
         match self {
             Sink::Stdout(sink) => sink.closed().await,
-            Sink::Nsq(_) | Sink::Http(_) | Sink::File(_) | Sink::Null => {
+            Sink::Nsq(_) | Sink::Http(_) | Sink::File(_) | Sink::Serve(_) | Sink::Null => {
                 std::future::pending().await
             }
         }
@@ -224,7 +286,7 @@ impl Handler for Sink {
     fn refused(&self) -> impl Future<Output = std::sync::Arc<crate::nsq::Error>> + Send + 'static {
         let refused = match self {
             Sink::Nsq(sink) => Some(sink.refused()),
-            Sink::Stdout(_) | Sink::Http(_) | Sink::File(_) | Sink::Null => None,
+            Sink::Stdout(_) | Sink::Http(_) | Sink::File(_) | Sink::Serve(_) | Sink::Null => None,
         };
         async move {
             match refused {

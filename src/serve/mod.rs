@@ -1,0 +1,268 @@
+//! The serve sink: the sidecar stands where nsqd stands for its consumers.
+//!
+//! Any NSQ client (go-nsq, pynsq, nsqjs, `nsq_tail`) connects to the served port as if it
+//! were nsqd, subscribes to the served topic and channel, and receives each unique message
+//! once. Its FIN is the handler's success (the pipeline commits the claim and FINs upstream);
+//! its REQ, its timeout or its disconnection is the handler's failure (the pipeline erases the
+//! claim and REQs upstream at once): erase-on-failure end to end, in any language.
+//!
+//! # Layout
+//!
+//! - `config`: [`ServeConfig`] and its defaults.
+//! - `listener`: the accept loop, the connection limit and the protocol magic.
+//! - `connection`: one consumer's commands, answers, messages and heartbeats.
+//! - `command`: the bounded command parser and nsqd's error frames.
+//! - `identify`: IDENTIFY's checks and JSON answer.
+//! - `dispatch`: who gets which message; FIN/REQ/TOUCH, timeouts and disconnections routed
+//!   back to the waiting handler call.
+//! - `auth`: the shared AUTH secret, compared in constant time.
+//! - `http`: `/ping`, `/lookup` as nsqlookupd answers it, and `/stats` as nsqd's.
+//!
+//! Deviations from nsqd, each on purpose: the endpoint takes no messages (PUB, MPUB and DPUB
+//! are refused with `E_INVALID`); snappy, deflate and sampling are answered `false`/`0`;
+//! a consumer that disconnects or times out has its messages handed back at once, not after
+//! their timeout; after CLS a consumer gets no more messages but may still answer those it
+//! holds (as go-nsq does when it stops), and whatever it still holds when it disconnects is
+//! handed back.
+
+mod auth;
+mod command;
+mod config;
+mod connection;
+mod dispatch;
+mod http;
+mod identify;
+mod listener;
+
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+pub use auth::ServeSecret;
+pub use config::{
+    ServeConfig, ServeTls, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HTTP_ADDRESS, DEFAULT_MAX_BODY_SIZE,
+    DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEARTBEAT_INTERVAL, DEFAULT_MAX_MSG_TIMEOUT,
+    DEFAULT_MAX_RDY_COUNT, DEFAULT_MAX_REQ_TIMEOUT, DEFAULT_MSG_TIMEOUT, DEFAULT_SCAN_INTERVAL,
+    DEFAULT_TCP_ADDRESS,
+};
+pub use dispatch::{ConsumerInfo, ConsumerStats, DispatchStats, ServeCounters};
+
+use crate::sink::{Delivery, Handler, HandlerError};
+use dispatch::Dispatcher;
+
+/// Why the serve endpoint cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// A setting out of range.
+    #[error("serve `{field}`: {reason}")]
+    Config {
+        /// The setting.
+        field: &'static str,
+        /// What is wrong and what is accepted.
+        reason: String,
+    },
+    /// A port cannot be bound.
+    #[error("cannot listen on the serve {what} address {address}: {source}")]
+    Bind {
+        /// `TCP` or `HTTP`.
+        what: &'static str,
+        /// The address asked for.
+        address: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The TLS certificate or key cannot be used.
+    #[error("serve TLS: {0}")]
+    Tls(#[from] crate::tls::TlsFileError),
+}
+
+/// What the endpoint's tasks share.
+pub(crate) struct Shared {
+    pub(crate) config: ServeConfig,
+    pub(crate) dispatcher: Dispatcher,
+    pub(crate) tls: Option<tokio_rustls::TlsAcceptor>,
+    /// Cancelled when the [`ServeSink`] is dropped: every task stops and closes its socket.
+    pub(crate) cancel: tokio_util::sync::CancellationToken,
+    /// Consumers closed for missing two heartbeats.
+    pub(crate) heartbeat_timeouts: AtomicU64,
+    /// Connections refused at `max_connections`.
+    pub(crate) refused_connections: AtomicU64,
+    /// The bound TCP address, as `/lookup` advertises it.
+    pub(crate) tcp_address: SocketAddr,
+    /// The bound HTTP address, if any.
+    pub(crate) http_address: Option<SocketAddr>,
+    /// When the endpoint started, in seconds since the Unix epoch (`/stats`' `start_time`).
+    pub(crate) started_at: u64,
+}
+
+/// A [`Handler`] that serves each record to NSQ consumers and succeeds once one FINs it.
+///
+/// Records wait while no consumer has RDY room (the pipeline bounds them by its
+/// `max_in_flight` and keeps their upstream messages alive). Dropping the sink stops the
+/// endpoint and closes every consumer's connection.
+///
+/// # Example
+///
+/// ```no_run
+/// use nsq_dedupe::serve::{ServeConfig, ServeSink};
+///
+/// # async fn example() -> Result<(), nsq_dedupe::serve::ServeError> {
+/// let mut config = ServeConfig::new("events", "app");
+/// config.tcp_address = "127.0.0.1:4250".parse().unwrap();
+/// let sink = ServeSink::start(config).await?;
+/// println!("nsq_tail --nsqd-tcp-address {} --topic events --channel app", sink.tcp_address());
+/// # Ok(())
+/// # }
+/// ```
+pub struct ServeSink {
+    shared: Arc<Shared>,
+    _stop: tokio_util::sync::DropGuard,
+}
+
+impl std::fmt::Debug for ServeSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServeSink")
+            .field("tcp_address", &self.shared.tcp_address)
+            .field("http_address", &self.shared.http_address)
+            .finish()
+    }
+}
+
+impl ServeSink {
+    /// Validates `config`, binds its ports and starts serving.
+    ///
+    /// # Errors
+    ///
+    /// A setting out of range, a port that cannot be bound, or TLS files that cannot be used.
+    ///
+    /// # Panics
+    ///
+    /// When called outside a Tokio runtime.
+    pub async fn start(config: ServeConfig) -> Result<ServeSink, ServeError> {
+        config.validate()?;
+        let tls = match &config.tls {
+            Some(tls) => Some(tokio_rustls::TlsAcceptor::from(Arc::new(
+                crate::tls::server_config(&tls.cert_file, &tls.key_file)?,
+            ))),
+            None => None,
+        };
+        let bind = |what, address| async move {
+            tokio::net::TcpListener::bind(address)
+                .await
+                .map_err(|source| ServeError::Bind {
+                    what,
+                    address,
+                    source,
+                })
+        };
+        let tcp = bind("TCP", config.tcp_address).await?;
+        let http = match config.http_address {
+            Some(address) => Some(bind("HTTP", address).await?),
+            None => None,
+        };
+        let local = |listener: &tokio::net::TcpListener, what, address| {
+            listener.local_addr().map_err(|source| ServeError::Bind {
+                what,
+                address,
+                source,
+            })
+        };
+        let tcp_address = local(&tcp, "TCP", config.tcp_address)?;
+        let http_address = match (&http, config.http_address) {
+            (Some(listener), Some(address)) => Some(local(listener, "HTTP", address)?),
+            _ => None,
+        };
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let shared = Arc::new(Shared {
+            dispatcher: Dispatcher::new(config.max_msg_timeout),
+            config,
+            tls,
+            cancel: cancel.clone(),
+            heartbeat_timeouts: AtomicU64::new(0),
+            refused_connections: AtomicU64::new(0),
+            tcp_address,
+            http_address,
+            started_at: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        });
+        tokio::spawn(listener::accept_loop(tcp, shared.clone()));
+        tokio::spawn(expire_loop(shared.clone()));
+        if let Some(http) = http {
+            tokio::spawn(http::serve(http, shared.clone()));
+        }
+        tracing::info!(%tcp_address, http_address = ?http_address, topic = %shared.config.topic, channel = %shared.config.channel, "Serving consumers.");
+        Ok(ServeSink {
+            shared,
+            _stop: cancel.drop_guard(),
+        })
+    }
+
+    /// The bound TCP address consumers connect to.
+    pub fn tcp_address(&self) -> SocketAddr {
+        self.shared.tcp_address
+    }
+
+    /// The bound HTTP address, if HTTP is served.
+    pub fn http_address(&self) -> Option<SocketAddr> {
+        self.shared.http_address
+    }
+
+    /// A snapshot of what waits, what is in flight, the counters and the consumers.
+    pub fn stats(&self) -> DispatchStats {
+        self.shared.dispatcher.stats()
+    }
+
+    /// Consumers closed for missing two heartbeats.
+    pub fn heartbeat_timeouts(&self) -> u64 {
+        self.shared
+            .heartbeat_timeouts
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    async fn deliver(&self, delivery: Delivery) -> Result<(), HandlerError> {
+        match self.shared.dispatcher.submit(delivery).await {
+            Ok(result) => result,
+            Err(_) => Err(HandlerError::Retry("the serve endpoint stopped".into())),
+        }
+    }
+}
+
+/// Hands back messages whose consumer did not answer in time, every `scan_interval`.
+async fn expire_loop(shared: Arc<Shared>) {
+    let mut ticker = tokio::time::interval(shared.config.scan_interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shared.cancel.cancelled() => return,
+            now = ticker.tick() => shared.dispatcher.expire(now),
+        }
+    }
+}
+
+impl Handler for ServeSink {
+    /// A body without its message: served as a first attempt, stamped now.
+    async fn handle(&self, body: Bytes) -> Result<(), HandlerError> {
+        let timestamp_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
+        self.deliver(Delivery {
+            body,
+            attempts: 1,
+            timestamp_ns,
+        })
+        .await
+    }
+
+    async fn handle_deliveries(&self, deliveries: Vec<Delivery>) -> Vec<Result<(), HandlerError>> {
+        futures::future::join_all(deliveries.into_iter().map(|d| self.deliver(d))).await
+    }
+
+    /// A consumer's REQ, timeout or disconnection is its own; it backs off itself.
+    fn backs_off(&self) -> bool {
+        false
+    }
+}
