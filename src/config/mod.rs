@@ -99,14 +99,17 @@
 //! settings) belong to the components and are only called from here:
 //! `source` (`[source]`), `dedupe` (`[dedupe]`), `store` (`[store]`), `sink` (`[sink]` and
 //! `[dead_letter]`), `service` (`[metrics]`, `[shutdown]`) and `nsq_opts` (`[consumer_opt]`,
-//! `[producer_opt]`). Rules shared by sections have their own: `output_name` (an output file
-//! name must not ask for a compression the file will not have), `unused` (a setting the others
-//! leave unused) and `toml_error` (the parser's message, naming the key).
+//! `[producer_opt]`). Rules shared by sections have their own: `setting` (each setting defined
+//! once: key, flag, help and the kinds it belongs to, from which the binary makes its flags),
+//! `output_name` (an output file name must not ask for a compression the file will not have),
+//! `unused` (a setting the others leave unused) and `toml_error` (the parser's message, naming
+//! the key).
 
 mod dedupe;
 mod nsq_opts;
 mod output_name;
 mod service;
+pub mod setting;
 mod sink;
 mod source;
 mod store;

@@ -16,57 +16,8 @@ use crate::pipeline::{InFlightPolicy, StoreErrorPolicy};
 pub(super) fn check(raw: &RawConfig) -> Result<(), ConfigError> {
     let sink = raw.sink.kind.unwrap_or(SinkKind::Stdout);
     let store = raw.store.kind.unwrap_or(StoreKind::Memory);
-    let (s, t, d) = (&raw.sink, &raw.store, &raw.dedupe);
-    needs(
-        &[
-            ("sink.post", s.post.is_some()),
-            ("sink.mode", s.mode.is_some()),
-            ("sink.headers", s.headers.is_some()),
-            ("sink.content_type", s.content_type.is_some()),
-            (
-                "sink.http_client_connect_timeout",
-                s.http_client_connect_timeout.is_some(),
-            ),
-            (
-                "sink.http_client_request_timeout",
-                s.http_client_request_timeout.is_some(),
-            ),
-            (
-                "sink.http_client_tls_root_ca_file",
-                s.http_client_tls_root_ca_file.is_some(),
-            ),
-        ],
-        sink == SinkKind::Http,
-        "`sink.kind = \"http\"`",
-    )?;
-    needs(
-        &[
-            (
-                "sink.destination_nsqd_tcp_addresses",
-                s.destination_nsqd_tcp_addresses.is_some(),
-            ),
-            ("sink.destination_topic", s.destination_topic.is_some()),
-        ],
-        sink == SinkKind::Nsq,
-        "`sink.kind = \"nsq\"`",
-    )?;
-    needs(
-        &[
-            ("sink.output_dir", s.output_dir.is_some()),
-            ("sink.work_dir", s.work_dir.is_some()),
-            ("sink.filename_format", s.filename_format.is_some()),
-            ("sink.datetime_format", s.datetime_format.is_some()),
-            ("sink.rotate_interval", s.rotate_interval.is_some()),
-            ("sink.rotate_size", s.rotate_size.is_some()),
-            ("sink.gzip", s.gzip.is_some()),
-            ("sink.gzip_level", s.gzip_level.is_some()),
-            ("sink.sync_interval", s.sync_interval.is_some()),
-            ("sink.host_identifier", s.host_identifier.is_some()),
-            ("sink.skip_empty_files", s.skip_empty_files.is_some()),
-        ],
-        sink == SinkKind::File,
-        "`sink.kind = \"file\"`",
-    )?;
+    let (t, d) = (&raw.store, &raw.dedupe);
+    super::setting::check_kinds(&raw.sink, sink.name())?;
     needs(
         &[
             ("store.buckets", t.buckets.is_some()),

@@ -1,20 +1,21 @@
 //! Flags of `nsq-dedupe run`, grouped by the config section they override.
 //!
 //! Each group sits in its own module with the code that lays it over the file's
-//! [`RawConfig`], recording which key each flag set so that errors name the flag.
+//! [`RawConfig`], recording which key each flag set so that errors name the flag. A section
+//! defined once in the library (`nsq_dedupe::config::setting`) has no module here: its flags are
+//! made from its table by `section`.
 
 mod dedupe;
-mod file_sink;
 mod nsq_opts;
+mod section;
 mod service;
-mod sink;
 mod source;
 mod store;
 
 use std::path::PathBuf;
 
 use clap::Args;
-use nsq_dedupe::config::{FlagOrigins, RawConfig};
+use nsq_dedupe::config::{FlagOrigins, RawConfig, RawSink};
 
 use crate::cli::FromEnv;
 
@@ -33,9 +34,7 @@ pub(crate) struct RunArgs {
     #[command(flatten)]
     pub(crate) store: store::StoreFlags,
     #[command(flatten)]
-    pub(crate) sink: sink::SinkFlags,
-    #[command(flatten)]
-    pub(crate) file_sink: file_sink::FileSinkFlags,
+    pub(crate) sink: section::SectionFlags<RawSink>,
     #[command(flatten)]
     pub(crate) service: service::ServiceFlags,
 }
@@ -53,8 +52,7 @@ impl RunArgs {
         self.nsq.apply(raw, &mut overlay);
         self.dedupe.apply(raw, &mut overlay);
         self.store.apply(raw, &mut overlay);
-        self.sink.apply(raw, &mut overlay);
-        self.file_sink.apply(raw, &mut overlay);
+        self.sink.apply(&mut raw.sink, &mut overlay);
         self.service.apply(raw, &mut overlay);
         raw.flags = flags;
     }

@@ -1,0 +1,197 @@
+//! The flags of a config section, made from the section's table of settings
+//! ([`Section::SETTINGS`]): one flag per setting that has one, with its help, value name,
+//! heading and parser, laid over the file's settings generically.
+
+use std::marker::PhantomData;
+
+use clap::builder::{PathBufValueParser, PossibleValuesParser, TypedValueParser as _};
+use clap::{Arg, ArgAction, ArgMatches, Args, Command, FromArgMatches};
+use nsq_dedupe::config::setting::{FlagValue, Section, Setting};
+
+use super::Overlay;
+use crate::cli::parse::parse_duration;
+
+/// The flags given of section `S`, each with its value as the config file would write it.
+pub(crate) struct SectionFlags<S> {
+    given: Vec<(&'static Setting, toml::Value)>,
+    section: PhantomData<fn() -> S>,
+}
+
+impl<S> std::fmt::Debug for SectionFlags<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Values may be secrets (`--header "Authorization: ..."`): keys only.
+        let keys: Vec<&str> = self.given.iter().map(|(setting, _)| setting.key).collect();
+        f.debug_struct("SectionFlags")
+            .field("given", &keys)
+            .finish()
+    }
+}
+
+impl<S: Section> SectionFlags<S> {
+    /// Lays the given flags over `section`, the file's, and records for every flag of the
+    /// section whether it set its key.
+    ///
+    /// # Panics
+    ///
+    /// If a flag's parser lets through a value the file's type refuses: each parser gives the
+    /// value as the file writes it.
+    pub(super) fn apply(&self, section: &mut S, overlay: &mut Overlay<'_>) {
+        for setting in S::SETTINGS {
+            let Some(flag) = setting.flag else { continue };
+            let value = self
+                .given
+                .iter()
+                .find(|(given, _)| given.key == setting.key);
+            if let Some((_, value)) = value {
+                section
+                    .lay(setting.name, value.clone())
+                    .unwrap_or_else(|error| panic!("{flag} gave {}: {error}", setting.key));
+            }
+            overlay.record(setting.key, flag, value.is_some());
+        }
+    }
+}
+
+impl<S: Section> FromArgMatches for SectionFlags<S> {
+    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        let mut given = Vec::new();
+        for setting in S::SETTINGS.iter().filter(|setting| setting.flag.is_some()) {
+            let value = match setting.value {
+                FlagValue::Switch => matches
+                    .get_flag(setting.name)
+                    .then_some(toml::Value::Boolean(true)),
+                FlagValue::List { .. } | FlagValue::Header => matches
+                    .get_many::<toml::Value>(setting.name)
+                    .map(|values| toml::Value::Array(values.cloned().collect())),
+                _ => matches.get_one::<toml::Value>(setting.name).cloned(),
+            };
+            if let Some(value) = value {
+                given.push((setting, value));
+            }
+        }
+        Ok(SectionFlags {
+            given,
+            section: PhantomData,
+        })
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(matches)?;
+        Ok(())
+    }
+}
+
+impl<S: Section> Args for SectionFlags<S> {
+    fn augment_args(command: Command) -> Command {
+        command.args(
+            S::SETTINGS
+                .iter()
+                .filter_map(|setting| Some(arg(setting, setting.flag?, S::HEADING))),
+        )
+    }
+
+    fn augment_args_for_update(command: Command) -> Command {
+        Self::augment_args(command)
+    }
+}
+
+/// The flag of `setting`.
+fn arg(setting: &Setting, flag: &'static str, heading: &'static str) -> Arg {
+    let heading = match setting.heading {
+        "" => heading,
+        own => own,
+    };
+    let arg = Arg::new(setting.name)
+        .long(flag.trim_start_matches("--"))
+        .help(setting.help_text())
+        .help_heading(heading);
+    let arg = match setting.alias {
+        Some(alias) => arg.visible_alias(alias),
+        None => arg,
+    };
+    let arg = match setting.value {
+        FlagValue::Switch => return arg.action(ArgAction::SetTrue),
+        FlagValue::List { .. } | FlagValue::Header => arg.action(ArgAction::Append),
+        _ => arg.action(ArgAction::Set),
+    }
+    .value_name(setting.value_name);
+    match setting.value {
+        FlagValue::Text => {
+            arg.value_parser(clap::builder::StringValueParser::new().map(text_value))
+        }
+        FlagValue::List { delimiter } => {
+            let arg = arg.value_parser(clap::builder::StringValueParser::new().map(text_value));
+            match delimiter {
+                Some(delimiter) => arg.value_delimiter(delimiter),
+                None => arg,
+            }
+        }
+        FlagValue::Path => arg.value_hint(clap::ValueHint::AnyPath).value_parser(
+            PathBufValueParser::new().map(|path| text_value(path.to_string_lossy().into_owned())),
+        ),
+        FlagValue::Duration => {
+            arg.value_parser(|value: &str| parse_duration(value).map(|_| text_value(value.into())))
+        }
+        FlagValue::Count => arg.value_parser(|value: &str| {
+            value
+                .parse::<usize>()
+                .map(|n| toml::Value::Integer(i64::try_from(n).unwrap_or(i64::MAX)))
+        }),
+        FlagValue::Small => {
+            arg.value_parser(clap::value_parser!(u32).map(|n| toml::Value::Integer(n.into())))
+        }
+        FlagValue::Names(names) => {
+            arg.value_parser(PossibleValuesParser::new(names.iter().copied()).map(text_value))
+        }
+        FlagValue::Header => arg.value_parser(HeaderParser),
+        FlagValue::Switch => unreachable!("returned above"),
+    }
+}
+
+fn text_value(text: String) -> toml::Value {
+    toml::Value::String(text)
+}
+
+/// Parses `--header` without ever repeating the value in an error: it may hold a secret
+/// (`Authorization: Bearer ...`), and clap's own message for a bad value quotes it. The value
+/// is `[name, value]`, a pair of the file's `headers` table.
+#[derive(Clone)]
+struct HeaderParser;
+
+impl clap::builder::TypedValueParser for HeaderParser {
+    type Value = toml::Value;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<Self::Value, clap::Error> {
+        let refuse = |reason: &str| {
+            clap::Error::raw(
+                clap::error::ErrorKind::ValueValidation,
+                format!(
+                    "invalid value for '--header <HEADER>' (not shown: it may hold a secret): \
+                     {reason}\n"
+                ),
+            )
+            .with_cmd(cmd)
+        };
+        let text = value.to_str().ok_or_else(|| refuse("it is not UTF-8"))?;
+        let (name, value) = parse_header(text).map_err(|reason| refuse(&reason))?;
+        Ok(toml::Value::Array(vec![
+            text_value(name),
+            text_value(value),
+        ]))
+    }
+}
+
+/// `Name: value` to its name and value.
+fn parse_header(text: &str) -> Result<(String, String), String> {
+    match text.split_once(':') {
+        Some((name, value)) if !name.trim().is_empty() => {
+            Ok((name.trim().to_owned(), value.trim().to_owned()))
+        }
+        _ => Err("expected \"Name: value\", such as \"Authorization: Bearer abc\"".to_owned()),
+    }
+}
