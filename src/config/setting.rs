@@ -41,6 +41,11 @@ pub struct Setting {
     pub value: FlagValue,
     /// The kinds the setting is used with, if not all.
     pub only: Option<&'static Only>,
+    /// Settings of the section (by name) whose flags may not be given with this one's.
+    pub conflicts: &'static [&'static str],
+    /// Settings of the section (by name) that this one's flag takes the place of in the file:
+    /// a size given by a flag replaces the file's other way of sizing.
+    pub replaces: &'static [&'static str],
 }
 
 impl Setting {
@@ -55,6 +60,8 @@ impl Setting {
         heading: "",
         value: FlagValue::Text,
         only: None,
+        conflicts: &[],
+        replaces: &[],
     };
 
     /// The help shown for the flag: its doc lines joined, then the key.
@@ -79,6 +86,20 @@ pub enum FlagValue {
     Count,
     /// A whole number of at most `u32::MAX`.
     Small,
+    /// A whole number from 1 to `u32::MAX` (`--max-in-flight`).
+    InFlight,
+    /// A whole number from 1 to `u16::MAX` (`--max-attempts`).
+    Attempts,
+    /// A table size in slots, at least 1 (`_` and `,` allowed between digits).
+    Buckets,
+    /// A size in bytes, such as `64MiB` (text in the file).
+    Memory,
+    /// Slots per set: 1, 2, 4 or 8.
+    Ways,
+    /// A probability between 0 and 1 exclusive.
+    Probability,
+    /// Messages per second, more than 0.
+    Rate,
     /// One of these names.
     Names(&'static [&'static str]),
     /// A switch: given means `true`.
@@ -166,6 +187,9 @@ pub trait Section {
     ///
     /// The value does not fit the setting (a flag's parser let through what the file refuses).
     fn lay(&mut self, name: &str, value: toml::Value) -> Result<(), toml::de::Error>;
+
+    /// Unsets the setting `name`.
+    fn clear(&mut self, name: &str);
 }
 
 /// How a flag's value lays over the file's: it replaces it, but for a table, which it adds to.
@@ -191,7 +215,12 @@ impl Overlay for f64 {}
 impl Overlay for Vec<String> {}
 impl Overlay for super::Dur {}
 impl Overlay for super::OneOrMany {}
+impl Overlay for u16 {}
 impl Overlay for super::SinkKind {}
+impl Overlay for super::StoreKind {}
+impl Overlay for crate::dedup::table_file::OnMismatch {}
+impl Overlay for crate::pipeline::InFlightPolicy {}
+impl Overlay for crate::pipeline::StoreErrorPolicy {}
 impl Overlay for crate::sink::HttpMode {}
 impl Overlay for crate::sink::BatchFormat {}
 
@@ -209,22 +238,26 @@ impl Overlay for BTreeMap<String, String> {
     }
 }
 
-/// Refuses the first setting of `section` given that its kind, `kind`, leaves unused.
+/// Refuses the first setting of `section` given that its kind leaves unused; `kind_of` names
+/// the value of a key that decides the kind, such as `http` for `sink.kind`.
 ///
 /// # Errors
 ///
 /// [`ConfigError::Unused`] naming the setting and the kinds that use it.
-pub fn check_kinds<S: Section>(section: &S, kind: &str) -> Result<(), ConfigError> {
-    let unused = S::SETTINGS.iter().find(|setting| {
-        setting
-            .only
-            .is_some_and(|only| !only.kinds.contains(&kind) && section.given(setting.name))
+pub fn check_kinds<S: Section>(
+    section: &S,
+    kind_of: impl Fn(&str) -> &'static str,
+) -> Result<(), ConfigError> {
+    let unused = S::SETTINGS.iter().find_map(|setting| {
+        let only = setting.only?;
+        let unused = section.given(setting.name) && !only.kinds.contains(&kind_of(only.kind));
+        unused.then_some((setting, only))
     });
     match unused {
-        Some(setting) => Err(ConfigError::Unused {
+        Some((setting, only)) => Err(ConfigError::Unused {
             key: setting.key,
             flag: None,
-            needs: setting.only.map(Only::needs).unwrap_or_default(),
+            needs: only.needs(),
         }),
         None => Ok(()),
     }
@@ -239,7 +272,8 @@ pub fn check_kinds<S: Section>(section: &S, kind: &str) -> Result<(), ConfigErro
 /// ```
 ///
 /// where `only(...)` and `flag(...)` are optional, and `flag`'s options are [`Setting`]'s
-/// fields.
+/// fields. Fields that are not settings (set by the program, never by the file) follow in an
+/// `extra { ... }` block.
 macro_rules! section {
     (
         $(#[$meta:meta])*
@@ -252,6 +286,7 @@ macro_rules! section {
                 ;
             )*
         }
+        $( extra { $($extra:tt)* } )?
     ) => {
         $(#[$meta])*
         #[allow(missing_docs)]
@@ -259,6 +294,7 @@ macro_rules! section {
         #[serde(deny_unknown_fields)]
         pub struct $name {
             $( $(#[doc = $doc])* pub $field: Option<$ty>, )*
+            $( $($extra)* )?
         }
 
         impl $crate::config::setting::Section for $name {
@@ -278,6 +314,13 @@ macro_rules! section {
                 match name {
                     $( stringify!($field) => self.$field.is_some(), )*
                     _ => false,
+                }
+            }
+
+            fn clear(&mut self, name: &str) {
+                match name {
+                    $( stringify!($field) => self.$field = None, )*
+                    _ => {}
                 }
             }
 

@@ -7,8 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Deserialize;
-
+use super::setting::{names, section, FlagValue, Only};
 use crate::dedup::table_file::OnMismatch;
 
 use super::{check_host_port, invalid, quote, ConfigError, Dur};
@@ -50,7 +49,7 @@ impl SharedSettings {
 }
 
 /// Which store keeps the table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StoreKind {
     /// The in-process table.
@@ -64,6 +63,11 @@ pub enum StoreKind {
 }
 
 impl StoreKind {
+    /// The kind's name in the config file and on the command line.
+    pub fn name(self) -> &'static str {
+        super::setting::name_of(&Self::NAMES, self)
+    }
+
     /// Whether the table lives in a store shared by many consumers (and has a near-table in
     /// front of it).
     pub fn is_shared(self) -> bool {
@@ -79,37 +83,126 @@ impl StoreKind {
     ];
 }
 
-/// `[store]`.
-#[allow(missing_docs)]
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawStore {
-    pub kind: Option<StoreKind>,
-    pub buckets: Option<u64>,
-    pub memory: Option<String>,
-    pub ways: Option<u32>,
-    pub probability: Option<f64>,
-    pub rate: Option<f64>,
-    pub window: Option<Dur>,
-    pub memcached_addresses: Option<Vec<String>>,
-    pub namespace: Option<String>,
-    pub lease: Option<Dur>,
-    pub timeout: Option<Dur>,
-    pub table_file: Option<PathBuf>,
-    pub snapshot_interval: Option<Dur>,
-    pub table_file_on_mismatch: Option<OnMismatch>,
-    pub journal_fsync: Option<bool>,
-    pub near_table: Option<String>,
-    pub eject_after: Option<String>,
-    pub redis_urls: Option<Vec<String>>,
-    pub redis_cluster: Option<bool>,
-    pub redis_tls_root_ca_file: Option<PathBuf>,
-    pub redis_password_file: Option<PathBuf>,
-    /// The Redis password from the environment ([`RedisConfig::PASSWORD_ENV`]), set by the
-    /// binary; never read from a file's text.
-    #[serde(skip)]
-    pub redis_password: Option<RedisPassword>,
-    pub fleet_interval: Option<Dur>,
+const STORE_KINDS: [&str; 4] = names(&StoreKind::NAMES);
+const ON_MISMATCH: [&str; 2] = names(&OnMismatch::NAMES);
+
+/// Settings of a table, wherever it lives.
+pub(super) const TABLE: Only = Only {
+    kind: "store.kind",
+    kinds: &["memory", "memcached", "redis"],
+    what: "a table",
+};
+
+/// Settings of a table shared through Memcached or Redis.
+const SHARED: Only = Only {
+    kind: "store.kind",
+    kinds: &["memcached", "redis"],
+    what: "a shared table",
+};
+
+/// Settings of the in-process table.
+const MEMORY: Only = Only {
+    kind: "store.kind",
+    kinds: &["memory"],
+    what: "the in-process table",
+};
+
+/// Settings of Memcached.
+const MEMCACHED: Only = Only {
+    kind: "store.kind",
+    kinds: &["memcached"],
+    what: "",
+};
+
+/// Settings of Redis.
+const REDIS: Only = Only {
+    kind: "store.kind",
+    kinds: &["redis"],
+    what: "",
+};
+
+section! {
+    /// `[store]`: where the table lives and how large it is.
+    pub struct RawStore in "store", heading "Store" {
+        /// Where the table lives.
+        kind: StoreKind, flag("store", value_name: "STORE", value: FlagValue::Names(&STORE_KINDS));
+        /// Memcached server host:port (repeatable, or comma-separated).
+        memcached_addresses: Vec<String>, only(&MEMCACHED),
+            flag("memcached-address", value_name: "ADDR", value: FlagValue::List { delimiter: Some(',') });
+        /// Redis URL (repeatable): `redis://[user:password@]host:port[/db]`, or `rediss://` for
+        /// TLS; several only with --redis-cluster.
+        redis_urls: Vec<String>, only(&REDIS),
+            flag("redis-url", value_name: "URL", value: FlagValue::List { delimiter: None });
+        /// The Redis URLs are seed nodes of a Redis Cluster.
+        redis_cluster: bool, only(&REDIS), flag("redis-cluster", value: FlagValue::Switch);
+        /// File whose first line is the Redis password (else NSQ_DEDUPE_REDIS_PASSWORD, or the
+        /// URL's).
+        redis_password_file: PathBuf, only(&REDIS),
+            flag("redis-password-file", value_name: "FILE", value: FlagValue::Path);
+        /// PEM file of CA certificates trusted for rediss:// besides the system's roots.
+        redis_tls_root_ca_file: PathBuf, only(&REDIS),
+            flag("redis-tls-root-ca-file", value_name: "FILE", value: FlagValue::Path);
+        /// Table size in slots.
+        buckets: u64, only(&TABLE),
+            flag("buckets", value_name: "N", value: FlagValue::Buckets,
+                 replaces: &["probability", "memory"]);
+        /// Table size as the slots' memory, such as 64MiB or 1GiB (twice that with --max-age);
+        /// rounded down to whole sets.
+        memory: String, only(&TABLE),
+            flag("memory", value_name: "SIZE", value: FlagValue::Memory,
+                 conflicts: &["buckets", "probability"], replaces: &["probability", "buckets"]);
+        /// Slots per set: 1, 2, 4 or 8.
+        ways: u32, only(&TABLE), flag("ways", value_name: "W", value: FlagValue::Ways);
+        /// Size the table for this catch probability a whole window late (with --rate and
+        /// --window).
+        probability: f64, only(&TABLE),
+            flag("probability", value_name: "P", value: FlagValue::Probability,
+                 conflicts: &["buckets"], replaces: &["buckets", "memory"]);
+        /// Distinct messages per second, for sizing and the reported catch probability.
+        rate: f64, only(&TABLE), flag("rate", value_name: "MSG/S", value: FlagValue::Rate);
+        /// How late a copy may arrive and still be caught (default 1h).
+        window: Dur, only(&TABLE),
+            flag("window", value_name: "DURATION", value: FlagValue::Duration);
+        /// Prefix of the shared store's keys; consumers with the same one share a table.
+        namespace: String, only(&SHARED), flag("namespace", value_name: "PREFIX");
+        /// How long a shared store's claim stays in flight without renewal (default msg-timeout + 5s).
+        lease: Dur, only(&SHARED),
+            flag("lease", value_name: "DURATION", value: FlagValue::Duration);
+        /// Bound on each Memcached network step or Redis operation (default 500ms).
+        timeout: Dur, only(&SHARED),
+            flag("store-timeout", value_name: "DURATION", value: FlagValue::Duration);
+        /// With a shared store (Memcached, Redis): a local table of this size (such as 16MiB)
+        /// holding the digests this process committed, answered without a round trip; `off` for
+        /// none (default: a quarter of the table's slots, 1MiB to 64MiB).
+        near_table: String, only(&SHARED), flag("near-table", value_name: "SIZE");
+        /// With two Memcached servers or more: after one has failed this long, its sets go to the
+        /// next server until it answers again; `off` never ejects (default 10s).
+        eject_after: String, only(&MEMCACHED), flag("eject-after", value_name: "DURATION|off");
+        /// With Memcached or Redis: how often this consumer adds its distinct count to the fleet's counters
+        /// in the store (default 10s); the fleet's rate covers 6 of them and is reported after 7.
+        /// The same in every consumer of the table.
+        fleet_interval: Dur, only(&SHARED),
+            flag("fleet-interval", value_name: "DURATION", value: FlagValue::Duration);
+        /// Keep the in-process table in this file between runs (snapshots).
+        table_file: PathBuf, only(&MEMORY),
+            flag("table-file", value_name: "FILE", value: FlagValue::Path);
+        /// How often the table file is written (default 10s): what a kill -9 can forget.
+        snapshot_interval: Dur,
+            flag("snapshot-interval", value_name: "DURATION", value: FlagValue::Duration);
+        /// A table file that does not match or is damaged: `error` (default) or `recreate` (moved
+        /// aside, start empty).
+        table_file_on_mismatch: OnMismatch,
+            flag("table-file-on-mismatch", value_name: "POLICY", value: FlagValue::Names(&ON_MISMATCH));
+        /// Each commit waits until its journal record is on disk: a machine crash then loses
+        /// nothing answered (a kill -9 loses nothing either way).
+        journal_fsync: bool, flag("journal-fsync", value: FlagValue::Switch);
+    }
+    extra {
+        /// The Redis password from the environment ([`RedisConfig::PASSWORD_ENV`]), set by the
+        /// binary; never read from a file's text.
+        #[serde(skip)]
+        pub redis_password: Option<RedisPassword>,
+    }
 }
 
 /// How often the in-process table is written to its file when no interval is given: after a

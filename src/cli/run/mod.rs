@@ -5,17 +5,17 @@
 //! defined once in the library (`nsq_dedupe::config::setting`) has no module here: its flags are
 //! made from its table by `section`.
 
-mod dedupe;
+mod dead_letter;
 mod nsq_opts;
 mod section;
-mod service;
-mod source;
-mod store;
 
 use std::path::PathBuf;
 
 use clap::Args;
-use nsq_dedupe::config::{FlagOrigins, RawConfig, RawSink};
+use nsq_dedupe::config::{
+    FlagOrigins, RawConfig, RawDedupe, RawMetrics, RawShutdown, RawSink, RawSource, RawStore,
+};
+use section::SectionFlags;
 
 use crate::cli::FromEnv;
 
@@ -26,17 +26,21 @@ pub(crate) struct RunArgs {
     #[arg(long, short = 'c', value_name = "FILE", env = "NSQ_DEDUPE_CONFIG")]
     pub(crate) config: Option<PathBuf>,
     #[command(flatten)]
-    pub(crate) source: source::SourceFlags,
+    pub(crate) source: SectionFlags<RawSource>,
     #[command(flatten)]
     pub(crate) nsq: nsq_opts::NsqOptFlags,
     #[command(flatten)]
-    pub(crate) dedupe: dedupe::DedupeFlags,
+    pub(crate) dedupe: SectionFlags<RawDedupe>,
     #[command(flatten)]
-    pub(crate) store: store::StoreFlags,
+    pub(crate) store: SectionFlags<RawStore>,
     #[command(flatten)]
-    pub(crate) sink: section::SectionFlags<RawSink>,
+    pub(crate) sink: SectionFlags<RawSink>,
     #[command(flatten)]
-    pub(crate) service: service::ServiceFlags,
+    pub(crate) metrics: SectionFlags<RawMetrics>,
+    #[command(flatten)]
+    pub(crate) shutdown: SectionFlags<RawShutdown>,
+    #[command(flatten)]
+    pub(crate) dead_letter: dead_letter::DeadLetterFlags,
 }
 
 impl RunArgs {
@@ -48,12 +52,21 @@ impl RunArgs {
             flags: &mut flags,
             from_env,
         };
-        self.source.apply(raw, &mut overlay);
+        self.source.apply(&mut raw.source, &mut overlay);
         self.nsq.apply(raw, &mut overlay);
-        self.dedupe.apply(raw, &mut overlay);
-        self.store.apply(raw, &mut overlay);
+        self.dedupe.apply(&mut raw.dedupe, &mut overlay);
+        self.store.apply(&mut raw.store, &mut overlay);
+        // The password itself is never a flag (a command line is visible to every user of
+        // the machine); the environment may carry it.
+        if let Ok(password) = std::env::var(nsq_dedupe::RedisConfig::PASSWORD_ENV) {
+            if !password.is_empty() {
+                raw.store.redis_password = Some(nsq_dedupe::RedisPassword::new(password));
+            }
+        }
         self.sink.apply(&mut raw.sink, &mut overlay);
-        self.service.apply(raw, &mut overlay);
+        self.metrics.apply(&mut raw.metrics, &mut overlay);
+        self.shutdown.apply(&mut raw.shutdown, &mut overlay);
+        self.dead_letter.apply(raw, &mut overlay);
         raw.flags = flags;
     }
 }

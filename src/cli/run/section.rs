@@ -9,7 +9,10 @@ use clap::{Arg, ArgAction, ArgMatches, Args, Command, FromArgMatches};
 use nsq_dedupe::config::setting::{FlagValue, Section, Setting};
 
 use super::Overlay;
-use crate::cli::parse::parse_duration;
+use crate::cli::parse::{
+    parse_attempts, parse_buckets, parse_duration, parse_in_flight, parse_memory_text,
+    parse_probability, parse_rate, parse_ways,
+};
 
 /// The flags given of section `S`, each with its value as the config file would write it.
 pub(crate) struct SectionFlags<S> {
@@ -43,6 +46,9 @@ impl<S: Section> SectionFlags<S> {
                 .iter()
                 .find(|(given, _)| given.key == setting.key);
             if let Some((_, value)) = value {
+                for replaced in setting.replaces {
+                    section.clear(replaced);
+                }
                 section
                     .lay(setting.name, value.clone())
                     .unwrap_or_else(|error| panic!("{flag} gave {}: {error}", setting.key));
@@ -58,12 +64,12 @@ impl<S: Section> FromArgMatches for SectionFlags<S> {
         for setting in S::SETTINGS.iter().filter(|setting| setting.flag.is_some()) {
             let value = match setting.value {
                 FlagValue::Switch => matches
-                    .get_flag(setting.name)
+                    .get_flag(setting.key)
                     .then_some(toml::Value::Boolean(true)),
                 FlagValue::List { .. } | FlagValue::Header => matches
-                    .get_many::<toml::Value>(setting.name)
+                    .get_many::<toml::Value>(setting.key)
                     .map(|values| toml::Value::Array(values.cloned().collect())),
-                _ => matches.get_one::<toml::Value>(setting.name).cloned(),
+                _ => matches.get_one::<toml::Value>(setting.key).cloned(),
             };
             if let Some(value) = value {
                 given.push((setting, value));
@@ -86,7 +92,7 @@ impl<S: Section> Args for SectionFlags<S> {
         command.args(
             S::SETTINGS
                 .iter()
-                .filter_map(|setting| Some(arg(setting, setting.flag?, S::HEADING))),
+                .filter_map(|setting| Some(arg::<S>(setting, setting.flag?))),
         )
     }
 
@@ -96,15 +102,17 @@ impl<S: Section> Args for SectionFlags<S> {
 }
 
 /// The flag of `setting`.
-fn arg(setting: &Setting, flag: &'static str, heading: &'static str) -> Arg {
+fn arg<S: Section>(setting: &Setting, flag: &'static str) -> Arg {
+    let heading = S::HEADING;
     let heading = match setting.heading {
         "" => heading,
         own => own,
     };
-    let arg = Arg::new(setting.name)
+    let arg = Arg::new(setting.key)
         .long(flag.trim_start_matches("--"))
         .help(setting.help_text())
-        .help_heading(heading);
+        .help_heading(heading)
+        .conflicts_with_all(setting.conflicts.iter().map(|name| key_of::<S>(name)));
     let arg = match setting.alias {
         Some(alias) => arg.visible_alias(alias),
         None => arg,
@@ -135,7 +143,7 @@ fn arg(setting: &Setting, flag: &'static str, heading: &'static str) -> Arg {
         FlagValue::Count => arg.value_parser(|value: &str| {
             value
                 .parse::<usize>()
-                .map(|n| toml::Value::Integer(i64::try_from(n).unwrap_or(i64::MAX)))
+                .map(|n| integer(i64::try_from(n).unwrap_or(i64::MAX)))
         }),
         FlagValue::Small => {
             arg.value_parser(clap::value_parser!(u32).map(|n| toml::Value::Integer(n.into())))
@@ -144,12 +152,45 @@ fn arg(setting: &Setting, flag: &'static str, heading: &'static str) -> Arg {
             arg.value_parser(PossibleValuesParser::new(names.iter().copied()).map(text_value))
         }
         FlagValue::Header => arg.value_parser(HeaderParser),
+        FlagValue::InFlight => {
+            arg.value_parser(|text: &str| parse_in_flight(text).map(|n| integer(n.into())))
+        }
+        FlagValue::Attempts => {
+            arg.value_parser(|text: &str| parse_attempts(text).map(|n| integer(n.into())))
+        }
+        FlagValue::Ways => {
+            arg.value_parser(|text: &str| parse_ways(text).map(|n| integer(n.into())))
+        }
+        FlagValue::Buckets => arg.value_parser(|text: &str| {
+            parse_buckets(text).map(|n| integer(i64::try_from(n).unwrap_or(i64::MAX)))
+        }),
+        FlagValue::Memory => arg.value_parser(|text: &str| parse_memory_text(text).map(text_value)),
+        FlagValue::Probability => arg
+            .allow_negative_numbers(true)
+            .value_parser(|text: &str| parse_probability(text).map(toml::Value::Float)),
+        FlagValue::Rate => arg
+            .allow_negative_numbers(true)
+            .value_parser(|text: &str| parse_rate(text).map(toml::Value::Float)),
         FlagValue::Switch => unreachable!("returned above"),
     }
 }
 
 fn text_value(text: String) -> toml::Value {
     toml::Value::String(text)
+}
+
+/// A whole number as the file writes it. Above `i64::MAX` (TOML's largest), `i64::MAX`: a
+/// count or size that large is as good as unbounded.
+fn integer(n: i64) -> toml::Value {
+    toml::Value::Integer(n)
+}
+
+/// The key of the setting `name` of section `S`, the id of its flag.
+fn key_of<S: Section>(name: &str) -> &'static str {
+    S::SETTINGS
+        .iter()
+        .find(|setting| setting.name == name)
+        .map_or("", |setting| setting.key)
 }
 
 /// Parses `--header` without ever repeating the value in an error: it may hold a secret
