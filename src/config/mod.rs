@@ -137,6 +137,19 @@ pub use sink::{
 pub use source::RawSource;
 pub use store::{RawStore, StoreKind, StoreSettings, TableFileSettings, DEFAULT_WINDOW};
 
+use setting::Section as _;
+
+/// The settings of every section defined by its table, in the order of `run --help`: what the
+/// flags, the guide's flag table and the man page are checked against.
+pub const SECTIONS: [&[setting::Setting]; 6] = [
+    RawSource::SETTINGS,
+    RawDedupe::SETTINGS,
+    RawStore::SETTINGS,
+    RawSink::SETTINGS,
+    RawMetrics::SETTINGS,
+    RawShutdown::SETTINGS,
+];
+
 /// A configuration that cannot be used. Each message names what the user typed: the flag when
 /// the value came from a flag, else the config key.
 #[derive(Debug, thiserror::Error)]

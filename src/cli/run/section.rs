@@ -236,3 +236,75 @@ fn parse_header(text: &str) -> Result<(String, String), String> {
         _ => Err("expected \"Name: value\", such as \"Authorization: Bearer abc\"".to_owned()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use nsq_dedupe::config::SECTIONS;
+
+    /// The rows of the guide's table of `run`'s flags: (flags cell, keys cell).
+    fn guide_rows() -> Vec<(String, String)> {
+        let guide = include_str!("../../../docs/guide.md");
+        let table = guide
+            .split("| Flag | Config key | Default |")
+            .nth(1)
+            .expect("the guide has the flag table");
+        table
+            .lines()
+            .skip(2)
+            .take_while(|line| line.starts_with('|'))
+            .map(|line| {
+                let cells: Vec<&str> = line.split(" | ").collect();
+                (
+                    cells[0].to_owned(),
+                    cells.get(1).copied().unwrap_or("").to_owned(),
+                )
+            })
+            .collect()
+    }
+
+    /// Whether `cell` names `name` in backquotes, alone or followed by a value or alternatives.
+    fn names(cell: &str, name: &str) -> bool {
+        [" ", "`", "\\|"]
+            .iter()
+            .any(|after| cell.contains(&format!("`{name}{after}")))
+    }
+
+    #[test]
+    fn the_guides_flag_table_names_every_flag_with_its_key() {
+        let rows = guide_rows();
+        let mut missing = Vec::new();
+        for setting in SECTIONS.iter().copied().flatten() {
+            let Some(flag) = setting.flag else { continue };
+            let listed = rows
+                .iter()
+                .any(|(flags, keys)| names(flags, flag) && names(keys, setting.key));
+            if !listed {
+                missing.push(format!("{flag} ({})", setting.key));
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "not in docs/guide.md's flag table: {missing:?}"
+        );
+    }
+
+    #[test]
+    fn the_run_man_page_names_every_flag_and_key() {
+        let mut definition = crate::cli::Cli::definition();
+        definition.build();
+        let run = definition.find_subcommand("run").unwrap().clone();
+        let mut page = Vec::new();
+        clap_mangen::Man::new(run).render(&mut page).unwrap();
+        // roff escapes each '-' of a flag as "\-".
+        let page = String::from_utf8(page).unwrap().replace("\\-", "-");
+        for setting in SECTIONS.iter().copied().flatten() {
+            let Some(flag) = setting.flag else { continue };
+            assert!(page.contains(flag), "{flag} is not in the man page");
+            assert!(
+                page.contains(setting.key),
+                "{} is not in the man page",
+                setting.key
+            );
+        }
+    }
+}
