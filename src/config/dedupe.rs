@@ -16,18 +16,10 @@ const IN_FLIGHT_POLICIES: [&str; 2] = names(&InFlightPolicy::NAMES);
 const STORE_ERROR_POLICIES: [&str; 2] = names(&StoreErrorPolicy::NAMES);
 
 /// Settings of a copy that is requeued, not finished, when its original is in flight.
-const REQUEUE_IN_FLIGHT: Only = Only {
-    kind: "dedupe.on_in_flight",
-    kinds: &["requeue"],
-    what: "",
-};
+const REQUEUE_IN_FLIGHT: Only = Only::one("dedupe.on_in_flight", &["requeue"]);
 
 /// Settings of a message that is requeued, not processed, when the store fails.
-const REQUEUE_ON_STORE_ERROR: Only = Only {
-    kind: "dedupe.on_store_error",
-    kinds: &["requeue"],
-    what: "",
-};
+const REQUEUE_ON_STORE_ERROR: Only = Only::one("dedupe.on_store_error", &["requeue"]);
 
 section! {
     /// `[dedupe]`: how bodies are keyed and what happens to each outcome.

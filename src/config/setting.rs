@@ -125,6 +125,28 @@ pub struct Only {
 }
 
 impl Only {
+    /// The settings of one kind: `key = "kind"`.
+    pub const fn one(key: &'static str, kinds: &'static [&'static str; 1]) -> Only {
+        Only {
+            kind: key,
+            kinds,
+            what: "",
+        }
+    }
+
+    /// The settings of several kinds, `what` they are: `a shared table`.
+    pub const fn any(
+        key: &'static str,
+        kinds: &'static [&'static str],
+        what: &'static str,
+    ) -> Only {
+        Only {
+            kind: key,
+            kinds,
+            what,
+        }
+    }
+
     /// What the setting needs, as the user would set it in the file:
     /// `` `sink.kind = "http"` `` or `` a shared table, `store.kind = "memcached"` or … ``.
     pub fn needs(&self) -> String {

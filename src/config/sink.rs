@@ -81,25 +81,13 @@ pub enum DeadLetterKind {
 }
 
 /// The settings of the http sink only.
-const HTTP: Only = Only {
-    kind: "sink.kind",
-    kinds: &["http"],
-    what: "",
-};
+const HTTP: Only = Only::one("sink.kind", &["http"]);
 
 /// The settings of the nsq sink only.
-const NSQ: Only = Only {
-    kind: "sink.kind",
-    kinds: &["nsq"],
-    what: "",
-};
+const NSQ: Only = Only::one("sink.kind", &["nsq"]);
 
 /// The settings of the file sink only.
-const FILE: Only = Only {
-    kind: "sink.kind",
-    kinds: &["file"],
-    what: "",
-};
+const FILE: Only = Only::one("sink.kind", &["file"]);
 
 const SINK_KINDS: [&str; 5] = names(&SinkKind::NAMES);
 const HTTP_MODES: [&str; 2] = names(&HttpMode::NAMES);

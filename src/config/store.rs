@@ -87,39 +87,20 @@ const STORE_KINDS: [&str; 4] = names(&StoreKind::NAMES);
 const ON_MISMATCH: [&str; 2] = names(&OnMismatch::NAMES);
 
 /// Settings of a table, wherever it lives.
-pub(super) const TABLE: Only = Only {
-    kind: "store.kind",
-    kinds: &["memory", "memcached", "redis"],
-    what: "a table",
-};
+pub(super) const TABLE: Only =
+    Only::any("store.kind", &["memory", "memcached", "redis"], "a table");
 
 /// Settings of a table shared through Memcached or Redis.
-const SHARED: Only = Only {
-    kind: "store.kind",
-    kinds: &["memcached", "redis"],
-    what: "a shared table",
-};
+const SHARED: Only = Only::any("store.kind", &["memcached", "redis"], "a shared table");
 
 /// Settings of the in-process table.
-const MEMORY: Only = Only {
-    kind: "store.kind",
-    kinds: &["memory"],
-    what: "the in-process table",
-};
+const MEMORY: Only = Only::any("store.kind", &["memory"], "the in-process table");
 
 /// Settings of Memcached.
-const MEMCACHED: Only = Only {
-    kind: "store.kind",
-    kinds: &["memcached"],
-    what: "",
-};
+const MEMCACHED: Only = Only::one("store.kind", &["memcached"]);
 
 /// Settings of Redis.
-const REDIS: Only = Only {
-    kind: "store.kind",
-    kinds: &["redis"],
-    what: "",
-};
+const REDIS: Only = Only::one("store.kind", &["redis"]);
 
 section! {
     /// `[store]`: where the table lives and how large it is.
