@@ -125,7 +125,7 @@ pub fn read_digest_key(key: &'static str, path: &Path) -> Result<DigestKey, Conf
 
 impl RawDedupe {
     /// `dedupe.max_age`: done entries older than this count as not seen.
-    pub(super) fn max_age(&self) -> Result<Option<Duration>, ConfigError> {
+    pub(super) fn max_age_duration(&self) -> Result<Option<Duration>, ConfigError> {
         match self.max_age {
             None => Ok(None),
             Some(Dur(age)) if age < Duration::from_secs(1) => Err(invalid(

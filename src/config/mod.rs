@@ -105,6 +105,7 @@
 //! `unused` (a setting the others leave unused), `flag_origins` (which flag gave which key) and `toml_error` (the parser's message, naming
 //! the key).
 
+mod builder;
 mod dedupe;
 mod flag_origins;
 mod nsq_opts;
@@ -128,6 +129,7 @@ use crate::dedup::Geometry;
 use crate::nsq::ConsumerConfig;
 use crate::pipeline::Policy;
 
+pub use builder::SettingsBuilder;
 pub use dedupe::{read_digest_key, RawDedupe};
 pub use flag_origins::FlagOrigins;
 pub use nsq_opts::{option_key, RawNsqOpts, OPTION_NAMES};
@@ -285,6 +287,12 @@ fn flag_list(flags: &[&str]) -> String {
         .join(" or ")
 }
 
+impl From<Duration> for Dur {
+    fn from(duration: Duration) -> Self {
+        Dur(duration)
+    }
+}
+
 /// A duration written as `500ms`, `30s`, `5m`, `1h`, `1h30m`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Dur(pub Duration);
@@ -428,15 +436,15 @@ impl RawConfig {
         let (producer, _) = self.producer_opt.validate(nsq_opts::Side::Producer)?;
         let (keyer, policy) = self.dedupe.validate(&source)?;
         let (mut store, window) = self.store.validate(source.msg_timeout)?;
-        let table_file = self.store.table_file()?;
-        let near_table = self.store.near_table(match &store {
+        let table_file = self.store.table_file_settings()?;
+        let near_table = self.store.near_table_geometry(match &store {
             StoreSettings::Memcached(_, geometry)
             | StoreSettings::Redis(_, geometry)
             | StoreSettings::Memory(geometry) => *geometry,
             StoreSettings::None => Geometry::new(Geometry::DEFAULT_SLOTS, 8)
                 .expect("the default size is valid for every supported way count"),
         })?;
-        let max_age = self.dedupe.max_age()?;
+        let max_age = self.dedupe.max_age_duration()?;
         if let StoreSettings::Memcached(config, _) = &mut store {
             config.max_age = max_age;
         }

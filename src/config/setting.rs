@@ -286,7 +286,8 @@ pub fn check_kinds<S: Section>(
 }
 
 /// Defines a config section once: the raw serde struct `$name` (every field an `Option`,
-/// unknown keys refused) and its [`Section`] table. Each field reads
+/// unknown keys refused), a setter per key for building it in code (`RawSource::default()
+/// .topic("events")`), and its [`Section`] table. Each field reads
 ///
 /// ```text
 /// /// Help of the flag (the key is added).
@@ -317,6 +318,17 @@ macro_rules! section {
         pub struct $name {
             $( $(#[doc = $doc])* pub $field: Option<$ty>, )*
             $( $($extra)* )?
+        }
+
+        impl $name {
+            $(
+                #[doc = concat!("Sets `", $section, ".", stringify!($field), "`:")]
+                $(#[doc = $doc])*
+                pub fn $field(mut self, value: impl Into<$ty>) -> Self {
+                    self.$field = Some(value.into());
+                    self
+                }
+            )*
         }
 
         impl $crate::config::setting::Section for $name {

@@ -38,6 +38,18 @@ impl OneOrMany {
     }
 }
 
+impl From<Vec<String>> for OneOrMany {
+    fn from(many: Vec<String>) -> Self {
+        OneOrMany::Many(many)
+    }
+}
+
+impl From<String> for OneOrMany {
+    fn from(one: String) -> Self {
+        OneOrMany::One(one)
+    }
+}
+
 /// Where unique messages go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -221,7 +221,10 @@ pub enum StoreSettings {
 impl RawStore {
     /// `store.near_table`: the shape of the near-table in front of a shared store: by default
     /// [`NearTable::default_geometry`] of the shared table's, none with `"off"`.
-    pub(super) fn near_table(&self, shared: Geometry) -> Result<Option<Geometry>, ConfigError> {
+    pub(super) fn near_table_geometry(
+        &self,
+        shared: Geometry,
+    ) -> Result<Option<Geometry>, ConfigError> {
         let shared_store = self.kind.is_some_and(StoreKind::is_shared);
         let Some(text) = &self.near_table else {
             return Ok(shared_store.then(|| NearTable::default_geometry(shared)));
@@ -237,7 +240,7 @@ impl RawStore {
     }
 
     /// `store.table_file` and its settings (`unused` checks that the store is in-process).
-    pub(super) fn table_file(&self) -> Result<Option<TableFileSettings>, ConfigError> {
+    pub(super) fn table_file_settings(&self) -> Result<Option<TableFileSettings>, ConfigError> {
         // Which store kinds use a table file is `unused`'s rule, checked before this.
         let Some(path) = &self.table_file else {
             return Ok(None);
