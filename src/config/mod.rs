@@ -144,8 +144,9 @@ use setting::Section as _;
 
 /// The settings of every section defined by its table, in the order of `run --help`: what the
 /// flags, the guide's flag table and the man page are checked against.
-pub const SECTIONS: [&[setting::Setting]; 6] = [
+pub const SECTIONS: [&[setting::Setting]; 7] = [
     RawSource::SETTINGS,
+    RawNsqOpts::SETTINGS,
     RawDedupe::SETTINGS,
     RawStore::SETTINGS,
     RawSink::SETTINGS,

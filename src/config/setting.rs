@@ -238,6 +238,8 @@ impl Overlay for Vec<String> {}
 impl Overlay for super::Dur {}
 impl Overlay for super::OneOrMany {}
 impl Overlay for u16 {}
+impl Overlay for u8 {}
+impl Overlay for i64 {}
 impl Overlay for super::SinkKind {}
 impl Overlay for super::StoreKind {}
 impl Overlay for crate::dedup::table_file::OnMismatch {}

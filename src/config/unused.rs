@@ -60,7 +60,7 @@ pub(super) fn check(raw: &RawConfig) -> Result<(), ConfigError> {
     let dead_letter = raw.dead_letter.as_ref().map(|dl| dl.kind);
     let producers = sink == SinkKind::Nsq || dead_letter == Some(DeadLetterKind::Nsq);
     needs(
-        &raw.producer_opt.given(super::nsq_opts::Side::Producer),
+        &raw.producer_opt.given_keys(super::nsq_opts::Side::Producer),
         producers,
         "an nsq producer, `sink.kind = \"nsq\"` or `dead_letter.topic`",
     )?;
