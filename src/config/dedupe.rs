@@ -25,30 +25,30 @@ section! {
     /// `[dedupe]`: how bodies are keyed and what happens to each outcome.
     pub struct RawDedupe in "dedupe", heading "De-duplication" {
         /// Key of a body: `body` or `json:<pointer>`.
-        key: String, flag("key", value_name: "KEY");
+        key: String, flag("key", rank: 1, value_name: "KEY");
         /// Digest of the key: `xxh3`, `xxh3:<seed>`, `md5`, or `blake3` with --digest-key-file.
-        digest: String, flag("digest", value_name: "DIGEST");
-        /// Copies arriving longer after their original than this (such as 10m) pass again:
-        /// for bodies that repeat on purpose. Off by default.
-        max_age: Dur, only(&super::store::TABLE),
-            flag("max-age", value_name: "DURATION", value: FlagValue::Duration);
+        digest: String, flag("digest", rank: 2, value_name: "DIGEST");
         /// File with a 32-byte key (raw or 64 hex digits): digests become keyed BLAKE3, which
         /// nobody without the key can predict. Every consumer sharing a Memcached table needs the
         /// same key.
-        digest_key_file: PathBuf, flag("digest-key-file", value_name: "FILE", value: FlagValue::Path);
+        digest_key_file: PathBuf, flag("digest-key-file", rank: 4, value_name: "FILE", value: FlagValue::Path);
         /// A copy whose original is being handled: requeue it (default) or finish it.
         on_in_flight: InFlightPolicy,
-            flag("on-in-flight", value_name: "POLICY", value: FlagValue::Names(&IN_FLIGHT_POLICIES));
+            flag("on-in-flight", rank: 5, value_name: "POLICY", value: FlagValue::Names(&IN_FLIGHT_POLICIES));
         /// Requeue delay of such a copy (default 1s).
         in_flight_requeue_delay: Dur, only(&REQUEUE_IN_FLIGHT),
-            flag("in-flight-requeue-delay", value_name: "DURATION", value: FlagValue::Duration);
+            flag("in-flight-requeue-delay", rank: 6, value_name: "DURATION", value: FlagValue::Duration);
         /// When the store fails: requeue the message (default) or process it without
         /// de-duplication.
         on_store_error: StoreErrorPolicy,
-            flag("on-store-error", value_name: "POLICY", value: FlagValue::Names(&STORE_ERROR_POLICIES));
+            flag("on-store-error", rank: 7, value_name: "POLICY", value: FlagValue::Names(&STORE_ERROR_POLICIES));
         /// Requeue delay after a store error (default 1s).
         store_error_requeue_delay: Dur, only(&REQUEUE_ON_STORE_ERROR),
-            flag("store-error-requeue-delay", value_name: "DURATION", value: FlagValue::Duration);
+            flag("store-error-requeue-delay", rank: 8, value_name: "DURATION", value: FlagValue::Duration);
+        /// Copies arriving longer after their original than this (such as 10m) pass again:
+        /// for bodies that repeat on purpose. Off by default.
+        max_age: Dur, only(&super::store::TABLE),
+            flag("max-age", rank: 3, value_name: "DURATION", value: FlagValue::Duration);
     }
 }
 

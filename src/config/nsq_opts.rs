@@ -23,31 +23,31 @@ section! {
     /// `--producer-opt KEY,VALUE` sets the producers'.
     pub struct RawNsqOpts in "consumer_opt", heading "NSQ connection" {
         /// Consume over TLS; nsqd must have a certificate.
-        tls_v1: bool, flag("tls", value: FlagValue::Switch);
+        tls_v1: bool, flag("tls", rank: 1, value: FlagValue::Switch);
         /// PEM file of CAs trusted for nsqd's certificate, besides the system's.
         tls_root_ca_file: PathBuf,
-            flag("tls-root-ca-file", value_name: "FILE", value: FlagValue::Path);
-        /// PEM client certificate, for nsqd's --tls-client-auth-policy.
-        tls_cert: PathBuf, flag("tls-cert", value_name: "FILE", value: FlagValue::Path);
-        /// PEM key of --tls-cert.
-        tls_key: PathBuf, flag("tls-key", value_name: "FILE", value: FlagValue::Path);
+            flag("tls-root-ca-file", rank: 2, value_name: "FILE", value: FlagValue::Path);
         /// Accept any certificate of nsqd (tests only: anyone on the path can read the traffic).
         tls_insecure_skip_verify: bool,
-            flag("tls-insecure-skip-verify", value: FlagValue::Switch);
+            flag("tls-insecure-skip-verify", rank: 5, value: FlagValue::Switch);
+        /// PEM client certificate, for nsqd's --tls-client-auth-policy.
+        tls_cert: PathBuf, flag("tls-cert", rank: 3, value_name: "FILE", value: FlagValue::Path);
+        /// PEM key of --tls-cert.
+        tls_key: PathBuf, flag("tls-key", rank: 4, value_name: "FILE", value: FlagValue::Path);
         /// Lowest TLS version: tls1.2 (default) or tls1.3.
-        tls_min_version: String, flag("tls-min-version", value_name: "VERSION");
+        tls_min_version: String, flag("tls-min-version", rank: 6, value_name: "VERSION");
         /// Compress with snappy (exclusive with --deflate).
-        snappy: bool, flag("snappy", value: FlagValue::Switch);
+        snappy: bool, flag("snappy", rank: 7, value: FlagValue::Switch);
         /// Compress with deflate.
-        deflate: bool, flag("deflate", value: FlagValue::Switch);
+        deflate: bool, flag("deflate", rank: 8, value: FlagValue::Switch);
         /// Deflate level 1-9 (default 6; implies --deflate).
-        deflate_level: u32, flag("deflate-level", value_name: "N", value: FlagValue::Small);
+        deflate_level: u32, flag("deflate-level", rank: 9, value_name: "N", value: FlagValue::Small);
         /// AUTH secret for an nsqd with --auth-http-address; prefer the environment variable or
         /// --auth-secret-file, which stay out of process listings.
-        auth_secret: String, flag("auth-secret", value_name: "SECRET");
+        auth_secret: String, flag("auth-secret", rank: 10, value_name: "SECRET");
         /// File holding the AUTH secret.
         auth_secret_file: PathBuf,
-            flag("auth-secret-file", value_name: "FILE", value: FlagValue::Path);
+            flag("auth-secret-file", rank: 11, value_name: "FILE", value: FlagValue::Path);
         /// The user agent IDENTIFY sends.
         user_agent: String;
         /// nsqd's output buffer size for this consumer, in bytes (-1: off).

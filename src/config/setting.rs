@@ -41,6 +41,9 @@ pub struct Setting {
     pub value: FlagValue,
     /// The kinds the setting is used with, if not all.
     pub only: Option<&'static Only>,
+    /// Where the flag is listed in `--help` among its section's, when not in the order of the
+    /// definition (which is the order of the file's keys in error messages): by rank, 1 first.
+    pub rank: u16,
     /// Settings of the section (by name) whose flags may not be given with this one's.
     pub conflicts: &'static [&'static str],
     /// Settings of the section (by name) that this one's flag takes the place of in the file:
@@ -60,6 +63,7 @@ impl Setting {
         heading: "",
         value: FlagValue::Text,
         only: None,
+        rank: 0,
         conflicts: &[],
         replaces: &[],
     };
@@ -384,3 +388,29 @@ macro_rules! optional {
 }
 
 pub(crate) use {optional, section};
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Settings;
+
+    #[test]
+    fn an_unknown_key_lists_the_sections_keys_in_the_files_order() {
+        let error = Settings::from_toml("[store]\nbukets = 5\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains(
+                "unknown field `bukets`, expected one of `kind`, `buckets`, `memory`, `ways`, \
+                 `probability`, `rate`, `window`, `memcached_addresses`, `namespace`"
+            ),
+            "{error}"
+        );
+        let error = Settings::from_toml("[dedupe]\nmax_ages = \"1m\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("`on_store_error`, `store_error_requeue_delay`, `max_age`"),
+            "{error}"
+        );
+    }
+}

@@ -106,77 +106,77 @@ section! {
     /// `[store]`: where the table lives and how large it is.
     pub struct RawStore in "store", heading "Store" {
         /// Where the table lives.
-        kind: StoreKind, flag("store", value_name: "STORE", value: FlagValue::Names(&STORE_KINDS));
-        /// Memcached server host:port (repeatable, or comma-separated).
-        memcached_addresses: Vec<String>, only(&MEMCACHED),
-            flag("memcached-address", value_name: "ADDR", value: FlagValue::List { delimiter: Some(',') });
-        /// Redis URL (repeatable): `redis://[user:password@]host:port[/db]`, or `rediss://` for
-        /// TLS; several only with --redis-cluster.
-        redis_urls: Vec<String>, only(&REDIS),
-            flag("redis-url", value_name: "URL", value: FlagValue::List { delimiter: None });
-        /// The Redis URLs are seed nodes of a Redis Cluster.
-        redis_cluster: bool, only(&REDIS), flag("redis-cluster", value: FlagValue::Switch);
-        /// File whose first line is the Redis password (else NSQ_DEDUPE_REDIS_PASSWORD, or the
-        /// URL's).
-        redis_password_file: PathBuf, only(&REDIS),
-            flag("redis-password-file", value_name: "FILE", value: FlagValue::Path);
-        /// PEM file of CA certificates trusted for rediss:// besides the system's roots.
-        redis_tls_root_ca_file: PathBuf, only(&REDIS),
-            flag("redis-tls-root-ca-file", value_name: "FILE", value: FlagValue::Path);
+        kind: StoreKind, flag("store", rank: 1, value_name: "STORE", value: FlagValue::Names(&STORE_KINDS));
         /// Table size in slots.
         buckets: u64, only(&TABLE),
-            flag("buckets", value_name: "N", value: FlagValue::Buckets,
+            flag("buckets", rank: 7, value_name: "N", value: FlagValue::Buckets,
                  replaces: &["probability", "memory"]);
         /// Table size as the slots' memory, such as 64MiB or 1GiB (twice that with --max-age);
         /// rounded down to whole sets.
         memory: String, only(&TABLE),
-            flag("memory", value_name: "SIZE", value: FlagValue::Memory,
+            flag("memory", rank: 8, value_name: "SIZE", value: FlagValue::Memory,
                  conflicts: &["buckets", "probability"], replaces: &["probability", "buckets"]);
         /// Slots per set: 1, 2, 4 or 8.
-        ways: u32, only(&TABLE), flag("ways", value_name: "W", value: FlagValue::Ways);
+        ways: u32, only(&TABLE), flag("ways", rank: 9, value_name: "W", value: FlagValue::Ways);
         /// Size the table for this catch probability a whole window late (with --rate and
         /// --window).
         probability: f64, only(&TABLE),
-            flag("probability", value_name: "P", value: FlagValue::Probability,
+            flag("probability", rank: 10, value_name: "P", value: FlagValue::Probability,
                  conflicts: &["buckets"], replaces: &["buckets", "memory"]);
         /// Distinct messages per second, for sizing and the reported catch probability.
-        rate: f64, only(&TABLE), flag("rate", value_name: "MSG/S", value: FlagValue::Rate);
+        rate: f64, only(&TABLE), flag("rate", rank: 11, value_name: "MSG/S", value: FlagValue::Rate);
         /// How late a copy may arrive and still be caught (default 1h).
         window: Dur, only(&TABLE),
-            flag("window", value_name: "DURATION", value: FlagValue::Duration);
+            flag("window", rank: 12, value_name: "DURATION", value: FlagValue::Duration);
+        /// Memcached server host:port (repeatable, or comma-separated).
+        memcached_addresses: Vec<String>, only(&MEMCACHED),
+            flag("memcached-address", rank: 2, value_name: "ADDR", value: FlagValue::List { delimiter: Some(',') });
         /// Prefix of the shared store's keys; consumers with the same one share a table.
-        namespace: String, only(&SHARED), flag("namespace", value_name: "PREFIX");
+        namespace: String, only(&SHARED), flag("namespace", rank: 13, value_name: "PREFIX");
         /// How long a shared store's claim stays in flight without renewal (default msg-timeout + 5s).
         lease: Dur, only(&SHARED),
-            flag("lease", value_name: "DURATION", value: FlagValue::Duration);
+            flag("lease", rank: 14, value_name: "DURATION", value: FlagValue::Duration);
         /// Bound on each Memcached network step or Redis operation (default 500ms).
         timeout: Dur, only(&SHARED),
-            flag("store-timeout", value_name: "DURATION", value: FlagValue::Duration);
+            flag("store-timeout", rank: 15, value_name: "DURATION", value: FlagValue::Duration);
+        /// Keep the in-process table in this file between runs (snapshots).
+        table_file: PathBuf, only(&MEMORY),
+            flag("table-file", rank: 19, value_name: "FILE", value: FlagValue::Path);
+        /// How often the table file is written (default 10s): what a kill -9 can forget.
+        snapshot_interval: Dur,
+            flag("snapshot-interval", rank: 20, value_name: "DURATION", value: FlagValue::Duration);
+        /// A table file that does not match or is damaged: `error` (default) or `recreate` (moved
+        /// aside, start empty).
+        table_file_on_mismatch: OnMismatch,
+            flag("table-file-on-mismatch", rank: 21, value_name: "POLICY", value: FlagValue::Names(&ON_MISMATCH));
+        /// Each commit waits until its journal record is on disk: a machine crash then loses
+        /// nothing answered (a kill -9 loses nothing either way).
+        journal_fsync: bool, flag("journal-fsync", rank: 22, value: FlagValue::Switch);
         /// With a shared store (Memcached, Redis): a local table of this size (such as 16MiB)
         /// holding the digests this process committed, answered without a round trip; `off` for
         /// none (default: a quarter of the table's slots, 1MiB to 64MiB).
-        near_table: String, only(&SHARED), flag("near-table", value_name: "SIZE");
+        near_table: String, only(&SHARED), flag("near-table", rank: 16, value_name: "SIZE");
         /// With two Memcached servers or more: after one has failed this long, its sets go to the
         /// next server until it answers again; `off` never ejects (default 10s).
-        eject_after: String, only(&MEMCACHED), flag("eject-after", value_name: "DURATION|off");
+        eject_after: String, only(&MEMCACHED), flag("eject-after", rank: 17, value_name: "DURATION|off");
+        /// Redis URL (repeatable): `redis://[user:password@]host:port[/db]`, or `rediss://` for
+        /// TLS; several only with --redis-cluster.
+        redis_urls: Vec<String>, only(&REDIS),
+            flag("redis-url", rank: 3, value_name: "URL", value: FlagValue::List { delimiter: None });
+        /// The Redis URLs are seed nodes of a Redis Cluster.
+        redis_cluster: bool, only(&REDIS), flag("redis-cluster", rank: 4, value: FlagValue::Switch);
+        /// PEM file of CA certificates trusted for rediss:// besides the system's roots.
+        redis_tls_root_ca_file: PathBuf, only(&REDIS),
+            flag("redis-tls-root-ca-file", rank: 6, value_name: "FILE", value: FlagValue::Path);
+        /// File whose first line is the Redis password (else NSQ_DEDUPE_REDIS_PASSWORD, or the
+        /// URL's).
+        redis_password_file: PathBuf, only(&REDIS),
+            flag("redis-password-file", rank: 5, value_name: "FILE", value: FlagValue::Path);
         /// With Memcached or Redis: how often this consumer adds its distinct count to the fleet's counters
         /// in the store (default 10s); the fleet's rate covers 6 of them and is reported after 7.
         /// The same in every consumer of the table.
         fleet_interval: Dur, only(&SHARED),
-            flag("fleet-interval", value_name: "DURATION", value: FlagValue::Duration);
-        /// Keep the in-process table in this file between runs (snapshots).
-        table_file: PathBuf, only(&MEMORY),
-            flag("table-file", value_name: "FILE", value: FlagValue::Path);
-        /// How often the table file is written (default 10s): what a kill -9 can forget.
-        snapshot_interval: Dur,
-            flag("snapshot-interval", value_name: "DURATION", value: FlagValue::Duration);
-        /// A table file that does not match or is damaged: `error` (default) or `recreate` (moved
-        /// aside, start empty).
-        table_file_on_mismatch: OnMismatch,
-            flag("table-file-on-mismatch", value_name: "POLICY", value: FlagValue::Names(&ON_MISMATCH));
-        /// Each commit waits until its journal record is on disk: a machine crash then loses
-        /// nothing answered (a kill -9 loses nothing either way).
-        journal_fsync: bool, flag("journal-fsync", value: FlagValue::Switch);
+            flag("fleet-interval", rank: 18, value_name: "DURATION", value: FlagValue::Duration);
     }
     extra {
         /// The Redis password from the environment ([`RedisConfig::PASSWORD_ENV`]), set by the

@@ -89,9 +89,11 @@ impl<S: Section> FromArgMatches for SectionFlags<S> {
 
 impl<S: Section> Args for SectionFlags<S> {
     fn augment_args(command: Command) -> Command {
+        let mut settings: Vec<&Setting> = S::SETTINGS.iter().collect();
+        settings.sort_by_key(|setting| setting.rank);
         command.args(
-            S::SETTINGS
-                .iter()
+            settings
+                .into_iter()
                 .filter_map(|setting| Some(arg::<S>(setting, setting.flag?))),
         )
     }
