@@ -235,8 +235,6 @@ impl Overlay for String {}
 impl Overlay for PathBuf {}
 impl Overlay for bool {}
 impl Overlay for u32 {}
-impl Overlay for u64 {}
-impl Overlay for usize {}
 impl Overlay for f64 {}
 impl Overlay for Vec<String> {}
 impl Overlay for super::Dur {}
@@ -251,6 +249,25 @@ impl Overlay for crate::pipeline::InFlightPolicy {}
 impl Overlay for crate::pipeline::StoreErrorPolicy {}
 impl Overlay for crate::sink::HttpMode {}
 impl Overlay for crate::sink::BatchFormat {}
+
+/// A whole number: a flag's count above TOML's largest integer comes as its digits.
+macro_rules! overlay_whole_number {
+    ($($number:ty),*) => {$(
+        impl Overlay for $number {
+            fn overlay(current: &mut Option<Self>, value: toml::Value) -> Result<(), toml::de::Error> {
+                *current = Some(match value {
+                    toml::Value::String(digits) => digits
+                        .parse()
+                        .map_err(<toml::de::Error as serde::de::Error>::custom)?,
+                    value => value.try_into()?,
+                });
+                Ok(())
+            }
+        }
+    )*};
+}
+
+overlay_whole_number!(u64, usize);
 
 /// Headers: flags give `[name, value]` pairs in the order typed; each adds to the file's
 /// headers and wins over one of the same name in any case.

@@ -136,17 +136,22 @@ fn arg<S: Section>(setting: &Setting, flag: &'static str) -> Arg {
                 None => arg,
             }
         }
+        // The file's paths are TOML strings, UTF-8: a path that is not is refused rather
+        // than changed.
         FlagValue::Path => arg.value_hint(clap::ValueHint::AnyPath).value_parser(
-            PathBufValueParser::new().map(|path| text_value(path.to_string_lossy().into_owned())),
+            PathBufValueParser::new().try_map(|path| {
+                path.into_os_string()
+                    .into_string()
+                    .map(text_value)
+                    .map_err(|_| "expected a path in UTF-8")
+            }),
         ),
         FlagValue::Duration => {
             arg.value_parser(|value: &str| parse_duration(value).map(|_| text_value(value.into())))
         }
-        FlagValue::Count => arg.value_parser(|value: &str| {
-            value
-                .parse::<usize>()
-                .map(|n| integer(i64::try_from(n).unwrap_or(i64::MAX)))
-        }),
+        FlagValue::Count => {
+            arg.value_parser(|value: &str| value.parse::<usize>().map(|n| whole_number(n as u64)))
+        }
         FlagValue::Small => {
             arg.value_parser(clap::value_parser!(u32).map(|n| toml::Value::Integer(n.into())))
         }
@@ -163,9 +168,7 @@ fn arg<S: Section>(setting: &Setting, flag: &'static str) -> Arg {
         FlagValue::Ways => {
             arg.value_parser(|text: &str| parse_ways(text).map(|n| integer(n.into())))
         }
-        FlagValue::Buckets => arg.value_parser(|text: &str| {
-            parse_buckets(text).map(|n| integer(i64::try_from(n).unwrap_or(i64::MAX)))
-        }),
+        FlagValue::Buckets => arg.value_parser(|text: &str| parse_buckets(text).map(whole_number)),
         FlagValue::Memory => arg.value_parser(|text: &str| parse_memory_text(text).map(text_value)),
         FlagValue::Probability => arg
             .allow_negative_numbers(true)
@@ -181,8 +184,12 @@ fn text_value(text: String) -> toml::Value {
     toml::Value::String(text)
 }
 
-/// A whole number as the file writes it. Above `i64::MAX` (TOML's largest), `i64::MAX`: a
-/// count or size that large is as good as unbounded.
+/// A whole number as the file writes it, an integer; above TOML's largest, its digits (which
+/// the setting reads as its number), so that an error quotes the number typed.
+fn whole_number(n: u64) -> toml::Value {
+    i64::try_from(n).map_or_else(|_| text_value(n.to_string()), toml::Value::Integer)
+}
+
 fn integer(n: i64) -> toml::Value {
     toml::Value::Integer(n)
 }
@@ -308,5 +315,32 @@ mod tests {
                 setting.key
             );
         }
+    }
+
+    #[test]
+    fn a_number_above_tomls_largest_is_quoted_as_typed() {
+        use clap::Parser as _;
+        let args = [
+            "nsq-dedupe",
+            "run",
+            "--topic",
+            "t",
+            "--nsqd-tcp-address",
+            "a:1",
+            "--buckets",
+            "18446744073709551615",
+        ];
+        let cli = crate::cli::Cli::try_parse_from(args).unwrap();
+        let crate::cli::Command::Run(run) = cli.command else {
+            panic!("not run")
+        };
+        let mut raw = nsq_dedupe::config::RawConfig::default();
+        run.apply(&mut raw, &crate::cli::FromEnv::default());
+        assert_eq!(raw.store.buckets, Some(u64::MAX));
+        assert!(raw
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("invalid `--buckets` = 18446744073709551615: "));
     }
 }
