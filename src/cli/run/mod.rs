@@ -140,8 +140,13 @@ mod tests {
         settings_over(RawConfig::default(), flags)
     }
 
-    /// The settings of `run` with `flags` laid over the config file `file`.
-    fn settings_over(mut file: RawConfig, flags: &[&str]) -> nsq_dedupe::Settings {
+    /// The file-less config of `run` with `flags`, not yet validated.
+    fn applied(flags: &[&str]) -> RawConfig {
+        applied_over(RawConfig::default(), flags)
+    }
+
+    /// `flags` of `run` (with a topic and an nsqd) laid over the config file `file`.
+    fn applied_over(mut file: RawConfig, flags: &[&str]) -> RawConfig {
         let args = [
             "nsq-dedupe",
             "run",
@@ -155,7 +160,23 @@ mod tests {
             panic!("not run")
         };
         run.apply(&mut file, &crate::cli::FromEnv::default());
-        file.validate().unwrap()
+        file
+    }
+
+    #[test]
+    fn a_number_above_tomls_largest_is_quoted_as_typed() {
+        let raw = applied(&["--buckets", "18446744073709551615"]);
+        assert_eq!(raw.store.buckets, Some(u64::MAX));
+        assert!(raw
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("invalid `--buckets` = 18446744073709551615: "));
+    }
+
+    /// The settings of `run` with `flags` laid over the config file `file`.
+    fn settings_over(file: RawConfig, flags: &[&str]) -> nsq_dedupe::Settings {
+        applied_over(file, flags).validate().unwrap()
     }
 
     #[test]
@@ -301,22 +322,8 @@ mod tests {
             config.password,
             Some(nsq_dedupe::RedisPassword::new("in-url"))
         );
-        let args = [
-            "nsq-dedupe",
-            "run",
-            "--topic",
-            "t",
-            "--nsqd-tcp-address",
-            "a:1",
-        ];
         let bad = ["--store", "redis", "--redis-url", "http://user:hunter2@h:1"];
-        let cli = Cli::try_parse_from(args.iter().chain(&bad)).unwrap();
-        let Command::Run(run) = cli.command else {
-            panic!("not run")
-        };
-        let mut raw = RawConfig::default();
-        run.apply(&mut raw, &crate::cli::FromEnv::default());
-        let error = raw.validate().unwrap_err().to_string();
+        let error = applied(&bad).validate().unwrap_err().to_string();
         assert!(
             error.contains("--redis-url") || error.contains("redis_urls"),
             "{error}"

@@ -316,31 +316,4 @@ mod tests {
             );
         }
     }
-
-    #[test]
-    fn a_number_above_tomls_largest_is_quoted_as_typed() {
-        use clap::Parser as _;
-        let args = [
-            "nsq-dedupe",
-            "run",
-            "--topic",
-            "t",
-            "--nsqd-tcp-address",
-            "a:1",
-            "--buckets",
-            "18446744073709551615",
-        ];
-        let cli = crate::cli::Cli::try_parse_from(args).unwrap();
-        let crate::cli::Command::Run(run) = cli.command else {
-            panic!("not run")
-        };
-        let mut raw = nsq_dedupe::config::RawConfig::default();
-        run.apply(&mut raw, &crate::cli::FromEnv::default());
-        assert_eq!(raw.store.buckets, Some(u64::MAX));
-        assert!(raw
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .starts_with("invalid `--buckets` = 18446744073709551615: "));
-    }
 }
