@@ -42,21 +42,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (Some(nsqd), Some(topic)) = (args.next(), args.next()) else {
         return Ok(());
     };
-    let settings = Settings::from_toml(&format!(
-        r#"
-        [source]
-        nsqd_tcp_addresses = ["{nsqd}"]
-        topic = "{topic}"
-        [dedupe]
-        key = "json:/id"
-        [store]
-        probability = 0.99
-        rate = 100
-        window = "10m"
-        [metrics]
-        address = "127.0.0.1:0"
-        "#
-    ))?;
+    let settings = Settings::builder()
+        .source(|source| source.nsqd_tcp_addresses(vec![nsqd]).topic(topic))
+        .dedupe(|dedupe| dedupe.key("json:/id"))
+        .store(|store| {
+            store
+                .probability(0.99)
+                .rate(100.0)
+                .window(std::time::Duration::from_secs(600))
+        })
+        .metrics(|metrics| metrics.address("127.0.0.1:0"))
+        .build()?;
     let handler = |body: Bytes| async move {
         // Your work here. An error is retried with backoff (`Retry`), or sent to the
         // dead-letter (`Reject`); `Ok` FINishes the message.

@@ -6,26 +6,50 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
-
+use super::setting::{names, section, FlagValue, Only};
 use super::source::Source;
 use super::{invalid, quote, ConfigError, Dur};
 use crate::dedup::digest::{DigestAlgorithm, DigestKey, KeySpec, Keyer};
 use crate::pipeline::{InFlightPolicy, Policy, StoreErrorPolicy};
 
-/// `[dedupe]`.
-#[allow(missing_docs)]
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawDedupe {
-    pub key: Option<String>,
-    pub digest: Option<String>,
-    pub digest_key_file: Option<PathBuf>,
-    pub on_in_flight: Option<InFlightPolicy>,
-    pub in_flight_requeue_delay: Option<Dur>,
-    pub on_store_error: Option<StoreErrorPolicy>,
-    pub store_error_requeue_delay: Option<Dur>,
-    pub max_age: Option<Dur>,
+const IN_FLIGHT_POLICIES: [&str; 2] = names(&InFlightPolicy::NAMES);
+const STORE_ERROR_POLICIES: [&str; 2] = names(&StoreErrorPolicy::NAMES);
+
+/// Settings of a copy that is requeued, not finished, when its original is in flight.
+const REQUEUE_IN_FLIGHT: Only = Only::one("dedupe.on_in_flight", &["requeue"]);
+
+/// Settings of a message that is requeued, not processed, when the store fails.
+const REQUEUE_ON_STORE_ERROR: Only = Only::one("dedupe.on_store_error", &["requeue"]);
+
+section! {
+    /// `[dedupe]`: how bodies are keyed and what happens to each outcome.
+    pub struct RawDedupe in "dedupe", heading "De-duplication" {
+        /// Key of a body: `body` or `json:<pointer>`.
+        key: String, flag("key", rank: 1, value_name: "KEY");
+        /// Digest of the key: `xxh3`, `xxh3:<seed>`, `md5`, or `blake3` with --digest-key-file.
+        digest: String, flag("digest", rank: 2, value_name: "DIGEST");
+        /// File with a 32-byte key (raw or 64 hex digits): digests become keyed BLAKE3, which
+        /// nobody without the key can predict. Every consumer sharing a Memcached table needs the
+        /// same key.
+        digest_key_file: PathBuf, flag("digest-key-file", rank: 4, value_name: "FILE", value: FlagValue::Path);
+        /// A copy whose original is being handled: requeue it (default) or finish it.
+        on_in_flight: InFlightPolicy,
+            flag("on-in-flight", rank: 5, value_name: "POLICY", value: FlagValue::Names(&IN_FLIGHT_POLICIES));
+        /// Requeue delay of such a copy (default 1s).
+        in_flight_requeue_delay: Dur, only(&REQUEUE_IN_FLIGHT),
+            flag("in-flight-requeue-delay", rank: 6, value_name: "DURATION", value: FlagValue::Duration);
+        /// When the store fails: requeue the message (default) or process it without
+        /// de-duplication.
+        on_store_error: StoreErrorPolicy,
+            flag("on-store-error", rank: 7, value_name: "POLICY", value: FlagValue::Names(&STORE_ERROR_POLICIES));
+        /// Requeue delay after a store error (default 1s).
+        store_error_requeue_delay: Dur, only(&REQUEUE_ON_STORE_ERROR),
+            flag("store-error-requeue-delay", rank: 8, value_name: "DURATION", value: FlagValue::Duration);
+        /// Copies arriving longer after their original than this (such as 10m) pass again:
+        /// for bodies that repeat on purpose. Off by default.
+        max_age: Dur, only(&super::store::TABLE),
+            flag("max-age", rank: 3, value_name: "DURATION", value: FlagValue::Duration);
+    }
 }
 
 impl RawDedupe {
@@ -101,7 +125,7 @@ pub fn read_digest_key(key: &'static str, path: &Path) -> Result<DigestKey, Conf
 
 impl RawDedupe {
     /// `dedupe.max_age`: done entries older than this count as not seen.
-    pub(super) fn max_age(&self) -> Result<Option<Duration>, ConfigError> {
+    pub(super) fn max_age_duration(&self) -> Result<Option<Duration>, ConfigError> {
         match self.max_age {
             None => Ok(None),
             Some(Dur(age)) if age < Duration::from_secs(1) => Err(invalid(

@@ -99,21 +99,25 @@
 //! settings) belong to the components and are only called from here:
 //! `source` (`[source]`), `dedupe` (`[dedupe]`), `store` (`[store]`), `sink` (`[sink]` and
 //! `[dead_letter]`), `service` (`[metrics]`, `[shutdown]`) and `nsq_opts` (`[consumer_opt]`,
-//! `[producer_opt]`). Rules shared by sections have their own: `output_name` (an output file
-//! name must not ask for a compression the file will not have), `unused` (a setting the others
-//! leave unused) and `toml_error` (the parser's message, naming the key).
+//! `[producer_opt]`). Rules shared by sections have their own: `setting` (each setting defined
+//! once: key, flag, help and the kinds it belongs to, from which the binary makes its flags),
+//! `output_name` (an output file name must not ask for a compression the file will not have),
+//! `unused` (a setting the others leave unused), `flag_origins` (which flag gave which key) and `toml_error` (the parser's message, naming
+//! the key).
 
+mod builder;
 mod dedupe;
+mod flag_origins;
 mod nsq_opts;
 mod output_name;
 mod service;
+pub mod setting;
 mod sink;
 mod source;
 mod store;
 mod toml_error;
 mod unused;
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -125,7 +129,9 @@ use crate::dedup::Geometry;
 use crate::nsq::ConsumerConfig;
 use crate::pipeline::Policy;
 
+pub use builder::SettingsBuilder;
 pub use dedupe::{read_digest_key, RawDedupe};
+pub use flag_origins::FlagOrigins;
 pub use nsq_opts::{option_key, RawNsqOpts, OPTION_NAMES};
 pub use service::{RawMetrics, RawShutdown};
 pub use sink::{
@@ -133,6 +139,20 @@ pub use sink::{
 };
 pub use source::RawSource;
 pub use store::{RawStore, StoreKind, StoreSettings, TableFileSettings, DEFAULT_WINDOW};
+
+use setting::Section as _;
+
+/// The settings of every section defined by its table, in the order of `run --help`: what the
+/// flags, the guide's flag table and the man page are checked against.
+pub const SECTIONS: [&[setting::Setting]; 7] = [
+    RawSource::SETTINGS,
+    RawNsqOpts::SETTINGS,
+    RawDedupe::SETTINGS,
+    RawStore::SETTINGS,
+    RawSink::SETTINGS,
+    RawMetrics::SETTINGS,
+    RawShutdown::SETTINGS,
+];
 
 /// A configuration that cannot be used. Each message names what the user typed: the flag when
 /// the value came from a flag, else the config key.
@@ -237,7 +257,7 @@ impl ConfigError {
             ConfigError::Required { key, with, .. } => ConfigError::Required {
                 key,
                 with: flags.rename(&with),
-                flag: flags.known.get(key).copied(),
+                flag: flags.flag_of(key),
             },
             other => other,
         }
@@ -268,98 +288,9 @@ fn flag_list(flags: &[&str]) -> String {
         .join(" or ")
 }
 
-/// Which config keys were set by which flag, so that errors name what the user typed: the
-/// flag, or the environment variable the flag took its value from.
-#[derive(Debug, Clone, Default)]
-pub struct FlagOrigins {
-    /// Keys a flag set, with that flag (or its variable).
-    given: BTreeMap<&'static str, &'static str>,
-    /// Every key that has a flag, with the flag.
-    known: BTreeMap<&'static str, &'static str>,
-    /// Whether a config file was read: without one, every setting is named by its flag.
-    file: bool,
-}
-
-impl FlagOrigins {
-    /// Records that `flag` sets `key` (as `section.name`); `given` when it did here.
-    pub fn record(&mut self, key: &'static str, flag: &'static str, given: bool) {
-        self.known.insert(key, flag);
-        if given {
-            self.given.insert(key, flag);
-        }
-    }
-
-    /// Records that `key`, which a flag sets, was given by the flag's environment variable
-    /// (such as `NSQ_DEDUPE_WAYS`), and is to be named by it.
-    pub fn record_variable(&mut self, key: &'static str, variable: &'static str) {
-        self.given.insert(key, variable);
-    }
-
-    /// Records that the settings come from a config file as well as from flags.
-    pub fn with_file(&mut self) {
-        self.file = true;
-    }
-
-    /// The flag that set `key`, if one did.
-    pub fn flag_for(&self, key: &str) -> Option<&'static str> {
-        self.given.get(key).copied()
-    }
-
-    /// The flag to name `key` by: the one that set it, or with no config file the one that
-    /// sets it.
-    fn naming(&self, key: &str) -> Option<&'static str> {
-        self.flag_for(key)
-            .or_else(|| (!self.file).then(|| self.known.get(key).copied()).flatten())
-    }
-
-    /// How the user gave the setting of `flag`: its environment variable, when the value came
-    /// from there.
-    fn given_by_flag(&self, flag: &str) -> Option<&'static str> {
-        self.known
-            .iter()
-            .filter(|(_, known)| **known == flag)
-            .find_map(|(key, _)| self.given.get(key).copied())
-    }
-
-    /// `text` with each setting in backquotes named as the user gives it: `` `source.backoff` ``
-    /// as `` `--backoff` `` when that flag set it (or there is no config file), as
-    /// `` `NSQ_DEDUPE_BACKOFF` `` when the flag's variable did (and so is `` `--backoff` ``), and
-    /// `` `store.kind = "memcached"` `` as `` `--store memcached` `` (or
-    /// `` `NSQ_DEDUPE_STORE=memcached` ``).
-    pub fn rename(&self, text: &str) -> String {
-        let mut pieces: Vec<String> = text.split('`').map(str::to_owned).collect();
-        for piece in pieces.iter_mut().skip(1).step_by(2) {
-            let (key, value) = match piece.split_once(" = ") {
-                Some((key, value)) => (key, Some(value.trim_matches('"'))),
-                None => (piece.as_str(), None),
-            };
-            let Some(name) = self.naming(key).or_else(|| self.given_by_flag(key)) else {
-                continue;
-            };
-            *piece = match value {
-                None | Some("true") => name.to_owned(),
-                // `--consumer-opt deflate_level,6`, `NSQ_DEDUPE_CONSUMER_OPT=deflate_level,6`
-                Some(value) if name.contains([' ', '=']) => format!("{name},{value}"),
-                Some(value) if name.starts_with("--") => format!("{name} {value}"),
-                Some(value) => format!("{name}={value}"),
-            };
-        }
-        // A message that names a setting both ways, "`--x` (`section.x`)" or "`--x` /
-        // `section.x`", now names it twice: once is enough.
-        let mut i = 1;
-        while i + 3 < pieces.len() {
-            let (this, between, next) = (&pieces[i], &pieces[i + 1], &pieces[i + 2]);
-            let in_brackets = between == " (" && pieces[i + 3].starts_with(')');
-            if this == next && (between == " / " || in_brackets) {
-                if in_brackets {
-                    pieces[i + 3].remove(0);
-                }
-                pieces.drain(i + 1..i + 3);
-            } else {
-                i += 2;
-            }
-        }
-        pieces.join("`")
+impl From<Duration> for Dur {
+    fn from(duration: Duration) -> Self {
+        Dur(duration)
     }
 }
 
@@ -506,15 +437,15 @@ impl RawConfig {
         let (producer, _) = self.producer_opt.validate(nsq_opts::Side::Producer)?;
         let (keyer, policy) = self.dedupe.validate(&source)?;
         let (mut store, window) = self.store.validate(source.msg_timeout)?;
-        let table_file = self.store.table_file()?;
-        let near_table = self.store.near_table(match &store {
+        let table_file = self.store.table_file_settings()?;
+        let near_table = self.store.near_table_geometry(match &store {
             StoreSettings::Memcached(_, geometry)
             | StoreSettings::Redis(_, geometry)
             | StoreSettings::Memory(geometry) => *geometry,
             StoreSettings::None => Geometry::new(Geometry::DEFAULT_SLOTS, 8)
                 .expect("the default size is valid for every supported way count"),
         })?;
-        let max_age = self.dedupe.max_age()?;
+        let max_age = self.dedupe.max_age_duration()?;
         if let StoreSettings::Memcached(config, _) = &mut store {
             config.max_age = max_age;
         }
@@ -680,43 +611,6 @@ mod tests {
             e,
             "`dedupe.digest_key_file` is required: set it in the config file or pass \
              `--digest-key-file`"
-        );
-    }
-
-    #[test]
-    fn settings_are_renamed_as_the_user_gave_them() {
-        let mut names = FlagOrigins::default();
-        names.record("source.backoff", "--backoff", true);
-        names.record("store.kind", "--store", false);
-        names.record(
-            "consumer_opt.deflate_level",
-            "--consumer-opt deflate_level",
-            true,
-        );
-        let text = "`source.backoff`, `store.kind = \"memcached\"`, `--backoff` \
-                    (`source.backoff`), `consumer_opt.deflate_level = 6`, `dedupe.key`";
-        assert_eq!(
-            names.rename(text),
-            "`--backoff`, `--store memcached`, `--backoff`, `--consumer-opt deflate_level,6`, \
-             `dedupe.key`"
-        );
-        // A flag's value from its environment variable is named by the variable, as a key
-        // and as a flag.
-        names.record("source.msg_timeout", "--msg-timeout", true);
-        names.record_variable("source.msg_timeout", "NSQ_DEDUPE_MSG_TIMEOUT");
-        names.record("sink.kind", "--sink", true);
-        names.record_variable("sink.kind", "NSQ_DEDUPE_SINK");
-        assert_eq!(
-            names.rename(
-                "set `--msg-timeout` (`source.msg_timeout`), `sink.kind = \"http\"`, `--sink`"
-            ),
-            "set `NSQ_DEDUPE_MSG_TIMEOUT`, `NSQ_DEDUPE_SINK=http`, `NSQ_DEDUPE_SINK`"
-        );
-        // With a config file, a setting no flag gave keeps its key.
-        names.with_file();
-        assert_eq!(
-            names.rename("`store.kind` / `--store`, `source.backoff`"),
-            "`store.kind` / `--store`, `--backoff`"
         );
     }
 

@@ -13,32 +13,50 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Deserialize;
-
+use super::setting::{section, FlagValue, Section as _};
 use super::{invalid, ConfigError, Dur};
 use crate::nsq::{AuthSecret, Compression, Transport};
 use crate::tls::{TlsSettings, TlsVersion};
 
-/// The options as written, go-nsq's names.
-#[allow(missing_docs)]
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawNsqOpts {
-    pub tls_v1: Option<bool>,
-    pub tls_root_ca_file: Option<PathBuf>,
-    pub tls_insecure_skip_verify: Option<bool>,
-    pub tls_cert: Option<PathBuf>,
-    pub tls_key: Option<PathBuf>,
-    pub tls_min_version: Option<String>,
-    pub snappy: Option<bool>,
-    pub deflate: Option<bool>,
-    pub deflate_level: Option<u32>,
-    pub auth_secret: Option<String>,
-    pub auth_secret_file: Option<PathBuf>,
-    pub user_agent: Option<String>,
-    pub output_buffer_size: Option<i64>,
-    pub output_buffer_timeout: Option<Dur>,
-    pub sample_rate: Option<u8>,
+section! {
+    /// The options as written, go-nsq's names. The flags are the consumer's, `consumer_opt.*`;
+    /// `--producer-opt KEY,VALUE` sets the producers'.
+    pub struct RawNsqOpts in "consumer_opt", heading "NSQ connection" {
+        /// Consume over TLS; nsqd must have a certificate.
+        tls_v1: bool, flag("tls", rank: 1, value: FlagValue::Switch);
+        /// PEM file of CAs trusted for nsqd's certificate, besides the system's.
+        tls_root_ca_file: PathBuf,
+            flag("tls-root-ca-file", rank: 2, value_name: "FILE", value: FlagValue::Path);
+        /// Accept any certificate of nsqd (tests only: anyone on the path can read the traffic).
+        tls_insecure_skip_verify: bool,
+            flag("tls-insecure-skip-verify", rank: 5, value: FlagValue::Switch);
+        /// PEM client certificate, for nsqd's --tls-client-auth-policy.
+        tls_cert: PathBuf, flag("tls-cert", rank: 3, value_name: "FILE", value: FlagValue::Path);
+        /// PEM key of --tls-cert.
+        tls_key: PathBuf, flag("tls-key", rank: 4, value_name: "FILE", value: FlagValue::Path);
+        /// Lowest TLS version: tls1.2 (default) or tls1.3.
+        tls_min_version: String, flag("tls-min-version", rank: 6, value_name: "VERSION");
+        /// Compress with snappy (exclusive with --deflate).
+        snappy: bool, flag("snappy", rank: 7, value: FlagValue::Switch);
+        /// Compress with deflate.
+        deflate: bool, flag("deflate", rank: 8, value: FlagValue::Switch);
+        /// Deflate level 1-9 (default 6; implies --deflate).
+        deflate_level: u32, flag("deflate-level", rank: 9, value_name: "N", value: FlagValue::Small);
+        /// AUTH secret for an nsqd with --auth-http-address; prefer the environment variable or
+        /// --auth-secret-file, which stay out of process listings.
+        auth_secret: String, flag("auth-secret", rank: 10, value_name: "SECRET");
+        /// File holding the AUTH secret.
+        auth_secret_file: PathBuf,
+            flag("auth-secret-file", rank: 11, value_name: "FILE", value: FlagValue::Path);
+        /// The user agent IDENTIFY sends.
+        user_agent: String;
+        /// nsqd's output buffer size for this consumer, in bytes (-1: off).
+        output_buffer_size: i64;
+        /// nsqd's output buffer timeout for this consumer.
+        output_buffer_timeout: Dur;
+        /// The percentage of messages nsqd sends this consumer, 1 to 99 (0: all of them).
+        sample_rate: u8;
+    }
 }
 
 /// Whose options: the consumer's or the producers'.
@@ -109,33 +127,11 @@ pub(super) struct Identity {
 
 impl RawNsqOpts {
     /// Each option's key on `side`, with whether it was given.
-    pub(super) fn given(&self, side: Side) -> Vec<(&'static str, bool)> {
-        [
-            ("tls_v1", self.tls_v1.is_some()),
-            ("tls_root_ca_file", self.tls_root_ca_file.is_some()),
-            (
-                "tls_insecure_skip_verify",
-                self.tls_insecure_skip_verify.is_some(),
-            ),
-            ("tls_cert", self.tls_cert.is_some()),
-            ("tls_key", self.tls_key.is_some()),
-            ("tls_min_version", self.tls_min_version.is_some()),
-            ("snappy", self.snappy.is_some()),
-            ("deflate", self.deflate.is_some()),
-            ("deflate_level", self.deflate_level.is_some()),
-            ("auth_secret", self.auth_secret.is_some()),
-            ("auth_secret_file", self.auth_secret_file.is_some()),
-            ("user_agent", self.user_agent.is_some()),
-            ("output_buffer_size", self.output_buffer_size.is_some()),
-            (
-                "output_buffer_timeout",
-                self.output_buffer_timeout.is_some(),
-            ),
-            ("sample_rate", self.sample_rate.is_some()),
-        ]
-        .into_iter()
-        .map(|(name, given)| (key(side, name), given))
-        .collect()
+    pub(super) fn given_keys(&self, side: Side) -> Vec<(&'static str, bool)> {
+        Self::SETTINGS
+            .iter()
+            .map(|setting| (key(side, setting.name), self.given(setting.name)))
+            .collect()
     }
 
     /// Checks the options and builds the transport and IDENTIFY details for `side`.

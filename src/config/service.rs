@@ -3,8 +3,7 @@
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
-use serde::Deserialize;
-
+use super::setting::{section, FlagValue};
 use super::{invalid, quote, ConfigError, Dur};
 
 /// Where metrics are served when `metrics.address` is not given.
@@ -16,21 +15,23 @@ pub(crate) const DEFAULT_STATUS_INTERVAL: Duration = Duration::from_secs(10);
 /// How long running handlers may finish at shutdown when `shutdown.grace` is not given.
 pub(crate) const DEFAULT_GRACE: Duration = Duration::from_secs(10);
 
-/// `[metrics]`.
-#[allow(missing_docs)]
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawMetrics {
-    pub address: Option<String>,
-    pub status_interval: Option<Dur>,
+section! {
+    /// `[metrics]`: how the service reports.
+    pub struct RawMetrics in "metrics", heading "Service" {
+        /// Where to serve Prometheus metrics: host:port, :port (every IPv4 interface) or `off`.
+        address: String, flag("metrics-address", value_name: "ADDR");
+        /// How often the one-line status is logged (default 10s).
+        status_interval: Dur,
+            flag("status-interval", value_name: "DURATION", value: FlagValue::Duration);
+    }
 }
 
-/// `[shutdown]`.
-#[allow(missing_docs)]
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawShutdown {
-    pub grace: Option<Dur>,
+section! {
+    /// `[shutdown]`: how the service stops.
+    pub struct RawShutdown in "shutdown", heading "Service" {
+        /// How long running handlers may finish at shutdown (default 10s).
+        grace: Dur, flag("shutdown-grace", value_name: "DURATION", value: FlagValue::Duration);
+    }
 }
 
 /// The validated `[metrics]` and `[shutdown]`.

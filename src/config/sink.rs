@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::setting::{names, section, FlagValue, Only};
 use super::source::RawSource;
 use super::{check_host_port, check_name, invalid, output_name, quote, ConfigError, Dur};
 use crate::http::{check_url, HttpClientConfig};
@@ -37,6 +38,18 @@ impl OneOrMany {
     }
 }
 
+impl From<Vec<String>> for OneOrMany {
+    fn from(many: Vec<String>) -> Self {
+        OneOrMany::Many(many)
+    }
+}
+
+impl From<String> for OneOrMany {
+    fn from(one: String) -> Self {
+        OneOrMany::One(one)
+    }
+}
+
 /// Where unique messages go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -62,6 +75,11 @@ impl SinkKind {
         ("file", SinkKind::File),
         ("null", SinkKind::Null),
     ];
+
+    /// The kind's name in the config file and on the command line.
+    pub fn name(self) -> &'static str {
+        super::setting::name_of(&Self::NAMES, self)
+    }
 }
 
 /// Where undeliverable messages go.
@@ -74,37 +92,104 @@ pub enum DeadLetterKind {
     File,
 }
 
-/// `[sink]`.
-#[allow(missing_docs)]
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawSink {
-    pub kind: Option<SinkKind>,
-    pub destination_nsqd_tcp_addresses: Option<Vec<String>>,
-    pub destination_topic: Option<String>,
-    pub post: Option<OneOrMany>,
-    pub mode: Option<HttpMode>,
-    pub headers: Option<BTreeMap<String, String>>,
-    pub content_type: Option<String>,
-    pub http_client_connect_timeout: Option<Dur>,
-    pub http_client_request_timeout: Option<Dur>,
-    pub http_client_tls_root_ca_file: Option<PathBuf>,
-    pub http_concurrency: Option<usize>,
-    pub http_idempotency_header: Option<String>,
-    pub http_batch_size: Option<usize>,
-    pub http_batch_timeout: Option<Dur>,
-    pub http_batch_format: Option<BatchFormat>,
-    pub output_dir: Option<PathBuf>,
-    pub work_dir: Option<PathBuf>,
-    pub filename_format: Option<String>,
-    pub datetime_format: Option<String>,
-    pub rotate_interval: Option<Dur>,
-    pub rotate_size: Option<String>,
-    pub gzip: Option<bool>,
-    pub gzip_level: Option<u32>,
-    pub sync_interval: Option<Dur>,
-    pub host_identifier: Option<String>,
-    pub skip_empty_files: Option<bool>,
+/// The settings of the http sink only.
+const HTTP: Only = Only::one("sink.kind", &["http"]);
+
+/// The settings of the nsq sink only.
+const NSQ: Only = Only::one("sink.kind", &["nsq"]);
+
+/// The settings of the file sink only.
+const FILE: Only = Only::one("sink.kind", &["file"]);
+
+const SINK_KINDS: [&str; 5] = names(&SinkKind::NAMES);
+const HTTP_MODES: [&str; 2] = names(&HttpMode::NAMES);
+const BATCH_FORMATS: [&str; 2] = names(&BatchFormat::NAMES);
+
+/// The file sink's flags are listed under their own heading.
+const FILE_HEADING: &str = "File sink (as nsq_to_file)";
+
+section! {
+    /// `[sink]`. The http sink's flags are `nsq_to_http`'s, the file sink's `nsq_to_file`'s.
+    pub struct RawSink in "sink", heading "Sink" {
+        /// Where unique messages go.
+        kind: SinkKind, flag("sink", value_name: "SINK", value: FlagValue::Names(&SINK_KINDS));
+        /// nsqd TCP address to publish to (repeatable, or comma-separated; nsq sink).
+        destination_nsqd_tcp_addresses: Vec<String>, only(&NSQ),
+            flag("destination-nsqd-tcp-address", value_name: "ADDR", value: FlagValue::List { delimiter: Some(',') });
+        /// Topic to publish to (nsq sink).
+        destination_topic: String, only(&NSQ), flag("destination-topic", value_name: "TOPIC");
+        /// URL to POST each message to, http:// or https:// (repeatable; http sink).
+        post: OneOrMany, only(&HTTP),
+            flag("post", value_name: "URL", value: FlagValue::List { delimiter: None });
+        /// With several --post: each message to one URL in turn, or to every URL.
+        mode: HttpMode, only(&HTTP),
+            flag("mode", value_name: "MODE", value: FlagValue::Names(&HTTP_MODES));
+        /// A header of every POST, as "Name: value" (repeatable).
+        headers: BTreeMap<String, String>, only(&HTTP),
+            flag("header", value_name: "HEADER", value: FlagValue::Header);
+        /// Content-Type of every POST (default application/octet-stream).
+        content_type: String, only(&HTTP), flag("content-type", value_name: "TYPE");
+        /// Bound on connecting to an http sink URL (default 2s).
+        http_client_connect_timeout: Dur, only(&HTTP),
+            flag("http-client-connect-timeout", value_name: "DURATION", value: FlagValue::Duration);
+        /// Bound on one POST, answer included (default 10s).
+        http_client_request_timeout: Dur, only(&HTTP),
+            flag("http-client-request-timeout", value_name: "DURATION", value: FlagValue::Duration);
+        /// PEM file of CA certificates trusted for https:// besides the system's.
+        http_client_tls_root_ca_file: PathBuf, only(&HTTP),
+            flag("http-client-tls-root-ca-file", value_name: "FILE", value: FlagValue::Path);
+        /// Most requests in flight, and connections open, per http sink endpoint; more records
+        /// wait (default 100). Fewer while connects to the endpoint stall.
+        http_concurrency: usize,
+            flag("http-concurrency", alias: Some("n"), value_name: "N", value: FlagValue::Count);
+        /// Header carrying each request's idempotency key (the body's digest), or "off" (default
+        /// Idempotency-Key).
+        http_idempotency_header: String, flag("http-idempotency-header", value_name: "NAME|off");
+        /// Records per POST (default 1: each body as it is).
+        http_batch_size: usize, flag("http-batch-size", value_name: "N", value: FlagValue::Count);
+        /// How long a batch that is not full waits for more records (default 100ms): a burst's
+        /// full batches go at once, the rest joins the records that follow.
+        http_batch_timeout: Dur,
+            flag("http-batch-timeout", value_name: "DURATION", value: FlagValue::Duration);
+        /// How a batch's records make one body: each followed by a newline (nsqd's /mpub,
+        /// NDJSON), or a JSON array (default lines).
+        http_batch_format: BatchFormat,
+            flag("http-batch-format", value_name: "FORMAT", value: FlagValue::Names(&BATCH_FORMATS));
+        /// Directory closed files go to.
+        output_dir: PathBuf, only(&FILE),
+            flag("output-dir", heading: FILE_HEADING, value_name: "DIR", value: FlagValue::Path);
+        /// Directory files are written in until closed (default: the output dir).
+        work_dir: PathBuf, only(&FILE),
+            flag("work-dir", heading: FILE_HEADING, value_name: "DIR", value: FlagValue::Path);
+        /// File name with <TOPIC>, <HOST>, <REV>, <DATETIME>, <PID> (default
+        /// <TOPIC>.<HOST><REV>.<DATETIME>.log).
+        filename_format: String, only(&FILE),
+            flag("filename-format", heading: FILE_HEADING, value_name: "FORMAT");
+        /// <DATETIME> as strftime, UTC (default %Y-%m-%d_%H: a file per hour).
+        datetime_format: String, only(&FILE),
+            flag("datetime-format", heading: FILE_HEADING, value_name: "FORMAT");
+        /// Close a file after this long.
+        rotate_interval: Dur, only(&FILE),
+            flag("rotate-interval", heading: FILE_HEADING, value_name: "DURATION", value: FlagValue::Duration);
+        /// Close a file at this size, such as 100MiB.
+        rotate_size: String, only(&FILE),
+            flag("rotate-size", heading: FILE_HEADING, value_name: "SIZE");
+        /// Gzip the files (a member per sync).
+        gzip: bool, only(&FILE), flag("gzip", heading: FILE_HEADING, value: FlagValue::Switch);
+        /// Gzip level 1-9 (default 6; implies --gzip).
+        gzip_level: u32, only(&FILE),
+            flag("gzip-level", heading: FILE_HEADING, value_name: "N", value: FlagValue::Small);
+        /// Gather records this long before each write and fsync (default 0: as soon as the disk is
+        /// free); longer means fewer fsyncs and later FINs.
+        sync_interval: Dur, only(&FILE),
+            flag("sync-interval", heading: FILE_HEADING, value_name: "DURATION", value: FlagValue::Duration);
+        /// <HOST> in file names (default: the short host name).
+        host_identifier: String, only(&FILE),
+            flag("host-identifier", heading: FILE_HEADING, value_name: "NAME");
+        /// Remove files that got no record instead of keeping them.
+        skip_empty_files: bool, only(&FILE),
+            flag("skip-empty-files", heading: FILE_HEADING, value: FlagValue::Switch);
+    }
 }
 
 /// `[dead_letter]`.

@@ -6,8 +6,7 @@
 
 use std::time::Duration;
 
-use serde::Deserialize;
-
+use super::setting::{section, FlagValue};
 use super::{check_host_port, check_name, invalid, quote, ConfigError, Dur};
 use crate::nsq::ConsumerConfig;
 use crate::pipeline::Policy;
@@ -23,22 +22,36 @@ pub(crate) const DEFAULT_MAX_IN_FLIGHT: u32 = 200;
 /// store's lease can be derived from it.
 pub(crate) const DEFAULT_MSG_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// `[source]`.
-#[allow(missing_docs)]
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawSource {
-    pub nsqd_tcp_addresses: Option<Vec<String>>,
-    pub lookupd_http_addresses: Option<Vec<String>>,
-    pub topic: Option<String>,
-    pub channel: Option<String>,
-    pub max_in_flight: Option<u32>,
-    pub msg_timeout: Option<Dur>,
-    pub max_attempts: Option<u16>,
-    pub backoff: Option<Dur>,
-    pub max_backoff: Option<Dur>,
-    pub heartbeat_interval: Option<Dur>,
-    pub lookupd_poll_interval: Option<Dur>,
+section! {
+    /// `[source]`: what to consume.
+    pub struct RawSource in "source", heading "Source" {
+        /// nsqd TCP address to consume from (repeatable, or comma-separated).
+        nsqd_tcp_addresses: Vec<String>,
+            flag("nsqd-tcp-address", value_name: "ADDR", value: FlagValue::List { delimiter: Some(',') });
+        /// nsqlookupd HTTP address, host:port or http:// URL (repeatable, or comma-separated).
+        lookupd_http_addresses: Vec<String>,
+            flag("lookupd-http-address", value_name: "ADDR", value: FlagValue::List { delimiter: Some(',') });
+        /// Topic to consume.
+        topic: String, flag("topic", value_name: "TOPIC");
+        /// Channel to consume (default nsq-dedupe).
+        channel: String, flag("channel", value_name: "CHANNEL");
+        /// Messages in flight at once (default 200).
+        max_in_flight: u32, flag("max-in-flight", value_name: "N", value: FlagValue::InFlight);
+        /// nsqd's redelivery timeout for this consumer, such as 60s.
+        msg_timeout: Dur, flag("msg-timeout", value_name: "DURATION", value: FlagValue::Duration);
+        /// Deliveries before a failing message goes to the dead-letter (default 5).
+        max_attempts: u16, flag("max-attempts", value_name: "N", value: FlagValue::Attempts);
+        /// First requeue delay and consumer pause after a handler failure, doubling (default 1s).
+        backoff: Dur, flag("backoff", value_name: "DURATION", value: FlagValue::Duration);
+        /// Longest requeue delay and pause (default 2m).
+        max_backoff: Dur, flag("max-backoff", value_name: "DURATION", value: FlagValue::Duration);
+        /// Heartbeat interval asked of nsqd, 1s to 60s (default 30s).
+        heartbeat_interval: Dur,
+            flag("heartbeat-interval", value_name: "DURATION", value: FlagValue::Duration);
+        /// How often nsqlookupd is polled (default 60s).
+        lookupd_poll_interval: Dur,
+            flag("lookupd-poll-interval", value_name: "DURATION", value: FlagValue::Duration);
+    }
 }
 
 /// The validated `[source]`: the consumer's settings and what the pipeline takes from them.

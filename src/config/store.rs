@@ -7,8 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Deserialize;
-
+use super::setting::{names, section, FlagValue, Only};
 use crate::dedup::table_file::OnMismatch;
 
 use super::{check_host_port, invalid, quote, ConfigError, Dur};
@@ -50,7 +49,7 @@ impl SharedSettings {
 }
 
 /// Which store keeps the table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StoreKind {
     /// The in-process table.
@@ -64,6 +63,11 @@ pub enum StoreKind {
 }
 
 impl StoreKind {
+    /// The kind's name in the config file and on the command line.
+    pub fn name(self) -> &'static str {
+        super::setting::name_of(&Self::NAMES, self)
+    }
+
     /// Whether the table lives in a store shared by many consumers (and has a near-table in
     /// front of it).
     pub fn is_shared(self) -> bool {
@@ -79,37 +83,107 @@ impl StoreKind {
     ];
 }
 
-/// `[store]`.
-#[allow(missing_docs)]
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawStore {
-    pub kind: Option<StoreKind>,
-    pub buckets: Option<u64>,
-    pub memory: Option<String>,
-    pub ways: Option<u32>,
-    pub probability: Option<f64>,
-    pub rate: Option<f64>,
-    pub window: Option<Dur>,
-    pub memcached_addresses: Option<Vec<String>>,
-    pub namespace: Option<String>,
-    pub lease: Option<Dur>,
-    pub timeout: Option<Dur>,
-    pub table_file: Option<PathBuf>,
-    pub snapshot_interval: Option<Dur>,
-    pub table_file_on_mismatch: Option<OnMismatch>,
-    pub journal_fsync: Option<bool>,
-    pub near_table: Option<String>,
-    pub eject_after: Option<String>,
-    pub redis_urls: Option<Vec<String>>,
-    pub redis_cluster: Option<bool>,
-    pub redis_tls_root_ca_file: Option<PathBuf>,
-    pub redis_password_file: Option<PathBuf>,
-    /// The Redis password from the environment ([`RedisConfig::PASSWORD_ENV`]), set by the
-    /// binary; never read from a file's text.
-    #[serde(skip)]
-    pub redis_password: Option<RedisPassword>,
-    pub fleet_interval: Option<Dur>,
+const STORE_KINDS: [&str; 4] = names(&StoreKind::NAMES);
+const ON_MISMATCH: [&str; 2] = names(&OnMismatch::NAMES);
+
+/// Settings of a table, wherever it lives.
+pub(super) const TABLE: Only =
+    Only::any("store.kind", &["memory", "memcached", "redis"], "a table");
+
+/// Settings of a table shared through Memcached or Redis.
+const SHARED: Only = Only::any("store.kind", &["memcached", "redis"], "a shared table");
+
+/// Settings of the in-process table.
+const MEMORY: Only = Only::any("store.kind", &["memory"], "the in-process table");
+
+/// Settings of Memcached.
+const MEMCACHED: Only = Only::one("store.kind", &["memcached"]);
+
+/// Settings of Redis.
+const REDIS: Only = Only::one("store.kind", &["redis"]);
+
+section! {
+    /// `[store]`: where the table lives and how large it is.
+    pub struct RawStore in "store", heading "Store" {
+        /// Where the table lives.
+        kind: StoreKind, flag("store", rank: 1, value_name: "STORE", value: FlagValue::Names(&STORE_KINDS));
+        /// Table size in slots.
+        buckets: u64, only(&TABLE),
+            flag("buckets", rank: 7, value_name: "N", value: FlagValue::Buckets,
+                 replaces: &["probability", "memory"]);
+        /// Table size as the slots' memory, such as 64MiB or 1GiB (twice that with --max-age);
+        /// rounded down to whole sets.
+        memory: String, only(&TABLE),
+            flag("memory", rank: 8, value_name: "SIZE", value: FlagValue::Memory,
+                 conflicts: &["buckets", "probability"], replaces: &["probability", "buckets"]);
+        /// Slots per set: 1, 2, 4 or 8.
+        ways: u32, only(&TABLE), flag("ways", rank: 9, value_name: "W", value: FlagValue::Ways);
+        /// Size the table for this catch probability a whole window late (with --rate and
+        /// --window).
+        probability: f64, only(&TABLE),
+            flag("probability", rank: 10, value_name: "P", value: FlagValue::Probability,
+                 conflicts: &["buckets"], replaces: &["buckets", "memory"]);
+        /// Distinct messages per second, for sizing and the reported catch probability.
+        rate: f64, only(&TABLE), flag("rate", rank: 11, value_name: "MSG/S", value: FlagValue::Rate);
+        /// How late a copy may arrive and still be caught (default 1h).
+        window: Dur, only(&TABLE),
+            flag("window", rank: 12, value_name: "DURATION", value: FlagValue::Duration);
+        /// Memcached server host:port (repeatable, or comma-separated).
+        memcached_addresses: Vec<String>, only(&MEMCACHED),
+            flag("memcached-address", rank: 2, value_name: "ADDR", value: FlagValue::List { delimiter: Some(',') });
+        /// Prefix of the shared store's keys; consumers with the same one share a table.
+        namespace: String, only(&SHARED), flag("namespace", rank: 13, value_name: "PREFIX");
+        /// How long a shared store's claim stays in flight without renewal (default msg-timeout + 5s).
+        lease: Dur, only(&SHARED),
+            flag("lease", rank: 14, value_name: "DURATION", value: FlagValue::Duration);
+        /// Bound on each Memcached network step or Redis operation (default 500ms).
+        timeout: Dur, only(&SHARED),
+            flag("store-timeout", rank: 15, value_name: "DURATION", value: FlagValue::Duration);
+        /// Keep the in-process table in this file between runs (snapshots).
+        table_file: PathBuf, only(&MEMORY),
+            flag("table-file", rank: 19, value_name: "FILE", value: FlagValue::Path);
+        /// How often the table file is written (default 10s): what a kill -9 can forget.
+        snapshot_interval: Dur,
+            flag("snapshot-interval", rank: 20, value_name: "DURATION", value: FlagValue::Duration);
+        /// A table file that does not match or is damaged: `error` (default) or `recreate` (moved
+        /// aside, start empty).
+        table_file_on_mismatch: OnMismatch,
+            flag("table-file-on-mismatch", rank: 21, value_name: "POLICY", value: FlagValue::Names(&ON_MISMATCH));
+        /// Each commit waits until its journal record is on disk: a machine crash then loses
+        /// nothing answered (a kill -9 loses nothing either way).
+        journal_fsync: bool, flag("journal-fsync", rank: 22, value: FlagValue::Switch);
+        /// With a shared store (Memcached, Redis): a local table of this size (such as 16MiB)
+        /// holding the digests this process committed, answered without a round trip; `off` for
+        /// none (default: a quarter of the table's slots, 1MiB to 64MiB).
+        near_table: String, only(&SHARED), flag("near-table", rank: 16, value_name: "SIZE");
+        /// With two Memcached servers or more: after one has failed this long, its sets go to the
+        /// next server until it answers again; `off` never ejects (default 10s).
+        eject_after: String, only(&MEMCACHED), flag("eject-after", rank: 17, value_name: "DURATION|off");
+        /// Redis URL (repeatable): `redis://[user:password@]host:port[/db]`, or `rediss://` for
+        /// TLS; several only with --redis-cluster.
+        redis_urls: Vec<String>, only(&REDIS),
+            flag("redis-url", rank: 3, value_name: "URL", value: FlagValue::List { delimiter: None });
+        /// The Redis URLs are seed nodes of a Redis Cluster.
+        redis_cluster: bool, only(&REDIS), flag("redis-cluster", rank: 4, value: FlagValue::Switch);
+        /// PEM file of CA certificates trusted for rediss:// besides the system's roots.
+        redis_tls_root_ca_file: PathBuf, only(&REDIS),
+            flag("redis-tls-root-ca-file", rank: 6, value_name: "FILE", value: FlagValue::Path);
+        /// File whose first line is the Redis password (else NSQ_DEDUPE_REDIS_PASSWORD, or the
+        /// URL's).
+        redis_password_file: PathBuf, only(&REDIS),
+            flag("redis-password-file", rank: 5, value_name: "FILE", value: FlagValue::Path);
+        /// With Memcached or Redis: how often this consumer adds its distinct count to the fleet's counters
+        /// in the store (default 10s); the fleet's rate covers 6 of them and is reported after 7.
+        /// The same in every consumer of the table.
+        fleet_interval: Dur, only(&SHARED),
+            flag("fleet-interval", rank: 18, value_name: "DURATION", value: FlagValue::Duration);
+    }
+    extra {
+        /// The Redis password from the environment ([`RedisConfig::PASSWORD_ENV`]), set by the
+        /// binary; never read from a file's text.
+        #[serde(skip)]
+        pub redis_password: Option<RedisPassword>,
+    }
 }
 
 /// How often the in-process table is written to its file when no interval is given: after a
@@ -147,7 +221,10 @@ pub enum StoreSettings {
 impl RawStore {
     /// `store.near_table`: the shape of the near-table in front of a shared store: by default
     /// [`NearTable::default_geometry`] of the shared table's, none with `"off"`.
-    pub(super) fn near_table(&self, shared: Geometry) -> Result<Option<Geometry>, ConfigError> {
+    pub(super) fn near_table_geometry(
+        &self,
+        shared: Geometry,
+    ) -> Result<Option<Geometry>, ConfigError> {
         let shared_store = self.kind.is_some_and(StoreKind::is_shared);
         let Some(text) = &self.near_table else {
             return Ok(shared_store.then(|| NearTable::default_geometry(shared)));
@@ -163,7 +240,7 @@ impl RawStore {
     }
 
     /// `store.table_file` and its settings (`unused` checks that the store is in-process).
-    pub(super) fn table_file(&self) -> Result<Option<TableFileSettings>, ConfigError> {
+    pub(super) fn table_file_settings(&self) -> Result<Option<TableFileSettings>, ConfigError> {
         // Which store kinds use a table file is `unused`'s rule, checked before this.
         let Some(path) = &self.table_file else {
             return Ok(None);

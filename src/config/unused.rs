@@ -5,6 +5,7 @@
 //! writes to stdout, a near-table meant for a shared store is never built. The rules are checked
 //! before any other, so the refusal names the setting the user typed first.
 
+use super::setting::{check_kinds, name_of};
 use super::{ConfigError, DeadLetterKind, RawConfig, SinkKind, StoreKind};
 use crate::pipeline::{InFlightPolicy, StoreErrorPolicy};
 
@@ -16,108 +17,22 @@ use crate::pipeline::{InFlightPolicy, StoreErrorPolicy};
 pub(super) fn check(raw: &RawConfig) -> Result<(), ConfigError> {
     let sink = raw.sink.kind.unwrap_or(SinkKind::Stdout);
     let store = raw.store.kind.unwrap_or(StoreKind::Memory);
-    let (s, t, d) = (&raw.sink, &raw.store, &raw.dedupe);
-    needs(
-        &[
-            ("sink.post", s.post.is_some()),
-            ("sink.mode", s.mode.is_some()),
-            ("sink.headers", s.headers.is_some()),
-            ("sink.content_type", s.content_type.is_some()),
-            (
-                "sink.http_client_connect_timeout",
-                s.http_client_connect_timeout.is_some(),
-            ),
-            (
-                "sink.http_client_request_timeout",
-                s.http_client_request_timeout.is_some(),
-            ),
-            (
-                "sink.http_client_tls_root_ca_file",
-                s.http_client_tls_root_ca_file.is_some(),
-            ),
-        ],
-        sink == SinkKind::Http,
-        "`sink.kind = \"http\"`",
-    )?;
-    needs(
-        &[
-            (
-                "sink.destination_nsqd_tcp_addresses",
-                s.destination_nsqd_tcp_addresses.is_some(),
-            ),
-            ("sink.destination_topic", s.destination_topic.is_some()),
-        ],
-        sink == SinkKind::Nsq,
-        "`sink.kind = \"nsq\"`",
-    )?;
-    needs(
-        &[
-            ("sink.output_dir", s.output_dir.is_some()),
-            ("sink.work_dir", s.work_dir.is_some()),
-            ("sink.filename_format", s.filename_format.is_some()),
-            ("sink.datetime_format", s.datetime_format.is_some()),
-            ("sink.rotate_interval", s.rotate_interval.is_some()),
-            ("sink.rotate_size", s.rotate_size.is_some()),
-            ("sink.gzip", s.gzip.is_some()),
-            ("sink.gzip_level", s.gzip_level.is_some()),
-            ("sink.sync_interval", s.sync_interval.is_some()),
-            ("sink.host_identifier", s.host_identifier.is_some()),
-            ("sink.skip_empty_files", s.skip_empty_files.is_some()),
-        ],
-        sink == SinkKind::File,
-        "`sink.kind = \"file\"`",
-    )?;
-    needs(
-        &[
-            ("store.buckets", t.buckets.is_some()),
-            ("store.memory", t.memory.is_some()),
-            ("store.ways", t.ways.is_some()),
-            ("store.probability", t.probability.is_some()),
-            ("store.rate", t.rate.is_some()),
-            ("store.window", t.window.is_some()),
-            ("dedupe.max_age", d.max_age.is_some()),
-        ],
-        store != StoreKind::None,
-        "a table, `store.kind = \"memory\"`, `store.kind = \"memcached\"` or \
-         `store.kind = \"redis\"`",
-    )?;
-    needs(
-        &[
-            ("store.memcached_addresses", t.memcached_addresses.is_some()),
-            ("store.eject_after", t.eject_after.is_some()),
-        ],
-        store == StoreKind::Memcached,
-        "`store.kind = \"memcached\"`",
-    )?;
-    needs(
-        &[
-            ("store.redis_urls", t.redis_urls.is_some()),
-            ("store.redis_cluster", t.redis_cluster.is_some()),
-            ("store.redis_password_file", t.redis_password_file.is_some()),
-            (
-                "store.redis_tls_root_ca_file",
-                t.redis_tls_root_ca_file.is_some(),
-            ),
-        ],
-        store == StoreKind::Redis,
-        "`store.kind = \"redis\"`",
-    )?;
-    needs(
-        &[
-            ("store.namespace", t.namespace.is_some()),
-            ("store.lease", t.lease.is_some()),
-            ("store.timeout", t.timeout.is_some()),
-            ("store.near_table", t.near_table.is_some()),
-            ("store.fleet_interval", t.fleet_interval.is_some()),
-        ],
-        store.is_shared(),
-        "a shared table, `store.kind = \"memcached\"` or `store.kind = \"redis\"`",
-    )?;
-    needs(
-        &[("store.table_file", t.table_file.is_some())],
-        store == StoreKind::Memory,
-        "the in-process table, `store.kind = \"memory\"`",
-    )?;
+    let (t, d) = (&raw.store, &raw.dedupe);
+    let kind_of = |key: &str| match key {
+        "sink.kind" => sink.name(),
+        "store.kind" => store.name(),
+        "dedupe.on_in_flight" => name_of(
+            &InFlightPolicy::NAMES,
+            d.on_in_flight.unwrap_or(InFlightPolicy::Requeue),
+        ),
+        "dedupe.on_store_error" => name_of(
+            &StoreErrorPolicy::NAMES,
+            d.on_store_error.unwrap_or(StoreErrorPolicy::Requeue),
+        ),
+        other => unreachable!("no setting's kind is decided by `{other}`"),
+    };
+    check_kinds(&raw.sink, kind_of)?;
+    check_kinds(&raw.store, kind_of)?;
     needs(
         &[
             ("store.snapshot_interval", t.snapshot_interval.is_some()),
@@ -130,22 +45,7 @@ pub(super) fn check(raw: &RawConfig) -> Result<(), ConfigError> {
         t.table_file.is_some(),
         "`store.table_file`",
     )?;
-    needs(
-        &[(
-            "dedupe.in_flight_requeue_delay",
-            d.in_flight_requeue_delay.is_some(),
-        )],
-        d.on_in_flight.unwrap_or(InFlightPolicy::Requeue) == InFlightPolicy::Requeue,
-        "`dedupe.on_in_flight = \"requeue\"`",
-    )?;
-    needs(
-        &[(
-            "dedupe.store_error_requeue_delay",
-            d.store_error_requeue_delay.is_some(),
-        )],
-        d.on_store_error.unwrap_or(StoreErrorPolicy::Requeue) == StoreErrorPolicy::Requeue,
-        "`dedupe.on_store_error = \"requeue\"`",
-    )?;
+    check_kinds(&raw.dedupe, kind_of)?;
     needs(
         &[(
             "source.lookupd_poll_interval",
@@ -160,7 +60,7 @@ pub(super) fn check(raw: &RawConfig) -> Result<(), ConfigError> {
     let dead_letter = raw.dead_letter.as_ref().map(|dl| dl.kind);
     let producers = sink == SinkKind::Nsq || dead_letter == Some(DeadLetterKind::Nsq);
     needs(
-        &raw.producer_opt.given(super::nsq_opts::Side::Producer),
+        &raw.producer_opt.given_keys(super::nsq_opts::Side::Producer),
         producers,
         "an nsq producer, `sink.kind = \"nsq\"` or `dead_letter.topic`",
     )?;

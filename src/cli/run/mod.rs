@@ -1,20 +1,21 @@
 //! Flags of `nsq-dedupe run`, grouped by the config section they override.
 //!
 //! Each group sits in its own module with the code that lays it over the file's
-//! [`RawConfig`], recording which key each flag set so that errors name the flag.
+//! [`RawConfig`], recording which key each flag set so that errors name the flag. A section
+//! defined once in the library (`nsq_dedupe::config::setting`) has no module here: its flags are
+//! made from its table by `section`.
 
-mod dedupe;
-mod file_sink;
+mod dead_letter;
 mod nsq_opts;
-mod service;
-mod sink;
-mod source;
-mod store;
+mod section;
 
 use std::path::PathBuf;
 
 use clap::Args;
-use nsq_dedupe::config::{FlagOrigins, RawConfig};
+use nsq_dedupe::config::{
+    FlagOrigins, RawConfig, RawDedupe, RawMetrics, RawShutdown, RawSink, RawSource, RawStore,
+};
+use section::SectionFlags;
 
 use crate::cli::FromEnv;
 
@@ -25,19 +26,21 @@ pub(crate) struct RunArgs {
     #[arg(long, short = 'c', value_name = "FILE", env = "NSQ_DEDUPE_CONFIG")]
     pub(crate) config: Option<PathBuf>,
     #[command(flatten)]
-    pub(crate) source: source::SourceFlags,
+    pub(crate) source: SectionFlags<RawSource>,
     #[command(flatten)]
     pub(crate) nsq: nsq_opts::NsqOptFlags,
     #[command(flatten)]
-    pub(crate) dedupe: dedupe::DedupeFlags,
+    pub(crate) dedupe: SectionFlags<RawDedupe>,
     #[command(flatten)]
-    pub(crate) store: store::StoreFlags,
+    pub(crate) store: SectionFlags<RawStore>,
     #[command(flatten)]
-    pub(crate) sink: sink::SinkFlags,
+    pub(crate) sink: SectionFlags<RawSink>,
     #[command(flatten)]
-    pub(crate) file_sink: file_sink::FileSinkFlags,
+    pub(crate) metrics: SectionFlags<RawMetrics>,
     #[command(flatten)]
-    pub(crate) service: service::ServiceFlags,
+    pub(crate) shutdown: SectionFlags<RawShutdown>,
+    #[command(flatten)]
+    pub(crate) dead_letter: dead_letter::DeadLetterFlags,
 }
 
 impl RunArgs {
@@ -49,13 +52,21 @@ impl RunArgs {
             flags: &mut flags,
             from_env,
         };
-        self.source.apply(raw, &mut overlay);
+        self.source.apply(&mut raw.source, &mut overlay);
         self.nsq.apply(raw, &mut overlay);
-        self.dedupe.apply(raw, &mut overlay);
-        self.store.apply(raw, &mut overlay);
-        self.sink.apply(raw, &mut overlay);
-        self.file_sink.apply(raw, &mut overlay);
-        self.service.apply(raw, &mut overlay);
+        self.dedupe.apply(&mut raw.dedupe, &mut overlay);
+        self.store.apply(&mut raw.store, &mut overlay);
+        // The password itself is never a flag (a command line is visible to every user of
+        // the machine); the environment may carry it.
+        if let Ok(password) = std::env::var(nsq_dedupe::RedisConfig::PASSWORD_ENV) {
+            if !password.is_empty() {
+                raw.store.redis_password = Some(nsq_dedupe::RedisPassword::new(password));
+            }
+        }
+        self.sink.apply(&mut raw.sink, &mut overlay);
+        self.metrics.apply(&mut raw.metrics, &mut overlay);
+        self.shutdown.apply(&mut raw.shutdown, &mut overlay);
+        self.dead_letter.apply(raw, &mut overlay);
         raw.flags = flags;
     }
 }
@@ -129,8 +140,13 @@ mod tests {
         settings_over(RawConfig::default(), flags)
     }
 
-    /// The settings of `run` with `flags` laid over the config file `file`.
-    fn settings_over(mut file: RawConfig, flags: &[&str]) -> nsq_dedupe::Settings {
+    /// The file-less config of `run` with `flags`, not yet validated.
+    fn applied(flags: &[&str]) -> RawConfig {
+        applied_over(RawConfig::default(), flags)
+    }
+
+    /// `flags` of `run` (with a topic and an nsqd) laid over the config file `file`.
+    fn applied_over(mut file: RawConfig, flags: &[&str]) -> RawConfig {
         let args = [
             "nsq-dedupe",
             "run",
@@ -144,7 +160,23 @@ mod tests {
             panic!("not run")
         };
         run.apply(&mut file, &crate::cli::FromEnv::default());
-        file.validate().unwrap()
+        file
+    }
+
+    #[test]
+    fn a_number_above_tomls_largest_is_quoted_as_typed() {
+        let raw = applied(&["--buckets", "18446744073709551615"]);
+        assert_eq!(raw.store.buckets, Some(u64::MAX));
+        assert!(raw
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("invalid `--buckets` = 18446744073709551615: "));
+    }
+
+    /// The settings of `run` with `flags` laid over the config file `file`.
+    fn settings_over(file: RawConfig, flags: &[&str]) -> nsq_dedupe::Settings {
+        applied_over(file, flags).validate().unwrap()
     }
 
     #[test]
@@ -290,22 +322,8 @@ mod tests {
             config.password,
             Some(nsq_dedupe::RedisPassword::new("in-url"))
         );
-        let args = [
-            "nsq-dedupe",
-            "run",
-            "--topic",
-            "t",
-            "--nsqd-tcp-address",
-            "a:1",
-        ];
         let bad = ["--store", "redis", "--redis-url", "http://user:hunter2@h:1"];
-        let cli = Cli::try_parse_from(args.iter().chain(&bad)).unwrap();
-        let Command::Run(run) = cli.command else {
-            panic!("not run")
-        };
-        let mut raw = RawConfig::default();
-        run.apply(&mut raw, &crate::cli::FromEnv::default());
-        let error = raw.validate().unwrap_err().to_string();
+        let error = applied(&bad).validate().unwrap_err().to_string();
         assert!(
             error.contains("--redis-url") || error.contains("redis_urls"),
             "{error}"

@@ -11,6 +11,7 @@ use std::time::Duration;
 use clap::Args;
 use nsq_dedupe::config::{Dur, RawConfig, RawNsqOpts, OPTION_NAMES};
 
+use super::section::SectionFlags;
 use super::Overlay;
 use crate::cli::parse::parse_duration;
 
@@ -36,42 +37,9 @@ pub(crate) struct NsqOptFlags {
     /// (repeatable). `producer_opt.KEY`.
     #[arg(long = "producer-opt", value_name = "KEY,VALUE", value_parser = parse_producer_opt)]
     pub(crate) producer_opt: Vec<NsqOpt>,
-    /// Consume over TLS; nsqd must have a certificate. `consumer_opt.tls_v1`.
-    #[arg(long)]
-    pub(crate) tls: bool,
-    /// PEM file of CAs trusted for nsqd's certificate, besides the system's.
-    /// `consumer_opt.tls_root_ca_file`.
-    #[arg(long, value_name = "FILE")]
-    pub(crate) tls_root_ca_file: Option<PathBuf>,
-    /// PEM client certificate, for nsqd's --tls-client-auth-policy. `consumer_opt.tls_cert`.
-    #[arg(long, value_name = "FILE")]
-    pub(crate) tls_cert: Option<PathBuf>,
-    /// PEM key of --tls-cert. `consumer_opt.tls_key`.
-    #[arg(long, value_name = "FILE")]
-    pub(crate) tls_key: Option<PathBuf>,
-    /// Accept any certificate of nsqd (tests only: anyone on the path can read the traffic).
-    /// `consumer_opt.tls_insecure_skip_verify`.
-    #[arg(long)]
-    pub(crate) tls_insecure_skip_verify: bool,
-    /// Lowest TLS version: tls1.2 (default) or tls1.3. `consumer_opt.tls_min_version`.
-    #[arg(long, value_name = "VERSION")]
-    pub(crate) tls_min_version: Option<String>,
-    /// Compress with snappy (exclusive with --deflate). `consumer_opt.snappy`.
-    #[arg(long)]
-    pub(crate) snappy: bool,
-    /// Compress with deflate. `consumer_opt.deflate`.
-    #[arg(long)]
-    pub(crate) deflate: bool,
-    /// Deflate level 1-9 (default 6; implies --deflate). `consumer_opt.deflate_level`.
-    #[arg(long, value_name = "N")]
-    pub(crate) deflate_level: Option<u32>,
-    /// AUTH secret for an nsqd with --auth-http-address; prefer the environment variable or
-    /// --auth-secret-file, which stay out of process listings. `consumer_opt.auth_secret`.
-    #[arg(long, value_name = "SECRET")]
-    pub(crate) auth_secret: Option<String>,
-    /// File holding the AUTH secret. `consumer_opt.auth_secret_file`.
-    #[arg(long, value_name = "FILE")]
-    pub(crate) auth_secret_file: Option<PathBuf>,
+    /// The named flags of the consumer's options (`--tls`, `--snappy`, ...).
+    #[command(flatten)]
+    pub(crate) named: SectionFlags<RawNsqOpts>,
 }
 
 /// One `KEY,VALUE` of `--consumer-opt` or `--producer-opt`, its value parsed by its key's type.
@@ -163,65 +131,8 @@ impl NsqOptFlags {
         for opt in &self.producer_opt {
             set(raw, false, opt, overlay);
         }
-        let named = [
-            (self.tls.then_some(Value::Bool(true)), "tls_v1", "--tls"),
-            (
-                self.tls_root_ca_file.clone().map(Value::Path),
-                "tls_root_ca_file",
-                "--tls-root-ca-file",
-            ),
-            (
-                self.tls_cert.clone().map(Value::Path),
-                "tls_cert",
-                "--tls-cert",
-            ),
-            (
-                self.tls_key.clone().map(Value::Path),
-                "tls_key",
-                "--tls-key",
-            ),
-            (
-                self.tls_insecure_skip_verify.then_some(Value::Bool(true)),
-                "tls_insecure_skip_verify",
-                "--tls-insecure-skip-verify",
-            ),
-            (
-                self.tls_min_version.clone().map(Value::Text),
-                "tls_min_version",
-                "--tls-min-version",
-            ),
-            (
-                self.snappy.then_some(Value::Bool(true)),
-                "snappy",
-                "--snappy",
-            ),
-            (
-                self.deflate.then_some(Value::Bool(true)),
-                "deflate",
-                "--deflate",
-            ),
-            (
-                self.deflate_level.map(|n| Value::Count(n.into())),
-                "deflate_level",
-                "--deflate-level",
-            ),
-            (
-                self.auth_secret.clone().map(Value::Text),
-                "auth_secret",
-                "--auth-secret",
-            ),
-            (
-                self.auth_secret_file.clone().map(Value::Path),
-                "auth_secret_file",
-                "--auth-secret-file",
-            ),
-        ];
-        for (value, key, flag) in named {
-            overlay.record(consumer_key(key), flag, value.is_some());
-            if let Some(value) = value {
-                set_opt(&mut raw.consumer_opt, &NsqOpt { key, value });
-            }
-        }
+        // The named flags win over `--consumer-opt`.
+        self.named.apply(&mut raw.consumer_opt, overlay);
     }
 }
 

@@ -1,29 +1,18 @@
-//! `run` flags of the `[metrics]`, `[shutdown]` and `[dead_letter]` sections: how the service
-//! reports, stops, and where undeliverable messages go.
+//! `run` flags of the `[dead_letter]` section: where undeliverable messages go. Which kind of
+//! dead-letter the flags make depends on which of them are given, so they are laid over the
+//! file here rather than from a section's table.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use clap::Args;
-use nsq_dedupe::config::{DeadLetterKind, Dur, RawConfig, RawDeadLetter};
+use nsq_dedupe::config::{DeadLetterKind, RawConfig, RawDeadLetter};
 
 use super::Overlay;
-use crate::cli::parse::parse_duration;
 
-/// How the service reports and stops, and where undeliverable messages go.
+/// Where undeliverable messages go.
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Service")]
-pub(crate) struct ServiceFlags {
-    /// Where to serve Prometheus metrics: host:port, :port (every IPv4 interface) or `off`.
-    /// `metrics.address`.
-    #[arg(long, value_name = "ADDR")]
-    pub(crate) metrics_address: Option<String>,
-    /// How often the one-line status is logged (default 10s). `metrics.status_interval`.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
-    pub(crate) status_interval: Option<Duration>,
-    /// How long running handlers may finish at shutdown (default 10s). `shutdown.grace`.
-    #[arg(long = "shutdown-grace", value_name = "DURATION", value_parser = parse_duration)]
-    pub(crate) grace: Option<Duration>,
+pub(crate) struct DeadLetterFlags {
     /// Append undeliverable messages to this file (JSON lines). `dead_letter.path` with
     /// `dead_letter.kind = "file"`.
     #[arg(long, value_name = "FILE", conflicts_with = "dead_letter_topic")]
@@ -42,26 +31,8 @@ pub(crate) struct ServiceFlags {
     pub(crate) dead_letter_nsqd_tcp_addresses: Vec<String>,
 }
 
-impl ServiceFlags {
+impl DeadLetterFlags {
     pub(super) fn apply(&self, raw: &mut RawConfig, overlay: &mut Overlay<'_>) {
-        overlay.value(
-            &mut raw.metrics.address,
-            self.metrics_address.as_ref(),
-            "metrics.address",
-            "--metrics-address",
-        );
-        overlay.value(
-            &mut raw.metrics.status_interval,
-            self.status_interval.map(Dur).as_ref(),
-            "metrics.status_interval",
-            "--status-interval",
-        );
-        overlay.value(
-            &mut raw.shutdown.grace,
-            self.grace.map(Dur).as_ref(),
-            "shutdown.grace",
-            "--shutdown-grace",
-        );
         // The dead-letter's flags set keys only when there is a dead-letter; they name them
         // always.
         for (key, flag) in [

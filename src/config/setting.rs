@@ -1,0 +1,433 @@
+//! Each setting of a config section defined once: its key, its flag, its help, how the flag's
+//! text is read and which kind of sink or store it belongs to.
+//!
+//! A section is written with [`section!`](crate::config::setting::section): one field per
+//! setting, its `///` doc being the flag's help. The macro makes the raw serde struct (every
+//! key optional, unknown keys refused) and a table of [`Setting`]s from the same lines, so the
+//! command line (built from the table by the binary; the library knows nothing of clap), the
+//! TOML loader, `--help`, the man pages and the "unused setting" rule cannot disagree. A flag's
+//! environment variable is derived from the flag by the binary's one rule (`NSQ_DEDUPE_<FLAG>`).
+//!
+//! Flags are laid over the file generically: the binary reads each given flag into a
+//! [`toml::Value`], as the file would have written it, and [`Section::lay`] deserializes it
+//! into the field named by the key, so a flag's value passes the file's own checks.
+//!
+//! A setting that belongs to some kinds only ([`Only`], such as `sink.post` to
+//! `sink.kind = "http"`) is refused by [`check_kinds`] when given with another kind.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use super::ConfigError;
+
+/// One setting of a section.
+#[derive(Debug, Clone, Copy)]
+pub struct Setting {
+    /// The config key, `section.name`.
+    pub key: &'static str,
+    /// The field's name in its section.
+    pub name: &'static str,
+    /// The long flag that sets it, `--name`, if one does.
+    pub flag: Option<&'static str>,
+    /// Another name the flag is known by, shown in help (`nsq_to_http`'s `--n`).
+    pub alias: Option<&'static str>,
+    /// What the flag's value is called in help.
+    pub value_name: &'static str,
+    /// The help, one doc line a piece; help ends by naming the key.
+    pub help: &'static [&'static str],
+    /// The heading the flag is listed under in `--help`, if not its section's.
+    pub heading: &'static str,
+    /// How the flag's text is read.
+    pub value: FlagValue,
+    /// The kinds the setting is used with, if not all.
+    pub only: Option<&'static Only>,
+    /// Where the flag is listed in `--help` among its section's, when not in the order of the
+    /// definition (which is the order of the file's keys in error messages): by rank, 1 first.
+    pub rank: u16,
+    /// Settings of the section (by name) whose flags may not be given with this one's.
+    pub conflicts: &'static [&'static str],
+    /// Settings of the section (by name) that this one's flag takes the place of in the file:
+    /// a size given by a flag replaces the file's other way of sizing.
+    pub replaces: &'static [&'static str],
+}
+
+impl Setting {
+    /// The base the [`section!`] macro fills in.
+    pub const BASE: Setting = Setting {
+        key: "",
+        name: "",
+        flag: None,
+        alias: None,
+        value_name: "",
+        help: &[],
+        heading: "",
+        value: FlagValue::Text,
+        only: None,
+        rank: 0,
+        conflicts: &[],
+        replaces: &[],
+    };
+
+    /// The help shown for the flag: its doc lines joined, then the key.
+    pub fn help_text(&self) -> String {
+        let doc: Vec<&str> = self.help.iter().map(|line| line.trim()).collect();
+        let doc = doc.join(" ");
+        let doc = doc.strip_suffix('.').unwrap_or(&doc);
+        format!("{doc}. `{}`", self.key)
+    }
+}
+
+/// How a flag's text becomes the key's value, as the file would write it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlagValue {
+    /// Text as typed.
+    Text,
+    /// A file or directory.
+    Path,
+    /// A duration greater than 0, such as `10s` (a string in the file).
+    Duration,
+    /// A whole number (`usize`).
+    Count,
+    /// A whole number of at most `u32::MAX`.
+    Small,
+    /// A whole number from 1 to `u32::MAX` (`--max-in-flight`).
+    InFlight,
+    /// A whole number from 1 to `u16::MAX` (`--max-attempts`).
+    Attempts,
+    /// A table size in slots, at least 1 (`_` and `,` allowed between digits).
+    Buckets,
+    /// A size in bytes, such as `64MiB` (text in the file).
+    Memory,
+    /// Slots per set: 1, 2, 4 or 8.
+    Ways,
+    /// A probability between 0 and 1 exclusive.
+    Probability,
+    /// Messages per second, more than 0.
+    Rate,
+    /// One of these names.
+    Names(&'static [&'static str]),
+    /// A switch: given means `true`.
+    Switch,
+    /// Repeatable; with a delimiter, each value may hold several.
+    List {
+        /// The separator within one value, if any.
+        delimiter: Option<char>,
+    },
+    /// Repeatable `Name: value`, laid over the file's table of headers.
+    Header,
+}
+
+/// The kinds a setting is used with: the values of the section's `kind` key.
+#[derive(Debug, Clone, Copy)]
+pub struct Only {
+    /// The key that names the kind, such as `sink.kind`.
+    pub kind: &'static str,
+    /// The kinds that use the setting.
+    pub kinds: &'static [&'static str],
+    /// What those kinds are, for several (`a shared table`); empty for one kind.
+    pub what: &'static str,
+}
+
+impl Only {
+    /// The settings of one kind: `key = "kind"`.
+    pub const fn one(key: &'static str, kinds: &'static [&'static str; 1]) -> Only {
+        Only {
+            kind: key,
+            kinds,
+            what: "",
+        }
+    }
+
+    /// The settings of several kinds, `what` they are: `a shared table`.
+    pub const fn any(
+        key: &'static str,
+        kinds: &'static [&'static str],
+        what: &'static str,
+    ) -> Only {
+        Only {
+            kind: key,
+            kinds,
+            what,
+        }
+    }
+
+    /// What the setting needs, as the user would set it in the file:
+    /// `` `sink.kind = "http"` `` or `` a shared table, `store.kind = "memcached"` or … ``.
+    pub fn needs(&self) -> String {
+        let each: Vec<String> = self
+            .kinds
+            .iter()
+            .map(|kind| format!("`{} = \"{kind}\"`", self.kind))
+            .collect();
+        let list = match each.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+            _ => each.concat(),
+        };
+        if self.what.is_empty() {
+            list
+        } else {
+            format!("{}, {list}", self.what)
+        }
+    }
+}
+
+/// The names of a table of named values, such as `SinkKind::NAMES`.
+pub const fn names<T: Copy, const N: usize>(table: &[(&'static str, T); N]) -> [&'static str; N] {
+    let mut names = [""; N];
+    let mut i = 0;
+    while i < N {
+        names[i] = table[i].0;
+        i += 1;
+    }
+    names
+}
+
+/// The name of `value` in a table of named values.
+///
+/// # Panics
+///
+/// If the table leaves `value` out: each table lists every value of its type.
+pub fn name_of<T: PartialEq>(table: &[(&'static str, T)], value: T) -> &'static str {
+    table
+        .iter()
+        .find(|(_, named)| *named == value)
+        .map(|(name, _)| *name)
+        .expect("a table of names names every value")
+}
+
+/// A config section made by [`section!`]: its settings, and a way to set one from a flag.
+pub trait Section {
+    /// The heading the section's flags are listed under in `--help`, unless their own says
+    /// otherwise.
+    const HEADING: &'static str;
+
+    /// Every setting, in the order of `--help`.
+    const SETTINGS: &'static [Setting];
+
+    /// Whether the setting `name` was given.
+    fn given(&self, name: &str) -> bool;
+
+    /// Lays a flag's `value` over the setting `name`.
+    ///
+    /// # Errors
+    ///
+    /// The value does not fit the setting (a flag's parser let through what the file refuses).
+    fn lay(&mut self, name: &str, value: toml::Value) -> Result<(), toml::de::Error>;
+
+    /// Unsets the setting `name`.
+    fn clear(&mut self, name: &str);
+}
+
+/// How a flag's value lays over the file's: it replaces it, but for a table, which it adds to.
+pub trait Overlay: serde::de::DeserializeOwned {
+    /// Lays `value` over `current`.
+    ///
+    /// # Errors
+    ///
+    /// `value` is not of this type.
+    fn overlay(current: &mut Option<Self>, value: toml::Value) -> Result<(), toml::de::Error> {
+        *current = Some(value.try_into()?);
+        Ok(())
+    }
+}
+
+impl Overlay for String {}
+impl Overlay for PathBuf {}
+impl Overlay for bool {}
+impl Overlay for u32 {}
+impl Overlay for f64 {}
+impl Overlay for Vec<String> {}
+impl Overlay for super::Dur {}
+impl Overlay for super::OneOrMany {}
+impl Overlay for u16 {}
+impl Overlay for u8 {}
+impl Overlay for i64 {}
+impl Overlay for super::SinkKind {}
+impl Overlay for super::StoreKind {}
+impl Overlay for crate::dedup::table_file::OnMismatch {}
+impl Overlay for crate::pipeline::InFlightPolicy {}
+impl Overlay for crate::pipeline::StoreErrorPolicy {}
+impl Overlay for crate::sink::HttpMode {}
+impl Overlay for crate::sink::BatchFormat {}
+
+/// A whole number: a flag's count above TOML's largest integer comes as its digits.
+macro_rules! overlay_whole_number {
+    ($($number:ty),*) => {$(
+        impl Overlay for $number {
+            fn overlay(current: &mut Option<Self>, value: toml::Value) -> Result<(), toml::de::Error> {
+                *current = Some(match value {
+                    toml::Value::String(digits) => digits
+                        .parse()
+                        .map_err(<toml::de::Error as serde::de::Error>::custom)?,
+                    value => value.try_into()?,
+                });
+                Ok(())
+            }
+        }
+    )*};
+}
+
+overlay_whole_number!(u64, usize);
+
+/// Headers: flags give `[name, value]` pairs in the order typed; each adds to the file's
+/// headers and wins over one of the same name in any case.
+impl Overlay for BTreeMap<String, String> {
+    fn overlay(current: &mut Option<Self>, value: toml::Value) -> Result<(), toml::de::Error> {
+        let pairs: Vec<(String, String)> = value.try_into()?;
+        let headers = current.get_or_insert_with(Default::default);
+        for (name, value) in pairs {
+            headers.retain(|existing, _| !existing.eq_ignore_ascii_case(&name));
+            headers.insert(name, value);
+        }
+        Ok(())
+    }
+}
+
+/// Refuses the first setting of `section` given that its kind leaves unused; `kind_of` names
+/// the value of a key that decides the kind, such as `http` for `sink.kind`.
+///
+/// # Errors
+///
+/// [`ConfigError::Unused`] naming the setting and the kinds that use it.
+pub fn check_kinds<S: Section>(
+    section: &S,
+    kind_of: impl Fn(&str) -> &'static str,
+) -> Result<(), ConfigError> {
+    let unused = S::SETTINGS.iter().find_map(|setting| {
+        let only = setting.only?;
+        let unused = section.given(setting.name) && !only.kinds.contains(&kind_of(only.kind));
+        unused.then_some((setting, only))
+    });
+    match unused {
+        Some((setting, only)) => Err(ConfigError::Unused {
+            key: setting.key,
+            flag: None,
+            needs: only.needs(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Defines a config section once: the raw serde struct `$name` (every field an `Option`,
+/// unknown keys refused), a setter per key for building it in code (`RawSource::default()
+/// .topic("events")`), and its [`Section`] table. Each field reads
+///
+/// ```text
+/// /// Help of the flag (the key is added).
+/// field: Type, only(&ONLY_CONST), flag("long-name", value_name: "X", value: FlagValue::Duration);
+/// ```
+///
+/// where `only(...)` and `flag(...)` are optional, and `flag`'s options are [`Setting`]'s
+/// fields. Fields that are not settings (set by the program, never by the file) follow in an
+/// `extra { ... }` block.
+macro_rules! section {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident in $section:literal, heading $heading:literal {
+            $(
+                $(#[doc = $doc:literal])*
+                $field:ident : $ty:ty
+                    $(, only($only:expr))?
+                    $(, flag($flag:literal $(, $opt:ident : $val:expr)* $(,)?))?
+                ;
+            )*
+        }
+        $( extra { $($extra:tt)* } )?
+    ) => {
+        $(#[$meta])*
+        #[allow(missing_docs)]
+        #[derive(Debug, Clone, Default, serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct $name {
+            $( $(#[doc = $doc])* pub $field: Option<$ty>, )*
+            $( $($extra)* )?
+        }
+
+        impl $name {
+            $(
+                #[doc = concat!("Sets `", $section, ".", stringify!($field), "`:")]
+                $(#[doc = $doc])*
+                pub fn $field(mut self, value: impl Into<$ty>) -> Self {
+                    self.$field = Some(value.into());
+                    self
+                }
+            )*
+        }
+
+        impl $crate::config::setting::Section for $name {
+            const HEADING: &'static str = $heading;
+            const SETTINGS: &'static [$crate::config::setting::Setting] = &[$(
+                $crate::config::setting::Setting {
+                    key: concat!($section, ".", stringify!($field)),
+                    name: stringify!($field),
+                    help: &[$($doc),*],
+                    only: $crate::config::setting::optional!($($only)?),
+                    $( flag: Some(concat!("--", $flag)), $($opt: $val,)* )?
+                    ..$crate::config::setting::Setting::BASE
+                },
+            )*];
+
+            fn given(&self, name: &str) -> bool {
+                match name {
+                    $( stringify!($field) => self.$field.is_some(), )*
+                    _ => false,
+                }
+            }
+
+            fn clear(&mut self, name: &str) {
+                match name {
+                    $( stringify!($field) => self.$field = None, )*
+                    _ => {}
+                }
+            }
+
+            fn lay(&mut self, name: &str, value: toml::Value) -> Result<(), toml::de::Error> {
+                match name {
+                    $( stringify!($field) => <$ty as $crate::config::setting::Overlay>::overlay(
+                        &mut self.$field,
+                        value,
+                    ), )*
+                    _ => Ok(()),
+                }
+            }
+        }
+    };
+}
+
+/// `None`, or `Some` of the one expression given.
+macro_rules! optional {
+    () => {
+        None
+    };
+    ($value:expr) => {
+        Some($value)
+    };
+}
+
+pub(crate) use {optional, section};
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Settings;
+
+    #[test]
+    fn an_unknown_key_lists_the_sections_keys_in_the_files_order() {
+        let error = Settings::from_toml("[store]\nbukets = 5\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains(
+                "unknown field `bukets`, expected one of `kind`, `buckets`, `memory`, `ways`, \
+                 `probability`, `rate`, `window`, `memcached_addresses`, `namespace`"
+            ),
+            "{error}"
+        );
+        let error = Settings::from_toml("[dedupe]\nmax_ages = \"1m\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("`on_store_error`, `store_error_requeue_delay`, `max_age`"),
+            "{error}"
+        );
+    }
+}
