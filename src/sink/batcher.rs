@@ -40,18 +40,18 @@ pub(super) type Results = Vec<Result<(), HandlerError>>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Settings {
     /// The most records in a batch (a lone request of more is flushed alone).
-    pub(super) max_records: usize,
+    max_records: usize,
     /// The most bytes of records in a batch (a lone request of more is flushed alone).
     /// Defaults to: unbounded.
-    pub(super) max_bytes: usize,
+    max_bytes: usize,
     /// How long a batch waits for more records after its first request. Defaults to: zero
     /// (a batch takes what is queued and leaves at once).
-    pub(super) timeout: Duration,
+    timeout: Duration,
     /// Flushes running at once. Defaults to: 1 (each batch is flushed once the previous one
     /// is answered).
-    pub(super) flushes: usize,
+    flushes: usize,
     /// While nothing is queued, [`Flush::idle`] is called this often. Defaults to: never.
-    pub(super) idle: Option<Duration>,
+    idle: Option<Duration>,
 }
 
 impl Settings {
