@@ -482,11 +482,12 @@ mod tests {
         }
     }
 
-    /// The result every record of flush `n` gets from a [`Probe`] failing `fails`.
-    fn outcome(fails: &[bool], n: usize) -> Result<(), HandlerError> {
+    /// The result the record at `at` of flush `n` gets from a [`Probe`] failing `fails`:
+    /// each failed record's error names it.
+    fn outcome(fails: &[bool], n: usize, at: usize) -> Result<(), HandlerError> {
         match fails.is_empty() || !fails[n % fails.len()] {
             true => Ok(()),
-            false => Err(HandlerError::Retry(format!("flush {n} failed"))),
+            false => Err(HandlerError::Retry(format!("flush {n} failed record {at}"))),
         }
     }
 
@@ -500,13 +501,15 @@ mod tests {
                 seen.batches.len() - 1
             };
             let (seen, takes) = (Arc::clone(&self.seen), (self.takes)(n));
-            let result = outcome(&self.fails, n);
+            let results = (0..records.len())
+                .map(|at| outcome(&self.fails, n, at))
+                .collect();
             async move {
                 tokio::time::sleep(takes).await;
                 let mut seen = seen.lock().unwrap();
                 seen.running -= 1;
                 seen.finished += 1;
-                vec![result; records.len()]
+                results
             }
         }
 
@@ -640,14 +643,10 @@ mod tests {
         for request in [records(0..2), records(2..4), records(4..6)] {
             answers.push(batcher.submit(request).await);
         }
-        let failed = Err(HandlerError::Retry("flush 1 failed".into()));
+        let failed = |at| Err(HandlerError::Retry(format!("flush 1 failed record {at}")));
         assert_eq!(
             answers,
-            [
-                vec![Ok(()); 2],
-                vec![failed.clone(), failed],
-                vec![Ok(()); 2]
-            ]
+            [vec![Ok(()); 2], vec![failed(0), failed(1)], vec![Ok(()); 2]]
         );
         assert_eq!(
             probe.batches(),
@@ -898,8 +897,8 @@ mod tests {
                                 && bytes <= max_bytes.unwrap_or(usize::MAX)),
                         "{:?}", sizes
                     );
-                    for record in batch {
-                        prop_assert_eq!(&results[record], &outcome(&fails, n), "{:?}", record);
+                    for (at, record) in batch.iter().enumerate() {
+                        prop_assert_eq!(&results[record], &outcome(&fails, n, at), "{:?}", record);
                     }
                     flushed.extend(batch.iter().cloned());
                 }
