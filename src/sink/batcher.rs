@@ -477,6 +477,11 @@ mod tests {
             }
         }
 
+        /// A batcher flushing to this probe.
+        fn start(&self, settings: Settings) -> Batcher {
+            Batcher::spawn("the test batcher", settings, self.clone())
+        }
+
         fn batches(&self) -> Vec<Vec<Bytes>> {
             self.seen.lock().unwrap().batches.clone()
         }
@@ -533,11 +538,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_full_batch_leaves_at_once_and_the_rest_waits_for_the_timeout() {
         let probe = Probe::new();
-        let batcher = Batcher::spawn(
-            "the test batcher",
-            Settings::new(3).timeout(HOUR),
-            probe.clone(),
-        );
+        let batcher = probe.start(Settings::new(3).timeout(HOUR));
         let started = Instant::now();
         let answers: Vec<_> = records(0..4)
             .into_iter()
@@ -565,11 +566,7 @@ mod tests {
     async fn the_timeout_sends_what_came_meanwhile() {
         let probe = Probe::new();
         let timeout = Duration::from_millis(50);
-        let batcher = Arc::new(Batcher::spawn(
-            "the test batcher",
-            Settings::new(100).timeout(timeout),
-            probe.clone(),
-        ));
+        let batcher = Arc::new(probe.start(Settings::new(100).timeout(timeout)));
         let started = Instant::now();
         let first = batcher.submit_one(records(0..1).remove(0));
         let later = tokio::spawn({
@@ -588,7 +585,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn without_a_timeout_a_batch_takes_what_is_queued_and_waits_for_nothing() {
         let probe = Probe::new();
-        let batcher = Batcher::spawn("the test batcher", Settings::new(100), probe.clone());
+        let batcher = probe.start(Settings::new(100));
         let started = Instant::now();
         let answers = join_all((0..5).map(|i| batcher.submit(records(i * 2..i * 2 + 2)))).await;
         assert_eq!(answers, vec![vec![Ok(()); 2]; 5]);
@@ -599,18 +596,18 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn each_record_gets_its_own_result_in_order() {
         // A flush that fails the records whose text ends in an odd digit, each with its name.
+        fn judged(record: &Bytes) -> Result<(), HandlerError> {
+            match record.last().unwrap() % 2 {
+                0 => Ok(()),
+                _ => Err(HandlerError::Reject(format!("{record:?}"))),
+            }
+        }
         let seen = Arc::new(Mutex::new(Vec::new()));
         let flush = {
             let seen = Arc::clone(&seen);
             move |records: Vec<Bytes>| {
                 seen.lock().unwrap().push(records.len());
-                let results: Results = records
-                    .iter()
-                    .map(|r| match r.last().unwrap() % 2 {
-                        0 => Ok(()),
-                        _ => Err(HandlerError::Reject(format!("{r:?}"))),
-                    })
-                    .collect();
+                let results: Results = records.iter().map(judged).collect();
                 async move { results }
             }
         };
@@ -618,13 +615,7 @@ mod tests {
         let requests = [records(0..1), records(1..4), records(4..6)];
         let answers = join_all(requests.iter().map(|r| batcher.submit(r.clone()))).await;
         for (request, answer) in requests.iter().zip(&answers) {
-            let expected: Results = request
-                .iter()
-                .map(|r| match r.last().unwrap() % 2 {
-                    0 => Ok(()),
-                    _ => Err(HandlerError::Reject(format!("{r:?}"))),
-                })
-                .collect();
+            let expected: Results = request.iter().map(judged).collect();
             assert_eq!(answer, &expected);
         }
         assert_eq!(
@@ -637,7 +628,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_failed_flush_fails_exactly_its_records() {
         let probe = Probe::failing(vec![false, true, false]);
-        let batcher = Batcher::spawn("the test batcher", Settings::new(2), probe.clone());
+        let batcher = probe.start(Settings::new(2));
         // One at a time, so that each batch is cut from what is queued by then.
         let mut answers = Vec::new();
         for request in [records(0..2), records(2..4), records(4..6)] {
@@ -657,7 +648,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_request_that_does_not_fit_starts_the_next_batch_and_is_never_split() {
         let probe = Probe::new();
-        let batcher = Batcher::spawn("the test batcher", Settings::new(4), probe.clone());
+        let batcher = probe.start(Settings::new(4));
         let requests = [
             records(0..3),
             records(3..5),
@@ -679,11 +670,7 @@ mod tests {
 
         // Bytes bound the batch too: each record here is 4 bytes.
         let probe = Probe::new();
-        let batcher = Batcher::spawn(
-            "the test batcher",
-            Settings::new(100).max_bytes(10),
-            probe.clone(),
-        );
+        let batcher = probe.start(Settings::new(100).max_bytes(10));
         let answers = join_all(records(0..5).into_iter().map(|r| batcher.submit_one(r))).await;
         assert_eq!(answers, vec![Ok(()); 5]);
         assert_eq!(
@@ -696,11 +683,7 @@ mod tests {
     async fn records_queue_up_while_the_flushes_run() {
         let mut probe = Probe::new();
         probe.takes = |_| Duration::from_millis(10);
-        let batcher = Batcher::spawn(
-            "the test batcher",
-            Settings::new(100).flushes(2),
-            probe.clone(),
-        );
+        let batcher = probe.start(Settings::new(100).flushes(2));
         let mut answers = Vec::new();
         for i in 0..40 {
             answers.push(batcher.submit_one(records(i..i + 1).remove(0)));
@@ -724,11 +707,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn close_flushes_what_is_queued_then_refuses_more() {
         let probe = Probe::new();
-        let batcher = Batcher::spawn(
-            "the test batcher",
-            Settings::new(100).timeout(HOUR),
-            probe.clone(),
-        );
+        let batcher = probe.start(Settings::new(100).timeout(HOUR));
         let started = Instant::now();
         let queued = batcher.submit(records(0..3));
         batcher.close().await.unwrap();
@@ -754,11 +733,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn dropping_the_batcher_still_answers_what_is_queued() {
         let probe = Probe::new();
-        let batcher = Batcher::spawn(
-            "the test batcher",
-            Settings::new(100).timeout(HOUR),
-            probe.clone(),
-        );
+        let batcher = probe.start(Settings::new(100).timeout(HOUR));
         let queued = batcher.submit(records(0..3));
         drop(batcher);
         assert_eq!(queued.await, vec![Ok(()); 3]);
@@ -770,11 +745,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn idle_is_called_while_nothing_is_queued() {
         let probe = Probe::new();
-        let batcher = Batcher::spawn(
-            "the test batcher",
-            Settings::new(100).idle(Duration::from_secs(1)),
-            probe.clone(),
-        );
+        let batcher = probe.start(Settings::new(100).idle(Duration::from_secs(1)));
         tokio::time::sleep(Duration::from_millis(3500)).await;
         assert_eq!(probe.seen.lock().unwrap().idles, 3);
         batcher.close().await.unwrap();
@@ -841,7 +812,7 @@ mod tests {
                 if let Some(max_bytes) = max_bytes {
                     settings = settings.max_bytes(max_bytes);
                 }
-                let batcher = Batcher::spawn("the test batcher", settings, probe.clone());
+                let batcher = probe.start(settings);
                 let mut next = 0;
                 let mut sent = Vec::new();
                 let mut closed = false;
