@@ -37,6 +37,9 @@ Options:
   --base-args "ARGS"   extra flags for the Go tool (or for the ours-baseline of memcached, redis,
                        table and table-file)
   --ours-post-path P   path ours POSTs to in http/https (default /pub; e.g. /mpub with batches)
+  --base-bin PATH      the baseline is this other build of the sidecar, run with the same flags
+                       as ours (--ours-args included), in place of the Go tool or of the
+                       scenario's ours-baseline: a before/after comparison of two builds
   --timeout SECS       limit for one run to drain (default 30 + N/500)
   --keep               keep the work directory (nsqd data, logs, certificates)
   -h, --help           this text
@@ -70,6 +73,7 @@ Examples:
   bench/sidecar-vs-go.sh null
   bench/sidecar-vs-go.sh -n 100000 --pairs 2 null stdout nsq
   NSQ_DEDUPE_BIN=/path/to/other/target/release/nsq-dedupe bench/sidecar-vs-go.sh all
+  bench/sidecar-vs-go.sh --base-bin /tmp/nsq-dedupe-main --pairs 3 stdout nsq
 EOF
 }
 
@@ -82,6 +86,7 @@ max_in_flight=2500
 ours_args=""
 base_args=""
 post_path=/pub
+base_bin=""
 timeout=""
 keep=0
 scenarios=()
@@ -94,6 +99,7 @@ while [ $# -gt 0 ]; do
     --ours-args) ours_args=${2?"$1 needs a value"}; shift 2 ;;
     --base-args) base_args=${2?"$1 needs a value"}; shift 2 ;;
     --ours-post-path) post_path=${2:?"$1 needs a path"}; shift 2 ;;
+    --base-bin) base_bin=${2:?"$1 needs a path"}; shift 2 ;;
     --timeout) timeout=${2:?"$1 needs seconds"}; shift 2 ;;
     --keep) keep=1; shift ;;
     all) scenarios+=(null stdout nsq http https memcached redis table table-file); shift ;;
@@ -130,6 +136,10 @@ for s in "${scenarios[@]}"; do
   fi
 done
 
+if [ -n "$base_bin" ] && [ ! -x "$base_bin" ]; then
+  echo "sidecar-vs-go.sh: --base-bin $base_bin is not an executable file" >&2
+  exit 2
+fi
 ours=$(sidecar_binary sidecar-vs-go.sh "$here")
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/sidecar-vs-go.XXXXXX")
@@ -137,7 +147,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/sidecar-vs-go.XXXXXX")
 
 export BENCH_MESSAGES=$messages BENCH_PAIRS=$pairs BENCH_MAX_IN_FLIGHT=$max_in_flight \
   BENCH_OURS_ARGS=$ours_args BENCH_BASE_ARGS=$base_args BENCH_POST_PATH=$post_path \
-  BENCH_TIMEOUT=$timeout BENCH_WORK=$work BENCH_KEEP=$keep BENCH_OURS=$ours BENCH_NSQ_BIN=$nsq_bin_dir
+  BENCH_TIMEOUT=$timeout BENCH_BASE_BIN=$base_bin BENCH_WORK=$work BENCH_KEEP=$keep BENCH_OURS=$ours BENCH_NSQ_BIN=$nsq_bin_dir
 # The helpers shared with the other end-to-end benchmarks.
 export PYTHONPATH="$here/bench${PYTHONPATH:+:$PYTHONPATH}"
 # exec: a signal to this script (timeout, kill) reaches the program that owns the processes.
@@ -152,6 +162,7 @@ MIF = os.environ["BENCH_MAX_IN_FLIGHT"]
 OURS_ARGS = shlex.split(os.environ["BENCH_OURS_ARGS"])
 BASE_ARGS = shlex.split(os.environ["BENCH_BASE_ARGS"])
 POST_PATH = os.environ["BENCH_POST_PATH"]
+BASE_BIN = os.environ["BENCH_BASE_BIN"]
 TIMEOUT_GIVEN = float(os.environ["BENCH_TIMEOUT"] or 0)
 WORK = os.environ["BENCH_WORK"]
 OURS = os.environ["BENCH_OURS"]
@@ -360,6 +371,12 @@ def main():
     for name in names:
         N = N_GIVEN or (50000 if name in ("http", "https") else 300000)
         title, base_label, ours_label, cmd, check_out = scenario(name, memcached_addr, redis_addr)
+        if BASE_BIN:
+            # Both sides run ours' command line; the baseline with the other build.
+            title = f"{title.split(' against ')[0]}: this build against {BASE_BIN}"
+            base_label, ours_label = "base-build", "this-build"
+            cmd = (lambda inner: lambda side, d, r: (
+                [BASE_BIN] + inner("ours", d, r)[1:] if side == "base" else inner("ours", d, r)))(cmd)
         print(f"\n== {name}: {title}; {N:,} messages per run")
         head = f"{'run':>3}  {'consumer':<11} {'wall s':>7} {'msg/s':>9} {'µs CPU/msg':>10} {'(exit)':>7} {'peak MiB':>8} {'nsqd µs/msg':>11}"
         if name in ("memcached", "redis"):

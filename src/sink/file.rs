@@ -8,9 +8,10 @@
 //! `rotate_interval`. `<REV>` is empty, or `-1`, `-2`, ... when a file of that name exists.
 //! Datetimes are UTC.
 //!
-//! Never acknowledged early: one writer thread takes every record queued, writes them, and
-//! fsyncs the file (`sync_data`) before it answers any of them, so a message is FINished only
-//! once its record is on disk. One fsync covers every record queued meanwhile (group commit).
+//! Never acknowledged early: one writer thread, behind the sink's [`Batcher`], takes every
+//! record queued, writes them, and fsyncs the file (`sync_data`) before it answers any of them,
+//! so a message is FINished only once its record is on disk. One fsync covers every record
+//! queued meanwhile (group commit).
 //! `sync_interval` makes the thread wait that long after a batch's first record before writing
 //! it, gathering more records per fsync: fewer fsyncs, each record waiting longer. With gzip,
 //! each batch is one gzip member (RFC 1952 allows a file of several; `gunzip` and `zcat` read
@@ -20,15 +21,14 @@
 //! ends in part of a record), closes it, and the next batch opens a new one.
 
 use std::fs::{File, OpenOptions};
+use std::future::Future;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc as std_mpsc;
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use tokio::sync::oneshot;
 
+use super::batcher::{Batcher, Flush, Results, Settings};
 use super::{Handler, HandlerError};
 
 /// `nsq_to_file`'s default file name.
@@ -38,8 +38,12 @@ pub const DEFAULT_DATETIME_FORMAT: &str = "%Y-%m-%d_%H";
 /// The gzip level when none is given.
 pub const DEFAULT_GZIP_LEVEL: u32 = 6;
 
-/// The most records one batch carries: a bound on the buffer, not a wait.
+/// The most records one batch carries (a request of more is written alone): a bound on the
+/// buffer, not a wait.
 const MAX_BATCH_RECORDS: usize = 4096;
+
+/// How often the writer wakes while idle, so that an idle file still rotates on time.
+const IDLE_WAKE: Duration = Duration::from_secs(1);
 
 /// Settings of a [`FileSink`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -141,17 +145,10 @@ impl FileSinkConfig {
     }
 }
 
-/// Records waiting for the writer, and where to tell their caller how the write went: one
-/// result for all of them.
-struct Pending {
-    bodies: Vec<Bytes>,
-    done: oneshot::Sender<Result<(), Arc<io::Error>>>,
-}
-
 /// Appends each body and a newline to the current file, fsynced before success is reported.
 pub struct FileSink {
-    queue: std::sync::Mutex<Option<std_mpsc::Sender<Pending>>>,
-    writer: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The writer thread's queue. The thread ends when this is closed or dropped.
+    batcher: Batcher,
 }
 
 impl std::fmt::Debug for FileSink {
@@ -168,45 +165,22 @@ impl FileSink {
     /// An invalid configuration: the setting's name and what is wrong.
     pub fn new(config: FileSinkConfig) -> Result<Self, (&'static str, String)> {
         config.validate()?;
-        let (queue, requests) = std_mpsc::channel();
-        let writer = std::thread::Builder::new()
-            .name("nsq-dedupe-file".into())
-            .spawn(move || Writer::new(config).run(&requests))
-            .expect("the operating system starts a thread");
-        Ok(FileSink {
-            queue: std::sync::Mutex::new(Some(queue)),
-            writer: std::sync::Mutex::new(Some(writer)),
-        })
-    }
-}
-
-impl FileSink {
-    /// Writes `bodies` with one request to the writer thread; one result for all of them.
-    async fn write(&self, bodies: Vec<Bytes>) -> Result<(), HandlerError> {
-        let (done, written) = oneshot::channel();
-        let gone = || HandlerError::Retry("the file writer has stopped".into());
-        let sent = self
-            .queue
-            .lock()
-            .expect("file sink queue lock")
-            .as_ref()
-            .map(|queue| queue.send(Pending { bodies, done }).is_ok());
-        if sent != Some(true) {
-            return Err(gone());
-        }
-        match written.await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(error)) => Err(HandlerError::Retry(format!(
-                "writing the archive file failed: {error}"
-            ))),
-            Err(_) => Err(gone()),
-        }
+        let settings = Settings::new(MAX_BATCH_RECORDS)
+            .timeout(config.sync_interval)
+            .idle(IDLE_WAKE);
+        let batcher = Batcher::spawn_thread(
+            "nsq-dedupe-file",
+            "the file writer",
+            settings,
+            Writer::new(config),
+        );
+        Ok(FileSink { batcher })
     }
 }
 
 impl Handler for FileSink {
     async fn handle(&self, body: Bytes) -> Result<(), HandlerError> {
-        self.write(vec![body]).await
+        self.batcher.submit_one(body).await
     }
 
     fn handles_batches(&self) -> bool {
@@ -217,26 +191,17 @@ impl Handler for FileSink {
     /// or sync of any of them fails every one (they are requeued; those already on disk
     /// are written again, never lost).
     async fn handle_batch(&self, bodies: Vec<Bytes>) -> Vec<Result<(), HandlerError>> {
-        let count = bodies.len();
-        if count == 0 {
-            return Vec::new();
+        let results = self.batcher.submit(bodies).await;
+        match results.iter().find_map(|result| result.as_ref().err()) {
+            Some(error) => vec![Err(error.clone()); results.len()],
+            None => results,
         }
-        vec![self.write(bodies).await; count]
     }
 
     /// Closes the current file (moving it to the output directory) once every queued record
     /// is written.
     async fn flush(&self) -> Result<(), HandlerError> {
-        let queue = self.queue.lock().expect("file sink queue lock").take();
-        drop(queue);
-        let writer = self.writer.lock().expect("file sink writer lock").take();
-        if let Some(writer) = writer {
-            tokio::task::spawn_blocking(move || writer.join())
-                .await
-                .map_err(|e| HandlerError::Retry(e.to_string()))?
-                .map_err(|_| HandlerError::Retry("the file writer panicked".into()))?;
-        }
-        Ok(())
+        self.batcher.close().await
     }
 }
 
@@ -258,93 +223,77 @@ struct Open {
 struct Writer {
     config: FileSinkConfig,
     open: Option<Open>,
+    /// A batch's records, as written.
+    buffer: Vec<u8>,
+}
+
+impl Flush for Writer {
+    fn flush(&mut self, records: Vec<Bytes>) -> impl Future<Output = Results> + Send + 'static {
+        std::future::ready(self.write_batch(&records))
+    }
+
+    fn idle(&mut self) {
+        self.rotate_if_due(SystemTime::now());
+    }
+
+    fn close(&mut self) {
+        if let Some(open) = self.open.take() {
+            self.close_file(open);
+        }
+    }
 }
 
 impl Writer {
     fn new(config: FileSinkConfig) -> Self {
-        Writer { config, open: None }
+        Writer {
+            config,
+            open: None,
+            buffer: Vec::with_capacity(64 * 1024),
+        }
     }
 
-    fn run(mut self, requests: &std_mpsc::Receiver<Pending>) {
-        let mut batch: Vec<Pending> = Vec::new();
-        let mut buffer: Vec<u8> = Vec::with_capacity(64 * 1024);
-        loop {
-            // Wake at least once a second so that an idle file still rotates on time.
-            let first = match requests.recv_timeout(Duration::from_secs(1)) {
-                Ok(first) => first,
-                Err(std_mpsc::RecvTimeoutError::Timeout) => {
-                    self.rotate_if_due(SystemTime::now());
-                    continue;
-                }
-                Err(std_mpsc::RecvTimeoutError::Disconnected) => break,
+    /// Writes a batch, in as many files as rotation asks (each file gets whole records up to
+    /// `rotate_size`); answers each record with the outcome of the write and sync that
+    /// carried it.
+    fn write_batch(&mut self, records: &[Bytes]) -> Results {
+        let mut results = Vec::with_capacity(records.len());
+        let mut rest = records;
+        while !rest.is_empty() {
+            self.rotate_if_due(SystemTime::now());
+            let room = match (&self.open, self.config.rotate_size) {
+                (Some(open), Some(max)) => max.saturating_sub(open.bytes),
+                (None, Some(max)) => max,
+                (_, None) => u64::MAX,
             };
-            let mut records = first.bodies.len();
-            batch.push(first);
-            let gather_until = Instant::now() + self.config.sync_interval;
-            while records < MAX_BATCH_RECORDS {
-                let next = match gather_until.checked_duration_since(Instant::now()) {
-                    Some(wait) if !wait.is_zero() => requests.recv_timeout(wait).ok(),
-                    _ => requests.try_recv().ok(),
-                };
-                match next {
-                    Some(pending) => {
-                        records += pending.bodies.len();
-                        batch.push(pending);
-                    }
-                    None => break,
+            let mut count = 0;
+            let mut size = 0u64;
+            let mut buffer = std::mem::take(&mut self.buffer);
+            buffer.clear();
+            for body in rest {
+                let len = body.len() as u64 + 1;
+                if count > 0 && size + len > room {
+                    break;
                 }
+                buffer.extend_from_slice(body);
+                buffer.push(b'\n');
+                size += len;
+                count += 1;
             }
-            // Each record with the request it belongs to; a request fails if any write of
-            // its records failed.
-            let all: Vec<(usize, &Bytes)> = batch
-                .iter()
-                .enumerate()
-                .flat_map(|(i, pending)| pending.bodies.iter().map(move |body| (i, body)))
-                .collect();
-            let mut results: Vec<Result<(), Arc<io::Error>>> = vec![Ok(()); batch.len()];
-            let mut rest = &all[..];
-            // A batch may span files: each file gets whole records up to `rotate_size`.
-            while !rest.is_empty() {
-                self.rotate_if_due(SystemTime::now());
-                let room = match (&self.open, self.config.rotate_size) {
-                    (Some(open), Some(max)) => max.saturating_sub(open.bytes),
-                    (None, Some(max)) => max,
-                    (_, None) => u64::MAX,
-                };
-                let mut count = 0;
-                let mut size = 0u64;
-                buffer.clear();
-                for (_, body) in rest {
-                    let len = body.len() as u64 + 1;
-                    if count > 0 && size + len > room {
-                        break;
-                    }
-                    buffer.extend_from_slice(body);
-                    buffer.push(b'\n');
-                    size += len;
-                    count += 1;
-                }
-                if let Err(error) = self.write(&buffer) {
-                    tracing::warn!(%error, records = count, "Writing the archive file failed; its records are requeued.");
-                    self.discard_failed_batch();
-                    let error = Arc::new(error);
-                    for (i, _) in &rest[..count] {
-                        results[*i] = Err(error.clone());
-                    }
-                }
-                rest = &rest[count..];
-            }
-            drop(all);
-            for (pending, result) in batch.drain(..).zip(results) {
-                let _ = pending.done.send(result);
-            }
-            if buffer.capacity() > 16 * 1024 * 1024 {
-                buffer = Vec::with_capacity(64 * 1024);
-            }
+            let written = self.write(&buffer);
+            self.buffer = buffer;
+            let result = written.map_err(|error| {
+                tracing::warn!(%error, records = count, "Writing the archive file failed; its records are requeued.");
+                self.discard_failed_batch();
+                HandlerError::Retry(format!("writing the archive file failed: {error}"))
+            });
+            results.extend(std::iter::repeat_n(result, count));
+            rest = &rest[count..];
         }
-        if let Some(open) = self.open.take() {
-            self.close(open);
+        if self.buffer.capacity() > 16 * 1024 * 1024 {
+            // One huge batch must not pin its buffer for the rest of the run.
+            self.buffer = Vec::with_capacity(64 * 1024);
         }
+        results
     }
 
     /// Writes records to the open file (opening one if needed) and syncs it.
@@ -384,7 +333,7 @@ impl Writer {
         if let Err(error) = open.file.set_len(open.bytes) {
             tracing::warn!(file = %open.work_path.display(), %error, "Cutting the failed batch off the archive file failed; its end may hold part of a record.");
         }
-        self.close(open);
+        self.close_file(open);
     }
 
     /// Closes the open file when its datetime, size or age says so.
@@ -399,7 +348,7 @@ impl Writer {
                 .is_some_and(|every| open.opened.elapsed() >= every);
         if due {
             let open = self.open.take().expect("checked above");
-            self.close(open);
+            self.close_file(open);
         }
     }
 
@@ -466,7 +415,7 @@ impl Writer {
 
     /// Closes `open` and moves it to the output directory (or removes it when empty and
     /// `skip_empty_files`).
-    fn close(&self, open: Open) {
+    fn close_file(&self, open: Open) {
         let Open {
             file,
             work_path,

@@ -10,6 +10,7 @@
 //! ([`Handler::handle_batch`]), with a result per record. A handler that only implements
 //! [`Handler::handle`] gets each record of the batch in its own concurrent call.
 
+mod batcher;
 mod dead_letter;
 mod file;
 mod http;

@@ -3,8 +3,8 @@
 //!
 //! Each [`handle_batch`](Handler::handle_batch) queues its burst's records as requests of at
 //! most [`MAX_BATCH_RECORDS`] records and [`MAX_BATCH_BYTES`] bytes, and waits;
-//! [`handle`](Handler::handle) queues a request of one record. A batching task takes every
-//! request queued by the time a publish slot is free (within the same bounds) and publishes
+//! [`handle`](Handler::handle) queues a request of one record. The sink's [`Batcher`] takes
+//! every request queued by the time a publish slot is free (within the same bounds) and publishes
 //! their records with one `MPUB` (one `PUB` for a lone record); nsqd's one `OK` answers every
 //! record of the batch, and only then are their callers told, so a source message is finished
 //! only once its copy is stored downstream. An error fails every record of its `MPUB`
@@ -19,8 +19,8 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tokio::sync::{mpsc, oneshot, Semaphore};
 
+use super::batcher::{Batcher, Results, Settings};
 use super::{Handler, HandlerError};
 use crate::nsq::{Producer, ProducerConfig};
 
@@ -37,19 +37,11 @@ pub(crate) const MAX_BATCH_RECORDS: usize = 1024;
 /// Batches on the wire at once: enough to keep a pipeline to each of a few nsqd busy.
 pub(crate) const PUBLISH_SLOTS: usize = 4;
 
-/// Records waiting to be published together, and where to tell their caller how it went.
-struct Pending {
-    bodies: Vec<Bytes>,
-    /// The bytes of `bodies`.
-    bytes: usize,
-    done: oneshot::Sender<Result<(), HandlerError>>,
-}
-
 /// Publishes each body to `topic`; success means nsqd answered `OK` to the `MPUB` (or `PUB`)
 /// that carried it.
 pub struct NsqSink {
-    /// The batching task's queue; the task ends when this sender is dropped.
-    queue: mpsc::UnboundedSender<Pending>,
+    /// The batching task's queue; the task ends when this is dropped.
+    batcher: Batcher,
     topic: String,
     producer: Arc<Producer>,
 }
@@ -74,10 +66,15 @@ impl NsqSink {
     /// Outside a Tokio runtime.
     pub fn new(config: ProducerConfig, topic: String) -> Result<Self, crate::nsq::Error> {
         let producer = Arc::new(Producer::new(config)?);
-        let (queue, requests) = mpsc::unbounded_channel();
-        tokio::spawn(publish_batches(producer.clone(), topic.clone(), requests));
+        let settings = Settings::new(MAX_BATCH_RECORDS)
+            .max_bytes(MAX_BATCH_BYTES)
+            .flushes(PUBLISH_SLOTS);
+        let publish = {
+            let (producer, topic): (_, Arc<str>) = (producer.clone(), topic.as_str().into());
+            move |bodies: Vec<Bytes>| publish(Arc::clone(&producer), Arc::clone(&topic), bodies)
+        };
         Ok(NsqSink {
-            queue,
+            batcher: Batcher::spawn("the nsq sink's publisher", settings, publish),
             topic,
             producer,
         })
@@ -97,73 +94,21 @@ impl NsqSink {
     }
 }
 
-/// The batching task: waits for a free publish slot, then publishes everything queued.
-async fn publish_batches(
-    producer: Arc<Producer>,
-    topic: String,
-    mut requests: mpsc::UnboundedReceiver<Pending>,
-) {
-    let slots = Arc::new(Semaphore::new(PUBLISH_SLOTS));
-    let topic: Arc<str> = topic.into();
-    // A request that did not fit the previous batch starts the next one.
-    let mut carried: Option<Pending> = None;
-    loop {
-        // Wait for a slot first, so that records queue up into bigger batches meanwhile.
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        let first = match carried.take() {
-            Some(pending) => pending,
-            None => match requests.recv().await {
-                Some(pending) => pending,
-                None => return,
-            },
-        };
-        let mut bytes = first.bytes;
-        let mut records = first.bodies.len();
-        let mut batch = vec![first];
-        while records < MAX_BATCH_RECORDS {
-            match requests.try_recv() {
-                Ok(pending)
-                    if bytes + pending.bytes > MAX_BATCH_BYTES
-                        || records + pending.bodies.len() > MAX_BATCH_RECORDS =>
-                {
-                    carried = Some(pending);
-                    break;
-                }
-                Ok(pending) => {
-                    bytes += pending.bytes;
-                    records += pending.bodies.len();
-                    batch.push(pending);
-                }
-                Err(_) => break,
-            }
-        }
-        let (producer, topic) = (producer.clone(), topic.clone());
-        tokio::spawn(async move {
-            let mut bodies = Vec::with_capacity(records);
-            let mut replies = Vec::with_capacity(batch.len());
-            for pending in batch {
-                bodies.extend(pending.bodies);
-                replies.push(pending.done);
-            }
-            let result = match <[Bytes; 1]>::try_from(bodies) {
-                Ok([body]) => producer.publish(&topic, body).await,
-                Err(bodies) => producer.multi_publish(&topic, bodies).await,
-            };
-            let answer = result.map_err(|error| match error {
-                // A bad topic name never gets better; everything else (a down nsqd,
-                // E_MPUB_FAILED, a timeout) may.
-                error @ crate::nsq::Error::Config { .. } => HandlerError::Reject(error.to_string()),
-                error => HandlerError::Retry(error.to_string()),
-            });
-            for reply in replies {
-                // A caller that stopped waiting has nothing to be told.
-                let _ = reply.send(answer.clone());
-            }
-            drop(slot);
-        });
-    }
+/// Publishes one batch with one `MPUB` (one `PUB` for a lone record); nsqd's answer is every
+/// record's.
+async fn publish(producer: Arc<Producer>, topic: Arc<str>, bodies: Vec<Bytes>) -> Results {
+    let count = bodies.len();
+    let result = match <[Bytes; 1]>::try_from(bodies) {
+        Ok([body]) => producer.publish(&topic, body).await,
+        Err(bodies) => producer.multi_publish(&topic, bodies).await,
+    };
+    let answer = result.map_err(|error| match error {
+        // A bad topic name never gets better; everything else (a down nsqd,
+        // E_MPUB_FAILED, a timeout) may.
+        error @ crate::nsq::Error::Config { .. } => HandlerError::Reject(error.to_string()),
+        error => HandlerError::Retry(error.to_string()),
+    });
+    vec![answer; count]
 }
 
 /// The refusal of a record nsqd would refuse, or `None`.
@@ -177,34 +122,12 @@ fn too_large(body: &Bytes) -> Option<HandlerError> {
     })
 }
 
-impl NsqSink {
-    /// Queues `bodies` (within the batch bounds) as one request; returns its answer.
-    fn publish(
-        &self,
-        bodies: Vec<Bytes>,
-        bytes: usize,
-    ) -> impl std::future::Future<Output = Result<(), HandlerError>> + Send + 'static {
-        let (done, published) = oneshot::channel();
-        let queued = self.queue.send(Pending {
-            bodies,
-            bytes,
-            done,
-        });
-        async move {
-            let gone = || HandlerError::Retry("the nsq sink's publisher has stopped".into());
-            queued.map_err(|_| gone())?;
-            published.await.unwrap_or_else(|_| Err(gone()))
-        }
-    }
-}
-
 impl Handler for NsqSink {
     async fn handle(&self, body: Bytes) -> Result<(), HandlerError> {
         if let Some(refusal) = too_large(&body) {
             return Err(refusal);
         }
-        let bytes = body.len();
-        self.publish(vec![body], bytes).await
+        self.batcher.submit_one(body).await
     }
 
     fn handles_batches(&self) -> bool {
@@ -215,7 +138,7 @@ impl Handler for NsqSink {
     /// `MPUB` gets its answer. A record nsqd would refuse is rejected alone, unsent.
     async fn handle_batch(&self, bodies: Vec<Bytes>) -> Vec<Result<(), HandlerError>> {
         let mut results: Vec<Result<(), HandlerError>> = Vec::with_capacity(bodies.len());
-        // Each request, with the range of `results` it answers.
+        // Each request, with the places in `results` of its records.
         let mut requests = Vec::new();
         let mut chunk: Vec<Bytes> = Vec::new();
         let mut chunk_bytes = 0;
@@ -229,7 +152,7 @@ impl Handler for NsqSink {
                 && (chunk.len() >= MAX_BATCH_RECORDS || chunk_bytes + body.len() > MAX_BATCH_BYTES)
             {
                 let slots = std::mem::take(&mut chunk_slots);
-                requests.push((self.publish(std::mem::take(&mut chunk), chunk_bytes), slots));
+                requests.push((self.batcher.submit(std::mem::take(&mut chunk)), slots));
                 chunk_bytes = 0;
             }
             chunk_bytes += body.len();
@@ -238,13 +161,13 @@ impl Handler for NsqSink {
             chunk.push(body);
         }
         if !chunk.is_empty() {
-            requests.push((self.publish(chunk, chunk_bytes), chunk_slots));
+            requests.push((self.batcher.submit(chunk), chunk_slots));
         }
         let (answers, slots): (Vec<_>, Vec<_>) = requests.into_iter().unzip();
         let answers = futures::future::join_all(answers).await;
         for (answer, slots) in answers.into_iter().zip(slots) {
-            for slot in slots {
-                results[slot] = answer.clone();
+            for (slot, result) in slots.into_iter().zip(answer) {
+                results[slot] = result;
             }
         }
         results

@@ -1,42 +1,39 @@
 //! The `stdout` sink: each unique body as one line on standard output, group-committed.
 //!
-//! One writer thread owns standard output. Each [`handle_batch`](Handler::handle_batch) (or
-//! [`handle`](Handler::handle)) queues its records as one request and waits; the thread takes
-//! every request queued by then, writes their records with one `write` of one buffer, flushes,
-//! and only then answers each request, so a message is finished at nsqd only after its line
-//! has left the process. Requests that arrive while a write is in flight share the next one, so
-//! the cost of a write and a flush is paid once per batch, not once per message, and a burst
-//! costs one wake-up. Records are written in the order they were queued.
+//! One writer thread owns standard output, behind the sink's [`Batcher`]. Each
+//! [`handle_batch`](Handler::handle_batch) (or [`handle`](Handler::handle)) queues its records
+//! as one request and waits; the thread takes every request queued by then, writes their
+//! records with one `write` of one buffer, flushes, and only then answers each request, so a
+//! message is finished at nsqd only after its line has left the process. Requests that arrive
+//! while a write is in flight share the next one, so the cost of a write and a flush is paid
+//! once per batch, not once per message, and a burst costs one wake-up. Records are written in
+//! the order they were queued.
 //!
 //! A thread rather than a task: writing to a pipe blocks, and a blocked write must not hold a
 //! runtime worker. A write error fails every record of its batch (their messages are
 //! requeued); a closed stdout (`EPIPE`, the reader went away) also closes the sink, and the
 //! sidecar stops (see [`Handler::closed`]).
 
+use std::future::Future;
 use std::io::{self, Write};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::watch;
 
+use super::batcher::{Batcher, Flush, Results, Settings};
 use super::{Handler, HandlerError};
 
-/// The most records one write carries (beyond one request's); a bound on the buffer, not a
-/// wait.
+/// The most records one write carries (a request of more is written alone); a bound on the
+/// buffer, not a wait.
 const MAX_BATCH_RECORDS: usize = 4096;
-
-/// Records waiting for the writer, and where to tell their caller how the write went.
-struct Pending {
-    bodies: Vec<Bytes>,
-    done: oneshot::Sender<Result<(), Arc<io::Error>>>,
-}
 
 /// Writes each body followed by a newline, and flushes, before reporting success; bodies are
 /// written byte for byte (a body containing newlines spans several lines).
 #[derive(Debug)]
 pub struct StdoutSink {
-    /// The writer thread's queue. The thread ends when this sender is dropped.
-    queue: mpsc::UnboundedSender<Pending>,
+    /// The writer thread's queue. The thread ends when this is dropped.
+    batcher: Batcher,
     /// Set by the writer thread when stdout is closed for good.
     closed: watch::Receiver<Option<Arc<io::Error>>>,
 }
@@ -51,58 +48,53 @@ impl StdoutSink {
     /// A sink writing to `out` from a thread of its own (standard output in service; any
     /// writer in tests).
     pub fn new<W: Write + Send + 'static>(out: W) -> Self {
-        let (queue, requests) = mpsc::unbounded_channel();
         let (closed_tx, closed) = watch::channel(None);
-        std::thread::Builder::new()
-            .name("nsq-dedupe-stdout".into())
-            .spawn(move || write_batches(out, requests, &closed_tx))
-            .expect("the operating system starts a thread");
-        StdoutSink { queue, closed }
+        let writer = Writer {
+            out,
+            buffer: Vec::with_capacity(64 * 1024),
+            closed: closed_tx,
+        };
+        let batcher = Batcher::spawn_thread(
+            "nsq-dedupe-stdout",
+            "the stdout writer",
+            Settings::new(MAX_BATCH_RECORDS),
+            writer,
+        );
+        StdoutSink { batcher, closed }
     }
 }
 
-/// The writer thread: one write and one flush per batch of queued records.
-fn write_batches<W: Write>(
-    mut out: W,
-    mut requests: mpsc::UnboundedReceiver<Pending>,
-    closed: &watch::Sender<Option<Arc<io::Error>>>,
-) {
-    let mut batch: Vec<Pending> = Vec::new();
-    let mut buffer: Vec<u8> = Vec::with_capacity(64 * 1024);
-    while let Some(first) = requests.blocking_recv() {
-        let mut records = first.bodies.len();
-        batch.push(first);
-        while records < MAX_BATCH_RECORDS {
-            match requests.try_recv() {
-                Ok(pending) => {
-                    records += pending.bodies.len();
-                    batch.push(pending);
+/// The writer thread's side: one write and one flush per batch.
+struct Writer<W> {
+    out: W,
+    buffer: Vec<u8>,
+    /// Told when stdout is closed for good; dropped with the thread.
+    closed: watch::Sender<Option<Arc<io::Error>>>,
+}
+
+impl<W: Write + Send + 'static> Flush for Writer<W> {
+    fn flush(&mut self, records: Vec<Bytes>) -> impl Future<Output = Results> + Send + 'static {
+        self.buffer.clear();
+        for body in &records {
+            self.buffer.extend_from_slice(body);
+            self.buffer.push(b'\n');
+        }
+        let result = self
+            .out
+            .write_all(&self.buffer)
+            .and_then(|()| self.out.flush())
+            .map_err(|error| {
+                let error = Arc::new(error);
+                if error.kind() == io::ErrorKind::BrokenPipe {
+                    self.closed.send_replace(Some(error.clone()));
                 }
-                Err(_) => break,
-            }
-        }
-        buffer.clear();
-        for body in batch.iter().flat_map(|pending| &pending.bodies) {
-            buffer.extend_from_slice(body);
-            buffer.push(b'\n');
-        }
-        let result = out
-            .write_all(&buffer)
-            .and_then(|()| out.flush())
-            .map_err(Arc::new);
-        if let Err(error) = &result {
-            if error.kind() == io::ErrorKind::BrokenPipe {
-                closed.send_replace(Some(error.clone()));
-            }
-        }
-        for pending in batch.drain(..) {
-            // A caller that stopped waiting has nothing to be told.
-            let _ = pending.done.send(result.clone());
-        }
-        if buffer.capacity() > 16 * 1024 * 1024 {
+                failed(&error)
+            });
+        if self.buffer.capacity() > 16 * 1024 * 1024 {
             // One huge batch must not pin its buffer for the rest of the run.
-            buffer = Vec::with_capacity(64 * 1024);
+            self.buffer = Vec::with_capacity(64 * 1024);
         }
+        std::future::ready(vec![result; records.len()])
     }
 }
 
@@ -110,25 +102,9 @@ fn failed(error: &io::Error) -> HandlerError {
     HandlerError::Retry(format!("writing to stdout failed: {error}"))
 }
 
-impl StdoutSink {
-    /// Writes `bodies` with one request to the writer thread; one result for all of them.
-    async fn write(&self, bodies: Vec<Bytes>) -> Result<(), HandlerError> {
-        let (done, written) = oneshot::channel();
-        let gone = || HandlerError::Retry("the stdout writer has stopped".into());
-        self.queue
-            .send(Pending { bodies, done })
-            .map_err(|_| gone())?;
-        match written.await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(error)) => Err(failed(&error)),
-            Err(_) => Err(gone()),
-        }
-    }
-}
-
 impl Handler for StdoutSink {
     async fn handle(&self, body: Bytes) -> Result<(), HandlerError> {
-        self.write(vec![body]).await
+        self.batcher.submit_one(body).await
     }
 
     fn handles_batches(&self) -> bool {
@@ -138,11 +114,7 @@ impl Handler for StdoutSink {
     /// One request for the whole batch: its records are written by one `write`, and a failed
     /// write fails every one of them.
     async fn handle_batch(&self, bodies: Vec<Bytes>) -> Vec<Result<(), HandlerError>> {
-        let count = bodies.len();
-        if count == 0 {
-            return Vec::new();
-        }
-        vec![self.write(bodies).await; count]
+        self.batcher.submit(bodies).await
     }
 
     async fn closed(&self) -> io::Error {

@@ -4,7 +4,8 @@
 //!
 //! A burst ([`Batcher::handle_batch`]) is cut at once, in order, into batches of `batch_size`
 //! records, all sent concurrently; what is left, fewer than `batch_size`, is gathered with the
-//! records that follow, as the records of single `handle` calls are: a gathered batch is sent
+//! records that follow, as the records of single `handle` calls are, by the sinks' batcher
+//! ([`crate::sink::batcher`]), each record a request of its own: a gathered batch is sent
 //! when it holds `batch_size` records or `batch_timeout` after its first record, whichever
 //! comes first. So a slow stream still makes full batches, at the cost of up to
 //! `batch_timeout` of delay for a burst's last records. A batch's records keep their order of
@@ -17,22 +18,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use tokio::sync::{mpsc, oneshot};
 
 use super::config::BatchFormat;
 use super::{digest, Poster};
+use crate::sink::batcher::{self, Settings};
 use crate::sink::HandlerError;
 
-/// A record waiting for its batch, and who waits for the outcome.
-struct Pending {
-    body: Bytes,
-    done: oneshot::Sender<Result<(), HandlerError>>,
-}
-
-/// Hands records to the task that gathers them; that task ends when this is dropped.
+/// Sends full batches, and hands the other records to the task that gathers them; that task
+/// ends when this is dropped.
 #[derive(Debug)]
 pub(super) struct Batcher {
-    queue: mpsc::UnboundedSender<Pending>,
+    /// Gathers records into batches and sends each in a task of its own, so that a slow
+    /// request does not hold back the next batch (the endpoint's connection bound still
+    /// applies).
+    gathered: batcher::Batcher,
     poster: Arc<Poster>,
     size: usize,
     format: BatchFormat,
@@ -51,10 +50,13 @@ impl Batcher {
         format: BatchFormat,
     ) -> Self {
         let size = size.max(1);
-        let (queue, records) = mpsc::unbounded_channel();
-        tokio::spawn(gather(records, Arc::clone(&poster), size, timeout, format));
+        let settings = Settings::new(size).timeout(timeout).flushes(usize::MAX);
+        let send = {
+            let poster = Arc::clone(&poster);
+            move |records: Vec<Bytes>| send(Arc::clone(&poster), records, format)
+        };
         Batcher {
-            queue,
+            gathered: batcher::Batcher::spawn("the http sink's batcher", settings, send),
             poster,
             size,
             format,
@@ -86,7 +88,7 @@ impl Batcher {
         });
         let gathered = rest
             .iter()
-            .map(|(at, body)| async move { (*at, self.gather(body.clone()).await) });
+            .map(|(at, body)| async move { (*at, self.gathered.submit_one(body.clone()).await) });
         let (sent, gathered) = futures::future::join(
             futures::future::join_all(sent),
             futures::future::join_all(gathered),
@@ -106,56 +108,18 @@ impl Batcher {
     /// Sends `body` in the next gathered batch; answers with that batch's outcome.
     pub(super) async fn handle(&self, body: Bytes) -> Result<(), HandlerError> {
         check(self.format, &body).map_err(HandlerError::Reject)?;
-        self.gather(body).await
-    }
-
-    /// Hands `body`, which has passed [`check`], to the gathering task; answers with its
-    /// batch's outcome.
-    async fn gather(&self, body: Bytes) -> Result<(), HandlerError> {
-        let stopped = || HandlerError::Retry("the http sink's batcher has stopped".into());
-        let (done, outcome) = oneshot::channel();
-        self.queue
-            .send(Pending { body, done })
-            .map_err(|_| stopped())?;
-        outcome.await.unwrap_or_else(|_| Err(stopped()))
+        self.gathered.submit_one(body).await
     }
 }
 
-/// Gathers batches until every [`Batcher`] handle is gone; each batch is sent in its own task,
-/// so that a slow request does not hold back the next batch (the endpoint's connection bound
-/// still applies).
-async fn gather(
-    mut records: mpsc::UnboundedReceiver<Pending>,
+/// Sends one gathered batch; its outcome is each of its records'.
+async fn send(
     poster: Arc<Poster>,
-    size: usize,
-    timeout: Duration,
+    records: Vec<Bytes>,
     format: BatchFormat,
-) {
-    let mut batch = Vec::with_capacity(size);
-    loop {
-        if records.recv_many(&mut batch, size).await == 0 {
-            return;
-        }
-        let deadline = tokio::time::Instant::now() + timeout;
-        while batch.len() < size {
-            let room = size - batch.len();
-            tokio::select! {
-                taken = records.recv_many(&mut batch, room) => if taken == 0 { break },
-                () = tokio::time::sleep_until(deadline) => break,
-            }
-        }
-        let full = std::mem::replace(&mut batch, Vec::with_capacity(size));
-        tokio::spawn(send(Arc::clone(&poster), full, format));
-    }
-}
-
-/// Sends one gathered batch and answers each of its records.
-async fn send(poster: Arc<Poster>, batch: Vec<Pending>, format: BatchFormat) {
-    let outcome = deliver(&poster, format, batch.iter().map(|p| &p.body)).await;
-    for pending in batch {
-        // A caller that gave up (shutdown) no longer listens; its message is requeued.
-        let _ = pending.done.send(outcome.clone());
-    }
+) -> Vec<Result<(), HandlerError>> {
+    let outcome = deliver(&poster, format, records.iter()).await;
+    vec![outcome; records.len()]
 }
 
 /// Sends `records`, each of which has passed [`check`], as one batch. Its idempotency key is
