@@ -249,6 +249,9 @@ impl Link {
         let deadline = self.deadline();
         let mut ask: Option<String> = None;
         let mut redirects = 0;
+        // A standalone server's kept connection may have broken since its last use (a
+        // restarted server, the runtime that drove it gone): one more try on a new one.
+        let mut reconnected = false;
         loop {
             // The map this attempt routes by: a failure reads it again only if nobody has
             // since.
@@ -346,6 +349,13 @@ impl Link {
                     self.drop_conn(&node, Some(&open));
                     self.retry_after(seen, deadline).await?;
                     ask = None;
+                }
+                // Sending the script again is safe even if the first one ran: a claim then
+                // finds its own entry in flight (the message is requeued, and claimed anew
+                // once the lease ends), a commit finds it done, an erase finds nothing.
+                _ if !self.cluster && !reconnected && is_connection_error(&error) => {
+                    self.drop_conn(&node, Some(&open));
+                    reconnected = true;
                 }
                 _ => return Err(self.failed(&node, &error)),
             }
