@@ -7,6 +7,8 @@
 mod memcached;
 mod nsq;
 mod redis;
+// The Redis Cluster launcher serves the store-cost benchmark only.
+#[allow(dead_code)]
 mod servers;
 mod table;
 
