@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::setting::{section, FlagValue, Section as _};
-use super::{invalid, ConfigError, Dur};
+use super::{invalid, ConfigError, Dur, Wording};
 use crate::nsq::{AuthSecret, Compression, Transport};
 use crate::tls::{TlsSettings, TlsVersion};
 
@@ -223,7 +223,9 @@ impl RawNsqOpts {
                     return Err(invalid(
                         key("auth_secret_file"),
                         path_text(file),
-                        format!("`{}` is set too; give the secret once", key("auth_secret")),
+                        Wording::default()
+                            .key(key("auth_secret"))
+                            .text(" is set too; give the secret once"),
                     ))
                 }
                 // The secret itself is never shown, not even in an error.

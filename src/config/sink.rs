@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 use super::setting::{names, section, FlagValue, Only};
 use super::source::RawSource;
-use super::{check_host_port, check_name, invalid, output_name, quote, ConfigError, Dur};
+use super::{check_host_port, check_name, invalid, output_name, quote, ConfigError, Dur, Wording};
 use crate::http::{check_url, HttpClientConfig};
 use crate::redact;
 use crate::sink::{
@@ -559,7 +559,7 @@ pub(super) fn validate_dead_letter(
         DeadLetterKind::File => {
             let path = dl.path.clone().ok_or(ConfigError::required(
                 "dead_letter.path",
-                "`dead_letter.kind = \"file\"`",
+                Wording::default().set("dead_letter.kind", "\"file\""),
             ))?;
             output_name::check_uncompressed(
                 "dead_letter.path",
@@ -572,7 +572,7 @@ pub(super) fn validate_dead_letter(
         DeadLetterKind::Nsq => {
             let topic = dl.topic.clone().ok_or(ConfigError::required(
                 "dead_letter.topic",
-                "`dead_letter.kind = \"nsq\"`",
+                Wording::default().set("dead_letter.kind", "\"nsq\""),
             ))?;
             check_name("dead_letter.topic", "topic", &topic)?;
             let addrs = dl
@@ -583,7 +583,11 @@ pub(super) fn validate_dead_letter(
             if addrs.is_empty() {
                 return Err(ConfigError::required(
                     "dead_letter.nsqd_tcp_addresses",
-                    "`dead_letter.kind = \"nsq\"` when `source.nsqd_tcp_addresses` is empty",
+                    Wording::default()
+                        .set("dead_letter.kind", "\"nsq\"")
+                        .text(" when ")
+                        .key("source.nsqd_tcp_addresses")
+                        .text(" is empty"),
                 ));
             }
             for a in &addrs {

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use super::setting::{section, FlagValue};
-use super::{check_host_port, check_name, invalid, quote, ConfigError, Dur};
+use super::{check_host_port, check_name, invalid, quote, ConfigError, Dur, Wording};
 use crate::nsq::ConsumerConfig;
 use crate::pipeline::Policy;
 
@@ -89,7 +89,7 @@ impl Source {
                     "output_buffer_size" => identity.output_buffer_size.unwrap_or(0).to_string(),
                     _ => String::new(),
                 },
-                reason,
+                reason: reason.into(),
             },
             other => ConfigError::Consumer(other),
         })
@@ -163,7 +163,9 @@ impl RawSource {
             return Err(invalid(
                 "source.max_backoff",
                 format!("{max_backoff:?}"),
-                format!("must be at least `source.backoff` ({backoff:?})"),
+                Wording::from("must be at least ")
+                    .key("source.backoff")
+                    .text(format!(" ({backoff:?})")),
             ));
         }
         // go-nsq-style RDY backoff on handler failures: a failing sink slows consumption down
@@ -176,7 +178,7 @@ impl RawSource {
                 key: source_key(field),
                 flag: None,
                 value: self.value_of(field),
-                reason,
+                reason: reason.into(),
             },
             other => ConfigError::Consumer(other),
         })?;
