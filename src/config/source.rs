@@ -96,6 +96,27 @@ impl Source {
     }
 }
 
+/// Each nsqd address is a host:port, and each nsqlookupd address one the consumer can ask.
+fn check_addresses(consumer: &ConsumerConfig) -> Result<(), ConfigError> {
+    for addr in &consumer.nsqd_tcp_addresses {
+        check_host_port("source.nsqd_tcp_addresses", addr)?;
+    }
+    for addr in &consumer.lookupd_http_addresses {
+        crate::nsq::lookupd::parse_address(addr).map_err(|error| match error {
+            crate::nsq::Error::Config { reason, .. } => {
+                // The consumer's reason starts with the address, which we show already.
+                let quoted = quote(Some(addr));
+                let reason = reason
+                    .strip_prefix(&format!("{quoted}: "))
+                    .map_or(reason.clone(), str::to_owned);
+                invalid("source.lookupd_http_addresses", quoted, reason)
+            }
+            other => ConfigError::Consumer(other),
+        })?;
+    }
+    Ok(())
+}
+
 impl RawSource {
     pub(super) fn validate(&self) -> Result<Source, ConfigError> {
         let no_addresses = [&self.nsqd_tcp_addresses, &self.lookupd_http_addresses]
@@ -128,22 +149,7 @@ impl RawSource {
         if no_addresses {
             return Err(missing_addresses);
         }
-        for addr in &consumer.nsqd_tcp_addresses {
-            check_host_port("source.nsqd_tcp_addresses", addr)?;
-        }
-        for addr in &consumer.lookupd_http_addresses {
-            crate::nsq::lookupd::parse_address(addr).map_err(|error| match error {
-                crate::nsq::Error::Config { reason, .. } => {
-                    // The consumer's reason starts with the address, which we show already.
-                    let quoted = quote(Some(addr));
-                    let reason = reason
-                        .strip_prefix(&format!("{quoted}: "))
-                        .map_or(reason.clone(), str::to_owned);
-                    invalid("source.lookupd_http_addresses", quoted, reason)
-                }
-                other => ConfigError::Consumer(other),
-            })?;
-        }
+        check_addresses(&consumer)?;
         consumer.max_in_flight = self.max_in_flight.unwrap_or(DEFAULT_MAX_IN_FLIGHT);
         let msg_timeout = self.msg_timeout.map_or(DEFAULT_MSG_TIMEOUT, |d| d.0);
         consumer.msg_timeout = Some(msg_timeout);
