@@ -164,13 +164,17 @@ mod tests {
     #[test]
     fn settings_are_named_as_the_user_gave_them() {
         let mut names = FlagOrigins::default();
-        names.record("source.backoff", "--backoff", true);
-        names.record("store.kind", "--store", false);
-        names.record(
-            "consumer_opt.deflate_level",
-            "--consumer-opt deflate_level",
-            true,
-        );
+        for (key, flag, given) in [
+            ("source.backoff", "--backoff", true),
+            ("store.kind", "--store", false),
+            (
+                "consumer_opt.deflate_level",
+                "--consumer-opt deflate_level",
+                true,
+            ),
+        ] {
+            names.record(key, flag, given);
+        }
         let wording = Wording::default()
             .key("source.backoff")
             .text(", ")
