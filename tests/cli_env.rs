@@ -98,6 +98,69 @@ fn a_value_validation_refuses_is_named_by_its_variable() {
     );
 }
 
+/// A reason names the other settings it speaks of as each was given: by its variable, by its
+/// flag, or (with a config file, when no flag gave it) by its key, and with its value in the
+/// form of each.
+#[test]
+fn settings_a_reason_names_are_named_as_they_were_given() {
+    assert_eq!(
+        run_refused(
+            &[("NSQ_DEDUPE_BACKOFF", "10s")],
+            &[
+                "--topic",
+                "t",
+                "--nsqd-tcp-address",
+                "127.0.0.1:1",
+                "--max-backoff",
+                "1s"
+            ]
+        ),
+        (
+            78,
+            "error: invalid `--max-backoff` = 1s: must be at least `NSQ_DEDUPE_BACKOFF` (10s)\n"
+                .to_owned()
+        )
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "[dead_letter]\nkind = \"nsq\"\ntopic = \"dead\"\n").unwrap();
+    let config = config.to_str().unwrap();
+    assert_eq!(
+        run_refused(
+            &[("NSQ_DEDUPE_STORE", "memcached")],
+            &[
+                "--config",
+                config,
+                "--topic",
+                "t",
+                "--nsqd-tcp-address",
+                "127.0.0.1:1",
+                "--memory",
+                "1MiB"
+            ]
+        ),
+        (
+            78,
+            "error: invalid `--memory` = \"1MiB\": sizes the in-process table; size a shared \
+             table with `store.buckets` or `store.probability`\n"
+                .to_owned()
+        )
+    );
+    assert_eq!(
+        run_refused(
+            &[],
+            &["--config", config, "--topic", "t", "--lookupd-http-address", "127.0.0.1:1"]
+        ),
+        (
+            78,
+            "error: `dead_letter.nsqd_tcp_addresses` is required with `dead_letter.kind = \"nsq\"` \
+             when `source.nsqd_tcp_addresses` is empty: set it in the config file or pass \
+             `--dead-letter-nsqd-tcp-address`\n"
+                .to_owned()
+        )
+    );
+}
+
 #[test]
 fn a_global_flags_variable_is_named_too() {
     let size = ["size", "--buckets", "8", "--messages", "5"];

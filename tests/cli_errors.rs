@@ -262,7 +262,8 @@ fn is_config_key(setting: &str) -> bool {
     }
 }
 
-/// The `--flag` and `section.key` names that string literals in `dir` put in backquotes.
+/// The `--flag` and `section.key` names that string literals in `dir` put in backquotes, and
+/// the keys a message's wording names as settings (`.key("sink.post")`, `.set("sink.kind", …)`).
 fn named_settings(dir: &Path, found: &mut BTreeSet<(String, String)>) {
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
@@ -278,6 +279,17 @@ fn named_settings(dir: &Path, found: &mut BTreeSet<(String, String)>) {
             let line = line.trim_start();
             if line.starts_with("//") {
                 continue;
+            }
+            for call in [".key(\"", ".set(\""] {
+                for (_, after) in line
+                    .match_indices(call)
+                    .map(|(at, _)| line.split_at(at + call.len()))
+                {
+                    let quoted = after.split('"').next().unwrap_or_default();
+                    if quoted.contains('.') {
+                        found.insert((quoted.to_owned(), path.display().to_string()));
+                    }
+                }
             }
             // Only inside string literals: the odd pieces between double quotes.
             for literal in line.split('"').skip(1).step_by(2) {

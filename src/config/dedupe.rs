@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::setting::{names, section, FlagValue, Only};
 use super::source::Source;
-use super::{invalid, quote, ConfigError, Dur};
+use super::{invalid, quote, ConfigError, Dur, Wording};
 use crate::dedup::digest::{DigestAlgorithm, DigestKey, KeySpec, Keyer};
 use crate::pipeline::{InFlightPolicy, Policy, StoreErrorPolicy};
 
@@ -59,32 +59,34 @@ impl RawDedupe {
                 invalid("dedupe.key", quote(self.key.as_deref()), e.to_string())
             },
         )?;
-        let digest =
-            match (&self.digest_key_file, self.digest.as_deref()) {
-                (Some(path), None | Some("blake3")) => {
-                    DigestAlgorithm::Blake3Keyed(read_digest_key("dedupe.digest_key_file", path)?)
-                }
-                (Some(_), Some(other)) => return Err(invalid(
+        let digest = match (&self.digest_key_file, self.digest.as_deref()) {
+            (Some(path), None | Some("blake3")) => {
+                DigestAlgorithm::Blake3Keyed(read_digest_key("dedupe.digest_key_file", path)?)
+            }
+            (Some(_), Some(other)) => {
+                return Err(invalid(
                     "dedupe.digest",
                     quote(Some(other)),
-                    "a digest key file selects keyed BLAKE3; set `dedupe.digest` to \"blake3\" \
-                     or leave it out",
-                )),
-                (None, Some("blake3")) => {
-                    return Err(ConfigError::Missing {
-                        key: "dedupe.digest_key_file",
-                        flags: &["--digest-key-file"],
-                    })
-                }
-                (None, digest) => {
-                    digest
-                        .unwrap_or("xxh3")
-                        .parse()
-                        .map_err(|e: crate::error::SpecError| {
-                            invalid("dedupe.digest", quote(digest), e.to_string())
-                        })?
-                }
-            };
+                    Wording::from("a digest key file selects keyed BLAKE3; set ")
+                        .key("dedupe.digest")
+                        .text(" to \"blake3\" or leave it out"),
+                ))
+            }
+            (None, Some("blake3")) => {
+                return Err(ConfigError::Missing {
+                    key: "dedupe.digest_key_file",
+                    flags: &["--digest-key-file"],
+                })
+            }
+            (None, digest) => {
+                digest
+                    .unwrap_or("xxh3")
+                    .parse()
+                    .map_err(|e: crate::error::SpecError| {
+                        invalid("dedupe.digest", quote(digest), e.to_string())
+                    })?
+            }
+        };
         let defaults = Policy::default();
         let policy = Policy {
             on_in_flight: self.on_in_flight.unwrap_or(defaults.on_in_flight),

@@ -117,6 +117,7 @@ mod source;
 mod store;
 mod toml_error;
 mod unused;
+mod wording;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -139,6 +140,7 @@ pub use sink::{
 };
 pub use source::RawSource;
 pub use store::{RawStore, StoreKind, StoreSettings, TableFileSettings, DEFAULT_WINDOW};
+pub use wording::{Named, Wording};
 
 use setting::Section as _;
 
@@ -186,7 +188,7 @@ pub enum ConfigError {
         /// The value given.
         value: String,
         /// What is wrong and what is accepted.
-        reason: String,
+        reason: Wording,
     },
     /// A required value is missing.
     #[error(
@@ -210,8 +212,8 @@ pub enum ConfigError {
     Required {
         /// The missing key, as `section.name`.
         key: &'static str,
-        /// The setting that needs it, as the user gave it.
-        with: String,
+        /// The setting that needs it.
+        with: Wording,
         /// The flag that sets the missing key, if there is one.
         flag: Option<&'static str>,
     },
@@ -222,8 +224,8 @@ pub enum ConfigError {
         key: &'static str,
         /// The flag that gave it, if one did.
         flag: Option<&'static str>,
-        /// What it needs, as the user would set it.
-        needs: String,
+        /// What it needs.
+        needs: Wording,
     },
     /// The NSQ consumer refused its settings for a reason no single key explains.
     #[error("the NSQ consumer cannot start with these `[source]` settings")]
@@ -234,8 +236,8 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
-    /// Names the flag instead of the key when the value came from a flag, and in the reason
-    /// names each other setting as the user gave it.
+    /// Names the flag instead of the key when the value came from a flag, and records how the
+    /// user gave each other setting the message names, to name it so when it is shown.
     fn naming_flags(self, flags: &FlagOrigins) -> Self {
         match self {
             ConfigError::Invalid {
@@ -247,16 +249,16 @@ impl ConfigError {
                 key,
                 flag: flags.flag_for(key),
                 value,
-                reason: flags.rename(&reason),
+                reason: reason.naming(flags),
             },
             ConfigError::Unused { key, needs, .. } => ConfigError::Unused {
                 key,
                 flag: flags.naming(key),
-                needs: flags.rename(&needs),
+                needs: needs.naming(flags),
             },
             ConfigError::Required { key, with, .. } => ConfigError::Required {
                 key,
-                with: flags.rename(&with),
+                with: with.naming(flags),
                 flag: flags.flag_of(key),
             },
             other => other,
@@ -271,10 +273,10 @@ impl ConfigError {
         }
     }
 
-    pub(super) fn required(key: &'static str, with: &str) -> Self {
+    pub(super) fn required(key: &'static str, with: Wording) -> Self {
         ConfigError::Required {
             key,
-            with: with.to_owned(),
+            with,
             flag: None,
         }
     }
@@ -502,7 +504,7 @@ impl Settings {
     }
 }
 
-fn invalid(key: &'static str, value: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+fn invalid(key: &'static str, value: impl Into<String>, reason: impl Into<Wording>) -> ConfigError {
     ConfigError::Invalid {
         key,
         flag: None,

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::setting::{section, FlagValue, Section as _};
-use super::{invalid, ConfigError, Dur};
+use super::{invalid, ConfigError, Dur, Wording};
 use crate::nsq::{AuthSecret, Compression, Transport};
 use crate::tls::{TlsSettings, TlsVersion};
 
@@ -136,8 +136,29 @@ impl RawNsqOpts {
 
     /// Checks the options and builds the transport and IDENTIFY details for `side`.
     pub(super) fn validate(&self, side: Side) -> Result<(Transport, Identity), ConfigError> {
+        let tls = self.validate_tls(side)?;
+        let compression = self.validate_compression(side)?;
+        let auth_secret = self.validate_auth_secret(side)?;
+        self.validate_identity(side)?;
+        Ok((
+            Transport {
+                tls,
+                compression,
+                auth_secret,
+            },
+            Identity {
+                user_agent: self.user_agent.clone(),
+                output_buffer_size: self.output_buffer_size,
+                output_buffer_timeout: self.output_buffer_timeout.map(|d| d.0),
+                sample_rate: self.sample_rate,
+            },
+        ))
+    }
+
+    /// TLS, when `tls_v1` or any other `tls_*` option asks for it, with its files read now: a
+    /// typo fails the start, not every connection.
+    fn validate_tls(&self, side: Side) -> Result<Option<TlsSettings>, ConfigError> {
         let key = |name| key(side, name);
-        let path_text = |p: &PathBuf| format!("{:?}", p.display().to_string());
         let tls_options = [
             self.tls_root_ca_file.is_some(),
             self.tls_insecure_skip_verify.is_some(),
@@ -145,7 +166,7 @@ impl RawNsqOpts {
             self.tls_key.is_some(),
             self.tls_min_version.is_some(),
         ];
-        let tls = match self.tls_v1 {
+        let wanted = match self.tls_v1 {
             Some(false) if tls_options.iter().any(|&given| given) => {
                 return Err(invalid(
                     key("tls_v1"),
@@ -153,38 +174,39 @@ impl RawNsqOpts {
                     "other tls_* options are set; remove them or turn TLS on",
                 ))
             }
-            Some(false) => None,
-            Some(true) => Some(()),
-            None => tls_options.iter().any(|&given| given).then_some(()),
+            Some(on) => on,
+            None => tls_options.iter().any(|&given| given),
         };
-        let tls = match tls {
-            None => None,
-            Some(()) => {
-                let min_version = match &self.tls_min_version {
-                    None => TlsVersion::default(),
-                    Some(text) => text.parse().map_err(|reason| {
-                        invalid(key("tls_min_version"), format!("{text:?}"), reason)
-                    })?,
-                };
-                let settings = TlsSettings {
-                    root_ca_file: self.tls_root_ca_file.clone(),
-                    cert_file: self.tls_cert.clone(),
-                    key_file: self.tls_key.clone(),
-                    insecure_skip_verify: self.tls_insecure_skip_verify.unwrap_or(false),
-                    min_version,
-                };
-                // Read the files now: a typo fails the start, not every connection.
-                crate::tls::client_config(&settings).map_err(|error| {
-                    let name = match error.what {
-                        "client certificate" => "tls_cert",
-                        "client key" => "tls_key",
-                        _ => "tls_root_ca_file",
-                    };
-                    invalid(key(name), path_text(&error.path), error.cause)
-                })?;
-                Some(settings)
-            }
+        if !wanted {
+            return Ok(None);
+        }
+        let min_version = match &self.tls_min_version {
+            None => TlsVersion::default(),
+            Some(text) => text
+                .parse()
+                .map_err(|reason| invalid(key("tls_min_version"), format!("{text:?}"), reason))?,
         };
+        let settings = TlsSettings {
+            root_ca_file: self.tls_root_ca_file.clone(),
+            cert_file: self.tls_cert.clone(),
+            key_file: self.tls_key.clone(),
+            insecure_skip_verify: self.tls_insecure_skip_verify.unwrap_or(false),
+            min_version,
+        };
+        crate::tls::client_config(&settings).map_err(|error| {
+            let name = match error.what {
+                "client certificate" => "tls_cert",
+                "client key" => "tls_key",
+                _ => "tls_root_ca_file",
+            };
+            invalid(key(name), path_text(&error.path), error.cause)
+        })?;
+        Ok(Some(settings))
+    }
+
+    /// Snappy, deflate at its level, or none; never both.
+    fn validate_compression(&self, side: Side) -> Result<Compression, ConfigError> {
+        let key = |name| key(side, name);
         let deflate = self.deflate.unwrap_or(false) || self.deflate_level.is_some();
         if self.deflate == Some(false) && self.deflate_level.is_some() {
             return Err(invalid(
@@ -193,15 +215,13 @@ impl RawNsqOpts {
                 "deflate is off; remove deflate_level or turn deflate on",
             ));
         }
-        let compression = match (self.snappy.unwrap_or(false), deflate) {
-            (true, true) => {
-                return Err(invalid(
-                    key("snappy"),
-                    "true",
-                    "snappy and deflate are exclusive; choose one",
-                ))
-            }
-            (true, false) => Compression::Snappy,
+        match (self.snappy.unwrap_or(false), deflate) {
+            (true, true) => Err(invalid(
+                key("snappy"),
+                "true",
+                "snappy and deflate are exclusive; choose one",
+            )),
+            (true, false) => Ok(Compression::Snappy),
             (false, true) => {
                 let level = self
                     .deflate_level
@@ -213,38 +233,47 @@ impl RawNsqOpts {
                         "expected 1 (fastest) to 9 (smallest); nsqd caps it at its --max-deflate-level",
                     ));
                 }
-                Compression::Deflate { level }
+                Ok(Compression::Deflate { level })
             }
-            (false, false) => Compression::None,
-        };
-        let auth_secret =
-            match (&self.auth_secret, &self.auth_secret_file) {
-                (Some(_), Some(file)) => {
-                    return Err(invalid(
+            (false, false) => Ok(Compression::None),
+        }
+    }
+
+    /// The auth secret, given once: as itself or in a file. The secret itself is never shown,
+    /// not even in an error.
+    fn validate_auth_secret(&self, side: Side) -> Result<Option<AuthSecret>, ConfigError> {
+        let key = |name| key(side, name);
+        match (&self.auth_secret, &self.auth_secret_file) {
+            (Some(_), Some(file)) => Err(invalid(
+                key("auth_secret_file"),
+                path_text(file),
+                Wording::default()
+                    .key(key("auth_secret"))
+                    .text(" is set too; give the secret once"),
+            )),
+            (Some(text), None) => AuthSecret::new(text)
+                .map(Some)
+                .map_err(|reason| invalid(key("auth_secret"), "<redacted>", reason)),
+            (None, Some(file)) => {
+                let text = std::fs::read_to_string(file).map_err(|error| {
+                    invalid(
                         key("auth_secret_file"),
                         path_text(file),
-                        format!("`{}` is set too; give the secret once", key("auth_secret")),
-                    ))
-                }
-                // The secret itself is never shown, not even in an error.
-                (Some(text), None) => Some(
-                    AuthSecret::new(text)
-                        .map_err(|reason| invalid(key("auth_secret"), "<redacted>", reason))?,
-                ),
-                (None, Some(file)) => {
-                    let text = std::fs::read_to_string(file).map_err(|error| {
-                        invalid(
-                            key("auth_secret_file"),
-                            path_text(file),
-                            format!("cannot read it: {error}"),
-                        )
-                    })?;
-                    Some(AuthSecret::new(&text).map_err(|reason| {
-                        invalid(key("auth_secret_file"), path_text(file), reason)
-                    })?)
-                }
-                (None, None) => None,
-            };
+                        format!("cannot read it: {error}"),
+                    )
+                })?;
+                AuthSecret::new(&text)
+                    .map(Some)
+                    .map_err(|reason| invalid(key("auth_secret_file"), path_text(file), reason))
+            }
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// The IDENTIFY options: those only a consumer sends are refused for a producer, and the
+    /// sample rate is a percentage.
+    fn validate_identity(&self, side: Side) -> Result<(), ConfigError> {
+        let key = |name| key(side, name);
         if side == Side::Producer {
             let consumer_only = [
                 (
@@ -266,29 +295,20 @@ impl RawNsqOpts {
                 ));
             }
         }
-        if let Some(rate) = self.sample_rate {
-            if rate > 99 {
-                return Err(invalid(
-                    key("sample_rate"),
-                    rate.to_string(),
-                    "expected 0 (all messages) to 99 percent",
-                ));
-            }
+        match self.sample_rate {
+            Some(rate) if rate > 99 => Err(invalid(
+                key("sample_rate"),
+                rate.to_string(),
+                "expected 0 (all messages) to 99 percent",
+            )),
+            _ => Ok(()),
         }
-        Ok((
-            Transport {
-                tls,
-                compression,
-                auth_secret,
-            },
-            Identity {
-                user_agent: self.user_agent.clone(),
-                output_buffer_size: self.output_buffer_size,
-                output_buffer_timeout: self.output_buffer_timeout.map(|d| d.0),
-                sample_rate: self.sample_rate,
-            },
-        ))
     }
+}
+
+/// A path as an error quotes it.
+fn path_text(path: &std::path::Path) -> String {
+    format!("{:?}", path.display().to_string())
 }
 
 #[cfg(test)]

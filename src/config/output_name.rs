@@ -4,7 +4,7 @@
 //! the file sink writes plain lines, or gzip with `sink.gzip`; the dead-letter file and the
 //! table file are never compressed.
 
-use super::{invalid, quote, ConfigError};
+use super::{invalid, quote, ConfigError, Wording};
 
 /// The endings of compressed files, with the compression each asks for; compared without
 /// regard to case.
@@ -62,18 +62,25 @@ pub(super) fn check_file_sink(format: &str, gzip: bool) -> Result<(), ConfigErro
     for placeholder in ["<TOPIC>", "<HOST>", "<REV>", "<DATETIME>", "<PID>"] {
         name = name.replace(placeholder, "");
     }
-    let refuse = |reason: String| invalid("sink.filename_format", quote(Some(format)), reason);
+    let refuse = |reason: Wording| invalid("sink.filename_format", quote(Some(format)), reason);
     match compression(&name) {
         None => Ok(()),
         Some((_, "gzip")) if gzip => Ok(()),
-        Some((ending, "gzip")) => Err(refuse(format!(
-            "a name ending in {ending} asks for gzip, which is off: set `sink.gzip`, or end the \
-             name otherwise"
-        ))),
-        Some((ending, compression)) => Err(refuse(format!(
-            "a name ending in {ending} asks for {compression}, which the file sink does not \
-             write (it writes plain lines, or gzip with `sink.gzip`)"
-        ))),
+        Some((ending, "gzip")) => Err(refuse(
+            Wording::from(format!(
+                "a name ending in {ending} asks for gzip, which is off: set "
+            ))
+            .key("sink.gzip")
+            .text(", or end the name otherwise"),
+        )),
+        Some((ending, compression)) => Err(refuse(
+            Wording::from(format!(
+                "a name ending in {ending} asks for {compression}, which the file sink does not \
+                 write (it writes plain lines, or gzip with "
+            ))
+            .key("sink.gzip")
+            .text(")"),
+        )),
     }
 }
 

@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use super::ConfigError;
+use super::{ConfigError, Wording};
 
 /// One setting of a section.
 #[derive(Debug, Clone, Copy)]
@@ -153,21 +153,22 @@ impl Only {
 
     /// What the setting needs, as the user would set it in the file:
     /// `` `sink.kind = "http"` `` or `` a shared table, `store.kind = "memcached"` or … ``.
-    pub fn needs(&self) -> String {
-        let each: Vec<String> = self
-            .kinds
-            .iter()
-            .map(|kind| format!("`{} = \"{kind}\"`", self.kind))
-            .collect();
-        let list = match each.split_last() {
-            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
-            _ => each.concat(),
-        };
-        if self.what.is_empty() {
-            list
-        } else {
-            format!("{}, {list}", self.what)
+    pub fn needs(&self) -> Wording {
+        let mut needs = Wording::default();
+        if !self.what.is_empty() {
+            needs = needs.text(format!("{}, ", self.what));
         }
+        for (i, kind) in self.kinds.iter().enumerate() {
+            if i > 0 {
+                needs = needs.text(if i + 1 == self.kinds.len() {
+                    " or "
+                } else {
+                    ", "
+                });
+            }
+            needs = needs.set(self.kind, format!("\"{kind}\""));
+        }
+        needs
     }
 }
 

@@ -10,13 +10,14 @@ use serde::Deserialize;
 
 use super::setting::{names, section, FlagValue, Only};
 use super::source::RawSource;
-use super::{check_host_port, check_name, invalid, output_name, quote, ConfigError, Dur};
+use super::{check_host_port, check_name, invalid, output_name, quote, ConfigError, Dur, Wording};
 use crate::http::{check_url, HttpClientConfig};
 use crate::redact;
 use crate::sink::{
     with_content_type, BatchFormat, HttpMode, HttpSinkConfig, DEFAULT_CONTENT_TYPE,
     DEFAULT_IDEMPOTENCY_HEADER,
 };
+use hyper::header::{HeaderName, HeaderValue};
 
 /// One URL or several: `post = "http://a/"` or `post = ["http://a/", "http://b/"]`.
 #[derive(Debug, Clone, Deserialize)]
@@ -391,158 +392,181 @@ impl RawSink {
     }
 
     pub(super) fn validate(&self, topic: &str) -> Result<SinkSettings, ConfigError> {
-        Ok(match self.kind.unwrap_or(SinkKind::Stdout) {
-            SinkKind::Stdout => SinkSettings::Stdout,
-            SinkKind::Null => SinkSettings::Null,
-            SinkKind::File => return self.file(topic),
-            SinkKind::Nsq => {
-                let addrs = self
-                    .destination_nsqd_tcp_addresses
-                    .clone()
-                    .unwrap_or_default();
-                let (Some(topic), false) = (self.destination_topic.clone(), addrs.is_empty())
-                else {
-                    // Both named at once when both are missing.
-                    let mut missing = Vec::new();
-                    if addrs.is_empty() {
-                        missing.push(ConfigError::Missing {
-                            key: "sink.destination_nsqd_tcp_addresses",
-                            flags: &["--destination-nsqd-tcp-address"],
-                        });
-                    }
-                    if self.destination_topic.is_none() {
-                        missing.push(ConfigError::Missing {
-                            key: "sink.destination_topic",
-                            flags: &["--destination-topic"],
-                        });
-                    }
-                    return Err(ConfigError::all_missing(missing));
-                };
-                for a in &addrs {
-                    check_host_port("sink.destination_nsqd_tcp_addresses", a)?;
-                }
-                check_name("sink.destination_topic", "topic", &topic)?;
-                SinkSettings::Nsq {
-                    nsqd_tcp_addresses: addrs,
-                    topic,
-                }
+        match self.kind.unwrap_or(SinkKind::Stdout) {
+            SinkKind::Stdout => Ok(SinkSettings::Stdout),
+            SinkKind::Null => Ok(SinkSettings::Null),
+            SinkKind::File => self.file(topic),
+            SinkKind::Nsq => self.nsq(),
+            SinkKind::Http => self.http(),
+        }
+    }
+
+    /// The nsq sink: its nsqd addresses and topic, both named at once when both are missing.
+    fn nsq(&self) -> Result<SinkSettings, ConfigError> {
+        let addrs = self
+            .destination_nsqd_tcp_addresses
+            .clone()
+            .unwrap_or_default();
+        let (Some(topic), false) = (self.destination_topic.clone(), addrs.is_empty()) else {
+            let mut missing = Vec::new();
+            if addrs.is_empty() {
+                missing.push(ConfigError::Missing {
+                    key: "sink.destination_nsqd_tcp_addresses",
+                    flags: &["--destination-nsqd-tcp-address"],
+                });
             }
-            SinkKind::Http => {
-                let posts = self
-                    .post
-                    .as_ref()
-                    .map(OneOrMany::to_vec)
-                    .unwrap_or_default();
-                if posts.is_empty() {
-                    return Err(ConfigError::Missing {
-                        key: "sink.post",
-                        flags: &["--post"],
-                    });
-                }
-                let urls = posts
-                    .iter()
-                    .map(|post| {
-                        check_url(post).map_err(|reason| {
-                            invalid("sink.post", quote(Some(&redact::url(post))), reason)
-                        })
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                let mut headers = Vec::new();
-                for (name, value) in self.headers.clone().unwrap_or_default() {
-                    let parsed = (
-                        hyper::header::HeaderName::from_bytes(name.as_bytes()),
-                        hyper::header::HeaderValue::from_str(&value),
-                    );
-                    let (Ok(name), Ok(value)) = parsed else {
-                        return Err(invalid(
-                            "sink.headers",
-                            format!("{name:?} = {:?}", redact::REDACTED),
-                            "header names are letters, digits, '-' and '_'; values have no line breaks",
-                        ));
-                    };
-                    headers.push((name, value));
-                }
-                let content_type = self.content_type.as_deref().unwrap_or(DEFAULT_CONTENT_TYPE);
-                let headers = with_content_type(content_type, headers).map_err(|reason| {
-                    invalid("sink.content_type", quote(Some(content_type)), reason)
-                })?;
-                let defaults = HttpClientConfig::default();
-                let positive =
-                    |key: &'static str, value: Option<Dur>, default: Duration| match value {
-                        Some(Dur(d)) if d.is_zero() => {
-                            Err(invalid(key, "\"0s\"", "must be more than 0"))
-                        }
-                        Some(Dur(d)) => Ok(d),
-                        None => Ok(default),
-                    };
-                if let Some(path) = &self.http_client_tls_root_ca_file {
-                    std::fs::File::open(path).map_err(|error| {
-                        invalid(
-                            "sink.http_client_tls_root_ca_file",
-                            quote(path.to_str()),
-                            format!("cannot be read: {error}"),
-                        )
-                    })?;
-                }
-                let positive_count =
-                    |key: &'static str, value: Option<usize>, default: usize| match value {
-                        Some(0) => Err(invalid(key, "0", "must be at least 1")),
-                        Some(n) => Ok(n),
-                        None => Ok(default),
-                    };
-                let mut config = HttpSinkConfig::new(urls);
-                config.idempotency_header = match self.http_idempotency_header.as_deref() {
-                    Some("off") => None,
-                    name => {
-                        let name = name.unwrap_or(DEFAULT_IDEMPOTENCY_HEADER);
-                        Some(
-                            hyper::header::HeaderName::from_bytes(name.as_bytes()).map_err(
-                                |_| {
-                                    invalid(
-                                        "sink.http_idempotency_header",
-                                        quote(Some(name)),
-                                        "expected a header name (letters, digits, '-' and '_') or \"off\"",
-                                    )
-                                },
-                            )?,
-                        )
-                    }
-                };
-                config.concurrency = positive_count(
-                    "sink.http_concurrency",
-                    self.http_concurrency,
-                    config.concurrency,
-                )?;
-                config.batch_size = positive_count(
-                    "sink.http_batch_size",
-                    self.http_batch_size,
-                    config.batch_size,
-                )?;
-                config.batch_timeout = positive(
-                    "sink.http_batch_timeout",
-                    self.http_batch_timeout,
-                    config.batch_timeout,
-                )?;
-                config.batch_format = self.http_batch_format.unwrap_or_default();
-                config.mode = self.mode.unwrap_or_default();
-                config.headers = headers;
-                config.client = HttpClientConfig {
-                    connect_timeout: positive(
-                        "sink.http_client_connect_timeout",
-                        self.http_client_connect_timeout,
-                        defaults.connect_timeout,
-                    )?,
-                    request_timeout: positive(
-                        "sink.http_client_request_timeout",
-                        self.http_client_request_timeout,
-                        defaults.request_timeout,
-                    )?,
-                    root_ca_file: self.http_client_tls_root_ca_file.clone(),
-                    ..defaults
-                };
-                SinkSettings::Http(config)
+            if self.destination_topic.is_none() {
+                missing.push(ConfigError::Missing {
+                    key: "sink.destination_topic",
+                    flags: &["--destination-topic"],
+                });
             }
+            return Err(ConfigError::all_missing(missing));
+        };
+        for a in &addrs {
+            check_host_port("sink.destination_nsqd_tcp_addresses", a)?;
+        }
+        check_name("sink.destination_topic", "topic", &topic)?;
+        Ok(SinkSettings::Nsq {
+            nsqd_tcp_addresses: addrs,
+            topic,
         })
+    }
+
+    /// The http sink: its URLs, headers, client, concurrency and batches.
+    fn http(&self) -> Result<SinkSettings, ConfigError> {
+        let posts = self
+            .post
+            .as_ref()
+            .map(OneOrMany::to_vec)
+            .unwrap_or_default();
+        if posts.is_empty() {
+            return Err(ConfigError::Missing {
+                key: "sink.post",
+                flags: &["--post"],
+            });
+        }
+        let urls = posts
+            .iter()
+            .map(|post| {
+                check_url(post)
+                    .map_err(|reason| invalid("sink.post", quote(Some(&redact::url(post))), reason))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let headers = self.http_headers()?;
+        let defaults = HttpClientConfig::default();
+        if let Some(path) = &self.http_client_tls_root_ca_file {
+            std::fs::File::open(path).map_err(|error| {
+                invalid(
+                    "sink.http_client_tls_root_ca_file",
+                    quote(path.to_str()),
+                    format!("cannot be read: {error}"),
+                )
+            })?;
+        }
+        let mut config = HttpSinkConfig::new(urls);
+        config.idempotency_header = self.idempotency_header_name()?;
+        config.concurrency = positive_count(
+            "sink.http_concurrency",
+            self.http_concurrency,
+            config.concurrency,
+        )?;
+        config.batch_size = positive_count(
+            "sink.http_batch_size",
+            self.http_batch_size,
+            config.batch_size,
+        )?;
+        config.batch_timeout = positive(
+            "sink.http_batch_timeout",
+            self.http_batch_timeout,
+            config.batch_timeout,
+        )?;
+        config.batch_format = self.http_batch_format.unwrap_or_default();
+        config.mode = self.mode.unwrap_or_default();
+        config.headers = headers;
+        config.client = HttpClientConfig {
+            connect_timeout: positive(
+                "sink.http_client_connect_timeout",
+                self.http_client_connect_timeout,
+                defaults.connect_timeout,
+            )?,
+            request_timeout: positive(
+                "sink.http_client_request_timeout",
+                self.http_client_request_timeout,
+                defaults.request_timeout,
+            )?,
+            root_ca_file: self.http_client_tls_root_ca_file.clone(),
+            ..defaults
+        };
+        Ok(SinkSettings::Http(config))
+    }
+
+    /// The http sink's headers, with its `Content-Type` first unless they set one. A header's
+    /// value is never shown: it may hold a credential.
+    fn http_headers(&self) -> Result<Vec<(HeaderName, HeaderValue)>, ConfigError> {
+        let mut headers = Vec::new();
+        for (name, value) in self.headers.clone().unwrap_or_default() {
+            let parsed = (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(&value),
+            );
+            let (Ok(name), Ok(value)) = parsed else {
+                return Err(invalid(
+                    "sink.headers",
+                    format!("{name:?} = {:?}", redact::REDACTED),
+                    "header names are letters, digits, '-' and '_'; values have no line breaks",
+                ));
+            };
+            headers.push((name, value));
+        }
+        let content_type = self.content_type.as_deref().unwrap_or(DEFAULT_CONTENT_TYPE);
+        with_content_type(content_type, headers)
+            .map_err(|reason| invalid("sink.content_type", quote(Some(content_type)), reason))
+    }
+
+    /// The header each request carries its idempotency key in, or none (`"off"`).
+    fn idempotency_header_name(&self) -> Result<Option<HeaderName>, ConfigError> {
+        match self.http_idempotency_header.as_deref() {
+            Some("off") => Ok(None),
+            name => {
+                let name = name.unwrap_or(DEFAULT_IDEMPOTENCY_HEADER);
+                HeaderName::from_bytes(name.as_bytes())
+                    .map(Some)
+                    .map_err(|_| {
+                        invalid(
+                            "sink.http_idempotency_header",
+                            quote(Some(name)),
+                            "expected a header name (letters, digits, '-' and '_') or \"off\"",
+                        )
+                    })
+            }
+        }
+    }
+}
+
+/// A duration that must be more than 0, else `default`.
+fn positive(
+    key: &'static str,
+    value: Option<Dur>,
+    default: Duration,
+) -> Result<Duration, ConfigError> {
+    match value {
+        Some(Dur(d)) if d.is_zero() => Err(invalid(key, "\"0s\"", "must be more than 0")),
+        Some(Dur(d)) => Ok(d),
+        None => Ok(default),
+    }
+}
+
+/// A count that must be at least 1, else `default`.
+fn positive_count(
+    key: &'static str,
+    value: Option<usize>,
+    default: usize,
+) -> Result<usize, ConfigError> {
+    match value {
+        Some(0) => Err(invalid(key, "0", "must be at least 1")),
+        Some(n) => Ok(n),
+        None => Ok(default),
     }
 }
 
@@ -559,7 +583,7 @@ pub(super) fn validate_dead_letter(
         DeadLetterKind::File => {
             let path = dl.path.clone().ok_or(ConfigError::required(
                 "dead_letter.path",
-                "`dead_letter.kind = \"file\"`",
+                Wording::default().set("dead_letter.kind", "\"file\""),
             ))?;
             output_name::check_uncompressed(
                 "dead_letter.path",
@@ -572,7 +596,7 @@ pub(super) fn validate_dead_letter(
         DeadLetterKind::Nsq => {
             let topic = dl.topic.clone().ok_or(ConfigError::required(
                 "dead_letter.topic",
-                "`dead_letter.kind = \"nsq\"`",
+                Wording::default().set("dead_letter.kind", "\"nsq\""),
             ))?;
             check_name("dead_letter.topic", "topic", &topic)?;
             let addrs = dl
@@ -583,7 +607,11 @@ pub(super) fn validate_dead_letter(
             if addrs.is_empty() {
                 return Err(ConfigError::required(
                     "dead_letter.nsqd_tcp_addresses",
-                    "`dead_letter.kind = \"nsq\"` when `source.nsqd_tcp_addresses` is empty",
+                    Wording::default()
+                        .set("dead_letter.kind", "\"nsq\"")
+                        .text(" when ")
+                        .key("source.nsqd_tcp_addresses")
+                        .text(" is empty"),
                 ));
             }
             for a in &addrs {

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use super::setting::{section, FlagValue};
-use super::{check_host_port, check_name, invalid, quote, ConfigError, Dur};
+use super::{check_host_port, check_name, invalid, quote, ConfigError, Dur, Wording};
 use crate::nsq::ConsumerConfig;
 use crate::pipeline::Policy;
 
@@ -89,11 +89,32 @@ impl Source {
                     "output_buffer_size" => identity.output_buffer_size.unwrap_or(0).to_string(),
                     _ => String::new(),
                 },
-                reason,
+                reason: reason.into(),
             },
             other => ConfigError::Consumer(other),
         })
     }
+}
+
+/// Each nsqd address is a host:port, and each nsqlookupd address one the consumer can ask.
+fn check_addresses(consumer: &ConsumerConfig) -> Result<(), ConfigError> {
+    for addr in &consumer.nsqd_tcp_addresses {
+        check_host_port("source.nsqd_tcp_addresses", addr)?;
+    }
+    for addr in &consumer.lookupd_http_addresses {
+        crate::nsq::lookupd::parse_address(addr).map_err(|error| match error {
+            crate::nsq::Error::Config { reason, .. } => {
+                // The consumer's reason starts with the address, which we show already.
+                let quoted = quote(Some(addr));
+                let reason = reason
+                    .strip_prefix(&format!("{quoted}: "))
+                    .map_or(reason.clone(), str::to_owned);
+                invalid("source.lookupd_http_addresses", quoted, reason)
+            }
+            other => ConfigError::Consumer(other),
+        })?;
+    }
+    Ok(())
 }
 
 impl RawSource {
@@ -128,22 +149,7 @@ impl RawSource {
         if no_addresses {
             return Err(missing_addresses);
         }
-        for addr in &consumer.nsqd_tcp_addresses {
-            check_host_port("source.nsqd_tcp_addresses", addr)?;
-        }
-        for addr in &consumer.lookupd_http_addresses {
-            crate::nsq::lookupd::parse_address(addr).map_err(|error| match error {
-                crate::nsq::Error::Config { reason, .. } => {
-                    // The consumer's reason starts with the address, which we show already.
-                    let quoted = quote(Some(addr));
-                    let reason = reason
-                        .strip_prefix(&format!("{quoted}: "))
-                        .map_or(reason.clone(), str::to_owned);
-                    invalid("source.lookupd_http_addresses", quoted, reason)
-                }
-                other => ConfigError::Consumer(other),
-            })?;
-        }
+        check_addresses(&consumer)?;
         consumer.max_in_flight = self.max_in_flight.unwrap_or(DEFAULT_MAX_IN_FLIGHT);
         let msg_timeout = self.msg_timeout.map_or(DEFAULT_MSG_TIMEOUT, |d| d.0);
         consumer.msg_timeout = Some(msg_timeout);
@@ -163,7 +169,9 @@ impl RawSource {
             return Err(invalid(
                 "source.max_backoff",
                 format!("{max_backoff:?}"),
-                format!("must be at least `source.backoff` ({backoff:?})"),
+                Wording::from("must be at least ")
+                    .key("source.backoff")
+                    .text(format!(" ({backoff:?})")),
             ));
         }
         // go-nsq-style RDY backoff on handler failures: a failing sink slows consumption down
@@ -176,7 +184,7 @@ impl RawSource {
                 key: source_key(field),
                 flag: None,
                 value: self.value_of(field),
-                reason,
+                reason: reason.into(),
             },
             other => ConfigError::Consumer(other),
         })?;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::setting::{names, section, FlagValue, Only};
 use crate::dedup::table_file::OnMismatch;
 
-use super::{check_host_port, invalid, quote, ConfigError, Dur};
+use super::{check_host_port, invalid, quote, ConfigError, Dur, Wording};
 use crate::dedup::near::NearTable;
 use crate::dedup::Geometry;
 use crate::{MemcachedConfig, RedisConfig, RedisPassword};
@@ -299,30 +299,50 @@ impl RawStore {
             ));
         }
         if let Some(text) = &self.memory {
-            let refuse = |reason: &str| invalid("store.memory", quote(Some(text)), reason);
+            let refuse = |reason: Wording| invalid("store.memory", quote(Some(text)), reason);
             if self.buckets.is_some() || self.probability.is_some() {
                 return Err(refuse(
-                    "give one of `store.buckets`, `store.memory` or `store.probability`, not two",
+                    Wording::from("give one of ")
+                        .key("store.buckets")
+                        .text(", ")
+                        .key("store.memory")
+                        .text(" or ")
+                        .key("store.probability")
+                        .text(", not two"),
                 ));
             }
             if matches!(self.kind, Some(StoreKind::Memcached | StoreKind::Redis)) {
                 return Err(refuse(
-                    "sizes the in-process table; size a shared table with `store.buckets` or `store.probability`",
+                    Wording::from("sizes the in-process table; size a shared table with ")
+                        .key("store.buckets")
+                        .text(" or ")
+                        .key("store.probability"),
                 ));
             }
-            let bytes = crate::units::parse_bytes(text).map_err(|reason| refuse(&reason))?;
-            return Geometry::with_memory(bytes, ways).map_err(|e| refuse(&e.to_string()));
+            let bytes = crate::units::parse_bytes(text).map_err(|reason| refuse(reason.into()))?;
+            return Geometry::with_memory(bytes, ways).map_err(|e| refuse(e.to_string().into()));
         }
         match (self.buckets, self.probability) {
             (Some(_), Some(probability)) => Err(invalid(
                 "store.probability",
                 probability.to_string(),
-                "give either `store.buckets` or `store.probability` with `store.rate` and `store.window`, not both",
+                Wording::from("give either ")
+                    .key("store.buckets")
+                    .text(" or ")
+                    .key("store.probability")
+                    .text(" with ")
+                    .key("store.rate")
+                    .text(" and ")
+                    .key("store.window")
+                    .text(", not both"),
             )),
             (Some(buckets), None) => Geometry::new(buckets, ways)
                 .map_err(|e| invalid("store.buckets", buckets.to_string(), e.to_string())),
             (None, Some(probability)) => {
-                let rate = self.rate.ok_or(ConfigError::required("store.rate", "`store.probability`"))?;
+                let rate = self.rate.ok_or(ConfigError::required(
+                    "store.rate",
+                    Wording::default().key("store.probability"),
+                ))?;
                 if !(rate > 0.0 && rate.is_finite()) {
                     return Err(invalid(
                         "store.rate",
@@ -331,9 +351,10 @@ impl RawStore {
                     ));
                 }
                 let messages = rate * window.as_secs_f64();
-                let geometry = crate::sizing::slots_for(probability, ways, messages).map_err(
-                    |e| invalid("store.probability", probability.to_string(), e.to_string()),
-                )?;
+                let geometry =
+                    crate::sizing::slots_for(probability, ways, messages).map_err(|e| {
+                        invalid("store.probability", probability.to_string(), e.to_string())
+                    })?;
                 tracing::info!(
                     probability,
                     rate,
@@ -409,7 +430,12 @@ impl RawStore {
             return Err(invalid(
                 "store.lease",
                 format!("{lease:?}"),
-                format!("must be at least `source.msg_timeout` ({msg_timeout:?}), or another delivery may take over a claim whose handler is still running"),
+                Wording::from("must be at least ")
+                    .key("source.msg_timeout")
+                    .text(format!(
+                        " ({msg_timeout:?}), or another delivery may take over a claim whose \
+                         handler is still running"
+                    )),
             ));
         }
         let timeout = match self.timeout {

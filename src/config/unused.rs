@@ -6,7 +6,7 @@
 //! before any other, so the refusal names the setting the user typed first.
 
 use super::setting::{check_kinds, name_of};
-use super::{ConfigError, DeadLetterKind, RawConfig, SinkKind, StoreKind};
+use super::{ConfigError, DeadLetterKind, RawConfig, SinkKind, StoreKind, Wording};
 use crate::pipeline::{InFlightPolicy, StoreErrorPolicy};
 
 /// Refuses the first setting given that the other settings leave unused.
@@ -43,7 +43,7 @@ pub(super) fn check(raw: &RawConfig) -> Result<(), ConfigError> {
             ("store.journal_fsync", t.journal_fsync.is_some()),
         ],
         t.table_file.is_some(),
-        "`store.table_file`",
+        Wording::default().key("store.table_file"),
     )?;
     check_kinds(&raw.dedupe, kind_of)?;
     needs(
@@ -55,20 +55,23 @@ pub(super) fn check(raw: &RawConfig) -> Result<(), ConfigError> {
             .lookupd_http_addresses
             .as_ref()
             .is_some_and(|a| !a.is_empty()),
-        "`source.lookupd_http_addresses`",
+        Wording::default().key("source.lookupd_http_addresses"),
     )?;
     let dead_letter = raw.dead_letter.as_ref().map(|dl| dl.kind);
     let producers = sink == SinkKind::Nsq || dead_letter == Some(DeadLetterKind::Nsq);
     needs(
         &raw.producer_opt.given_keys(super::nsq_opts::Side::Producer),
         producers,
-        "an nsq producer, `sink.kind = \"nsq\"` or `dead_letter.topic`",
+        Wording::from("an nsq producer, ")
+            .set("sink.kind", "\"nsq\"")
+            .text(" or ")
+            .key("dead_letter.topic"),
     )?;
     if let Some(dl) = &raw.dead_letter {
         needs(
             &[("dead_letter.path", dl.path.is_some())],
             dl.kind == DeadLetterKind::File,
-            "`dead_letter.kind = \"file\"`",
+            Wording::default().set("dead_letter.kind", "\"file\""),
         )?;
         needs(
             &[
@@ -79,7 +82,7 @@ pub(super) fn check(raw: &RawConfig) -> Result<(), ConfigError> {
                 ),
             ],
             dl.kind == DeadLetterKind::Nsq,
-            "`dead_letter.kind = \"nsq\"`",
+            Wording::default().set("dead_letter.kind", "\"nsq\""),
         )?;
     }
     Ok(())
@@ -89,13 +92,13 @@ pub(super) fn check(raw: &RawConfig) -> Result<(), ConfigError> {
 fn needs(
     settings: &[(&'static str, bool)],
     used: bool,
-    needed: &'static str,
+    needed: Wording,
 ) -> Result<(), ConfigError> {
     match settings.iter().find(|(_, given)| *given) {
         Some(&(key, _)) if !used => Err(ConfigError::Unused {
             key,
             flag: None,
-            needs: needed.to_owned(),
+            needs: needed,
         }),
         _ => Ok(()),
     }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::RunError;
-use crate::config::{Settings, StoreSettings, TableFileSettings};
+use crate::config::{Named, Settings, StoreSettings, TableFileSettings};
 use crate::dedup::backend::Backend;
 use crate::dedup::clock::{Clock, CoarseClock};
 use crate::dedup::journal::Journal;
@@ -189,7 +189,7 @@ fn open_table_file(
     if let Some(reason) = &report.recreated {
         let names = &settings.names;
         let reason = names.rename(reason);
-        let setting = names.rename("`store.table_file_on_mismatch = \"recreate\"`");
+        let setting = Named::set("store.table_file_on_mismatch", "\"recreate\"").naming(names);
         tracing::error!(table_file = %file.path.display(), %reason, "Starting with an empty table ({setting}).");
     }
     let (journal, replayed) = Journal::open(&opened, report.journal, &table, file.journal_fsync)?;
