@@ -964,7 +964,11 @@ fn wait_until_signalled(pid: u32, signal: &str) {
     loop {
         let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .ok()
-            .and_then(|stat| stat.rsplit(')').next().and_then(|rest| rest.trim().chars().next()));
+            .and_then(|stat| {
+                stat.rsplit(')')
+                    .next()
+                    .and_then(|rest| rest.trim().chars().next())
+            });
         let done = match (signal, state) {
             ("STOP", Some(state)) => state == 'T',
             (_, None) => true,
@@ -973,7 +977,10 @@ fn wait_until_signalled(pid: u32, signal: &str) {
         if done {
             return;
         }
-        assert!(Instant::now() < deadline, "SIG{signal} did not take effect on {pid}: {state:?}");
+        assert!(
+            Instant::now() < deadline,
+            "SIG{signal} did not take effect on {pid}: {state:?}"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
 }

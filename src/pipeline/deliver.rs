@@ -83,11 +83,12 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
         // A panicking handler is a failed delivery of the whole batch: its claims must be
         // erased, or the in-process table (which has no leases) would hold them in flight
         // for ever and requeue every redelivery as a copy.
-        let handled = std::panic::AssertUnwindSafe(self.inner.handler.handle_deliveries(deliveries))
-            .catch_unwind()
-            .map(|outcome| {
-                outcome.unwrap_or_else(|panic| vec![crate::sink::panicked(panic); count])
-            });
+        let handled =
+            std::panic::AssertUnwindSafe(self.inner.handler.handle_deliveries(deliveries))
+                .catch_unwind()
+                .map(|outcome| {
+                    outcome.unwrap_or_else(|panic| vec![crate::sink::panicked(panic); count])
+                });
         tokio::pin!(handled);
         // Most handlers (stdout to a fast reader, null, in-memory work) finish on their
         // first poll or soon: only arm the keep-alive timer for those that do not.
