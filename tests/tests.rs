@@ -20,6 +20,7 @@ mod cli_start;
 mod closed_at_start;
 mod closed_output;
 mod cluster_failover;
+mod code_shape;
 mod doc_commands;
 mod docs;
 mod file_sink;
