@@ -25,6 +25,7 @@ mod doc_commands;
 mod docs;
 mod file_sink;
 mod http_sink;
+mod layout;
 mod memcached;
 mod near_table;
 mod nsq;
