@@ -71,10 +71,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use memory::{advise_huge_pages, machine_memory_bytes, zeroed_slots};
-use set::{
-    backoff, choose_victim, decide_again, find, find_in, fingerprint, holds, insert,
-    insert_portable, load, place, update, verdict, write_locked, SetGuard,
-};
+use set::{find, fingerprint, insert, update};
 
 use crate::dedup::clock::Clock;
 use crate::dedup::{Claim, Digest, Geometry, Store};
