@@ -10,6 +10,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use plotters::coord::combinators::{LogCoord, WithKeyPoints};
+use plotters::coord::types::RangedCoordf64;
+use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use nsq_dedupe::sizing;
@@ -20,6 +23,13 @@ use nsq_dedupe::Geometry;
 const SIZE: (u32, u32) = (800, 480);
 /// Points per curve, evenly spaced on the log axis.
 const POINTS: usize = 240;
+
+/// The picture's chart: a log x axis with round ticks, a linear y axis.
+type Chart<'a, 'b> =
+    ChartContext<'a, SVGBackend<'b>, Cartesian2d<WithKeyPoints<LogCoord<f64>>, RangedCoordf64>>;
+
+/// Why the picture could not be drawn.
+type DrawError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What the picture shows.
 #[derive(Debug)]
@@ -94,18 +104,36 @@ impl CatchPlot {
             .with_context(|| format!("cannot write the plot to {}", path.display()))
     }
 
-    fn draw(&self, svg: &mut String) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    fn draw(&self, svg: &mut String) -> Result<(), DrawError> {
         let first = (self.window_messages / 1e3).max(1.0);
         let last = (self.window_messages * 10.0).max(first * 10.0);
-        let (x_first, x_last) = (self.x(first), self.x(last));
-
         let root = SVGBackend::with_string(svg, SIZE).into_drawing_area();
         root.fill(&WHITE)?;
+        let mut chart = self.axes(&root, self.x(first), self.x(last))?;
+        self.draw_curves(&mut chart, first, last)?;
+        self.mark_window(&mut chart, self.x(first), self.x(last))?;
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerLeft)
+            .background_style(WHITE.mix(0.9))
+            .border_style(BLACK.mix(0.3))
+            .draw()?;
+        root.present()?;
+        Ok(())
+    }
+
+    /// The caption and the axes, from `x_first` to `x_last` on a log scale.
+    fn axes<'a, 'b>(
+        &self,
+        root: &'a DrawingArea<SVGBackend<'b>, Shift>,
+        x_first: f64,
+        x_last: f64,
+    ) -> Result<Chart<'a, 'b>, DrawError> {
         let caption = format!(
             "Catch probability of a copy against its delay, {} table",
             format_bytes(self.geometry.memory_bytes())
         );
-        let mut chart = ChartBuilder::on(&root)
+        let mut chart = ChartBuilder::on(root)
             .caption(caption, ("sans-serif", 20))
             .margin(12)
             .x_label_area_size(44)
@@ -130,7 +158,12 @@ impl CatchPlot {
             })
             .y_label_formatter(&|y| format!("{y:.1}"))
             .draw()?;
+        Ok(chart)
+    }
 
+    /// One curve per way count, from a delay of `first` to `last` messages; the chosen
+    /// table's is drawn thick.
+    fn draw_curves(&self, chart: &mut Chart, first: f64, last: f64) -> Result<(), DrawError> {
         let colours = [RED, MAGENTA, BLUE, BLACK];
         for (table, colour) in self.tables().into_iter().zip(colours) {
             let step = (last / first).ln() / (POINTS - 1) as f64;
@@ -157,8 +190,13 @@ impl CatchPlot {
                 });
         }
 
-        // The sizing question's answer: the window, and what the chosen table reaches there
-        // (nothing, when the window is later than max_age).
+        Ok(())
+    }
+
+    /// The sizing question's answer: the window, and what the chosen table reaches there
+    /// (nothing, when the window is later than max_age); and where max_age begins.
+    fn mark_window(&self, chart: &mut Chart, x_first: f64, x_last: f64) -> Result<(), DrawError> {
+        let rate = self.rate;
         let window = self.x(self.window_messages);
         let probability = self.catch_probability(self.geometry, self.window_messages);
         let grey = BLACK.mix(0.4);
@@ -200,13 +238,6 @@ impl CatchPlot {
                 ("sans-serif", 14),
             )])?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerLeft)
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK.mix(0.3))
-            .draw()?;
-        root.present()?;
         Ok(())
     }
 }

@@ -21,6 +21,34 @@ use nsq_dedupe::{DigestAlgorithm, Geometry, Keyer, Table};
 const BUFFER_BYTES: usize = 256 * 1024;
 
 pub(crate) fn run(args: &FilterArgs) -> Result<()> {
+    require_streams(args)?;
+    let (geometry, flag) = geometry(args)?;
+    let keyer = Keyer::new(args.key.clone(), digest(args)?);
+    let (table, table_file) = open_table(args, geometry, flag, &keyer)?;
+    let mut stats = FilterStats::default();
+    let stdout = io::stdout().lock();
+    let mut output = BufWriter::with_capacity(BUFFER_BYTES, stdout);
+    let result = filter_inputs(args, &table, &keyer, &mut output, &mut stats);
+    let flushed = result.and_then(|()| output.flush().context("cannot write to stdout"));
+    // Only a run whose every record was written may be remembered: a record the table holds
+    // but the output never got would be dropped as a copy by the next run. Saved before the
+    // statistics are printed, so that a closed stderr cannot cost the table.
+    let saved = match (&flushed, &table_file) {
+        (Ok(()), Some(file)) => file
+            .save(&table)
+            .map(drop)
+            .map_err(|error| anyhow::anyhow!("{}", for_filter(&error.to_string()))),
+        _ => Ok(()),
+    };
+    if args.stats {
+        print_stats(&stats, &table);
+    }
+    saved?;
+    flushed
+}
+
+/// Refuses to start when a standard stream the run needs is closed.
+fn require_streams(args: &FilterArgs) -> Result<()> {
     require(Stream::Stdout, "`filter` writes the unique records")?;
     if args.files.is_empty() || args.files.iter().any(|path| path.as_os_str() == "-") {
         require(Stream::Stdin, "`filter` reads its records")?;
@@ -28,7 +56,12 @@ pub(crate) fn run(args: &FilterArgs) -> Result<()> {
     if args.stats {
         require(Stream::Stderr, "`filter --stats` writes the statistics")?;
     }
-    let (geometry, flag) = match args.table.geometry()? {
+    Ok(())
+}
+
+/// The table's geometry, and how to name where it came from in an error.
+fn geometry(args: &FilterArgs) -> Result<(Geometry, &'static str)> {
+    Ok(match args.table.geometry()? {
         Some(geometry) if args.table.buckets.is_some() => (geometry, "`--buckets`"),
         Some(geometry) => (geometry, "`--memory`"),
         None => (
@@ -36,8 +69,12 @@ pub(crate) fn run(args: &FilterArgs) -> Result<()> {
                 .expect("the default size is valid for every supported way count"),
             "the default table size; give a smaller `--memory`",
         ),
-    };
-    let digest = match (args.digest, &args.digest_key_file) {
+    })
+}
+
+/// The digest the flags select, refused when `--digest` and `--digest-key-file` disagree.
+fn digest(args: &FilterArgs) -> Result<DigestAlgorithm> {
+    Ok(match (args.digest, &args.digest_key_file) {
         (None | Some(Digest::Blake3), Some(path)) => DigestAlgorithm::Blake3Keyed(
             // Named by the flag: `filter` has no config file.
             nsq_dedupe::config::read_digest_key("--digest-key-file", path)?,
@@ -52,13 +89,21 @@ pub(crate) fn run(args: &FilterArgs) -> Result<()> {
         ),
         (Some(Digest::Plain(digest)), None) => digest,
         (None, None) => DigestAlgorithm::default(),
-    };
-    let keyer = Keyer::new(args.key.clone(), digest);
+    })
+}
+
+/// The table: new, or restored from `--table-file`, with the file to save it to.
+fn open_table(
+    args: &FilterArgs,
+    geometry: Geometry,
+    flag: &str,
+    keyer: &Keyer,
+) -> Result<(Table, Option<TableFile>)> {
     let timing = args.max_age.map(|age| {
         let clock: Arc<dyn Clock> = Arc::new(CoarseClock);
         (age.max(Duration::from_secs(1)), clock)
     });
-    let (table, table_file) = match &args.table_file {
+    Ok(match &args.table_file {
         None => (
             match &timing {
                 None => Table::new(geometry),
@@ -83,11 +128,18 @@ pub(crate) fn run(args: &FilterArgs) -> Result<()> {
             }
             (table, Some(file))
         }
-    };
+    })
+}
+
+/// Filters every input in turn (stdin when there are none) into `output`.
+fn filter_inputs(
+    args: &FilterArgs,
+    table: &Table,
+    keyer: &Keyer,
+    output: &mut impl Write,
+    stats: &mut FilterStats,
+) -> Result<()> {
     let keyless_is_error = args.on_missing_key == MissingKey::Error;
-    let mut stats = FilterStats::default();
-    let stdout = io::stdout().lock();
-    let mut output = BufWriter::with_capacity(BUFFER_BYTES, stdout);
     let stdin_only = [std::path::PathBuf::from("-")];
     let files = if args.files.is_empty() {
         &stdin_only[..]
@@ -95,7 +147,7 @@ pub(crate) fn run(args: &FilterArgs) -> Result<()> {
         &args.files[..]
     };
     let last = files.len() - 1;
-    let result = files
+    files
         .iter()
         .enumerate()
         .try_for_each(|(i, path)| -> Result<()> {
@@ -109,31 +161,15 @@ pub(crate) fn run(args: &FilterArgs) -> Result<()> {
             };
             filter_records(
                 input,
-                &mut output,
-                &table,
-                &keyer,
+                &mut *output,
+                table,
+                keyer,
                 keyless_is_error,
                 i < last,
-                &mut stats,
+                stats,
             )
             .with_context(|| format!("while filtering {name}"))
-        });
-    let flushed = result.and_then(|()| output.flush().context("cannot write to stdout"));
-    // Only a run whose every record was written may be remembered: a record the table holds
-    // but the output never got would be dropped as a copy by the next run. Saved before the
-    // statistics are printed, so that a closed stderr cannot cost the table.
-    let saved = match (&flushed, &table_file) {
-        (Ok(()), Some(file)) => file
-            .save(&table)
-            .map(drop)
-            .map_err(|error| anyhow::anyhow!("{}", for_filter(&error.to_string()))),
-        _ => Ok(()),
-    };
-    if args.stats {
-        print_stats(&stats, &table);
-    }
-    saved?;
-    flushed
+        })
 }
 
 /// A table file message as `filter` should say it: with its flag, not the config key.

@@ -39,228 +39,18 @@ type HistogramCopy = (&'static str, &'static str, Vec<(f64, u64)>, f64, u64);
 #[derive(Debug)]
 struct Scrape {
     received: Vec<(String, u64)>,
-    counters: Vec<(&'static str, &'static str, u64)>,
+    counters: Vec<CounterCopy>,
     histograms: Vec<HistogramCopy>,
-    gauges: Vec<(&'static str, &'static str, f64)>,
+    gauges: Vec<GaugeCopy>,
     process: Option<process::Figures>,
 }
 
 impl Scrape {
     fn of(m: &Metrics, table: &TableView) -> Scrape {
-        let mut counters = vec![
-            (
-                "nsq_dedupe_unique",
-                "Messages claimed as new and handed to the handler.",
-                get(&m.unique),
-            ),
-            (
-                "nsq_dedupe_duplicates",
-                "Copies finished without reaching the handler.",
-                get(&m.duplicates),
-            ),
-            (
-                "nsq_dedupe_in_flight_requeues",
-                "Copies found in flight and requeued.",
-                get(&m.in_flight_requeues),
-            ),
-            (
-                "nsq_dedupe_in_flight_finished",
-                "Copies found in flight and finished.",
-                get(&m.in_flight_finished),
-            ),
-            (
-                "nsq_dedupe_keyless",
-                "Bodies without a key, passed on as unique.",
-                get(&m.keyless),
-            ),
-            (
-                "nsq_dedupe_handler_successes",
-                "Handler calls that succeeded.",
-                get(&m.handler_successes),
-            ),
-            (
-                "nsq_dedupe_handler_failures",
-                "Handler calls that failed.",
-                get(&m.handler_failures),
-            ),
-            (
-                "nsq_dedupe_erased",
-                "Claims erased after a handler failure.",
-                get(&m.erased),
-            ),
-            (
-                "nsq_dedupe_retries",
-                "Messages requeued after a handler failure.",
-                get(&m.retries),
-            ),
-            (
-                "nsq_dedupe_dead_lettered",
-                "Messages accepted by the dead-letter.",
-                get(&m.dead_lettered),
-            ),
-            (
-                "nsq_dedupe_dead_letter_failures",
-                "Dead-letter writes that failed (message requeued).",
-                get(&m.dead_letter_failures),
-            ),
-            (
-                "nsq_dedupe_store_errors",
-                "Store operations that failed.",
-                get(&m.store_errors),
-            ),
-            (
-                "nsq_dedupe_store_error_requeues",
-                "Messages requeued because the store failed.",
-                get(&m.store_error_requeues),
-            ),
-            (
-                "nsq_dedupe_store_error_processed",
-                "Messages delivered without de-duplication because the store failed.",
-                get(&m.store_error_processed),
-            ),
-            (
-                "nsq_dedupe_answer_failures",
-                "FIN/REQ/TOUCH that nsqd could no longer take.",
-                get(&m.answer_failures),
-            ),
-            (
-                "nsq_dedupe_touches",
-                "TOUCHes sent while a handler ran.",
-                get(&m.touches),
-            ),
-            (
-                "nsq_dedupe_renew_failures",
-                "Lease renewals that failed.",
-                get(&m.renew_failures),
-            ),
-            (
-                "nsq_dedupe_abandoned",
-                "Handler calls given up at shutdown (claim erased, message requeued).",
-                get(&m.abandoned),
-            ),
-        ];
-        if let Some(near) = table.near {
-            counters.push((
-                "nsq_dedupe_near_table_hits",
-                "Claims answered Duplicate by the near-table, without a round trip to the shared store.",
-                near.hits,
-            ));
-            counters.push((
-                "nsq_dedupe_near_table_misses",
-                "Claims the near-table did not hold, which went on to the shared store.",
-                near.misses,
-            ));
-        }
-        if let Some((ejections, returns)) = table.ejections {
-            counters.push((
-                "nsq_dedupe_store_ejections",
-                "Shared-store servers ejected after failing for store.eject_after.",
-                ejections,
-            ));
-            counters.push((
-                "nsq_dedupe_store_returns",
-                "Ejected shared-store servers that answered again and were taken back.",
-                returns,
-            ));
-        }
-        if let Some((redirects, retries)) = table.cluster_retries {
-            counters.push((
-                "nsq_dedupe_store_redirects",
-                "MOVED and ASK answers of the Redis Cluster followed: slots that moved.",
-                redirects,
-            ));
-            counters.push((
-                "nsq_dedupe_store_retries",
-                "Redis Cluster operations tried again after a node failed or a failover.",
-                retries,
-            ));
-        }
-        let copy = |name, help, histogram: &Histogram| {
-            let (buckets, sum) = histogram.buckets();
-            (name, help, buckets, sum, histogram.count())
-        };
-        let histograms = vec![
-            copy(
-                "nsq_dedupe_handler_duration_seconds",
-                "Handler call durations.",
-                &m.handler_duration,
-            ),
-            copy(
-                "nsq_dedupe_store_latency_seconds",
-                "Store call latencies.",
-                &m.store_latency,
-            ),
-        ];
-        let mut gauges = vec![
-            (
-                "nsq_dedupe_distinct_rate",
-                "Distinct messages per second over the last minute: the fleet's, with a shared store.",
-                m.distinct_rate(),
-            ),
-            (
-                "nsq_dedupe_own_distinct_rate",
-                "This consumer's distinct messages per second over the last minute.",
-                m.own_distinct_rate(),
-            ),
-            (
-                "nsq_dedupe_distinct_rate_peak",
-                "The highest distinct rate over a minute in the last window.",
-                m.distinct_rate_peak(),
-            ),
-            (
-                "nsq_dedupe_nsqd_connections",
-                "nsqd connections up and subscribed.",
-                get(&m.nsqd_connections) as f64,
-            ),
-            (
-                "nsq_dedupe_ready",
-                "1 when /ready answers 200: an nsqd connected and the store answering.",
-                if m.readiness().is_ok() { 1.0 } else { 0.0 },
-            ),
-        ];
-        if let Some(geometry) = table.geometry {
-            gauges.push((
-                "nsq_dedupe_table_slots",
-                "Slots of the table, as configured.",
-                geometry.slots() as f64,
-            ));
-            gauges.push((
-                "nsq_dedupe_table_ways",
-                "Slots per set.",
-                f64::from(geometry.ways()),
-            ));
-        }
-        if let Some(occupancy) = table.occupancy {
-            gauges.push((
-                "nsq_dedupe_table_occupancy",
-                "Fraction of slots holding an entry.",
-                occupancy,
-            ));
-        }
-        if let Some(p) = m.catch_probability(table) {
-            gauges.push(("nsq_dedupe_catch_probability", "Probability that a copy one whole window late is caught, at the observed distinct rate.", p));
-            gauges.push((
-                "nsq_dedupe_window_seconds",
-                "The window the catch probability refers to.",
-                table.window.as_secs_f64(),
-            ));
-            gauges.push((
-                "nsq_dedupe_table_too_small",
-                "1 when the catch probability is below the target (store.probability, else 0.99).",
-                if m.too_small(table).is_some() {
-                    1.0
-                } else {
-                    0.0
-                },
-            ));
-        }
-        if let Some(suggested) = m.suggested_geometry(table) {
-            gauges.push((
-                "nsq_dedupe_table_suggested_slots",
-                "Slots (--buckets) that would meet the target catch probability at the recent rate.",
-                suggested.slots() as f64,
-            ));
-        }
+        let mut counters = sidecar_counters(m);
+        store_counters(table, &mut counters);
+        let mut gauges = rate_gauges(m);
+        table_gauges(m, table, &mut gauges);
         Scrape {
             // The encoder writes label values as they are; the format wants `\`, `"` and line
             // feeds escaped.
@@ -270,10 +60,251 @@ impl Scrape {
                 .map(|(source, n)| (escape_label(&source), n))
                 .collect(),
             counters,
-            histograms,
+            histograms: histograms(m),
             gauges,
             process: process::read(),
         }
+    }
+}
+
+/// One counter's copy: name, help, value.
+type CounterCopy = (&'static str, &'static str, u64);
+
+/// One gauge's copy: name, help, value.
+type GaugeCopy = (&'static str, &'static str, f64);
+
+/// The sidecar's own counters: what became of the messages, the handler and the store calls.
+fn sidecar_counters(m: &Metrics) -> Vec<CounterCopy> {
+    vec![
+        (
+            "nsq_dedupe_unique",
+            "Messages claimed as new and handed to the handler.",
+            get(&m.unique),
+        ),
+        (
+            "nsq_dedupe_duplicates",
+            "Copies finished without reaching the handler.",
+            get(&m.duplicates),
+        ),
+        (
+            "nsq_dedupe_in_flight_requeues",
+            "Copies found in flight and requeued.",
+            get(&m.in_flight_requeues),
+        ),
+        (
+            "nsq_dedupe_in_flight_finished",
+            "Copies found in flight and finished.",
+            get(&m.in_flight_finished),
+        ),
+        (
+            "nsq_dedupe_keyless",
+            "Bodies without a key, passed on as unique.",
+            get(&m.keyless),
+        ),
+        (
+            "nsq_dedupe_handler_successes",
+            "Handler calls that succeeded.",
+            get(&m.handler_successes),
+        ),
+        (
+            "nsq_dedupe_handler_failures",
+            "Handler calls that failed.",
+            get(&m.handler_failures),
+        ),
+        (
+            "nsq_dedupe_erased",
+            "Claims erased after a handler failure.",
+            get(&m.erased),
+        ),
+        (
+            "nsq_dedupe_retries",
+            "Messages requeued after a handler failure.",
+            get(&m.retries),
+        ),
+        (
+            "nsq_dedupe_dead_lettered",
+            "Messages accepted by the dead-letter.",
+            get(&m.dead_lettered),
+        ),
+        (
+            "nsq_dedupe_dead_letter_failures",
+            "Dead-letter writes that failed (message requeued).",
+            get(&m.dead_letter_failures),
+        ),
+        (
+            "nsq_dedupe_store_errors",
+            "Store operations that failed.",
+            get(&m.store_errors),
+        ),
+        (
+            "nsq_dedupe_store_error_requeues",
+            "Messages requeued because the store failed.",
+            get(&m.store_error_requeues),
+        ),
+        (
+            "nsq_dedupe_store_error_processed",
+            "Messages delivered without de-duplication because the store failed.",
+            get(&m.store_error_processed),
+        ),
+        (
+            "nsq_dedupe_answer_failures",
+            "FIN/REQ/TOUCH that nsqd could no longer take.",
+            get(&m.answer_failures),
+        ),
+        (
+            "nsq_dedupe_touches",
+            "TOUCHes sent while a handler ran.",
+            get(&m.touches),
+        ),
+        (
+            "nsq_dedupe_renew_failures",
+            "Lease renewals that failed.",
+            get(&m.renew_failures),
+        ),
+        (
+            "nsq_dedupe_abandoned",
+            "Handler calls given up at shutdown (claim erased, message requeued).",
+            get(&m.abandoned),
+        ),
+    ]
+}
+
+/// The counters a store has only in some kinds: near-table hits, ejections, cluster retries.
+fn store_counters(table: &TableView, counters: &mut Vec<CounterCopy>) {
+    if let Some(near) = table.near {
+        counters.push((
+            "nsq_dedupe_near_table_hits",
+            "Claims answered Duplicate by the near-table, without a round trip to the shared store.",
+            near.hits,
+        ));
+        counters.push((
+            "nsq_dedupe_near_table_misses",
+            "Claims the near-table did not hold, which went on to the shared store.",
+            near.misses,
+        ));
+    }
+    if let Some((ejections, returns)) = table.ejections {
+        counters.push((
+            "nsq_dedupe_store_ejections",
+            "Shared-store servers ejected after failing for store.eject_after.",
+            ejections,
+        ));
+        counters.push((
+            "nsq_dedupe_store_returns",
+            "Ejected shared-store servers that answered again and were taken back.",
+            returns,
+        ));
+    }
+    if let Some((redirects, retries)) = table.cluster_retries {
+        counters.push((
+            "nsq_dedupe_store_redirects",
+            "MOVED and ASK answers of the Redis Cluster followed: slots that moved.",
+            redirects,
+        ));
+        counters.push((
+            "nsq_dedupe_store_retries",
+            "Redis Cluster operations tried again after a node failed or a failover.",
+            retries,
+        ));
+    }
+}
+
+/// The handler's durations and the store's latencies.
+fn histograms(m: &Metrics) -> Vec<HistogramCopy> {
+    let copy = |name, help, histogram: &Histogram| {
+        let (buckets, sum) = histogram.buckets();
+        (name, help, buckets, sum, histogram.count())
+    };
+    vec![
+        copy(
+            "nsq_dedupe_handler_duration_seconds",
+            "Handler call durations.",
+            &m.handler_duration,
+        ),
+        copy(
+            "nsq_dedupe_store_latency_seconds",
+            "Store call latencies.",
+            &m.store_latency,
+        ),
+    ]
+}
+
+/// The distinct rates, the nsqd connections and readiness.
+fn rate_gauges(m: &Metrics) -> Vec<GaugeCopy> {
+    vec![
+        (
+            "nsq_dedupe_distinct_rate",
+            "Distinct messages per second over the last minute: the fleet's, with a shared store.",
+            m.distinct_rate(),
+        ),
+        (
+            "nsq_dedupe_own_distinct_rate",
+            "This consumer's distinct messages per second over the last minute.",
+            m.own_distinct_rate(),
+        ),
+        (
+            "nsq_dedupe_distinct_rate_peak",
+            "The highest distinct rate over a minute in the last window.",
+            m.distinct_rate_peak(),
+        ),
+        (
+            "nsq_dedupe_nsqd_connections",
+            "nsqd connections up and subscribed.",
+            get(&m.nsqd_connections) as f64,
+        ),
+        (
+            "nsq_dedupe_ready",
+            "1 when /ready answers 200: an nsqd connected and the store answering.",
+            if m.readiness().is_ok() { 1.0 } else { 0.0 },
+        ),
+    ]
+}
+
+/// The table's geometry and occupancy, the catch probability and the suggested size, when the
+/// store knows them.
+fn table_gauges(m: &Metrics, table: &TableView, gauges: &mut Vec<GaugeCopy>) {
+    if let Some(geometry) = table.geometry {
+        gauges.push((
+            "nsq_dedupe_table_slots",
+            "Slots of the table, as configured.",
+            geometry.slots() as f64,
+        ));
+        gauges.push((
+            "nsq_dedupe_table_ways",
+            "Slots per set.",
+            f64::from(geometry.ways()),
+        ));
+    }
+    if let Some(occupancy) = table.occupancy {
+        gauges.push((
+            "nsq_dedupe_table_occupancy",
+            "Fraction of slots holding an entry.",
+            occupancy,
+        ));
+    }
+    if let Some(p) = m.catch_probability(table) {
+        gauges.push(("nsq_dedupe_catch_probability", "Probability that a copy one whole window late is caught, at the observed distinct rate.", p));
+        gauges.push((
+            "nsq_dedupe_window_seconds",
+            "The window the catch probability refers to.",
+            table.window.as_secs_f64(),
+        ));
+        gauges.push((
+            "nsq_dedupe_table_too_small",
+            "1 when the catch probability is below the target (store.probability, else 0.99).",
+            if m.too_small(table).is_some() {
+                1.0
+            } else {
+                0.0
+            },
+        ));
+    }
+    if let Some(suggested) = m.suggested_geometry(table) {
+        gauges.push((
+            "nsq_dedupe_table_suggested_slots",
+            "Slots (--buckets) that would meet the target catch probability at the recent rate.",
+            suggested.slots() as f64,
+        ));
     }
 }
 

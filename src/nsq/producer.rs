@@ -27,6 +27,7 @@ use super::identify::{Identify, USER_AGENT};
 use super::jitter::random_unit;
 use super::names::is_valid_name;
 use super::refusal::Role;
+use super::stream::WriteHalf;
 use super::transport::{Prepared, Transport};
 
 /// Settings of a [`Producer`]. Build it with [`ProducerConfig::new`] and adjust fields.
@@ -395,8 +396,7 @@ async fn serve(
     request_timeout: Duration,
 ) -> Result<(), Error> {
     let (mut reader, mut writer) = conn.into_parts();
-    // Requests written and not yet answered, in order: when, which command, who waits.
-    let mut pending: VecDeque<(Instant, &'static str, oneshot::Sender<Outcome>)> = VecDeque::new();
+    let mut pending = Pending::new();
     let mut buf = BytesMut::with_capacity(16 * 1024);
     let mut first = Some(first);
     let mut check = tokio::time::interval(Duration::from_millis(100));
@@ -417,36 +417,8 @@ async fn serve(
                         Some(Err(cause)) => break Err(Error::Protocol { addr: addr.to_string(), cause }),
                         Some(Ok(frame)) => frame,
                     };
-                    match frame {
-                        Frame::Response(data) if &data[..] == HEARTBEAT => batch.push(Request { command: Command::Nop, reply: oneshot::channel().0 }),
-                        Frame::Response(data) => match pending.pop_front() {
-                            Some((_, _, reply)) if &data[..] == b"OK" => { let _ = reply.send(Ok(())); }
-                            Some((_, command, reply)) => {
-                                let error = Error::UnexpectedResponse { addr: addr.to_string(), command, answer: String::from_utf8_lossy(&data).into_owned() };
-                                let _ = reply.send(Err((error, Written::Maybe)));
-                            }
-                            None => break Err(Error::UnexpectedResponse { addr: addr.to_string(), command: "nothing", answer: String::from_utf8_lossy(&data).into_owned() }),
-                        },
-                        Frame::Error(text) => {
-                            // nsqd answers in order: the error is the oldest request's.
-                            let (answered, command) = match pending.pop_front() {
-                                Some((_, command, reply)) => (Some(reply), command),
-                                None => (None, "PUB"),
-                            };
-                            let error = super::refusal::classify(command, broker_error(addr, &text), Role::Producer);
-                            let fatal = !error.is_non_fatal_broker_error();
-                            let permanent = error.is_permanent();
-                            if let Some(reply) = answered {
-                                let _ = reply.send(Err((error, Written::Maybe)));
-                            }
-                            if permanent {
-                                break Err(super::refusal::classify(command, broker_error(addr, &text), Role::Producer));
-                            }
-                            if fatal {
-                                break Err(broker_error(addr, &text));
-                            }
-                        }
-                        Frame::Message(_) => break Err(Error::UnexpectedResponse { addr: addr.to_string(), command: "PUB", answer: "a message".into() }),
+                    if let Err(error) = on_frame(addr, frame, &mut pending, &mut batch) {
+                        break Err(error);
                     }
                 }
                 _ = check.tick() => {
@@ -459,28 +431,10 @@ async fn serve(
         if batch.is_empty() {
             continue;
         }
-        while let Ok(request) = requests.try_recv() {
-            batch.push(request);
-            if batch.len() >= 256 {
-                break;
-            }
-        }
-        let now = Instant::now();
-        for request in batch {
-            request.command.encode(&mut buf);
-            if !matches!(request.command, Command::Nop) {
-                pending.push_back((now, request.command.name(), request.reply));
-            }
-        }
-        let written = match writer.write_all(&buf).await {
-            Ok(()) => writer.flush().await,
-            Err(error) => Err(error),
-        };
-        if let Err(cause) = written {
-            break Err(Error::Io {
-                addr: addr.to_string(),
-                cause,
-            });
+        if let Err(error) =
+            write_batch(addr, batch, requests, &mut pending, &mut buf, &mut writer).await
+        {
+            break Err(error);
         }
         buf.clear();
     };
@@ -493,4 +447,112 @@ async fn serve(
     }
     let _ = writer.shutdown().await;
     result
+}
+
+/// Requests written and not yet answered, in order: when, which command, who waits.
+type Pending = VecDeque<(Instant, &'static str, oneshot::Sender<Outcome>)>;
+
+/// Answers the oldest pending request with nsqd's `frame`, or queues a NOP for a heartbeat.
+///
+/// # Errors
+///
+/// What ends the connection: an answer to nothing, a refusal no retry changes, a fatal
+/// error, a message on a producer's connection.
+fn on_frame(
+    addr: &str,
+    frame: Frame,
+    pending: &mut Pending,
+    batch: &mut Vec<Request>,
+) -> Result<(), Error> {
+    match frame {
+        Frame::Response(data) if &data[..] == HEARTBEAT => batch.push(Request {
+            command: Command::Nop,
+            reply: oneshot::channel().0,
+        }),
+        Frame::Response(data) => match pending.pop_front() {
+            Some((_, _, reply)) if &data[..] == b"OK" => {
+                let _ = reply.send(Ok(()));
+            }
+            Some((_, command, reply)) => {
+                let error = Error::UnexpectedResponse {
+                    addr: addr.to_string(),
+                    command,
+                    answer: String::from_utf8_lossy(&data).into_owned(),
+                };
+                let _ = reply.send(Err((error, Written::Maybe)));
+            }
+            None => {
+                return Err(Error::UnexpectedResponse {
+                    addr: addr.to_string(),
+                    command: "nothing",
+                    answer: String::from_utf8_lossy(&data).into_owned(),
+                })
+            }
+        },
+        Frame::Error(text) => {
+            // nsqd answers in order: the error is the oldest request's.
+            let (answered, command) = match pending.pop_front() {
+                Some((_, command, reply)) => (Some(reply), command),
+                None => (None, "PUB"),
+            };
+            let error =
+                super::refusal::classify(command, broker_error(addr, &text), Role::Producer);
+            let fatal = !error.is_non_fatal_broker_error();
+            let permanent = error.is_permanent();
+            if let Some(reply) = answered {
+                let _ = reply.send(Err((error, Written::Maybe)));
+            }
+            if permanent {
+                return Err(super::refusal::classify(
+                    command,
+                    broker_error(addr, &text),
+                    Role::Producer,
+                ));
+            }
+            if fatal {
+                return Err(broker_error(addr, &text));
+            }
+        }
+        Frame::Message(_) => {
+            return Err(Error::UnexpectedResponse {
+                addr: addr.to_string(),
+                command: "PUB",
+                answer: "a message".into(),
+            })
+        }
+    }
+    Ok(())
+}
+
+/// Writes `batch`, and whatever else is waiting (up to 256 requests), in one write; each
+/// request but a NOP then waits in `pending` for its answer.
+async fn write_batch(
+    addr: &str,
+    mut batch: Vec<Request>,
+    requests: &mut mpsc::UnboundedReceiver<Request>,
+    pending: &mut Pending,
+    buf: &mut BytesMut,
+    writer: &mut WriteHalf,
+) -> Result<(), Error> {
+    while let Ok(request) = requests.try_recv() {
+        batch.push(request);
+        if batch.len() >= 256 {
+            break;
+        }
+    }
+    let now = Instant::now();
+    for request in batch {
+        request.command.encode(buf);
+        if !matches!(request.command, Command::Nop) {
+            pending.push_back((now, request.command.name(), request.reply));
+        }
+    }
+    let written = match writer.write_all(buf).await {
+        Ok(()) => writer.flush().await,
+        Err(error) => Err(error),
+    };
+    written.map_err(|cause| Error::Io {
+        addr: addr.to_string(),
+        cause,
+    })
 }

@@ -175,28 +175,49 @@ pub(crate) async fn open(
     let mut codec = FrameCodec::new(max_frame_size);
     let mut tcp = TcpStream::connect(addr).await.map_err(io)?;
     tcp.set_nodelay(true).map_err(io)?;
+    let settings = send_identify(addr, identify, transport.role, &mut tcp, &mut codec).await?;
+    check_agreement(addr, identify, &settings, transport.role)?;
+    let (read, write) = upgrade_tls(addr, tcp, &settings, transport, &mut codec).await?;
+    let (mut read, mut write) = compress(addr, &settings, read, write, &mut codec).await?;
+    authenticate(
+        addr, &settings, transport, &mut read, &mut write, &mut codec,
+    )
+    .await?;
+    Ok((read, write, settings))
+}
+
+/// Step 1: the magic and IDENTIFY, and nsqd's answer: its settings.
+async fn send_identify(
+    addr: &str,
+    identify: &Identify,
+    role: Role,
+    tcp: &mut TcpStream,
+    codec: &mut FrameCodec,
+) -> Result<IdentifyResponse, Error> {
+    let io = |cause| Error::Io {
+        addr: addr.to_string(),
+        cause,
+    };
     let body = serde_json::to_vec(identify).expect("IDENTIFY serialises");
     let mut buf = BytesMut::with_capacity(64 + body.len());
     buf.extend_from_slice(MAGIC_V2);
     Command::Identify(Bytes::from(body)).encode(&mut buf);
     tcp.write_all(&buf).await.map_err(io)?;
-    let first = read_exact_frame(&mut tcp, &mut codec)
-        .await
-        .map_err(
-            |cause| match cause.get_ref().and_then(|e| e.downcast_ref::<TextAnswer>()) {
-                Some(text) => super::refusal::not_nsq(addr, &text.0, transport.role),
-                None => io(cause),
-            },
-        )?;
+    let first = read_exact_frame(tcp, codec).await.map_err(|cause| {
+        match cause.get_ref().and_then(|e| e.downcast_ref::<TextAnswer>()) {
+            Some(text) => super::refusal::not_nsq(addr, &text.0, role),
+            None => io(cause),
+        }
+    })?;
     let answer = match first {
         Frame::Response(data) => data,
         Frame::Error(text) => {
             let error = broker_error(addr, &text);
-            return Err(super::refusal::classify("IDENTIFY", error, transport.role));
+            return Err(super::refusal::classify("IDENTIFY", error, role));
         }
         Frame::Message(_) => return Err(unexpected(addr, "IDENTIFY", b"a message")),
     };
-    let settings: IdentifyResponse = if answer.first() == Some(&b'{') {
+    Ok(if answer.first() == Some(&b'{') {
         serde_json::from_slice(&answer).map_err(|e| Error::UnexpectedResponse {
             addr: addr.to_string(),
             command: "IDENTIFY",
@@ -206,10 +227,18 @@ pub(crate) async fn open(
         IdentifyResponse::default()
     } else {
         return Err(unexpected(addr, "IDENTIFY", &answer));
-    };
-    check_agreement(addr, identify, &settings, transport.role)?;
+    })
+}
 
-    let (mut read, mut write): (ReadHalf, WriteHalf) = match &transport.tls {
+/// Step 2: the TLS handshake when nsqd agreed to it, and its `OK`; the halves to build on.
+async fn upgrade_tls(
+    addr: &str,
+    tcp: TcpStream,
+    settings: &IdentifyResponse,
+    transport: &Prepared,
+    codec: &mut FrameCodec,
+) -> Result<(ReadHalf, WriteHalf), Error> {
+    Ok(match &transport.tls {
         Some(connector) if settings.tls_v1 => {
             let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
             let name = crate::tls::server_name(host).map_err(|reason| Error::Refused {
@@ -227,7 +256,7 @@ pub(crate) async fn open(
             let mut read: ReadHalf = Box::new(r);
             // Under TLS 1.3 the server judges our certificate after our side of the handshake
             // is done: its refusal arrives as an alert on this first read.
-            match read_exact_frame(&mut read, &mut codec).await {
+            match read_exact_frame(&mut read, codec).await {
                 Ok(frame) => expect_ok_frame(addr, "TLS", frame)?,
                 Err(cause) => return Err(super::refusal::tls_failure(addr, cause, transport.role)),
             }
@@ -237,19 +266,42 @@ pub(crate) async fn open(
             let (r, w) = tcp.into_split();
             (Box::new(r), Box::new(w))
         }
-    };
+    })
+}
+
+/// Step 3: snappy or deflate when nsqd agreed to it, both directions, and its `OK`; the halves
+/// wrapped in them.
+async fn compress(
+    addr: &str,
+    settings: &IdentifyResponse,
+    mut read: ReadHalf,
+    mut write: WriteHalf,
+    codec: &mut FrameCodec,
+) -> Result<(ReadHalf, WriteHalf), Error> {
     if settings.snappy {
         read = Box::new(Decoding::new(read, SnappyDecoder::default()));
         write = Box::new(Encoding::new(write, SnappyEncoder::default()));
-        expect_ok(addr, "snappy", &mut read, &mut codec).await?;
+        expect_ok(addr, "snappy", &mut read, codec).await?;
     } else if settings.deflate {
         read = Box::new(Decoding::new(read, DeflateDecoder::default()));
         write = Box::new(Encoding::new(
             write,
             DeflateEncoder::new(settings.deflate_level.clamp(1, 9)),
         ));
-        expect_ok(addr, "deflate", &mut read, &mut codec).await?;
+        expect_ok(addr, "deflate", &mut read, codec).await?;
     }
+    Ok((read, write))
+}
+
+/// Step 4: AUTH with the secret when nsqd asks for it.
+async fn authenticate(
+    addr: &str,
+    settings: &IdentifyResponse,
+    transport: &Prepared,
+    read: &mut ReadHalf,
+    write: &mut WriteHalf,
+    codec: &mut FrameCodec,
+) -> Result<(), Error> {
     if settings.auth_required {
         let Some(secret) = &transport.auth_secret else {
             return Err(Error::Refused {
@@ -262,19 +314,11 @@ pub(crate) async fn open(
                 ),
             });
         };
-        auth(
-            addr,
-            secret,
-            &mut read,
-            &mut write,
-            &mut codec,
-            transport.role,
-        )
-        .await?;
+        auth(addr, secret, read, write, codec, transport.role).await?;
     } else if transport.auth_secret.is_some() {
         tracing::debug!(nsqd = %addr, "nsqd does not require AUTH; the secret is not sent.");
     }
-    Ok((read, write, settings))
+    Ok(())
 }
 
 /// Refuses an answer that differs from what we asked where the difference matters.

@@ -31,21 +31,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::future::select_ok;
 use redis::aio::MultiplexedConnection;
-use redis::{ErrorKind, IntoConnectionInfo, RedisError, Script, Value};
+use redis::{ErrorKind, IntoConnectionInfo, RedisError, Script};
 use tokio::time::Instant;
+
+mod operation;
+mod routing;
 
 use super::config::RedisConfig;
 use super::refusal::Credentials;
 use super::slots::SlotMap;
 use crate::error::StoreError;
-
-/// Redirections one operation follows before giving up.
-const MAX_REDIRECTS: u32 = 8;
-
-/// The pause before retrying an operation on a cluster that is failing over.
-const RETRY_PAUSE: Duration = Duration::from_millis(50);
 
 /// The connections to the servers of one store.
 pub(super) struct Link {
@@ -231,137 +227,6 @@ impl Link {
         }
     }
 
-    /// Runs `evalsha` (an `EVALSHA` of `script` whose keys all lie in `slot`, which a
-    /// standalone server ignores) on the node that serves `slot`, following redirections,
-    /// loading the script where it is missing, and (in a cluster) waiting out a failover, all
-    /// within the time limit.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::Timeout`] when the time limit passes; otherwise the node's error (in a
-    /// standalone server the first one, in a cluster the last one).
-    pub(super) async fn eval(
-        &self,
-        script: &Script,
-        slot: u16,
-        evalsha: &redis::Cmd,
-    ) -> Result<Value, StoreError> {
-        let deadline = self.deadline();
-        let mut ask: Option<String> = None;
-        let mut redirects = 0;
-        // A standalone server's kept connection may have broken since its last use (a
-        // restarted server, the runtime that drove it gone): one more try on a new one.
-        let mut reconnected = false;
-        loop {
-            // The map this attempt routes by: a failure reads it again only if nobody has
-            // since.
-            let seen = self.generation();
-            let node = match &ask {
-                Some(node) => node.clone(),
-                None => self.route(slot, deadline).await?,
-            };
-            let open = match self.node(&node, deadline).await {
-                Ok(open) => open,
-                // Out of time, or refused (a wrong password): waiting for a replica to take
-                // over would not help.
-                Err(
-                    error @ (StoreError::Timeout(_)
-                    | StoreError::Refused { .. }
-                    | StoreError::Config(_)),
-                ) => return Err(error),
-                Err(error) if !self.cluster => return Err(error),
-                Err(_) => {
-                    // The node died: its replica takes over once the cluster notices.
-                    self.retry_after(seen, deadline).await?;
-                    ask = None;
-                    continue;
-                }
-            };
-            let result: Result<Value, RedisError> = if ask.is_some() {
-                let mut pipe = redis::pipe();
-                pipe.cmd("ASKING").ignore().add_command(evalsha.clone());
-                let mut asking = open.conn.clone();
-                self.within(deadline, &node, &open, async move {
-                    pipe.query_async::<(Value,)>(&mut asking)
-                        .await
-                        .map(|(value,)| value)
-                })
-                .await?
-            } else {
-                let mut sending = open.conn.clone();
-                self.within(deadline, &node, &open, evalsha.query_async(&mut sending))
-                    .await?
-            };
-            let error = match result {
-                Ok(value) => return Ok(value),
-                Err(error) => error,
-            };
-            match error.kind() {
-                ErrorKind::NoScriptError => {
-                    // A restarted server, or a replica promoted before it saw the script.
-                    let mut loading = open.conn.clone();
-                    let loaded: Result<String, RedisError> = self
-                        .within(
-                            deadline,
-                            &node,
-                            &open,
-                            script.prepare_invoke().load_async(&mut loading),
-                        )
-                        .await?;
-                    if let Err(error) = loaded {
-                        return Err(self.failed(&node, &error));
-                    }
-                }
-                ErrorKind::Moved | ErrorKind::Ask if self.cluster => {
-                    redirects += 1;
-                    // A statistic: nothing else depends on it.
-                    self.redirects.fetch_add(1, Ordering::Relaxed);
-                    let Some((to, to_slot)) = error.redirect_node() else {
-                        return Err(self.failed(&node, &error));
-                    };
-                    if redirects > MAX_REDIRECTS {
-                        return Err(self.failed(&node, &error));
-                    }
-                    let to = if to.starts_with(':') {
-                        // Redis leaves the host out when it does not know its own name.
-                        format!("{}{to}", host_of(&node))
-                    } else {
-                        to.to_owned()
-                    };
-                    if error.kind() == ErrorKind::Moved {
-                        self.slots_map().moved(to_slot, &to);
-                        ask = None;
-                    } else {
-                        ask = Some(to);
-                    }
-                }
-                ErrorKind::TryAgain
-                | ErrorKind::ClusterDown
-                | ErrorKind::MasterDown
-                | ErrorKind::ReadOnly
-                    if self.cluster =>
-                {
-                    self.retry_after(seen, deadline).await?;
-                    ask = None;
-                }
-                _ if self.cluster && is_connection_error(&error) => {
-                    // The node died: its replica takes over once the cluster notices.
-                    self.drop_conn(&node, Some(&open));
-                    self.retry_after(seen, deadline).await?;
-                    ask = None;
-                }
-                // Sending the script again is safe even if the first one ran: a claim then
-                // finds its own entry in flight (the message is requeued, and claimed anew
-                // once the lease ends), a commit finds it done, an erase finds nothing.
-                _ if !self.cluster && !reconnected && is_connection_error(&error) => {
-                    self.drop_conn(&node, Some(&open));
-                    reconnected = true;
-                }
-                _ => return Err(self.failed(&node, &error)),
-            }
-        }
-    }
-
     /// `step`, a command sent on `open` to `node`, within `deadline`. When the deadline
     /// passes, the node did not answer in time: its connection is dropped (a frozen server
     /// would hold every later command too) and the slot map is marked stale.
@@ -396,124 +261,6 @@ impl Link {
                  within its cluster-node-timeout",
                 self.timeout
             ),
-        }
-    }
-
-    /// Waits a moment, then reads the slot map again unless someone did since `seen`: a
-    /// cluster that is failing over.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::Timeout`] if the deadline comes first.
-    async fn retry_after(&self, seen: u64, deadline: Instant) -> Result<(), StoreError> {
-        if Instant::now() + RETRY_PAUSE >= deadline {
-            tokio::time::sleep_until(deadline).await;
-            return Err(self.no_answer(&self.addr));
-        }
-        // A statistic: nothing else depends on it.
-        self.retries.fetch_add(1, Ordering::Relaxed);
-        tokio::time::sleep(RETRY_PAUSE).await;
-        // A failed read leaves the old map: the next attempt fails again and reads it again.
-        let _ = self.refresh_slots(seen, deadline).await;
-        Ok(())
-    }
-
-    /// The master of `slot` (the server, when standalone), reading the slot map first when it
-    /// is unknown or stale.
-    async fn route(&self, slot: u16, deadline: Instant) -> Result<String, StoreError> {
-        if !self.cluster {
-            return Ok(self.seeds[0].clone());
-        }
-        if self.stale.load(Ordering::Relaxed) {
-            // A node ran out of time: its slots may have a new master. If no node answers,
-            // route by the old map.
-            let _ = self.refresh_slots(self.generation(), deadline).await;
-        }
-        if let Some(master) = self.slots_map().master(slot) {
-            return Ok(master.to_owned());
-        }
-        self.refresh_slots(self.generation(), deadline).await?;
-        self.slots_map()
-            .master(slot)
-            .map(str::to_owned)
-            .ok_or_else(|| StoreError::Unavailable {
-                addr: self.addr.clone(),
-                detail: format!("no master serves slot {slot}"),
-            })
-    }
-
-    /// The master of `slot` in the slot map as last read, if it names one. A cluster's
-    /// operations group their keys by it; one grouped by a map that is out of date fails at
-    /// the node and is sent again another way.
-    pub(super) fn master_of(&self, slot: u16) -> Option<String> {
-        self.slots_map().master(slot).map(str::to_owned)
-    }
-
-    /// Marks the slot map out of date: the next operation reads it again before routing.
-    pub(super) fn mark_stale(&self) {
-        self.stale.store(true, Ordering::Relaxed);
-    }
-
-    /// How many times the slot map has been read.
-    fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
-    }
-
-    /// Reads the slot map again, unless it was read since generation `seen`: asks every known
-    /// master and seed at once, and takes the first map that names a master.
-    async fn refresh_slots(&self, seen: u64, deadline: Instant) -> Result<(), StoreError> {
-        let _refreshing = match tokio::time::timeout_at(deadline, self.refreshing.lock()).await {
-            Ok(guard) => guard,
-            Err(_) => return Err(StoreError::Timeout(self.timeout)),
-        };
-        if self.generation() != seen {
-            // Read by another operation while this one waited.
-            return Ok(());
-        }
-        let mut candidates = self.slots_map().all_masters();
-        candidates.extend(self.seeds.iter().cloned());
-        candidates.sort_unstable();
-        candidates.dedup();
-        if candidates.is_empty() {
-            return Err(StoreError::Unavailable {
-                addr: self.addr.clone(),
-                detail: "no node to ask for the slot map".into(),
-            });
-        }
-        let asks = candidates
-            .iter()
-            .map(|node| Box::pin(self.slots_of(node, deadline)));
-        // The nodes that have not answered yet are dropped with the rest of `select_ok`'s
-        // answer: nothing waits for them.
-        let map = select_ok(asks).await.map(|(map, _unasked)| map)?;
-        *self.slots_map() = map;
-        self.stale.store(false, Ordering::Relaxed);
-        self.generation.fetch_add(1, Ordering::Release);
-        Ok(())
-    }
-
-    /// The slot map as `node` sees it.
-    async fn slots_of(&self, node: &str, deadline: Instant) -> Result<SlotMap, StoreError> {
-        let open = self.node(node, deadline).await?;
-        let mut asking = open.conn.clone();
-        let answer: Result<Value, RedisError> = self
-            .within(
-                deadline,
-                node,
-                &open,
-                redis::cmd("CLUSTER").arg("SLOTS").query_async(&mut asking),
-            )
-            .await?;
-        match answer {
-            Ok(value) => match SlotMap::from_cluster_slots(&value, host_of(node)) {
-                Ok(map) if !map.all_masters().is_empty() => Ok(map),
-                Ok(_) => Err(StoreError::Unavailable {
-                    addr: node.to_owned(),
-                    detail: "CLUSTER SLOTS named no master".into(),
-                }),
-                Err(detail) => Err(StoreError::Protocol(detail)),
-            },
-            Err(error) => Err(self.failed(node, &error)),
         }
     }
 
@@ -625,13 +372,6 @@ impl Link {
     ) -> std::sync::MutexGuard<'_, HashMap<String, Arc<tokio::sync::Mutex<()>>>> {
         // As above.
         self.connecting
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
-    }
-
-    fn slots_map(&self) -> std::sync::MutexGuard<'_, SlotMap> {
-        // As above.
-        self.slots
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
     }

@@ -13,10 +13,8 @@ use std::arch::x86_64::{
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{
-    decide_again, find_in, verdict, write_locked, Claim, SetGuard, CURSOR_MASK, CURSOR_SHIFT,
-    FINGERPRINT_SHIFT, LINE_SLOTS, LOCK,
-};
+use super::set::{decide_again, find_in, verdict, write_locked, SetGuard};
+use super::{Claim, CURSOR_MASK, CURSOR_SHIFT, FINGERPRINT_SHIFT, LINE_SLOTS, LOCK};
 
 /// Bits of a half mask ([`Line::halves_equal_to`]) for the slots' lower and upper halves.
 const LOWER_HALVES: u32 = 0x5555;
@@ -101,7 +99,7 @@ impl Line {
         }
     }
 
-    /// [`super::choose_victim`] for the whole line.
+    /// [`super::set::choose_victim`] for the whole line.
     #[inline(always)]
     fn choose_victim(self) -> (usize, usize) {
         let empty = !self.halves_with_bit_0() & LOWER_HALVES;
@@ -130,7 +128,7 @@ impl Line {
     }
 }
 
-/// [`super::insert`] for one 8-way set.
+/// [`super::set::insert`] for one 8-way set.
 #[inline(always)]
 pub(super) fn insert(set: &[AtomicU64; LINE_SLOTS], fingerprint: u64, state: u64) -> Claim {
     let before = Line::load(set);
@@ -151,7 +149,7 @@ pub(super) fn insert(set: &[AtomicU64; LINE_SLOTS], fingerprint: u64, state: u64
     if locked {
         // Another writer holds the set or just changed it: take the portable path, which
         // waits for the guard and looks again.
-        return super::insert_portable(set, fingerprint, state);
+        return super::set::insert_portable(set, fingerprint, state);
     }
     // The Acquire makes every earlier holder's writes visible: if the set is as it was when
     // we looked, the digest is not in it; otherwise look again, under the guard.

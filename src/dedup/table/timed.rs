@@ -35,10 +35,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::{
-    choose_victim, fingerprint, holds, load, place, verdict, zeroed_slots, SetGuard, Table,
-    CURSOR_MASK, CURSOR_SHIFT, DONE, FINGERPRINT_SHIFT, LOCK, STATE_MASK,
-};
+use super::memory::zeroed_slots;
+use super::set::{backoff, choose_victim, fingerprint, holds, load, place, verdict, SetGuard};
+use super::{Table, CURSOR_MASK, CURSOR_SHIFT, DONE, FINGERPRINT_SHIFT, LOCK, STATE_MASK};
 use crate::dedup::clock::Clock;
 use crate::dedup::{Claim, Digest};
 use crate::error::TableError;
@@ -203,7 +202,7 @@ impl Table {
             let mut spins = 0u32;
             while holds(word, fp) {
                 if word & LOCK != 0 {
-                    super::backoff(&mut spins);
+                    backoff(&mut spins);
                     word = slot.load(Ordering::Acquire);
                     continue;
                 }
@@ -266,7 +265,7 @@ pub(super) fn prefetch<const W: usize>(times: &[AtomicU64; W]) {
     let _ = times;
 }
 
-/// [`super::write_locked`] with the entry's time stored after the slot and before the guard
+/// [`super::set::write_locked`] with the entry's time stored after the slot and before the guard
 /// is released.
 fn write_timed<const W: usize>(
     set: &[AtomicU64; W],
