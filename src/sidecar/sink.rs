@@ -50,7 +50,7 @@ pub(super) fn warn_if_exposed(sink: &SinkSettings, names: &FlagOrigins) {
     for (key, address) in addresses {
         if let Some(address) = address.filter(|a| !a.ip().is_loopback()) {
             tracing::warn!(
-                setting = names.flag_for(key).unwrap_or(key),
+                setting = %names.flag_for(key).unwrap_or(key),
                 %address,
                 "The serve sink listens beyond loopback without TLS or an AUTH secret: anyone \
                  who reaches it can consume the stream. Give --serve-tls-cert and \
