@@ -17,67 +17,115 @@ use crate::support::broker::{Broker, BrokerConfig};
 use crate::support::child::Child;
 use crate::util::wait_until_or;
 
-/// The binary consuming `brokers` (keyed on `/id`), serving consumers on a free loopback port
-/// (unless `extra` names another); returns it and the port, read from its "Serving
-/// consumers." log line.
-fn run_serve(brokers: &[&Broker], extra: &[&str]) -> (Child, SocketAddr) {
-    let mut args: Vec<String> = ["run", "--topic", TOPIC, "--channel", CHANNEL]
-        .iter()
-        .map(|arg| (*arg).to_owned())
-        .collect();
-    for broker in brokers {
-        args.push("--nsqd-tcp-address".into());
-        args.push(broker.tcp_addr().to_string());
-    }
-    args.extend(
-        [
-            "--key",
-            "json:/id",
-            "--buckets",
-            "1048576",
-            "--sink",
-            "serve",
-            "--serve-http-address",
-            "off",
-            "--metrics-address",
-            "127.0.0.1:0",
-        ]
-        .iter()
-        .chain(extra)
-        .map(|arg| (*arg).to_owned()),
-    );
-    if !extra.contains(&"--serve-tcp-address") {
-        args.extend(["--serve-tcp-address".into(), "127.0.0.1:0".into()]);
-    }
-    let mut child = Child::bin(&args);
-    let line = tokio::task::block_in_place(|| {
-        child.line_on_stderr("Serving consumers.", Duration::from_secs(30))
-    })
-    .unwrap_or_else(|| panic!("the binary serves no consumers: {}", child.stderr()));
-    let address = line
-        .split_whitespace()
-        .find_map(|field| field.strip_prefix("tcp_address="))
-        .unwrap_or_else(|| panic!("no tcp_address in {line:?}"))
-        .parse()
-        .unwrap_or_else(|e| panic!("the served address in {line:?}: {e}"));
-    (child, address)
+/// The binary under test, with the addresses it bound.
+struct Served {
+    child: Child,
+    /// Where consumers connect.
+    tcp: SocketAddr,
+    /// Where `/metrics` answers.
+    metrics: SocketAddr,
 }
 
-/// Waits, up to 60 s, until `seen` holds `n` distinct payloads and `brokers` are drained.
-async fn wait_all_finished(seen: &Seen, brokers: &[&Broker], n: usize, child: &Child) {
-    wait_until_or(
-        "every payload finished downstream and the brokers drained",
-        Duration::from_secs(60),
-        || finished_once(seen) == n && brokers.iter().all(|b| drained(b)),
-        || {
-            format!(
-                "{} distinct downstream; the binary's log:\n{}",
-                finished_once(seen),
-                child.stderr()
-            )
-        },
-    )
-    .await;
+impl Served {
+    /// The binary consuming `brokers` (keyed on `/id`), serving consumers on a free loopback
+    /// port (unless `extra` names another), metrics on another; the ports are read from its
+    /// log.
+    fn start(brokers: &[&Broker], extra: &[&str]) -> Served {
+        let mut args: Vec<String> = ["run", "--topic", TOPIC, "--channel", CHANNEL]
+            .iter()
+            .map(|arg| (*arg).to_owned())
+            .collect();
+        for broker in brokers {
+            args.push("--nsqd-tcp-address".into());
+            args.push(broker.tcp_addr().to_string());
+        }
+        args.extend(
+            [
+                "--key",
+                "json:/id",
+                "--buckets",
+                "1048576",
+                "--sink",
+                "serve",
+                "--serve-http-address",
+                "off",
+                "--metrics-address",
+                "127.0.0.1:0",
+            ]
+            .iter()
+            .chain(extra)
+            .map(|arg| (*arg).to_owned()),
+        );
+        if !extra.contains(&"--serve-tcp-address") {
+            args.extend(["--serve-tcp-address".into(), "127.0.0.1:0".into()]);
+        }
+        let mut child = Child::bin(&args);
+        let tcp = logged_address(&mut child, "Serving consumers.", "tcp_address=");
+        let metrics = logged_address(&mut child, "Serving /metrics", "addr=");
+        Served {
+            child,
+            tcp,
+            metrics,
+        }
+    }
+
+    /// The serve sink's figures on the metrics page: messages, FINs, REQs, timeouts,
+    /// disconnect requeues and consumers.
+    fn figures(&self) -> [u64; 6] {
+        let page = crate::sidecar::scrape(self.metrics);
+        [
+            "nsq_dedupe_serve_messages_total",
+            "nsq_dedupe_serve_fins_total",
+            "nsq_dedupe_serve_reqs_total",
+            "nsq_dedupe_serve_timeouts_total",
+            "nsq_dedupe_serve_disconnect_requeues_total",
+            "nsq_dedupe_serve_consumers",
+        ]
+        .map(|name| {
+            crate::sidecar::metric(&page, name).unwrap_or_else(|| panic!("no {name} in\n{page}"))
+                as u64
+        })
+    }
+
+    /// Waits, up to 60 s, until `seen` holds `n` distinct payloads and `brokers` are drained.
+    async fn wait_all_finished(&self, seen: &Seen, brokers: &[&Broker], n: usize) {
+        wait_until_or(
+            "every payload finished downstream and the brokers drained",
+            Duration::from_secs(60),
+            || finished_once(seen) == n && brokers.iter().all(|b| drained(b)),
+            || {
+                format!(
+                    "{} distinct downstream; the binary's log:\n{}",
+                    finished_once(seen),
+                    self.child.stderr()
+                )
+            },
+        )
+        .await;
+    }
+
+    /// Stops the binary with SIGTERM and checks that it stopped cleanly.
+    fn stop(self) {
+        let finished =
+            tokio::task::block_in_place(|| self.child.stop_within("TERM", Duration::from_secs(20)));
+        assert!(finished.status.success(), "{}", finished.stderr);
+        assert!(
+            finished.stderr.contains("Sidecar stopped."),
+            "{}",
+            finished.stderr
+        );
+    }
+}
+
+/// The address in the field `field` of the first log line with `text`, waiting up to 30 s.
+fn logged_address(child: &mut Child, text: &str, field: &str) -> SocketAddr {
+    let line = tokio::task::block_in_place(|| child.line_on_stderr(text, Duration::from_secs(30)))
+        .unwrap_or_else(|| panic!("no {text:?} in the log: {}", child.stderr()));
+    line.split_whitespace()
+        .find_map(|word| word.strip_prefix(field))
+        .unwrap_or_else(|| panic!("no {field} in {line:?}"))
+        .parse()
+        .unwrap_or_else(|e| panic!("the address in {line:?}: {e}"))
 }
 
 /// Each of the `n` payloads reached the downstream consumer exactly once.
@@ -94,18 +142,6 @@ fn assert_each_once(seen: &Seen, n: usize) {
     assert_eq!(seen.len(), n, "only the published payloads");
 }
 
-/// Stops the binary with SIGTERM and checks that it stopped cleanly.
-fn stop(child: Child) {
-    let finished =
-        tokio::task::block_in_place(|| child.stop_within("TERM", Duration::from_secs(20)));
-    assert!(finished.status.success(), "{}", finished.stderr);
-    assert!(
-        finished.stderr.contains("Sidecar stopped."),
-        "{}",
-        finished.stderr
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_serves_each_payload_of_two_replicated_brokers_to_a_consumer_once() {
     let a = Broker::start(BrokerConfig::default()).await;
@@ -113,17 +149,23 @@ async fn run_serves_each_payload_of_two_replicated_brokers_to_a_consumer_once() 
     const N: usize = 1000;
     a.publish_many(TOPIC, (0..N).map(payload));
     b.publish_many(TOPIC, (0..N).rev().map(payload));
-    let (child, served) = run_serve(&[&a, &b], &[]);
-    let (seen, task) = consume(downstream(served, 50), |_| true);
-    wait_all_finished(&seen, &[&a, &b], N, &child).await;
-    task.abort();
+    let served = Served::start(&[&a, &b], &[]);
+    let (seen, task) = consume(downstream(served.tcp, 50), |_| true);
+    served.wait_all_finished(&seen, &[&a, &b], N).await;
     assert_each_once(&seen, N);
     // Each broker's copy answered: the first by the consumer's FIN, the other as a duplicate.
     assert_eq!(
         a.finished(TOPIC, CHANNEL).len() + b.finished(TOPIC, CHANNEL).len(),
         2 * N
     );
-    stop(child);
+    let n = N as u64;
+    assert_eq!(
+        served.figures(),
+        [n, n, 0, 0, 0, 1],
+        "messages, FINs, REQs, timeouts, disconnect requeues, consumers"
+    );
+    task.abort();
+    served.stop();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -134,10 +176,10 @@ async fn run_serve_loses_nothing_when_a_consumer_is_killed_mid_stream() {
     const HELD: usize = 40;
     a.publish_many(TOPIC, (0..N).map(payload));
     b.publish_many(TOPIC, (0..N).map(payload));
-    let (child, served) = run_serve(&[&a, &b], &[]);
+    let served = Served::start(&[&a, &b], &[]);
     // A consumer takes HELD messages, answers none, and its connection drops, as when its
     // process is killed.
-    let mut doomed = Raw::subscribed(served, NEGOTIATE, HELD as u32).await;
+    let mut doomed = Raw::subscribed(served.tcp, NEGOTIATE, HELD as u32).await;
     let mut held: HashSet<Bytes> = HashSet::new();
     for _ in 0..HELD {
         held.insert(doomed.expect_message().await.body);
@@ -148,16 +190,22 @@ async fn run_serve_loses_nothing_when_a_consumer_is_killed_mid_stream() {
         "distinct payloads served to the doomed consumer"
     );
     drop(doomed);
-    let (seen, task) = consume(downstream(served, 50), |_| true);
-    wait_all_finished(&seen, &[&a, &b], N, &child).await;
-    task.abort();
+    let (seen, task) = consume(downstream(served.tcp, 50), |_| true);
+    served.wait_all_finished(&seen, &[&a, &b], N).await;
     // The second consumer got everything, the killed one's messages too, each once.
     assert_each_once(&seen, N);
     assert_eq!(
         a.finished(TOPIC, CHANNEL).len() + b.finished(TOPIC, CHANNEL).len(),
         2 * N
     );
-    stop(child);
+    let (n, held) = (N as u64, HELD as u64);
+    assert_eq!(
+        served.figures(),
+        [n + held, n, 0, 0, held, 1],
+        "messages, FINs, REQs, timeouts, disconnect requeues, consumers"
+    );
+    task.abort();
+    served.stop();
 }
 
 /// `run --sink serve` with `extra` flags, refused: its exit status and stderr.
@@ -243,15 +291,17 @@ fn bad_serve_settings_name_the_flag_and_the_fix() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_served_port_beyond_loopback_without_tls_or_auth_is_warned_about() {
     let broker = Broker::start(BrokerConfig::default()).await;
-    let (mut child, _) = run_serve(&[&broker], &["--serve-tcp-address", "0.0.0.0:0"]);
+    let mut served = Served::start(&[&broker], &["--serve-tcp-address", "0.0.0.0:0"]);
     let warning = tokio::task::block_in_place(|| {
-        child.line_on_stderr("beyond loopback", Duration::from_secs(10))
+        served
+            .child
+            .line_on_stderr("beyond loopback", Duration::from_secs(10))
     })
-    .unwrap_or_else(|| panic!("no warning: {}", child.stderr()));
+    .unwrap_or_else(|| panic!("no warning: {}", served.child.stderr()));
     assert!(warning.contains("WARN"), "{warning}");
     assert!(
         warning.contains("setting=--serve-tcp-address address=0.0.0.0:0"),
         "{warning}"
     );
-    stop(child);
+    served.stop();
 }

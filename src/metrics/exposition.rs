@@ -261,6 +261,10 @@ impl Scrape {
                 suggested.slots() as f64,
             ));
         }
+        if let Some(own) = m.handler_figures() {
+            counters.extend(own.counters);
+            gauges.extend(own.gauges);
+        }
         Scrape {
             // The encoder writes label values as they are; the format wants `\`, `"` and line
             // feeds escaped.

@@ -173,6 +173,9 @@ impl<H: Handler> Sidecar<H> {
         let dead_letter_refused = dead_letter.as_ref().map(|d| Box::pin(d.refused()) as _);
         let metrics_listener = endpoints::bind(settings.metrics_address).await?;
         let metrics = Arc::new(Metrics::with_window(settings.window));
+        if let Some(own) = handler.own_metrics() {
+            metrics.watch_handler(own);
+        }
         // A shared store that did not answer at start is failing until it does: `/ready`
         // says so from the start, not only after the first message's claim.
         if !store.answered {
