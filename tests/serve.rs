@@ -66,7 +66,7 @@ async fn sidecar(brokers: &[&Broker], served: &Served) -> Running {
 }
 
 /// A downstream consumer of the served port with short timers.
-fn downstream(addr: SocketAddr, max_in_flight: u32) -> Consumer {
+pub(crate) fn downstream(addr: SocketAddr, max_in_flight: u32) -> Consumer {
     let mut config = ConsumerConfig::new(TOPIC, CHANNEL);
     config.nsqd_tcp_addresses = vec![addr.to_string()];
     config.max_in_flight = max_in_flight;
@@ -78,10 +78,13 @@ fn downstream(addr: SocketAddr, max_in_flight: u32) -> Consumer {
 }
 
 /// What a downstream consumer saw: each body with the attempts of each delivery.
-type Seen = Arc<Mutex<HashMap<Bytes, Vec<u16>>>>;
+pub(crate) type Seen = Arc<Mutex<HashMap<Bytes, Vec<u16>>>>;
 
 /// Runs `consumer`, answering each message with `answer` (true: FIN, false: REQ 0).
-fn consume(mut consumer: Consumer, answer: fn(&Message) -> bool) -> (Seen, JoinHandle<Consumer>) {
+pub(crate) fn consume(
+    mut consumer: Consumer,
+    answer: fn(&Message) -> bool,
+) -> (Seen, JoinHandle<Consumer>) {
     let seen: Seen = Arc::default();
     let record = seen.clone();
     let task = tokio::spawn(async move {
@@ -104,7 +107,7 @@ fn consume(mut consumer: Consumer, answer: fn(&Message) -> bool) -> (Seen, JoinH
     (seen, task)
 }
 
-fn finished_once(seen: &Seen) -> usize {
+pub(crate) fn finished_once(seen: &Seen) -> usize {
     seen.lock().unwrap().len()
 }
 
@@ -227,7 +230,7 @@ async fn a_downstream_req_erases_the_claim_and_the_payload_comes_back() {
 }
 
 /// A raw NSQ client for the protocol's corners.
-struct Raw {
+pub(crate) struct Raw {
     stream: TcpStream,
     input: BytesMut,
 }
@@ -266,7 +269,7 @@ impl Raw {
     }
 
     /// IDENTIFY with `json`, SUB to the served topic and channel, then `RDY rdy`.
-    async fn subscribed(addr: SocketAddr, json: &str, rdy: u32) -> Raw {
+    pub(crate) async fn subscribed(addr: SocketAddr, json: &str, rdy: u32) -> Raw {
         let mut raw = Raw::connect(addr).await;
         raw.identify(json).await;
         raw.send(Command::Sub {
@@ -313,7 +316,7 @@ impl Raw {
         }
     }
 
-    async fn expect_message(&mut self) -> RawMessage {
+    pub(crate) async fn expect_message(&mut self) -> RawMessage {
         match self.next(Duration::from_secs(10)).await {
             Read::Frame(Frame::Message(m)) => m,
             Read::Frame(other) => panic!("expected a message, got {other:?}"),
@@ -357,7 +360,7 @@ impl Raw {
     }
 }
 
-const NEGOTIATE: &str = r#"{"feature_negotiation":true}"#;
+pub(crate) const NEGOTIATE: &str = r#"{"feature_negotiation":true}"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_killed_mid_stream_loses_nothing() {

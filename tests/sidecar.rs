@@ -194,7 +194,7 @@ pub(crate) async fn wait_all_delivered(
 }
 
 /// GET /metrics from the sidecar's metrics server.
-fn scrape(addr: SocketAddr) -> String {
+pub(crate) fn scrape(addr: SocketAddr) -> String {
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
     s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
@@ -454,7 +454,7 @@ async fn the_grafana_dashboard_queries_only_metrics_the_sidecar_exposes() {
     assert_eq!(recorder.distinct_delivered(), 2);
 }
 
-fn metric(text: &str, name: &str) -> Option<f64> {
+pub(crate) fn metric(text: &str, name: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
 }

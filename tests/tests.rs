@@ -36,6 +36,7 @@ mod redis;
 mod redis_tls;
 mod secrets;
 mod serve;
+mod serve_run;
 mod sidecar;
 mod store_contract;
 mod store_refusals;

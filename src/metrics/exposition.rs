@@ -51,6 +51,10 @@ impl Scrape {
         store_counters(table, &mut counters);
         let mut gauges = rate_gauges(m);
         table_gauges(m, table, &mut gauges);
+        if let Some(own) = m.handler_figures() {
+            counters.extend(own.counters);
+            gauges.extend(own.gauges);
+        }
         Scrape {
             // The encoder writes label values as they are; the format wants `\`, `"` and line
             // feeds escaped.

@@ -10,7 +10,7 @@
 //! memory depends on, and readers only need eventually-consistent totals.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::RwLock;
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::dedup::Geometry;
@@ -133,6 +133,25 @@ pub struct Metrics {
     pub store_failing: AtomicBool,
     /// The distinct rate now and its peak over the window, sampled by [`sample_rate`](Metrics::sample_rate).
     pub rates: RateTracker,
+    /// The handler's own figures, if it has any (the serve sink's consumers), read at each
+    /// scrape; set once by [`watch_handler`](Metrics::watch_handler).
+    handler: OnceLock<Arc<dyn HandlerMetrics>>,
+}
+
+/// Figures a handler adds to `/metrics`, beside the pipeline's.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HandlerFigures {
+    /// Counters: name (the page adds `_total`), help, value.
+    pub counters: Vec<(&'static str, &'static str, u64)>,
+    /// Gauges: name, help, value.
+    pub gauges: Vec<(&'static str, &'static str, f64)>,
+}
+
+/// A handler whose own figures belong on `/metrics` (the serve sink: its consumers and their
+/// answers), read at each scrape.
+pub trait HandlerMetrics: Send + Sync + std::fmt::Debug {
+    /// The figures now.
+    fn figures(&self) -> HandlerFigures;
 }
 
 impl Default for Metrics {
@@ -171,7 +190,19 @@ impl Metrics {
             nsqd_connections: AtomicU64::new(0),
             store_failing: AtomicBool::new(false),
             rates: RateTracker::new(window),
+            handler: OnceLock::new(),
         }
+    }
+
+    /// Shows `handler`'s own figures on `/metrics` from now on; a second call changes nothing
+    /// (one pipeline, one handler).
+    pub fn watch_handler(&self, handler: Arc<dyn HandlerMetrics>) {
+        let _ = self.handler.set(handler);
+    }
+
+    /// The handler's own figures now, if it has any.
+    pub fn handler_figures(&self) -> Option<HandlerFigures> {
+        self.handler.get().map(|handler| handler.figures())
     }
 }
 

@@ -17,6 +17,7 @@
 //!   back to the waiting handler call.
 //! - `auth`: the shared AUTH secret, compared in constant time.
 //! - `http`: `/ping`, `/lookup` as nsqlookupd answers it, and `/stats` as nsqd's.
+//! - `metrics`: the endpoint's figures on the sidecar's `/metrics` page.
 //!
 //! Deviations from nsqd, each on purpose: the endpoint takes no messages (PUB, MPUB and DPUB
 //! are refused with `E_INVALID`); snappy, deflate and sampling are answered `false`/`0`;
@@ -33,6 +34,7 @@ mod dispatch;
 mod http;
 mod identify;
 mod listener;
+mod metrics;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
@@ -56,10 +58,12 @@ use dispatch::Dispatcher;
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     /// A setting out of range.
-    #[error("serve `{field}`: {reason}")]
+    #[error("serve `{field}` = {value}: {reason}")]
     Config {
-        /// The setting.
+        /// The setting, a field of [`ServeConfig`].
         field: &'static str,
+        /// The value given.
+        value: String,
         /// What is wrong and what is accepted.
         reason: String,
     },
@@ -264,5 +268,9 @@ impl Handler for ServeSink {
     /// A consumer's REQ, timeout or disconnection is its own; it backs off itself.
     fn backs_off(&self) -> bool {
         false
+    }
+
+    fn own_metrics(&self) -> Option<Arc<dyn crate::metrics::HandlerMetrics>> {
+        Some(Arc::new(metrics::ServeMetrics(self.shared.clone())))
     }
 }

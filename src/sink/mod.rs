@@ -158,6 +158,12 @@ pub trait Handler: Send + Sync + 'static {
         true
     }
 
+    /// The handler's own figures for `/metrics`, if it has any (the serve sink's consumers
+    /// and their answers). Defaults to: none.
+    fn own_metrics(&self) -> Option<std::sync::Arc<dyn crate::metrics::HandlerMetrics>> {
+        None
+    }
+
     /// Writes out anything buffered; called once at shutdown.
     fn flush(&self) -> impl Future<Output = Result<(), HandlerError>> + Send {
         async { Ok(()) }
@@ -265,6 +271,13 @@ impl Handler for Sink {
 
     fn backs_off(&self) -> bool {
         !matches!(self, Sink::Serve(_))
+    }
+
+    fn own_metrics(&self) -> Option<std::sync::Arc<dyn crate::metrics::HandlerMetrics>> {
+        match self {
+            Sink::Serve(sink) => sink.own_metrics(),
+            _ => None,
+        }
     }
 
     async fn flush(&self) -> Result<(), HandlerError> {
