@@ -53,7 +53,7 @@
 //! # fleet_interval = "10s"          # memcached: how often the fleet's counts are shared
 //!
 //! [sink]
-//! kind = "stdout"                   # or "nsq", "http", "file", "null"
+//! kind = "stdout"                   # or "nsq", "http", "file", "null", "serve"
 //! destination_nsqd_tcp_addresses = ["127.0.0.1:4150"]
 //! destination_topic = "events.unique"
 //! post = "http://127.0.0.1:8080/ingest" # or a list of URLs
@@ -70,6 +70,11 @@
 //! http_batch_format = "lines"          # default; or "json-array"
 //! # kind = "file": output_dir, work_dir, filename_format, datetime_format, rotate_interval,
 //! # rotate_size = "100MiB", gzip, gzip_level, sync_interval, host_identifier, skip_empty_files
+//! # kind = "serve" (an nsqd for NSQ consumers): serve_tcp_address = "127.0.0.1:4250",
+//! # serve_http_address = "127.0.0.1:4251" (or "off"), serve_msg_timeout = "60s",
+//! # serve_max_msg_timeout = "15m", serve_heartbeat_interval = "30s", serve_max_rdy_count,
+//! # serve_max_connections, serve_tls_cert, serve_tls_key, serve_tls_required,
+//! # serve_auth_secret_file
 //!
 //! [dead_letter]                     # optional
 //! kind = "file"                     # or "nsq"
@@ -98,7 +103,7 @@
 //! into what the component needs; the rules themselves (name syntax, table shapes, Memcached
 //! settings) belong to the components and are only called from here:
 //! `source` (`[source]`), `dedupe` (`[dedupe]`), `store` (`[store]`), `sink` (`[sink]` and
-//! `[dead_letter]`), `service` (`[metrics]`, `[shutdown]`) and `nsq_opts` (`[consumer_opt]`,
+//! `[dead_letter]`; `serve` for the serve sink's settings), `service` (`[metrics]`, `[shutdown]`) and `nsq_opts` (`[consumer_opt]`,
 //! `[producer_opt]`). Rules shared by sections have their own: `setting` (each setting defined
 //! once: key, flag, help and the kinds it belongs to, from which the binary makes its flags),
 //! `output_name` (an output file name must not ask for a compression the file will not have),
@@ -110,6 +115,7 @@ mod dedupe;
 mod flag_origins;
 mod nsq_opts;
 mod output_name;
+mod serve;
 mod service;
 pub mod setting;
 mod sink;
@@ -425,7 +431,7 @@ impl RawConfig {
                 ConfigError::MissingAll(all) => all,
                 other => return other,
             };
-            match self.sink.validate("topic") {
+            match self.sink.validate("topic", "channel") {
                 Err(sink @ ConfigError::Missing { .. }) => missing.push(sink),
                 Err(ConfigError::MissingAll(sink)) => missing.extend(sink),
                 _ => {}
@@ -464,7 +470,9 @@ impl RawConfig {
                 *namespace = format!("{namespace}.k{}", key.fingerprint());
             }
         }
-        let sink = self.sink.validate(&source.consumer.topic)?;
+        let sink = self
+            .sink
+            .validate(&source.consumer.topic, &source.consumer.channel)?;
         let dead_letter = sink::validate_dead_letter(self.dead_letter.as_ref(), &self.source)?;
         let service = service::validate(&self.metrics, &self.shutdown)?;
         Ok(Settings {

@@ -51,7 +51,7 @@ pub(super) fn validate(
         .unwrap_or(DEFAULT_METRICS_ADDRESS)
     {
         "off" | "" => None,
-        text => Some(resolve(text)?),
+        text => Some(resolve("metrics.address", text, 9150, true)?),
     };
     Ok(Service {
         metrics_address,
@@ -66,13 +66,24 @@ pub(super) fn validate(
 /// address it names: `127.0.0.1:9150`, `[::1]:9150`, `localhost:9150` (host names are
 /// resolved as any server does), and `:9150`, a port alone, which listens on every IPv4
 /// interface as `0.0.0.0:9150` does (`[::]:9150` for IPv6 as well).
-fn resolve(text: &str) -> Result<SocketAddr, ConfigError> {
-    let expected = "expected host:port such as 127.0.0.1:9150, localhost:9150 or :9150 (every \
-                    IPv4 interface), or \"off\"";
-    let refuse = |reason: String| invalid("metrics.address", quote(Some(text)), reason);
+///
+/// `key` is the setting, `port` its default port (for the example) and `off` whether it may be
+/// "off".
+pub(super) fn resolve(
+    key: &'static str,
+    text: &str,
+    port: u16,
+    off: bool,
+) -> Result<SocketAddr, ConfigError> {
+    let expected = format!(
+        "expected host:port such as 127.0.0.1:{port}, localhost:{port} or :{port} (every IPv4 \
+         interface){}",
+        if off { ", or \"off\"" } else { "" }
+    );
+    let refuse = |reason: String| invalid(key, quote(Some(text)), reason);
     let listen = match text.strip_prefix(':') {
         Some(port) => {
-            let port: u16 = port.parse().map_err(|_| refuse(expected.to_owned()))?;
+            let port: u16 = port.parse().map_err(|_| refuse(expected.clone()))?;
             return Ok(SocketAddr::from(([0, 0, 0, 0], port)));
         }
         None => text.to_socket_addrs(),
@@ -82,8 +93,5 @@ fn resolve(text: &str) -> Result<SocketAddr, ConfigError> {
         .collect();
     // Prefer IPv4 loopback for `localhost`, where most scrapers look first.
     addrs.sort_by_key(|addr| !addr.is_ipv4());
-    addrs
-        .into_iter()
-        .next()
-        .ok_or_else(|| refuse(expected.to_owned()))
+    addrs.into_iter().next().ok_or_else(|| refuse(expected))
 }

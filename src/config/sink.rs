@@ -64,16 +64,19 @@ pub enum SinkKind {
     File,
     /// Discard (benchmarks).
     Null,
+    /// Serve NSQ consumers as nsqd does: a consumer's FIN delivers.
+    Serve,
 }
 
 impl SinkKind {
     /// Every kind with its name in the config file and on the command line.
-    pub const NAMES: [(&'static str, SinkKind); 5] = [
+    pub const NAMES: [(&'static str, SinkKind); 6] = [
         ("stdout", SinkKind::Stdout),
         ("nsq", SinkKind::Nsq),
         ("http", SinkKind::Http),
         ("file", SinkKind::File),
         ("null", SinkKind::Null),
+        ("serve", SinkKind::Serve),
     ];
 
     /// The kind's name in the config file and on the command line.
@@ -101,12 +104,18 @@ const NSQ: Only = Only::one("sink.kind", &["nsq"]);
 /// The settings of the file sink only.
 const FILE: Only = Only::one("sink.kind", &["file"]);
 
-const SINK_KINDS: [&str; 5] = names(&SinkKind::NAMES);
+/// The settings of the serve sink only.
+const SERVE: Only = Only::one("sink.kind", &["serve"]);
+
+const SINK_KINDS: [&str; 6] = names(&SinkKind::NAMES);
 const HTTP_MODES: [&str; 2] = names(&HttpMode::NAMES);
 const BATCH_FORMATS: [&str; 2] = names(&BatchFormat::NAMES);
 
 /// The file sink's flags are listed under their own heading.
 const FILE_HEADING: &str = "File sink (as nsq_to_file)";
+
+/// The serve sink's flags are listed under their own heading.
+const SERVE_HEADING: &str = "Serve sink (as nsqd, for NSQ consumers)";
 
 section! {
     /// `[sink]`. The http sink's flags are `nsq_to_http`'s, the file sink's `nsq_to_file`'s.
@@ -189,6 +198,43 @@ section! {
         /// Remove files that got no record instead of keeping them.
         skip_empty_files: bool, only(&FILE),
             flag("skip-empty-files", heading: FILE_HEADING, value: FlagValue::Switch);
+        /// Where NSQ consumers connect, as to nsqd (default 127.0.0.1:4250).
+        serve_tcp_address: String, only(&SERVE),
+            flag("serve-tcp-address", heading: SERVE_HEADING, value_name: "ADDR");
+        /// Where /ping, /lookup (as nsqlookupd) and /stats (as nsqd) answer, or off (default
+        /// 127.0.0.1:4251).
+        serve_http_address: String, only(&SERVE),
+            flag("serve-http-address", heading: SERVE_HEADING, value_name: "ADDR|off");
+        /// A served message not answered within this goes back upstream; a consumer may ask
+        /// for another in IDENTIFY (default 1m).
+        serve_msg_timeout: Dur, only(&SERVE),
+            flag("serve-msg-timeout", heading: SERVE_HEADING, value_name: "DURATION", value: FlagValue::Duration);
+        /// The longest message timeout a consumer may ask for, and the longest a TOUCHed
+        /// message stays out (default 15m).
+        serve_max_msg_timeout: Dur, only(&SERVE),
+            flag("serve-max-msg-timeout", heading: SERVE_HEADING, value_name: "DURATION", value: FlagValue::Duration);
+        /// Heartbeats to a consumer that asks for none in IDENTIFY; one that misses two is
+        /// closed (default 30s).
+        serve_heartbeat_interval: Dur, only(&SERVE),
+            flag("serve-heartbeat-interval", heading: SERVE_HEADING, value_name: "DURATION", value: FlagValue::Duration);
+        /// The largest RDY a consumer may send (default 2500).
+        serve_max_rdy_count: u32, only(&SERVE),
+            flag("serve-max-rdy-count", heading: SERVE_HEADING, value_name: "N", value: FlagValue::InFlight);
+        /// Consumers connected at once; more are closed at once (default 64).
+        serve_max_connections: usize, only(&SERVE),
+            flag("serve-max-connections", heading: SERVE_HEADING, value_name: "N", value: FlagValue::Count);
+        /// PEM certificate chain: TLS offered to consumers (IDENTIFY tls_v1); needs --serve-tls-key.
+        serve_tls_cert: PathBuf, only(&SERVE),
+            flag("serve-tls-cert", heading: SERVE_HEADING, value_name: "FILE", value: FlagValue::Path);
+        /// PEM private key of --serve-tls-cert.
+        serve_tls_key: PathBuf, only(&SERVE),
+            flag("serve-tls-key", heading: SERVE_HEADING, value_name: "FILE", value: FlagValue::Path);
+        /// Refuse every command but IDENTIFY before the TLS upgrade.
+        serve_tls_required: bool, only(&SERVE),
+            flag("serve-tls-required", heading: SERVE_HEADING, value: FlagValue::Switch);
+        /// File holding the secret consumers must send with AUTH before SUB.
+        serve_auth_secret_file: PathBuf, only(&SERVE),
+            flag("serve-auth-secret-file", heading: SERVE_HEADING, value_name: "FILE", value: FlagValue::Path);
     }
 }
 
@@ -222,6 +268,8 @@ pub enum SinkSettings {
     File(crate::sink::FileSinkConfig),
     /// Discard.
     Null,
+    /// Serve NSQ consumers as nsqd does.
+    Serve(crate::serve::ServeConfig),
 }
 
 /// The validated dead-letter; `Display` is the startup line's summary.
@@ -253,6 +301,7 @@ impl fmt::Debug for SinkSettings {
                 .finish(),
             SinkSettings::Http(config) => f.debug_tuple("Http").field(config).finish(),
             SinkSettings::File(config) => f.debug_tuple("File").field(config).finish(),
+            SinkSettings::Serve(config) => f.debug_tuple("Serve").field(config).finish(),
         }
     }
 }
@@ -294,6 +343,7 @@ impl fmt::Display for SinkSettings {
                 }
                 Ok(())
             }
+            SinkSettings::Serve(config) => super::serve::summary(config, f),
             SinkSettings::File(config) => {
                 write!(
                     f,
@@ -390,9 +440,11 @@ impl RawSink {
         Ok(SinkSettings::File(config))
     }
 
-    pub(super) fn validate(&self, topic: &str) -> Result<SinkSettings, ConfigError> {
+    /// The sink's settings; `topic` and `channel` are the consumed ones.
+    pub(super) fn validate(&self, topic: &str, channel: &str) -> Result<SinkSettings, ConfigError> {
         Ok(match self.kind.unwrap_or(SinkKind::Stdout) {
             SinkKind::Stdout => SinkSettings::Stdout,
+            SinkKind::Serve => SinkSettings::Serve(super::serve::validate(self, topic, channel)?),
             SinkKind::Null => SinkSettings::Null,
             SinkKind::File => return self.file(topic),
             SinkKind::Nsq => {
@@ -616,7 +668,7 @@ mod tests {
             )])),
             ..RawSink::default()
         };
-        let sink = raw.validate("events").unwrap();
+        let sink = raw.validate("events", "app").unwrap();
         assert_eq!(
             sink.to_string(),
             "http POST https://<redacted>@example.com/in?key=<redacted> (2 URLs, multicast; \

@@ -24,23 +24,22 @@ impl ServeSecret {
         Ok(ServeSecret(secret))
     }
 
-    /// The secret in `path`, without its trailing line ending.
+    /// The secret in `path`, without its trailing line ending. The errors say what is wrong
+    /// with the file, for a message that names it.
     ///
     /// # Errors
     ///
     /// The file cannot be read, or holds nothing but a line ending.
     pub fn from_file(path: &Path) -> Result<Self, String> {
-        let mut text = std::fs::read(path).map_err(|error| {
-            format!(
-                "cannot read the AUTH secret file {}: {error}",
-                path.display()
-            )
-        })?;
+        let mut text = std::fs::read(path).map_err(|error| format!("cannot be read: {error}"))?;
         while text.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
             text.pop();
         }
-        ServeSecret::new(text)
-            .map_err(|reason| format!("{reason}: the file {} holds no secret", path.display()))
+        ServeSecret::new(text).map_err(|_| {
+            "holds no secret (nothing but a line ending): write the secret consumers send with \
+             AUTH"
+                .to_owned()
+        })
     }
 
     /// Whether `given` is the secret. Takes the same time for every `given` of any length

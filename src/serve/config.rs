@@ -64,7 +64,7 @@ pub struct ServeTls {
 }
 
 /// Everything the serve endpoint needs. [`ServeConfig::new`] gives the documented defaults.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ServeConfig {
     /// The topic consumers SUB to; anything else is refused with `E_BAD_TOPIC`.
     pub topic: String,
@@ -128,19 +128,33 @@ impl ServeConfig {
     ///
     /// [`ServeError::Config`](super::ServeError::Config) naming the setting.
     pub fn validate(&self) -> Result<(), super::ServeError> {
-        let bad =
-            |field: &'static str, reason: String| Err(super::ServeError::Config { field, reason });
+        let bad = |field: &'static str, value: String, reason: String| {
+            Err(super::ServeError::Config {
+                field,
+                value,
+                reason,
+            })
+        };
+        let duration = |d: Duration| crate::units::format_duration(d);
         for (field, name) in [("topic", &self.topic), ("channel", &self.channel)] {
             if !crate::nsq::is_valid_name(name) {
-                return bad(field, format!("{name:?} is not a valid NSQ {field} name (1-64 of [.a-zA-Z0-9_-], optionally ending in #ephemeral)"));
+                return bad(field, format!("{name:?}"), format!("not a valid NSQ {field} name (1-64 of [.a-zA-Z0-9_-], optionally ending in #ephemeral)"));
             }
+        }
+        if self.max_msg_timeout < Duration::from_secs(1) {
+            return bad(
+                "max_msg_timeout",
+                duration(self.max_msg_timeout),
+                "must be at least 1s".into(),
+            );
         }
         if self.msg_timeout < Duration::from_secs(1) || self.msg_timeout > self.max_msg_timeout {
             return bad(
                 "msg_timeout",
+                duration(self.msg_timeout),
                 format!(
-                    "must be 1 s to max_msg_timeout ({:?}), got {:?}",
-                    self.max_msg_timeout, self.msg_timeout
+                    "must be from 1s to `max_msg_timeout`, {}",
+                    duration(self.max_msg_timeout)
                 ),
             );
         }
@@ -148,26 +162,28 @@ impl ServeConfig {
         if hb < Duration::from_secs(1) || hb > self.max_heartbeat_interval {
             return bad(
                 "heartbeat_interval",
+                duration(hb),
                 format!(
-                    "must be 1 s to max_heartbeat_interval ({:?}), got {hb:?}",
-                    self.max_heartbeat_interval
+                    "must be from 1s to {}, the longest heartbeat interval a consumer may ask for",
+                    duration(self.max_heartbeat_interval)
                 ),
             );
         }
         if self.max_rdy_count == 0 {
-            return bad("max_rdy_count", "must be at least 1".into());
+            return bad("max_rdy_count", "0".into(), "must be at least 1".into());
         }
         if self.max_connections == 0 {
-            return bad("max_connections", "must be at least 1".into());
+            return bad("max_connections", "0".into(), "must be at least 1".into());
         }
         if self.max_body_size < 1024 {
             return bad(
                 "max_body_size",
-                format!("must be at least 1024 bytes, got {}", self.max_body_size),
+                self.max_body_size.to_string(),
+                "must be at least 1024 bytes".into(),
             );
         }
         if self.scan_interval.is_zero() {
-            return bad("scan_interval", "must be above zero".into());
+            return bad("scan_interval", "0s".into(), "must be above zero".into());
         }
         Ok(())
     }

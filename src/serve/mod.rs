@@ -56,10 +56,12 @@ use dispatch::Dispatcher;
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     /// A setting out of range.
-    #[error("serve `{field}`: {reason}")]
+    #[error("serve `{field}` = {value}: {reason}")]
     Config {
-        /// The setting.
+        /// The setting, a field of [`ServeConfig`].
         field: &'static str,
+        /// The value given.
+        value: String,
         /// What is wrong and what is accepted.
         reason: String,
     },

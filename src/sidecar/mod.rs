@@ -85,6 +85,10 @@ pub enum RunError {
         /// What is wrong.
         reason: String,
     },
+    /// The serve sink could not start (a port that cannot be bound, TLS files that cannot be
+    /// used).
+    #[error("cannot start the serve sink")]
+    Serve(#[from] crate::serve::ServeError),
     /// The metrics address could not be bound.
     #[error("cannot listen on metrics address {addr} (change `--metrics-address` / `metrics.address`, or set it to \"off\")")]
     Metrics {
@@ -114,6 +118,7 @@ impl RunError {
                     | TableFileError::NoDirectory { .. }
                     | TableFileError::NotAFile { .. }
             ),
+            RunError::Serve(error) => !matches!(error, crate::serve::ServeError::Bind { .. }),
             _ => false,
         }
     }
@@ -148,7 +153,8 @@ impl Sidecar<Sink> {
     ///
     /// [`RunError`] naming what could not be built.
     pub async fn new(settings: Settings) -> Result<Self, RunError> {
-        let sink = build_sink(&settings.sink, &settings.producer)?;
+        sink::warn_if_exposed(&settings.sink, &settings.names);
+        let sink = build_sink(&settings.sink, &settings.producer).await?;
         Self::with_handler(settings, sink).await
     }
 }
