@@ -26,6 +26,11 @@ Scenarios (baseline first, then ours):
   table       ours --store none --sink null   vs  ours --store memory --sink null (the in-process
               table: what deduplication costs)
   table-file  ours --sink null                vs  ours --sink null --table-file FILE (new file each run)
+  serve       nsq_tail on nsqd                vs  ours --sink serve, nsq_tail on its served port
+  serve-relay ours --sink nsq to a second topic on the same nsqd, nsq_tail on that topic
+                                              vs  ours --sink serve, nsq_tail on its served port
+              (in both, nsq_tail's output goes to a file whose lines are counted; CPU is
+              the total of nsqd, the sidecar and nsq_tail)
   all         every scenario above, in this order
 
 Options:
@@ -35,7 +40,7 @@ Options:
   --max-in-flight N    for every consumer (default 2500)
   --ours-args "ARGS"   extra flags for every run of ours (shell words), e.g. "--ways 1"
   --base-args "ARGS"   extra flags for the Go tool (or for the ours-baseline of memcached, redis,
-                       table and table-file)
+                       table, table-file and serve-relay)
   --ours-post-path P   path ours POSTs to in http/https (default /pub; e.g. /mpub with batches)
   --base-bin PATH      the baseline is this other build of the sidecar, run with the same flags
                        as ours (--ours-args included), in place of the Go tool or of the
@@ -57,7 +62,13 @@ chunks of 10,000, then the consumer started. The run ends when nsqd's /stats (po
 counted. msg/s = N / (drain time - start time). CPU is the consumer's user+sys time from
 /proc/PID/stat at that moment (10 ms ticks); "exit" adds its shutdown (rusage at exit).
 nsqd's CPU over the drain is shown per message too. For nsq, http and https the destination
-topic must have received N messages, else the run is marked LOST. For http and https, "conns"
+topic must have received N messages, else the run is marked LOST.
+For serve and serve-relay the consumer is a chain: the sidecar, started first (for serve,
+nsq_tail starts once the sidecar's HTTP /ping answers), then nsq_tail writing to a file.
+The run ends when nsq_tail has written N lines and every channel on the way is drained (the
+source's, and for the relay the second topic's with at least N messages); "µs CPU/msg" is
+then the chain's (sidecar + nsq_tail), "tail" nsq_tail's alone, "total" the chain's plus
+nsqd's, and the file must hold all N distinct bodies, else the run is marked LOST. For http and https, "conns"
 counts the client ports seen on nsqd's HTTP(S) port right after the drain, established or in
 TIME_WAIT: the connections accepted, at least (a port reused from TIME_WAIT counts once, so
 beyond about 10,000 the count is capped by the local port range, not by the client).
@@ -67,13 +78,16 @@ copies downstream are shown beside "ok".
 The last line of each scenario is machine-readable:
   RESULT scenario=null n=300000 base=nsq_tail base_msgs=... ours_msgs=... speed=1.99 cpu=1.78
 where speed = best ours msg/s / best baseline msg/s and cpu = best baseline CPU per message /
-best ours CPU per message: above 1, ours is faster, or uses less CPU per message.
+best ours CPU per message: above 1, ours is faster, or uses less CPU per message. For serve
+and serve-relay, cpu is the ratio of the totals (nsqd + sidecar + nsq_tail), which the line
+also gives as base_total_us and ours_total_us.
 
 Examples:
   bench/sidecar-vs-go.sh null
   bench/sidecar-vs-go.sh -n 100000 --pairs 2 null stdout nsq
   NSQ_DEDUPE_BIN=/path/to/other/target/release/nsq-dedupe bench/sidecar-vs-go.sh all
   bench/sidecar-vs-go.sh --base-bin /tmp/nsq-dedupe-main --pairs 3 stdout nsq
+  bench/sidecar-vs-go.sh -n 200000 --pairs 2 serve serve-relay
 EOF
 }
 
@@ -102,9 +116,9 @@ while [ $# -gt 0 ]; do
     --base-bin) base_bin=${2:?"$1 needs a path"}; shift 2 ;;
     --timeout) timeout=${2:?"$1 needs seconds"}; shift 2 ;;
     --keep) keep=1; shift ;;
-    all) scenarios+=(null stdout nsq http https memcached redis table table-file); shift ;;
-    null|stdout|nsq|http|https|memcached|redis|table|table-file) scenarios+=("$1"); shift ;;
-    *) echo "sidecar-vs-go.sh: unknown argument '$1' (scenarios: null stdout nsq http https memcached redis table table-file all; see --help)" >&2
+    all) scenarios+=(null stdout nsq http https memcached redis table table-file serve serve-relay); shift ;;
+    null|stdout|nsq|http|https|memcached|redis|table|table-file|serve|serve-relay) scenarios+=("$1"); shift ;;
+    *) echo "sidecar-vs-go.sh: unknown argument '$1' (scenarios: null stdout nsq http https memcached redis table table-file serve serve-relay all; see --help)" >&2
        exit 2 ;;
   esac
 done
@@ -115,7 +129,7 @@ for pair in "messages:${messages:-1}" "pairs:$pairs" "max-in-flight:$max_in_flig
   fi
 done
 if [ ${#scenarios[@]} -eq 0 ]; then
-  echo "sidecar-vs-go.sh: name at least one scenario (null stdout nsq http https memcached redis table table-file all); see --help" >&2
+  echo "sidecar-vs-go.sh: name at least one scenario (null stdout nsq http https memcached redis table table-file serve serve-relay all); see --help" >&2
   exit 2
 fi
 
@@ -152,7 +166,7 @@ export BENCH_MESSAGES=$messages BENCH_PAIRS=$pairs BENCH_MAX_IN_FLIGHT=$max_in_f
 export PYTHONPATH="$here/bench${PYTHONPATH:+:$PYTHONPATH}"
 # exec: a signal to this script (timeout, kill) reaches the program that owns the processes.
 exec python3 - "${scenarios[@]}" <<'PY'
-import os, shlex, signal, socket, subprocess, sys, time
+import http.client, os, shlex, signal, socket, subprocess, sys, time
 import nsq_bench as nb
 
 N_GIVEN = int(os.environ["BENCH_MESSAGES"] or 0)
@@ -207,8 +221,19 @@ def go_cmd(tool, d, extra):
             "--channel=c", f"--max-in-flight={MIF}"] + extra + BASE_ARGS
 
 
-# Each scenario: (title, baseline name, candidate name, needs, command(side, nsqd, run) -> argv,
-# output check). `side` is "base" or "ours".
+def tail_cmd(port, topic):
+    """nsq_tail at the end of a serve or serve-relay chain, on any nsqd-speaking port."""
+    return [f"{NSQ}/nsq_tail", f"--nsqd-tcp-address=127.0.0.1:{port}", f"--topic={topic}",
+            "--channel=c", f"--max-in-flight={MIF}"]
+
+
+# Scenarios whose consumer is a chain ending in nsq_tail, whose output lines are counted.
+CHAINS = ("serve", "serve-relay")
+
+
+# Each scenario: (title, baseline name, candidate name, command(side, nsqd, run) -> argv,
+# output check). `side` is "base" or "ours". A scenario of CHAINS returns a list of argvs
+# instead: processes started in this order, the last one nsq_tail.
 def scenario(name, memcached_addr, redis_addr=None):
     if name == "null":
         return ("ours --sink null (in-process table) against nsq_tail > /dev/null", "nsq_tail", "ours",
@@ -264,61 +289,159 @@ def scenario(name, memcached_addr, redis_addr=None):
                 lambda side, d, r: ours_cmd(d, ["--sink", "null"] + BASE_ARGS) if side == "base"
                 else ours_cmd(d, ["--sink", "null", "--table-file", os.path.join(WORK, f"table-{r}.bin")]
                               + OURS_ARGS), False)
+    if name in CHAINS:
+        def cmd(side, d, r):
+            if side == "ours":
+                tcp, web = free_port(), free_port()
+                return [ours_cmd(d, ["--sink", "serve", "--serve-tcp-address", f"127.0.0.1:{tcp}",
+                                     "--serve-http-address", f"127.0.0.1:{web}"] + OURS_ARGS),
+                        tail_cmd(tcp, d.topic)]
+            if name == "serve":
+                return [go_cmd("nsq_tail", d, [])]
+            return [ours_cmd(d, ["--sink", "nsq", "--destination-nsqd-tcp-address", f"127.0.0.1:{d.tcp}",
+                                 "--destination-topic", f"{d.topic}.out"] + BASE_ARGS),
+                    tail_cmd(d.tcp, f"{d.topic}.out")]
+        if name == "serve":
+            return ("ours --sink serve with nsq_tail on its port against nsq_tail on nsqd",
+                    "nsq_tail", "serve", cmd, False)
+        return ("ours --sink serve with nsq_tail on its port against the relay: ours --sink nsq "
+                "to a second topic on the same nsqd, nsq_tail on that topic", "relay", "serve", cmd, False)
     raise SystemExit(f"unknown scenario {name}")
+
+
+def wait_served(argv, p, log):
+    """Returns once the sidecar started with `argv` answers /ping on its --serve-http-address
+    (its TCP port is bound by then): nsq_tail gives up on a port that refuses it."""
+    if "--serve-http-address" not in argv:
+        return
+    host, port = argv[argv.index("--serve-http-address") + 1].rsplit(":", 1)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            c = http.client.HTTPConnection(host, int(port), timeout=1)
+            c.request("GET", "/ping")
+            if c.getresponse().status == 200:
+                c.close()
+                return
+        except OSError:
+            pass
+        if p.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"the sidecar did not serve /ping on {host}:{port}:\n"
+                             f"  {shlex.join(argv)}\n{tail(log)}")
+        time.sleep(0.01)
+
+
+class Lines:
+    """Counts the lines written so far to a file, reading only what was added."""
+
+    def __init__(self, path):
+        self.f = open(path, "rb")
+        self.n = 0
+
+    def count(self):
+        while chunk := self.f.read(1 << 20):
+            self.n += chunk.count(b"\n")
+        return self.n
+
+
+def distinct_bodies(path, tag):
+    """How many different bodies of this run's publication the file holds, one a line."""
+    head = f'{{"id":"{tag}-'.encode()
+    with open(path, "rb") as f:
+        return len({line for line in f if line.startswith(head)})
 
 
 def one_run(name, r, side, label, cmd, check_out, memcached):
     tls = make_certs() if name == "https" else None
     d = Nsqd(f"{name}-{r}-{label}", tls)
     d.topic = f"bench{r}"
+    chained = name in CHAINS
+    procs = []
     try:
         if check_out:
             d.request("POST", f"/topic/create?topic={d.topic}.out")
-        d.fill(d.topic, "c", f"{name}{r}p{os.getpid()}", N)
-        argv = cmd(side, d, r)
-        log = os.path.join(WORK, f"{name}-{r}-{label}.log")
+        tag = f"{name}{r}p{os.getpid()}"
+        d.fill(d.topic, "c", tag, N)
+        argvs = cmd(side, d, r) if chained else [cmd(side, d, r)]
+        # The relay's second topic: its channel exists before the first message reaches it.
+        relayed = chained and any("--destination-topic" in a for a in argvs)
+        if relayed:
+            d.request("POST", f"/topic/create?topic={d.topic}.out")
+            d.request("POST", f"/channel/create?topic={d.topic}.out&channel=c")
+        logs = [os.path.join(WORK, f"{name}-{r}-{label}{'' if i == 0 else '.' + str(i)}.log")
+                for i in range(len(argvs))]
+        output = os.path.join(WORK, f"{name}-{r}-{label}.out") if chained else None
         mc0 = cpu_seconds(memcached.pid) if memcached else 0.0
         n0 = cpu_seconds(d.proc.pid)
         t0 = time.monotonic()
-        p = spawn(argv, log)
+        lines = None
+        for i, argv in enumerate(argvs):
+            if output and i == len(argvs) - 1:
+                with open(output, "wb") as out_file:
+                    procs.append(spawn(argv, logs[i], out_file))
+                lines = Lines(output)
+            else:
+                procs.append(spawn(argv, logs[i]))
+                wait_served(argv, procs[-1], logs[i])
         status = "ok"
+        c = None
         while True:
-            c, done = d.drained(d.topic, "c", N)
-            if done:
-                break
-            if p.poll() is not None:
-                raise SystemExit(f"{label} exited with {p.returncode} before draining:\n"
-                                 f"  {shlex.join(argv)}\n{tail(log)}")
+            # A chain is done once nsq_tail wrote N lines and every channel on the way is
+            # drained; the lines are counted first, as they cost nsqd nothing.
+            if lines is None or lines.count() >= N:
+                c, done = d.drained(d.topic, "c", N)
+                if done and relayed:
+                    o = d.channel(f"{d.topic}.out", "c")
+                    done = o["depth"] + o["in_flight_count"] + o["deferred_count"] == 0 and o["message_count"] >= N
+                if done:
+                    break
+            for p, argv, log in zip(procs, argvs, logs):
+                if p.poll() is not None:
+                    raise SystemExit(f"{os.path.basename(argv[0])} ({label}) exited with {p.returncode} "
+                                     f"before draining:\n  {shlex.join(argv)}\n{tail(log)}")
             if time.monotonic() - t0 > (TIMEOUT_GIVEN or 30 + N / 500):
-                status = f"TIMEOUT ({c['depth']} left)"
+                c = c or d.channel(d.topic, "c")
+                status = f"TIMEOUT ({c['depth']} left" + (f", {lines.n} lines)" if lines else ")")
                 break
             time.sleep(0.01)
         t1 = time.monotonic()
-        cpu = cpu_seconds(p.pid)
-        rss = peak_rss_mib(p.pid)
+        cpus = [cpu_seconds(p.pid) for p in procs]
+        rss = peak_rss_mib(procs[0].pid)
         nsqd_cpu = cpu_seconds(d.proc.pid) - n0
         mc_cpu = cpu_seconds(memcached.pid) - mc0 if memcached else None
         conns = None
         if name in ("http", "https"):
             port = d.https_port if (name == "https" and side == "ours") else d.http_port
             conns = nb.connections(port, [d.own_port()])
-        code, ru = stop(p)
-        exit_cpu = ru.ru_utime + ru.ru_stime if ru else float("nan")
-        if code not in (0, -signal.SIGTERM, 143) and status == "ok":
-            status = f"exit {code}"
+        exit_cpu = 0.0
+        # The consumer at the end of a chain first, so that its source stops last.
+        for p in reversed(procs):
+            code, ru = stop(p)
+            exit_cpu += ru.ru_utime + ru.ru_stime if ru else float("nan")
+            if code not in (0, -signal.SIGTERM, 143) and status == "ok":
+                status = f"exit {code}"
+        procs = []
         out = d.topic_count(f"{d.topic}.out") if check_out else None
         if out is not None and out < N:
             status = f"LOST {N - out}"
+        copies = out - N if out is not None else 0
+        if lines is not None:
+            got = distinct_bodies(output, tag)
+            if got < N:
+                status = f"LOST {N - got}"
+            copies = max(copies, lines.count() - got)
         # Not failures of the run, but worth seeing: retries, and copies they made downstream.
         notes = []
         if c["requeue_count"] or c["timeout_count"]:
             notes.append(f"requeued {c['requeue_count']}, timed out {c['timeout_count']}")
-        if out is not None and out > N:
-            notes.append(f"{out - N} {'copy' if out - N == 1 else 'copies'} downstream")
-        return dict(side=side, label=label, wall=t1 - t0, cpu=cpu, exit_cpu=exit_cpu, rss=rss,
-                    nsqd=nsqd_cpu, mc=mc_cpu, conns=conns, out=out, status=status, argv=argv,
-                    notes=notes)
+        if copies > 0:
+            notes.append(f"{copies} {'copy' if copies == 1 else 'copies'} downstream")
+        return dict(side=side, label=label, wall=t1 - t0, cpu=sum(cpus), exit_cpu=exit_cpu, rss=rss,
+                    nsqd=nsqd_cpu, tail=cpus[-1] if chained else None, total=sum(cpus) + nsqd_cpu,
+                    mc=mc_cpu, conns=conns, out=out, status=status, argvs=argvs, notes=notes)
     finally:
+        for p in reversed(procs):
+            stop(p)
         stop(d.proc)
 
 
@@ -371,12 +494,16 @@ def main():
     for name in names:
         N = N_GIVEN or (50000 if name in ("http", "https") else 300000)
         title, base_label, ours_label, cmd, check_out = scenario(name, memcached_addr, redis_addr)
+        chained = name in CHAINS
         if BASE_BIN:
             # Both sides run ours' command line; the baseline with the other build.
             title = f"{title.split(' against ')[0]}: this build against {BASE_BIN}"
             base_label, ours_label = "base-build", "this-build"
+            other = lambda argv: [BASE_BIN] + argv[1:] if argv[0] == OURS else argv
             cmd = (lambda inner: lambda side, d, r: (
-                [BASE_BIN] + inner("ours", d, r)[1:] if side == "base" else inner("ours", d, r)))(cmd)
+                inner("ours", d, r) if side == "ours"
+                else [other(a) for a in inner("ours", d, r)] if chained
+                else other(inner("ours", d, r))))(cmd)
         print(f"\n== {name}: {title}; {N:,} messages per run")
         head = f"{'run':>3}  {'consumer':<11} {'wall s':>7} {'msg/s':>9} {'µs CPU/msg':>10} {'(exit)':>7} {'peak MiB':>8} {'nsqd µs/msg':>11}"
         if name in ("memcached", "redis"):
@@ -385,6 +512,8 @@ def main():
             head += f" {'out':>8}"
         if name in ("http", "https"):
             head += f" {'conns':>6}"
+        if chained:
+            head += f" {'tail µs/msg':>11} {'total µs/msg':>12}"
         print(head + "  status", flush=True)
         results = []
         for _ in range(PAIRS):
@@ -403,6 +532,8 @@ def main():
                     line += f" {fmt_int(x['out']):>8}"
                 if name in ("http", "https"):
                     line += f" {x['conns']:>6}"
+                if chained:
+                    line += f" {x['tail'] / N * 1e6:>11.2f} {x['total'] / N * 1e6:>12.2f}"
                 print(line + "  " + "; ".join([x["status"]] + x["notes"]), flush=True)
                 if x["status"] != "ok":
                     failed = True
@@ -415,11 +546,23 @@ def main():
         b_speed, o_speed = max(N / x["wall"] for x in base), max(N / x["wall"] for x in ours)
         b_cpu, o_cpu = min(x["cpu"] for x in base) / N * 1e6, min(x["cpu"] for x in ours) / N * 1e6
         speed, cpu = o_speed / b_speed, b_cpu / o_cpu
-        print(f"{ours_label} against {base_label}, best of each: speed {speed:.2f}x "
-              f"({fmt_int(o_speed)} vs {fmt_int(b_speed)} msg/s); CPU per message {cpu:.2f}x "
-              f"({b_cpu:.2f} µs / {o_cpu:.2f} µs; above 1, {ours_label} uses less)")
+        totals = ""
+        if chained:
+            # What the chain costs the machine: nsqd, the sidecar and nsq_tail together.
+            b_total, o_total = (min(x["total"] for x in xs) / N * 1e6 for xs in (base, ours))
+            cpu = b_total / o_total
+            totals = f" base_total_us={b_total:.2f} ours_total_us={o_total:.2f}"
+            print(f"{ours_label} against {base_label}, best of each: speed {speed:.2f}x "
+                  f"({fmt_int(o_speed)} vs {fmt_int(b_speed)} msg/s); total CPU per message "
+                  f"(nsqd + sidecar + nsq_tail) {cpu:.2f}x ({b_total:.2f} µs / {o_total:.2f} µs; "
+                  f"above 1, {ours_label} uses less)")
+        else:
+            print(f"{ours_label} against {base_label}, best of each: speed {speed:.2f}x "
+                  f"({fmt_int(o_speed)} vs {fmt_int(b_speed)} msg/s); CPU per message {cpu:.2f}x "
+                  f"({b_cpu:.2f} µs / {o_cpu:.2f} µs; above 1, {ours_label} uses less)")
         print(f"RESULT scenario={name} n={N} base={base_label} base_msgs={b_speed:.0f} ours_msgs={o_speed:.0f} "
-              f"base_cpu_us={b_cpu:.2f} ours_cpu_us={o_cpu:.2f} speed={speed:.2f} cpu={cpu:.2f}", flush=True)
+              f"base_cpu_us={b_cpu:.2f} ours_cpu_us={o_cpu:.2f}{totals} speed={speed:.2f} cpu={cpu:.2f}",
+              flush=True)
     if memcached:
         stop(memcached)
     if redis:

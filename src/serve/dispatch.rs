@@ -180,6 +180,24 @@ impl Dispatcher {
         answer
     }
 
+    /// Queues a burst's records under one lock; one receiver per record, in order.
+    pub(crate) fn submit_many(
+        &self,
+        deliveries: Vec<Delivery>,
+    ) -> Vec<oneshot::Receiver<Result<(), HandlerError>>> {
+        let mut state = self.lock();
+        let answers = deliveries
+            .into_iter()
+            .map(|delivery| {
+                let (reply, answer) = oneshot::channel();
+                state.waiting.push_back(Record { delivery, reply });
+                answer
+            })
+            .collect();
+        state.pump(Instant::now());
+        answers
+    }
+
     /// A consumer subscribed: it gets messages once it sends RDY.
     pub(crate) fn subscribe(
         &self,

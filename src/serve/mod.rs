@@ -5,6 +5,11 @@
 //! once. Its FIN is the handler's success (the pipeline commits the claim and FINs upstream);
 //! its REQ, its timeout or its disconnection is the handler's failure (the pipeline erases the
 //! claim and REQs upstream at once): erase-on-failure end to end, in any language.
+//! A burst's records are handed over in one call, so the pipeline settles and answers them
+//! upstream once every record of the burst has its consumer's answer: a consumer that holds
+//! one message (TOUCHed upstream meanwhile) delays its burst's upstream FINs, up to its
+//! msg_timeout. Per-record calls cost a future, a keep-alive timer, a commit and an upstream
+//! answer per message, most of what serving a message cost.
 //!
 //! # Layout
 //!
@@ -261,8 +266,25 @@ impl Handler for ServeSink {
         .await
     }
 
+    /// A burst's records queued for consumers under one lock; each resolves on its own
+    /// consumer's answer, and the call returns once every one has.
     async fn handle_deliveries(&self, deliveries: Vec<Delivery>) -> Vec<Result<(), HandlerError>> {
-        futures::future::join_all(deliveries.into_iter().map(|d| self.deliver(d))).await
+        let answers = self.shared.dispatcher.submit_many(deliveries);
+        let mut results = Vec::with_capacity(answers.len());
+        for answer in answers {
+            results.push(
+                answer.await.unwrap_or_else(|_| {
+                    Err(HandlerError::Retry("the serve endpoint stopped".into()))
+                }),
+            );
+        }
+        results
+    }
+
+    /// A burst is handed over in one call: one keep-alive, one settle and one answer per
+    /// burst rather than per message, which is most of what serving a message costs.
+    fn handles_batches(&self) -> bool {
+        true
     }
 
     /// A consumer's REQ, timeout or disconnection is its own; it backs off itself.
