@@ -1,12 +1,12 @@
 //! The serve endpoint's HTTP port: `/ping`, `/lookup?topic=T` as nsqlookupd answers it (so
-//! consumers configured with a lookupd address find the served port), and
+//! consumers configured with a lookupd address find the served port), and `/info` and
 //! `/stats?format=json` in nsqd's shape for the served topic and channel (so `nsq_stat` and
 //! scripts that read nsqd's stats work).
 //!
-//! nsqlookupd and nsqd answer the bare JSON with the header `X-NSQ-Content-Type: nsq;
-//! version=1.0` to a request that carries it; go-nsq 1.1 sends no such header and expects
-//! the older wrapped form `{"status_code":200,"status_txt":"OK","data":{...}}`, which is
-//! what a request without it gets.
+//! Every answer is in the form nsqlookupd and nsqd 1.x give: the bare JSON with the header
+//! `X-NSQ-Content-Type: nsq; version=1.0`, and an error as its HTTP status with
+//! `{"message":"..."}`. go-nsq reads the body as is when it sees that header (else it expects
+//! the wrapped form of nsq before 1.0); pynsq, `nsq_stat` and scripts read the bare JSON.
 
 use std::sync::Arc;
 
@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 
 use super::Shared;
 
-/// The header that selects the bare JSON answer.
+/// The header that tells clients the body is the bare JSON.
 const NSQ_CONTENT_TYPE: &str = "X-NSQ-Content-Type";
 const NSQ_V1: &str = "nsq; version=1.0";
 
@@ -31,16 +31,8 @@ pub(crate) async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>
 }
 
 fn answer(shared: &Shared, request: &Request<Incoming>) -> Response<Full<Bytes>> {
-    let v1 = request
-        .headers()
-        .get(NSQ_CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"nsq; version=1.0"));
     if request.method() != Method::GET && request.method() != Method::HEAD {
-        return reply(
-            v1,
-            StatusCode::METHOD_NOT_ALLOWED,
-            Err("METHOD_NOT_ALLOWED"),
-        );
+        return reply(StatusCode::METHOD_NOT_ALLOWED, Err("METHOD_NOT_ALLOWED"));
     }
     let query = request.uri().query().unwrap_or("");
     match request.uri().path() {
@@ -53,14 +45,15 @@ fn answer(shared: &Shared, request: &Request<Incoming>) -> Response<Full<Bytes>>
             response
         }
         "/lookup" => match param(query, "topic") {
-            None => reply(v1, StatusCode::BAD_REQUEST, Err("MISSING_ARG_TOPIC")),
+            None => reply(StatusCode::BAD_REQUEST, Err("MISSING_ARG_TOPIC")),
             Some(topic) if topic != shared.config.topic => {
-                reply(v1, StatusCode::NOT_FOUND, Err("TOPIC_NOT_FOUND"))
+                reply(StatusCode::NOT_FOUND, Err("TOPIC_NOT_FOUND"))
             }
-            Some(_) => reply(v1, StatusCode::OK, Ok(lookup(shared))),
+            Some(_) => reply(StatusCode::OK, Ok(lookup(shared))),
         },
-        "/stats" => reply(v1, StatusCode::OK, Ok(stats(shared))),
-        _ => reply(v1, StatusCode::NOT_FOUND, Err("NOT_FOUND")),
+        "/stats" => reply(StatusCode::OK, Ok(stats(shared))),
+        "/info" => reply(StatusCode::OK, Ok(info(shared))),
+        _ => reply(StatusCode::NOT_FOUND, Err("NOT_FOUND")),
     }
 }
 
@@ -73,30 +66,34 @@ fn param<'q>(query: &'q str, name: &str) -> Option<&'q str> {
         .map(|(_, value)| value)
 }
 
-/// A JSON answer, bare (with the version header) or wrapped, as nsqlookupd gives it.
-fn reply(v1: bool, status: StatusCode, body: Result<Value, &'static str>) -> Response<Full<Bytes>> {
-    let text = match (v1, body) {
-        (true, Ok(data)) => data,
-        (true, Err(message)) => json!({ "message": message }),
-        (false, Ok(data)) => {
-            json!({"status_code": status.as_u16(), "status_txt": "OK", "data": data})
-        }
-        (false, Err(message)) => {
-            json!({"status_code": status.as_u16(), "status_txt": message, "data": null})
-        }
+/// A JSON answer as nsqlookupd and nsqd 1.x give it: bare, with the version header.
+fn reply(status: StatusCode, body: Result<Value, &'static str>) -> Response<Full<Bytes>> {
+    let text = match body {
+        Ok(data) => data,
+        Err(message) => json!({ "message": message }),
     };
     let mut response = Response::new(Full::new(Bytes::from(text.to_string())));
-    // The wrapped form always answers 200, as nsqlookupd's old API did.
-    *response.status_mut() = if v1 { status } else { StatusCode::OK };
+    *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(
         CONTENT_TYPE,
         HeaderValue::from_static("application/json; charset=utf-8"),
     );
-    if v1 {
-        headers.insert(NSQ_CONTENT_TYPE, HeaderValue::from_static(NSQ_V1));
-    }
+    headers.insert(NSQ_CONTENT_TYPE, HeaderValue::from_static(NSQ_V1));
     response
+}
+
+/// `/info`, as nsqd answers it: `nsq_stat` reads it to find the TCP port of a producer it
+/// was given by its HTTP address. `version` is ours, a semantic version as nsqd's is.
+fn info(shared: &Shared) -> Value {
+    let tcp = shared.tcp_address;
+    json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "broadcast_address": tcp.ip().to_string(),
+        "hostname": crate::nsq::short_hostname(),
+        "http_port": shared.http_address.map_or(0, |a| a.port()),
+        "tcp_port": tcp.port(),
+    })
 }
 
 /// `/lookup`: the served port as the one producer of the served topic.

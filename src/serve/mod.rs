@@ -73,7 +73,7 @@ pub enum ServeError {
         reason: String,
     },
     /// A port cannot be bound.
-    #[error("cannot listen on the serve {what} address {address}: {source}")]
+    #[error("cannot listen on the serve {what} address {address}")]
     Bind {
         /// `TCP` or `HTTP`.
         what: &'static str,

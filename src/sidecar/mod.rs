@@ -143,6 +143,8 @@ pub struct Sidecar<H> {
     dead_letter_refused: Option<Refusal>,
     /// The in-process table's file, locked while this sidecar lives.
     table_file: Option<Arc<TableFile>>,
+    /// What the start-up log names as the sink: the configured one, or the caller's handler.
+    sink_name: String,
 }
 
 impl Sidecar<Sink> {
@@ -155,7 +157,10 @@ impl Sidecar<Sink> {
     pub async fn new(settings: Settings) -> Result<Self, RunError> {
         sink::warn_if_exposed(&settings.sink, &settings.names);
         let sink = build_sink(&settings.sink, &settings.producer).await?;
-        Self::with_handler(settings, sink).await
+        let sink_name = settings.sink.to_string();
+        let mut sidecar = Self::with_handler(settings, sink).await?;
+        sidecar.sink_name = sink_name;
+        Ok(sidecar)
     }
 }
 
@@ -197,6 +202,7 @@ impl<H: Handler> Sidecar<H> {
             metrics_listener,
             dead_letter_refused,
             table_file: store.table_file,
+            sink_name: "the program's own handler".to_owned(),
         })
     }
 
@@ -231,6 +237,7 @@ impl<H: Handler> Sidecar<H> {
             metrics_listener,
             dead_letter_refused,
             table_file,
+            sink_name,
         } = self;
         let mut consumer = Consumer::new(settings.source.clone())?;
         let background = CancellationToken::new();
@@ -240,7 +247,7 @@ impl<H: Handler> Sidecar<H> {
             window: settings.window,
             probability: settings.target_probability,
         };
-        log_started(&settings, &dedupe);
+        log_started(&settings, &dedupe, &sink_name);
         if let Some(listener) = metrics_listener {
             endpoints::spawn(listener, &dedupe, target, &background);
         }
@@ -283,7 +290,7 @@ impl<H: Handler> Sidecar<H> {
 }
 
 /// Logs what the sidecar consumes, and where it sends the messages.
-fn log_started<H: Handler>(settings: &Settings, dedupe: &Dedupe<Backend, H>) {
+fn log_started<H: Handler>(settings: &Settings, dedupe: &Dedupe<Backend, H>, sink: &str) {
     let geometry = crate::Store::geometry(dedupe.store());
     let source = &settings.source;
     tracing::info!(
@@ -295,7 +302,7 @@ fn log_started<H: Handler>(settings: &Settings, dedupe: &Dedupe<Backend, H>) {
         store = dedupe.store().kind(),
         buckets = geometry.map(|g| g.slots()),
         ways = geometry.map(|g| g.ways()),
-        sink = %settings.sink,
+        sink = %sink,
         dead_letter = settings.dead_letter.as_ref().map(tracing::field::display),
         "Sidecar started."
     );
