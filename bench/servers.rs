@@ -17,16 +17,21 @@ impl Server {
     /// A redis-server without persistence (`$REDIS_SERVER_BIN`, else
     /// `/usr/bin/redis-server`).
     pub fn redis() -> Result<Self, String> {
+        let (mut command, binary, port) = Self::redis_command()?;
+        command.arg("--dir").arg(std::env::temp_dir());
+        Self::spawn(command, &binary, port)
+    }
+
+    /// A redis-server command without persistence on a free port, its binary and port.
+    fn redis_command() -> Result<(Command, String, u16), String> {
         let port = free_port()?;
         let binary = std::env::var("REDIS_SERVER_BIN")
             .unwrap_or_else(|_| "/usr/bin/redis-server".to_owned());
         let mut command = Command::new(&binary);
         command
             .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
-            .arg("--dir")
-            .arg(std::env::temp_dir());
-        Self::spawn(command, &binary, port)
+            .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"]);
+        Ok((command, binary, port))
     }
 
     /// A memcached with 4 worker threads (its default), 512 MB so nothing is evicted, no UDP
@@ -50,13 +55,8 @@ impl Server {
 
     /// A redis-server as one node of a cluster, its cluster state in `dir`.
     fn redis_cluster_node(dir: &std::path::Path) -> Result<Self, String> {
-        let port = free_port()?;
-        let binary = std::env::var("REDIS_SERVER_BIN")
-            .unwrap_or_else(|_| "/usr/bin/redis-server".to_owned());
-        let mut command = Command::new(&binary);
+        let (mut command, binary, port) = Self::redis_command()?;
         command
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
             .args([
                 "--cluster-enabled",
                 "yes",

@@ -274,23 +274,6 @@ async fn redis_cases(settings: &Settings) -> Result<(), String> {
     .await
 }
 
-/// Slot of a key without a hash tag: CRC16 (XMODEM) of the key, modulo 16,384, as Redis
-/// Cluster computes it.
-fn key_slot(key: &[u8]) -> usize {
-    let mut crc: u16 = 0;
-    for &byte in key {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    usize::from(crc) % 16_384
-}
-
 /// The three-master cluster's cases: the naive write sends each burst as one pipeline per
 /// master, as a cluster client does; every master's CPU is reported on its own.
 async fn redis_cluster_cases(settings: &Settings) -> Result<(), String> {
@@ -345,7 +328,7 @@ async fn redis_cluster_cases(settings: &Settings) -> Result<(), String> {
                 let mut counts = vec![0usize; conns.len()];
                 for digest in &burst {
                     let key = format!("naive:{:032x}", digest.as_u128());
-                    let master = owner[key_slot(key.as_bytes())];
+                    let master = owner[usize::from(RedisStore::key_slot(key.as_bytes()))];
                     counts[master] += 1;
                     pipes[master]
                         .cmd("SET")

@@ -210,6 +210,12 @@ impl RedisStore {
         self.key_of_set(self.inner.geometry.set_of(digest))
     }
 
+    /// The Redis Cluster slot of `key`, as the cluster computes it (CRC16 of the key, or of
+    /// its `{hash tag}`, modulo 16,384) and as this store routes by.
+    pub fn key_slot(key: &[u8]) -> u16 {
+        key_slot(key)
+    }
+
     /// How many stored values could not be decoded and were treated as empty sets.
     pub fn unreadable_values(&self) -> u64 {
         // A statistic: no other memory depends on it.
