@@ -5,9 +5,9 @@
 //! buffered are answered first, then the task waits for more bytes, message frames from the
 //! dispatcher (written together, in one `write`), the heartbeat tick, or the read deadline.
 //! States follow nsqd's: before SUB (IDENTIFY, AUTH), subscribed (RDY, FIN, REQ, TOUCH, CLS),
-//! closing after CLS (no more messages; what it holds may still be answered). A consumer that
-//! sends nothing for two heartbeat intervals is closed, and whatever it held goes back to
-//! the pipeline at once (`Dispatcher::remove`).
+//! closing after CLS (no more messages; what it holds may still be answered); `answer` has a
+//! function per command. A consumer that sends nothing for two heartbeat intervals is closed,
+//! and whatever it held goes back to the pipeline at once (`Dispatcher::remove`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,12 +20,13 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::either::Either;
 
-use super::command::{ClientCommand, CommandParser, ErrorFrame};
-use super::config::{DEFAULT_MAX_COMMANDS_BEFORE_SUB, DEFAULT_MAX_LINE_SIZE};
+use super::command::{CommandParser, ErrorFrame};
+use super::config::DEFAULT_MAX_LINE_SIZE;
 use super::dispatch::{ClientId, ConsumerInfo};
-use super::identify::identify;
 use super::Shared;
 use crate::nsq::frame::{encode_frame, FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, HEARTBEAT};
+
+mod answer;
 
 type Stream = Either<TcpStream, Box<tokio_rustls::server::TlsStream<TcpStream>>>;
 
@@ -65,9 +66,9 @@ fn response(out: &mut BytesMut, data: &[u8]) {
 /// Serves one consumer after its magic was read, until it leaves, breaks the protocol or
 /// the endpoint stops.
 pub(crate) async fn run(shared: Arc<Shared>, id: ClientId, stream: TcpStream, remote: SocketAddr) {
-    let (frames, mut frames_rx) = mpsc::unbounded_channel();
+    let (frames, frames_rx) = mpsc::unbounded_channel();
     let config = &shared.config;
-    let mut conn = Connection {
+    let conn = Connection {
         id,
         phase: Phase::Init,
         heartbeat: Some(config.heartbeat_interval),
@@ -81,298 +82,142 @@ pub(crate) async fn run(shared: Arc<Shared>, id: ClientId, stream: TcpStream, re
         frames,
         shared: shared.clone(),
     };
-    let parser = CommandParser {
-        max_line: DEFAULT_MAX_LINE_SIZE,
-        max_body: config.max_body_size,
+    let mut session = Session {
+        parser: CommandParser {
+            max_line: DEFAULT_MAX_LINE_SIZE,
+            max_body: config.max_body_size,
+        },
+        stream: Some(Either::Left(stream)),
+        input: BytesMut::with_capacity(4096),
+        last_read: Instant::now(),
+        beat: heartbeat_ticker(conn.heartbeat),
+        frames_rx,
+        conn,
     };
-    let mut stream: Option<Stream> = Some(Either::Left(stream));
-    let mut input = BytesMut::with_capacity(4096);
-    let mut last_read = Instant::now();
-    let mut beat = heartbeat_ticker(conn.heartbeat);
-    let reason = 'conn: loop {
-        // Answer every command already read before waiting for more.
-        loop {
-            let command = match parser.parse(&mut input) {
-                Ok(Some(command)) => command,
-                Ok(None) => break,
-                Err(error) => {
-                    conn.refuse(&error);
-                    break 'conn error.text;
-                }
-            };
-            let heartbeat = conn.heartbeat;
-            match conn.answer(command) {
-                Ok(Next::Continue) => {}
-                Ok(Next::UpgradeTls) => {
-                    let Some(s) = stream.as_mut() else {
-                        break 'conn "no stream".into();
-                    };
-                    if let Err(error) = write_out(s, &mut conn.out, heartbeat).await {
-                        break 'conn error;
-                    }
-                    if !input.is_empty() {
-                        conn.refuse(&ErrorFrame::fatal(
-                            "E_IDENTIFY_FAILED",
-                            "IDENTIFY failed: data sent before the TLS handshake",
-                        ));
-                        break 'conn "data before the TLS handshake".into();
-                    }
-                    match upgrade(&shared, stream.take()).await {
-                        Ok(upgraded) => stream = Some(upgraded),
-                        Err(error) => break 'conn error,
-                    }
-                    conn.info.tls = true;
-                    response(&mut conn.out, b"OK");
-                }
-                Err(error) => {
-                    let fatal = error.fatal;
-                    conn.refuse(&error);
-                    if fatal {
-                        break 'conn error.text;
-                    }
-                }
-            }
-            if conn.heartbeat != heartbeat {
-                beat = heartbeat_ticker(conn.heartbeat);
-            }
-        }
-        let Some(s) = stream.as_mut() else {
-            break "no stream".into();
-        };
-        if let Err(error) = write_out(s, &mut conn.out, conn.heartbeat).await {
-            break error;
-        }
-        let deadline = conn.heartbeat.map(|hb| last_read + 2 * hb);
-        input.reserve(4096);
-        tokio::select! {
-            biased;
-            () = shared.cancel.cancelled() => break "the endpoint stopped".into(),
-            read = s.read_buf(&mut input) => match read {
-                Ok(0) => break "the consumer closed the connection".into(),
-                Ok(_) => last_read = Instant::now(),
-                Err(error) => break format!("reading failed: {error}"),
-            },
-            Some(frame) = frames_rx.recv() => {
-                conn.out.extend_from_slice(&frame);
-                while let Ok(frame) = frames_rx.try_recv() {
-                    conn.out.extend_from_slice(&frame);
-                }
-            }
-            _ = tick(&mut beat) => response(&mut conn.out, HEARTBEAT),
-            () = sleep_until(deadline) => {
-                shared.heartbeat_timeouts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                break "the consumer missed two heartbeats".into();
-            }
-        }
-    };
-    // Best effort: the last error frame, if any.
-    if let Some(s) = stream.as_mut() {
-        let _ = write_out(s, &mut conn.out, conn.heartbeat).await;
-        let _ = tokio::time::timeout(Duration::from_secs(1), s.shutdown()).await;
-    }
+    let reason = session.serve().await;
+    session.close().await;
     shared.dispatcher.remove(id);
     tracing::info!(client = id, %remote, %reason, "Consumer connection closed.");
+}
+
+/// The socket side of one connection: what it has read, what it waits for, and the protocol
+/// state its commands are answered with.
+struct Session {
+    conn: Connection,
+    parser: CommandParser,
+    /// `None` once a TLS handshake took the plain stream and failed.
+    stream: Option<Stream>,
+    /// Bytes read and not yet parsed.
+    input: BytesMut,
+    last_read: Instant,
+    beat: Option<tokio::time::Interval>,
+    /// Message frames from the dispatcher; the other half is `Connection::frames`.
+    frames_rx: mpsc::UnboundedReceiver<Bytes>,
+}
+
+impl Session {
+    /// Serves until the connection ends, and says why it ended.
+    async fn serve(&mut self) -> String {
+        loop {
+            // Answer every command already read before waiting for more.
+            if let Err(reason) = self.answer_buffered().await {
+                return reason;
+            }
+            if let Err(reason) = self.write_and_wait().await {
+                return reason;
+            }
+        }
+    }
+
+    /// Answers each complete command in the input; an error is why the connection closes.
+    async fn answer_buffered(&mut self) -> Result<(), String> {
+        loop {
+            let command = match self.parser.parse(&mut self.input) {
+                Ok(Some(command)) => command,
+                Ok(None) => return Ok(()),
+                Err(error) => {
+                    self.conn.refuse(&error);
+                    return Err(error.text);
+                }
+            };
+            let heartbeat = self.conn.heartbeat;
+            match self.conn.answer(command) {
+                Ok(Next::Continue) => {}
+                Ok(Next::UpgradeTls) => self.upgrade_tls(heartbeat).await?,
+                Err(error) => {
+                    self.conn.refuse(&error);
+                    if error.fatal {
+                        return Err(error.text);
+                    }
+                }
+            }
+            if self.conn.heartbeat != heartbeat {
+                self.beat = heartbeat_ticker(self.conn.heartbeat);
+            }
+        }
+    }
+
+    /// After IDENTIFY agreed on TLS: its answer in plain text, then the handshake, then `OK`
+    /// over TLS.
+    async fn upgrade_tls(&mut self, heartbeat: Option<Duration>) -> Result<(), String> {
+        let stream = self.stream.as_mut().ok_or("no stream")?;
+        write_out(stream, &mut self.conn.out, heartbeat).await?;
+        if !self.input.is_empty() {
+            self.conn.refuse(&ErrorFrame::fatal(
+                "E_IDENTIFY_FAILED",
+                "IDENTIFY failed: data sent before the TLS handshake",
+            ));
+            return Err("data before the TLS handshake".into());
+        }
+        self.stream = Some(upgrade(&self.conn.shared, self.stream.take()).await?);
+        self.conn.info.tls = true;
+        response(&mut self.conn.out, b"OK");
+        Ok(())
+    }
+
+    /// Writes what is queued, then waits for more bytes, message frames, the heartbeat tick
+    /// or the read deadline; an error is why the connection closes.
+    async fn write_and_wait(&mut self) -> Result<(), String> {
+        let stream = self.stream.as_mut().ok_or("no stream")?;
+        write_out(stream, &mut self.conn.out, self.conn.heartbeat).await?;
+        let deadline = self.conn.heartbeat.map(|hb| self.last_read + 2 * hb);
+        let shared = &self.conn.shared;
+        self.input.reserve(4096);
+        tokio::select! {
+            biased;
+            () = shared.cancel.cancelled() => return Err("the endpoint stopped".into()),
+            read = stream.read_buf(&mut self.input) => match read {
+                Ok(0) => return Err("the consumer closed the connection".into()),
+                Ok(_) => self.last_read = Instant::now(),
+                Err(error) => return Err(format!("reading failed: {error}")),
+            },
+            Some(frame) = self.frames_rx.recv() => {
+                self.conn.out.extend_from_slice(&frame);
+                while let Ok(frame) = self.frames_rx.try_recv() {
+                    self.conn.out.extend_from_slice(&frame);
+                }
+            }
+            _ = tick(&mut self.beat) => response(&mut self.conn.out, HEARTBEAT),
+            () = sleep_until(deadline) => {
+                shared.heartbeat_timeouts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                return Err("the consumer missed two heartbeats".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Best effort: the last error frame, if any, then the shutdown of the socket.
+    async fn close(&mut self) {
+        if let Some(stream) = self.stream.as_mut() {
+            let _ = write_out(stream, &mut self.conn.out, self.conn.heartbeat).await;
+            let _ = tokio::time::timeout(Duration::from_secs(1), stream.shutdown()).await;
+        }
+    }
 }
 
 impl Connection {
     fn refuse(&mut self, error: &ErrorFrame) {
         encode_frame(FRAME_TYPE_ERROR, error.text.as_bytes(), &mut self.out);
-    }
-
-    fn served(&self) -> String {
-        let config = &self.shared.config;
-        format!(
-            "this endpoint serves topic {:?} channel {:?}",
-            config.topic, config.channel
-        )
-    }
-
-    /// Answers one command, as nsqd's `protocol_v2.go` does.
-    fn answer(&mut self, command: ClientCommand) -> Result<Next, ErrorFrame> {
-        let shared = self.shared.clone();
-        let config = &shared.config;
-        let name = command_name(&command);
-        if self.phase == Phase::Init {
-            self.commands_before_sub += 1;
-            if self.commands_before_sub > DEFAULT_MAX_COMMANDS_BEFORE_SUB {
-                return Err(ErrorFrame::fatal(
-                    "E_INVALID",
-                    format_args!("more than {DEFAULT_MAX_COMMANDS_BEFORE_SUB} commands before SUB"),
-                ));
-            }
-        }
-        let tls_required = config.tls.as_ref().is_some_and(|t| t.required);
-        if tls_required && !self.info.tls && !matches!(command, ClientCommand::Identify(_)) {
-            return Err(ErrorFrame::fatal(
-                "E_INVALID",
-                format_args!("cannot {name} in current state (TLS required)"),
-            ));
-        }
-        let in_state = |ok: bool| {
-            if ok {
-                Ok(())
-            } else {
-                Err(ErrorFrame::fatal(
-                    "E_INVALID",
-                    format_args!("cannot {name} in current state"),
-                ))
-            }
-        };
-        let answered = matches!(self.phase, Phase::Subscribed | Phase::Closing);
-        match command {
-            ClientCommand::Identify(body) => {
-                in_state(self.phase == Phase::Init)?;
-                let got = identify(&body, config, self.heartbeat, self.msg_timeout)?;
-                self.heartbeat = got.heartbeat_interval;
-                self.msg_timeout = got.msg_timeout;
-                self.info.client_id = got.client_id;
-                self.info.hostname = got.hostname;
-                self.info.user_agent = got.user_agent;
-                response(&mut self.out, &got.response);
-                if got.tls {
-                    return Ok(Next::UpgradeTls);
-                }
-            }
-            ClientCommand::Auth(secret) => {
-                in_state(self.phase == Phase::Init)?;
-                if self.info.authed {
-                    return Err(ErrorFrame::fatal("E_INVALID", "AUTH already set"));
-                }
-                let Some(expected) = &config.auth_secret else {
-                    return Err(ErrorFrame::fatal("E_AUTH_DISABLED", "AUTH disabled"));
-                };
-                if !expected.matches(&secret) {
-                    return Err(ErrorFrame::fatal("E_AUTH_FAILED", "AUTH failed"));
-                }
-                self.info.authed = true;
-                response(
-                    &mut self.out,
-                    br#"{"identity":"consumer","identity_url":"","permission_count":1}"#,
-                );
-            }
-            ClientCommand::Sub { topic, channel } => {
-                in_state(self.phase == Phase::Init)?;
-                if self.heartbeat.is_none() {
-                    return Err(ErrorFrame::fatal(
-                        "E_INVALID",
-                        "cannot SUB with heartbeats disabled",
-                    ));
-                }
-                let topic = String::from_utf8_lossy(&topic);
-                let channel = String::from_utf8_lossy(&channel);
-                if !crate::nsq::is_valid_name(&topic) {
-                    return Err(ErrorFrame::fatal(
-                        "E_BAD_TOPIC",
-                        format_args!("SUB topic name {topic:?} is not valid"),
-                    ));
-                }
-                if !crate::nsq::is_valid_name(&channel) {
-                    return Err(ErrorFrame::fatal(
-                        "E_BAD_CHANNEL",
-                        format_args!("SUB channel name {channel:?} is not valid"),
-                    ));
-                }
-                if config.auth_secret.is_some() && !self.info.authed {
-                    return Err(ErrorFrame::fatal(
-                        "E_AUTH_FIRST",
-                        "AUTH required before SUB",
-                    ));
-                }
-                if topic != config.topic {
-                    return Err(ErrorFrame::fatal(
-                        "E_BAD_TOPIC",
-                        format_args!("SUB topic {topic:?} is not served here: {}", self.served()),
-                    ));
-                }
-                if channel != config.channel {
-                    return Err(ErrorFrame::fatal(
-                        "E_BAD_CHANNEL",
-                        format_args!(
-                            "SUB channel {channel:?} is not served here: {}",
-                            self.served()
-                        ),
-                    ));
-                }
-                self.phase = Phase::Subscribed;
-                tracing::info!(client = self.id, remote = %self.info.remote_address, user_agent = %self.info.user_agent, tls = self.info.tls, "Consumer subscribed.");
-                shared.dispatcher.subscribe(
-                    self.id,
-                    self.info.clone(),
-                    self.msg_timeout,
-                    self.frames.clone(),
-                );
-                response(&mut self.out, b"OK");
-            }
-            ClientCommand::Rdy(count) => {
-                if self.phase == Phase::Closing {
-                    // nsqd ignores RDY after CLS.
-                    return Ok(Next::Continue);
-                }
-                in_state(self.phase == Phase::Subscribed)?;
-                let max = u64::from(config.max_rdy_count);
-                if count > max {
-                    return Err(ErrorFrame::fatal(
-                        "E_INVALID",
-                        format_args!("RDY count {count} out of range 0-{max}"),
-                    ));
-                }
-                shared.dispatcher.set_rdy(self.id, count);
-            }
-            ClientCommand::Fin(id) => {
-                in_state(answered)?;
-                shared.dispatcher.finish(self.id, id).map_err(|why| {
-                    ErrorFrame::non_fatal("E_FIN_FAILED", format_args!("FIN {id} failed {why}"))
-                })?;
-            }
-            ClientCommand::Req(id, delay_ms) => {
-                in_state(answered)?;
-                let delay = Duration::from_millis(delay_ms).min(config.max_req_timeout);
-                shared
-                    .dispatcher
-                    .requeue(self.id, id, delay)
-                    .map_err(|why| {
-                        ErrorFrame::non_fatal("E_REQ_FAILED", format_args!("REQ {id} failed {why}"))
-                    })?;
-            }
-            ClientCommand::Touch(id) => {
-                in_state(answered)?;
-                shared.dispatcher.touch(self.id, id).map_err(|why| {
-                    ErrorFrame::non_fatal("E_TOUCH_FAILED", format_args!("TOUCH {id} failed {why}"))
-                })?;
-            }
-            ClientCommand::Nop => {}
-            ClientCommand::Cls => {
-                in_state(self.phase == Phase::Subscribed)?;
-                self.phase = Phase::Closing;
-                shared.dispatcher.close(self.id);
-                response(&mut self.out, b"CLOSE_WAIT");
-            }
-            ClientCommand::Publish(name) => {
-                return Err(ErrorFrame::fatal(
-                    "E_INVALID",
-                    format_args!(
-                        "{name} refused: this endpoint only serves consumers ({}); publish to nsqd",
-                        self.served()
-                    ),
-                ));
-            }
-        }
-        Ok(Next::Continue)
-    }
-}
-
-fn command_name(command: &ClientCommand) -> &'static str {
-    match command {
-        ClientCommand::Identify(_) => "IDENTIFY",
-        ClientCommand::Auth(_) => "AUTH",
-        ClientCommand::Sub { .. } => "SUB",
-        ClientCommand::Rdy(_) => "RDY",
-        ClientCommand::Fin(_) => "FIN",
-        ClientCommand::Req(..) => "REQ",
-        ClientCommand::Touch(_) => "TOUCH",
-        ClientCommand::Nop => "NOP",
-        ClientCommand::Cls => "CLS",
-        ClientCommand::Publish(name) => name,
     }
 }
 
