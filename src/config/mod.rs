@@ -102,8 +102,8 @@
 //! Each TOML section has its own module, with its raw form and the validation that turns it
 //! into what the component needs; the rules themselves (name syntax, table shapes, Memcached
 //! settings) belong to the components and are only called from here:
-//! `source` (`[source]`), `dedupe` (`[dedupe]`), `store` (`[store]`), `sink` (`[sink]` and
-//! `[dead_letter]`; `serve` for the serve sink's settings), `service` (`[metrics]`, `[shutdown]`) and `nsq_opts` (`[consumer_opt]`,
+//! `source` (`[source]`), `dedupe` (`[dedupe]`), `store` (`[store]`), `sink` (`[sink]`;
+//! `serve` for the serve sink's settings), `dead_letter` (`[dead_letter]`), `service` (`[metrics]`, `[shutdown]`) and `nsq_opts` (`[consumer_opt]`,
 //! `[producer_opt]`). Rules shared by sections have their own: `setting` (each setting defined
 //! once: key, flag, help and the kinds it belongs to, from which the binary makes its flags),
 //! `output_name` (an output file name must not ask for a compression the file will not have),
@@ -111,6 +111,7 @@
 //! the key).
 
 mod builder;
+mod dead_letter;
 mod dedupe;
 mod flag_origins;
 mod nsq_opts;
@@ -137,13 +138,12 @@ use crate::nsq::ConsumerConfig;
 use crate::pipeline::Policy;
 
 pub use builder::SettingsBuilder;
+pub use dead_letter::{DeadLetterKind, DeadLetterSettings, RawDeadLetter};
 pub use dedupe::{read_digest_key, RawDedupe};
 pub use flag_origins::FlagOrigins;
 pub use nsq_opts::{option_key, RawNsqOpts, OPTION_NAMES};
 pub use service::{RawMetrics, RawShutdown};
-pub use sink::{
-    DeadLetterKind, DeadLetterSettings, OneOrMany, RawDeadLetter, RawSink, SinkKind, SinkSettings,
-};
+pub use sink::{OneOrMany, RawSink, SinkKind, SinkSettings};
 pub use source::RawSource;
 pub use store::{RawStore, StoreKind, StoreSettings, TableFileSettings, DEFAULT_WINDOW};
 pub use wording::{Named, Wording};
@@ -152,7 +152,7 @@ use setting::Section as _;
 
 /// The settings of every section defined by its table, in the order of `run --help`: what the
 /// flags, the guide's flag table and the man page are checked against.
-pub const SECTIONS: [&[setting::Setting]; 7] = [
+pub const SECTIONS: [&[setting::Setting]; 8] = [
     RawSource::SETTINGS,
     RawNsqOpts::SETTINGS,
     RawDedupe::SETTINGS,
@@ -160,6 +160,7 @@ pub const SECTIONS: [&[setting::Setting]; 7] = [
     RawSink::SETTINGS,
     RawMetrics::SETTINGS,
     RawShutdown::SETTINGS,
+    RawDeadLetter::SETTINGS,
 ];
 
 /// A configuration that cannot be used. Each message names what the user typed: the flag when
@@ -475,7 +476,8 @@ impl RawConfig {
         let sink = self
             .sink
             .validate(&source.consumer.topic, &source.consumer.channel)?;
-        let dead_letter = sink::validate_dead_letter(self.dead_letter.as_ref(), &self.source)?;
+        let dead_letter =
+            dead_letter::validate_dead_letter(self.dead_letter.as_ref(), &self.source)?;
         let service = service::validate(&self.metrics, &self.shutdown)?;
         Ok(Settings {
             source: source.consumer,

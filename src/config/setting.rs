@@ -49,6 +49,10 @@ pub struct Setting {
     /// Settings of the section (by name) that this one's flag takes the place of in the file:
     /// a size given by a flag replaces the file's other way of sizing.
     pub replaces: &'static [&'static str],
+    /// Another setting of the section (by name) that this one's flag sets too, and its value
+    /// as the file writes it, a string: `--dead-letter-file` sets `kind = "file"`. The help
+    /// names it after the key.
+    pub sets: Option<(&'static str, &'static str)>,
 }
 
 impl Setting {
@@ -66,6 +70,7 @@ impl Setting {
         rank: 0,
         conflicts: &[],
         replaces: &[],
+        sets: None,
     };
 
     /// The help shown for the flag: its doc lines joined, then the key.
@@ -73,7 +78,16 @@ impl Setting {
         let doc: Vec<&str> = self.help.iter().map(|line| line.trim()).collect();
         let doc = doc.join(" ");
         let doc = doc.strip_suffix('.').unwrap_or(&doc);
-        format!("{doc}. `{}`", self.key)
+        match self.sets {
+            Some((name, value)) => {
+                let section = self.key.split_once('.').map_or("", |(section, _)| section);
+                format!(
+                    "{doc}. `{}` with `{section}.{name} = \"{value}\"`",
+                    self.key
+                )
+            }
+            None => format!("{doc}. `{}`", self.key),
+        }
     }
 }
 
@@ -245,6 +259,7 @@ impl Overlay for u8 {}
 impl Overlay for i64 {}
 impl Overlay for super::SinkKind {}
 impl Overlay for super::StoreKind {}
+impl Overlay for super::DeadLetterKind {}
 impl Overlay for crate::dedup::table_file::OnMismatch {}
 impl Overlay for crate::pipeline::InFlightPolicy {}
 impl Overlay for crate::pipeline::StoreErrorPolicy {}
@@ -319,7 +334,9 @@ pub fn check_kinds<S: Section>(
 /// ```
 ///
 /// where `only(...)` and `flag(...)` are optional, and `flag`'s options are [`Setting`]'s
-/// fields. Fields that are not settings (set by the program, never by the file) follow in an
+/// fields. A `#[serde(...)]` after the doc goes to the field, such as
+/// `#[serde(deserialize_with = "super::setting::required")]` for a key the file must give.
+/// Fields that are not settings (set by the program, never by the file) follow in an
 /// `extra { ... }` block.
 macro_rules! section {
     (
@@ -327,6 +344,7 @@ macro_rules! section {
         pub struct $name:ident in $section:literal, heading $heading:literal {
             $(
                 $(#[doc = $doc:literal])*
+                $(#[serde($($serde:tt)*)])*
                 $field:ident : $ty:ty
                     $(, only($only:expr))?
                     $(, flag($flag:literal $(, $opt:ident : $val:expr)* $(,)?))?
@@ -340,7 +358,7 @@ macro_rules! section {
         #[derive(Debug, Clone, Default, serde::Deserialize)]
         #[serde(deny_unknown_fields)]
         pub struct $name {
-            $( $(#[doc = $doc])* pub $field: Option<$ty>, )*
+            $( $(#[doc = $doc])* $(#[serde($($serde)*)])* pub $field: Option<$ty>, )*
             $( $($extra)* )?
         }
 
@@ -393,6 +411,20 @@ macro_rules! section {
             }
         }
     };
+}
+
+/// Reads a key the file must give into its `Option` field: serde then refuses a section
+/// without it ("missing field `kind`"), where a plain `Option` would read as unset.
+///
+/// # Errors
+///
+/// The value is not of type `T`.
+pub(crate) fn required<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    T::deserialize(deserializer).map(Some)
 }
 
 /// `None`, or `Some` of the one expression given.

@@ -1,5 +1,4 @@
-//! `[sink]` and `[dead_letter]`: where unique messages go and where undeliverable ones go,
-//! validated into [`SinkSettings`] and [`DeadLetterSettings`].
+//! `[sink]`: where unique messages go, validated into [`SinkSettings`].
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -9,8 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::setting::{names, section, FlagValue, Only};
-use super::source::RawSource;
-use super::{check_host_port, check_name, invalid, output_name, quote, ConfigError, Dur, Wording};
+use super::{check_host_port, check_name, invalid, output_name, quote, ConfigError, Dur};
 use crate::http::{check_url, HttpClientConfig};
 use crate::redact;
 use crate::sink::{
@@ -84,16 +82,6 @@ impl SinkKind {
     pub fn name(self) -> &'static str {
         super::setting::name_of(&Self::NAMES, self)
     }
-}
-
-/// Where undeliverable messages go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DeadLetterKind {
-    /// An NSQ topic.
-    Nsq,
-    /// A file of JSON lines.
-    File,
 }
 
 /// The settings of the http sink only.
@@ -239,17 +227,6 @@ section! {
     }
 }
 
-/// `[dead_letter]`.
-#[allow(missing_docs)]
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawDeadLetter {
-    pub kind: DeadLetterKind,
-    pub path: Option<PathBuf>,
-    pub nsqd_tcp_addresses: Option<Vec<String>>,
-    pub topic: Option<String>,
-}
-
 /// The validated sink. `Debug` and `Display` never show a secret: URLs lose their user info
 /// and query values, headers their values (`crate::redact`).
 #[derive(Clone, PartialEq)]
@@ -271,20 +248,6 @@ pub enum SinkSettings {
     Null,
     /// Serve NSQ consumers as nsqd does.
     Serve(crate::serve::ServeConfig),
-}
-
-/// The validated dead-letter; `Display` is the startup line's summary.
-#[derive(Debug, Clone, PartialEq)]
-pub enum DeadLetterSettings {
-    /// Append JSON lines to this file.
-    File(PathBuf),
-    /// Publish to `topic` on these nsqd.
-    Nsq {
-        /// nsqd TCP addresses.
-        nsqd_tcp_addresses: Vec<String>,
-        /// Topic.
-        topic: String,
-    },
 }
 
 impl fmt::Debug for SinkSettings {
@@ -360,18 +323,6 @@ impl fmt::Display for SinkSettings {
                 }
                 Ok(())
             }
-        }
-    }
-}
-
-impl fmt::Display for DeadLetterSettings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            DeadLetterSettings::File(path) => write!(f, "file {}", path.display()),
-            DeadLetterSettings::Nsq {
-                nsqd_tcp_addresses,
-                topic,
-            } => write!(f, "nsq PUB {topic} to {}", nsqd_tcp_addresses.join(",")),
         }
     }
 }
@@ -624,61 +575,6 @@ fn positive_count(
     }
 }
 
-/// Validates `[dead_letter]`; an nsq dead-letter publishes to the source's nsqd unless it
-/// names its own.
-pub(super) fn validate_dead_letter(
-    dead_letter: Option<&RawDeadLetter>,
-    source: &RawSource,
-) -> Result<Option<DeadLetterSettings>, ConfigError> {
-    let Some(dl) = dead_letter else {
-        return Ok(None);
-    };
-    Ok(Some(match dl.kind {
-        DeadLetterKind::File => {
-            let path = dl.path.clone().ok_or(ConfigError::required(
-                "dead_letter.path",
-                Wording::default().set("dead_letter.kind", "\"file\""),
-            ))?;
-            output_name::check_uncompressed(
-                "dead_letter.path",
-                &path.to_string_lossy(),
-                "the dead-letter file",
-                "plain JSON lines",
-            )?;
-            DeadLetterSettings::File(path)
-        }
-        DeadLetterKind::Nsq => {
-            let topic = dl.topic.clone().ok_or(ConfigError::required(
-                "dead_letter.topic",
-                Wording::default().set("dead_letter.kind", "\"nsq\""),
-            ))?;
-            check_name("dead_letter.topic", "topic", &topic)?;
-            let addrs = dl
-                .nsqd_tcp_addresses
-                .clone()
-                .or_else(|| source.nsqd_tcp_addresses.clone())
-                .unwrap_or_default();
-            if addrs.is_empty() {
-                return Err(ConfigError::required(
-                    "dead_letter.nsqd_tcp_addresses",
-                    Wording::default()
-                        .set("dead_letter.kind", "\"nsq\"")
-                        .text(" when ")
-                        .key("source.nsqd_tcp_addresses")
-                        .text(" is empty"),
-                ));
-            }
-            for a in &addrs {
-                check_host_port("dead_letter.nsqd_tcp_addresses", a)?;
-            }
-            DeadLetterSettings::Nsq {
-                nsqd_tcp_addresses: addrs,
-                topic,
-            }
-        }
-    }))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -717,10 +613,6 @@ mod tests {
         assert_eq!(
             nsq.to_string(),
             "nsq PUB events.unique to 10.0.0.1:4150,10.0.0.2:4150"
-        );
-        assert_eq!(
-            DeadLetterSettings::File("/var/lib/dead.ndjson".into()).to_string(),
-            "file /var/lib/dead.ndjson"
         );
     }
 }

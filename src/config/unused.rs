@@ -29,6 +29,10 @@ pub(super) fn check(raw: &RawConfig) -> Result<(), ConfigError> {
             &StoreErrorPolicy::NAMES,
             d.on_store_error.unwrap_or(StoreErrorPolicy::Requeue),
         ),
+        "dead_letter.kind" => raw
+            .dead_letter
+            .as_ref()
+            .map_or("", |dl| dl.kind_or_nsq().name()),
         other => unreachable!("no setting's kind is decided by `{other}`"),
     };
     check_kinds(&raw.sink, kind_of)?;
@@ -57,7 +61,7 @@ pub(super) fn check(raw: &RawConfig) -> Result<(), ConfigError> {
             .is_some_and(|a| !a.is_empty()),
         Wording::default().key("source.lookupd_http_addresses"),
     )?;
-    let dead_letter = raw.dead_letter.as_ref().map(|dl| dl.kind);
+    let dead_letter = raw.dead_letter.as_ref().map(|dl| dl.kind_or_nsq());
     let producers = sink == SinkKind::Nsq || dead_letter == Some(DeadLetterKind::Nsq);
     needs(
         &raw.producer_opt.given_keys(super::nsq_opts::Side::Producer),
@@ -68,22 +72,7 @@ pub(super) fn check(raw: &RawConfig) -> Result<(), ConfigError> {
             .key("dead_letter.topic"),
     )?;
     if let Some(dl) = &raw.dead_letter {
-        needs(
-            &[("dead_letter.path", dl.path.is_some())],
-            dl.kind == DeadLetterKind::File,
-            Wording::default().set("dead_letter.kind", "\"file\""),
-        )?;
-        needs(
-            &[
-                ("dead_letter.topic", dl.topic.is_some()),
-                (
-                    "dead_letter.nsqd_tcp_addresses",
-                    dl.nsqd_tcp_addresses.is_some(),
-                ),
-            ],
-            dl.kind == DeadLetterKind::Nsq,
-            Wording::default().set("dead_letter.kind", "\"nsq\""),
-        )?;
+        check_kinds(dl, kind_of)?;
     }
     Ok(())
 }

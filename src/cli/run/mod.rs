@@ -5,7 +5,6 @@
 //! defined once in the library (`nsq_dedupe::config::setting`) has no module here: its flags are
 //! made from its table by `section`.
 
-mod dead_letter;
 mod nsq_opts;
 mod section;
 
@@ -13,7 +12,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 use nsq_dedupe::config::{
-    FlagOrigins, RawConfig, RawDedupe, RawMetrics, RawShutdown, RawSink, RawSource, RawStore,
+    FlagOrigins, RawConfig, RawDeadLetter, RawDedupe, RawMetrics, RawShutdown, RawSink, RawSource,
+    RawStore,
 };
 use section::SectionFlags;
 
@@ -40,7 +40,7 @@ pub(crate) struct RunArgs {
     #[command(flatten)]
     pub(crate) shutdown: SectionFlags<RawShutdown>,
     #[command(flatten)]
-    pub(crate) dead_letter: dead_letter::DeadLetterFlags,
+    pub(crate) dead_letter: SectionFlags<RawDeadLetter>,
 }
 
 impl RunArgs {
@@ -66,7 +66,8 @@ impl RunArgs {
         self.sink.apply(&mut raw.sink, &mut overlay);
         self.metrics.apply(&mut raw.metrics, &mut overlay);
         self.shutdown.apply(&mut raw.shutdown, &mut overlay);
-        self.dead_letter.apply(raw, &mut overlay);
+        self.dead_letter
+            .apply_optional(&mut raw.dead_letter, &mut overlay);
         raw.flags = flags;
     }
 }
@@ -79,20 +80,6 @@ pub(super) struct Overlay<'a> {
 }
 
 impl Overlay<'_> {
-    /// Sets `target` to the flag's value, if the flag was given.
-    pub(super) fn value<T: Clone>(
-        &mut self,
-        target: &mut Option<T>,
-        value: Option<&T>,
-        key: &'static str,
-        flag: &'static str,
-    ) {
-        if let Some(value) = value {
-            *target = Some(value.clone());
-        }
-        self.record(key, flag, value.is_some());
-    }
-
     /// Records that `flag` sets `key` by a merge of its own, and whether it was given. `flag`
     /// may name an option of a repeatable flag, `--consumer-opt deflate_level`: from the
     /// environment, that is `NSQ_DEDUPE_CONSUMER_OPT=deflate_level`.
@@ -109,20 +96,6 @@ impl Overlay<'_> {
             Box::leak(format!("{variable}={option}").into_boxed_str())
         };
         self.flags.record_variable(key, variable);
-    }
-
-    /// Sets `target` to the values of a repeatable flag, if it was given at least once.
-    pub(super) fn list(
-        &mut self,
-        target: &mut Option<Vec<String>>,
-        values: &[String],
-        key: &'static str,
-        flag: &'static str,
-    ) {
-        if !values.is_empty() {
-            *target = Some(values.to_vec());
-        }
-        self.record(key, flag, !values.is_empty());
     }
 }
 
@@ -276,6 +249,63 @@ mod tests {
         assert_eq!(
             (config.namespace.as_str(), config.lease, config.timeout),
             ("orders", Duration::from_secs(90), Duration::from_secs(1))
+        );
+    }
+
+    #[test]
+    fn a_dead_letter_flag_replaces_the_files_dead_letter_and_an_address_alone_asks_for_a_topic() {
+        let nsq = "[dead_letter]\nkind = \"nsq\"\ntopic = \"x\"\nnsqd_tcp_addresses = [\"127.0.0.1:2\"]\n";
+        let file = || RawConfig::from_toml(nsq, "test").unwrap();
+        assert_eq!(
+            settings_over(file(), &["--dead-letter-file", "/var/lib/dead.ndjson"]).dead_letter,
+            Some(DeadLetterSettings::File("/var/lib/dead.ndjson".into()))
+        );
+        assert_eq!(
+            settings_over(file(), &["--dead-letter-topic", "d"]).dead_letter,
+            Some(DeadLetterSettings::Nsq {
+                nsqd_tcp_addresses: vec!["127.0.0.1:4150".into()],
+                topic: "d".into()
+            }),
+            "the file's addresses go with the file's dead-letter"
+        );
+        assert_eq!(
+            settings_over(file(), &["--dead-letter-nsqd-tcp-address", "127.0.0.1:5"]).dead_letter,
+            Some(DeadLetterSettings::Nsq {
+                nsqd_tcp_addresses: vec!["127.0.0.1:5".into()],
+                topic: "x".into()
+            }),
+            "an address adds to the file's dead-letter"
+        );
+        let in_file = "[dead_letter]\nkind = \"file\"\npath = \"/var/lib/p\"\n";
+        let file = RawConfig::from_toml(in_file, "test").unwrap();
+        assert_eq!(
+            settings_over(
+                file,
+                &[
+                    "--dead-letter-topic",
+                    "d",
+                    "--dead-letter-nsqd-tcp-address",
+                    "127.0.0.1:5,127.0.0.1:6"
+                ]
+            )
+            .dead_letter,
+            Some(DeadLetterSettings::Nsq {
+                nsqd_tcp_addresses: vec!["127.0.0.1:5".into(), "127.0.0.1:6".into()],
+                topic: "d".into()
+            })
+        );
+        let error = applied(&["--dead-letter-nsqd-tcp-address", "127.0.0.1:5"])
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            error,
+            "`dead_letter.topic` is required with `dead_letter.kind = \"nsq\"`: set it in the \
+             config file or pass `--dead-letter-topic`"
+        );
+        assert!(
+            applied(&[]).dead_letter.is_none(),
+            "no flag, no dead-letter"
         );
     }
 

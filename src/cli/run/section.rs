@@ -32,13 +32,19 @@ impl<S> std::fmt::Debug for SectionFlags<S> {
 
 impl<S: Section> SectionFlags<S> {
     /// Lays the given flags over `section`, the file's, and records for every flag of the
-    /// section whether it set its key.
+    /// section whether it set its key. The settings a given flag replaces are cleared first,
+    /// so that flags given together all stay.
     ///
     /// # Panics
     ///
     /// If a flag's parser lets through a value the file's type refuses: each parser gives the
     /// value as the file writes it.
     pub(super) fn apply(&self, section: &mut S, overlay: &mut Overlay<'_>) {
+        for (setting, _) in &self.given {
+            for replaced in setting.replaces {
+                section.clear(replaced);
+            }
+        }
         for setting in S::SETTINGS {
             let Some(flag) = setting.flag else { continue };
             let value = self
@@ -46,15 +52,30 @@ impl<S: Section> SectionFlags<S> {
                 .iter()
                 .find(|(given, _)| given.key == setting.key);
             if let Some((_, value)) = value {
-                for replaced in setting.replaces {
-                    section.clear(replaced);
+                let lay = |section: &mut S, name: &str, value: toml::Value| {
+                    section
+                        .lay(name, value)
+                        .unwrap_or_else(|error| panic!("{flag} gave {}: {error}", setting.key));
+                };
+                lay(section, setting.name, value.clone());
+                if let Some((name, value)) = setting.sets {
+                    lay(section, name, text_value(value.to_owned()));
                 }
-                section
-                    .lay(setting.name, value.clone())
-                    .unwrap_or_else(|error| panic!("{flag} gave {}: {error}", setting.key));
             }
             overlay.record(setting.key, flag, value.is_some());
         }
+    }
+
+    /// Lays the given flags over a section the file may leave out (`[dead_letter]`): over
+    /// the file's, or over a new one when a flag of the section is given.
+    pub(super) fn apply_optional(&self, section: &mut Option<S>, overlay: &mut Overlay<'_>)
+    where
+        S: Default,
+    {
+        let given = section.is_some() || !self.given.is_empty();
+        let mut laid = section.take().unwrap_or_default();
+        self.apply(&mut laid, overlay);
+        *section = given.then_some(laid);
     }
 }
 
