@@ -45,6 +45,8 @@ enum Next {
     UpgradeTls,
 }
 
+/// One consumer as nsqd's protocol keeps it: its state, what IDENTIFY agreed, and the frames
+/// its commands' answers queue (`answer`).
 struct Connection {
     id: ClientId,
     shared: Arc<Shared>,
