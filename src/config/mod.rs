@@ -107,12 +107,12 @@
 //! `[producer_opt]`). Rules shared by sections have their own: `setting` (each setting defined
 //! once: key, flag, help and the kinds it belongs to, from which the binary makes its flags),
 //! `output_name` (an output file name must not ask for a compression the file will not have),
-//! `unused` (a setting the others leave unused), `flag_origins` (which flag gave which key) and `toml_error` (the parser's message, naming
-//! the key).
+//! `unused` (a setting the others leave unused) and `toml_error` (the parser's message, naming
+//! the key). Which flag gave which key, and messages that name settings, are
+//! [`crate::wording`]'s.
 
 mod builder;
 mod dedupe;
-mod flag_origins;
 mod nsq_opts;
 mod output_name;
 mod serve;
@@ -123,7 +123,6 @@ mod source;
 mod store;
 mod toml_error;
 mod unused;
-mod wording;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -138,7 +137,6 @@ use crate::pipeline::Policy;
 
 pub use builder::SettingsBuilder;
 pub use dedupe::{read_digest_key, RawDedupe};
-pub use flag_origins::FlagOrigins;
 pub use nsq_opts::{option_key, RawNsqOpts, OPTION_NAMES};
 pub use service::{RawMetrics, RawShutdown};
 pub use sink::{
@@ -146,7 +144,7 @@ pub use sink::{
 };
 pub use source::RawSource;
 pub use store::{RawStore, StoreKind, StoreSettings, TableFileSettings, DEFAULT_WINDOW};
-pub use wording::{Named, Wording};
+pub use crate::wording::{FlagOrigins, Named, Wording};
 
 use setting::Section as _;
 

@@ -42,19 +42,19 @@ impl FlagOrigins {
 
     /// The flag to name `key` by: the one that set it, or with no config file the one that
     /// sets it.
-    pub(super) fn naming(&self, key: &str) -> Option<&'static str> {
+    pub(crate) fn naming(&self, key: &str) -> Option<&'static str> {
         self.flag_for(key)
             .or_else(|| (!self.file).then(|| self.known.get(key).copied()).flatten())
     }
 
     /// The flag that sets `key`, if one does.
-    pub(super) fn flag_of(&self, key: &str) -> Option<&'static str> {
+    pub(crate) fn flag_of(&self, key: &str) -> Option<&'static str> {
         self.known.get(key).copied()
     }
 
     /// How the user gave the setting of `flag`: its environment variable, when the value came
     /// from there.
-    fn given_by_flag(&self, flag: &str) -> Option<&'static str> {
+    pub(super) fn given_by_flag(&self, flag: &str) -> Option<&'static str> {
         self.known
             .iter()
             .filter(|(_, known)| **known == flag)
