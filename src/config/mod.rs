@@ -135,6 +135,7 @@ use crate::dedup::Geometry;
 use crate::nsq::ConsumerConfig;
 use crate::pipeline::Policy;
 
+pub use crate::wording::{FlagOrigins, Named, Wording};
 pub use builder::SettingsBuilder;
 pub use dedupe::{read_digest_key, RawDedupe};
 pub use nsq_opts::{option_key, RawNsqOpts, OPTION_NAMES};
@@ -144,7 +145,6 @@ pub use sink::{
 };
 pub use source::RawSource;
 pub use store::{RawStore, StoreKind, StoreSettings, TableFileSettings, DEFAULT_WINDOW};
-pub use crate::wording::{FlagOrigins, Named, Wording};
 
 use setting::Section as _;
 

@@ -15,6 +15,7 @@ use crate::http::server::Page;
 use crate::metrics::exposition::CONTENT_TYPE;
 use crate::pipeline::Dedupe;
 use crate::sink::Handler;
+use crate::wording::{Named, Wording};
 
 /// Binds the metrics address, if there is one.
 pub(super) async fn bind(address: Option<SocketAddr>) -> Result<Option<TcpListener>, RunError> {
@@ -24,7 +25,14 @@ pub(super) async fn bind(address: Option<SocketAddr>) -> Result<Option<TcpListen
     TcpListener::bind(addr)
         .await
         .map(Some)
-        .map_err(|source| RunError::Metrics { addr, source })
+        .map_err(|source| RunError::Metrics {
+            addr,
+            source,
+            setting: Wording::default().either(
+                Named::flag("--metrics-address"),
+                Named::key("metrics.address"),
+            ),
+        })
 }
 
 /// Serves the endpoints on `listener` until `stop`.
