@@ -120,14 +120,14 @@ impl StoreError {
     /// The settings the message names, said as the user gave them (see
     /// [`Wording::naming`]).
     #[must_use]
-    pub fn naming(self, names: &FlagOrigins) -> StoreError {
-        match self {
-            StoreError::Config(reason) => StoreError::Config(reason.naming(names)),
-            StoreError::Refused { addr, detail } => StoreError::Refused {
-                addr,
-                detail: detail.naming(names),
-            },
-            other => other,
+    pub fn naming(mut self, names: &FlagOrigins) -> StoreError {
+        if let StoreError::Config(wording)
+        | StoreError::Refused {
+            detail: wording, ..
+        } = &mut self
+        {
+            *wording = std::mem::take(wording).naming(names);
         }
+        self
     }
 }

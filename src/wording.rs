@@ -193,11 +193,14 @@ impl Wording {
 
     /// The settings named, in order.
     pub fn settings(&self) -> impl Iterator<Item = &Named> {
-        self.0.iter().flat_map(|part| match part {
-            Part::Setting(named) => vec![named],
-            Part::Both { first, second, .. } => vec![first, second],
-            Part::Text(_) => vec![],
-        })
+        self.0
+            .iter()
+            .flat_map(|part| match part {
+                Part::Setting(named) => [Some(named), None],
+                Part::Both { first, second, .. } => [Some(first), Some(second)],
+                Part::Text(_) => [None, None],
+            })
+            .flatten()
     }
 }
 

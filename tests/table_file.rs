@@ -281,19 +281,25 @@ async fn a_second_process_on_the_same_file_is_refused() {
     assert!(first.wait().success());
 }
 
-/// A table file written for another table, or in a directory that does not exist, is a
-/// setting error: `run` stops at once with status 78 (which the service does not restart)
-/// and says what to change.
-#[test]
-fn a_table_file_for_other_settings_or_without_its_directory_is_a_setting_error() {
-    let dir = tempfile::tempdir().unwrap();
-    let table = dir.path().join("table");
+/// A table file of 8192 slots in `dir`, written by `filter`.
+fn table_of_8192_slots(dir: &Path) -> std::path::PathBuf {
+    let table = dir.join("table");
     crate::util::bin()
         .args(["filter", "--buckets", "8192", "--table-file"])
         .arg(&table)
         .write_stdin("a\n")
         .assert()
         .success();
+    table
+}
+
+/// A table file written for another table, or in a directory that does not exist, is a
+/// setting error: `run` stops at once with status 78 (which the service does not restart)
+/// and says what to change.
+#[test]
+fn a_table_file_for_other_settings_or_without_its_directory_is_a_setting_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = table_of_8192_slots(dir.path());
     let run = |table: &Path, extra: &[&str]| {
         let mut args = vec!["--topic", TOPIC, "--nsqd-tcp-address", "127.0.0.1:1"];
         args.extend(["--metrics-address", "off", "--table-file"]);
@@ -346,13 +352,7 @@ fn a_table_file_for_other_settings_or_without_its_directory_is_a_setting_error()
 #[test]
 fn a_table_file_error_names_its_settings_as_they_were_given() {
     let dir = tempfile::tempdir().unwrap();
-    let table = dir.path().join("table");
-    crate::util::bin()
-        .args(["filter", "--buckets", "8192", "--table-file"])
-        .arg(&table)
-        .write_stdin("a\n")
-        .assert()
-        .success();
+    let table = table_of_8192_slots(dir.path());
     let config = dir.path().join("events.toml");
     let missing = dir.path().join("missing").join("table");
     let write_config = |table: &Path| {

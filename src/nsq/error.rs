@@ -127,21 +127,11 @@ impl Error {
     /// The settings a refusal's advice names, said as the user gave them (see
     /// [`Wording::naming`]); any other error as it is.
     #[must_use]
-    pub fn naming(self, names: &FlagOrigins) -> Error {
-        match self {
-            Error::Refused {
-                addr,
-                command,
-                text,
-                advice,
-            } => Error::Refused {
-                addr,
-                command,
-                text,
-                advice: advice.naming(names),
-            },
-            other => other,
+    pub fn naming(mut self, names: &FlagOrigins) -> Error {
+        if let Error::Refused { advice, .. } = &mut self {
+            *advice = std::mem::take(advice).naming(names);
         }
+        self
     }
 
     /// A copy of a refusal (errors holding I/O causes are not `Clone`); `None` for any other

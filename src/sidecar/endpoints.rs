@@ -15,7 +15,6 @@ use crate::http::server::Page;
 use crate::metrics::exposition::CONTENT_TYPE;
 use crate::pipeline::Dedupe;
 use crate::sink::Handler;
-use crate::wording::{Named, Wording};
 
 /// Binds the metrics address, if there is one.
 pub(super) async fn bind(address: Option<SocketAddr>) -> Result<Option<TcpListener>, RunError> {
@@ -25,14 +24,7 @@ pub(super) async fn bind(address: Option<SocketAddr>) -> Result<Option<TcpListen
     TcpListener::bind(addr)
         .await
         .map(Some)
-        .map_err(|source| RunError::Metrics {
-            addr,
-            source,
-            setting: Wording::default().either(
-                Named::flag("--metrics-address"),
-                Named::key("metrics.address"),
-            ),
-        })
+        .map_err(|source| RunError::metrics(addr, source))
 }
 
 /// Serves the endpoints on `listener` until `stop`.

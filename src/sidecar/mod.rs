@@ -154,6 +154,18 @@ impl RunError {
         }
     }
 
+    /// The metrics address `addr` could not be bound.
+    pub(crate) fn metrics(addr: SocketAddr, source: std::io::Error) -> RunError {
+        RunError::Metrics {
+            addr,
+            source,
+            setting: Wording::default().either(
+                Named::flag("--metrics-address"),
+                Named::key("metrics.address"),
+            ),
+        }
+    }
+
     /// Whether starting again with the same settings fails the same way, so that a setting
     /// must change: a store that refuses this client or cannot use its settings, a table file
     /// written for another table or at a path that cannot hold one. The binary exits with
@@ -379,4 +391,90 @@ fn log_started<H: Handler>(settings: &Settings, dedupe: &Dedupe<Backend, H>, sin
 /// [`RunError`] if something cannot be built or started.
 pub async fn run(settings: Settings, shutdown: impl Future) -> Result<RunReport, RunError> {
     Sidecar::new(settings).await?.run(shutdown).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--memory` given, the other settings of the table and the metrics address not.
+    fn names(file: bool) -> FlagOrigins {
+        let mut names = FlagOrigins::default();
+        names.record("store.buckets", "--buckets", false);
+        names.record("store.memory", "--memory", true);
+        names.record("store.probability", "--probability", false);
+        names.record("metrics.address", "--metrics-address", false);
+        names.record("source.msg_timeout", "--msg-timeout", false);
+        if file {
+            names.with_file();
+        }
+        names
+    }
+
+    #[test]
+    fn a_run_error_names_its_settings_as_the_user_gave_them() {
+        let table = || RunError::from(crate::error::TableError::ZeroSlots);
+        let choose = "cannot build the in-process table; choose a smaller";
+        assert_eq!(
+            table().to_string(),
+            format!(
+                "{choose} `store.buckets` (`--buckets`), `store.memory` (`--memory`) or \
+                 `store.probability`"
+            )
+        );
+        assert_eq!(
+            table().naming(&names(false)).to_string(),
+            format!("{choose} `--buckets`, `--memory` or `--probability`")
+        );
+        assert_eq!(
+            table().naming(&names(true)).to_string(),
+            format!("{choose} `store.buckets` (`--buckets`), `--memory` or `store.probability`")
+        );
+        let metrics = || {
+            let addr = SocketAddr::from(([127, 0, 0, 1], 9187));
+            RunError::metrics(addr, std::io::Error::other("in use"))
+        };
+        let change = |setting: &str| {
+            format!(
+                "cannot listen on metrics address 127.0.0.1:9187 (change {setting}, or set it \
+                 to \"off\")"
+            )
+        };
+        assert_eq!(
+            metrics().to_string(),
+            change("`--metrics-address` / `metrics.address`")
+        );
+        assert_eq!(
+            metrics().naming(&names(false)).to_string(),
+            change("`--metrics-address`")
+        );
+        assert_eq!(
+            metrics().naming(&names(true)).to_string(),
+            change("`--metrics-address` / `metrics.address`")
+        );
+    }
+
+    #[test]
+    fn a_shared_refusal_is_named_in_a_copy() {
+        let cause = Arc::new(crate::nsq::Error::Refused {
+            addr: "127.0.0.1:4150".into(),
+            command: "IDENTIFY",
+            text: "E_BAD_BODY".into(),
+            advice: Wording::from("set ").both(
+                Named::flag("--msg-timeout"),
+                Named::key("source.msg_timeout"),
+            ),
+        });
+        let named = RunError::Refused(cause.clone()).naming(&names(false));
+        let named = std::error::Error::source(&named).expect("the refusal is the cause");
+        assert_eq!(
+            named.to_string(),
+            "nsqd 127.0.0.1:4150 refused IDENTIFY: E_BAD_BODY; set `--msg-timeout`"
+        );
+        assert_eq!(
+            cause.to_string(),
+            "nsqd 127.0.0.1:4150 refused IDENTIFY: E_BAD_BODY; set `--msg-timeout` \
+             (`source.msg_timeout`)"
+        );
+    }
 }

@@ -86,33 +86,18 @@ impl TableFileError {
     /// The settings the message names, said as the user gave them (see
     /// [`Wording::naming`]).
     #[must_use]
-    pub fn naming(self, names: &FlagOrigins) -> TableFileError {
-        match self {
-            TableFileError::NoDirectory { path, dir, setting } => TableFileError::NoDirectory {
-                path,
-                dir,
-                setting: setting.naming(names),
-            },
-            TableFileError::Mismatch {
-                path,
-                differs,
-                recreate,
-            } => TableFileError::Mismatch {
-                path,
-                differs,
-                recreate: recreate.naming(names),
-            },
-            TableFileError::Corrupt {
-                path,
-                reason,
-                recreate,
-            } => TableFileError::Corrupt {
-                path,
-                reason,
-                recreate: recreate.naming(names),
-            },
-            other => other,
+    pub fn naming(mut self, names: &FlagOrigins) -> TableFileError {
+        if let TableFileError::NoDirectory { setting, .. }
+        | TableFileError::Mismatch {
+            recreate: setting, ..
         }
+        | TableFileError::Corrupt {
+            recreate: setting, ..
+        } = &mut self
+        {
+            *setting = setting.clone().naming(names);
+        }
+        self
     }
 
     /// The message of a file that `recreate` starts fresh over, with the setting as a field.
