@@ -54,11 +54,10 @@ impl Role {
         else {
             return Wording::from(format!("`{option}`"));
         };
-        let (flag, key) = match self {
-            Role::Consumer => (flag, key),
-            Role::Producer => (producer_flag, producer_key),
-        };
-        Wording::default().both(Named::flag(flag), Named::key(key))
+        match self {
+            Role::Consumer => flag_and_key(flag, key),
+            Role::Producer => flag_and_key(producer_flag, producer_key),
+        }
     }
 }
 
