@@ -2,10 +2,13 @@
 //!
 //! Each message says what is wrong and what is accepted. Where one setting is at fault and the
 //! library cannot know whether the user typed a flag or a config key, the caller (the binary or
-//! the config's validation) puts that name in front. Outcomes that happen in normal
+//! the config's validation) puts that name in front, or the error carries the setting as a
+//! field of a [`Wording`] that the caller names as the user gave it. Outcomes that happen in normal
 //! running (a duplicate, a keyless body, a store timeout) are enum variants, never panics.
 
 use std::time::Duration;
+
+use crate::wording::{FlagOrigins, Wording};
 
 /// Building a table with an impossible shape.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -100,7 +103,7 @@ pub enum StoreError {
     Protocol(String),
     /// The store's settings are unusable; the message names the setting.
     #[error("invalid store configuration: {0}")]
-    Config(String),
+    Config(Wording),
     /// The server answered and refused this client (a wrong password, a missing one), or is
     /// not the kind of server the settings name (an HTTP port given as Memcached's). Unlike
     /// an outage, waiting does not help: a setting is wrong, and `detail` names it.
@@ -109,6 +112,22 @@ pub enum StoreError {
         /// The server address.
         addr: String,
         /// What it answered, and the setting to correct.
-        detail: String,
+        detail: Wording,
     },
+}
+
+impl StoreError {
+    /// The settings the message names, said as the user gave them (see
+    /// [`Wording::naming`]).
+    #[must_use]
+    pub fn naming(mut self, names: &FlagOrigins) -> StoreError {
+        if let StoreError::Config(wording)
+        | StoreError::Refused {
+            detail: wording, ..
+        } = &mut self
+        {
+            *wording = std::mem::take(wording).naming(names);
+        }
+        self
+    }
 }

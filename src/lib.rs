@@ -15,7 +15,8 @@
 //! - [`filter_stream`] for plain streams of records; [`filter`] for newline-delimited input.
 //! - [`sizing`]: pure functions between slots, catch probability and window.
 //! - [`units`]: sizes, durations and counts as people write and read them.
-//! - [`error`]: error types whose messages name the knob to turn.
+//! - [`error`]: error types whose messages name the knob to turn; [`wording`]: the
+//!   settings a message names, as fields, said as the user gave them.
 //!
 //! Each feature adds a layer (the binary's default, `cli`, enables them all):
 //!
@@ -84,6 +85,7 @@ mod stream;
 #[cfg(feature = "nsq")]
 pub mod tls;
 pub mod units;
+pub mod wording;
 
 #[cfg(feature = "sidecar")]
 pub use config::Settings;

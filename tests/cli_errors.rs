@@ -504,6 +504,76 @@ async fn a_setting_nsqd_refuses_stops_the_run_and_names_the_flag() {
     assert_eq!(stderr.matches("refused IDENTIFY").count(), 2, "{stderr}");
 }
 
+/// The setting nsqd refused is named as the user gave it: by the environment variable that
+/// set it, and from a config file by its flag and its key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_nsqd_refusal_names_the_setting_as_the_user_gave_it() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let addr = broker.tcp_addr();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("events.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[source]\ntopic = \"events\"\nnsqd_tcp_addresses = [\"{addr}\"]\n\
+             msg_timeout = \"1h\"\n[metrics]\naddress = \"off\"\n"
+        ),
+    )
+    .unwrap();
+    let refused = |setting: &str| {
+        format!(
+            "error: stopped: nsqd {addr} refused IDENTIFY: E_BAD_BODY IDENTIFY msg timeout \
+             (3600000) is invalid; set {setting} between 1s and nsqd's --max-msg-timeout (15m \
+             unless nsqd was started with another)"
+        )
+    };
+    let run = move |args: Vec<String>, env: Vec<(&'static str, &'static str)>| {
+        tokio::task::spawn_blocking(move || {
+            let finished = Child::spawn_reading(
+                std::process::Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
+                    .arg("run")
+                    .args(args)
+                    .envs(env)
+                    .stdin(Stdio::null()),
+                Reading::Stderr,
+            )
+            .wait_within(Duration::from_secs(20));
+            let last = finished
+                .stderr
+                .lines()
+                .last()
+                .unwrap_or_default()
+                .to_owned();
+            (finished.code().unwrap_or(-1), last)
+        })
+    };
+    let by_variable = run(
+        [
+            "--topic",
+            "events",
+            "--metrics-address",
+            "off",
+            "--nsqd-tcp-address",
+            &addr.to_string(),
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+        vec![("NSQ_DEDUPE_MSG_TIMEOUT", "1h")],
+    );
+    assert_eq!(
+        by_variable.await.unwrap(),
+        (1, refused("`NSQ_DEDUPE_MSG_TIMEOUT`"))
+    );
+    let by_file = run(
+        vec!["--config".to_owned(), config.display().to_string()],
+        vec![],
+    );
+    assert_eq!(
+        by_file.await.unwrap(),
+        (1, refused("`--msg-timeout` (`source.msg_timeout`)"))
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_refusing_nsqd_among_healthy_ones_stops_the_run() {
     // The second nsqd accepts an hour; the first does not. The refusal must not hide behind

@@ -281,19 +281,25 @@ async fn a_second_process_on_the_same_file_is_refused() {
     assert!(first.wait().success());
 }
 
-/// A table file written for another table, or in a directory that does not exist, is a
-/// setting error: `run` stops at once with status 78 (which the service does not restart)
-/// and says what to change.
-#[test]
-fn a_table_file_for_other_settings_or_without_its_directory_is_a_setting_error() {
-    let dir = tempfile::tempdir().unwrap();
-    let table = dir.path().join("table");
+/// A table file of 8192 slots in `dir`, written by `filter`.
+fn table_of_8192_slots(dir: &Path) -> std::path::PathBuf {
+    let table = dir.join("table");
     crate::util::bin()
         .args(["filter", "--buckets", "8192", "--table-file"])
         .arg(&table)
         .write_stdin("a\n")
         .assert()
         .success();
+    table
+}
+
+/// A table file written for another table, or in a directory that does not exist, is a
+/// setting error: `run` stops at once with status 78 (which the service does not restart)
+/// and says what to change.
+#[test]
+fn a_table_file_for_other_settings_or_without_its_directory_is_a_setting_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = table_of_8192_slots(dir.path());
     let run = |table: &Path, extra: &[&str]| {
         let mut args = vec!["--topic", TOPIC, "--nsqd-tcp-address", "127.0.0.1:1"];
         args.extend(["--metrics-address", "off", "--table-file"]);
@@ -336,6 +342,65 @@ fn a_table_file_for_other_settings_or_without_its_directory_is_a_setting_error()
                  another `--table-file`",
                 missing.join("table").display(),
                 missing.display()
+            )
+        )
+    );
+}
+
+/// From a config file, the table file's settings keep their keys in `run`'s errors; the flags
+/// that gave them are named instead, and a variable by its name.
+#[test]
+fn a_table_file_error_names_its_settings_as_they_were_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = table_of_8192_slots(dir.path());
+    let config = dir.path().join("events.toml");
+    let missing = dir.path().join("missing").join("table");
+    let write_config = |table: &Path| {
+        std::fs::write(
+            &config,
+            format!(
+                "[source]\ntopic = \"{TOPIC}\"\nnsqd_tcp_addresses = [\"127.0.0.1:1\"]\n\
+                 [metrics]\naddress = \"off\"\n\
+                 [store]\nbuckets = 16384\ntable_file = {:?}\n",
+                table.display().to_string()
+            ),
+        )
+        .unwrap();
+    };
+    let run = |env: &[(&str, &str)]| {
+        let (code, stderr) = run_refused(env, &["--config", config.to_str().unwrap()]);
+        (code, stderr.lines().last().unwrap_or_default().to_owned())
+    };
+    let mismatch = |recreate: &str| {
+        (
+            78,
+            format!(
+                "error: table file {} was written for 8192 slots in sets of 8 ways, not 16384 \
+                 in sets of 8; start fresh by moving the file away (the table starts empty) or \
+                 with {recreate}",
+                table.display()
+            ),
+        )
+    };
+    write_config(&table);
+    assert_eq!(
+        run(&[]),
+        mismatch("`store.table_file_on_mismatch = \"recreate\"`")
+    );
+    assert_eq!(
+        run(&[("NSQ_DEDUPE_TABLE_FILE_ON_MISMATCH", "error")]),
+        mismatch("`NSQ_DEDUPE_TABLE_FILE_ON_MISMATCH=recreate`")
+    );
+    write_config(&missing);
+    assert_eq!(
+        run(&[]),
+        (
+            78,
+            format!(
+                "error: table file {}: its directory {} does not exist; create it, or give \
+                 another `store.table_file`",
+                missing.display(),
+                missing.parent().unwrap().display()
             )
         )
     );

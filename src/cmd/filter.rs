@@ -15,6 +15,7 @@ use nsq_dedupe::dedup::table_file::TableFile;
 use nsq_dedupe::filter::{filter_records, FilterStats};
 use nsq_dedupe::sizing;
 use nsq_dedupe::units::{format_bytes, format_count};
+use nsq_dedupe::wording::FlagOrigins;
 use nsq_dedupe::{DigestAlgorithm, Geometry, Keyer, Table};
 
 /// Read and write buffers: large enough that system calls are not the cost per record.
@@ -37,7 +38,7 @@ pub(crate) fn run(args: &FilterArgs) -> Result<()> {
         (Ok(()), Some(file)) => file
             .save(&table)
             .map(drop)
-            .map_err(|error| anyhow::anyhow!("{}", for_filter(&error.to_string()))),
+            .map_err(|error| anyhow::anyhow!("{}", error.naming(&table_file_flags()))),
         _ => Ok(()),
     };
     if args.stats {
@@ -121,9 +122,9 @@ fn open_table(
                 args.table_file_on_mismatch,
                 timing,
             )
-            .map_err(|error| anyhow::anyhow!("{}", for_filter(&error.to_string())))?;
-            if let Some(reason) = &report.recreated {
-                let reason = for_filter(reason);
+            .map_err(|error| anyhow::anyhow!("{}", error.naming(&table_file_flags())))?;
+            if let Some(reason) = report.recreated {
+                let reason = reason.naming(&table_file_flags());
                 tracing::error!(table_file = %path.display(), %reason, "Starting with an empty table (`--table-file-on-mismatch recreate`).");
             }
             (table, Some(file))
@@ -172,14 +173,16 @@ fn filter_inputs(
         })
 }
 
-/// A table file message as `filter` should say it: with its flag, not the config key.
-fn for_filter(message: &str) -> String {
-    message
-        .replace(
-            "`store.table_file_on_mismatch = \"recreate\"`",
-            "`--table-file-on-mismatch recreate`",
-        )
-        .replace("`store.table_file`", "`--table-file`")
+/// How `filter`, which reads no config file, names the table file's settings: by its flags.
+fn table_file_flags() -> FlagOrigins {
+    let mut names = FlagOrigins::default();
+    names.record("store.table_file", "--table-file", false);
+    names.record(
+        "store.table_file_on_mismatch",
+        "--table-file-on-mismatch",
+        false,
+    );
+    names
 }
 
 /// Prints the counts on stderr; when stderr is closed they are lost, nothing else.

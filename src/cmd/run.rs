@@ -43,18 +43,22 @@ pub(crate) fn run(args: &RunArgs, from_env: &FromEnv) -> anyhow::Result<()> {
         sidecar.run(stop).await?;
         anyhow::Ok(())
     });
-    // The service's errors name settings by their keys; say them as the user gave them. A
+    // The service's errors carry the settings they name; say them as the user gave them. A
     // closed output keeps its cause, and a setting error its kind, which `main` looks for.
     result.map_err(|error| {
-        let setting = error
-            .downcast_ref::<RunError>()
-            .is_some_and(RunError::is_setting);
         if crate::cmd::output::is_broken_pipe(&error) {
-            error
-        } else if setting {
-            SettingError(names.rename(&format!("{error:#}"))).into()
-        } else {
-            anyhow::anyhow!("{}", names.rename(&format!("{error:#}")))
+            return error;
+        }
+        match error.downcast::<RunError>() {
+            Ok(error) => {
+                let error = error.naming(&names);
+                if error.is_setting() {
+                    SettingError(error).into()
+                } else {
+                    error.into()
+                }
+            }
+            Err(error) => error,
         }
     })
 }
@@ -62,8 +66,8 @@ pub(crate) fn run(args: &RunArgs, from_env: &FromEnv) -> anyhow::Result<()> {
 /// An error of the running service that starting again with the same settings meets again
 /// (see [`RunError::is_setting`]): `main` exits with the status of an invalid config for it.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub(crate) struct SettingError(String);
+#[error(transparent)]
+pub(crate) struct SettingError(RunError);
 
 /// Installs the SIGINT and SIGTERM handlers at once (inside the runtime), and returns a future
 /// that completes on the first of those signals and arms an immediate exit on the second.

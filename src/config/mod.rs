@@ -107,13 +107,13 @@
 //! `[producer_opt]`). Rules shared by sections have their own: `setting` (each setting defined
 //! once: key, flag, help and the kinds it belongs to, from which the binary makes its flags),
 //! `output_name` (an output file name must not ask for a compression the file will not have),
-//! `unused` (a setting the others leave unused), `flag_origins` (which flag gave which key) and `toml_error` (the parser's message, naming
-//! the key).
+//! `unused` (a setting the others leave unused) and `toml_error` (the parser's message, naming
+//! the key). Which flag gave which key, and messages that name settings, are
+//! [`crate::wording`]'s.
 
 mod builder;
 mod dead_letter;
 mod dedupe;
-mod flag_origins;
 mod nsq_opts;
 mod output_name;
 mod serve;
@@ -124,7 +124,6 @@ mod source;
 mod store;
 mod toml_error;
 mod unused;
-mod wording;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -137,16 +136,15 @@ use crate::dedup::Geometry;
 use crate::nsq::ConsumerConfig;
 use crate::pipeline::Policy;
 
+pub use crate::wording::{FlagOrigins, Named, Wording};
 pub use builder::SettingsBuilder;
 pub use dead_letter::{DeadLetterKind, DeadLetterSettings, RawDeadLetter};
 pub use dedupe::{read_digest_key, RawDedupe};
-pub use flag_origins::FlagOrigins;
 pub use nsq_opts::{option_key, RawNsqOpts, OPTION_NAMES};
 pub use service::{RawMetrics, RawShutdown};
 pub use sink::{OneOrMany, RawSink, SinkKind, SinkSettings};
 pub use source::RawSource;
 pub use store::{RawStore, StoreKind, StoreSettings, TableFileSettings, DEFAULT_WINDOW};
-pub use wording::{Named, Wording};
 
 use setting::Section as _;
 

@@ -362,29 +362,20 @@ impl RawSink {
             config.host_identifier = host.clone();
         }
         config.skip_empty_files = self.skip_empty_files.unwrap_or(false);
-        config.validate().map_err(|(field, reason)| {
-            let (key, value) = match field {
-                "output_dir" => (
-                    "sink.output_dir",
-                    quote(Some(&config.output_dir.display().to_string())),
+        config.validate().map_err(|(key, reason)| {
+            let value = match key {
+                "sink.output_dir" => quote(Some(&config.output_dir.display().to_string())),
+                "sink.work_dir" => quote(
+                    config
+                        .work_dir
+                        .as_ref()
+                        .map(|d| d.display().to_string())
+                        .as_deref(),
                 ),
-                "work_dir" => (
-                    "sink.work_dir",
-                    quote(
-                        config
-                            .work_dir
-                            .as_ref()
-                            .map(|d| d.display().to_string())
-                            .as_deref(),
-                    ),
-                ),
-                "filename_format" => ("sink.filename_format", quote(Some(&config.filename_format))),
-                "datetime_format" => ("sink.datetime_format", quote(Some(&config.datetime_format))),
-                "host_identifier" => ("sink.host_identifier", quote(Some(&config.host_identifier))),
-                _ => (
-                    "sink.gzip_level",
-                    config.gzip_level.unwrap_or_default().to_string(),
-                ),
+                "sink.filename_format" => quote(Some(&config.filename_format)),
+                "sink.datetime_format" => quote(Some(&config.datetime_format)),
+                "sink.host_identifier" => quote(Some(&config.host_identifier)),
+                _ => config.gzip_level.unwrap_or_default().to_string(),
             };
             invalid(key, value, reason)
         })?;

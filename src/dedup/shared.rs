@@ -3,7 +3,10 @@
 //! are measured by. Both keep a set as the same 34-byte entries, so these are written once.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::error::StoreError;
+use crate::wording::Wording;
 
 /// The Memcached key format's version, part of the namespace: values of every format below live
 /// under it.
@@ -40,6 +43,39 @@ pub(crate) fn check_namespace(namespace: &str) -> Result<(), &'static str> {
     } else {
         Ok(())
     }
+}
+
+/// Checks the settings both shared stores have: the namespace, the lease, the timeout and
+/// the fleet's interval.
+///
+/// # Errors
+///
+/// [`StoreError::Config`] naming the first that is wrong.
+pub(crate) fn check_settings(
+    namespace: &str,
+    lease: Duration,
+    timeout: Duration,
+    fleet_interval: Duration,
+) -> Result<(), StoreError> {
+    let invalid = |key: &'static str, reason: String| {
+        Err(StoreError::Config(Wording::default().key(key).text(reason)))
+    };
+    if let Err(reason) = check_namespace(namespace) {
+        return invalid("store.namespace", format!(" = {namespace:?}: {reason}"));
+    }
+    if lease.as_millis() == 0 {
+        return invalid("store.lease", " must be at least 1 ms".into());
+    }
+    if timeout.is_zero() {
+        return invalid("store.timeout", " must be more than 0".into());
+    }
+    if let Err(reason) = crate::dedup::fleet::check_fleet_interval(fleet_interval) {
+        return invalid(
+            "store.fleet_interval",
+            format!(" = {fleet_interval:?}: {reason}"),
+        );
+    }
+    Ok(())
 }
 
 /// Milliseconds since the Unix epoch (0 if the clock is before it).

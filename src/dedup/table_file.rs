@@ -55,9 +55,12 @@ use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
 use std::sync::Arc;
 
+mod error;
 mod lock;
 mod regular;
 
+use error::recreate;
+pub use error::TableFileError;
 use lock::{lock, lock_path};
 use regular::{kind_of, not_a_file};
 pub(crate) use regular::{open_regular, OpenError};
@@ -65,6 +68,7 @@ pub(crate) use regular::{open_regular, OpenError};
 use crate::dedup::clock::Clock;
 use crate::dedup::table::{Restored, Table};
 use crate::dedup::Geometry;
+use crate::wording::Wording;
 
 const MAGIC: &[u8; 8] = b"NSQDDTBL";
 const FORMAT_VERSION: u32 = 1;
@@ -98,76 +102,6 @@ impl OnMismatch {
     ];
 }
 
-/// Why a table file could not be used.
-#[derive(Debug, thiserror::Error)]
-pub enum TableFileError {
-    /// Reading or writing failed.
-    #[error("table file {path}: {cause}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The I/O error, in the message (said once).
-        cause: io::Error,
-    },
-    /// The lock file beside the table file could not be created.
-    #[error("table file {path}: cannot create its lock file {lock} beside it: {cause}; the table file's directory must be writable")]
-    LockFile {
-        /// The table file.
-        path: PathBuf,
-        /// The lock file.
-        lock: PathBuf,
-        /// The I/O error, in the message (said once).
-        cause: io::Error,
-    },
-    /// The table file's directory does not exist (so neither the file nor its lock can be
-    /// created there).
-    #[error("table file {path}: its directory {dir} does not exist; create it, or give another `store.table_file`")]
-    NoDirectory {
-        /// The table file.
-        path: PathBuf,
-        /// Its directory.
-        dir: PathBuf,
-    },
-    /// Another process holds the file.
-    #[error("table file {path} is in use by {holder} (its lock {lock} is held); stop it, or give this process another file")]
-    Locked {
-        /// The table file.
-        path: PathBuf,
-        /// The lock file.
-        lock: PathBuf,
-        /// "process 1234", or "another process" when its ID is unknown.
-        holder: String,
-    },
-    /// The file was written for other settings.
-    #[error("table file {path} was written for {differs}; start fresh by moving the file away (the table starts empty) or with `store.table_file_on_mismatch = \"recreate\"`")]
-    Mismatch {
-        /// The file.
-        path: PathBuf,
-        /// What differs, the file's value first.
-        differs: String,
-    },
-    /// The file is not a complete table file.
-    #[error("table file {path} is damaged: {reason}; start fresh by moving the file away or with `store.table_file_on_mismatch = \"recreate\"`")]
-    Corrupt {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        reason: String,
-    },
-    /// Something other than a regular file has the name: it is never opened, renamed or
-    /// replaced (a FIFO would block the start, a device would be written to or moved).
-    #[error("{path} is {kind}: a table file, its lock, its temporary file and its journal are regular files or do not exist yet; give another path")]
-    NotAFile {
-        /// The path.
-        path: PathBuf,
-        /// What is there: "a directory", "a FIFO", "a character device", ...
-        kind: &'static str,
-    },
-    /// The table's memory could not be had.
-    #[error(transparent)]
-    Table(#[from] crate::error::TableError),
-}
-
 /// What opening a table file found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LoadReport {
@@ -177,8 +111,9 @@ pub struct LoadReport {
     pub released_in_flight: u64,
     /// When the loaded snapshot was taken; `None` when the table started empty.
     pub snapshot_at: Option<SystemTime>,
-    /// The file was damaged or did not match and was moved aside (`Recreate`).
-    pub recreated: Option<String>,
+    /// The file was damaged or did not match and was moved aside (`Recreate`): why, and
+    /// where to.
+    pub recreated: Option<Wording>,
     /// The journal the snapshot goes with, when it was saved with one.
     pub journal: Option<JournalTag>,
 }
@@ -260,7 +195,10 @@ impl TableFile {
                     path: path.to_owned(),
                     cause,
                 })?;
-                let reason = format!("{error}; moved to {}", aside.display());
+                let reason = error
+                    .recreatable()
+                    .unwrap_or_default()
+                    .text(format!("; moved to {}", aside.display()));
                 let report = LoadReport {
                     recreated: Some(reason),
                     ..LoadReport::default()
@@ -288,6 +226,7 @@ impl TableFile {
         let corrupt = |reason: String| TableFileError::Corrupt {
             path: self.path.clone(),
             reason,
+            recreate: recreate(),
         };
         let mut file = match open_regular(&self.path, OpenOptions::new().read(true)) {
             Ok(file) => file,
@@ -310,6 +249,7 @@ impl TableFile {
             return Err(TableFileError::Mismatch {
                 path: self.path.clone(),
                 differs: differs.join(", and "),
+                recreate: recreate(),
             });
         }
         let copies = if header.layout == SLOT_LAYOUT_TIMED {

@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use super::frame::{error_code, is_non_fatal_error, FrameError};
+use crate::wording::{FlagOrigins, Wording};
 
 /// Errors from the NSQ consumer, producer, connections and lookupd queries.
 #[derive(Debug, thiserror::Error)]
@@ -59,7 +60,7 @@ pub enum Error {
         /// nsqd's answer.
         text: String,
         /// The setting to change.
-        advice: String,
+        advice: Wording,
     },
     /// nsqd answered something we did not expect at this point of the conversation.
     #[error("nsqd {addr} answered {answer:?} to {command}")]
@@ -121,6 +122,35 @@ impl Error {
     /// Whether retrying with the same settings can never succeed.
     pub fn is_permanent(&self) -> bool {
         matches!(self, Error::Refused { .. })
+    }
+
+    /// The settings a refusal's advice names, said as the user gave them (see
+    /// [`Wording::naming`]); any other error as it is.
+    #[must_use]
+    pub fn naming(mut self, names: &FlagOrigins) -> Error {
+        if let Error::Refused { advice, .. } = &mut self {
+            *advice = std::mem::take(advice).naming(names);
+        }
+        self
+    }
+
+    /// A copy of a refusal (errors holding I/O causes are not `Clone`); `None` for any other
+    /// error.
+    pub(crate) fn refusal_copy(&self) -> Option<Error> {
+        match self {
+            Error::Refused {
+                addr,
+                command,
+                text,
+                advice,
+            } => Some(Error::Refused {
+                addr: addr.clone(),
+                command,
+                text: text.clone(),
+                advice: advice.clone(),
+            }),
+            _ => None,
+        }
     }
 
     /// Whether this is an error frame after which nsqd keeps the connection open.

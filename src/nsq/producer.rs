@@ -369,22 +369,11 @@ impl ConnTask {
 
 /// A copy of a [`Error::Refused`] (errors holding I/O causes are not `Clone`).
 fn clone_refusal(error: &Error) -> Error {
-    match error {
-        Error::Refused {
-            addr,
-            command,
-            text,
-            advice,
-        } => Error::Refused {
-            addr: addr.clone(),
-            command,
-            text: text.clone(),
-            advice: advice.clone(),
-        },
-        other => Error::ConnectionClosed {
-            addr: other.to_string(),
-        },
-    }
+    error
+        .refusal_copy()
+        .unwrap_or_else(|| Error::ConnectionClosed {
+            addr: error.to_string(),
+        })
 }
 
 /// Serves requests on one connection until it fails (`Err`) or the producer is dropped (`Ok`).

@@ -9,6 +9,7 @@
 //! else (refused connections, resets, timeouts, a non-fatal error frame) stays transient.
 
 use super::error::Error;
+use crate::wording::{Named, Wording};
 
 /// Who opens the connection, so that a refusal names the setting the user has for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,19 +20,43 @@ pub enum Role {
     Producer,
 }
 
+/// The go-nsq options a refusal names: the option, then the consumer's flag and key and the
+/// producer's flag and key for it.
+macro_rules! refused_options {
+    ($($option:literal by $flag:literal),* $(,)?) => {
+        const REFUSED_OPTIONS: &[[&str; 5]] = &[$([
+            $option,
+            concat!("--", $flag),
+            concat!("consumer_opt.", $option),
+            concat!("--producer-opt ", $option, ",…"),
+            concat!("producer_opt.", $option),
+        ]),*];
+    };
+}
+
+refused_options!(
+    "auth_secret" by "auth-secret",
+    "tls_v1" by "tls",
+    "tls_root_ca_file" by "tls-root-ca-file",
+    "tls_insecure_skip_verify" by "tls-insecure-skip-verify",
+    "tls_cert" by "tls-cert",
+    "tls_key" by "tls-key",
+    "tls_min_version" by "tls-min-version",
+);
+
 impl Role {
-    /// How the user sets go-nsq option `key` for this role, e.g. ``--auth-secret`
-    /// (`consumer_opt.auth_secret`)``.
-    pub fn setting(self, key: &str) -> String {
+    /// How the user sets go-nsq option `option` for this role, e.g. ``--auth-secret`
+    /// (`consumer_opt.auth_secret`)``, as a [`Wording`] whose settings a caller names as the
+    /// user gave them. An option no refusal names is said as it is.
+    pub fn setting(self, option: &str) -> Wording {
+        let Some(&[_, flag, key, producer_flag, producer_key]) =
+            REFUSED_OPTIONS.iter().find(|names| names[0] == option)
+        else {
+            return Wording::from(format!("`{option}`"));
+        };
         match self {
-            Role::Consumer => {
-                let flag = match key {
-                    "tls_v1" => "tls".to_string(),
-                    _ => key.replace('_', "-"),
-                };
-                format!("`--{flag}` (`consumer_opt.{key}`)")
-            }
-            Role::Producer => format!("`--producer-opt {key},…` (`producer_opt.{key}`)"),
+            Role::Consumer => flag_and_key(flag, key),
+            Role::Producer => flag_and_key(producer_flag, producer_key),
         }
     }
 }
@@ -56,19 +81,33 @@ pub(crate) fn classify(command: &'static str, error: Error, role: Role) -> Error
     }
 }
 
+/// `` `--flag` (`key`) ``: a setting of `run` named by its flag and its key.
+fn flag_and_key(flag: &'static str, key: &'static str) -> Wording {
+    Wording::default().both(Named::flag(flag), Named::key(key))
+}
+
 /// What to change, for a refusal that no retry can change.
-fn advice(command: &str, code: &str, text: &str, role: Role) -> Option<String> {
+fn advice(command: &str, code: &str, text: &str, role: Role) -> Option<Wording> {
     let secret = || role.setting("auth_secret");
+    let check = |flag, key| {
+        Wording::from("check ")
+            .then(flag_and_key(flag, key))
+            .text(" against nsqd's rules")
+    };
     Some(match code {
         "E_BAD_BODY" if command == "IDENTIFY" && text.contains("msg timeout") => {
-            "set `--msg-timeout` (`source.msg_timeout`) between 1s and nsqd's --max-msg-timeout \
-             (15m unless nsqd was started with another)"
-                .into()
+            Wording::from("set ")
+                .then(flag_and_key("--msg-timeout", "source.msg_timeout"))
+                .text(
+                    " between 1s and nsqd's --max-msg-timeout (15m unless nsqd was started \
+                     with another)",
+                )
         }
         "E_BAD_BODY" if command == "IDENTIFY" && text.contains("heartbeat interval") => {
-            "set `source.heartbeat_interval` between 1s and nsqd's --max-heartbeat-interval \
-             (60s unless nsqd was started with another)"
-                .into()
+            Wording::from("set ").key("source.heartbeat_interval").text(
+                " between 1s and nsqd's --max-heartbeat-interval (60s unless nsqd was started \
+                 with another)",
+            )
         }
         "E_BAD_BODY" | "E_IDENTIFY_FAILED" if command == "IDENTIFY" => {
             "nsqd does not accept this client's IDENTIFY settings; retrying cannot help".into()
@@ -76,30 +115,29 @@ fn advice(command: &str, code: &str, text: &str, role: Role) -> Option<String> {
         "E_BAD_TOPIC" if role == Role::Producer => {
             "check the topic published to against nsqd's rules".into()
         }
-        "E_BAD_TOPIC" => "check `--topic` (`source.topic`) against nsqd's rules".into(),
-        "E_BAD_CHANNEL" => "check `--channel` (`source.channel`) against nsqd's rules".into(),
+        "E_BAD_TOPIC" => check("--topic", "source.topic"),
+        "E_BAD_CHANNEL" => check("--channel", "source.channel"),
         "E_INVALID" if text.contains("TLS required") => {
-            format!(
-                "nsqd requires TLS (--tls-required); turn it on with {}",
-                role.setting("tls_v1")
-            )
+            Wording::from("nsqd requires TLS (--tls-required); turn it on with ")
+                .then(role.setting("tls_v1"))
         }
-        "E_AUTH_FIRST" => format!("nsqd requires AUTH; set the secret with {}", secret()),
-        "E_AUTH_FAILED" => format!(
-            "nsqd's auth server refused the secret, or nsqd could not reach it; check {} and \
-             nsqd's --auth-http-address",
-            secret()
-        ),
-        "E_UNAUTHORIZED" => format!(
-            "the secret ({}) grants no permission for this {}; grant it in nsqd's auth server",
-            secret(),
+        "E_AUTH_FIRST" => Wording::from("nsqd requires AUTH; set the secret with ").then(secret()),
+        "E_AUTH_FAILED" => Wording::from(
+            "nsqd's auth server refused the secret, or nsqd could not reach it; check ",
+        )
+        .then(secret())
+        .text(" and nsqd's --auth-http-address"),
+        "E_UNAUTHORIZED" => Wording::from("the secret (").then(secret()).text(format!(
+            ") grants no permission for this {}; grant it in nsqd's auth server",
             if role == Role::Producer {
                 "topic"
             } else {
                 "topic and channel"
             }
-        ),
-        "E_AUTH_DISABLED" => format!("nsqd does not use AUTH; remove the secret ({})", secret()),
+        )),
+        "E_AUTH_DISABLED" => Wording::from("nsqd does not use AUTH; remove the secret (")
+            .then(secret())
+            .text(")"),
         _ => return None,
     })
 }
@@ -113,20 +151,26 @@ pub(crate) fn not_nsq(addr: &str, start: &str, role: Role) -> Error {
         "text"
     };
     let setting = match role {
-        Role::Consumer => "`--nsqd-tcp-address` (`source.nsqd_tcp_addresses`)",
-        Role::Producer => {
-            "`--destination-nsqd-tcp-address` or `--dead-letter-nsqd-tcp-address` \
-             (`sink.destination_nsqd_tcp_addresses`, `dead_letter.nsqd_tcp_addresses`)"
-        }
+        Role::Consumer => flag_and_key("--nsqd-tcp-address", "source.nsqd_tcp_addresses"),
+        Role::Producer => Wording::default()
+            .setting(Named::flag("--destination-nsqd-tcp-address"))
+            .text(" or ")
+            .setting(Named::flag("--dead-letter-nsqd-tcp-address"))
+            .text(" (")
+            .key("sink.destination_nsqd_tcp_addresses")
+            .text(", ")
+            .key("dead_letter.nsqd_tcp_addresses")
+            .text(")"),
     };
     Error::Refused {
         addr: addr.to_string(),
         command: "the NSQ protocol",
         text: format!("it answered in {protocol} ({start:?}…), so this is not nsqd's TCP port"),
-        advice: format!(
+        advice: Wording::from(
             "give nsqd's TCP address (its --tcp-address, port 4150 unless nsqd was started with \
-             another; 4151 is its HTTP port) with {setting}"
-        ),
+             another; 4151 is its HTTP port) with ",
+        )
+        .then(setting),
     }
 }
 
@@ -142,22 +186,25 @@ pub(crate) fn tls_failure(addr: &str, cause: std::io::Error, role: Role) -> Erro
         };
     };
     let advice = match tls {
-        Tls::InvalidCertificate(_) | Tls::UnsupportedNameType => format!(
-            "trust nsqd's CA with {} (or, only for a test, {})",
-            role.setting("tls_root_ca_file"),
-            role.setting("tls_insecure_skip_verify")
-        ),
+        Tls::InvalidCertificate(_) | Tls::UnsupportedNameType => {
+            Wording::from("trust nsqd's CA with ")
+                .then(role.setting("tls_root_ca_file"))
+                .text(" (or, only for a test, ")
+                .then(role.setting("tls_insecure_skip_verify"))
+                .text(")")
+        }
         Tls::AlertReceived(Alert::CertificateRequired | Alert::HandshakeFailure)
-        | Tls::AlertReceived(Alert::BadCertificate | Alert::UnknownCA) => format!(
-            "nsqd wants a client certificate it trusts (--tls-client-auth-policy); set {} and {}",
-            role.setting("tls_cert"),
-            role.setting("tls_key")
-        ),
-        Tls::AlertReceived(Alert::ProtocolVersion) | Tls::PeerIncompatible(_) => format!(
-            "nsqd and this client share no TLS version or cipher; check {} and nsqd's \
-             --tls-min-version",
-            role.setting("tls_min_version")
-        ),
+        | Tls::AlertReceived(Alert::BadCertificate | Alert::UnknownCA) => Wording::from(
+            "nsqd wants a client certificate it trusts (--tls-client-auth-policy); set ",
+        )
+        .then(role.setting("tls_cert"))
+        .text(" and ")
+        .then(role.setting("tls_key")),
+        Tls::AlertReceived(Alert::ProtocolVersion) | Tls::PeerIncompatible(_) => {
+            Wording::from("nsqd and this client share no TLS version or cipher; check ")
+                .then(role.setting("tls_min_version"))
+                .text(" and nsqd's --tls-min-version")
+        }
         _ => {
             return Error::Io {
                 addr: addr.to_string(),

@@ -29,6 +29,7 @@ use super::secret::AuthSecret;
 use super::snappy::{SnappyDecoder, SnappyEncoder};
 use super::stream::{Decoding, Encoding, ReadHalf, WriteHalf};
 use crate::tls::{TlsFileError, TlsSettings};
+use crate::wording::Wording;
 
 /// What a connection asks nsqd for at IDENTIFY beyond plain TCP. Defaults to: nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -308,10 +309,8 @@ async fn authenticate(
                 addr: addr.to_string(),
                 command: "IDENTIFY",
                 text: "nsqd requires AUTH (it runs with --auth-http-address)".into(),
-                advice: format!(
-                    "set the secret with {}",
-                    transport.role.setting("auth_secret")
-                ),
+                advice: Wording::from("set the secret with ")
+                    .then(transport.role.setting("auth_secret")),
             });
         };
         auth(addr, secret, read, write, codec, transport.role).await?;
@@ -344,10 +343,8 @@ fn check_agreement(
             addr: addr.to_string(),
             command: "IDENTIFY",
             text: "nsqd did not agree to TLS (it has no --tls-cert and --tls-key)".into(),
-            advice: format!(
-                "give nsqd a certificate, or remove {}",
-                role.setting("tls_v1")
-            ),
+            advice: Wording::from("give nsqd a certificate, or remove ")
+                .then(role.setting("tls_v1")),
         });
     }
     for (wanted, agreed, name) in [
@@ -505,15 +502,15 @@ mod tests {
     #[test]
     fn settings_are_named_for_each_role() {
         assert_eq!(
-            Role::Consumer.setting("auth_secret"),
+            Role::Consumer.setting("auth_secret").to_string(),
             "`--auth-secret` (`consumer_opt.auth_secret`)"
         );
         assert_eq!(
-            Role::Consumer.setting("tls_v1"),
+            Role::Consumer.setting("tls_v1").to_string(),
             "`--tls` (`consumer_opt.tls_v1`)"
         );
         assert_eq!(
-            Role::Producer.setting("tls_root_ca_file"),
+            Role::Producer.setting("tls_root_ca_file").to_string(),
             "`--producer-opt tls_root_ca_file,…` (`producer_opt.tls_root_ca_file`)"
         );
     }

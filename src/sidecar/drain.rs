@@ -204,7 +204,7 @@ mod tests {
             self.note("save table");
             match self.save_fails {
                 true => Err(RunError::FileSink {
-                    field: "table_file",
+                    setting: crate::wording::Named::key("sink.output_dir"),
                     reason: "read-only".into(),
                 }),
                 false => Ok(()),

@@ -24,7 +24,7 @@ pub(super) async fn bind(address: Option<SocketAddr>) -> Result<Option<TcpListen
     TcpListener::bind(addr)
         .await
         .map(Some)
-        .map_err(|source| RunError::Metrics { addr, source })
+        .map_err(|source| RunError::metrics(addr, source))
 }
 
 /// Serves the endpoints on `listener` until `stop`.

@@ -41,6 +41,7 @@ use crate::metrics::Metrics;
 use crate::nsq::{Consumer, ShutdownReport};
 use crate::pipeline::Dedupe;
 use crate::sink::{Handler, Sink};
+use crate::wording::{FlagOrigins, Named, Wording};
 use status::Target;
 use stop::Refusal;
 
@@ -54,8 +55,13 @@ pub enum RunError {
     #[error("cannot open the de-duplication store")]
     Store(#[from] StoreError),
     /// The table could not be allocated.
-    #[error("cannot build the in-process table; choose a smaller `store.buckets` (`--buckets`), `store.memory` (`--memory`) or `store.probability`")]
-    Table(#[from] crate::error::TableError),
+    #[error("cannot build the in-process table; choose a smaller {choose}")]
+    Table {
+        /// Why.
+        source: crate::error::TableError,
+        /// The settings that size the table.
+        choose: Wording,
+    },
     /// The consumer or a producer could not be built.
     #[error("the NSQ client failed")]
     Nsq(#[from] crate::nsq::Error),
@@ -78,10 +84,10 @@ pub enum RunError {
     #[error(transparent)]
     TableFile(#[from] crate::dedup::table_file::TableFileError),
     /// The file sink's directories or formats are unusable.
-    #[error("cannot start the file sink: `sink.{field}`: {reason}")]
+    #[error("cannot start the file sink: {setting}: {reason}")]
     FileSink {
         /// The setting.
-        field: &'static str,
+        setting: Named,
         /// What is wrong.
         reason: String,
     },
@@ -90,16 +96,76 @@ pub enum RunError {
     #[error("cannot start the serve sink")]
     Serve(#[from] crate::serve::ServeError),
     /// The metrics address could not be bound.
-    #[error("cannot listen on metrics address {addr} (change `--metrics-address` / `metrics.address`, or set it to \"off\")")]
+    #[error("cannot listen on metrics address {addr} (change {setting}, or set it to \"off\")")]
     Metrics {
         /// The address.
         addr: SocketAddr,
         /// Why.
         source: std::io::Error,
+        /// The setting that gives the address.
+        setting: Wording,
     },
 }
 
+/// A table that cannot be had names the settings that size it.
+impl From<crate::error::TableError> for RunError {
+    fn from(source: crate::error::TableError) -> Self {
+        let both = |key, flag| Wording::default().both(Named::key(key), Named::flag(flag));
+        RunError::Table {
+            source,
+            choose: both("store.buckets", "--buckets")
+                .text(", ")
+                .then(both("store.memory", "--memory"))
+                .text(" or ")
+                .key("store.probability"),
+        }
+    }
+}
+
 impl RunError {
+    /// The settings the message (and its causes') names, said as the user gave them (see
+    /// [`Wording::naming`]). A refusal's cause is shared, so the named one is a copy.
+    #[must_use]
+    pub fn naming(self, names: &FlagOrigins) -> RunError {
+        match self {
+            RunError::Store(error) => RunError::Store(error.naming(names)),
+            RunError::Table { source, choose } => RunError::Table {
+                source,
+                choose: choose.naming(names),
+            },
+            RunError::Nsq(error) => RunError::Nsq(error.naming(names)),
+            RunError::DeadLetter(error) => RunError::DeadLetter(error.naming(names)),
+            RunError::Refused(error) => RunError::Refused(naming_shared(error, names)),
+            RunError::TableFile(error) => RunError::TableFile(error.naming(names)),
+            RunError::FileSink { setting, reason } => RunError::FileSink {
+                setting: setting.naming(names),
+                reason,
+            },
+            RunError::Metrics {
+                addr,
+                source,
+                setting,
+            } => RunError::Metrics {
+                addr,
+                source,
+                setting: setting.naming(names),
+            },
+            other => other,
+        }
+    }
+
+    /// The metrics address `addr` could not be bound.
+    pub(crate) fn metrics(addr: SocketAddr, source: std::io::Error) -> RunError {
+        RunError::Metrics {
+            addr,
+            source,
+            setting: Wording::default().either(
+                Named::flag("--metrics-address"),
+                Named::key("metrics.address"),
+            ),
+        }
+    }
+
     /// Whether starting again with the same settings fails the same way, so that a setting
     /// must change: a store that refuses this client or cannot use its settings, a table file
     /// written for another table or at a path that cannot hold one. The binary exits with
@@ -121,6 +187,15 @@ impl RunError {
             RunError::Serve(error) => !matches!(error, crate::serve::ServeError::Bind { .. }),
             _ => false,
         }
+    }
+}
+
+/// [`crate::nsq::Error::naming`] of a shared error: a refusal named in a copy, any other
+/// error as it is.
+fn naming_shared(error: Arc<crate::nsq::Error>, names: &FlagOrigins) -> Arc<crate::nsq::Error> {
+    match error.refusal_copy() {
+        Some(copy) => Arc::new(copy.naming(names)),
+        None => error,
     }
 }
 
@@ -316,4 +391,90 @@ fn log_started<H: Handler>(settings: &Settings, dedupe: &Dedupe<Backend, H>, sin
 /// [`RunError`] if something cannot be built or started.
 pub async fn run(settings: Settings, shutdown: impl Future) -> Result<RunReport, RunError> {
     Sidecar::new(settings).await?.run(shutdown).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--memory` given, the other settings of the table and the metrics address not.
+    fn names(file: bool) -> FlagOrigins {
+        let mut names = FlagOrigins::default();
+        names.record("store.buckets", "--buckets", false);
+        names.record("store.memory", "--memory", true);
+        names.record("store.probability", "--probability", false);
+        names.record("metrics.address", "--metrics-address", false);
+        names.record("source.msg_timeout", "--msg-timeout", false);
+        if file {
+            names.with_file();
+        }
+        names
+    }
+
+    #[test]
+    fn a_run_error_names_its_settings_as_the_user_gave_them() {
+        let table = || RunError::from(crate::error::TableError::ZeroSlots);
+        let choose = "cannot build the in-process table; choose a smaller";
+        assert_eq!(
+            table().to_string(),
+            format!(
+                "{choose} `store.buckets` (`--buckets`), `store.memory` (`--memory`) or \
+                 `store.probability`"
+            )
+        );
+        assert_eq!(
+            table().naming(&names(false)).to_string(),
+            format!("{choose} `--buckets`, `--memory` or `--probability`")
+        );
+        assert_eq!(
+            table().naming(&names(true)).to_string(),
+            format!("{choose} `store.buckets` (`--buckets`), `--memory` or `store.probability`")
+        );
+        let metrics = || {
+            let addr = SocketAddr::from(([127, 0, 0, 1], 9187));
+            RunError::metrics(addr, std::io::Error::other("in use"))
+        };
+        let change = |setting: &str| {
+            format!(
+                "cannot listen on metrics address 127.0.0.1:9187 (change {setting}, or set it \
+                 to \"off\")"
+            )
+        };
+        assert_eq!(
+            metrics().to_string(),
+            change("`--metrics-address` / `metrics.address`")
+        );
+        assert_eq!(
+            metrics().naming(&names(false)).to_string(),
+            change("`--metrics-address`")
+        );
+        assert_eq!(
+            metrics().naming(&names(true)).to_string(),
+            change("`--metrics-address` / `metrics.address`")
+        );
+    }
+
+    #[test]
+    fn a_shared_refusal_is_named_in_a_copy() {
+        let cause = Arc::new(crate::nsq::Error::Refused {
+            addr: "127.0.0.1:4150".into(),
+            command: "IDENTIFY",
+            text: "E_BAD_BODY".into(),
+            advice: Wording::from("set ").both(
+                Named::flag("--msg-timeout"),
+                Named::key("source.msg_timeout"),
+            ),
+        });
+        let named = RunError::Refused(cause.clone()).naming(&names(false));
+        let named = std::error::Error::source(&named).expect("the refusal is the cause");
+        assert_eq!(
+            named.to_string(),
+            "nsqd 127.0.0.1:4150 refused IDENTIFY: E_BAD_BODY; set `--msg-timeout`"
+        );
+        assert_eq!(
+            cause.to_string(),
+            "nsqd 127.0.0.1:4150 refused IDENTIFY: E_BAD_BODY; set `--msg-timeout` \
+             (`source.msg_timeout`)"
+        );
+    }
 }

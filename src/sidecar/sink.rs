@@ -16,10 +16,14 @@ pub async fn build_sink(sink: &SinkSettings, producer: &Transport) -> Result<Sin
     Ok(match sink {
         SinkSettings::Serve(config) => Sink::Serve(ServeSink::start(config.clone()).await?),
         SinkSettings::Stdout => Sink::Stdout(StdoutSink::default()),
-        SinkSettings::File(config) => Sink::File(
-            FileSink::new(config.clone())
-                .map_err(|(field, reason)| RunError::FileSink { field, reason })?,
-        ),
+        SinkSettings::File(config) => {
+            Sink::File(FileSink::new(config.clone()).map_err(|(key, reason)| {
+                RunError::FileSink {
+                    setting: crate::wording::Named::key(key),
+                    reason,
+                }
+            })?)
+        }
         SinkSettings::Null => Sink::Null,
         SinkSettings::Nsq {
             nsqd_tcp_addresses,

@@ -188,7 +188,7 @@ fn open_table_file(
     )?;
     if let Some(reason) = &report.recreated {
         let names = &settings.names;
-        let reason = names.rename(reason);
+        let reason = reason.clone().naming(names);
         let setting = Named::set("store.table_file_on_mismatch", "\"recreate\"").naming(names);
         tracing::error!(table_file = %file.path.display(), %reason, "Starting with an empty table ({setting}).");
     }

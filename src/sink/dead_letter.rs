@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use bytes::Bytes;
 
 use crate::nsq::{Producer, ProducerConfig};
+use crate::wording::{FlagOrigins, Named};
 
 /// What is written to a file dead-letter: one JSON object per line.
 ///
@@ -36,12 +37,14 @@ pub struct DeadLetterRecord<'a> {
 #[derive(Debug, thiserror::Error)]
 pub enum DeadLetterError {
     /// Appending to the file failed.
-    #[error("writing dead-letter file {path}: {cause} (check `dead_letter.path`)")]
+    #[error("writing dead-letter file {path}: {cause} (check {setting})")]
     File {
         /// The file.
         path: PathBuf,
         /// The I/O error, in the message so that a log line of this error alone says why.
         cause: std::io::Error,
+        /// The setting that gives the file: `dead_letter.path`.
+        setting: Named,
     },
     /// Publishing to the dead-letter topic failed.
     #[error("publishing to dead-letter topic {topic}: {cause}")]
@@ -51,6 +54,38 @@ pub enum DeadLetterError {
         /// The NSQ error, in the message as above.
         cause: crate::nsq::Error,
     },
+}
+
+impl DeadLetterError {
+    /// The settings the message names, said as the user gave them (see
+    /// [`crate::wording::Wording::naming`]).
+    #[must_use]
+    pub fn naming(self, names: &FlagOrigins) -> DeadLetterError {
+        match self {
+            DeadLetterError::File {
+                path,
+                cause,
+                setting,
+            } => DeadLetterError::File {
+                path,
+                cause,
+                setting: setting.naming(names),
+            },
+            DeadLetterError::Nsq { topic, cause } => DeadLetterError::Nsq {
+                topic,
+                cause: cause.naming(names),
+            },
+        }
+    }
+
+    /// Appending to `path` failed with `cause`.
+    fn file(path: PathBuf, cause: std::io::Error) -> DeadLetterError {
+        DeadLetterError::File {
+            path,
+            cause,
+            setting: Named::key("dead_letter.path"),
+        }
+    }
 }
 
 /// Where undeliverable messages go.
@@ -125,7 +160,7 @@ impl DeadLetter {
                 path,
                 file: std::sync::Mutex::new(file),
             }),
-            Err(cause) => Err(DeadLetterError::File { path, cause }),
+            Err(cause) => Err(DeadLetterError::file(path, cause)),
         }
     }
 
@@ -170,10 +205,7 @@ impl DeadLetter {
                 let mut file = file.lock().unwrap_or_else(|e| e.into_inner());
                 file.write_all(&line)
                     .and_then(|()| file.sync_data())
-                    .map_err(|cause| DeadLetterError::File {
-                        path: path.clone(),
-                        cause,
-                    })
+                    .map_err(|cause| DeadLetterError::file(path.clone(), cause))
             }
         }
     }

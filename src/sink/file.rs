@@ -96,11 +96,11 @@ impl FileSinkConfig {
     ///
     /// # Errors
     ///
-    /// The setting's name and what is wrong with it.
+    /// The setting's key (`sink.output_dir`) and what is wrong with it.
     pub fn validate(&self) -> Result<(), (&'static str, String)> {
         for (key, dir) in [
-            ("output_dir", Some(&self.output_dir)),
-            ("work_dir", self.work_dir.as_ref()),
+            ("sink.output_dir", Some(&self.output_dir)),
+            ("sink.work_dir", self.work_dir.as_ref()),
         ] {
             if let Some(dir) = dir {
                 if !dir.is_dir() {
@@ -111,9 +111,9 @@ impl FileSinkConfig {
         // Names never leave their directory: whatever the placeholders become, the file is
         // written in the work directory and moved to the output directory, nowhere else.
         for (key, text) in [
-            ("filename_format", &self.filename_format),
-            ("datetime_format", &self.datetime_format),
-            ("host_identifier", &self.host_identifier),
+            ("sink.filename_format", &self.filename_format),
+            ("sink.datetime_format", &self.datetime_format),
+            ("sink.host_identifier", &self.host_identifier),
         ] {
             if text.contains(['/', '\0']) {
                 return Err((
@@ -126,19 +126,22 @@ impl FileSinkConfig {
         }
         if !self.filename_format.contains("<REV>") {
             return Err((
-                "filename_format",
+                "sink.filename_format",
                 "must contain <REV>, so that a second file of the same name gets a revision".into(),
             ));
         }
         if let Err(bad) = check_datetime_format(&self.datetime_format) {
             return Err((
-                "datetime_format",
+                "sink.datetime_format",
                 format!("{bad} is not supported; use %Y %m %d %H %M %S or %%"),
             ));
         }
         if let Some(level) = self.gzip_level {
             if !(1..=9).contains(&level) {
-                return Err(("gzip_level", "must be 1 (fastest) to 9 (smallest)".into()));
+                return Err((
+                    "sink.gzip_level",
+                    "must be 1 (fastest) to 9 (smallest)".into(),
+                ));
             }
         }
         Ok(())
@@ -162,7 +165,7 @@ impl FileSink {
     ///
     /// # Errors
     ///
-    /// An invalid configuration: the setting's name and what is wrong.
+    /// An invalid configuration: the setting's key and what is wrong.
     pub fn new(config: FileSinkConfig) -> Result<Self, (&'static str, String)> {
         config.validate()?;
         let settings = Settings::new(MAX_BATCH_RECORDS)

@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use crate::dedup::fleet::check_fleet_interval;
-use crate::dedup::shared::check_namespace;
+use crate::dedup::shared::check_settings;
 use crate::error::StoreError;
+use crate::wording::Wording;
 
 /// Settings of a [`MemcachedStore`](super::MemcachedStore).
 ///
@@ -89,10 +89,12 @@ impl MemcachedConfig {
     ///
     /// [`StoreError::Config`] naming the first setting that is wrong.
     pub fn validate(&self) -> Result<(), StoreError> {
-        let invalid = |detail: String| Err(StoreError::Config(detail));
+        let invalid = |detail: Wording| Err(StoreError::Config(detail));
         if self.servers.is_empty() {
             return invalid(
-                "`store.memcached_addresses` is empty; give at least one host:port".into(),
+                Wording::default()
+                    .key("store.memcached_addresses")
+                    .text(" is empty; give at least one host:port"),
             );
         }
         if let Some(bad) = self
@@ -100,26 +102,18 @@ impl MemcachedConfig {
             .iter()
             .find(|s| s.is_empty() || s.chars().any(char::is_whitespace))
         {
-            return invalid(format!(
-                "`store.memcached_addresses` entry {bad:?} is not a host:port"
-            ));
+            return invalid(
+                Wording::default()
+                    .key("store.memcached_addresses")
+                    .text(format!(" entry {bad:?} is not a host:port")),
+            );
         }
-        let ns = &self.namespace;
-        if let Err(reason) = check_namespace(ns) {
-            return invalid(format!("`store.namespace` = {ns:?}: {reason}"));
-        }
-        if self.lease.as_millis() == 0 {
-            return invalid("`store.lease` must be at least 1 ms".into());
-        }
-        if self.timeout.is_zero() {
-            return invalid("`store.timeout` must be more than 0".into());
-        }
-        if let Err(reason) = check_fleet_interval(self.fleet_interval) {
-            return invalid(format!(
-                "`store.fleet_interval` = {:?}: {reason}",
-                self.fleet_interval
-            ));
-        }
+        check_settings(
+            &self.namespace,
+            self.lease,
+            self.timeout,
+            self.fleet_interval,
+        )?;
         if self.pool_size == 0 {
             return invalid("`pool_size` (MemcachedConfig) must be at least 1".into());
         }

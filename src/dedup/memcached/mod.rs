@@ -152,6 +152,7 @@ use crate::dedup::shared::{
 };
 use crate::dedup::{Claim, Digest, Geometry, Store};
 use crate::error::StoreError;
+use crate::wording::Wording;
 pub use config::MemcachedConfig;
 
 /// A set-associative de-duplication table kept in memcached and shared by every process that
@@ -492,11 +493,11 @@ fn not_memcached(server: &Server, answer: &str) -> StoreError {
     let answer: String = answer.chars().take(64).collect();
     StoreError::Refused {
         addr: server.addr.clone(),
-        detail: format!(
+        detail: Wording::from(format!(
             "it answered `version` with {answer:?}{why}; give the TCP address of a memcached \
-             without authentication (port 11211 unless it was started with another) in \
-             `store.memcached_addresses`"
-        ),
+             without authentication (port 11211 unless it was started with another) in "
+        ))
+        .key("store.memcached_addresses"),
     }
 }
 

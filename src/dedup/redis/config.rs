@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::error::StoreError;
+use crate::wording::Wording;
 
 /// A password for Redis. Its `Debug` never shows it.
 #[derive(Clone, PartialEq, Eq)]
@@ -120,9 +121,11 @@ impl RedisConfig {
             match &self.password {
                 Some(known) if *known != password => {
                     return Err(StoreError::Config(
-                        "the entries of `store.redis_urls` carry different passwords; a store \
-                         uses one password for every node"
-                            .into(),
+                        Wording::from("the entries of ")
+                            .key("store.redis_urls")
+                            .text(
+                            " carry different passwords; a store uses one password for every node",
+                        ),
                     ))
                 }
                 _ => {
@@ -143,37 +146,35 @@ impl RedisConfig {
     ///
     /// [`StoreError::Config`] naming the first setting that is wrong.
     pub fn validate(&self) -> Result<(), StoreError> {
-        let invalid = |detail: String| Err(StoreError::Config(detail));
+        let invalid = |detail: Wording| Err(StoreError::Config(detail));
         if self.urls.is_empty() {
-            return invalid("`store.redis_urls` is empty; give at least one redis:// URL".into());
+            return invalid(
+                Wording::default()
+                    .key("store.redis_urls")
+                    .text(" is empty; give at least one redis:// URL"),
+            );
         }
         for text in &self.urls {
             parse_url(text)?;
         }
         if self.urls.len() > 1 && !self.cluster {
-            return invalid(format!(
-                "`store.redis_urls` has {} URLs but `store.redis_cluster` is off: give one \
-                 server, or turn the cluster on to use them as seed nodes of a Redis Cluster",
-                self.urls.len()
-            ));
+            return invalid(
+                Wording::default()
+                    .key("store.redis_urls")
+                    .text(format!(" has {} URLs but ", self.urls.len()))
+                    .key("store.redis_cluster")
+                    .text(
+                        " is off: give one server, or turn the cluster on to use them as seed \
+                         nodes of a Redis Cluster",
+                    ),
+            );
         }
-        let ns = &self.namespace;
-        if let Err(reason) = crate::dedup::shared::check_namespace(ns) {
-            return invalid(format!("`store.namespace` = {ns:?}: {reason}"));
-        }
-        if self.lease.as_millis() == 0 {
-            return invalid("`store.lease` must be at least 1 ms".into());
-        }
-        if self.timeout.is_zero() {
-            return invalid("`store.timeout` must be more than 0".into());
-        }
-        if let Err(reason) = crate::dedup::fleet::check_fleet_interval(self.fleet_interval) {
-            return invalid(format!(
-                "`store.fleet_interval` = {:?}: {reason}",
-                self.fleet_interval
-            ));
-        }
-        Ok(())
+        crate::dedup::shared::check_settings(
+            &self.namespace,
+            self.lease,
+            self.timeout,
+            self.fleet_interval,
+        )
     }
 
     /// Whether any URL asks for TLS.
@@ -189,10 +190,11 @@ impl RedisConfig {
 /// [`StoreError::Config`] showing the URL as [`crate::redact::url`] prints it.
 pub(crate) fn parse_url(text: &str) -> Result<url::Url, StoreError> {
     let refuse = |reason: &str| {
-        StoreError::Config(format!(
-            "`store.redis_urls` entry {:?}: {reason}",
-            crate::redact::url(text)
-        ))
+        StoreError::Config(
+            Wording::default()
+                .key("store.redis_urls")
+                .text(format!(" entry {:?}: {reason}", crate::redact::url(text))),
+        )
     };
     let url = url::Url::parse(text).map_err(|error| refuse(&error.to_string()))?;
     if !matches!(url.scheme(), "redis" | "rediss") {

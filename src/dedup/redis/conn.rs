@@ -42,6 +42,7 @@ use super::config::RedisConfig;
 use super::refusal::Credentials;
 use super::slots::SlotMap;
 use crate::error::StoreError;
+use crate::wording::Wording;
 
 /// The connections to the servers of one store.
 pub(super) struct Link {
@@ -110,17 +111,20 @@ impl Link {
         for url in &config.urls {
             super::config::parse_url(url)?;
             let info = url.as_str().into_connection_info().map_err(|error| {
-                StoreError::Config(format!(
-                    "`store.redis_urls` entry {:?}: {error}",
-                    crate::redact::url(url)
-                ))
+                StoreError::Config(
+                    Wording::default()
+                        .key("store.redis_urls")
+                        .text(format!(" entry {:?}: {error}", crate::redact::url(url))),
+                )
             })?;
             seeds.push(info.addr.to_string());
             first.get_or_insert(info);
         }
         let Some(first) = first else {
             return Err(StoreError::Config(
-                "`store.redis_urls` is empty; give a redis:// URL".into(),
+                Wording::default()
+                    .key("store.redis_urls")
+                    .text(" is empty; give a redis:// URL"),
             ));
         };
         let tls = config.uses_tls();
@@ -218,9 +222,9 @@ impl Link {
         match info {
             Ok(info) if info.contains("cluster_enabled:1") => Err(StoreError::Refused {
                 addr: node.to_owned(),
-                detail: "it is a node of a Redis Cluster; turn `store.redis_cluster` on, \
-                         with the cluster's nodes as seeds"
-                    .into(),
+                detail: Wording::from("it is a node of a Redis Cluster; turn ")
+                    .key("store.redis_cluster")
+                    .text(" on, with the cluster's nodes as seeds"),
             }),
             // A server without INFO (a proxy, say) is taken as standalone.
             _ => Ok(()),
@@ -319,7 +323,13 @@ impl Link {
             ),
             None => redis::Client::open(info),
         };
-        client.map_err(|error| StoreError::Config(format!("`store.redis_urls`: {error}")))
+        client.map_err(|error| {
+            StoreError::Config(
+                Wording::default()
+                    .key("store.redis_urls")
+                    .text(format!(": {error}")),
+            )
+        })
     }
 
     /// Drops the connection to `node` after an error that may have broken it: `open`, the
@@ -398,10 +408,11 @@ fn trusted_roots_pem(path: &std::path::Path) -> Result<Vec<u8>, StoreError> {
     use base64::Engine as _;
     use rustls::pki_types::pem::PemObject as _;
     let unusable = |reason: String| {
-        StoreError::Config(format!(
-            "`store.redis_tls_root_ca_file` {}: {reason}",
-            path.display()
-        ))
+        StoreError::Config(
+            Wording::default()
+                .key("store.redis_tls_root_ca_file")
+                .text(format!(" {}: {reason}", path.display())),
+        )
     };
     let file = std::fs::read(path).map_err(|error| unusable(error.to_string()))?;
     let own: Vec<_> = rustls::pki_types::CertificateDer::pem_slice_iter(&file)

@@ -10,6 +10,7 @@ use redis::{ErrorKind, RedisError};
 
 use super::config::RedisConfig;
 use crate::error::StoreError;
+use crate::wording::Wording;
 
 /// What the settings say about who this client is, for the message of a refusal.
 pub(super) struct Credentials {
@@ -37,48 +38,57 @@ impl Credentials {
         let detail = match (error.kind(), error.code()) {
             (ErrorKind::AuthenticationFailed, _) | (_, Some("WRONGPASS")) => {
                 let password = match self.password_setting {
-                    Some(setting) => format!("the password from `{setting}`"),
-                    None => "the password given".to_owned(),
+                    Some(setting) => Wording::from("the password from ").key(setting),
+                    None => Wording::from("the password given"),
                 };
                 let user = self
                     .user
                     .as_ref()
                     .map_or_else(String::new, |user| format!(" for user {user:?}"));
-                format!(
-                    "AUTH failed: it does not accept {password}{user} (a wrong password, or a \
-                     server without one)"
-                )
+                Wording::from("AUTH failed: it does not accept ")
+                    .then(password)
+                    .text(format!(
+                        "{user} (a wrong password, or a server without one)"
+                    ))
             }
-            (_, Some("NOAUTH")) if !self.has_password => format!(
-                "it requires a password and none was given; give it in `store.redis_urls` \
-                 (redis://:PASSWORD@host:port), `store.redis_password_file` or `{}`",
-                RedisConfig::PASSWORD_ENV
-            ),
-            (_, Some("NOPERM")) => {
-                format!(
-                "{}; user {:?} of `store.redis_urls` needs the right to run EVALSHA and SCRIPT \
-                 LOAD{}",
+            (_, Some("NOAUTH")) if !self.has_password => {
+                Wording::from("it requires a password and none was given; give it in ")
+                    .key("store.redis_urls")
+                    .text(" (redis://:PASSWORD@host:port), ")
+                    .key("store.redis_password_file")
+                    .text(" or ")
+                    .key(RedisConfig::PASSWORD_ENV)
+            }
+            (_, Some("NOPERM")) => Wording::from(format!(
+                "{}; user {:?} of ",
                 error.detail().unwrap_or("permission denied"),
                 self.user.as_deref().unwrap_or("default"),
-                if self.cluster { " and CLUSTER SLOTS" } else { "" }
-            )
-            }
+            ))
+            .key("store.redis_urls")
+            .text(format!(
+                " needs the right to run EVALSHA and SCRIPT LOAD{}",
+                if self.cluster {
+                    " and CLUSTER SLOTS"
+                } else {
+                    ""
+                }
+            )),
             (ErrorKind::ResponseError, _)
                 if self.cluster
                     && error
                         .detail()
                         .is_some_and(|d| d.contains("cluster support disabled")) =>
             {
-                "it is a standalone server, not a node of a Redis Cluster; turn \
-                 `store.redis_cluster` off"
-                    .to_owned()
+                Wording::from("it is a standalone server, not a node of a Redis Cluster; turn ")
+                    .key("store.redis_cluster")
+                    .text(" off")
             }
             // The parser's own text lists the bytes it did not expect, over several lines.
-            (ErrorKind::ParseError, _) => "its answer is not in Redis's protocol, so it is not \
-                                          Redis (an HTTP port, say); give Redis's address (port \
-                                          6379 unless it was started with another) in \
-                                          `store.redis_urls`"
-                .to_owned(),
+            (ErrorKind::ParseError, _) => Wording::from(
+                "its answer is not in Redis's protocol, so it is not Redis (an HTTP port, say); \
+                 give Redis's address (port 6379 unless it was started with another) in ",
+            )
+            .key("store.redis_urls"),
             _ => return None,
         };
         Some(StoreError::Refused {

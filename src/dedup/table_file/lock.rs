@@ -52,6 +52,7 @@ pub(super) fn lock(path: &Path) -> Result<File, TableFileError> {
                 TableFileError::NoDirectory {
                     path: path.to_owned(),
                     dir: directory_of(path),
+                    setting: crate::wording::Named::key("store.table_file"),
                 }
             }
             OpenError::Io(cause) => TableFileError::LockFile {

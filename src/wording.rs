@@ -2,18 +2,25 @@
 //! settings, and each setting is said as the user gave it, by its flag (`--post`), its
 //! environment variable (`NSQ_DEDUPE_POST`) or its file key (`sink.post`).
 //!
-//! A validator words its reason with keys alone; [`Wording::naming`] then records, from the
+//! Whoever words a message names settings by their keys (a validator, a store refusing its
+//! settings, nsqd's refusal turned into advice); [`Wording::naming`] then records, from the
 //! [`FlagOrigins`], which flag or variable gave each setting, and the message is written from
-//! those fields when it is shown.
+//! those fields when it is shown. A library user who never names them sees the keys.
+//!
+//! This module depends on nothing else of the crate, so that every layer (the stores, the NSQ
+//! client, the config) can word its errors with it. `flag_origins.rs` holds [`FlagOrigins`].
+
+mod flag_origins;
 
 use std::fmt;
 
-use super::FlagOrigins;
+pub use flag_origins::FlagOrigins;
 
 /// One setting a message names, perhaps with a value: `` `sink.kind = "http"` ``.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Named {
-    /// The key, as `section.name`.
+    /// The key, as `section.name`, or for a setting a message names by its flag
+    /// ([`Named::flag`]), the flag.
     pub key: &'static str,
     /// The value as the file writes it (`"http"`, `true`, `6`), if the message gives one.
     pub value: Option<String>,
@@ -39,11 +46,20 @@ impl Named {
         }
     }
 
+    /// The setting whose flag is `flag`, named by that flag until [`Named::naming`] says
+    /// otherwise (by the environment variable that gave it).
+    pub fn flag(flag: &'static str) -> Named {
+        Named::key(flag)
+    }
+
     /// Named as the user gives it: by the flag or variable that set it, or, with no config
-    /// file, by the flag that sets it.
+    /// file, by the flag that sets it; a setting named by its flag, by the variable that gave
+    /// its value.
     pub fn naming(self, names: &FlagOrigins) -> Named {
         Named {
-            given_as: names.naming(self.key),
+            given_as: names
+                .naming(self.key)
+                .or_else(|| names.given_by_flag(self.key)),
             ..self
         }
     }
@@ -78,6 +94,33 @@ impl fmt::Display for Named {
 enum Part {
     Text(String),
     Setting(Named),
+    /// One setting named two ways, `` `--x` (`section.x`) `` or `` `--x` / `section.x` ``,
+    /// said once when both come out the same.
+    Both {
+        first: Named,
+        second: Named,
+        /// `(second)`, else `/ second`.
+        brackets: bool,
+    },
+}
+
+impl Part {
+    /// Each setting named as the user gives it.
+    fn naming(self, names: &FlagOrigins) -> Part {
+        match self {
+            Part::Setting(named) => Part::Setting(named.naming(names)),
+            Part::Both {
+                first,
+                second,
+                brackets,
+            } => Part::Both {
+                first: first.naming(names),
+                second: second.naming(names),
+                brackets,
+            },
+            text => text,
+        }
+    }
 }
 
 /// A message, or part of one, that names settings: text and [`Named`] settings in order.
@@ -111,26 +154,53 @@ impl Wording {
         self
     }
 
+    /// `self`, then one setting named two ways: `` `first` (`second`) ``, such as
+    /// `` `--topic` (`source.topic`) ``; once named, said once if both ways come out the same.
+    #[must_use]
+    pub fn both(mut self, first: Named, second: Named) -> Wording {
+        self.0.push(Part::Both {
+            first,
+            second,
+            brackets: true,
+        });
+        self
+    }
+
+    /// `self`, then one setting named two ways: `` `first` / `second` ``; once named, said
+    /// once if both ways come out the same.
+    #[must_use]
+    pub fn either(mut self, first: Named, second: Named) -> Wording {
+        self.0.push(Part::Both {
+            first,
+            second,
+            brackets: false,
+        });
+        self
+    }
+
+    /// `self`, then `other`.
+    #[must_use]
+    pub fn then(mut self, other: Wording) -> Wording {
+        self.0.extend(other.0);
+        self
+    }
+
     /// Each setting named as the user gives it (see [`Named::naming`]).
     #[must_use]
     pub fn naming(self, names: &FlagOrigins) -> Wording {
-        Wording(
-            self.0
-                .into_iter()
-                .map(|part| match part {
-                    Part::Setting(named) => Part::Setting(named.naming(names)),
-                    text => text,
-                })
-                .collect(),
-        )
+        Wording(self.0.into_iter().map(|part| part.naming(names)).collect())
     }
 
     /// The settings named, in order.
     pub fn settings(&self) -> impl Iterator<Item = &Named> {
-        self.0.iter().filter_map(|part| match part {
-            Part::Setting(named) => Some(named),
-            Part::Text(_) => None,
-        })
+        self.0
+            .iter()
+            .flat_map(|part| match part {
+                Part::Setting(named) => [Some(named), None],
+                Part::Both { first, second, .. } => [Some(first), Some(second)],
+                Part::Text(_) => [None, None],
+            })
+            .flatten()
     }
 }
 
@@ -153,6 +223,18 @@ impl fmt::Display for Wording {
         self.0.iter().try_for_each(|part| match part {
             Part::Text(text) => f.write_str(text),
             Part::Setting(named) => named.fmt(f),
+            Part::Both {
+                first,
+                second,
+                brackets,
+            } => {
+                let (first, second) = (first.to_string(), second.to_string());
+                match (first == second, brackets) {
+                    (true, _) => f.write_str(&first),
+                    (false, true) => write!(f, "{first} ({second})"),
+                    (false, false) => write!(f, "{first} / {second}"),
+                }
+            }
         })
     }
 }
@@ -208,6 +290,55 @@ mod tests {
         assert_eq!(
             wording.naming(&names).to_string(),
             "`store.kind = \"redis\"`, `--backoff`"
+        );
+    }
+
+    #[test]
+    fn a_setting_named_two_ways_is_said_once_when_both_come_out_the_same() {
+        let msg_timeout = || {
+            Wording::from("set ")
+                .both(
+                    Named::flag("--msg-timeout"),
+                    Named::key("source.msg_timeout"),
+                )
+                .text(", ")
+                .set("sink.kind", "\"http\"")
+                .text(", ")
+                .setting(Named::flag("--sink"))
+        };
+        // A library user, who names nothing, sees both ways.
+        assert_eq!(
+            msg_timeout().to_string(),
+            "set `--msg-timeout` (`source.msg_timeout`), `sink.kind = \"http\"`, `--sink`"
+        );
+        let mut names = FlagOrigins::default();
+        names.record("source.msg_timeout", "--msg-timeout", false);
+        names.record("sink.kind", "--sink", false);
+        names.record("store.kind", "--store", false);
+        // Without a config file, every setting is its flag.
+        assert_eq!(
+            msg_timeout().naming(&names).to_string(),
+            "set `--msg-timeout`, `--sink http`, `--sink`"
+        );
+        // A flag's value from its environment variable is named by the variable, as a key
+        // and as a flag.
+        names.record("source.msg_timeout", "--msg-timeout", true);
+        names.record_variable("source.msg_timeout", "NSQ_DEDUPE_MSG_TIMEOUT");
+        names.record("sink.kind", "--sink", true);
+        names.record_variable("sink.kind", "NSQ_DEDUPE_SINK");
+        assert_eq!(
+            msg_timeout().naming(&names).to_string(),
+            "set `NSQ_DEDUPE_MSG_TIMEOUT`, `NSQ_DEDUPE_SINK=http`, `NSQ_DEDUPE_SINK`"
+        );
+        // With a config file, a setting no flag gave keeps its key beside its flag.
+        names.with_file();
+        let store = Wording::default()
+            .either(Named::key("store.kind"), Named::flag("--store"))
+            .text(", ")
+            .both(Named::flag("--store"), Named::key("store.kind"));
+        assert_eq!(
+            store.naming(&names).to_string(),
+            "`store.kind` / `--store`, `--store` (`store.kind`)"
         );
     }
 }
