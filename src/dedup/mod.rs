@@ -176,6 +176,51 @@ pub trait Store: Send + Sync {
         }
     }
 
+    /// Claims many digests as [`claim_many`](Store::claim_many) does, and records each
+    /// [`Claim::New`] one as done at once, as if committed: for a handler whose accepted
+    /// message is final (see [`Handler::accepts_for_good`](crate::sink::Handler::accepts_for_good)),
+    /// where a lease would protect nothing. The answers are `claim_many`'s, in the order of
+    /// `digests`; a digest that appears twice gets `New` once and `Duplicate` after that (it
+    /// is done already). A claimed-done digest is still `erase`d by its claimer, as a
+    /// committed one is.
+    ///
+    /// Defaults to: [`claim_many`](Store::claim_many), then
+    /// [`commit_many`](Store::commit_many) of the new ones. A store overrides it to write
+    /// each new entry done in the claim's own write, one command instead of two; where the
+    /// default's commit fails, the claim stays in flight until its lease ends, as a failed
+    /// commit would leave it, and the answer is still `New`.
+    fn claim_done_many(
+        &self,
+        digests: &[Digest],
+    ) -> impl Future<Output = Vec<Result<Claim, StoreError>>> + Send {
+        async move {
+            let mut claims = self.claim_many(digests).await;
+            let new: Vec<Digest> = digests
+                .iter()
+                .zip(&claims)
+                .filter(|(_, claim)| matches!(claim, Ok(Claim::New)))
+                .map(|(digest, _)| *digest)
+                .collect();
+            if new.is_empty() {
+                return claims;
+            }
+            let commits = self.commit_many(&new).await;
+            let done: std::collections::HashSet<Digest> = new
+                .iter()
+                .zip(commits)
+                .filter(|(_, commit)| commit == &Ok(true))
+                .map(|(digest, _)| *digest)
+                .collect();
+            // A repeat within the burst was answered `InFlight` by its claim: it is done now.
+            for (digest, claim) in digests.iter().zip(&mut claims) {
+                if claim == &Ok(Claim::InFlight) && done.contains(digest) {
+                    *claim = Ok(Claim::Duplicate);
+                }
+            }
+            claims
+        }
+    }
+
     /// Marks an in-flight digest as processed. Returns whether the set still held it.
     fn commit(&self, digest: Digest) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
