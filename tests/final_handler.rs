@@ -23,6 +23,7 @@ use crate::nsq::TOPIC;
 use crate::sidecar::{raw_config, Running};
 use crate::support::broker::{Broker, BrokerConfig};
 use crate::support::memcached::MemcachedServer;
+use crate::support::redis::RedisServer;
 use crate::util::wait_until_or;
 
 /// The in-process table, counting the digests of each kind of call.
@@ -383,6 +384,47 @@ async fn with_memcached_the_null_sink_costs_one_write_per_unique_message() {
             writes,
             per_message * N as u64,
             "{sink} sink: memcached writes for {N} unique messages and {N} copies"
+        );
+    }
+}
+/// Calls of the commands that write a Redis set (from the store's script, too).
+fn redis_writes(redis: &RedisServer) -> u64 {
+    redis
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .filter(|line| {
+            ["cmdstat_set:", "cmdstat_setrange:"]
+                .iter()
+                .any(|command| line.starts_with(command))
+        })
+        .map(|line| {
+            let calls = line.split("calls=").nth(1).expect("calls=");
+            calls[..calls.find(',').unwrap_or(calls.len())]
+                .parse::<u64>()
+                .expect("a count")
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_the_null_sink_costs_one_write_per_unique_message() {
+    let redis = RedisServer::start();
+    let out = tempfile::tempdir().unwrap();
+    for (to, per_message) in [(To::Null, 1), (To::File(out.path().to_owned()), 2)] {
+        let sink = match to {
+            To::Null => "null",
+            To::File(_) => "file",
+        };
+        let broker = Broker::start(BrokerConfig::default()).await;
+        let mut raw = raw_config(&[broker.tcp_addr()]);
+        raw.store.kind = Some(StoreKind::Redis);
+        raw.store.redis_urls = Some(vec![redis.url()]);
+        raw.store.namespace = Some(crate::store_contract::unique_namespace(sink));
+        let writes = writes_of_a_run(raw, &broker, to, || redis_writes(&redis)).await;
+        assert_eq!(
+            writes,
+            per_message * N as u64,
+            "{sink} sink: Redis set writes for {N} unique messages and {N} copies"
         );
     }
 }
