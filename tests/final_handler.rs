@@ -348,23 +348,6 @@ async fn writes_of_a_run(
     writes() - before
 }
 
-/// memcached's `cmd_set`: every `ms` it was sent, stored or not.
-fn memcached_sets(addr: &str) -> u64 {
-    use std::io::{BufRead, BufReader, Write};
-    let mut conn = std::net::TcpStream::connect(addr).expect("connect to memcached");
-    conn.write_all(b"stats\r\n").expect("ask for stats");
-    let mut reader = BufReader::new(conn);
-    let mut line = String::new();
-    loop {
-        line.clear();
-        reader.read_line(&mut line).expect("read stats");
-        if let Some(count) = line.strip_prefix("STAT cmd_set ") {
-            return count.trim().parse().expect("a count");
-        }
-        assert!(!line.is_empty() && line != "END\r\n", "no cmd_set in stats");
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_memcached_the_null_sink_costs_one_write_per_unique_message() {
     let memcached = MemcachedServer::start();
@@ -379,7 +362,11 @@ async fn with_memcached_the_null_sink_costs_one_write_per_unique_message() {
         raw.store.kind = Some(StoreKind::Memcached);
         raw.store.memcached_addresses = Some(vec![memcached.addr()]);
         raw.store.namespace = Some(crate::store_contract::unique_namespace(sink));
-        let writes = writes_of_a_run(raw, &broker, to, || memcached_sets(&memcached.addr())).await;
+        let writes = writes_of_a_run(raw, &broker, to, || {
+            // Every `ms` memcached was sent, stored or not.
+            crate::memcached::stat(&memcached.addr(), "cmd_set")
+        })
+        .await;
         assert_eq!(
             writes,
             per_message * N as u64,

@@ -90,6 +90,24 @@ impl Sidecar {
     }
 }
 
+/// The bodies `range` as the stdout sink writes them, sorted.
+fn sorted_bodies(range: std::ops::Range<usize>) -> Vec<String> {
+    let mut bodies: Vec<String> = range
+        .map(|i| String::from_utf8(body(i).to_vec()).unwrap())
+        .collect();
+    bodies.sort();
+    bodies
+}
+
+/// Stops `sidecar` gracefully and returns the lines of `out`, sorted.
+fn stopped_with_sorted_output(mut sidecar: Sidecar, out: &Path) -> Vec<String> {
+    sidecar.signal("-TERM");
+    assert!(sidecar.wait().success());
+    let mut delivered = lines(out);
+    delivered.sort();
+    delivered
+}
+
 fn lines(path: &Path) -> Vec<String> {
     std::fs::read_to_string(path)
         .unwrap_or_default()
@@ -219,22 +237,47 @@ async fn after_a_kill_right_after_the_last_commit_no_copy_is_delivered() {
 
     broker.publish_many(TOPIC, (0..500).map(body));
     broker.publish_many(TOPIC, (500..550).map(body));
-    let mut second = Sidecar::start(&broker, &table, &out, &log, &[]);
+    let second = Sidecar::start(&broker, &table, &out, &log, &[]);
     finished(&broker, 1050, &log).await;
-    second.signal("-TERM");
-    assert!(second.wait().success());
-    let mut delivered = lines(&out);
-    delivered.sort();
-    let mut expected: Vec<String> = (0..550)
-        .map(|i| String::from_utf8(body(i).to_vec()).unwrap())
-        .collect();
-    expected.sort();
+    let delivered = stopped_with_sorted_output(second, &out);
     assert_eq!(
         delivered.len(),
         550,
         "none of the 500 copies delivered again, the 50 new ones once"
     );
-    assert_eq!(delivered, expected, "each body once: no copy, nothing lost");
+    assert_eq!(
+        delivered,
+        sorted_bodies(0..550),
+        "each body once: no copy, nothing lost"
+    );
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(log.contains("journal_commits=500"), "{log}");
+}
+
+/// The null sink's messages are claimed done at once, with no commit after: the journal
+/// records each such claim as a commit, so a kill -9 right after forgets none of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_kill_the_null_sinks_messages_are_still_known() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (table, out, log) = (
+        dir.path().join("table"),
+        dir.path().join("out"),
+        dir.path().join("log"),
+    );
+    broker.publish_many(TOPIC, (0..500).map(body));
+    let mut first = Sidecar::start(&broker, &table, &out, &log, &["--sink", "null"]);
+    finished(&broker, 500, &log).await;
+    first.stop("-KILL", &broker).await;
+
+    broker.publish_many(TOPIC, (0..550).map(body));
+    let second = Sidecar::start(&broker, &table, &out, &log, &[]);
+    finished(&broker, 1050, &log).await;
+    assert_eq!(
+        stopped_with_sorted_output(second, &out),
+        sorted_bodies(500..550),
+        "none of the 500 copies delivered, the 50 new ones once"
+    );
     let log = std::fs::read_to_string(&log).unwrap();
     assert!(log.contains("journal_commits=500"), "{log}");
 }
