@@ -220,44 +220,21 @@ async fn after_a_kill_copies_older_than_the_last_snapshot_are_not_delivered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_kill_right_after_the_last_commit_no_copy_is_delivered() {
-    let broker = Broker::start(BrokerConfig::default()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let (table, out, log) = (
-        dir.path().join("table"),
-        dir.path().join("out"),
-        dir.path().join("log"),
-    );
-    broker.publish_many(TOPIC, (0..500).map(body));
-    // The default snapshot interval (10 s): no snapshot is written while the messages pass.
-    let mut first = Sidecar::start(&broker, &table, &out, &log, &[]);
-    finished(&broker, 500, &log).await;
-    // Every FIN arrived, so every commit was journalled; kill at once.
-    first.stop("-KILL", &broker).await;
-    assert_eq!(lines(&out).len(), 500);
-
-    broker.publish_many(TOPIC, (0..500).map(body));
-    broker.publish_many(TOPIC, (500..550).map(body));
-    let second = Sidecar::start(&broker, &table, &out, &log, &[]);
-    finished(&broker, 1050, &log).await;
-    let delivered = stopped_with_sorted_output(second, &out);
-    assert_eq!(
-        delivered.len(),
-        550,
-        "none of the 500 copies delivered again, the 50 new ones once"
-    );
-    assert_eq!(
-        delivered,
-        sorted_bodies(0..550),
-        "each body once: no copy, nothing lost"
-    );
-    let log = std::fs::read_to_string(&log).unwrap();
-    assert!(log.contains("journal_commits=500"), "{log}");
+    killed_right_after_the_last_write(&[]).await;
 }
 
 /// The null sink's messages are claimed done at once, with no commit after: the journal
 /// records each such claim as a commit, so a kill -9 right after forgets none of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_kill_the_null_sinks_messages_are_still_known() {
+    killed_right_after_the_last_write(&["--sink", "null"]).await;
+}
+
+/// A sidecar run with `first_args` over 500 bodies, killed (-9) as soon as all are finished,
+/// with no snapshot written meanwhile (the default interval is 10 s); then a second one (the
+/// stdout sink) over their copies and 50 new bodies: only the new ones are delivered, and it
+/// replays 500 commits from the journal.
+async fn killed_right_after_the_last_write(first_args: &[&str]) {
     let broker = Broker::start(BrokerConfig::default()).await;
     let dir = tempfile::tempdir().unwrap();
     let (table, out, log) = (
@@ -266,17 +243,23 @@ async fn after_a_kill_the_null_sinks_messages_are_still_known() {
         dir.path().join("log"),
     );
     broker.publish_many(TOPIC, (0..500).map(body));
-    let mut first = Sidecar::start(&broker, &table, &out, &log, &["--sink", "null"]);
+    let mut first = Sidecar::start(&broker, &table, &out, &log, first_args);
     finished(&broker, 500, &log).await;
+    // Every FIN arrived, so every commit (or claim done) was journalled; kill at once.
     first.stop("-KILL", &broker).await;
+    let mut expected = lines(&out);
+    let written = if first_args.contains(&"null") { 0 } else { 500 };
+    assert_eq!(expected.len(), written, "what the first run's sink wrote");
 
     broker.publish_many(TOPIC, (0..550).map(body));
     let second = Sidecar::start(&broker, &table, &out, &log, &[]);
     finished(&broker, 1050, &log).await;
+    expected.extend(sorted_bodies(500..550));
+    expected.sort();
     assert_eq!(
         stopped_with_sorted_output(second, &out),
-        sorted_bodies(500..550),
-        "none of the 500 copies delivered, the 50 new ones once"
+        expected,
+        "none of the 500 copies delivered again, the 50 new ones once: no copy, nothing lost"
     );
     let log = std::fs::read_to_string(&log).unwrap();
     assert!(log.contains("journal_commits=500"), "{log}");
