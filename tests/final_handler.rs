@@ -262,6 +262,51 @@ async fn a_final_handler_that_fails_all_the_same_gets_the_message_again() {
     consumer.shutdown(Duration::from_secs(1)).await;
 }
 
+/// The same with Memcached behind a near-table, which remembers a digest claimed done at
+/// once: the erase of the failed record must make the near-table forget it too, or the
+/// retry would be taken there for a copy and finished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_final_handler_that_fails_behind_a_near_table_gets_the_message_again() {
+    let memcached = MemcachedServer::start();
+    let geometry = Geometry::new(1 << 16, 8).unwrap();
+    let store = nsq_dedupe::MemcachedStore::connect(
+        nsq_dedupe::MemcachedConfig {
+            servers: vec![memcached.addr()],
+            namespace: crate::store_contract::unique_namespace("near-final"),
+            ..nsq_dedupe::MemcachedConfig::default()
+        },
+        geometry,
+    )
+    .await
+    .unwrap();
+    let near = nsq_dedupe::dedup::NearTable::new(geometry, None).unwrap();
+    let broker = Broker::start(BrokerConfig::default()).await;
+    broker.publish_many(TOPIC, bodies(&["a", "b"]));
+    let mut consumer = consumer(&broker);
+    let handler = Taking::new(true);
+    handler.fail_once.lock().unwrap().push(Bytes::from("b"));
+    let dedupe = Dedupe::new(
+        nsq_dedupe::Backend::Memcached(store, Some(near)),
+        Keyer::new(KeySpec::Body, Default::default()),
+        handler.clone(),
+        policy(),
+        None,
+        Arc::new(Metrics::default()),
+    );
+    assert_eq!(
+        dedupe.process_batch(burst(&mut consumer, 2).await).await,
+        [Outcome::Delivered, Outcome::Retried]
+    );
+    assert_eq!(
+        dedupe.process_batch(burst(&mut consumer, 1).await).await,
+        [Outcome::Delivered],
+        "the retry is not taken for a copy"
+    );
+    assert_eq!(handler.taken(), bodies(&["a", "b"]));
+    drained(&broker).await;
+    consumer.shutdown(Duration::from_secs(1)).await;
+}
+
 #[test]
 fn only_the_null_sink_accepts_for_good() {
     assert!(Sink::Null.accepts_for_good());

@@ -215,8 +215,14 @@ impl Store for Backend {
                 }
                 held
             }
-            Backend::Memcached(store, _) => Box::pin(store.erase_many(digests)).await,
-            Backend::Redis(store, _) => Box::pin(store.erase_many(digests)).await,
+            Backend::Memcached(store, near) => {
+                forget_near(near.as_ref(), digests);
+                Box::pin(store.erase_many(digests)).await
+            }
+            Backend::Redis(store, near) => {
+                forget_near(near.as_ref(), digests);
+                Box::pin(store.erase_many(digests)).await
+            }
             Backend::None(_) => vec![Ok(true); digests.len()],
         }
     }
@@ -234,8 +240,14 @@ impl Store for Backend {
                 }
                 Ok(held)
             }
-            Backend::Memcached(store, _) => Box::pin(store.erase(digest)).await,
-            Backend::Redis(store, _) => Box::pin(store.erase(digest)).await,
+            Backend::Memcached(store, near) => {
+                forget_near(near.as_ref(), &[digest]);
+                Box::pin(store.erase(digest)).await
+            }
+            Backend::Redis(store, near) => {
+                forget_near(near.as_ref(), &[digest]);
+                Box::pin(store.erase(digest)).await
+            }
             Backend::None(_) => Ok(true),
         }
     }
@@ -255,6 +267,17 @@ impl Store for Backend {
             Backend::Memcached(store, _) => store.geometry(),
             Backend::Redis(store, _) => store.geometry(),
             Backend::None(_) => None,
+        }
+    }
+}
+
+/// Makes the near-table, if any, forget digests about to be erased: a digest claimed done at
+/// once is remembered there, and the erase of one (its handler failed it all the same) must
+/// let its retry through to the shared table.
+fn forget_near(near: Option<&NearTable>, digests: &[Digest]) {
+    if let Some(near) = near {
+        for &digest in digests {
+            near.forget(digest);
         }
     }
 }
