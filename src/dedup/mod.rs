@@ -294,3 +294,61 @@ impl Store for NoStore {
         None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The in-process table with only the methods a store must write: the defaults do the
+    /// rest.
+    struct Plain(crate::Table);
+
+    impl Store for Plain {
+        async fn claim(&self, digest: Digest) -> Result<Claim, StoreError> {
+            Ok(self.0.claim(digest))
+        }
+
+        async fn commit(&self, digest: Digest) -> Result<bool, StoreError> {
+            Ok(self.0.commit(digest))
+        }
+
+        async fn erase(&self, digest: Digest) -> Result<bool, StoreError> {
+            Ok(self.0.erase(digest))
+        }
+
+        async fn renew(&self, digest: Digest) -> Result<bool, StoreError> {
+            Ok(self.0.contains(digest))
+        }
+
+        fn geometry(&self) -> Option<Geometry> {
+            Some(self.0.geometry())
+        }
+    }
+
+    #[tokio::test]
+    async fn the_default_claim_done_answers_as_the_tables_own() {
+        let plain = Plain(crate::Table::with_slots(64, 4).unwrap());
+        let own = crate::Table::with_slots(64, 4).unwrap();
+        let [w, x, y] =
+            [1u64, 2, 3].map(|n| Digest::from_u128(xxhash_rust::xxh3::xxh3_128(&n.to_le_bytes())));
+        // In both: x in flight, w done; then a burst claimed done: y new, its repeat done
+        // already, x still in flight.
+        assert_eq!(own.claim(x), Claim::New);
+        assert_eq!(own.claim(w), Claim::New);
+        assert!(own.commit(w));
+        assert_eq!(plain.claim(x).await, Ok(Claim::New));
+        assert_eq!(plain.claim(w).await, Ok(Claim::New));
+        assert_eq!(plain.commit(w).await, Ok(true));
+        let burst = [x, y, y, w];
+        let expected = vec![
+            Ok(Claim::InFlight),
+            Ok(Claim::New),
+            Ok(Claim::Duplicate),
+            Ok(Claim::Duplicate),
+        ];
+        assert_eq!(Store::claim_done_many(&own, &burst).await, expected);
+        assert_eq!(plain.claim_done_many(&burst).await, expected);
+        assert_eq!(plain.claim(y).await, Ok(Claim::Duplicate), "y is done");
+        assert_eq!(plain.claim(x).await, Ok(Claim::InFlight), "x is not");
+    }
+}
