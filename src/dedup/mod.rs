@@ -178,8 +178,8 @@ pub trait Store: Send + Sync {
 
     /// Claims many digests as [`claim_many`](Store::claim_many) does, and records each
     /// [`Claim::New`] one as done at once, as if committed: for a handler whose accepted
-    /// message is final (see [`Handler::accepts_for_good`](crate::sink::Handler::accepts_for_good)),
-    /// where a lease would protect nothing. The answers are `claim_many`'s, in the order of
+    /// message is final (see `Handler::accepts_for_good`), where a lease would protect
+    /// nothing. The answers are `claim_many`'s, in the order of
     /// `digests`; a digest that appears twice gets `New` once and `Duplicate` after that (it
     /// is done already). A claimed-done digest is still `erase`d by its claimer, as a
     /// committed one is.

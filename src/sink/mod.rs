@@ -150,10 +150,11 @@ pub trait Handler: Send + Sync + 'static {
     }
 
     /// Whether a message is final once this handler is handed it: then the pipeline records
-    /// a unique message as done when it claims it ([`Store::claim_done_many`](crate::Store::claim_done_many)),
-    /// one store write per unique message, and neither commits it afterwards nor renews a
-    /// lease while the handler works. A handler that answers `false` gets a claim held in
-    /// flight under a lease, and a commit once it succeeded.
+    /// a unique message as done when it claims it
+    /// ([`Store::claim_done_many`](crate::Store::claim_done_many)), one store write per unique
+    /// message, and neither commits it afterwards nor renews a lease while the handler works.
+    /// A handler that answers `false` gets a claim held in flight under a lease, and a commit
+    /// once it succeeded.
     ///
     /// A handler that answers `true` promises that it answers `Ok` for every record it is
     /// handed, without a panic, and that a record is delivered (or is no longer the
