@@ -16,6 +16,9 @@ case) for:
   ours empty   a claim and a commit of each message, bursts as the sidecar sends them
                (claim_many, then commit_many), on a table the messages do not fill
   ours full    the same on a table of S slots (default 65,536) filled first
+  one-shot empty, one-shot full
+               the same two tables, each burst claimed done at once (claim_done_many, no
+               commit), as the sidecar writes for a sink that cannot fail (--sink null)
   naive again  the naive write once more; the ratios are to the mean of both naive runs
 with the ratio ours/naive and the messages per second one server core would serve.
 The cluster's naive write sends each burst as one pipeline per master, routed by key slot, as

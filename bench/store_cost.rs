@@ -10,6 +10,9 @@
 //!   messages do not fill;
 //! - `ours full`: the same on a small table filled first (every set at its ways), so that every
 //!   claim replaces an entry;
+//! - `one-shot empty` and `one-shot full`: the same two tables, each burst claimed done at
+//!   once (`claim_done_many`, no commit), as the sidecar sends them for a sink that cannot
+//!   fail once it took a message (`--sink null`);
 //! - `naive` again: the figure compared against is the mean of its two runs, so that a drift of
 //!   the shared machine's load does not favour either side.
 //!
@@ -187,22 +190,37 @@ where
     )
 }
 
-/// Claims and commits each burst as the sidecar does, checking every answer.
+/// How the sidecar writes a burst of unique messages to the store.
+#[derive(Debug, Clone, Copy)]
+enum Writes {
+    /// A claim (in flight, with a lease), then a commit once the sink took them.
+    ClaimCommit,
+    /// A claim done at once, for a sink that cannot fail once it took a message.
+    OneShot,
+}
+
+/// Writes each burst as the sidecar does (`writes`), checking every answer.
 async fn ours<S: Store + Clone + Send + Sync + 'static>(
     server: &impl Measured,
     settings: &Settings,
-    store: S,
+    (store, writes): (S, Writes),
     messages: u64,
     digests: Arc<Digests>,
 ) -> (Vec<u64>, f64) {
     measure(server, settings, messages, digests, move |burst| {
         let store = store.clone();
         async move {
-            for claim in store.claim_many(&burst).await {
+            let claims = match writes {
+                Writes::ClaimCommit => store.claim_many(&burst).await,
+                Writes::OneShot => store.claim_done_many(&burst).await,
+            };
+            for claim in claims {
                 assert_eq!(claim, Ok(Claim::New), "a fresh digest must be claimed new");
             }
-            for commit in store.commit_many(&burst).await {
-                assert_eq!(commit, Ok(true), "a claimed digest must be committed");
+            if let Writes::ClaimCommit = writes {
+                for commit in store.commit_many(&burst).await {
+                    assert_eq!(commit, Ok(true), "a claimed digest must be committed");
+                }
             }
         }
     })
@@ -215,7 +233,7 @@ fn report(store: &str, case: &str, messages: u64, (ticks, wall): (u64, f64), nai
     let micros = micros(ticks, messages);
     let ratio = naive.map_or("".to_owned(), |naive| format!("{:.2}x", micros / naive));
     println!(
-        "{store:<10} {case:<12} {messages:>9} {micros:>10.2} {ratio:>7} {:>12.0} {:>10.0}",
+        "{store:<10} {case:<14} {messages:>9} {micros:>10.2} {ratio:>7} {:>12.0} {:>10.0}",
         1e6 / micros.max(1e-9),
         messages as f64 / wall,
     );
@@ -436,8 +454,9 @@ impl Conns {
     }
 }
 
-/// The four cases of one store: naive (`naive` sends one burst's naive writes), ours on an
-/// empty table, ours on a full one, naive again.
+/// The cases of one store: naive (`naive` sends one burst's naive writes), ours on an empty
+/// table and on a full one, each with a claim and a commit and then claimed done at once, and
+/// naive again.
 async fn run_cases<N, NF, C, CF, S>(
     settings: &Settings,
     name: &str,
@@ -457,26 +476,48 @@ where
     let naive_first = measure(server, settings, n, Digests::starting_at(0), naive.clone()).await;
     // Room for every message: one set in eight or more holds one of them.
     let big = (n * 8 * 8).next_power_of_two();
-    let empty = connect("empty", big).await?;
-    let empty = ours(server, settings, empty, n, Digests::starting_at(1 << 40)).await;
-    let full = connect("full", settings.full_slots).await?;
-    // Fills every set: four times the slots, which every set's ways take many times over.
-    ours(
-        server,
-        settings,
-        full.clone(),
-        settings.full_slots * 4,
-        Digests::starting_at(2 << 40),
-    )
-    .await;
-    let full = ours(server, settings, full, n, Digests::starting_at(3 << 40)).await;
+    let mut cases = Vec::new();
+    // Each way of writing: its label, and where its digests start.
+    for (writes, label, start) in [
+        (Writes::ClaimCommit, "ours", 1),
+        (Writes::OneShot, "one-shot", 5),
+    ] {
+        let empty = connect(&format!("{label}-empty"), big).await?;
+        let empty = ours(
+            server,
+            settings,
+            (empty, writes),
+            n,
+            Digests::starting_at(start << 40),
+        );
+        cases.push((format!("{label} empty"), empty.await));
+        let full = connect(&format!("{label}-full"), settings.full_slots).await?;
+        // Fills every set: four times the slots, which every set's ways take many times over.
+        ours(
+            server,
+            settings,
+            (full.clone(), writes),
+            settings.full_slots * 4,
+            Digests::starting_at((start + 1) << 40),
+        )
+        .await;
+        let full = ours(
+            server,
+            settings,
+            (full, writes),
+            n,
+            Digests::starting_at((start + 2) << 40),
+        );
+        cases.push((format!("{label} full"), full.await));
+    }
     let naive_again = measure(server, settings, n, Digests::starting_at(4 << 40), naive).await;
     for (i, name) in server.names(name).iter().enumerate() {
         let case = |(ticks, wall): &(Vec<u64>, f64)| (ticks[i], *wall);
         let baseline = (micros(naive_first.0[i], n) + micros(naive_again.0[i], n)) / 2.0;
         report(name, "naive", n, case(&naive_first), None);
-        report(name, "ours empty", n, case(&empty), Some(baseline));
-        report(name, "ours full", n, case(&full), Some(baseline));
+        for (label, measured) in &cases {
+            report(name, label, n, case(measured), Some(baseline));
+        }
         report(name, "naive again", n, case(&naive_again), None);
     }
     Ok(())
@@ -506,7 +547,7 @@ fn main() {
             .unwrap_or_else(|_| "?".into()),
     );
     println!(
-        "{:<10} {:<12} {:>9} {:>10} {:>7} {:>12} {:>10}",
+        "{:<10} {:<14} {:>9} {:>10} {:>7} {:>12} {:>10}",
         "store", "case", "messages", "µs/msg", "ratio", "msg/s/core", "wall msg/s"
     );
     for store in &settings.stores {

@@ -102,7 +102,7 @@ impl Handler for BatchSink {
     }
 }
 
-fn policy() -> Policy {
+pub(crate) fn policy() -> Policy {
     Policy {
         in_flight_requeue_delay: Duration::from_millis(10),
         backoff: Duration::from_millis(10),
@@ -123,7 +123,7 @@ fn dedupe(sink: BatchSink, policy: Policy) -> Dedupe<Table, BatchSink> {
 }
 
 /// A consumer of `broker` that leaves every decision to the pipeline.
-fn consumer(broker: &Broker) -> Consumer {
+pub(crate) fn consumer(broker: &Broker) -> Consumer {
     let mut c = config(&[broker.tcp_addr()]);
     c.max_attempts = 0;
     c.max_in_flight = 100;
@@ -131,7 +131,7 @@ fn consumer(broker: &Broker) -> Consumer {
 }
 
 /// The next `n` messages, in arrival order: one burst for the pipeline.
-async fn take(consumer: &mut Consumer, n: usize) -> Vec<Message> {
+pub(crate) async fn take(consumer: &mut Consumer, n: usize) -> Vec<Message> {
     let mut messages = Vec::new();
     while messages.len() < n {
         let message = tokio::time::timeout(Duration::from_secs(10), consumer.next())
@@ -176,7 +176,7 @@ async fn assert_answers(broker: &Broker, bodies: &[Bytes], expected: &[(u32, u32
 }
 
 /// Waits until the broker holds nothing of the channel (every message finished).
-async fn drained(broker: &Broker) {
+pub(crate) async fn drained(broker: &Broker) {
     crate::util::wait_until_or(
         "the channel drained",
         Duration::from_secs(10),
@@ -186,7 +186,7 @@ async fn drained(broker: &Broker) {
     .await;
 }
 
-fn bodies(names: &[&'static str]) -> Vec<Bytes> {
+pub(crate) fn bodies(names: &[&'static str]) -> Vec<Bytes> {
     names
         .iter()
         .map(|n| Bytes::from_static(n.as_bytes()))

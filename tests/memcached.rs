@@ -600,18 +600,24 @@ async fn a_burst_fails_only_the_digests_of_a_dead_server() {
 
 /// How many reads (`get`, `mg`, ...) `memcached` at `addr` has answered so far.
 fn reads_served(addr: &str) -> u64 {
+    stat(addr, "cmd_get")
+}
+
+/// The counter `name` of memcached's `stats` at `addr`.
+pub(crate) fn stat(addr: &str, name: &str) -> u64 {
     use std::io::{BufRead, BufReader, Write};
     let mut conn = std::net::TcpStream::connect(addr).expect("connect to memcached");
     conn.write_all(b"stats\r\n").expect("ask for stats");
     let mut reader = BufReader::new(conn);
+    let prefix = format!("STAT {name} ");
     let mut line = String::new();
     loop {
         line.clear();
         reader.read_line(&mut line).expect("read stats");
-        if let Some(count) = line.strip_prefix("STAT cmd_get ") {
+        if let Some(count) = line.strip_prefix(&prefix) {
             return count.trim().parse().expect("a count");
         }
-        assert!(!line.is_empty() && line != "END\r\n", "no cmd_get in stats");
+        assert!(!line.is_empty() && line != "END\r\n", "no {name} in stats");
     }
 }
 

@@ -200,6 +200,86 @@ pub async fn batch_claims_follow_the_single_claim_rules<H: Harness>(h: &H) {
     assert_eq!(store.claim(digests[2]).await.unwrap(), Claim::New);
 }
 
+/// A burst claimed done (for a handler whose accepted message is final) answers as a burst of
+/// claims and leaves its new digests done, as claims then commits would: the next claim finds
+/// them duplicates, a repeat within the burst is a duplicate, an entry in flight stays in
+/// flight, a full set pushes out its oldest entry, the claimer may still erase one, and
+/// `max_age` applies to them as to a commit.
+pub async fn claimed_done_digests_are_duplicates_at_once<H: Harness>(h: &H) {
+    let spec = Spec::new("claim-done", Geometry::new(64, 4).unwrap());
+    let a = h.connect(&spec).await;
+    let (w, x, y, z) = (digest(20), digest(21), digest(22), digest(23));
+    assert_eq!(a.claim(x).await, Ok(Claim::New));
+    assert_eq!(a.claim(w).await, Ok(Claim::New));
+    assert_eq!(a.commit(w).await, Ok(true));
+    assert_eq!(
+        claimed(a.claim_done_many(&[x, y, y, w, z]).await).unwrap(),
+        [
+            Claim::InFlight,
+            Claim::New,
+            Claim::Duplicate,
+            Claim::Duplicate,
+            Claim::New
+        ]
+    );
+    assert_eq!(
+        claimed(a.claim_many(&[x, y, z]).await).unwrap(),
+        [Claim::InFlight, Claim::Duplicate, Claim::Duplicate],
+        "x is still in flight; y and z are done"
+    );
+    let other = h.connect(&spec).await;
+    assert_eq!(
+        other.claim(y).await,
+        Ok(Claim::Duplicate),
+        "another store sees it"
+    );
+    assert_eq!(a.commit(x).await, Ok(true));
+    assert_eq!(
+        claimed(a.claim_done_many(&[x]).await).unwrap(),
+        [Claim::Duplicate]
+    );
+    assert_eq!(a.erase(y).await, Ok(true), "its claimer may forget it");
+    assert_eq!(a.claim(y).await, Ok(Claim::New));
+    assert_eq!(claimed(a.claim_done_many(&[]).await).unwrap(), []);
+
+    // Three digests in one two-way set: the third pushes out the first.
+    let store = h
+        .connect(&Spec::new("claim-done-fifo", Geometry::new(2, 2).unwrap()))
+        .await;
+    let digests: Vec<Digest> = (0..3).map(digest).collect();
+    assert_eq!(
+        claimed(store.claim_done_many(&digests).await).unwrap(),
+        [Claim::New; 3]
+    );
+    assert_eq!(store.claim(digests[1]).await, Ok(Claim::Duplicate));
+    assert_eq!(
+        store.claim(digests[0]).await,
+        Ok(Claim::New),
+        "pushed out (FIFO)"
+    );
+
+    // Done at the claim: counted as seen for `max_age` from then, new again once older (the
+    // in-process table counts whole seconds, so two of them).
+    let spec = Spec {
+        max_age: Some(Duration::from_secs(1)),
+        ..Spec::new("claim-done-max-age", Geometry::new(64, 8).unwrap())
+    };
+    let store = h.connect(&spec).await;
+    let d = digest(24);
+    assert_eq!(
+        claimed(store.claim_done_many(&[d]).await).unwrap(),
+        [Claim::New]
+    );
+    assert_eq!(store.claim(d).await, Ok(Claim::Duplicate));
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    assert_eq!(
+        claimed(store.claim_done_many(&[d]).await).unwrap(),
+        [Claim::New],
+        "older than max_age"
+    );
+    assert_eq!(store.claim(d).await, Ok(Claim::Duplicate));
+}
+
 /// A store built on one runtime keeps working on the next one, after the first is gone
 /// (a background task of the first runtime goes with it).
 pub fn store_outlives_the_runtime_that_first_used_it<H: Harness>(h: &H) {
@@ -228,6 +308,7 @@ pub fn store_outlives_the_runtime_that_first_used_it<H: Harness>(h: &H) {
 enum Action {
     Claim(usize, usize),
     ClaimMany(usize, Vec<usize>),
+    ClaimDoneMany(usize, Vec<usize>),
     Commit(usize, usize),
     CommitMany(usize, Vec<usize>),
     EraseMany(usize, Vec<usize>),
@@ -241,6 +322,7 @@ impl Action {
         match self {
             Action::Claim(w, _)
             | Action::ClaimMany(w, _)
+            | Action::ClaimDoneMany(w, _)
             | Action::Commit(w, _)
             | Action::CommitMany(w, _)
             | Action::EraseMany(w, _)
@@ -264,6 +346,7 @@ fn action(pool: usize) -> impl Strategy<Value = Action> {
     prop_oneof![
         4 => (who.clone(), d.clone()).prop_map(|(w, d)| Action::Claim(w, d)),
         2 => (who.clone(), prop::collection::vec(0..pool, 1..6)).prop_map(|(w, ds)| Action::ClaimMany(w, ds)),
+        1 => (who.clone(), prop::collection::vec(0..pool, 1..6)).prop_map(|(w, ds)| Action::ClaimDoneMany(w, ds)),
         2 => (who.clone(), d.clone()).prop_map(|(w, d)| Action::Commit(w, d)),
         1 => (who.clone(), prop::collection::vec(0..pool, 1..6)).prop_map(|(w, ds)| Action::CommitMany(w, ds)),
         1 => (who.clone(), prop::collection::vec(0..pool, 1..6)).prop_map(|(w, ds)| Action::EraseMany(w, ds)),
@@ -310,7 +393,8 @@ impl Model {
         self.set(d).slots.iter_mut().flatten().find(|e| e.0 == d)
     }
 
-    fn claim(&mut self, who: usize, d: Digest) -> Claim {
+    /// A claim; with `done`, a new entry is held done at once (`claim_done_many`).
+    fn claim(&mut self, who: usize, d: Digest, done: bool) -> Claim {
         if let Some(entry) = self.find(d) {
             return match entry.1 {
                 ModelState::InFlight => Claim::InFlight,
@@ -327,7 +411,12 @@ impl Model {
                 victim
             }
         };
-        set.slots[victim] = Some((d, ModelState::InFlight, who));
+        let state = if done {
+            ModelState::Done
+        } else {
+            ModelState::InFlight
+        };
+        set.slots[victim] = Some((d, state, who));
         Claim::New
     }
 
@@ -395,12 +484,18 @@ async fn run_case<H: Harness>(h: &H, ways: u32, actions: &[Action]) -> Result<()
                 if !ever_claimed.contains(i) {
                     prop_assert_eq!(got, Claim::New, "a digest never claimed was reported seen");
                 }
-                prop_assert_eq!(got, model.claim(owner, pool[*i]), "{:?}", action);
+                prop_assert_eq!(got, model.claim(owner, pool[*i], false), "{:?}", action);
                 ever_claimed.insert(*i);
             }
-            Action::ClaimMany(_, indices) => {
+            Action::ClaimMany(_, indices) | Action::ClaimDoneMany(_, indices) => {
                 let batch: Vec<Digest> = indices.iter().map(|&i| pool[i]).collect();
-                let got = claimed(store.claim_many(&batch).await).map_err(fail)?;
+                let done = matches!(action, Action::ClaimDoneMany(..));
+                let got = if done {
+                    store.claim_done_many(&batch).await
+                } else {
+                    store.claim_many(&batch).await
+                };
+                let got = claimed(got).map_err(fail)?;
                 let mut seen_in_batch = HashSet::new();
                 for ((i, d), claim) in indices.iter().zip(&batch).zip(&got) {
                     if !ever_claimed.contains(i) && seen_in_batch.insert(*i) {
@@ -410,7 +505,7 @@ async fn run_case<H: Harness>(h: &H, ways: u32, actions: &[Action]) -> Result<()
                             "a digest never claimed was reported seen"
                         );
                     }
-                    prop_assert_eq!(*claim, model.claim(owner, *d), "{:?}", action);
+                    prop_assert_eq!(*claim, model.claim(owner, *d, done), "{:?}", action);
                 }
                 ever_claimed.extend(indices.iter().copied());
             }
@@ -1103,6 +1198,7 @@ pub fn run_all<H: SharedHarness>(h: &H) {
         runtime().block_on(async {
             tokio::join!(
                 batch_claims_follow_the_single_claim_rules(h),
+                claimed_done_digests_are_duplicates_at_once(h),
                 expired_lease_is_taken_over(h),
                 renew_keeps_the_claim(h),
                 commit_and_erase_by_a_non_owner_do_nothing(h),
@@ -1134,6 +1230,11 @@ macro_rules! store_contract_tests {
         #[tokio::test]
         async fn batch_claims_follow_the_single_claim_rules() {
             $crate::store_contract::batch_claims_follow_the_single_claim_rules(&$harness).await;
+        }
+
+        #[tokio::test]
+        async fn claimed_done_digests_are_duplicates_at_once() {
+            $crate::store_contract::claimed_done_digests_are_duplicates_at_once(&$harness).await;
         }
 
         #[test]
@@ -1218,6 +1319,10 @@ impl Store for SharedTable {
         Store::claim_many(&*self.0, digests).await
     }
 
+    async fn claim_done_many(&self, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
+        Store::claim_done_many(&*self.0, digests).await
+    }
+
     async fn commit(&self, digest: Digest) -> Result<bool, StoreError> {
         Store::commit(&*self.0, digest).await
     }
@@ -1244,9 +1349,15 @@ impl Harness for InProcess {
         tables
             .entry(spec.namespace.clone())
             .or_insert_with(|| {
-                SharedTable(Arc::new(
-                    nsq_dedupe::Table::new(spec.geometry).expect("a table"),
-                ))
+                let table = match spec.max_age {
+                    Some(max_age) => nsq_dedupe::Table::with_max_age(
+                        spec.geometry,
+                        max_age,
+                        Arc::new(nsq_dedupe::dedup::clock::SystemClock),
+                    ),
+                    None => nsq_dedupe::Table::new(spec.geometry),
+                };
+                SharedTable(Arc::new(table.expect("a table")))
             })
             .clone()
     }

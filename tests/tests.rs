@@ -24,6 +24,7 @@ mod code_shape;
 mod doc_commands;
 mod docs;
 mod file_sink;
+mod final_handler;
 mod http_sink;
 mod layout;
 mod memcached;

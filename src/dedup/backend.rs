@@ -104,10 +104,41 @@ impl Store for Backend {
                 Store::claim_many(table, digests).await
             }
             Backend::Memcached(store, near) => {
-                claim_many_behind(store, near.as_ref(), digests).await
+                claim_many_behind(store, near.as_ref(), digests, false).await
             }
-            Backend::Redis(store, near) => claim_many_behind(store, near.as_ref(), digests).await,
+            Backend::Redis(store, near) => {
+                claim_many_behind(store, near.as_ref(), digests, false).await
+            }
             Backend::None(store) => store.claim_many(digests).await,
+        }
+    }
+
+    async fn claim_done_many(&self, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
+        match self {
+            Backend::Memory(table) => Store::claim_done_many(table, digests).await,
+            Backend::Journalled(table, journal) => {
+                // Each new entry is a commit in the journal, so that a restart keeps it; one
+                // wait for the burst's records when commits are synced.
+                let claims = Store::claim_done_many(table, digests).await;
+                let mut any = false;
+                for (&digest, claim) in digests.iter().zip(&claims) {
+                    if claim == &Ok(Claim::New) {
+                        journal.commit(digest);
+                        any = true;
+                    }
+                }
+                if any && journal.syncs() {
+                    Box::pin(journal.synced()).await;
+                }
+                claims
+            }
+            Backend::Memcached(store, near) => {
+                claim_many_behind(store, near.as_ref(), digests, true).await
+            }
+            Backend::Redis(store, near) => {
+                claim_many_behind(store, near.as_ref(), digests, true).await
+            }
+            Backend::None(store) => store.claim_done_many(digests).await,
         }
     }
 
@@ -184,8 +215,14 @@ impl Store for Backend {
                 }
                 held
             }
-            Backend::Memcached(store, _) => Box::pin(store.erase_many(digests)).await,
-            Backend::Redis(store, _) => Box::pin(store.erase_many(digests)).await,
+            Backend::Memcached(store, near) => {
+                forget_near(near.as_ref(), digests);
+                Box::pin(store.erase_many(digests)).await
+            }
+            Backend::Redis(store, near) => {
+                forget_near(near.as_ref(), digests);
+                Box::pin(store.erase_many(digests)).await
+            }
             Backend::None(_) => vec![Ok(true); digests.len()],
         }
     }
@@ -203,8 +240,14 @@ impl Store for Backend {
                 }
                 Ok(held)
             }
-            Backend::Memcached(store, _) => Box::pin(store.erase(digest)).await,
-            Backend::Redis(store, _) => Box::pin(store.erase(digest)).await,
+            Backend::Memcached(store, near) => {
+                forget_near(near.as_ref(), &[digest]);
+                Box::pin(store.erase(digest)).await
+            }
+            Backend::Redis(store, near) => {
+                forget_near(near.as_ref(), &[digest]);
+                Box::pin(store.erase(digest)).await
+            }
             Backend::None(_) => Ok(true),
         }
     }
@@ -228,6 +271,17 @@ impl Store for Backend {
     }
 }
 
+/// Makes the near-table, if any, forget digests about to be erased: a digest claimed done at
+/// once is remembered there, and the erase of one (its handler failed it all the same) must
+/// let its retry through to the shared table.
+fn forget_near(near: Option<&NearTable>, digests: &[Digest]) {
+    if let Some(near) = near {
+        for &digest in digests {
+            near.forget(digest);
+        }
+    }
+}
+
 /// Applies `change` to each digest and journals (`record`) those whose set still held them.
 fn journal_each(
     digests: &[Digest],
@@ -247,28 +301,61 @@ fn journal_each(
 }
 
 /// Claims `digests` from a shared `store`, answering those the near-table holds (what this
-/// process committed itself) without a round trip.
+/// process committed itself) without a round trip. With `done`, the new ones are claimed
+/// done at once ([`Store::claim_done_many`]) and the near-table remembers them, as it
+/// remembers a commit.
 async fn claim_many_behind<S: Store>(
     store: &S,
     near: Option<&NearTable>,
     digests: &[Digest],
+    done: bool,
 ) -> Vec<Result<Claim, StoreError>> {
-    let Some(near) = near else {
-        return Box::pin(store.claim_many(digests)).await;
+    let ask = |digests| async move {
+        if done {
+            Box::pin(store.claim_done_many(digests)).await
+        } else {
+            Box::pin(store.claim_many(digests)).await
+        }
     };
+    let Some(near) = near else {
+        return ask(digests).await;
+    };
+    let (local, remote) = split_near(near, digests);
+    let answers = if remote.is_empty() {
+        Vec::new()
+    } else {
+        ask(&remote).await
+    };
+    if done {
+        for (&digest, claim) in remote.iter().zip(&answers) {
+            if claim == &Ok(Claim::New) {
+                near.remember(digest);
+            }
+        }
+    }
+    merge_near(&local, answers)
+}
+
+/// Whether the near-table holds each digest, and the digests it does not hold, to ask the
+/// store about.
+fn split_near(near: &NearTable, digests: &[Digest]) -> (Vec<bool>, Vec<Digest>) {
     let local: Vec<bool> = digests.iter().map(|d| near.committed(*d)).collect();
-    let remote: Vec<Digest> = digests
+    let remote = digests
         .iter()
         .zip(&local)
         .filter(|(_, &hit)| !hit)
         .map(|(d, _)| *d)
         .collect();
-    let mut answers = if remote.is_empty() {
-        Vec::new()
-    } else {
-        Box::pin(store.claim_many(&remote)).await
-    }
-    .into_iter();
+    (local, remote)
+}
+
+/// The answers in the order of the burst: a duplicate where the near-table held the digest,
+/// else the store's next answer.
+fn merge_near(
+    local: &[bool],
+    answers: Vec<Result<Claim, StoreError>>,
+) -> Vec<Result<Claim, StoreError>> {
+    let mut answers = answers.into_iter();
     local
         .iter()
         .map(|&hit| {

@@ -176,6 +176,51 @@ pub trait Store: Send + Sync {
         }
     }
 
+    /// Claims many digests as [`claim_many`](Store::claim_many) does, and records each
+    /// [`Claim::New`] one as done at once, as if committed: for a handler whose accepted
+    /// message is final (see `Handler::accepts_for_good`), where a lease would protect
+    /// nothing. The answers are `claim_many`'s, in the order of
+    /// `digests`; a digest that appears twice gets `New` once and `Duplicate` after that (it
+    /// is done already). A claimed-done digest is still `erase`d by its claimer, as a
+    /// committed one is.
+    ///
+    /// Defaults to: [`claim_many`](Store::claim_many), then
+    /// [`commit_many`](Store::commit_many) of the new ones. A store overrides it to write
+    /// each new entry done in the claim's own write, one command instead of two; where the
+    /// default's commit fails, the claim stays in flight until its lease ends, as a failed
+    /// commit would leave it, and the answer is still `New`.
+    fn claim_done_many(
+        &self,
+        digests: &[Digest],
+    ) -> impl Future<Output = Vec<Result<Claim, StoreError>>> + Send {
+        async move {
+            let mut claims = self.claim_many(digests).await;
+            let new: Vec<Digest> = digests
+                .iter()
+                .zip(&claims)
+                .filter(|(_, claim)| matches!(claim, Ok(Claim::New)))
+                .map(|(digest, _)| *digest)
+                .collect();
+            if new.is_empty() {
+                return claims;
+            }
+            let commits = self.commit_many(&new).await;
+            let done: std::collections::HashSet<Digest> = new
+                .iter()
+                .zip(commits)
+                .filter(|(_, commit)| commit == &Ok(true))
+                .map(|(digest, _)| *digest)
+                .collect();
+            // A repeat within the burst was answered `InFlight` by its claim: it is done now.
+            for (digest, claim) in digests.iter().zip(&mut claims) {
+                if claim == &Ok(Claim::InFlight) && done.contains(digest) {
+                    *claim = Ok(Claim::Duplicate);
+                }
+            }
+            claims
+        }
+    }
+
     /// Marks an in-flight digest as processed. Returns whether the set still held it.
     fn commit(&self, digest: Digest) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
@@ -247,5 +292,63 @@ impl Store for NoStore {
 
     fn geometry(&self) -> Option<Geometry> {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The in-process table with only the methods a store must write: the defaults do the
+    /// rest.
+    struct Plain(crate::Table);
+
+    impl Store for Plain {
+        async fn claim(&self, digest: Digest) -> Result<Claim, StoreError> {
+            Ok(self.0.claim(digest))
+        }
+
+        async fn commit(&self, digest: Digest) -> Result<bool, StoreError> {
+            Ok(self.0.commit(digest))
+        }
+
+        async fn erase(&self, digest: Digest) -> Result<bool, StoreError> {
+            Ok(self.0.erase(digest))
+        }
+
+        async fn renew(&self, digest: Digest) -> Result<bool, StoreError> {
+            Ok(self.0.contains(digest))
+        }
+
+        fn geometry(&self) -> Option<Geometry> {
+            Some(self.0.geometry())
+        }
+    }
+
+    #[tokio::test]
+    async fn the_default_claim_done_answers_as_the_tables_own() {
+        let plain = Plain(crate::Table::with_slots(64, 4).unwrap());
+        let own = crate::Table::with_slots(64, 4).unwrap();
+        let [w, x, y] =
+            [1u64, 2, 3].map(|n| Digest::from_u128(xxhash_rust::xxh3::xxh3_128(&n.to_le_bytes())));
+        // In both: x in flight, w done; then a burst claimed done: y new, its repeat done
+        // already, x still in flight.
+        assert_eq!(own.claim(x), Claim::New);
+        assert_eq!(own.claim(w), Claim::New);
+        assert!(own.commit(w));
+        assert_eq!(plain.claim(x).await, Ok(Claim::New));
+        assert_eq!(plain.claim(w).await, Ok(Claim::New));
+        assert_eq!(plain.commit(w).await, Ok(true));
+        let burst = [x, y, y, w];
+        let expected = vec![
+            Ok(Claim::InFlight),
+            Ok(Claim::New),
+            Ok(Claim::Duplicate),
+            Ok(Claim::Duplicate),
+        ];
+        assert_eq!(Store::claim_done_many(&own, &burst).await, expected);
+        assert_eq!(plain.claim_done_many(&burst).await, expected);
+        assert_eq!(plain.claim(y).await, Ok(Claim::Duplicate), "y is done");
+        assert_eq!(plain.claim(x).await, Ok(Claim::InFlight), "x is not");
     }
 }

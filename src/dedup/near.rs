@@ -4,7 +4,9 @@
 //!
 //! A claim whose digest is there is a copy of a message this process delivered itself, so it
 //! answers `Duplicate` without a round trip; that is safe because only committed digests are
-//! ever put there (never in-flight ones, which another consumer may still erase). It also
+//! ever put there (never in-flight ones, which another consumer may still erase), and the
+//! digests claimed done at once for a handler whose accepted message is final, which are
+//! forgotten here when they are erased (that handler failed one all the same). It also
 //! keeps catching those copies while Memcached is unreachable. Everything else goes to
 //! Memcached as before.
 
@@ -85,6 +87,12 @@ impl NearTable {
     /// Remembers that this process delivered the message of `digest`.
     pub fn remember(&self, digest: Digest) {
         self.table.contains_and_add(digest);
+    }
+
+    /// Forgets `digest`, erased from the shared table: its message is to be handled again,
+    /// so its next claim must reach the shared table.
+    pub fn forget(&self, digest: Digest) {
+        self.table.erase(digest);
     }
 
     /// The counts so far.

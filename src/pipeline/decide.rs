@@ -136,12 +136,18 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
     }
 
     /// Claims every digest, a store error for each when the store answers a different
-    /// number of claims.
+    /// number of claims. For a handler whose accepted message is final, the new digests are
+    /// recorded done at once (no lease, and no commit follows: see `settle`).
     async fn claim(&self, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
         if digests.is_empty() {
             return Vec::new();
         }
-        let claims = self.inner.store.claim_many(digests).await;
+        let store = &self.inner.store;
+        let claims = if self.inner.handler.accepts_for_good() {
+            store.claim_done_many(digests).await
+        } else {
+            store.claim_many(digests).await
+        };
         if claims.len() == digests.len() {
             return claims;
         }

@@ -156,7 +156,8 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
         }
     }
 
-    /// TOUCHes the records' messages and renews their claims.
+    /// TOUCHes the records' messages and renews their claims (those claimed done have no
+    /// lease).
     async fn keep_alive(&self, records: &[Record]) {
         let metrics = &*self.inner.metrics;
         for record in records {
@@ -167,6 +168,10 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
                     tracing::debug!(id = %record.message.id(), %error, "TOUCH failed; nsqd will redeliver the message.");
                 }
             }
+        }
+        if self.inner.handler.accepts_for_good() {
+            // Claimed done: no lease to renew.
+            return;
         }
         let digests: Vec<Digest> = records.iter().filter_map(|r| r.digest).collect();
         if digests.is_empty() {

@@ -17,7 +17,11 @@
 //!      not safe when the "copy" is nsqd redelivering a message whose handler is still running.
 //!    - `New`: the handler gets the body, with the burst's other records. While it runs, the
 //!      messages are TOUCHed and the claims' leases renewed every `keepalive`. Success of its
-//!      own record: `commit`, then FIN. Failure of its own record (a sink whose write is
+//!      own record: `commit`, then FIN. For a handler whose accepted message is final
+//!      ([`Handler::accepts_for_good`]: the null sink) the claim records a new digest as done
+//!      at once ([`Store::claim_done_many`]): one store write per unique message, no lease to
+//!      renew and no commit, and a copy in the same burst is a `Duplicate`. Failure of its own
+//!      record (a sink whose write is
 //!      all-or-nothing fails the records of that write together): `erase`, then REQ of that
 //!      message alone, with a delay that grows with the attempts; a rejection, or a failure on
 //!      the `max_attempts`-th delivery, sends the message to the dead-letter and FINs it only

@@ -13,7 +13,8 @@ use crate::sink::{Handler, HandlerError};
 impl<S: Store, H: Handler> Dedupe<S, H> {
     /// Commits the claims of the delivered records and erases those of the failed ones
     /// (before the REQ, so the retry is not taken for a copy), all at once. `handled` is when
-    /// the handler answered.
+    /// the handler answered. A handler whose accepted message is final had its records
+    /// claimed done: nothing to commit.
     pub(super) async fn settle(
         &self,
         records: &[Record],
@@ -21,10 +22,11 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
         handled: Instant,
     ) {
         let metrics = &*self.inner.metrics;
+        let claimed_done = self.inner.handler.accepts_for_good();
         let committed: Vec<Digest> = records
             .iter()
             .zip(results)
-            .filter(|(_, result)| result.is_ok())
+            .filter(|(_, result)| result.is_ok() && !claimed_done)
             .filter_map(|(record, _)| record.digest)
             .collect();
         let erased: Vec<Digest> = records

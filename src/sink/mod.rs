@@ -149,6 +149,25 @@ pub trait Handler: Send + Sync + 'static {
         false
     }
 
+    /// Whether a message is final once this handler is handed it: then the pipeline records
+    /// a unique message as done when it claims it
+    /// ([`Store::claim_done_many`](crate::Store::claim_done_many)), one store write per unique
+    /// message, and neither commits it afterwards nor renews a lease while the handler works.
+    /// A handler that answers `false` gets a claim held in flight under a lease, and a commit
+    /// once it succeeded.
+    ///
+    /// A handler that answers `true` promises that it answers `Ok` for every record it is
+    /// handed, without a panic, and that a record is delivered (or is no longer the
+    /// pipeline's to retry) from the moment of the call: the null sink, or a handler that
+    /// only counts or hands records to memory that cannot refuse them. Should it fail a record
+    /// (or be dropped at shutdown) all the same, the record's entry is erased and its message
+    /// requeued, as for any handler; but a copy that arrived in between was taken for a
+    /// duplicate and finished, where a lease would have requeued it: a broken promise can lose
+    /// a message. Defaults to: `false`.
+    fn accepts_for_good(&self) -> bool {
+        false
+    }
+
     /// Whether a failure of this handler backs the upstream consumer off (go-nsq's backoff:
     /// RDY 0 for a while, then one message at a time), as it should when the handler's own
     /// destination is failing. A handler whose failures are its consumers' answers (the serve
@@ -271,6 +290,12 @@ impl Handler for Sink {
 
     fn backs_off(&self) -> bool {
         !matches!(self, Sink::Serve(_))
+    }
+
+    /// Only the null sink: it discards every record at once and never fails. Every other
+    /// sink can fail after it took a record (a write, a publish, a consumer's REQ).
+    fn accepts_for_good(&self) -> bool {
+        matches!(self, Sink::Null)
     }
 
     fn own_metrics(&self) -> Option<std::sync::Arc<dyn crate::metrics::HandlerMetrics>> {

@@ -57,6 +57,8 @@
 //! [`MemcachedStore`]). While the lease is live, other claims get [`Claim::InFlight`]; once it
 //! has expired (its owner died or hung), the next claim takes the entry over as [`Claim::New`].
 //! Then:
+//! - [`Store::claim_done_many`] writes a new entry done (with this owner id) in the claim's
+//!   own write, for a handler whose accepted message is final: no lease, no commit.
 //! - `commit` turns this owner's in-flight entry into done and returns `true`. Committing an
 //!   entry that is already done returns `true` without writing, whoever committed it (a
 //!   repeated commit is harmless); an entry held by another owner, or absent, gives `false`.
@@ -414,15 +416,13 @@ impl Store for MemcachedStore {
     /// A server that fails fails the claims of its sets only; some of them may already be
     /// written, and those entries are in flight under this owner and expire with the lease.
     async fn claim_many(&self, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
-        let ops: Vec<(Op, Digest)> = digests.iter().map(|&d| (Op::Claim, d)).collect();
-        self.run_ops(&ops)
-            .await
-            .into_iter()
-            .map(|outcome| match outcome? {
-                Outcome::Claim(claim) => Ok(claim),
-                Outcome::Held(_) => Err(StoreError::Protocol("claim gave no claim".into())),
-            })
-            .collect()
+        self.claims(Op::Claim, digests).await
+    }
+
+    /// Claims many digests as [`claim_many`](Store::claim_many) does, each new entry written
+    /// done in the claim's own compare-and-swap: no commit follows.
+    async fn claim_done_many(&self, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
+        self.claims(Op::ClaimDone, digests).await
     }
 
     async fn commit(&self, digest: Digest) -> Result<bool, StoreError> {
@@ -455,6 +455,19 @@ impl Store for MemcachedStore {
 }
 
 impl MemcachedStore {
+    /// Runs the claim `op` on each digest in pipelines; each digest's claim.
+    async fn claims(&self, op: Op, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
+        let ops: Vec<(Op, Digest)> = digests.iter().map(|&d| (op, d)).collect();
+        self.run_ops(&ops)
+            .await
+            .into_iter()
+            .map(|outcome| match outcome? {
+                Outcome::Claim(claim) => Ok(claim),
+                Outcome::Held(_) => Err(StoreError::Protocol("claim gave no claim".into())),
+            })
+            .collect()
+    }
+
     /// Runs `op` on each digest in pipelines; whether each set still held its digest.
     async fn held_many(&self, op: Op, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
         let ops: Vec<(Op, Digest)> = digests.iter().map(|&d| (op, d)).collect();

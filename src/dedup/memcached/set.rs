@@ -15,6 +15,9 @@ const HEADER_BYTES: usize = 3;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Op {
     Claim,
+    /// A claim whose new entry is written done, as a claim then a commit would leave it:
+    /// for a handler whose accepted message is final.
+    ClaimDone,
     Commit,
     Erase,
     Renew,
@@ -90,9 +93,15 @@ pub(super) fn apply(
         .slots
         .iter()
         .position(|slot| slot.is_some_and(|entry| entry.digest == digest));
+    // What a claim writes into its entry: in flight with this owner's lease, or, for a
+    // claim done at once, done as a commit would write it.
+    let (claimed, claimed_until_ms) = match op {
+        Op::ClaimDone => (State::Done, done_time(facts)),
+        _ => (State::InFlight, facts.lease_until_ms),
+    };
     let Some(i) = found else {
         return match op {
-            Op::Claim => {
+            Op::Claim | Op::ClaimDone => {
                 let ways = set.slots.len();
                 let victim = match set.slots.iter().position(Option::is_none) {
                     Some(empty) => empty,
@@ -104,8 +113,8 @@ pub(super) fn apply(
                 };
                 set.slots[victim] = Some(Entry {
                     digest,
-                    state: State::InFlight,
-                    lease_until_ms: facts.lease_until_ms,
+                    state: claimed,
+                    lease_until_ms: claimed_until_ms,
                     owner: facts.owner,
                 });
                 (Outcome::Claim(Claim::New), true)
@@ -125,32 +134,29 @@ pub(super) fn apply(
             .max_age_ms
             .is_some_and(|max| facts.now_ms.saturating_sub(entry.lease_until_ms) > max);
     match (op, entry.state) {
-        (Op::Claim, State::Done) if expired => {
+        (Op::Claim | Op::ClaimDone, State::Done) if expired => {
             // Committed longer ago than `max_age`: a body sent again on purpose. Claim it anew,
             // in its slot.
-            entry.state = State::InFlight;
+            entry.state = claimed;
             entry.owner = facts.owner;
-            entry.lease_until_ms = facts.lease_until_ms;
+            entry.lease_until_ms = claimed_until_ms;
             (Outcome::Claim(Claim::New), true)
         }
-        (Op::Claim, State::Done) => (Outcome::Claim(Claim::Duplicate), false),
-        (Op::Claim, State::InFlight) if entry.lease_until_ms > facts.now_ms => {
+        (Op::Claim | Op::ClaimDone, State::Done) => (Outcome::Claim(Claim::Duplicate), false),
+        (Op::Claim | Op::ClaimDone, State::InFlight) if entry.lease_until_ms > facts.now_ms => {
             (Outcome::Claim(Claim::InFlight), false)
         }
-        (Op::Claim, State::InFlight) => {
+        (Op::Claim | Op::ClaimDone, State::InFlight) => {
             // The owner let the lease lapse: take the entry over, in its slot.
+            entry.state = claimed;
             entry.owner = facts.owner;
-            entry.lease_until_ms = facts.lease_until_ms;
+            entry.lease_until_ms = claimed_until_ms;
             (Outcome::Claim(Claim::New), true)
         }
         (Op::Commit, State::Done) => (Outcome::Held(true), false),
         (Op::Commit, State::InFlight) if mine => {
             entry.state = State::Done;
-            entry.lease_until_ms = if facts.max_age_ms.is_some() {
-                facts.now_ms
-            } else {
-                0
-            };
+            entry.lease_until_ms = done_time(facts);
             (Outcome::Held(true), true)
         }
         (Op::Erase, _) if mine => {
@@ -162,6 +168,16 @@ pub(super) fn apply(
             (Outcome::Held(true), true)
         }
         (Op::Commit | Op::Erase | Op::Renew, _) => (Outcome::Held(false), false),
+    }
+}
+
+/// The time field of an entry made done now: the time of the commit when done entries
+/// expire (`max_age`), else 0.
+fn done_time(facts: LeaseFacts) -> u64 {
+    if facts.max_age_ms.is_some() {
+        facts.now_ms
+    } else {
+        0
     }
 }
 
@@ -345,6 +361,42 @@ mod tests {
         assert_eq!(decode(&same_slot, 2), Err(DecodeError::Slot(0)));
         assert_eq!(decode(&two, 1), Err(DecodeError::Count(2)));
         assert_eq!(decode(b"hello world", 8), Err(DecodeError::Version(b'h')));
+    }
+
+    #[test]
+    fn a_claim_done_writes_the_entry_a_claim_and_commit_would() {
+        let me = 1;
+        let (d, e) = (Digest::from_u128(5), Digest::from_u128(6));
+        for max_age_ms in [None, Some(10_000)] {
+            let at = |now_ms| LeaseFacts {
+                max_age_ms,
+                ..facts(now_ms, me)
+            };
+            let mut two_steps = SetState::empty(2);
+            apply(&mut two_steps, Op::Claim, d, at(1_000));
+            apply(&mut two_steps, Op::Commit, d, at(1_000));
+            let mut one_step = SetState::empty(2);
+            assert_eq!(
+                apply(&mut one_step, Op::ClaimDone, d, at(1_000)),
+                (Outcome::Claim(Claim::New), true)
+            );
+            assert_eq!(one_step, two_steps, "max_age {max_age_ms:?}");
+            assert_eq!(
+                apply(&mut one_step, Op::ClaimDone, d, at(1_500)),
+                (Outcome::Claim(Claim::Duplicate), false)
+            );
+            // An in-flight entry of another owner is still in flight to a claim done.
+            apply(&mut one_step, Op::Claim, e, facts(1_000, 2));
+            assert_eq!(
+                apply(&mut one_step, Op::ClaimDone, e, at(1_050)),
+                (Outcome::Claim(Claim::InFlight), false)
+            );
+            // Its claimer may erase it, as a committed one.
+            assert_eq!(
+                apply(&mut one_step, Op::Erase, d, at(1_600)),
+                (Outcome::Held(true), true)
+            );
+        }
     }
 
     #[test]

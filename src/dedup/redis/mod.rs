@@ -88,6 +88,8 @@ const SET_SCRIPT: &str = include_str!("set.lua");
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Op {
     Claim,
+    /// A claim whose new entry is written done (`Store::claim_done_many`).
+    ClaimDone,
     Commit,
     Erase,
     Renew,
@@ -97,6 +99,7 @@ impl Op {
     fn code(self) -> &'static str {
         match self {
             Op::Claim => "c",
+            Op::ClaimDone => "d",
             Op::Commit => "m",
             Op::Erase => "e",
             Op::Renew => "r",
@@ -485,6 +488,24 @@ fn runs_by_set(geometry: Geometry, digests: &[Digest]) -> Vec<Vec<usize>> {
     runs
 }
 
+impl RedisStore {
+    /// Runs the claim `op` on each digest; each digest's claim.
+    async fn claims(&self, op: Op, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
+        self.update_many(op, digests)
+            .await
+            .into_iter()
+            .map(|answer| match answer? {
+                0 => Ok(Claim::New),
+                1 => Ok(Claim::InFlight),
+                2 => Ok(Claim::Duplicate),
+                other => Err(StoreError::Protocol(format!(
+                    "the set script answered {other} to a claim"
+                ))),
+            })
+            .collect()
+    }
+}
+
 impl Store for RedisStore {
     async fn claim(&self, digest: Digest) -> Result<Claim, StoreError> {
         self.claim_many(&[digest])
@@ -499,18 +520,13 @@ impl Store for RedisStore {
     /// A run that fails fails only its own digests (in a cluster, those of its set): the
     /// others are decided as usual.
     async fn claim_many(&self, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
-        self.update_many(Op::Claim, digests)
-            .await
-            .into_iter()
-            .map(|answer| match answer? {
-                0 => Ok(Claim::New),
-                1 => Ok(Claim::InFlight),
-                2 => Ok(Claim::Duplicate),
-                other => Err(StoreError::Protocol(format!(
-                    "the set script answered {other} to a claim"
-                ))),
-            })
-            .collect()
+        self.claims(Op::Claim, digests).await
+    }
+
+    /// Claims many digests as [`Store::claim_many`] does, each new entry written done in the
+    /// same script run (op `d`): no commit follows.
+    async fn claim_done_many(&self, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
+        self.claims(Op::ClaimDone, digests).await
     }
 
     async fn commit(&self, digest: Digest) -> Result<bool, StoreError> {

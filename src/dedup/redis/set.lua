@@ -10,6 +10,7 @@
 -- ms, max age ms ("" for none), ways, version to write, then n 16-byte digests, then the n keys
 -- of their sets (the i-th digest's set is the i-th key); digests of one set repeat its key, and
 -- are decided in order (a digest given twice is claimed new once, then found in flight).
+-- Op d is a claim whose new entry is written done (a digest given twice is then a duplicate).
 -- KEYS holds the first of those keys only: it routes the run to its node. In a cluster the
 -- other keys may be of other slots of the same node (a script without flags may reach any key
 -- its node serves); one its node does not serve fails the run when it is read, before any
@@ -28,7 +29,7 @@ local op, owner = ARGV[1], ARGV[2]
 local now, lease_until = tonumber(ARGV[3]), tonumber(ARGV[4])
 local max_age = tonumber(ARGV[5])
 local ways, version = tonumber(ARGV[6]), tonumber(ARGV[7])
-if op ~= 'c' and op ~= 'm' and op ~= 'e' and op ~= 'r' then
+if op ~= 'c' and op ~= 'd' and op ~= 'm' and op ~= 'e' and op ~= 'r' then
   return redis.error_reply('unknown operation ' .. tostring(op))
 end
 local n = (#ARGV - 7) / 2
@@ -64,6 +65,9 @@ end
 -- digest of one run, so made once.
 local CLAIMED = pack('>BI8', 1, lease_until) .. owner
 local DONE = pack('>BI8', 2, max_age and now or 0)
+-- Op d (for a handler whose accepted message is final) is a claim whose entry is written done.
+local claim = op == 'c' or op == 'd'
+if op == 'd' then CLAIMED = DONE .. owner end
 
 -- Writes `bytes` at 0-based `offset` of the set at key, and the header's version if the
 -- stored one differs.
@@ -98,12 +102,12 @@ end
 local function apply(key, value, digest)
   local at = locate(value, digest)
   if not at then
-    if op ~= 'c' then return 0, false end
+    if not claim then return 0, false end
     insert(key, value, digest)
     return 0, true
   end
   local state = byte(value, at + 17)
-  if op == 'c' then
+  if claim then
     local time = unpack('>I8', value, at + 18)
     if state == 2 then
       if time ~= 0 and max_age and now - time > max_age then

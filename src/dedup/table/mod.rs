@@ -312,10 +312,18 @@ impl Table {
     /// otherwise it is inserted as done and the answer is `false`.
     #[inline]
     pub fn contains_and_add(&self, digest: Digest) -> bool {
+        self.claim_done(digest) != Claim::New
+    }
+
+    /// A claim that holds a [`Claim::New`] digest as done at once, as a claim then a
+    /// [`commit`](Table::commit) would, in one write: for a handler whose accepted message is
+    /// final. Other digests answer as [`claim`](Table::claim) answers them.
+    #[inline]
+    pub fn claim_done(&self, digest: Digest) -> Claim {
         if let Some(times) = &self.timed {
-            return self.insert_timed_any(times, digest, DONE) != Claim::New;
+            return self.insert_timed_any(times, digest, DONE);
         }
-        on_set!(self, digest, insert(fingerprint(digest), DONE)) != Claim::New
+        on_set!(self, digest, insert(fingerprint(digest), DONE))
     }
 
     /// Two-phase check: see [`Claim`]. A [`Claim::New`] digest is held as in flight until
@@ -337,6 +345,14 @@ impl Table {
     pub fn claim_many_into(&self, digests: &[Digest], claims: &mut Vec<Claim>) {
         claims.reserve(digests.len());
         self.prefetched(digests, |digest| claims.push(self.claim(digest)));
+    }
+
+    /// [`claim_done`](Table::claim_done) on every digest of `digests` in order, appending the
+    /// answers to `claims`, with the sets of the next digests requested while one is decided
+    /// (as [`claim_many_into`](Table::claim_many_into)).
+    pub fn claim_done_many_into(&self, digests: &[Digest], claims: &mut Vec<Claim>) {
+        claims.reserve(digests.len());
+        self.prefetched(digests, |digest| claims.push(self.claim_done(digest)));
     }
 
     /// [`contains_and_add`](Table::contains_and_add) on every digest of `digests` in order,
@@ -424,6 +440,12 @@ impl Store for Table {
     async fn claim_many(&self, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
         let mut claims = Vec::with_capacity(digests.len());
         self.claim_many_into(digests, &mut claims);
+        claims.into_iter().map(Ok).collect()
+    }
+
+    async fn claim_done_many(&self, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
+        let mut claims = Vec::with_capacity(digests.len());
+        self.claim_done_many_into(digests, &mut claims);
         claims.into_iter().map(Ok).collect()
     }
 

@@ -1,0 +1,462 @@
+//! Handlers whose accepted message is final (`Handler::accepts_for_good`: the null sink, or a
+//! library handler that declares it): the pipeline claims each unique message done in one
+//! store write and never commits it, copies are still dropped, and a handler that can fail
+//! keeps its claim (held in flight under a lease) and its commit. Checked with a store that
+//! counts its calls, and end to end against a real memcached and redis by their own command
+//! counters.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use nsq_dedupe::config::{RawConfig, SinkKind, StoreKind};
+use nsq_dedupe::error::StoreError;
+use nsq_dedupe::metrics::get;
+use nsq_dedupe::nsq::Message;
+use nsq_dedupe::pipeline::{Dedupe, Outcome};
+use nsq_dedupe::sink::{Handler, HandlerError, Sink};
+use nsq_dedupe::{Claim, Digest, Geometry, KeySpec, Keyer, Metrics, Store, Table};
+
+use crate::batch::{bodies, consumer, drained, policy, take};
+use crate::nsq::TOPIC;
+use crate::sidecar::{raw_config, Running};
+use crate::support::broker::{Broker, BrokerConfig};
+use crate::support::memcached::MemcachedServer;
+use crate::support::redis::RedisServer;
+use crate::util::wait_until_or;
+
+/// The in-process table, counting the digests of each kind of call.
+struct Counting {
+    table: Table,
+    claimed: AtomicUsize,
+    claimed_done: AtomicUsize,
+    committed: AtomicUsize,
+    erased: AtomicUsize,
+}
+
+impl Counting {
+    fn new() -> Self {
+        Counting {
+            table: Table::with_slots(1024, 8).unwrap(),
+            claimed: AtomicUsize::new(0),
+            claimed_done: AtomicUsize::new(0),
+            committed: AtomicUsize::new(0),
+            erased: AtomicUsize::new(0),
+        }
+    }
+
+    /// Digests claimed in flight, claimed done, committed, erased.
+    fn counts(&self) -> [usize; 4] {
+        [
+            &self.claimed,
+            &self.claimed_done,
+            &self.committed,
+            &self.erased,
+        ]
+        .map(|count| count.load(Ordering::SeqCst))
+    }
+}
+
+fn add(count: &AtomicUsize, n: usize) {
+    count.fetch_add(n, Ordering::SeqCst);
+}
+
+impl Store for Counting {
+    async fn claim(&self, digest: Digest) -> Result<Claim, StoreError> {
+        add(&self.claimed, 1);
+        Ok(self.table.claim(digest))
+    }
+
+    async fn claim_many(&self, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
+        add(&self.claimed, digests.len());
+        Store::claim_many(&self.table, digests).await
+    }
+
+    async fn claim_done_many(&self, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
+        add(&self.claimed_done, digests.len());
+        Store::claim_done_many(&self.table, digests).await
+    }
+
+    async fn commit(&self, digest: Digest) -> Result<bool, StoreError> {
+        add(&self.committed, 1);
+        Ok(self.table.commit(digest))
+    }
+
+    async fn commit_many(&self, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
+        add(&self.committed, digests.len());
+        Store::commit_many(&self.table, digests).await
+    }
+
+    async fn erase(&self, digest: Digest) -> Result<bool, StoreError> {
+        add(&self.erased, 1);
+        Ok(self.table.erase(digest))
+    }
+
+    async fn erase_many(&self, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
+        add(&self.erased, digests.len());
+        Store::erase_many(&self.table, digests).await
+    }
+
+    async fn renew(&self, digest: Digest) -> Result<bool, StoreError> {
+        Ok(self.table.contains(digest))
+    }
+
+    fn geometry(&self) -> Option<Geometry> {
+        Some(self.table.geometry())
+    }
+}
+
+/// A handler that records the bodies it took, declares finality or not, and fails the
+/// bodies it is told to (once each): a final one that fails breaks its promise.
+#[derive(Clone, Default)]
+struct Taking {
+    accepts_for_good: bool,
+    taken: Arc<Mutex<Vec<Bytes>>>,
+    fail_once: Arc<Mutex<Vec<Bytes>>>,
+}
+
+impl Taking {
+    fn new(accepts_for_good: bool) -> Self {
+        Taking {
+            accepts_for_good,
+            ..Taking::default()
+        }
+    }
+
+    fn taken(&self) -> Vec<Bytes> {
+        self.taken.lock().unwrap().clone()
+    }
+}
+
+impl Handler for Taking {
+    async fn handle(&self, body: Bytes) -> Result<(), HandlerError> {
+        let mut fail_once = self.fail_once.lock().unwrap();
+        if let Some(at) = fail_once.iter().position(|b| b == &body) {
+            fail_once.remove(at);
+            return Err(HandlerError::Retry("told to fail".into()));
+        }
+        self.taken.lock().unwrap().push(body);
+        Ok(())
+    }
+
+    fn accepts_for_good(&self) -> bool {
+        self.accepts_for_good
+    }
+}
+
+fn pipeline(handler: Taking) -> Dedupe<Counting, Taking> {
+    Dedupe::new(
+        Counting::new(),
+        Keyer::new(KeySpec::Body, Default::default()),
+        handler,
+        policy(),
+        None,
+        Arc::new(Metrics::default()),
+    )
+}
+
+/// The next `n` messages of `consumer`, in the order of their bodies.
+async fn burst(consumer: &mut nsq_dedupe::Consumer, n: usize) -> Vec<Message> {
+    let mut messages = take(consumer, n).await;
+    messages.sort_by(|x, y| x.body().cmp(y.body()));
+    messages
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_final_handler_costs_one_store_write_per_unique_message_and_no_commit() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    broker.publish_many(TOPIC, bodies(&["a", "a", "b", "c"]));
+    let mut consumer = consumer(&broker);
+    let handler = Taking::new(true);
+    let dedupe = pipeline(handler.clone());
+    assert_eq!(
+        dedupe.process_batch(burst(&mut consumer, 4).await).await,
+        [
+            Outcome::Delivered,
+            Outcome::Duplicate,
+            Outcome::Delivered,
+            Outcome::Delivered
+        ],
+        "the copy within the burst is finished: its original is done already"
+    );
+    broker.publish_many(TOPIC, bodies(&["a", "d"]));
+    assert_eq!(
+        dedupe.process_batch(burst(&mut consumer, 2).await).await,
+        [Outcome::Duplicate, Outcome::Delivered]
+    );
+    assert_eq!(
+        dedupe.store().counts(),
+        [0, 6, 0, 0],
+        "[claimed, claimed done, committed, erased]: one write per message, no commit"
+    );
+    let metrics = dedupe.metrics();
+    assert_eq!(
+        [
+            &metrics.unique,
+            &metrics.duplicates,
+            &metrics.handler_successes
+        ]
+        .map(get),
+        [4, 2, 4]
+    );
+    assert_eq!(handler.taken(), bodies(&["a", "b", "c", "d"]));
+    drained(&broker).await;
+    consumer.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_can_fail_still_gets_a_claim_and_a_commit() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    broker.publish_many(TOPIC, bodies(&["a", "a", "b", "c"]));
+    let mut consumer = consumer(&broker);
+    let handler = Taking::new(false);
+    let dedupe = pipeline(handler.clone());
+    assert_eq!(
+        dedupe.process_batch(burst(&mut consumer, 4).await).await,
+        [
+            Outcome::Delivered,
+            Outcome::InFlight,
+            Outcome::Delivered,
+            Outcome::Delivered
+        ],
+        "the copy within the burst waits for its original's lease"
+    );
+    assert_eq!(
+        dedupe.store().counts(),
+        [4, 0, 3, 0],
+        "[claimed, claimed done, committed, erased]"
+    );
+    // The requeued copy comes back once its original is committed.
+    assert_eq!(
+        dedupe.process_batch(burst(&mut consumer, 1).await).await,
+        [Outcome::Duplicate]
+    );
+    assert_eq!(handler.taken(), bodies(&["a", "b", "c"]));
+    drained(&broker).await;
+    consumer.shutdown(Duration::from_secs(1)).await;
+}
+
+/// A handler that declares finality and fails a record all the same: the record's entry is
+/// erased and its message requeued, and the retry is delivered. Nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_final_handler_that_fails_all_the_same_gets_the_message_again() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    broker.publish_many(TOPIC, bodies(&["a", "b"]));
+    let mut consumer = consumer(&broker);
+    let handler = Taking::new(true);
+    handler.fail_once.lock().unwrap().push(Bytes::from("b"));
+    let dedupe = pipeline(handler.clone());
+    assert_eq!(
+        dedupe.process_batch(burst(&mut consumer, 2).await).await,
+        [Outcome::Delivered, Outcome::Retried]
+    );
+    assert_eq!(
+        dedupe.process_batch(burst(&mut consumer, 1).await).await,
+        [Outcome::Delivered],
+        "the retry is not taken for a copy"
+    );
+    assert_eq!(dedupe.store().counts(), [0, 3, 0, 1]);
+    assert_eq!(handler.taken(), bodies(&["a", "b"]));
+    drained(&broker).await;
+    consumer.shutdown(Duration::from_secs(1)).await;
+}
+
+/// The same with Memcached behind a near-table, which remembers a digest claimed done at
+/// once: the erase of the failed record must make the near-table forget it too, or the
+/// retry would be taken there for a copy and finished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_final_handler_that_fails_behind_a_near_table_gets_the_message_again() {
+    let memcached = MemcachedServer::start();
+    let geometry = Geometry::new(1 << 16, 8).unwrap();
+    let store = nsq_dedupe::MemcachedStore::connect(
+        nsq_dedupe::MemcachedConfig {
+            servers: vec![memcached.addr()],
+            namespace: crate::store_contract::unique_namespace("near-final"),
+            ..nsq_dedupe::MemcachedConfig::default()
+        },
+        geometry,
+    )
+    .await
+    .unwrap();
+    let near = nsq_dedupe::dedup::NearTable::new(geometry, None).unwrap();
+    let broker = Broker::start(BrokerConfig::default()).await;
+    broker.publish_many(TOPIC, bodies(&["a", "b"]));
+    let mut consumer = consumer(&broker);
+    let handler = Taking::new(true);
+    handler.fail_once.lock().unwrap().push(Bytes::from("b"));
+    let dedupe = Dedupe::new(
+        nsq_dedupe::Backend::Memcached(store, Some(near)),
+        Keyer::new(KeySpec::Body, Default::default()),
+        handler.clone(),
+        policy(),
+        None,
+        Arc::new(Metrics::default()),
+    );
+    assert_eq!(
+        dedupe.process_batch(burst(&mut consumer, 2).await).await,
+        [Outcome::Delivered, Outcome::Retried]
+    );
+    assert_eq!(
+        dedupe.process_batch(burst(&mut consumer, 1).await).await,
+        [Outcome::Delivered],
+        "the retry is not taken for a copy"
+    );
+    assert_eq!(handler.taken(), bodies(&["a", "b"]));
+    drained(&broker).await;
+    consumer.shutdown(Duration::from_secs(1)).await;
+}
+
+#[test]
+fn only_the_null_sink_accepts_for_good() {
+    assert!(Sink::Null.accepts_for_good());
+    let closure = |_: Bytes| async { Ok::<(), HandlerError>(()) };
+    assert!(!closure.accepts_for_good(), "a handler may fail by default");
+}
+
+// ---------------------------------------------------------------------------------------------
+// End to end, counted by the store's server.
+
+/// Unique messages of the end-to-end runs; their digests fall in distinct sets of the table
+/// (checked), so each write the store sends is one message's.
+const N: usize = 120;
+
+/// Buckets of the end-to-end runs' table: 131,072 sets of 8 ways.
+const BUCKETS: u64 = 1 << 20;
+
+fn unique_bodies() -> Vec<Bytes> {
+    let bodies: Vec<Bytes> = (0..N).map(|i| Bytes::from(format!("m{i:04}"))).collect();
+    let keyer = Keyer::new(KeySpec::Body, Default::default());
+    let geometry = Geometry::new(BUCKETS, 8).unwrap();
+    let sets: std::collections::HashSet<u64> = bodies
+        .iter()
+        .map(|b| geometry.set_of(keyer.digest(b).unwrap()))
+        .collect();
+    assert_eq!(sets.len(), N, "the test's bodies share a set: pick others");
+    bodies
+}
+
+/// Where the end-to-end runs' sinks go.
+enum To {
+    Null,
+    File(std::path::PathBuf),
+}
+
+/// Runs the sidecar over `store` (set on `raw` by the caller) into `to`: the unique bodies,
+/// then each of them again once they are all handled. Returns the store's writes, as
+/// `writes` counts them, over the run.
+async fn writes_of_a_run(
+    mut raw: RawConfig,
+    broker: &Broker,
+    to: To,
+    writes: impl Fn() -> u64,
+) -> u64 {
+    raw.store.buckets = Some(BUCKETS);
+    match to {
+        To::Null => raw.sink.kind = Some(SinkKind::Null),
+        To::File(dir) => {
+            raw.sink.kind = Some(SinkKind::File);
+            raw.sink.output_dir = Some(dir);
+        }
+    }
+    let before = writes();
+    let running = Running::start_configured(raw.validate().unwrap()).await;
+    let metrics = running.metrics.clone();
+    broker.publish_many(TOPIC, unique_bodies());
+    wait_until_or(
+        "every unique message handled",
+        Duration::from_secs(30),
+        || get(&metrics.handler_successes) == N as u64 && crate::sidecar::drained(broker),
+        || format!("{} handled", get(&metrics.handler_successes)),
+    )
+    .await;
+    broker.publish_many(TOPIC, unique_bodies());
+    wait_until_or(
+        "every copy finished",
+        Duration::from_secs(30),
+        || get(&metrics.duplicates) == N as u64 && crate::sidecar::drained(broker),
+        || format!("{} duplicates", get(&metrics.duplicates)),
+    )
+    .await;
+    running.stop().await;
+    assert_eq!(
+        [
+            &metrics.unique,
+            &metrics.duplicates,
+            &metrics.handler_successes,
+            &metrics.store_errors
+        ]
+        .map(get),
+        [N as u64, N as u64, N as u64, 0],
+        "[unique, duplicates, handled, store errors]"
+    );
+    writes() - before
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_memcached_the_null_sink_costs_one_write_per_unique_message() {
+    let memcached = MemcachedServer::start();
+    let out = tempfile::tempdir().unwrap();
+    for (to, per_message) in [(To::Null, 1), (To::File(out.path().to_owned()), 2)] {
+        let sink = match to {
+            To::Null => "null",
+            To::File(_) => "file",
+        };
+        let broker = Broker::start(BrokerConfig::default()).await;
+        let mut raw = raw_config(&[broker.tcp_addr()]);
+        raw.store.kind = Some(StoreKind::Memcached);
+        raw.store.memcached_addresses = Some(vec![memcached.addr()]);
+        raw.store.namespace = Some(crate::store_contract::unique_namespace(sink));
+        let writes = writes_of_a_run(raw, &broker, to, || {
+            // Every `ms` memcached was sent, stored or not.
+            crate::memcached::stat(&memcached.addr(), "cmd_set")
+        })
+        .await;
+        assert_eq!(
+            writes,
+            per_message * N as u64,
+            "{sink} sink: memcached writes for {N} unique messages and {N} copies"
+        );
+    }
+}
+/// Calls of the commands that write a Redis set (from the store's script, too).
+fn redis_writes(redis: &RedisServer) -> u64 {
+    redis
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .filter(|line| {
+            ["cmdstat_set:", "cmdstat_setrange:"]
+                .iter()
+                .any(|command| line.starts_with(command))
+        })
+        .map(|line| {
+            let calls = line.split("calls=").nth(1).expect("calls=");
+            calls[..calls.find(',').unwrap_or(calls.len())]
+                .parse::<u64>()
+                .expect("a count")
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_the_null_sink_costs_one_write_per_unique_message() {
+    let redis = RedisServer::start();
+    let out = tempfile::tempdir().unwrap();
+    for (to, per_message) in [(To::Null, 1), (To::File(out.path().to_owned()), 2)] {
+        let sink = match to {
+            To::Null => "null",
+            To::File(_) => "file",
+        };
+        let broker = Broker::start(BrokerConfig::default()).await;
+        let mut raw = raw_config(&[broker.tcp_addr()]);
+        raw.store.kind = Some(StoreKind::Redis);
+        raw.store.redis_urls = Some(vec![redis.url()]);
+        raw.store.namespace = Some(crate::store_contract::unique_namespace(sink));
+        let writes = writes_of_a_run(raw, &broker, to, || redis_writes(&redis)).await;
+        assert_eq!(
+            writes,
+            per_message * N as u64,
+            "{sink} sink: Redis set writes for {N} unique messages and {N} copies"
+        );
+    }
+}
