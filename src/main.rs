@@ -29,6 +29,13 @@ fn main() -> ExitCode {
         report(&err);
         return bad_value_status(is_service, log_level_variable.is_some());
     }
+    for variable in Cli::unread_variables() {
+        tracing::warn!(
+            %variable,
+            "No flag reads this variable, so it sets nothing: is it misspelt? `--help` names each \
+             flag's variable."
+        );
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) if output::is_broken_pipe(&err) => ExitCode::SUCCESS,

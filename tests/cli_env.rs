@@ -270,3 +270,34 @@ fn help_names_each_variable_and_shows_no_value() {
         assert!(run_help.contains(named), "{named}:\n{run_help}");
     }
 }
+
+#[test]
+fn a_variable_no_flag_reads_is_warned_about() {
+    // A misspelt variable sets nothing: the warning names it before the error it leads to.
+    let (code, stderr) = run_refused(
+        &[("NSQ_DEDUPE_NSQD_TCP_ADRESS", "127.0.0.1:4150")],
+        &["--topic", "t"],
+    );
+    assert_eq!(code, 78, "{stderr}");
+    let (warning, error) = stderr.split_once("error: ").expect("an error");
+    assert!(
+        warning.contains("WARN")
+            && warning.contains("variable=NSQ_DEDUPE_NSQD_TCP_ADRESS")
+            && warning.contains("is it misspelt?"),
+        "{stderr}"
+    );
+    assert!(
+        error.starts_with("`source.nsqd_tcp_addresses` is required"),
+        "{stderr}"
+    );
+    // The variables that are read, a flag's or the Redis password, are not warned about.
+    let (code, stderr) = run_refused(
+        &[
+            ("NSQ_DEDUPE_TOPIC", "t"),
+            ("NSQ_DEDUPE_REDIS_PASSWORD", "hunter2"),
+        ],
+        &[],
+    );
+    assert_eq!(code, 78, "{stderr}");
+    assert!(!stderr.contains("WARN"), "{stderr}");
+}

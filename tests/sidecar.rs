@@ -1000,6 +1000,15 @@ fn malformed_configs_are_rejected_with_the_key_named() {
         ) && !e.contains("msg_timeout = "),
         "{e}"
     );
+    // A duration written as a bare number says how to write one, quotes included.
+    let e = bad_config(&format!("{SOURCE}[shutdown]\ngrace = 10\n"));
+    assert!(
+        e.contains(
+            "(`shutdown.grace`): invalid type: integer `10`, expected a duration in quotes, \
+             such as \"30s\""
+        ),
+        "{e}"
+    );
     assert_eq!(
         bad_config(&format!(
             "{SOURCE}[sink]\nkind = \"http\"\npost = [\"http://a/\", \"ftp://example.com/x\"]\n"

@@ -2,7 +2,7 @@
 //! value from their variable, so that errors name what the user set rather than a flag they
 //! did not type, and clap's errors about such a value, told by the variable.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
 
 use clap::parser::ValueSource;
@@ -102,4 +102,39 @@ pub(crate) fn explain(
         message,
         is_run: matches.subcommand_name() == Some("run"),
     })
+}
+
+/// Variables nsq-dedupe reads that no flag has: the Redis password (`run`), the commit a build
+/// names (and `NSQ_DEDUPE_COMMIT`, which the build script sets and `cargo run` and `cargo test`
+/// pass on), and the binary the benchmark scripts run.
+const READ_WITHOUT_FLAG: [&str; 4] = [
+    "NSQ_DEDUPE_REDIS_PASSWORD",
+    "NSQ_DEDUPE_BUILD_COMMIT",
+    "NSQ_DEDUPE_COMMIT",
+    "NSQ_DEDUPE_BIN",
+];
+
+/// The `NSQ_DEDUPE_` variables of the environment that nothing reads, by name: a misspelt one
+/// (`NSQ_DEDUPE_MAX_IN_FLIGT`) would otherwise leave its setting at its default, unsaid.
+pub(crate) fn unread(definition: &Command) -> Vec<String> {
+    let mut read: BTreeSet<String> = READ_WITHOUT_FLAG.map(str::to_owned).into();
+    variables(definition, &mut read);
+    let mut unread: Vec<String> = std::env::vars_os()
+        .filter_map(|(name, _)| name.into_string().ok())
+        .filter(|name| name.starts_with("NSQ_DEDUPE_") && !read.contains(name))
+        .collect();
+    unread.sort();
+    unread
+}
+
+/// Adds the variables of `command`'s flags and of its subcommands' to `read`.
+fn variables(command: &Command, read: &mut BTreeSet<String>) {
+    for arg in command.get_arguments() {
+        if let Some(variable) = arg.get_env() {
+            read.insert(variable.to_string_lossy().into_owned());
+        }
+    }
+    for subcommand in command.get_subcommands() {
+        variables(subcommand, read);
+    }
 }

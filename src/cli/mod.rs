@@ -86,6 +86,11 @@ impl Cli {
         cli.from_env = FromEnv::of(&definition, &matches);
         Ok(cli)
     }
+
+    /// The `NSQ_DEDUPE_` variables set that no flag reads (a misspelling, most likely).
+    pub(crate) fn unread_variables() -> Vec<String> {
+        env::unread(&Cli::definition())
+    }
 }
 
 /// `command` with `change` made to every argument of it and of its subcommands, at any depth.

@@ -307,14 +307,29 @@ pub struct Dur(pub Duration);
 
 impl<'de> Deserialize<'de> for Dur {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
+        deserializer.deserialize_str(DurVisitor)
+    }
+}
+
+/// Reads a [`Dur`] from a string. A value of another type (`msg_timeout = 30`) is refused with
+/// the form a duration takes, quotes included, rather than serde's bare "expected a string".
+struct DurVisitor;
+
+impl serde::de::Visitor<'_> for DurVisitor {
+    type Value = Dur;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a duration in quotes, such as \"30s\", \"5m\", \"1h\" or \"2d\"")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Dur, E> {
         // The value is named in the error (config errors quote no line of the file), in
         // serde's words: `invalid value: string "10 parsecs", expected a duration such as …`.
-        crate::units::parse_duration(&text)
+        crate::units::parse_duration(text)
             .map(Dur)
             .map_err(|reason| {
                 let expected = reason.strip_prefix("expected ").unwrap_or(&reason);
-                serde::de::Error::invalid_value(serde::de::Unexpected::Str(&text), &expected)
+                E::invalid_value(serde::de::Unexpected::Str(text), &expected)
             })
     }
 }
