@@ -289,15 +289,21 @@ fn command_calls(server: &RedisServer) -> std::collections::BTreeMap<String, u64
         .collect()
 }
 
-#[tokio::test]
-async fn a_commit_erase_or_renew_after_its_claim_reads_only_its_entry() {
+/// A server of its own and a store of `geometry` on it, in a namespace of its own (`tag`),
+/// with the settings that connect more stores to the same table.
+async fn server_and_store(tag: &str, geometry: Geometry) -> (RedisServer, RedisConfig, RedisStore) {
     let server = RedisServer::start();
-    let namespace = unique_namespace("hint");
-    let geometry = Geometry::new(64, 4).unwrap();
-    let settings = config(&[server.url()], false, &namespace);
+    let settings = config(&[server.url()], false, &unique_namespace(tag));
     let store = RedisStore::connect(settings.clone(), geometry)
         .await
         .unwrap();
+    (server, settings, store)
+}
+
+#[tokio::test]
+async fn a_commit_erase_or_renew_after_its_claim_reads_only_its_entry() {
+    let geometry = Geometry::new(64, 4).unwrap();
+    let (server, settings, store) = server_and_store("hint", geometry).await;
     let (d, e) = same_set_pair(geometry);
     let (f, g) = (digest(7), digest(8));
     assert_eq!(
@@ -335,10 +341,8 @@ async fn a_commit_erase_or_renew_after_its_claim_reads_only_its_entry() {
 
 #[tokio::test]
 async fn a_hint_to_an_entry_taken_over_after_its_lease_is_refused() {
-    let server = RedisServer::start();
-    let namespace = unique_namespace("hint-lease");
     let geometry = Geometry::new(64, 4).unwrap();
-    let settings = config(&[server.url()], false, &namespace);
+    let (server, settings, next) = server_and_store("hint-lease", geometry).await;
     let lease = Duration::from_millis(300);
     let slow = RedisStore::connect(
         RedisConfig {
@@ -349,9 +353,6 @@ async fn a_hint_to_an_entry_taken_over_after_its_lease_is_refused() {
     )
     .await
     .unwrap();
-    let next = RedisStore::connect(settings.clone(), geometry)
-        .await
-        .unwrap();
     let digests = [digest(1), digest(2), digest(3)];
     assert_eq!(
         claimed(slow.claim_many(&digests).await).unwrap(),
@@ -391,14 +392,9 @@ async fn a_hint_to_an_entry_taken_over_after_its_lease_is_refused() {
 
 #[tokio::test]
 async fn a_hint_to_an_entry_pushed_out_or_moved_falls_back_to_the_set() {
-    let server = RedisServer::start();
-    let namespace = unique_namespace("hint-moved");
     // One set of two ways.
     let geometry = Geometry::new(2, 2).unwrap();
-    let settings = config(&[server.url()], false, &namespace);
-    let store = RedisStore::connect(settings.clone(), geometry)
-        .await
-        .unwrap();
+    let (server, settings, store) = server_and_store("hint-moved", geometry).await;
     let (a, b, c) = (digest(1), digest(2), digest(3));
     // c pushes a out of slot 0.
     assert_eq!(
