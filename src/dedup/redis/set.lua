@@ -97,13 +97,18 @@ end
 -- Returns the slot.
 local function insert(key, value, digest)
   local n = #value
-  for at = 4 + 17, n, ENTRY do
-    if byte(value, at) == 0 then
-      -- A slot that an erase emptied.
-      local slot = (at - 21) / ENTRY
+  local from = 4
+  while true do
+    -- A slot that an erase emptied: all zeros, found by one search (a call per slot costs
+    -- more).
+    local at = find(value, ERASED, from, true)
+    if not at then break end
+    if (at - 4) % ENTRY == 0 then
+      local slot = (at - 4) / ENTRY
       write(key, byte(value, 1), 3 + slot * ENTRY, char(slot) .. digest .. CLAIMED)
       return slot
     end
+    from = at + 1
   end
   if n < SIZE then
     local slot = (n - 3) / ENTRY
@@ -171,9 +176,9 @@ local function read(key, count)
 end
 
 -- Every key read first. `entries[i]` is the entry a hint points at while it is still the
--- digest's; every other digest is decided on its whole set, `sets[key]`, and `left[key]`
--- counts the digests of the run still to be decided in it.
-local digests, entries, sets, left, hinted = {}, {}, {}, {}, {}
+-- digest's; every other digest is decided on its whole set, `sets[key]` (false once the run
+-- changed it: read again when another digest needs it).
+local entries, sets, hinted = {}, {}, {}
 for i = 1, n do
   local key, digest = ARGV[7 + n + i], ARGV[7 + i]
   if #digest == 17 and op ~= 'c' then
@@ -187,18 +192,11 @@ for i = 1, n do
         entries[i] = entry
       end
     end
-    if not entries[i] then digest = sub(digest, 2) end
   end
-  digests[i] = digest
-  if not entries[i] then
-    if sets[key] then
-      left[key] = left[key] + 1
-    else
-      left[key] = 1
-      local value, error = read(key, true)
-      if error then return error end
-      sets[key] = value
-    end
+  if not entries[i] and sets[key] == nil then
+    local value, error = read(key, true)
+    if error then return error end
+    sets[key] = value
   end
 end
 
@@ -209,24 +207,26 @@ for i = 1, n do
   if entry then
     answer, changed = update(key, entry, 1, 3 + byte(entry, 1) * ENTRY, nil)
   else
-    local value = sets[key]
+    local value, digest = sets[key], ARGV[7 + i]
+    if not value then
+      -- An earlier digest of the run changed the set: this one sees it as changed.
+      value = read(key, false) or EMPTY
+      sets[key] = value
+    end
+    if #digest == 17 and op ~= 'c' then digest = sub(digest, 2) end
     if op == 'c' then
-      answer, changed = claim(key, value, digests[i])
+      answer, changed = claim(key, value, digest)
     else
-      local at = locate(value, digests[i])
+      local at = locate(value, digest)
       if at then
         answer, changed = update(key, value, at, 0, byte(value, 1))
       else
         answer, changed = 0, false
       end
     end
-    left[key] = left[key] - 1
   end
   answers[i] = answer
-  if changed and left[key] and left[key] > 0 then
-    -- Another digest of the run is decided on this set: it sees the set as changed.
-    sets[key] = read(key, false) or EMPTY
-  end
+  if changed and sets[key] then sets[key] = false end
 end
 answers[n + 1] = unreadable
 return answers
