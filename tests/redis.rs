@@ -300,6 +300,16 @@ async fn server_and_store(tag: &str, geometry: Geometry) -> (RedisServer, RedisC
     (server, settings, store)
 }
 
+/// Commits `digests` in one burst; each answer, which must not be an error.
+async fn commit_all(store: &RedisStore, digests: &[Digest]) -> Vec<bool> {
+    store
+        .commit_many(digests)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect()
+}
+
 #[tokio::test]
 async fn a_commit_erase_or_renew_after_its_claim_reads_only_its_entry() {
     let geometry = Geometry::new(64, 4).unwrap();
@@ -311,13 +321,7 @@ async fn a_commit_erase_or_renew_after_its_claim_reads_only_its_entry() {
         vec![Claim::New; 4]
     );
     server.cli(&["config", "resetstat"]);
-    let committed: Vec<bool> = store
-        .commit_many(&[d, e])
-        .await
-        .into_iter()
-        .map(Result::unwrap)
-        .collect();
-    assert_eq!(committed, [true, true]);
+    assert_eq!(commit_all(&store, &[d, e]).await, [true, true]);
     assert!(store.erase(f).await.unwrap());
     assert!(store.renew(g).await.unwrap());
     assert!(store.commit(g).await.unwrap(), "a renew keeps the hint");
@@ -418,13 +422,11 @@ async fn a_hint_to_an_entry_pushed_out_or_moved_falls_back_to_the_set() {
         .await
         .unwrap();
     server.cli(&["config", "resetstat"]);
-    let committed: Vec<bool> = store
-        .commit_many(&[c, b])
-        .await
-        .into_iter()
-        .map(Result::unwrap)
-        .collect();
-    assert_eq!(committed, [true, true], "found in their new slots");
+    assert_eq!(
+        commit_all(&store, &[c, b]).await,
+        [true, true],
+        "found in their new slots"
+    );
     let calls = command_calls(&server);
     assert_eq!(calls.get("getrange"), Some(&2), "{calls:?}");
     assert!(calls.contains_key("get"), "the set read whole: {calls:?}");
