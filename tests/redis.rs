@@ -276,6 +276,167 @@ async fn a_burst_whose_script_fails_writes_nothing_and_the_retry_passes() {
     );
 }
 
+/// How many times the server ran each command (a script's own calls included) since the last
+/// `CONFIG RESETSTAT`, from `INFO commandstats`.
+fn command_calls(server: &RedisServer) -> std::collections::BTreeMap<String, u64> {
+    server
+        .cli(&["info", "commandstats"])
+        .lines()
+        .filter_map(|line| {
+            let (command, rest) = line.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+            Some((command.to_owned(), rest.split(',').next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// A server of its own and a store of `geometry` on it, in a namespace of its own (`tag`),
+/// with the settings that connect more stores to the same table.
+async fn server_and_store(tag: &str, geometry: Geometry) -> (RedisServer, RedisConfig, RedisStore) {
+    let server = RedisServer::start();
+    let settings = config(&[server.url()], false, &unique_namespace(tag));
+    let store = RedisStore::connect(settings.clone(), geometry)
+        .await
+        .unwrap();
+    (server, settings, store)
+}
+
+/// Commits `digests` in one burst; each answer, which must not be an error.
+async fn commit_all(store: &RedisStore, digests: &[Digest]) -> Vec<bool> {
+    store
+        .commit_many(digests)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_commit_erase_or_renew_after_its_claim_reads_only_its_entry() {
+    let geometry = Geometry::new(64, 4).unwrap();
+    let (server, settings, store) = server_and_store("hint", geometry).await;
+    let (d, e) = same_set_pair(geometry);
+    let (f, g) = (digest(7), digest(8));
+    assert_eq!(
+        claimed(store.claim_many(&[d, e, f, g]).await).unwrap(),
+        vec![Claim::New; 4]
+    );
+    server.cli(&["config", "resetstat"]);
+    assert_eq!(commit_all(&store, &[d, e]).await, [true, true]);
+    assert!(store.erase(f).await.unwrap());
+    assert!(store.renew(g).await.unwrap());
+    assert!(store.commit(g).await.unwrap(), "a renew keeps the hint");
+    let calls = command_calls(&server);
+    // Two commits, an erase, a renew and a commit: each reads its 34-byte entry and writes it.
+    assert_eq!(calls.get("getrange"), Some(&5), "{calls:?}");
+    assert_eq!(calls.get("get"), None, "no set read whole: {calls:?}");
+    assert_eq!(calls.get("setrange"), Some(&5), "{calls:?}");
+
+    let other = RedisStore::connect(settings, geometry).await.unwrap();
+    assert_eq!(
+        claimed(other.claim_many(&[d, e, f, g]).await).unwrap(),
+        [
+            Claim::Duplicate,
+            Claim::Duplicate,
+            Claim::New,
+            Claim::Duplicate
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_hint_to_an_entry_taken_over_after_its_lease_is_refused() {
+    let geometry = Geometry::new(64, 4).unwrap();
+    let (server, settings, next) = server_and_store("hint-lease", geometry).await;
+    let lease = Duration::from_millis(300);
+    let slow = RedisStore::connect(
+        RedisConfig {
+            lease,
+            ..settings.clone()
+        },
+        geometry,
+    )
+    .await
+    .unwrap();
+    let digests = [digest(1), digest(2), digest(3)];
+    assert_eq!(
+        claimed(slow.claim_many(&digests).await).unwrap(),
+        vec![Claim::New; 3]
+    );
+    tokio::time::sleep(lease + Duration::from_millis(100)).await;
+    // The lease lapsed: another owner takes each entry over, in its slot.
+    assert_eq!(
+        claimed(next.claim_many(&digests).await).unwrap(),
+        vec![Claim::New; 3]
+    );
+    server.cli(&["config", "resetstat"]);
+    assert!(!slow.commit(digests[0]).await.unwrap());
+    assert!(!slow.erase(digests[1]).await.unwrap());
+    assert!(!slow.renew(digests[2]).await.unwrap());
+    let calls = command_calls(&server);
+    assert_eq!(
+        calls.get("getrange"),
+        Some(&3),
+        "through the hints: {calls:?}"
+    );
+    assert_eq!(calls.get("setrange"), None, "nothing written: {calls:?}");
+
+    // The new owner's claims stand.
+    let third = RedisStore::connect(settings, geometry).await.unwrap();
+    assert_eq!(
+        claimed(third.claim_many(&digests).await).unwrap(),
+        vec![Claim::InFlight; 3]
+    );
+    assert!(next.commit(digests[0]).await.unwrap());
+    assert!(next.erase(digests[1]).await.unwrap());
+    assert_eq!(
+        claimed(third.claim_many(&digests[..2]).await).unwrap(),
+        [Claim::Duplicate, Claim::New]
+    );
+}
+
+#[tokio::test]
+async fn a_hint_to_an_entry_pushed_out_or_moved_falls_back_to_the_set() {
+    // One set of two ways.
+    let geometry = Geometry::new(2, 2).unwrap();
+    let (server, settings, store) = server_and_store("hint-moved", geometry).await;
+    let (a, b, c) = (digest(1), digest(2), digest(3));
+    // c pushes a out of slot 0.
+    assert_eq!(
+        claimed(store.claim_many(&[a, b, c]).await).unwrap(),
+        vec![Claim::New; 3]
+    );
+    assert!(!store.commit(a).await.unwrap(), "a was pushed out");
+    // Rewrite the set with its two entries swapped: c's hint now points at b's entry.
+    let key = store.set_key(c);
+    let value = raw_get(&server.url(), &key).await.unwrap();
+    assert_eq!(value.len(), 3 + 2 * 34);
+    let (mut first, mut second) = (value[3..37].to_vec(), value[37..].to_vec());
+    std::mem::swap(&mut first[0], &mut second[0]);
+    let swapped = [&value[..3], &second[..], &first[..]].concat();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let () = redis::cmd("SET")
+        .arg(&key)
+        .arg(swapped)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    server.cli(&["config", "resetstat"]);
+    assert_eq!(
+        commit_all(&store, &[c, b]).await,
+        [true, true],
+        "found in their new slots"
+    );
+    let calls = command_calls(&server);
+    assert_eq!(calls.get("getrange"), Some(&2), "{calls:?}");
+    assert!(calls.contains_key("get"), "the set read whole: {calls:?}");
+    let other = RedisStore::connect(settings, geometry).await.unwrap();
+    assert_eq!(
+        claimed(other.claim_many(&[c, b]).await).unwrap(),
+        vec![Claim::Duplicate; 2]
+    );
+}
+
 #[tokio::test]
 async fn a_password_from_the_config_opens_a_protected_server() {
     let server = RedisServer::start_with_args(&["--requirepass", "s3cret-pw"]);

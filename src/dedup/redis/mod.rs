@@ -11,6 +11,11 @@
 //! whole new value. Every set may live on any slot, so in a cluster the sets spread over all
 //! masters.
 //!
+//! A claim answers the slot of its digest's entry, and the store keeps it while the claim is
+//! in flight (`hints`): the digest's commit, erase or renew then reads only that entry
+//! (`GETRANGE` of 34 bytes) instead of the whole set, and the script reads the whole set only
+//! when the entry is no longer the digest's (pushed out, erased, a server restarted empty).
+//!
 //! # Atomicity
 //!
 //! Each operation (claim, commit, erase, renew) runs in an `EVALSHA` of a Lua script
@@ -64,6 +69,7 @@
 mod config;
 mod conn;
 mod fleet;
+mod hints;
 mod refusal;
 mod slots;
 
@@ -73,6 +79,7 @@ use std::sync::Arc;
 use futures::future::join_all;
 
 use self::conn::Link;
+use self::hints::Hints;
 use self::slots::key_slot;
 use crate::dedup::shared::{
     now_ms, random_owner, FORMAT_VERSION, FORMAT_VERSION_TIMED, REDIS_KEY_VERSION,
@@ -128,6 +135,8 @@ struct Inner {
     fleet_script: redis::Script,
     /// Values that could not be decoded and were treated as empty.
     unreadable: AtomicU64,
+    /// The slots of this store's in-flight claims, for their commits, erases and renews.
+    hints: Hints,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -179,6 +188,7 @@ impl RedisStore {
                 script: redis::Script::new(SET_SCRIPT),
                 fleet_script: redis::Script::new(fleet::FLEET_SCRIPT),
                 unreadable: AtomicU64::new(0),
+                hints: Hints::default(),
             }),
         })
     }
@@ -253,13 +263,29 @@ impl RedisStore {
         let _ = write!(key, ":{set}");
     }
 
-    /// Runs the script for `op` on every digest; the answers are in the order of `digests`.
+    /// Runs the script for `op` on every digest, each with the slot of its entry when known
+    /// (a hint, see `hints`); the answers are in the order of `digests`.
     ///
     /// The digests go in runs of at most [`MAX_RUN`], one script run each: standalone, in
     /// their order; in a cluster, grouped by the master of their set's slot (see the module
     /// docs). The runs go out together on the multiplexed connections, each within the time
     /// limit; a run that fails fails each of its digests, and wrote nothing.
-    async fn update_many(&self, op: Op, digests: &[Digest]) -> Vec<Result<i64, StoreError>> {
+    async fn update_many(&self, op: Op, digests: &[Target]) -> Vec<Result<i64, StoreError>> {
+        let answers = self.update_runs(op, digests).await;
+        if answers.iter().any(|answer| {
+            matches!(
+                answer,
+                Err(StoreError::Unavailable { .. } | StoreError::Timeout(_))
+            )
+        }) {
+            // The server may have restarted empty or been replaced: its entries may be gone.
+            self.inner.hints.forget_all();
+        }
+        answers
+    }
+
+    /// [`RedisStore::update_many`]'s runs.
+    async fn update_runs(&self, op: Op, digests: &[Target]) -> Vec<Result<i64, StoreError>> {
         let inner = &*self.inner;
         let now = now_ms();
         if digests.is_empty() {
@@ -306,11 +332,11 @@ impl RedisStore {
 
     /// The indices of `digests` grouped by the master of their set's slot in the slot map as
     /// last read (in order of first appearance), each group cut into runs of [`MAX_RUN`].
-    fn runs_by_master(&self, digests: &[Digest]) -> Vec<Vec<usize>> {
+    fn runs_by_master(&self, digests: &[Target]) -> Vec<Vec<usize>> {
         let inner = &*self.inner;
         let mut groups: Vec<(Option<String>, Vec<usize>)> = Vec::new();
         let mut key = String::with_capacity(inner.namespace.len() + 21);
-        for (i, &digest) in digests.iter().enumerate() {
+        for (i, &(digest, _)) in digests.iter().enumerate() {
             self.write_key(&mut key, inner.geometry.set_of(digest));
             let master = inner.link.master_of(key_slot(key.as_bytes()));
             match groups.iter_mut().find(|(m, _)| *m == master) {
@@ -337,7 +363,7 @@ impl RedisStore {
         &self,
         op: Op,
         now: u64,
-        digests: &[Digest],
+        digests: &[Target],
         run: &[usize],
     ) -> Vec<Result<i64, StoreError>> {
         let error = match self
@@ -349,7 +375,7 @@ impl RedisStore {
         };
         let sets = runs_by_set(
             self.inner.geometry,
-            &run.iter().map(|&i| digests[i]).collect::<Vec<_>>(),
+            &run.iter().map(|&i| digests[i].0).collect::<Vec<_>>(),
         );
         // Only an answer of the node: a node that did not answer would not answer the
         // runs per set either, and waiting for each would hold the burst up.
@@ -387,7 +413,7 @@ impl RedisStore {
         &self,
         op: Op,
         now: u64,
-        digests: impl ExactSizeIterator<Item = Digest> + Clone,
+        digests: impl ExactSizeIterator<Item = Target> + Clone,
     ) -> Result<Vec<i64>, StoreError> {
         let inner = &*self.inner;
         let count = digests.len();
@@ -397,14 +423,14 @@ impl RedisStore {
         } else {
             FORMAT_VERSION
         };
-        // Per digest: its key (the namespace and a set number) and its 16 bytes; and 11
+        // Per digest: its key (the namespace and a set number) and its 16 or 17 bytes; and 11
         // arguments of at most 20 bytes around them.
         let mut evalsha =
             redis::Cmd::with_capacity(11 + 2 * count, 220 + count * (inner.namespace.len() + 40));
         evalsha.arg("EVALSHA").arg(inner.script.get_hash()).arg(1);
         let mut key = String::with_capacity(inner.namespace.len() + 21);
         // The first digest's key routes the run: the only key declared.
-        let first = digests
+        let (first, _) = digests
             .clone()
             .next()
             .ok_or_else(|| StoreError::Protocol("a script run needs at least one digest".into()))?;
@@ -421,10 +447,21 @@ impl RedisStore {
             None => evalsha.arg(""),
         };
         evalsha.arg(inner.geometry.ways()).arg(version);
-        for digest in digests.clone() {
-            evalsha.arg(&digest.to_bytes()[..]);
+        for (digest, slot) in digests.clone() {
+            // A hint is the start of the entry: its slot, then the digest.
+            let mut arg = [0u8; 17];
+            arg[1..].copy_from_slice(&digest.to_bytes());
+            match slot {
+                Some(slot) => {
+                    arg[0] = slot;
+                    evalsha.arg(&arg[..]);
+                }
+                None => {
+                    evalsha.arg(&arg[1..]);
+                }
+            }
         }
-        for digest in digests {
+        for (digest, _) in digests {
             self.write_key(&mut key, inner.geometry.set_of(digest));
             evalsha.arg(key.as_str());
         }
@@ -448,8 +485,16 @@ impl RedisStore {
         Ok(answers)
     }
 
+    /// Commits, erases or renews `digests`, each through the slot its claim answered when this
+    /// store keeps it: a commit or an erase forgets it, a renew keeps it.
     async fn held_many(&self, op: Op, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
-        self.update_many(op, digests)
+        let hints = &self.inner.hints;
+        let slots = match op {
+            Op::Renew => hints.get(digests),
+            _ => hints.take(digests),
+        };
+        let targets: Vec<Target> = digests.iter().copied().zip(slots).collect();
+        self.update_many(op, &targets)
             .await
             .into_iter()
             .map(|answer| match answer? {
@@ -469,6 +514,9 @@ impl RedisStore {
             .unwrap_or_else(|| Err(StoreError::Protocol("no answer".into())))
     }
 }
+
+/// A digest of a script run, and the slot its entry was claimed in when known (a hint).
+type Target = (Digest, Option<u8>);
 
 /// The most digests one script run decides: a run blocks the server while it runs (about a
 /// microsecond a digest), so a huge burst goes in several runs, pipelined.
@@ -491,18 +539,38 @@ fn runs_by_set(geometry: Geometry, digests: &[Digest]) -> Vec<Vec<usize>> {
 impl RedisStore {
     /// Runs the claim `op` on each digest; each digest's claim.
     async fn claims(&self, op: Op, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
-        self.update_many(op, digests)
-            .await
+        let targets: Vec<Target> = digests.iter().map(|&digest| (digest, None)).collect();
+        let answers = self.update_many(op, &targets).await;
+        let mut claimed = Vec::new();
+        let claims = answers
             .into_iter()
-            .map(|answer| match answer? {
-                0 => Ok(Claim::New),
-                1 => Ok(Claim::InFlight),
-                2 => Ok(Claim::Duplicate),
-                other => Err(StoreError::Protocol(format!(
-                    "the set script answered {other} to a claim"
-                ))),
+            .zip(digests)
+            .map(|(answer, &digest)| {
+                // The answer's low two bits, and the entry's slot above them.
+                let answer = answer?;
+                let claim = match answer & 3 {
+                    0 => Claim::New,
+                    1 => Claim::InFlight,
+                    2 => Claim::Duplicate,
+                    _ => {
+                        return Err(StoreError::Protocol(format!(
+                            "the set script answered {answer} to a claim"
+                        )))
+                    }
+                };
+                // A claim's commit, erase or renew goes through its slot; an entry claimed
+                // done has no commit to follow.
+                match u8::try_from(answer >> 2) {
+                    Ok(slot) if claim == Claim::New && op == Op::Claim => {
+                        claimed.push((digest, slot));
+                    }
+                    _ => {}
+                }
+                Ok(claim)
             })
-            .collect()
+            .collect();
+        self.inner.hints.remember(claimed);
+        claims
     }
 }
 

@@ -6,10 +6,14 @@
 --        u64 owner), the entry of slot i at byte 3 + 34 i; an empty slot is all zeros.
 -- Slots fill in order, so a set holds its first k slots (k <= ways): it grows by one entry
 -- until it is full, then keeps its length.
--- ARGV: op (c = claim, m = commit, e = erase, r = renew), owner (8 bytes), now ms, lease end
--- ms, max age ms ("" for none), ways, version to write, then n 16-byte digests, then the n keys
--- of their sets (the i-th digest's set is the i-th key); digests of one set repeat its key, and
+-- ARGV: op (c = claim, d = claim done, m = commit, e = erase, r = renew), owner (8 bytes), now ms, lease end
+-- ms, max age ms ("" for none), ways, version to write, then n digests, then the n keys of
+-- their sets (the i-th digest's set is the i-th key); digests of one set repeat its key, and
 -- are decided in order (a digest given twice is claimed new once, then found in flight).
+-- A digest is 16 bytes, or for a commit, an erase or a renew 17: the slot its claim answered,
+-- then the 16 bytes, which is how its entry starts (a hint). Such an operation reads only that
+-- entry (GETRANGE) and, when the entry is still this digest's, decides on it; else (the entry
+-- was pushed out, erased, or the set rewritten) it reads the whole set, as without a hint.
 -- Op d is a claim whose new entry is written done (a digest given twice is then a duplicate).
 -- KEYS holds the first of those keys only: it routes the run to its node. In a cluster the
 -- other keys may be of other slots of the same node (a script without flags may reach any key
@@ -17,14 +21,17 @@
 -- write.
 -- Every key is read before any is written, so a key that cannot be read (not a string) fails
 -- the whole call with nothing written.
--- Returns one answer per digest (a claim: 0 = new, 1 = in flight, 2 = duplicate; the others:
--- 1 = held, 0 = not), then how many stored values were not sets of this shape (each was read
--- as an empty set).
+-- Returns one answer per digest, then how many stored values were not sets of this shape (each
+-- was read as an empty set). A claim answers 0 = new, 1 = in flight, 2 = duplicate, plus 4
+-- times the slot of the digest's entry (the one it wrote, or found); the others 1 = held,
+-- 0 = not.
 --
 -- A stored set is checked by its length and its header only: every offset the script reads
 -- is then inside it, whatever the entries hold. A change inside a set is a SETRANGE of the
--- bytes it changes (building a new value in Lua costs more than the decision); a set that
--- grows is written whole, so that Redis allocates it no more than its length.
+-- bytes it changes (building a new value in Lua costs more than the decision), or, when a
+-- full set replaces its cursor's entry, of the header through that entry; a set that grows is
+-- written whole, so that Redis allocates it no more than its length. A write through a hint
+-- leaves the header's version as the claim wrote it.
 local op, owner = ARGV[1], ARGV[2]
 local now, lease_until = tonumber(ARGV[3]), tonumber(ARGV[4])
 local max_age = tonumber(ARGV[5])
@@ -38,8 +45,21 @@ local SIZE = 3 + ways * ENTRY
 local byte, sub, char, find, rep = string.byte, string.sub, string.char, string.find, string.rep
 -- A set with no entry, for a key that holds none.
 local EMPTY = char(version, 0, ways)
+local ERASED = rep('\0', ENTRY)
 local pack, unpack = struct.pack, struct.unpack
 local call = redis.call
+
+-- The decimal string of a byte offset, made once per run: a number given to redis.call is
+-- formatted anew at every call, which costs about as much as a short command.
+local decimal = {}
+local function at_offset(offset)
+  local text = decimal[offset]
+  if not text then
+    text = tostring(offset)
+    decimal[offset] = text
+  end
+  return text
+end
 
 -- Whether value is a set of `ways` ways in a known format.
 local function readable(value)
@@ -66,105 +86,151 @@ end
 local CLAIMED = pack('>BI8', 1, lease_until) .. owner
 local DONE = pack('>BI8', 2, max_age and now or 0)
 -- Op d (for a handler whose accepted message is final) is a claim whose entry is written done.
-local claim = op == 'c' or op == 'd'
+local claiming = op == 'c' or op == 'd'
 if op == 'd' then CLAIMED = DONE .. owner end
 
--- Writes `bytes` at 0-based `offset` of the set at key, and the header's version if the
--- stored one differs.
-local function write(key, value, offset, bytes)
-  call('SETRANGE', key, offset, bytes)
-  if byte(value, 1) ~= version then call('SETRANGE', key, 0, char(version)) end
+-- Writes `bytes` at 0-based `offset` of the set at key, and the header's version if
+-- `stored` (the stored one; nil when not read) differs.
+local function write(key, stored, offset, bytes)
+  call('SETRANGE', key, at_offset(offset), bytes)
+  if stored and stored ~= version then call('SETRANGE', key, '0', char(version)) end
 end
 
 -- Claims digest in a set where it is absent: the first empty slot, else the cursor's (which
 -- moves on). `value` is what the key holds, or an empty set's header if nothing readable.
+-- Returns the slot.
 local function insert(key, value, digest)
   local n = #value
-  for at = 4 + 17, n, ENTRY do
-    if byte(value, at) == 0 then
-      -- A slot that an erase emptied.
-      local slot = (at - 21) / ENTRY
-      write(key, value, 3 + slot * ENTRY, char(slot) .. digest .. CLAIMED)
-      return
+  local from = 4
+  while true do
+    -- A slot that an erase emptied: all zeros, found by one search (a call per slot costs
+    -- more).
+    local at = find(value, ERASED, from, true)
+    if not at then break end
+    if (at - 4) % ENTRY == 0 then
+      local slot = (at - 4) / ENTRY
+      write(key, byte(value, 1), 3 + slot * ENTRY, char(slot) .. digest .. CLAIMED)
+      return slot
     end
+    from = at + 1
   end
   if n < SIZE then
-    call('SET', key, char(version) .. sub(value, 2, n) .. char((n - 3) / ENTRY) .. digest
-      .. CLAIMED)
-    return
+    local slot = (n - 3) / ENTRY
+    call('SET', key, char(version) .. sub(value, 2, n) .. char(slot) .. digest .. CLAIMED)
+    return slot
   end
+  -- Full: the cursor's slot, written with the header that moves the cursor on in one
+  -- SETRANGE (a second call costs more than copying the entries between them).
   local cursor = byte(value, 2)
-  call('SETRANGE', key, 3 + cursor * ENTRY, char(cursor) .. digest .. CLAIMED)
-  call('SETRANGE', key, 0, char(version, (cursor + 1) % ways))
+  call('SETRANGE', key, '0', char(version, (cursor + 1) % ways, ways)
+    .. sub(value, 4, 3 + cursor * ENTRY) .. char(cursor) .. digest .. CLAIMED)
+  return cursor
 end
 
--- The answer for digest in the set at key, and whether the set changed.
-local function apply(key, value, digest)
+-- A claim of digest in the set `value` at key: its answer, and whether the set changed.
+local function claim(key, value, digest)
   local at = locate(value, digest)
-  if not at then
-    if not claim then return 0, false end
-    insert(key, value, digest)
-    return 0, true
-  end
-  local state = byte(value, at + 17)
-  if claim then
-    local time = unpack('>I8', value, at + 18)
-    if state == 2 then
-      if time ~= 0 and max_age and now - time > max_age then
-        -- Committed longer ago than max_age: a body sent again on purpose.
-        write(key, value, at + 16, CLAIMED)
-        return 0, true
-      end
-      return 2, false
+  if not at then return 4 * insert(key, value, digest), true end
+  local slot = 4 * (at - 4) / ENTRY
+  local time = unpack('>I8', value, at + 18)
+  if byte(value, at + 17) == 2 then
+    if time ~= 0 and max_age and now - time > max_age then
+      -- Committed longer ago than max_age: a body sent again on purpose.
+      write(key, byte(value, 1), at + 16, CLAIMED)
+      return slot, true
     end
-    if time > now then return 1, false end
-    -- The owner let the lease lapse: take the entry over, in its slot.
-    write(key, value, at + 16, CLAIMED)
-    return 0, true
+    return slot + 2, false
   end
+  if time > now then return slot + 1, false end
+  -- The owner let the lease lapse: take the entry over, in its slot.
+  write(key, byte(value, 1), at + 16, CLAIMED)
+  return slot, true
+end
+
+-- A commit, an erase or a renew of the entry that starts at `at` (1-based) of `value`, which
+-- holds the set at key from its 0-based byte `base` on (0 for the whole set; the entry's
+-- offset for a hint): its answer, and whether the set changed. `stored` is the set's version
+-- (nil when not read).
+local function update(key, value, at, base, stored)
+  local state = byte(value, at + 17)
   if op == 'm' and state == 2 then return 1, false end
   -- The owner's id is the entry's last 8 bytes.
   if find(value, owner, at + 26, true) ~= at + 26 then return 0, false end
+  local offset = base + at - 1
   if op == 'm' then
-    write(key, value, at + 16, DONE)
+    write(key, stored, offset + 17, DONE)
   elseif op == 'e' then
-    call('SETRANGE', key, at - 1, rep('\0', ENTRY))
+    call('SETRANGE', key, at_offset(offset), ERASED)
   else
     if state ~= 1 then return 0, false end
-    write(key, value, at + 16, CLAIMED)
+    write(key, stored, offset + 17, CLAIMED)
   end
   return 1, true
 end
 
--- Every key read first; `left[key]` counts the digests of the run still to be decided in it.
-local sets, left, unreadable = {}, {}, 0
+-- The set at key as it is stored, or an empty set when it holds none or one of another shape
+-- (counted in `unreadable` when `count`); an error reply if it cannot be read.
+local unreadable = 0
+local function read(key, count)
+  local value = redis.pcall('GET', key)
+  if type(value) == 'table' then return nil, value end
+  if value and readable(value) then return value end
+  if value and count then unreadable = unreadable + 1 end
+  return EMPTY
+end
+
+-- Every key read first. `entries[i]` is the entry a hint points at while it is still the
+-- digest's; every other digest is decided on its whole set, `sets[key]` (false once the run
+-- changed it: read again when another digest needs it).
+local entries, sets, hinted = {}, {}, {}
 for i = 1, n do
-  local key = ARGV[7 + n + i]
-  if sets[key] then
-    left[key] = left[key] + 1
-  else
-    left[key] = 1
-    local value = redis.pcall('GET', key)
-    if type(value) == 'table' then return value end
-    if value and readable(value) then
-      sets[key] = value
-    else
-      if value then unreadable = unreadable + 1 end
-      sets[key] = EMPTY
+  local key, digest = ARGV[7 + n + i], ARGV[7 + i]
+  if #digest == 17 and not claiming then
+    -- A digest given twice is decided the second time on its whole set, as changed.
+    if not hinted[digest] then
+      hinted[digest] = true
+      local offset = 3 + byte(digest, 1) * ENTRY
+      local entry = redis.pcall('GETRANGE', key, at_offset(offset), at_offset(offset + ENTRY - 1))
+      if type(entry) == 'table' then return entry end
+      if #entry == ENTRY and find(entry, digest, 1, true) == 1 and byte(entry, 18) ~= 0 then
+        entries[i] = entry
+      end
     end
+  end
+  if not entries[i] and sets[key] == nil then
+    local value, error = read(key, true)
+    if error then return error end
+    sets[key] = value
   end
 end
 
 local answers = {}
 for i = 1, n do
-  local key = ARGV[7 + n + i]
-  local answer, changed = apply(key, sets[key], ARGV[7 + i])
-  answers[i] = answer
-  left[key] = left[key] - 1
-  if changed and left[key] > 0 then
-    -- Another digest of the run is in this set: it is decided on the set as changed.
-    sets[key] = call('GET', key)
+  local key, entry = ARGV[7 + n + i], entries[i]
+  local answer, changed
+  if entry then
+    answer, changed = update(key, entry, 1, 3 + byte(entry, 1) * ENTRY, nil)
+  else
+    local value, digest = sets[key], ARGV[7 + i]
+    if not value then
+      -- An earlier digest of the run changed the set: this one sees it as changed.
+      value = read(key, false) or EMPTY
+      sets[key] = value
+    end
+    if #digest == 17 and not claiming then digest = sub(digest, 2) end
+    if claiming then
+      answer, changed = claim(key, value, digest)
+    else
+      local at = locate(value, digest)
+      if at then
+        answer, changed = update(key, value, at, 0, byte(value, 1))
+      else
+        answer, changed = 0, false
+      end
+    end
   end
+  answers[i] = answer
+  if changed and sets[key] then sets[key] = false end
 end
 answers[n + 1] = unreadable
 return answers
