@@ -1004,6 +1004,64 @@ fn a_setting_that_would_do_nothing_is_refused_with_what_it_needs() {
     );
 }
 
+#[test]
+fn a_dead_letter_address_with_a_dead_letter_file_says_which_flag_to_use_instead() {
+    let base = ["--topic", "t", "--nsqd-tcp-address", "127.0.0.1:1"];
+    let mut args = base.to_vec();
+    args.extend_from_slice(&[
+        "--dead-letter-file",
+        "/tmp/dead.ndjson",
+        "--dead-letter-nsqd-tcp-address",
+        "127.0.0.1:4150",
+    ]);
+    assert_eq!(
+        run_refused(&[], &args),
+        (
+            78,
+            "error: `--dead-letter-nsqd-tcp-address` is used only with a dead-letter topic \
+             (`--dead-letter-topic`): remove it, or use `--dead-letter-topic` instead of \
+             `--dead-letter-file`\n"
+                .to_owned()
+        )
+    );
+    // Given by variables, they are named by them.
+    assert_eq!(
+        run_refused(
+            &[
+                ("NSQ_DEDUPE_DEAD_LETTER_FILE", "/tmp/dead.ndjson"),
+                ("NSQ_DEDUPE_DEAD_LETTER_NSQD_TCP_ADDRESS", "127.0.0.1:4150"),
+            ],
+            &base
+        ),
+        (
+            78,
+            "error: `NSQ_DEDUPE_DEAD_LETTER_NSQD_TCP_ADDRESS` is used only with a dead-letter \
+             topic (`--dead-letter-topic`): remove it, or use `--dead-letter-topic` instead of \
+             `NSQ_DEDUPE_DEAD_LETTER_FILE`\n"
+                .to_owned()
+        )
+    );
+    // A file that names the kind is answered by its keys.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        "[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"127.0.0.1:1\"]\n\
+         [dead_letter]\nkind = \"file\"\npath = \"/tmp/dead.ndjson\"\n\
+         nsqd_tcp_addresses = [\"127.0.0.1:4150\"]\n",
+    )
+    .unwrap();
+    assert_eq!(
+        run_refused(&[], &["--config", config.to_str().unwrap()]),
+        (
+            78,
+            "error: `dead_letter.nsqd_tcp_addresses` is used only with \
+             `dead_letter.kind = \"nsq\"`: remove it, or set that too\n"
+                .to_owned()
+        )
+    );
+}
+
 /// A server on a free loopback port that answers every connection as an HTTP server answers a
 /// request it cannot read, until the returned flag is set (or 30 s pass).
 pub(crate) fn http_port() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicBool>) {

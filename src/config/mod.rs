@@ -223,7 +223,11 @@ pub enum ConfigError {
         flag: Option<&'static str>,
     },
     /// A setting was given that the other settings leave unused.
-    #[error("`{}` is used only with {needs}: remove it, or set that too", flag.unwrap_or(key))]
+    #[error(
+        "`{}` is used only with {needs}: remove it, or {}",
+        flag.unwrap_or(key),
+        instead.as_ref().map_or_else(|| "set that too".to_owned(), ToString::to_string)
+    )]
     Unused {
         /// The key, as `section.name`.
         key: &'static str,
@@ -231,6 +235,9 @@ pub enum ConfigError {
         flag: Option<&'static str>,
         /// What it needs.
         needs: Wording,
+        /// What to give instead of the setting that chose another kind (`use --x instead of
+        /// --y`), when setting what it needs too would not do.
+        instead: Option<Wording>,
     },
     /// The NSQ consumer refused its settings for a reason no single key explains.
     #[error("the NSQ consumer cannot start with these `[source]` settings")]
@@ -256,10 +263,16 @@ impl ConfigError {
                 value,
                 reason: reason.naming(flags),
             },
-            ConfigError::Unused { key, needs, .. } => ConfigError::Unused {
+            ConfigError::Unused {
+                key,
+                needs,
+                instead,
+                ..
+            } => ConfigError::Unused {
                 key,
                 flag: flags.naming(key),
                 needs: needs.naming(flags),
+                instead: instead.map(|instead| instead.naming(flags)),
             },
             ConfigError::Required { key, with, .. } => ConfigError::Required {
                 key,

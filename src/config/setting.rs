@@ -319,6 +319,7 @@ pub fn check_kinds<S: Section>(
             key: setting.key,
             flag: None,
             needs: only.needs(),
+            instead: None,
         }),
         None => Ok(()),
     }

@@ -5,9 +5,10 @@
 //! writes to stdout, a near-table meant for a shared store is never built. The rules are checked
 //! before any other, so the refusal names the setting the user typed first.
 
-use super::setting::{check_kinds, name_of};
-use super::{ConfigError, DeadLetterKind, RawConfig, SinkKind, StoreKind, Wording};
+use super::setting::{check_kinds, name_of, Section};
+use super::{ConfigError, DeadLetterKind, RawConfig, RawDeadLetter, SinkKind, StoreKind, Wording};
 use crate::pipeline::{InFlightPolicy, StoreErrorPolicy};
+use crate::wording::{FlagOrigins, Named};
 
 /// Refuses the first setting given that the other settings leave unused.
 ///
@@ -72,9 +73,49 @@ pub(super) fn check(raw: &RawConfig) -> Result<(), ConfigError> {
             .key("dead_letter.topic"),
     )?;
     if let Some(dl) = &raw.dead_letter {
-        check_kinds(dl, kind_of)?;
+        check_kinds(dl, kind_of).map_err(|error| dead_letter_flag_instead(error, &raw.flags))?;
     }
     Ok(())
+}
+
+/// A dead-letter setting refused because a flag chose the other kind (the address of a topic
+/// with `--dead-letter-file`) needs the flag of its own kind instead, which no file key sets:
+/// names that flag, and the one to give it in place of.
+fn dead_letter_flag_instead(error: ConfigError, flags: &FlagOrigins) -> ConfigError {
+    let ConfigError::Unused { key, flag, .. } = error else {
+        return error;
+    };
+    let settings = RawDeadLetter::SETTINGS;
+    let chosen = settings
+        .iter()
+        .find(|setting| setting.sets.is_some() && flags.flag_for(setting.key).is_some());
+    let kinds = settings
+        .iter()
+        .find(|setting| setting.key == key)
+        .and_then(|setting| setting.only)
+        .map_or(&[][..], |only| only.kinds);
+    let wanted = settings.iter().find_map(|setting| {
+        let (_, kind) = setting.sets?;
+        kinds
+            .contains(&kind)
+            .then_some((setting.name, setting.flag?))
+    });
+    match (chosen, wanted) {
+        (Some(chosen), Some((name, wanted))) => ConfigError::Unused {
+            key,
+            flag,
+            needs: Wording::from(format!("a dead-letter {name} ("))
+                .setting(Named::flag(wanted))
+                .text(")"),
+            instead: Some(
+                Wording::from("use ")
+                    .setting(Named::flag(wanted))
+                    .text(" instead of ")
+                    .key(chosen.key),
+            ),
+        },
+        _ => error,
+    }
 }
 
 /// Refuses the first of `settings` given when what they need, `needed`, is not set.
@@ -88,6 +129,7 @@ fn needs(
             key,
             flag: None,
             needs: needed,
+            instead: None,
         }),
         _ => Ok(()),
     }
