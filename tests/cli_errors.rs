@@ -1062,6 +1062,30 @@ fn a_dead_letter_address_with_a_dead_letter_file_says_which_flag_to_use_instead(
     );
 }
 
+#[test]
+fn a_dead_letter_section_without_its_kind_lists_the_kinds() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        "[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"127.0.0.1:1\"]\n\
+         [dead_letter]\npath = \"/tmp/dead.ndjson\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        run_refused(&[], &["--config", config.to_str().unwrap()]),
+        (
+            78,
+            format!(
+                "error: invalid config file {}: TOML parse error at line 4, column 1: missing \
+                 field `kind`: set `kind = \"file\"` (with `path`) or `kind = \"nsq\"` (with \
+                 `topic`)\n",
+                config.display()
+            )
+        )
+    );
+}
+
 /// A server on a free loopback port that answers every connection as an HTTP server answers a
 /// request it cannot read, until the returned flag is set (or 30 s pass).
 pub(crate) fn http_port() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicBool>) {

@@ -73,6 +73,35 @@ impl RawDeadLetter {
     }
 }
 
+/// `[dead_letter]` as the file gives it; one without its `kind` is refused with the kinds and
+/// the setting each needs, from the flags that set them (`--dead-letter-file` sets
+/// `kind = "file"` with `path`).
+///
+/// # Errors
+///
+/// The section does not fit [`RawDeadLetter`].
+pub(super) fn with_kinds<'de, D>(deserializer: D) -> Result<Option<RawDeadLetter>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    use serde::de::Error as _;
+    Option::<RawDeadLetter>::deserialize(deserializer).map_err(|error| {
+        let missing = D::Error::missing_field("kind").to_string();
+        let missing = missing.trim_end();
+        if error.to_string().trim_end() != missing {
+            return error;
+        }
+        let kinds: Vec<String> = <RawDeadLetter as super::setting::Section>::SETTINGS
+            .iter()
+            .filter_map(|setting| {
+                let (key, kind) = setting.sets?;
+                Some(format!("`{key} = \"{kind}\"` (with `{}`)", setting.name))
+            })
+            .collect();
+        D::Error::custom(format!("{missing}: set {}", kinds.join(" or ")))
+    })
+}
+
 /// The validated dead-letter; `Display` is the startup line's summary.
 #[derive(Debug, Clone, PartialEq)]
 pub enum DeadLetterSettings {
@@ -162,7 +191,11 @@ mod tests {
         let error = crate::config::Settings::from_toml("[dead_letter]\npath = \"/var/lib/p\"\n")
             .unwrap_err()
             .to_string();
-        assert!(error.ends_with("missing field `kind`"), "{error}");
+        assert_eq!(
+            error,
+            "invalid config file <string>: TOML parse error at line 1, column 1: missing field \
+             `kind`: set `kind = \"file\"` (with `path`) or `kind = \"nsq\"` (with `topic`)"
+        );
     }
 
     #[test]

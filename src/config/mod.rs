@@ -360,6 +360,7 @@ pub struct RawConfig {
     pub store: RawStore,
     #[serde(default)]
     pub sink: RawSink,
+    #[serde(default, deserialize_with = "dead_letter::with_kinds")]
     pub dead_letter: Option<RawDeadLetter>,
     #[serde(default)]
     pub metrics: RawMetrics,
