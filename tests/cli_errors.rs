@@ -1042,17 +1042,11 @@ fn a_dead_letter_address_with_a_dead_letter_file_says_which_flag_to_use_instead(
         )
     );
     // A file that names the kind is answered by its keys.
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("c.toml");
-    std::fs::write(
-        &config,
-        "[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"127.0.0.1:1\"]\n\
-         [dead_letter]\nkind = \"file\"\npath = \"/tmp/dead.ndjson\"\n\
-         nsqd_tcp_addresses = [\"127.0.0.1:4150\"]\n",
-    )
-    .unwrap();
+    let (_, refused) = dead_letter_refused(
+        "kind = \"file\"\npath = \"/tmp/dead.ndjson\"\nnsqd_tcp_addresses = [\"127.0.0.1:4150\"]\n",
+    );
     assert_eq!(
-        run_refused(&[], &["--config", config.to_str().unwrap()]),
+        refused,
         (
             78,
             "error: `dead_letter.nsqd_tcp_addresses` is used only with \
@@ -1062,25 +1056,35 @@ fn a_dead_letter_address_with_a_dead_letter_file_says_which_flag_to_use_instead(
     );
 }
 
-#[test]
-fn a_dead_letter_section_without_its_kind_lists_the_kinds() {
+/// `run`'s refusal of a config file with a source and `dead_letter` as its `[dead_letter]`,
+/// and the file (kept until the directory is dropped).
+fn dead_letter_refused(dead_letter: &str) -> (tempfile::TempDir, (i32, String)) {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("c.toml");
     std::fs::write(
         &config,
-        "[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"127.0.0.1:1\"]\n\
-         [dead_letter]\npath = \"/tmp/dead.ndjson\"\n",
+        format!(
+            "[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"127.0.0.1:1\"]\n\
+             [dead_letter]\n{dead_letter}"
+        ),
     )
     .unwrap();
+    let refused = run_refused(&[], &["--config", config.to_str().unwrap()]);
+    (dir, refused)
+}
+
+#[test]
+fn a_dead_letter_section_without_its_kind_lists_the_kinds() {
+    let (dir, refused) = dead_letter_refused("path = \"/tmp/dead.ndjson\"\n");
     assert_eq!(
-        run_refused(&[], &["--config", config.to_str().unwrap()]),
+        refused,
         (
             78,
             format!(
                 "error: invalid config file {}: TOML parse error at line 4, column 1: missing \
                  field `kind`: set `kind = \"file\"` (with `path`) or `kind = \"nsq\"` (with \
                  `topic`)\n",
-                config.display()
+                dir.path().join("c.toml").display()
             )
         )
     );
