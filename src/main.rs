@@ -29,7 +29,7 @@ fn main() -> ExitCode {
         report(&err);
         return bad_value_status(is_service, log_level_variable.is_some());
     }
-    for variable in Cli::unread_variables() {
+    for variable in &cli.unread_variables {
         tracing::warn!(
             %variable,
             "No flag reads this variable, so it sets nothing: is it misspelt? `--help` names each \

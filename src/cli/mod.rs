@@ -43,6 +43,9 @@ pub(crate) struct Cli {
     /// Which flags took their value from the environment.
     #[arg(skip)]
     pub(crate) from_env: FromEnv,
+    /// The `NSQ_DEDUPE_` variables set that no flag reads (a misspelling, most likely).
+    #[arg(skip)]
+    pub(crate) unread_variables: Vec<String>,
 }
 
 impl Cli {
@@ -84,12 +87,8 @@ impl Cli {
         };
         let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
         cli.from_env = FromEnv::of(&definition, &matches);
+        cli.unread_variables = env::unread(&definition);
         Ok(cli)
-    }
-
-    /// The `NSQ_DEDUPE_` variables set that no flag reads (a misspelling, most likely).
-    pub(crate) fn unread_variables() -> Vec<String> {
-        env::unread(&Cli::definition())
     }
 }
 
