@@ -158,16 +158,12 @@ impl Store for Backend {
             Backend::Memcached(store, near) => {
                 // The message was delivered whatever Memcached says now: remember it here, so
                 // its copies are caught even while Memcached is unreachable.
-                if let Some(near) = near {
-                    near.remember(digest);
-                }
+                remember_near(near.as_ref(), &[digest]);
                 Box::pin(store.commit(digest)).await
             }
             Backend::Redis(store, near) => {
                 // As for Memcached: delivered, whatever Redis says now.
-                if let Some(near) = near {
-                    near.remember(digest);
-                }
+                remember_near(near.as_ref(), &[digest]);
                 Box::pin(store.commit(digest)).await
             }
             Backend::None(_) => Ok(true),
@@ -186,19 +182,11 @@ impl Store for Backend {
                 held
             }
             Backend::Memcached(store, near) => {
-                if let Some(near) = near {
-                    for &digest in digests {
-                        near.remember(digest);
-                    }
-                }
+                remember_near(near.as_ref(), digests);
                 Box::pin(store.commit_many(digests)).await
             }
             Backend::Redis(store, near) => {
-                if let Some(near) = near {
-                    for &digest in digests {
-                        near.remember(digest);
-                    }
-                }
+                remember_near(near.as_ref(), digests);
                 Box::pin(store.commit_many(digests)).await
             }
             Backend::None(_) => vec![Ok(true); digests.len()],
@@ -267,6 +255,16 @@ impl Store for Backend {
             Backend::Memcached(store, _) => store.geometry(),
             Backend::Redis(store, _) => store.geometry(),
             Backend::None(_) => None,
+        }
+    }
+}
+
+/// Makes the near-table, if any, remember digests delivered: their copies are caught here
+/// without a round trip, even while the shared store is unreachable.
+fn remember_near(near: Option<&NearTable>, digests: &[Digest]) {
+    if let Some(near) = near {
+        for &digest in digests {
+            near.remember(digest);
         }
     }
 }
