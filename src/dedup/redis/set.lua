@@ -6,10 +6,11 @@
 --        u64 owner), the entry of slot i at byte 3 + 34 i; an empty slot is all zeros.
 -- Slots fill in order, so a set holds its first k slots (k <= ways): it grows by one entry
 -- until it is full, then keeps its length.
--- ARGV: op (c = claim, d = claim done, m = commit, e = erase, r = renew), owner (8 bytes), now ms, lease end
--- ms, max age ms ("" for none), ways, version to write, then n digests, then the n keys of
--- their sets (the i-th digest's set is the i-th key); digests of one set repeat its key, and
--- are decided in order (a digest given twice is claimed new once, then found in flight).
+-- ARGV: op (c = claim, d = claim done, m = commit, e = erase, r = renew), owner (8 bytes),
+-- now ms, lease end ms, max age ms ("" for none), ways, version to write, then n digests, then
+-- the n keys of their sets (the i-th digest's set is the i-th key); digests of one set repeat
+-- its key, and are decided in order (a digest given twice is claimed new once, then found in
+-- flight).
 -- A digest is 16 bytes, or for a commit, an erase or a renew 17: the slot its claim answered,
 -- then the 16 bytes, which is how its entry starts (a hint). Such an operation reads only that
 -- entry (GETRANGE) and, when the entry is still this digest's, decides on it; else (the entry
