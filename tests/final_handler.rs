@@ -460,3 +460,79 @@ async fn with_redis_the_null_sink_costs_one_write_per_unique_message() {
         );
     }
 }
+
+/// Records each body, after a short while, as a final handler: accepted is delivered.
+#[derive(Clone, Default)]
+struct FinalRecorder(crate::sidecar::Recorder);
+
+impl Handler for FinalRecorder {
+    async fn handle(&self, body: Bytes) -> Result<(), HandlerError> {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        self.0.deliver(body);
+        Ok(())
+    }
+
+    fn accepts_for_good(&self) -> bool {
+        true
+    }
+}
+
+/// A fleet as deployed: two sidecars with a final handler share one memcached and both
+/// consume two replicated nsqd, so each payload reaches the fleet twice, while bursts flow.
+/// Memcached is stopped mid-stream and started again (empty). Every payload is delivered:
+/// a claim-done that fails is requeued like any claim, never taken for a copy; copies are
+/// dropped across the fleet while the store is up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_of_final_handlers_loses_nothing_through_a_memcached_outage() {
+    let mut memcached = MemcachedServer::start();
+    let a = Broker::start(BrokerConfig::default()).await;
+    let b = Broker::start(BrokerConfig::default()).await;
+    const N: usize = 2_000;
+    a.publish_many(TOPIC, (0..N).map(crate::sidecar::payload));
+    b.publish_many(TOPIC, (0..N).map(crate::sidecar::payload));
+    let recorder = FinalRecorder::default();
+    let mut fleet = Vec::new();
+    for _ in 0..2 {
+        let mut raw = raw_config(&[a.tcp_addr(), b.tcp_addr()]);
+        raw.source.max_in_flight = Some(20);
+        raw.source.max_attempts = Some(1000);
+        raw.store.kind = Some(StoreKind::Memcached);
+        raw.store.memcached_addresses = Some(vec![memcached.addr()]);
+        raw.store.namespace = Some("final-fleet".into());
+        raw.store.buckets = Some(1 << 16);
+        raw.store.timeout = Some(nsq_dedupe::config::Dur(Duration::from_millis(200)));
+        let settings = raw.validate().unwrap();
+        fleet.push(Running::start(settings, recorder.clone()).await);
+    }
+    let delivered = || recorder.0.distinct_delivered();
+    wait_until_or(
+        "300 payloads delivered before the outage",
+        Duration::from_secs(30),
+        || delivered() >= 300,
+        String::new,
+    )
+    .await;
+    memcached.stop();
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    memcached.restart();
+    crate::sidecar::wait_all_delivered(&recorder.0, &[&a, &b], N, " after memcached came back")
+        .await;
+    let metrics: Vec<_> = fleet.iter().map(|s| s.metrics.clone()).collect();
+    for sidecar in fleet {
+        sidecar.stop().await;
+    }
+    let bodies = recorder.0.delivered();
+    for i in 0..N {
+        let body = crate::sidecar::payload(i);
+        assert!(bodies.contains_key(&body), "payload {i} lost");
+    }
+    let total = |f: fn(&Metrics) -> u64| metrics.iter().map(|m| f(m)).sum::<u64>();
+    assert!(
+        total(|m| get(&m.store_errors)) > 0,
+        "the outage was not noticed"
+    );
+    assert!(
+        total(|m| get(&m.duplicates)) > 0,
+        "the fleet dropped no copy"
+    );
+}
