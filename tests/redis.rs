@@ -582,7 +582,66 @@ async fn claim_in_chunks(store: &RedisStore, digests: &[Digest]) -> Vec<Claim> {
 fn redis_cluster_shares_one_table_through_reshard_and_failover() {
     let harness = Redis::start_cluster();
     crate::store_contract::run_all(&harness);
-    crate::store_contract::runtime().block_on(reshard_and_failover(harness.cluster()));
+    let runtime = crate::store_contract::runtime();
+    runtime.block_on(a_burst_is_one_script_run_per_master(harness.cluster()));
+    runtime.block_on(reshard_and_failover(harness.cluster()));
+}
+
+/// A burst claimed and then committed costs each master that holds some of its sets one
+/// script run for the claims and one for the commits, whatever the script does inside them:
+/// no run per set, no slot map read again, no redirect, no script loaded again, no error.
+async fn a_burst_is_one_script_run_per_master(cluster: &RedisCluster) {
+    const BURST: u64 = 300;
+    let store = RedisStore::connect(
+        config(&cluster.urls(), true, &unique_namespace("cluster-runs")),
+        Geometry::new(1 << 20, 8).unwrap(),
+    )
+    .await
+    .unwrap();
+    let burst: Vec<Digest> = (50_000..50_000 + BURST).map(digest).collect();
+    let masters = cluster.masters(0);
+    for &m in &masters {
+        let ranges = slots_served_by(cluster, m, 0);
+        let held = burst
+            .iter()
+            .filter(|&&d| {
+                let slot = RedisStore::key_slot(store.set_key(d).as_bytes());
+                ranges.iter().any(|&(lo, hi)| (lo..=hi).contains(&slot))
+            })
+            .count();
+        assert!(held > 0, "master {m} holds none of {BURST} sets");
+    }
+    for &m in &masters {
+        cluster.nodes[m].cli(&["config", "resetstat"]);
+    }
+    assert_eq!(
+        claimed(store.claim_many(&burst).await).unwrap(),
+        vec![Claim::New; burst.len()]
+    );
+    assert_eq!(commit_all(&store, &burst).await, vec![true; burst.len()]);
+    // What a script run may send from inside, counted apart from the runs.
+    const DATA: [&str; 6] = ["get", "mget", "set", "getrange", "setrange", "del"];
+    for &m in &masters {
+        let node = &cluster.nodes[m];
+        let mut calls = command_calls(node);
+        // The test's own reset, and the replica's acknowledgements of the replication stream.
+        calls.retain(|command, _| {
+            !DATA.contains(&command.as_str())
+                && command != "config|resetstat"
+                && command != "replconf"
+        });
+        assert_eq!(
+            calls,
+            [("evalsha".to_owned(), 2)].into(),
+            "master {m}: a claim run and a commit run, nothing else"
+        );
+        let errors = node.cli(&["info", "errorstats"]);
+        assert!(
+            !errors.contains("errorstat_"),
+            "master {m} answered errors: {errors}"
+        );
+    }
+    assert_eq!(store.redirects(), 0);
 }
 
 async fn reshard_and_failover(cluster: &RedisCluster) {
