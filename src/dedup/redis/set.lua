@@ -174,20 +174,16 @@ local function update(key, value, at, base, stored)
   return 1, true
 end
 
--- The set of what a read of key answered (`value`: a string, or false for none): the value
--- itself, or an empty set when it holds none or one of another shape (counted in
--- `unreadable` when `count`); an error reply if it could not be read.
+-- The set at key as it is stored (`value`, when given, is what a read of it answered), or an
+-- empty set when it holds none or one of another shape (counted in `unreadable` when
+-- `count`); an error reply if it cannot be read.
 local unreadable = 0
-local function as_set(value, count)
+local function read(key, count, value)
+  if value == nil then value = redis.pcall('GET', key) end
   if type(value) == 'table' then return nil, value end
   if value and readable(value) then return value end
   if value and count then unreadable = unreadable + 1 end
   return EMPTY
-end
-
--- The set at key as it is stored, as `as_set` makes it.
-local function read(key, count)
-  return as_set(redis.pcall('GET', key), count)
 end
 
 -- The keys this run created with SET NX GET (they held nothing before), and undoing them: a
@@ -205,7 +201,10 @@ end
 local entries, sets, hinted, decided = {}, {}, {}, {}
 -- A set whose first slot holds a new entry: its header and that slot's index.
 local FIRST = char(version, 0, ways, 0)
-local create = true
+-- Claims read with SET NX GET while it mostly creates their sets: one that finds its set costs
+-- more than a GET (a new set built and sent for nothing), so once such finds outnumber the
+-- sets created by more than two (a table that holds entries), the run's claims read with GET.
+local lead = 2
 for i = 1, n do
   local key, digest = ARGV[7 + n + i], ARGV[7 + i]
   if #digest == 17 and not claiming then
@@ -222,20 +221,22 @@ for i = 1, n do
   end
   if not entries[i] and sets[key] == nil then
     local value, error
-    if claiming and create then
+    if claiming and lead >= 0 then
       -- Written only if the key holds nothing, which then answers nil (false in Lua).
       local set = FIRST .. digest .. CLAIMED
       local stored = redis.pcall('SET', key, set, 'NX', 'GET')
       if stored == false then
+        lead = lead + 1
         created[#created + 1] = key
         decided[i] = 0
         value = set
       elseif type(stored) == 'table' and find(stored.err or '', 'syntax error', 1, true) then
         -- A server before Redis 7.0 refuses NX with GET: this run reads instead.
-        create = false
+        lead = -1
         value, error = read(key, true)
       else
-        value, error = as_set(stored, true)
+        lead = lead - 1
+        value, error = read(key, true, stored)
       end
     else
       value, error = read(key, true)
