@@ -340,6 +340,29 @@ async fn a_claim_on_a_set_that_holds_nothing_is_one_write_and_no_read() {
 }
 
 #[tokio::test]
+async fn claims_on_sets_that_hold_entries_read_them_after_three_found() {
+    // 256 sets of 2 ways, each filled many times over.
+    let geometry = Geometry::new(512, 2).unwrap();
+    let (server, _, store) = server_and_store("present", geometry).await;
+    let fill: Vec<Digest> = (10_000..14_096).map(digest).collect();
+    for burst in fill.chunks(256) {
+        claimed(store.claim_done_many(burst).await).unwrap();
+    }
+    let burst = digests_of_distinct_sets(&store, 64);
+    server.cli(&["config", "resetstat"]);
+    assert_eq!(
+        claimed(store.claim_many(&burst).await).unwrap(),
+        vec![Claim::New; burst.len()]
+    );
+    let calls = command_calls(&server);
+    // Each claim replaces an entry of its full set in place; only the first three sets are
+    // asked for with a write that would create them.
+    assert_eq!(calls.get("set"), Some(&3), "{calls:?}");
+    assert_eq!(calls.get("get"), Some(&61), "{calls:?}");
+    assert_eq!(calls.get("setrange"), Some(&64), "{calls:?}");
+}
+
+#[tokio::test]
 async fn a_failed_claim_run_removes_the_sets_it_created_and_keeps_the_others() {
     // 512 sets of 8 ways.
     let geometry = Geometry::new(4096, 8).unwrap();
