@@ -287,17 +287,26 @@ fn digests_of_distinct_sets(store: &RedisStore, count: usize) -> Vec<Digest> {
     digests
 }
 
+/// Claims `burst` on `store`, each claim new; the commands the server ran for it.
+async fn commands_of_new_claims(
+    server: &RedisServer,
+    store: &RedisStore,
+    burst: &[Digest],
+) -> std::collections::BTreeMap<String, u64> {
+    server.cli(&["config", "resetstat"]);
+    assert_eq!(
+        claimed(store.claim_many(burst).await).unwrap(),
+        vec![Claim::New; burst.len()]
+    );
+    command_calls(server)
+}
+
 #[tokio::test]
 async fn a_claim_on_a_set_that_holds_nothing_is_one_write_and_no_read() {
     let geometry = Geometry::new(1 << 20, 8).unwrap();
     let (server, settings, store) = server_and_store("absent", geometry).await;
     let burst = digests_of_distinct_sets(&store, 128);
-    server.cli(&["config", "resetstat"]);
-    assert_eq!(
-        claimed(store.claim_many(&burst).await).unwrap(),
-        vec![Claim::New; burst.len()]
-    );
-    let calls = command_calls(&server);
+    let calls = commands_of_new_claims(&server, &store, &burst).await;
     assert_eq!(
         calls.get("set"),
         Some(&128),
@@ -349,12 +358,7 @@ async fn claims_on_sets_that_hold_entries_read_them_after_three_found() {
         claimed(store.claim_done_many(burst).await).unwrap();
     }
     let burst = digests_of_distinct_sets(&store, 64);
-    server.cli(&["config", "resetstat"]);
-    assert_eq!(
-        claimed(store.claim_many(&burst).await).unwrap(),
-        vec![Claim::New; burst.len()]
-    );
-    let calls = command_calls(&server);
+    let calls = commands_of_new_claims(&server, &store, &burst).await;
     // Each claim replaces an entry of its full set in place; only the first three sets are
     // asked for with a write that would create them.
     assert_eq!(calls.get("set"), Some(&3), "{calls:?}");
