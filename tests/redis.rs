@@ -1313,28 +1313,7 @@ async fn a_cluster_run_that_reaches_another_nodes_key_leaves_nothing_written() {
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let claim = |keys: &[String]| {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as u64;
-        let mut eval = redis::cmd("EVAL");
-        eval.arg(include_str!("../src/dedup/redis/set.lua"))
-            .arg(1)
-            .arg(&keys[0])
-            .arg("c")
-            .arg(&[7u8; 8][..])
-            .arg(now)
-            .arg(now + 60_000)
-            .arg("")
-            .arg(8)
-            .arg(1);
-        for i in 0..keys.len() {
-            eval.arg(&digest(i as u64).to_bytes()[..]);
-        }
-        eval.arg(keys);
-        eval
-    };
+    let claim = |keys: &[String]| claim_script(SET_SCRIPT, keys);
     let failed = claim(&keys)
         .query_async::<redis::Value>(&mut conn)
         .await
@@ -1358,4 +1337,71 @@ async fn a_cluster_run_that_reaches_another_nodes_key_leaves_nothing_written() {
         [0, 0, 0, 0, 0, 0],
         "five new claims, no unreadable set"
     );
+}
+
+/// The store's set script.
+const SET_SCRIPT: &str = include_str!("../src/dedup/redis/set.lua");
+
+/// An `EVAL` of `script` as the store sends its set script: a claim (8 ways, no `max_age`) of
+/// the `i`th test digest in the set at `keys[i]`, by one owner, with a lease of a minute.
+fn claim_script(script: &str, keys: &[String]) -> redis::Cmd {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let mut eval = redis::cmd("EVAL");
+    eval.arg(script)
+        .arg(1)
+        .arg(&keys[0])
+        .arg("c")
+        .arg(&[7u8; 8][..])
+        .arg(now)
+        .arg(now + 60_000)
+        .arg("")
+        .arg(8)
+        .arg(1);
+    for i in 0..keys.len() {
+        eval.arg(&digest(i as u64).to_bytes()[..]);
+    }
+    eval.arg(keys);
+    eval
+}
+
+/// A server that refuses `NX` with `GET` (before Redis 7.0, "ERR syntax error") has its claims
+/// read with `GET` and written as before: shown with a copy of the script whose `SET … NX GET`
+/// carries an argument that no server takes.
+#[tokio::test]
+async fn a_server_that_refuses_nx_with_get_has_its_claims_read_first() {
+    let server = RedisServer::start();
+    let refused = SET_SCRIPT.replace("'NX', 'GET')", "'NX', 'GET', 'REFUSED')");
+    assert_ne!(refused, SET_SCRIPT, "the script sends SET … NX GET");
+    let namespace = unique_namespace("refused");
+    let keys: Vec<String> = (0..5).map(|i| format!("{namespace}:{i}")).collect();
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let answers: Vec<i64> = claim_script(&refused, &keys)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        answers,
+        [0, 0, 0, 0, 0, 0],
+        "five new claims, no unreadable set"
+    );
+    let calls = command_calls(&server);
+    assert_eq!(calls.get("get"), Some(&5), "each set read: {calls:?}");
+    for (i, key) in keys.iter().enumerate() {
+        let value = raw_get(&server.url(), key).await.unwrap();
+        assert_eq!(value.len(), 3 + 34, "{key} holds its one entry");
+        assert_eq!(&value[4..20], &digest(i as u64).to_bytes());
+    }
+    // The same claims through the store's own script: each in flight.
+    let answers: Vec<i64> = claim_script(SET_SCRIPT, &keys)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(answers, [1, 1, 1, 1, 1, 0]);
 }
