@@ -19,14 +19,16 @@
 -- KEYS holds the first of those keys only: it routes the run to its node. In a cluster the
 -- other keys may be of other slots of the same node (a script without flags may reach any key
 -- its node serves); one its node does not serve fails the run when it is read.
--- Every key is read before any is written but by the read itself: a claim (c or d) reads its
--- set with `SET key <a set of that one new entry> NX GET`, which writes only when the key
--- holds nothing, and then answers nil: the claim is decided (new, in slot 0), in one call
--- instead of a GET and a SET. Else it wrote nothing and answers what the key holds, decided
--- on as a GET's answer. The other operations read with GET (or GETRANGE, below). A key that
--- cannot be read (not a string, or in a cluster not its node's) fails the whole call, with
--- nothing written: the keys this run created are deleted first (they held nothing). A server
--- that refuses NX with GET (before Redis 7.0) is read with GET for the rest of the run.
+-- Every key is read before any is written, but for the write a read makes itself: a claim
+-- (c or d) reads its set with `SET key <the set of that one new entry> NX GET`, which writes
+-- only when the key holds nothing, and then answers nil: the claim is decided (new, in slot
+-- 0), in one call instead of a GET and a SET. Else it wrote nothing and answers what the key
+-- holds, decided on as a GET's answer. Once such reads of a run find more sets than they
+-- create by more than two (see `lead`), its claims read with GET; the other operations
+-- always do (or with GETRANGE, below). A key that cannot be read (not a string, or in a
+-- cluster not its node's) fails the whole call, with nothing written: the keys this run
+-- created are deleted first (they held nothing). A server that refuses NX with GET (before
+-- Redis 7.0) is read with GET for the rest of the run.
 -- Returns one answer per digest, then how many stored values were not sets of this shape (each
 -- was read as an empty set). A claim answers 0 = new, 1 = in flight, 2 = duplicate, plus 4
 -- times the slot of the digest's entry (the one it wrote, or found); the others 1 = held,
