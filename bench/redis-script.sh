@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# What the Redis store's script costs the server per message, on full sets, as the sidecar
-# calls it. See `bench/redis-script.sh --help`.
+# What the Redis store's script costs the server per message, on full sets (or empty ones), as
+# the sidecar calls it. See `bench/redis-script.sh --help`.
 set -euo pipefail
 
 usage() {
   cat <<'EOF'
-Usage: bench/redis-script.sh [SCRIPT.lua...]
+Usage: bench/redis-script.sh [--empty] [--instructions] [SCRIPT.lua...]
 
-Starts a redis-server (no persistence) on a free loopback port, fills 4,096 sets of 8 ways,
-then runs 400 bursts of 256 fresh digests through each script as the Redis store does: one
-EVALSHA claiming the burst, one committing it through the slots the claims answered; last it claims again the digests of the last
-10 bursts, which no later claim pushed out (duplicates). Prints the server's own time per
+Starts a redis-server (no persistence) on a free loopback port, fills 4,096 sets of 8 ways
+(with --empty: fills nothing, and the digests fall in 4,194,304 sets, so that a claim's set
+almost always holds nothing, as on a table that starts empty), then runs 400 bursts of 256
+fresh digests through each script as the Redis store does: one EVALSHA claiming the burst,
+one committing it through the slots the claims answered; last it claims again the digests of
+the last 10 bursts, which no later claim pushed out (duplicates). With --instructions the
+server runs under valgrind's callgrind and the figures are its instructions per message (all
+the claims, then all the commits, of 16 bursts; read with callgrind_control -d around each
+phase), which the machine's load does not move. Prints the server's own time per
 message from INFO commandstats (usec of EVALSHA) for the claims, the commits and the
 duplicate claims, and the server's CPU per message from /proc. Each script is measured
 twice, in the order given and then reversed, so that a script measured early does not look
@@ -23,15 +28,32 @@ EOF
 }
 
 case "${1:-}" in -h|--help) usage; exit 0 ;; esac
+empty=0 instructions=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --empty) empty=1; shift ;;
+    --instructions) instructions=1; shift ;;
+    *) break ;;
+  esac
+done
 cd "$(dirname "$0")/.."
 scripts=("$@")
 [ "${#scripts[@]}" -gt 0 ] || scripts=(src/dedup/redis/set.lua)
 command -v redis-server >/dev/null || { echo "redis-server is missing (apt-get install redis-server)" >&2; exit 1; }
 
-exec python3 - "${scripts[@]}" <<'PY'
+if [ "$instructions" = 1 ]; then
+  command -v valgrind >/dev/null || { echo "valgrind is missing (apt-get install valgrind)" >&2; exit 1; }
+fi
+
+exec python3 - "$empty" "$instructions" "${scripts[@]}" <<'PY'
 import os, random, socket, struct, subprocess, sys, tempfile, time
 
-SETS, WAYS, RUN, BURSTS, DUP_BURSTS = 4096, 8, 256, 400, 10
+EMPTY, INSTRUCTIONS = sys.argv[1] == "1", sys.argv[2] == "1"
+SETS, WAYS, RUN, BURSTS, DUP_BURSTS = (1 << 22 if EMPTY else 4096), 8, 256, 400, 10
+if INSTRUCTIONS:
+    # Few enough that no claim pushes out another of the run on a full table: the claims all
+    # go before the commits.
+    BURSTS = 16
 
 def free_port():
     with socket.socket() as s:
@@ -41,7 +63,7 @@ def free_port():
 class Redis:
     """Just enough RESP for EVALSHA, SCRIPT LOAD, INFO and CONFIG."""
     def __init__(self, port):
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while True:
             try:
                 self.sock = socket.create_connection(("127.0.0.1", port))
@@ -98,9 +120,11 @@ def cpu_seconds(pid):
 def measure(path):
     port = free_port()
     work = tempfile.mkdtemp()
-    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+    valgrind = ["valgrind", "--tool=callgrind", "--dump-instr=no",
+                f"--callgrind-out-file={work}/callgrind.out"] if INSTRUCTIONS else []
+    server = subprocess.Popen(valgrind + ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
                                "--save", "", "--appendonly", "no", "--dir", work],
-                              stdout=subprocess.DEVNULL)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         r = Redis(port)
         sha = r.call("SCRIPT", "LOAD", open(path, "rb").read())
@@ -136,11 +160,41 @@ def measure(path):
                     return int(line.split("usec=")[1].split(",")[0])
             return 0
 
-        for _ in range(SETS * WAYS * 2 // RUN):
+        dumps = 0
+
+        def instructions():
+            """The server's instructions since the last dump (callgrind zeroes them)."""
+            nonlocal dumps
+            subprocess.run(["callgrind_control", "-d", str(server.pid)], check=True,
+                           stderr=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL)
+            dumps += 1
+            for line in open(f"{work}/callgrind.out.{dumps}"):
+                if line.startswith("summary:"):
+                    return int(line.split()[1])
+            raise SystemExit(f"no summary in callgrind dump {dumps}")
+
+        for _ in range(0 if EMPTY else SETS * WAYS * 2 // RUN):
             burst = fresh()
             run("c", burst)
             run("m", burst)
         bursts = [fresh() for _ in range(BURSTS)]
+        if INSTRUCTIONS:
+            n = BURSTS * RUN
+            instructions()
+            for burst in bursts:
+                if any(a != 0 for a in run("c", burst)[:-1]):
+                    raise SystemExit(f"{path}: a fresh digest was not claimed new")
+            claim = instructions()
+            for burst in bursts:
+                if any(a != 1 for a in run("m", burst)[:-1]):
+                    raise SystemExit(f"{path}: a claimed digest was not committed")
+            commit = instructions()
+            for burst in bursts[-DUP_BURSTS:]:
+                if any(a != 2 for a in run("c", burst)[:-1]):
+                    raise SystemExit(f"{path}: a committed digest was not a duplicate")
+            duplicate = instructions()
+            return claim / n, commit / n, duplicate / (DUP_BURSTS * RUN), 0
         claim = commit = 0
         cpu0 = cpu_seconds(server.pid)
         for burst in bursts:
@@ -164,9 +218,15 @@ def measure(path):
         server.terminate()
         server.wait()
 
-scripts = sys.argv[1:]
-print(f"{SETS} full sets of {WAYS} ways, {BURSTS} bursts of {RUN} fresh digests, "
+scripts = sys.argv[3:]
+print(f"{SETS} {'empty' if EMPTY else 'full'} sets of {WAYS} ways, {BURSTS} bursts of {RUN} fresh digests, "
       f"load average {os.getloadavg()[0]:.2f}")
+if INSTRUCTIONS:
+    print(f"{'instructions per message':<40} {'claim':>9} {'commit':>10} {'sum':>6} {'dup claim':>10}")
+    for path in scripts + scripts[::-1]:
+        claim, commit, duplicate, _ = measure(path)
+        print(f"{path:<40} {claim:>9.0f} {commit:>10.0f} {claim + commit:>6.0f} {duplicate:>10.0f}")
+    sys.exit()
 print(f"{'script':<40} {'claim µs':>9} {'commit µs':>10} {'sum':>6} {'dup claim':>10} {'CPU µs/msg':>11}")
 for path in scripts + scripts[::-1]:
     claim, commit, duplicate, cpu = measure(path)

@@ -276,6 +276,152 @@ async fn a_burst_whose_script_fails_writes_nothing_and_the_retry_passes() {
     );
 }
 
+/// `count` digests whose sets differ, each set a key of its own, for `store`.
+fn digests_of_distinct_sets(store: &RedisStore, count: usize) -> Vec<Digest> {
+    let mut keys = std::collections::HashSet::new();
+    let digests: Vec<Digest> = (0..)
+        .map(digest)
+        .filter(|d| keys.insert(store.set_key(*d)))
+        .take(count)
+        .collect();
+    digests
+}
+
+/// Claims `burst` on `store`, each claim new; the commands the server ran for it.
+async fn commands_of_new_claims(
+    server: &RedisServer,
+    store: &RedisStore,
+    burst: &[Digest],
+) -> std::collections::BTreeMap<String, u64> {
+    server.cli(&["config", "resetstat"]);
+    assert_eq!(
+        claimed(store.claim_many(burst).await).unwrap(),
+        vec![Claim::New; burst.len()]
+    );
+    command_calls(server)
+}
+
+#[tokio::test]
+async fn a_claim_on_a_set_that_holds_nothing_is_one_write_and_no_read() {
+    let geometry = Geometry::new(1 << 20, 8).unwrap();
+    let (server, settings, store) = server_and_store("absent", geometry).await;
+    let burst = digests_of_distinct_sets(&store, 128);
+    let calls = commands_of_new_claims(&server, &store, &burst).await;
+    assert_eq!(
+        calls.get("set"),
+        Some(&128),
+        "one write a digest: {calls:?}"
+    );
+    assert_eq!(calls.get("get"), None, "no set read first: {calls:?}");
+    assert_eq!(calls.get("setrange"), None, "{calls:?}");
+    // Each set holds its one entry, in flight, as a claim wrote it before.
+    let value = raw_get(&server.url(), &store.set_key(burst[0]))
+        .await
+        .unwrap();
+    assert_eq!(value.len(), 3 + 34);
+    assert_eq!(&value[..4], &[1, 0, 8, 0]);
+    assert_eq!(&value[4..20], &burst[0].to_bytes());
+    assert_eq!(value[20], 1, "in flight");
+    let other = RedisStore::connect(settings, geometry).await.unwrap();
+    assert_eq!(
+        claimed(other.claim_many(&burst).await).unwrap(),
+        vec![Claim::InFlight; burst.len()]
+    );
+    assert_eq!(commit_all(&store, &burst).await, vec![true; burst.len()]);
+    assert_eq!(
+        claimed(other.claim_many(&burst).await).unwrap(),
+        vec![Claim::Duplicate; burst.len()]
+    );
+
+    // Two digests of one absent set, and the first again, in one run: the set holds both.
+    let (d, e) = same_set_pair(geometry);
+    assert_eq!(
+        claimed(store.claim_many(&[d, e, d]).await).unwrap(),
+        [Claim::New, Claim::New, Claim::InFlight]
+    );
+    let value = raw_get(&server.url(), &store.set_key(d)).await.unwrap();
+    assert_eq!(value.len(), 3 + 2 * 34);
+    assert_eq!(commit_all(&store, &[e, d]).await, [true, true]);
+    assert_eq!(
+        claimed(other.claim_many(&[d, e]).await).unwrap(),
+        vec![Claim::Duplicate; 2]
+    );
+}
+
+#[tokio::test]
+async fn claims_on_sets_that_hold_entries_read_them_after_three_found() {
+    // 256 sets of 2 ways, each filled many times over.
+    let geometry = Geometry::new(512, 2).unwrap();
+    let (server, _, store) = server_and_store("present", geometry).await;
+    let fill: Vec<Digest> = (10_000..14_096).map(digest).collect();
+    for burst in fill.chunks(256) {
+        claimed(store.claim_done_many(burst).await).unwrap();
+    }
+    let burst = digests_of_distinct_sets(&store, 64);
+    let calls = commands_of_new_claims(&server, &store, &burst).await;
+    // Each claim replaces an entry of its full set in place; only the first three sets are
+    // asked for with a write that would create them.
+    assert_eq!(calls.get("set"), Some(&3), "{calls:?}");
+    assert_eq!(calls.get("get"), Some(&61), "{calls:?}");
+    assert_eq!(calls.get("setrange"), Some(&64), "{calls:?}");
+}
+
+#[tokio::test]
+async fn a_failed_claim_run_removes_the_sets_it_created_and_keeps_the_others() {
+    // 512 sets of 8 ways.
+    let geometry = Geometry::new(4096, 8).unwrap();
+    let (server, settings, store) = server_and_store("failed-create", geometry).await;
+    let burst = digests_of_distinct_sets(&store, 40);
+    // The first ten sets already hold another owner's claims.
+    let other = RedisStore::connect(settings, geometry).await.unwrap();
+    assert_eq!(
+        claimed(other.claim_many(&burst[..10]).await).unwrap(),
+        vec![Claim::New; 10]
+    );
+    let mut held = Vec::new();
+    for &d in &burst[..10] {
+        held.push(raw_get(&server.url(), &store.set_key(d)).await.unwrap());
+    }
+    // The run's last key holds a list: the run fails there, after every other set was claimed.
+    let broken = store.set_key(burst[39]);
+    server.cli(&["rpush", &broken, "not a set"]);
+    for op in ["claim", "claim done"] {
+        let failed = if op == "claim" {
+            store.claim_many(&burst).await
+        } else {
+            store.claim_done_many(&burst).await
+        };
+        assert!(
+            failed.iter().all(|answer| answer
+                .as_ref()
+                .is_err_and(|error| error.to_string().contains("WRONGTYPE"))),
+            "each digest of the failed {op} run is an error: {failed:?}"
+        );
+        for &d in &burst[10..39] {
+            assert_eq!(
+                raw_get(&server.url(), &store.set_key(d)).await,
+                None,
+                "a set the failed {op} run created is gone"
+            );
+        }
+        for (&d, value) in burst[..10].iter().zip(&held) {
+            assert_eq!(
+                raw_get(&server.url(), &store.set_key(d)).await.as_ref(),
+                Some(value),
+                "a set that held a claim before the failed {op} run holds it still"
+            );
+        }
+    }
+    assert_eq!(
+        server.cli(&["lrange", &broken, "0", "-1"]).trim(),
+        "not a set"
+    );
+    server.cli(&["del", &broken]);
+    let mut expected = vec![Claim::InFlight; 10];
+    expected.resize(burst.len(), Claim::New);
+    assert_eq!(claimed(store.claim_many(&burst).await).unwrap(), expected);
+}
+
 /// How many times the server ran each command (a script's own calls included) since the last
 /// `CONFIG RESETSTAT`, from `INFO commandstats`.
 fn command_calls(server: &RedisServer) -> std::collections::BTreeMap<String, u64> {
@@ -1203,4 +1349,118 @@ fn wait_until_signalled(pid: u32, signal: &str) {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// A cluster run that reaches a key its node does not serve (routed by a stale slot map)
+/// fails, and leaves none of the sets its claims created before that key: the script is run
+/// as the store sends it, on a master, its first keys the master's and its last another's.
+#[tokio::test]
+async fn a_cluster_run_that_reaches_another_nodes_key_leaves_nothing_written() {
+    let cluster = RedisCluster::start();
+    let namespace = unique_namespace("non-local");
+    let key = |i: u64| format!("{namespace}:{i}");
+    let master = |key: &String| cluster.master_of_slot(RedisStore::key_slot(key.as_bytes()), 0);
+    let home = master(&key(0));
+    let mut keys: Vec<String> = (0..)
+        .map(key)
+        .filter(|k| master(k) == home)
+        .take(5)
+        .collect();
+    keys.push((0..).map(key).find(|k| master(k) != home).unwrap());
+    let mut conn = redis::Client::open(cluster.nodes[home].url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let claim = |keys: &[String]| claim_script(SET_SCRIPT, keys);
+    let failed = claim(&keys)
+        .query_async::<redis::Value>(&mut conn)
+        .await
+        .unwrap_err();
+    assert!(
+        failed.to_string().contains("non local key"),
+        "the run fails at the other node's key: {failed}"
+    );
+    for key in &keys[..5] {
+        let exists: u64 = redis::cmd("EXISTS")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(exists, 0, "{key} was created by the failed run and removed");
+    }
+    // The node's own keys alone: each claimed new, in slot 0.
+    let answers: Vec<i64> = claim(&keys[..5]).query_async(&mut conn).await.unwrap();
+    assert_eq!(
+        answers,
+        [0, 0, 0, 0, 0, 0],
+        "five new claims, no unreadable set"
+    );
+}
+
+/// The store's set script.
+const SET_SCRIPT: &str = include_str!("../src/dedup/redis/set.lua");
+
+/// An `EVAL` of `script` as the store sends its set script: a claim (8 ways, no `max_age`) of
+/// the `i`th test digest in the set at `keys[i]`, by one owner, with a lease of a minute.
+fn claim_script(script: &str, keys: &[String]) -> redis::Cmd {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let mut eval = redis::cmd("EVAL");
+    eval.arg(script)
+        .arg(1)
+        .arg(&keys[0])
+        .arg("c")
+        .arg(&[7u8; 8][..])
+        .arg(now)
+        .arg(now + 60_000)
+        .arg("")
+        .arg(8)
+        .arg(1);
+    for i in 0..keys.len() {
+        eval.arg(&digest(i as u64).to_bytes()[..]);
+    }
+    eval.arg(keys);
+    eval
+}
+
+/// A server that refuses `NX` with `GET` (before Redis 7.0, "ERR syntax error") has its claims
+/// read with `GET` and written as before: shown with a copy of the script whose `SET … NX GET`
+/// carries an argument that no server takes.
+#[tokio::test]
+async fn a_server_that_refuses_nx_with_get_has_its_claims_read_first() {
+    let server = RedisServer::start();
+    let refused = SET_SCRIPT.replace("'NX', 'GET')", "'NX', 'GET', 'REFUSED')");
+    assert_ne!(refused, SET_SCRIPT, "the script sends SET … NX GET");
+    let namespace = unique_namespace("refused");
+    let keys: Vec<String> = (0..5).map(|i| format!("{namespace}:{i}")).collect();
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let answers: Vec<i64> = claim_script(&refused, &keys)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        answers,
+        [0, 0, 0, 0, 0, 0],
+        "five new claims, no unreadable set"
+    );
+    let calls = command_calls(&server);
+    assert_eq!(calls.get("get"), Some(&5), "each set read: {calls:?}");
+    for (i, key) in keys.iter().enumerate() {
+        let value = raw_get(&server.url(), key).await.unwrap();
+        assert_eq!(value.len(), 3 + 34, "{key} holds its one entry");
+        assert_eq!(&value[4..20], &digest(i as u64).to_bytes());
+    }
+    // The same claims through the store's own script: each in flight.
+    let answers: Vec<i64> = claim_script(SET_SCRIPT, &keys)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(answers, [1, 1, 1, 1, 1, 0]);
 }

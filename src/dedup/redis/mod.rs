@@ -22,10 +22,12 @@
 //! (`set.lua`) that reads the sets, decides and writes them back; Redis runs a script to its
 //! end before any other command, so two claims of one digest can never both see it absent. One
 //! run decides many digests of one operation in order (a digest given twice is `New` once,
-//! then `InFlight`), and reads every set before it writes any: a run that fails (a key that is
-//! not a set, say) writes nothing. The script is loaded on every node when the store connects,
-//! and loaded again by the client when a node answers `NOSCRIPT` (a restarted server, a
-//! promoted replica that missed it).
+//! then `InFlight`), and reads every set before it writes any other. A claim reads its set
+//! with `SET … NX GET` (Redis 7.0 or later), which writes the set of its one new entry when the
+//! key holds nothing: one call instead of a read and a write. A run that fails (a key that is
+//! not a set, say) deletes the sets it so created before it answers, so it writes nothing. The
+//! script is loaded on every node when the store connects, and loaded again by the client when
+//! a node answers `NOSCRIPT` (a restarted server, a promoted replica that missed it).
 //!
 //! # Round trips
 //!

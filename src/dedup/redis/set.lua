@@ -18,10 +18,17 @@
 -- Op d is a claim whose new entry is written done (a digest given twice is then a duplicate).
 -- KEYS holds the first of those keys only: it routes the run to its node. In a cluster the
 -- other keys may be of other slots of the same node (a script without flags may reach any key
--- its node serves); one its node does not serve fails the run when it is read, before any
--- write.
--- Every key is read before any is written, so a key that cannot be read (not a string) fails
--- the whole call with nothing written.
+-- its node serves); one its node does not serve fails the run when it is read.
+-- Every key is read before any is written, but for the write a read makes itself: a claim
+-- (c or d) reads its set with `SET key <the set of that one new entry> NX GET`, which writes
+-- only when the key holds nothing, and then answers nil: the claim is decided (new, in slot
+-- 0), in one call instead of a GET and a SET. Else it wrote nothing and answers what the key
+-- holds, decided on as a GET's answer. Once such reads of a run find more sets than they
+-- create by more than two (see `lead`), its claims read with GET; the other operations
+-- always do (or with GETRANGE, below). A key that cannot be read (not a string, or in a
+-- cluster not its node's) fails the whole call, with nothing written: the keys this run
+-- created are deleted first (they held nothing). A server that refuses NX with GET (before
+-- Redis 7.0) is read with GET for the rest of the run.
 -- Returns one answer per digest, then how many stored values were not sets of this shape (each
 -- was read as an empty set). A claim answers 0 = new, 1 = in flight, 2 = duplicate, plus 4
 -- times the slot of the digest's entry (the one it wrote, or found); the others 1 = held,
@@ -169,21 +176,37 @@ local function update(key, value, at, base, stored)
   return 1, true
 end
 
--- The set at key as it is stored, or an empty set when it holds none or one of another shape
--- (counted in `unreadable` when `count`); an error reply if it cannot be read.
+-- The set at key as it is stored (`value`, when given, is what a read of it answered), or an
+-- empty set when it holds none or one of another shape (counted in `unreadable` when
+-- `count`); an error reply if it cannot be read.
 local unreadable = 0
-local function read(key, count)
-  local value = redis.pcall('GET', key)
+local function read(key, count, value)
+  if value == nil then value = redis.pcall('GET', key) end
   if type(value) == 'table' then return nil, value end
   if value and readable(value) then return value end
   if value and count then unreadable = unreadable + 1 end
   return EMPTY
 end
 
--- Every key read first. `entries[i]` is the entry a hint points at while it is still the
--- digest's; every other digest is decided on its whole set, `sets[key]` (false once the run
--- changed it: read again when another digest needs it).
-local entries, sets, hinted = {}, {}, {}
+-- The keys this run created with SET NX GET (they held nothing before), and undoing them: a
+-- run that fails leaves nothing written.
+local created = {}
+local function fail(error)
+  for k = 1, #created do call('DEL', created[k]) end
+  return error
+end
+
+-- Every key read first (a claim's read may create its set, see the header). `entries[i]` is
+-- the entry a hint points at while it is still the digest's; `decided[i]` the answer of a
+-- claim that created its set; every other digest is decided on its whole set, `sets[key]`
+-- (false once the run changed it: read again when another digest needs it).
+local entries, sets, hinted, decided = {}, {}, {}, {}
+-- A set whose first slot holds a new entry: its header and that slot's index.
+local FIRST = char(version, 0, ways, 0)
+-- Claims read with SET NX GET while it mostly creates their sets: one that finds its set costs
+-- more than a GET (a new set built and sent for nothing), so once such finds outnumber the
+-- sets created by more than two (a table that holds entries), the run's claims read with GET.
+local lead = 2
 for i = 1, n do
   local key, digest = ARGV[7 + n + i], ARGV[7 + i]
   if #digest == 17 and not claiming then
@@ -192,15 +215,35 @@ for i = 1, n do
       hinted[digest] = true
       local offset = 3 + byte(digest, 1) * ENTRY
       local entry = redis.pcall('GETRANGE', key, at_offset(offset), at_offset(offset + ENTRY - 1))
-      if type(entry) == 'table' then return entry end
+      if type(entry) == 'table' then return fail(entry) end
       if #entry == ENTRY and find(entry, digest, 1, true) == 1 and byte(entry, 18) ~= 0 then
         entries[i] = entry
       end
     end
   end
   if not entries[i] and sets[key] == nil then
-    local value, error = read(key, true)
-    if error then return error end
+    local value, error
+    if claiming and lead >= 0 then
+      -- Written only if the key holds nothing, which then answers nil (false in Lua).
+      local set = FIRST .. digest .. CLAIMED
+      local stored = redis.pcall('SET', key, set, 'NX', 'GET')
+      if stored == false then
+        lead = lead + 1
+        created[#created + 1] = key
+        decided[i] = 0
+        value = set
+      elseif type(stored) == 'table' and find(stored.err or '', 'syntax error', 1, true) then
+        -- A server before Redis 7.0 refuses NX with GET: this run reads instead.
+        lead = -1
+        value, error = read(key, true)
+      else
+        lead = lead - 1
+        value, error = read(key, true, stored)
+      end
+    else
+      value, error = read(key, true)
+    end
+    if error then return fail(error) end
     sets[key] = value
   end
 end
@@ -208,8 +251,10 @@ end
 local answers = {}
 for i = 1, n do
   local key, entry = ARGV[7 + n + i], entries[i]
-  local answer, changed
-  if entry then
+  local answer, changed = decided[i], false
+  if answer then
+    -- Claimed new in slot 0 by the write that created the set, which `sets[key]` holds.
+  elseif entry then
     answer, changed = update(key, entry, 1, 3 + byte(entry, 1) * ENTRY, nil)
   else
     local value, digest = sets[key], ARGV[7 + i]
