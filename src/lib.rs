@@ -59,6 +59,8 @@
 
 #[cfg(feature = "sidecar")]
 pub mod config;
+#[cfg(any(feature = "nsq", feature = "memcached"))]
+mod decimal;
 pub mod dedup;
 pub mod error;
 pub mod filter;

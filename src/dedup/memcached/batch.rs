@@ -176,10 +176,11 @@ impl MemcachedStore {
                     self.plan(chunk, ops, reads, from_known, &mut first_try, &mut answers);
                 let writes: Vec<Write<'_>> = planned
                     .iter()
-                    .map(|(p, value, cas, _)| Write {
-                        key: &chunk[*p].key,
-                        value,
-                        cas: *cas,
+                    .map(|plan| Write {
+                        key: &chunk[plan.set].key,
+                        value: &plan.value,
+                        cas: plan.cas,
+                        quiet: plan.quiet,
                     })
                     .collect();
                 let written = if writes.is_empty() {
@@ -211,7 +212,14 @@ impl MemcachedStore {
         let inner = &*self.inner;
         let (mut added, mut existed) = (0, 0);
         let mut sets = inner.known.lock().unwrap_or_else(|p| p.into_inner());
-        for ((p, value, cas, outcomes), written) in planned.into_iter().zip(written) {
+        for (plan, written) in planned.into_iter().zip(written) {
+            let Planned {
+                set: p,
+                value,
+                cas,
+                outcomes,
+                ..
+            } = plan;
             if cas.is_none() {
                 match written {
                     Written::Stored(_) => added += 1,
@@ -280,6 +288,7 @@ impl MemcachedStore {
         answers: &mut Vec<(usize, Outcome)>,
     ) -> (Vec<Planned>, Vec<usize>) {
         let facts = self.lease_facts();
+        let filling = self.inner.absent.load(Ordering::Relaxed) > 0;
         // For each pending set: its new value (if it changed), the CAS token of the
         // read, and the outcomes that the write would make true.
         let mut planned = Vec::with_capacity(reads.len());
@@ -300,7 +309,23 @@ impl MemcachedStore {
                 outcomes.push((index, outcome));
             }
             if changed {
-                planned.push((p, encode(&entries, self.value_version()), cas, outcomes));
+                // A write whose new token no operation of ours is waiting for (a commit,
+                // unlike a claim, has no commit of its own to follow), on a table that is
+                // still filling, where a set is seldom met again before this store forgets
+                // it: sent quiet, which spares the server its answer. The set is then not
+                // known: met again, it is read (or, guessed absent, written as new, which
+                // fails, and then read).
+                let quiet = filling
+                    && chunk[p].ops.iter().all(|&index| {
+                        matches!(ops[index].0, Op::ClaimDone | Op::Commit | Op::Erase)
+                    });
+                planned.push(Planned {
+                    set: p,
+                    value: encode(&entries, self.value_version()),
+                    cas,
+                    quiet,
+                    outcomes,
+                });
             } else if cached {
                 // Nothing to write, so nothing verifies the value it was decided on.
                 undecided.push(p);
@@ -312,9 +337,19 @@ impl MemcachedStore {
     }
 }
 
-/// A set's planned write: its index in its chunk, its new value, the CAS token of the value
-/// it was decided on (`None`: absent), and the outcomes the write makes true.
-type Planned = (usize, Vec<u8>, Option<u64>, Vec<(usize, Outcome)>);
+/// A set's planned write.
+struct Planned {
+    /// The set's index in its chunk.
+    set: usize,
+    /// The set's new value.
+    value: Vec<u8>,
+    /// The CAS token of the value it was decided on (`None`: absent).
+    cas: Option<u64>,
+    /// Whether the write is sent quiet (see [`Write::quiet`]).
+    quiet: bool,
+    /// The outcomes the write makes true: (operation index, outcome).
+    outcomes: Vec<(usize, Outcome)>,
+}
 
 /// The operations of one batch that fall in one set.
 #[derive(Clone)]
