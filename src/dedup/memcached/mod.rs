@@ -146,7 +146,6 @@ mod pool;
 mod routing;
 mod set;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::mpsc;
@@ -195,7 +194,7 @@ struct Inner {
     absent: std::sync::atomic::AtomicI64,
     /// The sets this store wrote last, as it wrote them, with their CAS tokens: at most
     /// `KNOWN_SETS` (see `batch::remember`).
-    known: std::sync::Mutex<HashMap<String, (Vec<u8>, u64)>>,
+    known: std::sync::Mutex<batch::KnownSets>,
     /// The queue of the coalescing task (see [`coalesce`]), set on first use. The task ends
     /// when this sender (and the clones that callers hold briefly) is dropped.
     coalescer: std::sync::Mutex<Option<mpsc::UnboundedSender<Request>>>,
@@ -306,7 +305,7 @@ impl MemcachedStore {
                 returns: AtomicU64::new(0),
                 started: std::time::Instant::now(),
                 coalescer: std::sync::Mutex::new(None),
-                known: std::sync::Mutex::new(HashMap::new()),
+                known: std::sync::Mutex::new(batch::KnownSets::default()),
                 absent: std::sync::atomic::AtomicI64::new(0),
             }),
         })
