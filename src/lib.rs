@@ -64,6 +64,8 @@ mod decimal;
 pub mod dedup;
 pub mod error;
 pub mod filter;
+#[cfg(any(feature = "nsq", feature = "memcached"))]
+mod fold_hash;
 #[cfg(feature = "nsq")]
 pub mod http;
 #[cfg(feature = "nsq")]

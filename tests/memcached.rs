@@ -621,6 +621,16 @@ pub(crate) fn stat(addr: &str, name: &str) -> u64 {
     }
 }
 
+/// Commits `digests` in one `commit_many`; whether each was still held.
+async fn commit_all(store: &MemcachedStore, digests: &[Digest]) -> Vec<bool> {
+    store
+        .commit_many(digests)
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .expect("commits answered")
+}
+
 #[tokio::test]
 async fn a_commit_after_the_stores_own_claim_sends_no_read() {
     let server = MemcachedServer::start();
@@ -637,13 +647,7 @@ async fn a_commit_after_the_stores_own_claim_sends_no_read() {
         [Claim::New; 50]
     );
     let before = reads_served(&server.addr());
-    let commits: Vec<bool> = store
-        .commit_many(&burst)
-        .await
-        .into_iter()
-        .collect::<Result<_, _>>()
-        .unwrap();
-    assert_eq!(commits, [true; 50]);
+    assert_eq!(commit_all(&store, &burst).await, [true; 50]);
     assert_eq!(
         reads_served(&server.addr()) - before,
         0,
@@ -765,6 +769,13 @@ async fn a_restarted_server_is_not_written_with_a_token_from_before() {
     );
 }
 
+/// A store of the tests' settings on memcached at `addr`.
+async fn store_at(addr: &str, namespace: &str, geometry: Geometry) -> MemcachedStore {
+    MemcachedStore::connect(config(&[addr.to_owned()], namespace), geometry)
+        .await
+        .expect("connect to memcached")
+}
+
 /// Bytes memcached at `addr` sent its clients while `step` ran, without the answers to our own
 /// `stats` questions (each counted in the next one's figure, and as long as one another).
 async fn bytes_answered_during<T>(
@@ -783,9 +794,7 @@ async fn bytes_answered_during<T>(
 /// claiming 64 fresh digests (numbers 1,000,000 to 1,000,063).
 async fn filling_store(addr: &str, namespace: &str) -> MemcachedStore {
     let geometry = Geometry::new(1 << 20, 8).unwrap();
-    let store = MemcachedStore::connect(config(&[addr.to_owned()], namespace), geometry)
-        .await
-        .unwrap();
+    let store = store_at(addr, namespace, geometry).await;
     let warm: Vec<Digest> = (1_000_000..1_000_064).map(digest).collect();
     assert_eq!(
         claimed(store.claim_many(&warm).await).unwrap(),
@@ -824,12 +833,12 @@ async fn a_quiet_commit_that_loses_a_race_is_decided_again() {
     let server = MemcachedServer::start();
     let namespace = unique_namespace("quiet-race");
     let a = filling_store(&server.addr(), &namespace).await;
-    let b = MemcachedStore::connect(
-        config(&[server.addr()], &namespace),
+    let b = store_at(
+        &server.addr(),
+        &namespace,
         Geometry::new(1 << 20, 8).unwrap(),
     )
-    .await
-    .unwrap();
+    .await;
     let burst: Vec<Digest> = (0..64).map(digest).collect();
     assert_eq!(
         claimed(a.claim_many(&burst).await).unwrap(),
@@ -849,13 +858,11 @@ async fn a_quiet_commit_that_loses_a_race_is_decided_again() {
         "b read a's claim"
     );
     let conflicts = a.cas_conflicts();
-    let commits: Vec<bool> = a
-        .commit_many(&burst)
-        .await
-        .into_iter()
-        .collect::<Result<_, _>>()
-        .unwrap();
-    assert_eq!(commits, [true; 64], "every claim of a is still held");
+    assert_eq!(
+        commit_all(&a, &burst).await,
+        [true; 64],
+        "every claim of a is still held"
+    );
     assert_eq!(
         a.cas_conflicts() - conflicts,
         1,
@@ -875,12 +882,12 @@ async fn a_quiet_claim_done_on_a_set_that_exists_is_read_and_decided() {
     let server = MemcachedServer::start();
     let namespace = unique_namespace("quiet-done");
     let a = filling_store(&server.addr(), &namespace).await;
-    let b = MemcachedStore::connect(
-        config(&[server.addr()], &namespace),
+    let b = store_at(
+        &server.addr(),
+        &namespace,
         Geometry::new(1 << 20, 8).unwrap(),
     )
-    .await
-    .unwrap();
+    .await;
     // b holds two digests in flight; a, guessing their sets absent, writes them as new.
     let held = [digest(1), digest(2)];
     assert_eq!(claimed(b.claim_many(&held).await).unwrap(), [Claim::New; 2]);
@@ -913,9 +920,7 @@ async fn commits_on_a_full_table_keep_their_token_for_the_next_claim() {
     let namespace = unique_namespace("full-known");
     // 16 sets of 8 ways, filled many times over: every set exists.
     let geometry = Geometry::new(128, 8).unwrap();
-    let store = MemcachedStore::connect(config(&[server.addr()], &namespace), geometry)
-        .await
-        .unwrap();
+    let store = store_at(&server.addr(), &namespace, geometry).await;
     // Bursts of 32: no set gets more digests of one burst than it has ways.
     for round in 0..16u64 {
         let burst: Vec<Digest> = (round * 32..round * 32 + 32).map(digest).collect();
@@ -923,13 +928,7 @@ async fn commits_on_a_full_table_keep_their_token_for_the_next_claim() {
             claimed(store.claim_many(&burst).await).unwrap(),
             [Claim::New; 32]
         );
-        let commits: Vec<bool> = store
-            .commit_many(&burst)
-            .await
-            .into_iter()
-            .collect::<Result<_, _>>()
-            .unwrap();
-        assert_eq!(commits, [true; 32]);
+        assert_eq!(commit_all(&store, &burst).await, [true; 32]);
     }
     let before = reads_served(&server.addr());
     let next: Vec<Digest> = (1_000..1_016).map(digest).collect();

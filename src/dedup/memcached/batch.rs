@@ -15,6 +15,7 @@ use super::{is_connection_error, unavailable, MemcachedStore, Server};
 use crate::decimal::put_decimal;
 use crate::dedup::Digest;
 use crate::error::StoreError;
+use crate::fold_hash::IdHasher;
 
 /// Sets per pipeline round trip in a batch. Bounded so that a huge batch never fills both
 /// directions' socket buffers while we are still writing.
@@ -36,29 +37,8 @@ fn remember(sets: &mut KnownSets, set: u64, value: Vec<u8>, cas: u64) {
     sets.insert(set, (value, cas));
 }
 
-/// Hashes a set number with one multiplication (Fibonacci hashing): set numbers are already
-/// spread by the digests they come from, and SipHash cost more than the rest of a lookup.
-#[derive(Default, Clone, Copy)]
-pub(super) struct SetHasher(u64);
-
-impl std::hash::Hasher for SetHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.write_u64(u64::from(byte));
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
-/// Builds [`SetHasher`]s, for maps keyed by set number.
-pub(super) type BuildSetHasher = std::hash::BuildHasherDefault<SetHasher>;
+/// Hashes set numbers: spread by the digests they come from, nobody picks them to collide.
+pub(super) type BuildSetHasher = IdHasher;
 
 /// Adds what one round learnt to `score`: `absent` sets found absent (or added), `present`
 /// found existing. Bounded, so that the guess follows a table that fills up within a few
