@@ -59,9 +59,13 @@
 
 #[cfg(feature = "sidecar")]
 pub mod config;
+#[cfg(any(feature = "nsq", feature = "memcached"))]
+mod decimal;
 pub mod dedup;
 pub mod error;
 pub mod filter;
+#[cfg(any(feature = "nsq", feature = "memcached"))]
+mod fold_hash;
 #[cfg(feature = "nsq")]
 pub mod http;
 #[cfg(feature = "nsq")]

@@ -621,6 +621,16 @@ pub(crate) fn stat(addr: &str, name: &str) -> u64 {
     }
 }
 
+/// Commits `digests` in one `commit_many`; whether each was still held.
+async fn commit_all(store: &MemcachedStore, digests: &[Digest]) -> Vec<bool> {
+    store
+        .commit_many(digests)
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .expect("commits answered")
+}
+
 #[tokio::test]
 async fn a_commit_after_the_stores_own_claim_sends_no_read() {
     let server = MemcachedServer::start();
@@ -637,13 +647,7 @@ async fn a_commit_after_the_stores_own_claim_sends_no_read() {
         [Claim::New; 50]
     );
     let before = reads_served(&server.addr());
-    let commits: Vec<bool> = store
-        .commit_many(&burst)
-        .await
-        .into_iter()
-        .collect::<Result<_, _>>()
-        .unwrap();
-    assert_eq!(commits, [true; 50]);
+    assert_eq!(commit_all(&store, &burst).await, [true; 50]);
     assert_eq!(
         reads_served(&server.addr()) - before,
         0,
@@ -762,5 +766,179 @@ async fn a_restarted_server_is_not_written_with_a_token_from_before() {
         b.claim(e).await.unwrap(),
         Claim::InFlight,
         "b's claim of e stands: a did not write its set from before the restart over it"
+    );
+}
+
+/// A store of the tests' settings on memcached at `addr`.
+async fn store_at(addr: &str, namespace: &str, geometry: Geometry) -> MemcachedStore {
+    MemcachedStore::connect(config(&[addr.to_owned()], namespace), geometry)
+        .await
+        .expect("connect to memcached")
+}
+
+/// Bytes memcached at `addr` sent its clients while `step` ran, without the answers to our own
+/// `stats` questions (each counted in the next one's figure, and as long as one another).
+async fn bytes_answered_during<T>(
+    addr: &str,
+    step: impl std::future::Future<Output = T>,
+) -> (u64, T) {
+    let first = stat(addr, "bytes_written");
+    let second = stat(addr, "bytes_written");
+    let out = step.await;
+    let third = stat(addr, "bytes_written");
+    let stats_answer = second - first;
+    ((third - second).saturating_sub(stats_answer), out)
+}
+
+/// A store on a table that is still filling, its guess that unknown sets are absent made by
+/// claiming 64 fresh digests (numbers 1,000,000 to 1,000,063).
+async fn filling_store(addr: &str, namespace: &str) -> MemcachedStore {
+    let geometry = Geometry::new(1 << 20, 8).unwrap();
+    let store = store_at(addr, namespace, geometry).await;
+    let warm: Vec<Digest> = (1_000_000..1_000_064).map(digest).collect();
+    assert_eq!(
+        claimed(store.claim_many(&warm).await).unwrap(),
+        [Claim::New; 64]
+    );
+    store
+}
+
+#[tokio::test]
+async fn commits_on_a_filling_table_are_answered_only_when_they_fail() {
+    let server = MemcachedServer::start();
+    let store = filling_store(&server.addr(), &unique_namespace("quiet")).await;
+    let burst: Vec<Digest> = (0..64).map(digest).collect();
+    assert_eq!(
+        claimed(store.claim_many(&burst).await).unwrap(),
+        [Claim::New; 64]
+    );
+    let (bytes, commits) = bytes_answered_during(&server.addr(), store.commit_many(&burst)).await;
+    let commits: Vec<bool> = commits.into_iter().collect::<Result<_, _>>().unwrap();
+    assert_eq!(commits, [true; 64]);
+    // Each answered write costs the server at least `HD\r\n`; quiet ones only the
+    // pipeline's closing `MN\r\n`.
+    assert!(
+        bytes < 64,
+        "the server answered {bytes} bytes to 64 commits that all succeeded"
+    );
+    assert_eq!(
+        claimed(store.claim_many(&burst).await).unwrap(),
+        [Claim::Duplicate; 64],
+        "the quiet commits were written"
+    );
+}
+
+#[tokio::test]
+async fn a_quiet_commit_that_loses_a_race_is_decided_again() {
+    let server = MemcachedServer::start();
+    let namespace = unique_namespace("quiet-race");
+    let a = filling_store(&server.addr(), &namespace).await;
+    let b = store_at(
+        &server.addr(),
+        &namespace,
+        Geometry::new(1 << 20, 8).unwrap(),
+    )
+    .await;
+    let burst: Vec<Digest> = (0..64).map(digest).collect();
+    assert_eq!(
+        claimed(a.claim_many(&burst).await).unwrap(),
+        [Claim::New; 64]
+    );
+    // Between a's claim and its commit, b writes a digest of its own into the set of the
+    // burst's tenth digest.
+    let geometry = Geometry::new(1 << 20, 8).unwrap();
+    let rival = (64..)
+        .map(digest)
+        .find(|x| geometry.set_of(*x) == geometry.set_of(burst[10]))
+        .unwrap();
+    assert_eq!(b.claim(rival).await.unwrap(), Claim::New);
+    assert_eq!(
+        b.claim(burst[10]).await.unwrap(),
+        Claim::InFlight,
+        "b read a's claim"
+    );
+    let conflicts = a.cas_conflicts();
+    assert_eq!(
+        commit_all(&a, &burst).await,
+        [true; 64],
+        "every claim of a is still held"
+    );
+    assert_eq!(
+        a.cas_conflicts() - conflicts,
+        1,
+        "the commit written on the set as a's claim left it failed and was written again"
+    );
+    assert_eq!(b.claim(burst[10]).await.unwrap(), Claim::Duplicate);
+    assert_eq!(
+        a.claim(rival).await.unwrap(),
+        Claim::InFlight,
+        "a's commit kept b's entry"
+    );
+    assert!(b.commit(rival).await.unwrap());
+}
+
+#[tokio::test]
+async fn a_quiet_claim_done_on_a_set_that_exists_is_read_and_decided() {
+    let server = MemcachedServer::start();
+    let namespace = unique_namespace("quiet-done");
+    let a = filling_store(&server.addr(), &namespace).await;
+    let b = store_at(
+        &server.addr(),
+        &namespace,
+        Geometry::new(1 << 20, 8).unwrap(),
+    )
+    .await;
+    // b holds two digests in flight; a, guessing their sets absent, writes them as new.
+    let held = [digest(1), digest(2)];
+    assert_eq!(claimed(b.claim_many(&held).await).unwrap(), [Claim::New; 2]);
+    let geometry = Geometry::new(1 << 20, 8).unwrap();
+    let neighbour = (3..)
+        .map(digest)
+        .find(|x| geometry.set_of(*x) == geometry.set_of(held[0]))
+        .unwrap();
+    let fresh: Vec<Digest> = (5_000..5_060).map(digest).collect();
+    let burst: Vec<Digest> = [&held[..], &[neighbour], &fresh].concat();
+    let (bytes, claims) = bytes_answered_during(&server.addr(), a.claim_done_many(&burst)).await;
+    let mut expected = vec![Claim::InFlight, Claim::InFlight];
+    expected.extend([Claim::New; 61]);
+    assert_eq!(claimed(claims).unwrap(), expected);
+    assert!(
+        bytes < 300,
+        "the 61 new sets' writes were quiet ({bytes} bytes answered)"
+    );
+    assert!(b.commit(held[0]).await.unwrap(), "a kept b's entry");
+    assert_eq!(b.claim(neighbour).await.unwrap(), Claim::Duplicate);
+    assert_eq!(
+        claimed(b.claim_many(&fresh).await).unwrap(),
+        [Claim::Duplicate; 60]
+    );
+}
+
+#[tokio::test]
+async fn commits_on_a_full_table_keep_their_token_for_the_next_claim() {
+    let server = MemcachedServer::start();
+    let namespace = unique_namespace("full-known");
+    // 16 sets of 8 ways, filled many times over: every set exists.
+    let geometry = Geometry::new(128, 8).unwrap();
+    let store = store_at(&server.addr(), &namespace, geometry).await;
+    // Bursts of 32: no set gets more digests of one burst than it has ways.
+    for round in 0..16u64 {
+        let burst: Vec<Digest> = (round * 32..round * 32 + 32).map(digest).collect();
+        assert_eq!(
+            claimed(store.claim_many(&burst).await).unwrap(),
+            [Claim::New; 32]
+        );
+        assert_eq!(commit_all(&store, &burst).await, [true; 32]);
+    }
+    let before = reads_served(&server.addr());
+    let next: Vec<Digest> = (1_000..1_016).map(digest).collect();
+    assert_eq!(
+        claimed(store.claim_many(&next).await).unwrap(),
+        [Claim::New; 16]
+    );
+    assert_eq!(
+        reads_served(&server.addr()) - before,
+        0,
+        "each set is as this store's last commit wrote it: the claim needs no read"
     );
 }

@@ -19,6 +19,8 @@ use tokio::sync::mpsc;
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 
+use crate::fold_hash::IdHasher;
+
 use super::error::{broker_error, Error};
 use super::frame::{Command, Frame, FrameCodec, MessageId};
 pub(crate) use super::identify::{Identify, IdentifyResponse};
@@ -289,41 +291,6 @@ impl ConnHandle {
     /// Whether the connection has ended.
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
-    }
-}
-
-/// Hashes message IDs with a folded 64x64->128-bit multiply per 8 bytes (as foldhash does).
-///
-/// The set holds at most `max_in_flight` IDs chosen by our own nsqd, so flooding is not a
-/// concern, and SipHash was a visible share of the per-message cost. The fold matters: nsqd's
-/// IDs differ mostly in their last bytes, and a plain multiply would leave the low bits that
-/// pick the bucket nearly constant.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct IdHasher;
-
-impl std::hash::BuildHasher for IdHasher {
-    type Hasher = IdHash;
-    fn build_hasher(&self) -> IdHash {
-        IdHash(0x243f_6a88_85a3_08d3)
-    }
-}
-
-/// The hasher built by [`IdHasher`].
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct IdHash(u64);
-
-impl std::hash::Hasher for IdHash {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            let full = u128::from(self.0 ^ u64::from_le_bytes(word)) * 0x9e37_79b9_7f4a_7c15_u128;
-            self.0 = (full as u64) ^ ((full >> 64) as u64);
-        }
     }
 }
 

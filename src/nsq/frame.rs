@@ -19,6 +19,8 @@ use std::fmt;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio_util::codec::{Decoder, Encoder};
 
+use crate::decimal::put_decimal;
+
 /// The four bytes a client sends first to select protocol V2.
 pub const MAGIC_V2: &[u8; 4] = b"  V2";
 
@@ -286,21 +288,6 @@ fn put_body(dst: &mut BytesMut, body: &[u8]) {
     dst.reserve(4 + body.len());
     dst.put_u32(body.len() as u32);
     dst.put_slice(body);
-}
-
-/// Writes `n` in decimal without going through `fmt` (FIN/REQ/RDY are on the hot path).
-fn put_decimal(dst: &mut BytesMut, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    dst.put_slice(&digits[i..]);
 }
 
 /// Decodes [`Frame`]s from nsqd and encodes [`Command`]s to it.

@@ -3,6 +3,7 @@
 //! store wrote last, kept so that its next operation on a set needs no read.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -11,8 +12,10 @@ use futures::future::join_all;
 use super::conn::{self, Write, Written};
 use super::set::{apply, encode, Op, Outcome, SetState};
 use super::{is_connection_error, unavailable, MemcachedStore, Server};
+use crate::decimal::put_decimal;
 use crate::dedup::Digest;
 use crate::error::StoreError;
+use crate::fold_hash::IdHasher;
 
 /// Sets per pipeline round trip in a batch. Bounded so that a huge batch never fills both
 /// directions' socket buffers while we are still writing.
@@ -21,19 +24,21 @@ const MAX_PIPELINE_SETS: usize = 256;
 /// The most sets whose last written value a store keeps (about 300 bytes each at 8 ways).
 const KNOWN_SETS: usize = 16_384;
 
-/// Keeps `value`, just written to `key` with the new CAS token `cas`; when [`KNOWN_SETS`] are
+/// The values this store wrote last, by set number, with their CAS tokens.
+pub(super) type KnownSets = HashMap<u64, (Vec<u8>, u64), BuildSetHasher>;
+
+/// Keeps `value`, just written to `set` with the new CAS token `cas`; when [`KNOWN_SETS`] are
 /// kept, all are forgotten first (removing one at a time from the front of a hash map makes
 /// each removal scan the emptied front: slower than the reads it saves).
-fn remember(sets: &mut HashMap<String, (Vec<u8>, u64)>, key: &str, value: Vec<u8>, cas: u64) {
-    if let Some(kept) = sets.get_mut(key) {
-        *kept = (value, cas);
-        return;
-    }
-    if sets.len() >= KNOWN_SETS {
+fn remember(sets: &mut KnownSets, set: u64, value: Vec<u8>, cas: u64) {
+    if sets.len() >= KNOWN_SETS && !sets.contains_key(&set) {
         sets.clear();
     }
-    sets.insert(key.to_owned(), (value, cas));
+    sets.insert(set, (value, cas));
 }
+
+/// Hashes set numbers: spread by the digests they come from, nobody picks them to collide.
+pub(super) type BuildSetHasher = IdHasher;
 
 /// Adds what one round learnt to `score`: `absent` sets found absent (or added), `present`
 /// found existing. Bounded, so that the guess follows a table that fills up within a few
@@ -56,29 +61,63 @@ impl MemcachedStore {
     pub(super) async fn run_ops(&self, ops: &[(Op, Digest)]) -> Vec<Result<Outcome, StoreError>> {
         let inner = &*self.inner;
         // set -> (server, position in that server's list)
-        let mut set_index: HashMap<u64, (usize, usize)> = HashMap::with_capacity(ops.len());
+        let mut set_index: HashMap<u64, (usize, usize), BuildSetHasher> =
+            HashMap::with_capacity_and_hasher(ops.len(), BuildSetHasher::default());
         let mut per_server: Vec<Vec<SetOps>> = vec![Vec::new(); inner.servers.len()];
         let mut server_of_op = Vec::with_capacity(ops.len());
-        for (index, (_, digest)) in ops.iter().enumerate() {
+        // Every set's key, one after the other in one string, and each operation's set.
+        let mut keys = String::with_capacity(ops.len() * (inner.namespace.len() + 12));
+        let mut set_of_op = Vec::with_capacity(ops.len());
+        let mut number = Vec::with_capacity(20);
+        for (_, digest) in ops {
             let set = inner.geometry.set_of(*digest);
             let (server, slot) = *set_index.entry(set).or_insert_with(|| {
-                let key = self.key_of_set(set);
-                let server = self.route(&key);
+                let start = keys.len();
+                keys.push_str(&inner.namespace);
+                keys.push(':');
+                number.clear();
+                put_decimal(&mut number, set);
+                // Digits only: ASCII.
+                keys.extend(number.iter().map(|&b| char::from(b)));
+                let server = self.route(&keys[start..]);
                 per_server[server].push(SetOps {
-                    key,
-                    ops: Vec::new(),
+                    set,
+                    key: start..keys.len(),
+                    ops: 0..0,
                 });
                 (server, per_server[server].len() - 1)
             });
-            per_server[server][slot].ops.push(index);
+            // Counts the set's operations for now.
+            per_server[server][slot].ops.end += 1;
             server_of_op.push(server);
+            set_of_op.push((server, slot));
         }
+        // Each set's operations, in their order, as one range of `order`.
+        let mut next = 0;
+        for sets in &mut per_server {
+            for set in sets {
+                let count = set.ops.end;
+                set.ops = next..next;
+                next += count;
+            }
+        }
+        let mut order = vec![0; ops.len()];
+        for (index, &(server, slot)) in set_of_op.iter().enumerate() {
+            let set = &mut per_server[server][slot];
+            order[set.ops.end] = index;
+            set.ops.end += 1;
+        }
+        let batch = Batch {
+            keys: &keys,
+            order: &order,
+            ops,
+        };
         let results = join_all(per_server.iter().zip(&inner.servers).map(
             |(sets, server)| async move {
                 if sets.is_empty() {
                     Ok(Vec::new())
                 } else {
-                    self.run_sets_on(server, sets, ops).await
+                    self.run_sets_on(server, sets, batch).await
                 }
             },
         ))
@@ -114,9 +153,9 @@ impl MemcachedStore {
         &self,
         server: &Server,
         sets: &[SetOps],
-        ops: &[(Op, Digest)],
+        batch: Batch<'_>,
     ) -> Result<Vec<(usize, Outcome)>, StoreError> {
-        let result = self.run_sets_pipelined(server, sets, ops).await;
+        let result = self.run_sets_pipelined(server, sets, batch).await;
         if result.as_ref().is_err_and(is_connection_error) {
             server.pipes.clear();
             // The server may have restarted (its CAS tokens start again from 1) or its sets
@@ -131,7 +170,7 @@ impl MemcachedStore {
         &self,
         server: &Server,
         sets: &[SetOps],
-        ops: &[(Op, Digest)],
+        batch: Batch<'_>,
     ) -> Result<Vec<(usize, Outcome)>, StoreError> {
         let inner = &*self.inner;
         let timeout = inner.config.timeout;
@@ -143,7 +182,9 @@ impl MemcachedStore {
             }
             _ => unavailable(server, &err),
         };
-        let mut answers = Vec::with_capacity(ops.len());
+        let mut answers = Vec::with_capacity(batch.ops.len());
+        // The outcomes of a round's planned writes (see `Planned::outcomes`).
+        let mut staged = Vec::new();
         let mut conn = self.pipe(server).await?;
         for chunk in sets.chunks(MAX_PIPELINE_SETS) {
             let mut pending: Vec<usize> = (0..chunk.len()).collect();
@@ -159,7 +200,7 @@ impl MemcachedStore {
                     rounds += 1;
                 }
                 let pending_keys: Vec<&str> =
-                    to_read.iter().map(|&p| chunk[p].key.as_str()).collect();
+                    to_read.iter().map(|&p| batch.key(&chunk[p])).collect();
                 let reads = if pending_keys.is_empty() {
                     Vec::new()
                 } else {
@@ -172,14 +213,21 @@ impl MemcachedStore {
                     .into_iter()
                     .chain(to_read.into_iter().zip(reads))
                     .collect();
-                let (planned, undecided) =
-                    self.plan(chunk, ops, reads, from_known, &mut first_try, &mut answers);
+                staged.clear();
+                let (planned, undecided) = self.plan(
+                    (chunk, batch),
+                    reads,
+                    from_known,
+                    &mut first_try,
+                    (&mut answers, &mut staged),
+                );
                 let writes: Vec<Write<'_>> = planned
                     .iter()
-                    .map(|(p, value, cas, _)| Write {
-                        key: &chunk[*p].key,
-                        value,
-                        cas: *cas,
+                    .map(|plan| Write {
+                        key: batch.key(&chunk[plan.set]),
+                        value: &plan.value,
+                        cas: plan.cas,
+                        quiet: plan.quiet,
                     })
                     .collect();
                 let written = if writes.is_empty() {
@@ -188,7 +236,13 @@ impl MemcachedStore {
                     within(timeout, conn.set_many(&writes), io_error).await?
                 };
                 pending = undecided;
-                self.note_written(chunk, planned, written, &mut answers, &mut pending);
+                self.note_written(
+                    chunk,
+                    planned,
+                    written,
+                    (&mut answers, &staged),
+                    &mut pending,
+                );
                 if !pending.is_empty() {
                     tokio::task::yield_now().await;
                 }
@@ -205,13 +259,20 @@ impl MemcachedStore {
         chunk: &[SetOps],
         planned: Vec<Planned>,
         written: Vec<Written>,
-        answers: &mut Vec<(usize, Outcome)>,
+        (answers, staged): (&mut Answers, &[(usize, Outcome)]),
         pending: &mut Vec<usize>,
     ) {
         let inner = &*self.inner;
         let (mut added, mut existed) = (0, 0);
         let mut sets = inner.known.lock().unwrap_or_else(|p| p.into_inner());
-        for ((p, value, cas, outcomes), written) in planned.into_iter().zip(written) {
+        for (plan, written) in planned.into_iter().zip(written) {
+            let Planned {
+                set: p,
+                value,
+                cas,
+                outcomes,
+                ..
+            } = plan;
             if cas.is_none() {
                 match written {
                     Written::Stored(_) => added += 1,
@@ -220,15 +281,15 @@ impl MemcachedStore {
             }
             match written {
                 Written::Stored(cas) => {
-                    answers.extend(outcomes);
+                    answers.extend_from_slice(&staged[outcomes]);
                     match cas {
-                        Some(cas) => remember(&mut sets, &chunk[p].key, value, cas),
-                        None => drop(sets.remove(&chunk[p].key)),
+                        Some(cas) => remember(&mut sets, chunk[p].set, value, cas),
+                        None => drop(sets.remove(&chunk[p].set)),
                     }
                 }
                 Written::Conflict => {
                     inner.cas_conflicts.fetch_add(1, Ordering::Relaxed);
-                    sets.remove(&chunk[p].key);
+                    sets.remove(&chunk[p].set);
                     pending.push(p);
                 }
             }
@@ -248,15 +309,21 @@ impl MemcachedStore {
         let inner = &*self.inner;
         // Sets this store wrote last are decided on the value it wrote, without a read:
         // the write's compare-and-swap with that value's token verifies it. Each set
-        // gets that one chance; a set decided again is read.
+        // gets that one chance; a set decided again is read. The value is taken out: the
+        // write replaces it, and a set that is not written is read again anyway.
         let mut known = Vec::with_capacity(pending.len());
         let mut to_read = Vec::with_capacity(pending.len());
         let guess_absent = inner.absent.load(Ordering::Relaxed) > 0;
         {
-            let sets = inner.known.lock().unwrap_or_else(|p| p.into_inner());
+            let mut sets = inner.known.lock().unwrap_or_else(|p| p.into_inner());
             for &p in pending {
-                match sets.get(&chunk[p].key).filter(|_| first_try[p]) {
-                    Some((value, cas)) => known.push((p, Some((value.clone(), *cas)))),
+                let kept = if first_try[p] {
+                    sets.remove(&chunk[p].set)
+                } else {
+                    None
+                };
+                match kept {
+                    Some(kept) => known.push((p, Some(kept))),
                     // Written as new (`ME`), which fails if the set exists after all.
                     None if first_try[p] && guess_absent => known.push((p, None)),
                     None => to_read.push(p),
@@ -272,14 +339,14 @@ impl MemcachedStore {
     /// read.
     fn plan(
         &self,
-        chunk: &[SetOps],
-        ops: &[(Op, Digest)],
+        (chunk, batch): (&[SetOps], Batch<'_>),
         reads: Vec<(usize, conn::Read)>,
         from_known: usize,
         first_try: &mut [bool],
-        answers: &mut Vec<(usize, Outcome)>,
+        (answers, staged): (&mut Answers, &mut Answers),
     ) -> (Vec<Planned>, Vec<usize>) {
         let facts = self.lease_facts();
+        let filling = self.inner.absent.load(Ordering::Relaxed) > 0;
         // For each pending set: its new value (if it changed), the CAS token of the
         // read, and the outcomes that the write would make true.
         let mut planned = Vec::with_capacity(reads.len());
@@ -291,38 +358,94 @@ impl MemcachedStore {
                 Some((value, cas)) => (self.decode_counted(Some(&value)), Some(cas)),
                 None => (SetState::empty(self.ways()), None),
             };
-            let mut outcomes = Vec::with_capacity(chunk[p].ops.len());
+            let set_ops = batch.ops_of(&chunk[p]);
+            let first = staged.len();
             let mut changed = false;
-            for &index in &chunk[p].ops {
-                let (op, digest) = ops[index];
+            for &index in set_ops {
+                let (op, digest) = batch.ops[index];
                 let (outcome, did) = apply(&mut entries, op, digest, facts);
                 changed |= did;
-                outcomes.push((index, outcome));
+                staged.push((index, outcome));
             }
+            let outcomes = first..staged.len();
             if changed {
-                planned.push((p, encode(&entries, self.value_version()), cas, outcomes));
+                // A write whose new token no operation of ours is waiting for (a commit,
+                // unlike a claim, has no commit of its own to follow), on a table that is
+                // still filling, where a set is seldom met again before this store forgets
+                // it: sent quiet, which spares the server its answer. The set is then not
+                // known: met again, it is read (or, guessed absent, written as new, which
+                // fails, and then read).
+                let quiet = filling
+                    && set_ops.iter().all(|&index| {
+                        matches!(batch.ops[index].0, Op::ClaimDone | Op::Commit | Op::Erase)
+                    });
+                planned.push(Planned {
+                    set: p,
+                    value: encode(&entries, self.value_version()),
+                    cas,
+                    quiet,
+                    outcomes,
+                });
             } else if cached {
                 // Nothing to write, so nothing verifies the value it was decided on.
                 undecided.push(p);
             } else {
-                answers.extend(outcomes);
+                answers.extend(staged.drain(outcomes));
             }
         }
         (planned, undecided)
     }
 }
 
-/// A set's planned write: its index in its chunk, its new value, the CAS token of the value
-/// it was decided on (`None`: absent), and the outcomes the write makes true.
-type Planned = (usize, Vec<u8>, Option<u64>, Vec<(usize, Outcome)>);
+/// Operations' outcomes: (index in the batch, outcome).
+type Answers = Vec<(usize, Outcome)>;
+
+/// A set's planned write.
+struct Planned {
+    /// The set's index in its chunk.
+    set: usize,
+    /// The set's new value.
+    value: Vec<u8>,
+    /// The CAS token of the value it was decided on (`None`: absent).
+    cas: Option<u64>,
+    /// Whether the write is sent quiet (see [`Write::quiet`]).
+    quiet: bool,
+    /// The outcomes the write makes true, (operation index, outcome), as a range of the
+    /// round's staged outcomes.
+    outcomes: Range<usize>,
+}
 
 /// The operations of one batch that fall in one set.
 #[derive(Clone)]
 struct SetOps {
-    /// The set's item key.
-    key: String,
-    /// Indices into the batch's operations, in order.
-    ops: Vec<usize>,
+    /// The set's number.
+    set: u64,
+    /// The set's item key, as a range of [`Batch::keys`].
+    key: Range<usize>,
+    /// The set's operations, as a range of [`Batch::order`].
+    ops: Range<usize>,
+}
+
+/// One batch's operations and what its sets point into: one string and one list for all of
+/// them, instead of a string and a list per set.
+#[derive(Clone, Copy)]
+struct Batch<'a> {
+    /// Every set's item key, one after the other.
+    keys: &'a str,
+    /// Indices into `ops`, each set's in their order, one set after the other.
+    order: &'a [usize],
+    ops: &'a [(Op, Digest)],
+}
+
+impl<'a> Batch<'a> {
+    fn key(&self, set: &SetOps) -> &'a str {
+        &self.keys[set.key.clone()]
+    }
+
+    /// The indices into `ops` of the operations on `set`, in their order.
+    fn ops_of(&self, set: &SetOps) -> &'a [usize] {
+        &self.order[set.ops.clone()]
+    }
 }
 
 /// One network step within `timeout`, its I/O error made a [`StoreError`] by `io_error`.

@@ -5,7 +5,8 @@
 //! one flag list to every item and its client runs one command at a time, so it cannot. This
 //! connection speaks the commands the store needs, `mg <key> v c` and `ms <key> <len> C<cas> c`
 //! / `ms <key> <len> ME c` (each write answering the item's new CAS token) in pipelines of many
-//! keys, `ma` and `mg` on the fleet's counters, plus
+//! keys, the same writes quiet (`q O<n>` in place of `c`: answered only when they fail, with
+//! their number, the pipeline closed by `mn`), `ma` and `mg` on the fleet's counters, plus
 //! `version` as a liveness probe, and reads the answers back in order (memcached answers a
 //! connection's commands in order).
 //!
@@ -15,6 +16,8 @@ use std::io;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufStream};
 use tokio::net::TcpStream;
+
+use crate::decimal::put_decimal;
 
 /// Larger values are not ours (a set of 8 ways takes 275 bytes) and are not loaded.
 const MAX_VALUE_BYTES: usize = 64 * 1024;
@@ -32,12 +35,14 @@ pub(super) enum Written {
     Conflict,
 }
 
-/// One write of a pipeline: the key, the new value, and the CAS token of the read it follows
-/// (`None`: the item did not exist, so write only if it still does not).
+/// One write of a pipeline: the key, the new value, the CAS token of the read it follows
+/// (`None`: the item did not exist, so write only if it still does not), and whether it is
+/// quiet: answered only if it fails, so the item's new CAS token stays unknown.
 pub(super) struct Write<'a> {
     pub(super) key: &'a str,
     pub(super) value: &'a [u8],
     pub(super) cas: Option<u64>,
+    pub(super) quiet: bool,
 }
 
 /// A TCP connection to one memcached that sends pipelines of meta commands.
@@ -48,6 +53,8 @@ pub(super) struct Write<'a> {
 pub(super) struct PipeConn {
     stream: BufStream<TcpStream>,
     line: Vec<u8>,
+    /// A pipeline's commands, gathered before one write (kept to reuse its allocation).
+    out: Vec<u8>,
 }
 
 impl PipeConn {
@@ -58,6 +65,7 @@ impl PipeConn {
         Ok(PipeConn {
             stream: BufStream::with_capacity(64 * 1024, 64 * 1024, stream),
             line: Vec::with_capacity(128),
+            out: Vec::new(),
         })
     }
 
@@ -79,12 +87,16 @@ impl PipeConn {
 
     /// Reads `keys` in one round trip, with their CAS tokens.
     pub(super) async fn get_many(&mut self, keys: &[&str]) -> io::Result<Vec<Read>> {
+        let mut out = std::mem::take(&mut self.out);
+        out.clear();
         for key in keys {
-            self.stream.write_all(b"mg ").await?;
-            self.stream.write_all(key.as_bytes()).await?;
-            self.stream.write_all(b" v c\r\n").await?;
+            out.extend_from_slice(b"mg ");
+            out.extend_from_slice(key.as_bytes());
+            out.extend_from_slice(b" v c\r\n");
         }
-        self.stream.flush().await?;
+        let sent = self.send(&out).await;
+        self.out = out;
+        sent?;
         let mut reads = Vec::with_capacity(keys.len());
         for _ in keys {
             self.read_line().await?;
@@ -123,30 +135,86 @@ impl PipeConn {
         Ok(reads)
     }
 
-    /// Writes `writes` in one round trip, each as a compare-and-swap or an add, and asks for
-    /// each item's new CAS token.
+    /// Writes `writes` in one round trip, each as a compare-and-swap or an add; each answered
+    /// write asks for the item's new CAS token, each quiet one is answered only if it fails.
+    ///
+    /// A quiet write carries its index as the opaque token (`O<n>`), which memcached repeats in
+    /// a failure's answer; the pipeline then ends with `mn`, answered `MN` after every other
+    /// answer, so we know that the quiet writes not named before it were stored.
     pub(super) async fn set_many(&mut self, writes: &[Write<'_>]) -> io::Result<Vec<Written>> {
-        for write in writes {
-            let mode = match write.cas {
-                Some(cas) => format!("C{cas}"),
-                None => "ME".to_owned(),
-            };
-            let header = format!("ms {} {} {mode} c\r\n", write.key, write.value.len());
-            self.stream.write_all(header.as_bytes()).await?;
-            self.stream.write_all(write.value).await?;
-            self.stream.write_all(b"\r\n").await?;
+        let mut out = std::mem::take(&mut self.out);
+        out.clear();
+        let mut quiet = 0;
+        for (index, write) in writes.iter().enumerate() {
+            out.extend_from_slice(b"ms ");
+            out.extend_from_slice(write.key.as_bytes());
+            out.push(b' ');
+            put_decimal(&mut out, write.value.len() as u64);
+            match write.cas {
+                Some(cas) => {
+                    out.extend_from_slice(b" C");
+                    put_decimal(&mut out, cas);
+                }
+                None => out.extend_from_slice(b" ME"),
+            }
+            if write.quiet {
+                quiet += 1;
+                out.extend_from_slice(b" q O");
+                put_decimal(&mut out, index as u64);
+                out.extend_from_slice(b"\r\n");
+            } else {
+                out.extend_from_slice(b" c\r\n");
+            }
+            out.extend_from_slice(write.value);
+            out.extend_from_slice(b"\r\n");
         }
-        self.stream.flush().await?;
-        let mut written = Vec::with_capacity(writes.len());
-        for _ in writes {
+        if quiet > 0 {
+            out.extend_from_slice(b"mn\r\n");
+        }
+        let sent = self.send(&out).await;
+        self.out = out;
+        sent?;
+        // Until answered otherwise, a quiet write was stored (its token unknown).
+        let mut written = vec![Written::Stored(None); writes.len()];
+        // The answered writes, in order, and how many of them are still to be answered.
+        let mut answered = writes.iter().enumerate().filter(|(_, w)| !w.quiet);
+        let mut unanswered = writes.len() - quiet;
+        loop {
+            if quiet == 0 && unanswered == 0 {
+                return Ok(written);
+            }
             self.read_line().await?;
-            written.push(match self.line.get(..2) {
-                Some(b"HD") => Written::Stored(flag_cas(&self.line[2..])),
+            if quiet > 0 && self.line.as_slice() == b"MN" {
+                if unanswered == 0 {
+                    return Ok(written);
+                }
+                return Err(self.unexpected("mn"));
+            }
+            let flags = self.line.get(2..).unwrap_or_default();
+            let index = match flag_number(flags, b'O') {
+                Some(index) if quiet > 0 => usize::try_from(index)
+                    .ok()
+                    .filter(|&i| writes.get(i).is_some_and(|w| w.quiet)),
+                _ => answered.next().map(|(i, _)| {
+                    unanswered -= 1;
+                    i
+                }),
+            };
+            let Some(index) = index else {
+                return Err(self.unexpected("ms"));
+            };
+            written[index] = match self.line.get(..2) {
+                Some(b"HD") if !writes[index].quiet => Written::Stored(flag_number(flags, b'c')),
                 Some(b"EX" | b"NS" | b"NF") => Written::Conflict,
                 _ => return Err(self.unexpected("ms")),
-            });
+            };
         }
-        Ok(written)
+    }
+
+    /// Writes `bytes` and flushes them.
+    async fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.stream.write_all(bytes).await?;
+        self.stream.flush().await
     }
 
     /// Adds `delta` to the counter `key` (made with `delta` and a lifetime of `ttl_secs` if it
@@ -226,20 +294,23 @@ impl PipeConn {
 fn parse_value_header(header: &[u8]) -> Option<(usize, u64)> {
     let text = std::str::from_utf8(header).ok()?;
     let (len, flags) = text.split_once(' ')?;
-    Some((len.parse().ok()?, flag_cas(flags.as_bytes())?))
+    Some((len.parse().ok()?, flag_number(flags.as_bytes(), b'c')?))
 }
 
-/// The `c<cas>` flag among the space-separated return flags `flags`.
-fn flag_cas(flags: &[u8]) -> Option<u64> {
-    std::str::from_utf8(flags)
-        .ok()?
-        .split(' ')
-        .find_map(|flag| flag.strip_prefix('c')?.parse().ok())
+/// The number of the flag `flag` (`c<cas>`, `O<opaque>`) among the space-separated return
+/// flags `flags`.
+fn flag_number(flags: &[u8], flag: u8) -> Option<u64> {
+    flags.split(|&b| b == b' ').find_map(|f| {
+        std::str::from_utf8(f.strip_prefix(&[flag])?)
+            .ok()?
+            .parse()
+            .ok()
+    })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{flag_cas, parse_value_header};
+    use super::{flag_number, parse_value_header};
 
     #[test]
     fn value_header_gives_length_and_cas() {
@@ -251,8 +322,10 @@ mod tests {
 
     #[test]
     fn a_write_answer_gives_its_cas() {
-        assert_eq!(flag_cas(b" c42"), Some(42));
-        assert_eq!(flag_cas(b""), None);
-        assert_eq!(flag_cas(b" t-1 c7"), Some(7));
+        assert_eq!(flag_number(b" c42", b'c'), Some(42));
+        assert_eq!(flag_number(b"", b'c'), None);
+        assert_eq!(flag_number(b" t-1 c7", b'c'), Some(7));
+        assert_eq!(flag_number(b" O12", b'O'), Some(12));
+        assert_eq!(flag_number(b" O12", b'c'), None);
     }
 }

@@ -96,18 +96,25 @@
 //!
 //! One engine does every operation: a small pipelined meta-protocol connection of our own
 //! (`conn`). All reads of a batch (`mg <key> v c`) go in one round trip per server, all
-//! compare-and-swaps (`ms <key> <len> C<token> c` / `ME c`) in the next, and sets that lost a
-//! race are read and written again. Each write answers the item's new CAS token, and the store
-//! keeps the value it wrote with it, for up to 16,384 sets (`KNOWN_SETS`, about 5 MB
+//! compare-and-swaps (`ms <key> <len> C<token> c` / `ME c`, or quiet, below) in the next, and
+//! sets that lost a race are read and written again. Each write answers the item's new CAS
+//! token (but a quiet one, below), and the store keeps the value it wrote with it, for up to 16,384 sets (`KNOWN_SETS`, about 5 MB
 //! at 8 ways): an operation on such a set (a commit after this store's own claim, most of all)
 //! is decided on that value and written with that token at once, one command instead of a read
 //! and a write. If another writer changed the set in between, the write fails and the set is
 //! read and decided again; a decision that writes nothing (a duplicate, say) is not verified by
 //! any write, so it is made again on a fresh read. While most sets it reads turn out absent (a
 //! table that is still filling), a store writes a set it does not know as new (`ME`) without
-//! reading it first; if the set exists after all, the add fails and the set is read. `async-memcached` cannot do this: its pipelined write applies
-//! one flag list to every item, so it cannot carry a CAS token per item, and a `Client` runs one
-//! command at a time, so concurrent operations cannot share a round trip.
+//! reading it first; if the set exists after all, the add fails and the set is read. On such a
+//! table a set is seldom met again while the store still knows it, so a write whose new token
+//! no operation of ours waits for (a commit, an erase, a claim done at once; not a claim, whose
+//! commit follows) is sent quiet (`q`): memcached answers it only if it fails, naming it by its
+//! opaque token (`O<n>`), and `mn` closes the pipeline. That spares the server an answer per
+//! write; the set is then not known, and is read when met again. On a full table (most sets
+//! read exist) every write asks for its token, so that the next claim of a set needs no read.
+//! `async-memcached` cannot do this: its pipelined write applies one flag list to every item,
+//! so it cannot carry a CAS token per item, and a `Client` runs one command at a time, so
+//! concurrent operations cannot share a round trip.
 //!
 //! [`Store::claim_many`] sends its digests this way, and so do single operations: with
 //! coalescing on (the default) a background task (`coalesce`, started on first use, ended when
@@ -139,7 +146,6 @@ mod pool;
 mod routing;
 mod set;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::mpsc;
@@ -188,7 +194,7 @@ struct Inner {
     absent: std::sync::atomic::AtomicI64,
     /// The sets this store wrote last, as it wrote them, with their CAS tokens: at most
     /// `KNOWN_SETS` (see `batch::remember`).
-    known: std::sync::Mutex<HashMap<String, (Vec<u8>, u64)>>,
+    known: std::sync::Mutex<batch::KnownSets>,
     /// The queue of the coalescing task (see [`coalesce`]), set on first use. The task ends
     /// when this sender (and the clones that callers hold briefly) is dropped.
     coalescer: std::sync::Mutex<Option<mpsc::UnboundedSender<Request>>>,
@@ -299,7 +305,7 @@ impl MemcachedStore {
                 returns: AtomicU64::new(0),
                 started: std::time::Instant::now(),
                 coalescer: std::sync::Mutex::new(None),
-                known: std::sync::Mutex::new(HashMap::new()),
+                known: std::sync::Mutex::new(batch::KnownSets::default()),
                 absent: std::sync::atomic::AtomicI64::new(0),
             }),
         })
