@@ -21,6 +21,8 @@ case) for:
                commit), as the sidecar writes for a sink that cannot fail (--sink null)
   naive again  the naive write once more; the ratios are to the mean of both naive runs
 with the ratio ours/naive and the messages per second one server core would serve.
+Redis (each master of the cluster) is emptied (FLUSHALL) before each case, the full tables
+before they are filled, so that no case meets the keys an earlier one left; memcached is not.
 The cluster's naive write sends each burst as one pipeline per master, routed by key slot, as
 a cluster client does.
 Defaults: 300,000 messages per case, bursts of 128, 4 bursts at once, redis and memcached

@@ -16,6 +16,9 @@
 //! - `naive` again: the figure compared against is the mean of its two runs, so that a drift of
 //!   the shared machine's load does not favour either side.
 //!
+//! Before each case (the full tables before they are filled) the Redis servers are emptied
+//! (`FLUSHALL`), so that every case meets the same keyspace: its own table and nothing else.
+//!
 //! Every answer is checked: each fresh digest must be claimed new and its commit held, each
 //! naive write stored. Run through `bench/store-cost.sh` (see `--help` there), or
 //! `cargo bench --bench store_cost -- [--messages N] [--burst B] [--tasks T]
@@ -263,6 +266,7 @@ async fn redis_cases(settings: &Settings) -> Result<(), String> {
         .get_multiplexed_async_connection()
         .await
         .map_err(|e| e.to_string())?;
+    let emptied = plain.clone();
     let naive = move |burst: Vec<Digest>| {
         let mut plain = plain.clone();
         async move {
@@ -285,10 +289,17 @@ async fn redis_cases(settings: &Settings) -> Result<(), String> {
             );
         }
     };
-    run_cases(settings, "redis", &server, naive, |namespace, slots| {
-        let store = connect(namespace, slots);
-        async move { store.await.map_err(|e| e.to_string()) }
-    })
+    let empty = move || flush_all(vec![emptied.clone()]);
+    run_cases(
+        settings,
+        "redis",
+        &server,
+        (naive, empty),
+        |namespace, slots| {
+            let store = connect(namespace, slots);
+            async move { store.await.map_err(|e| e.to_string()) }
+        },
+    )
     .await
 }
 
@@ -338,6 +349,8 @@ async fn redis_cluster_cases(settings: &Settings) -> Result<(), String> {
         owner[start..=end].fill(master);
     }
     let owner = Arc::new(owner);
+    let masters = conns.clone();
+    let empty = move || flush_all(masters.clone());
     let naive =
         move |burst: Vec<Digest>| {
             let (conns, owner) = (conns.clone(), owner.clone());
@@ -372,19 +385,25 @@ async fn redis_cluster_cases(settings: &Settings) -> Result<(), String> {
                 futures::future::join_all(sends).await;
             }
         };
-    run_cases(settings, "cluster", &cluster, naive, |namespace, slots| {
-        let store = RedisStore::connect(
-            RedisConfig {
-                urls: urls.clone(),
-                cluster: true,
-                namespace: namespace.into(),
-                timeout: BENCH_TIMEOUT,
-                ..RedisConfig::default()
-            },
-            Geometry::new(slots, WAYS).expect("a valid geometry"),
-        );
-        async move { store.await.map_err(|e| e.to_string()) }
-    })
+    run_cases(
+        settings,
+        "cluster",
+        &cluster,
+        (naive, empty),
+        |namespace, slots| {
+            let store = RedisStore::connect(
+                RedisConfig {
+                    urls: urls.clone(),
+                    cluster: true,
+                    namespace: namespace.into(),
+                    timeout: BENCH_TIMEOUT,
+                    ..RedisConfig::default()
+                },
+                Geometry::new(slots, WAYS).expect("a valid geometry"),
+            );
+            async move { store.await.map_err(|e| e.to_string()) }
+        },
+    )
     .await
 }
 
@@ -416,19 +435,41 @@ async fn memcached_cases(settings: &Settings) -> Result<(), String> {
             NAIVE_CONNS.give(conn);
         }
     };
-    run_cases(settings, "memcached", &server, naive, |namespace, slots| {
-        let store = MemcachedStore::connect(
-            MemcachedConfig {
-                servers: vec![addr.clone()],
-                namespace: namespace.into(),
-                timeout: BENCH_TIMEOUT,
-                ..MemcachedConfig::default()
-            },
-            Geometry::new(slots, WAYS).expect("a valid geometry"),
-        );
-        async move { store.await.map_err(|e| e.to_string()) }
-    })
+    // Memcached keeps its hash table's size after `flush_all`: its cases share one server.
+    let empty = || async { Ok(()) };
+    run_cases(
+        settings,
+        "memcached",
+        &server,
+        (naive, empty),
+        |namespace, slots| {
+            let store = MemcachedStore::connect(
+                MemcachedConfig {
+                    servers: vec![addr.clone()],
+                    namespace: namespace.into(),
+                    timeout: BENCH_TIMEOUT,
+                    ..MemcachedConfig::default()
+                },
+                Geometry::new(slots, WAYS).expect("a valid geometry"),
+            );
+            async move { store.await.map_err(|e| e.to_string()) }
+        },
+    )
     .await
+}
+
+/// Empties each Redis server (`FLUSHALL`, synchronous), so that every case meets the same
+/// keyspace: its own table and nothing else. Without it a later case meets the hundreds of
+/// thousands of keys the earlier ones left, a bigger dictionary, whose lookups miss the cache
+/// more often, and possibly its incremental rehash.
+async fn flush_all(conns: Vec<redis::aio::MultiplexedConnection>) -> Result<(), String> {
+    for mut conn in conns {
+        redis::cmd("FLUSHALL")
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| format!("FLUSHALL: {e}"))?;
+    }
+    Ok(())
 }
 
 /// Idle connections of the naive Memcached writer, one per task at most.
@@ -456,23 +497,27 @@ impl Conns {
 
 /// The cases of one store: naive (`naive` sends one burst's naive writes), ours on an empty
 /// table and on a full one, each with a claim and a commit and then claimed done at once, and
-/// naive again.
-async fn run_cases<N, NF, C, CF, S>(
+/// naive again. `empty` empties the servers before each case (the full table before it is
+/// filled), where the store allows it.
+async fn run_cases<N, NF, E, EF, C, CF, S>(
     settings: &Settings,
     name: &str,
     server: &impl Measured,
-    naive: N,
+    (naive, empty): (N, E),
     connect: C,
 ) -> Result<(), String>
 where
     N: Fn(Vec<Digest>) -> NF + Clone + Send + 'static,
     NF: std::future::Future<Output = ()> + Send,
+    E: Fn() -> EF,
+    EF: std::future::Future<Output = Result<(), String>>,
     C: Fn(&str, u64) -> CF,
     CF: std::future::Future<Output = Result<S, String>>,
     S: Store + Clone + Send + Sync + 'static,
 {
     let n = settings.messages;
     // Digests of each case start far apart, so no case meets another's.
+    empty().await?;
     let naive_first = measure(server, settings, n, Digests::starting_at(0), naive.clone()).await;
     // Room for every message: one set in eight or more holds one of them.
     let big = (n * 8 * 8).next_power_of_two();
@@ -482,15 +527,17 @@ where
         (Writes::ClaimCommit, "ours", 1),
         (Writes::OneShot, "one-shot", 5),
     ] {
-        let empty = connect(&format!("{label}-empty"), big).await?;
-        let empty = ours(
+        empty().await?;
+        let store = connect(&format!("{label}-empty"), big).await?;
+        let measured = ours(
             server,
             settings,
-            (empty, writes),
+            (store, writes),
             n,
             Digests::starting_at(start << 40),
         );
-        cases.push((format!("{label} empty"), empty.await));
+        cases.push((format!("{label} empty"), measured.await));
+        empty().await?;
         let full = connect(&format!("{label}-full"), settings.full_slots).await?;
         // Fills every set: four times the slots, which every set's ways take many times over.
         ours(
@@ -510,6 +557,7 @@ where
         );
         cases.push((format!("{label} full"), full.await));
     }
+    empty().await?;
     let naive_again = measure(server, settings, n, Digests::starting_at(4 << 40), naive).await;
     for (i, name) in server.names(name).iter().enumerate() {
         let case = |(ticks, wall): &(Vec<u64>, f64)| (ticks[i], *wall);
