@@ -37,6 +37,14 @@ impl Server {
     /// A memcached with 4 worker threads (its default), 512 MB so nothing is evicted, no UDP
     /// (`$MEMCACHED_BIN`, else `/usr/bin/memcached`).
     pub fn memcached() -> Result<Self, String> {
+        Self::memcached_holding(0)
+    }
+
+    /// [`Self::memcached`] with its hash table made big enough for `items` items at start
+    /// (`-o hashpower`), so that no case of a benchmark pays for growing it while the items
+    /// of the cases before it are still there (memcached never shrinks it, and `flush_all`
+    /// keeps it). 0 keeps memcached's default.
+    pub fn memcached_holding(items: u64) -> Result<Self, String> {
         let port = free_port()?;
         let binary =
             std::env::var("MEMCACHED_BIN").unwrap_or_else(|_| "/usr/bin/memcached".to_owned());
@@ -44,6 +52,11 @@ impl Server {
         command
             .args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0"])
             .args(["-t", "4", "-m", "512"]);
+        if items > 0 {
+            // Memcached grows the table when it holds more than 1.5 items a bucket.
+            let hashpower = (16..30).find(|power| 3 << power >> 1 > items).unwrap_or(30);
+            command.args(["-o", &format!("hashpower={hashpower}")]);
+        }
         let is_root = std::fs::read_to_string("/proc/self/status")
             .map(|s| s.lines().any(|l| l.starts_with("Uid:\t0\t")))
             .unwrap_or(false);

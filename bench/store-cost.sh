@@ -22,7 +22,9 @@ case) for:
   naive again  the naive write once more; the ratios are to the mean of both naive runs
 with the ratio ours/naive and the messages per second one server core would serve.
 Redis (each master of the cluster) is emptied (FLUSHALL) before each case, the full tables
-before they are filled, so that no case meets the keys an earlier one left; memcached is not.
+before they are filled, so that no case meets the keys an earlier one left. Memcached cannot
+be emptied that way (its hash table keeps its size), so it starts with a hash table big enough
+for every case's items (-o hashpower): no case pays for growing it.
 The cluster's naive write sends each burst as one pipeline per master, routed by key slot, as
 a cluster client does.
 Defaults: 300,000 messages per case, bursts of 128, 4 bursts at once, redis and memcached
