@@ -78,7 +78,7 @@ fn ticks(server: &Server) -> Option<(u64, u64)> {
 }
 
 fn claims(c: &mut Criterion) {
-    let server = match Server::memcached() {
+    let server = match Server::memcached_holding(0) {
         Ok(server) => server,
         Err(err) => {
             eprintln!("skipping memcached benchmarks: {err}");

@@ -35,15 +35,10 @@ impl Server {
     }
 
     /// A memcached with 4 worker threads (its default), 512 MB so nothing is evicted, no UDP
-    /// (`$MEMCACHED_BIN`, else `/usr/bin/memcached`).
-    pub fn memcached() -> Result<Self, String> {
-        Self::memcached_holding(0)
-    }
-
-    /// [`Self::memcached`] with its hash table made big enough for `items` items at start
-    /// (`-o hashpower`), so that no case of a benchmark pays for growing it while the items
-    /// of the cases before it are still there (memcached never shrinks it, and `flush_all`
-    /// keeps it). 0 keeps memcached's default.
+    /// (`$MEMCACHED_BIN`, else `/usr/bin/memcached`), its hash table made big enough for
+    /// `items` items at start (`-o hashpower`), so that no case of a benchmark pays for
+    /// growing it while the items of the cases before it are still there (memcached never
+    /// shrinks it, and `flush_all` keeps it). 0 keeps memcached's default.
     pub fn memcached_holding(items: u64) -> Result<Self, String> {
         let port = free_port()?;
         let binary =
