@@ -435,6 +435,27 @@ fn command_calls(server: &RedisServer) -> std::collections::BTreeMap<String, u64
         .collect()
 }
 
+#[tokio::test]
+async fn connecting_and_claiming_leave_no_error_in_the_servers_error_stats() {
+    let geometry = Geometry::new(4096, 8).unwrap();
+    let (server, _, store) = server_and_store("no-errors", geometry).await;
+    let burst: Vec<Digest> = (0..16).map(digest).collect();
+    assert_eq!(
+        claimed(store.claim_many(&burst).await).unwrap(),
+        vec![Claim::New; burst.len()]
+    );
+    assert_eq!(commit_all(&store, &burst).await, vec![true; burst.len()]);
+    // An operator watches `errorstat_*`: a handshake command the server does not know
+    // (`CLIENT SETINFO` before Redis 7.2) would count as an error on every connect.
+    let errors: Vec<String> = server
+        .cli(&["info", "errorstats"])
+        .lines()
+        .filter(|line| line.starts_with("errorstat_"))
+        .map(str::to_owned)
+        .collect();
+    assert!(errors.is_empty(), "errors the store caused: {errors:?}");
+}
+
 /// A server of its own and a store of `geometry` on it, in a namespace of its own (`tag`),
 /// with the settings that connect more stores to the same table.
 async fn server_and_store(tag: &str, geometry: Geometry) -> (RedisServer, RedisConfig, RedisStore) {
