@@ -12,7 +12,6 @@ use futures::future::join_all;
 use super::conn::{self, Write, Written};
 use super::set::{apply, encode, Op, Outcome, SetState};
 use super::{is_connection_error, unavailable, MemcachedStore, Server};
-use crate::decimal::put_decimal;
 use crate::dedup::Digest;
 use crate::error::StoreError;
 use crate::fold_hash::IdHasher;
@@ -68,17 +67,11 @@ impl MemcachedStore {
         // Every set's key, one after the other in one string, and each operation's set.
         let mut keys = String::with_capacity(ops.len() * (inner.namespace.len() + 12));
         let mut set_of_op = Vec::with_capacity(ops.len());
-        let mut number = Vec::with_capacity(20);
         for (_, digest) in ops {
             let set = inner.geometry.set_of(*digest);
             let (server, slot) = *set_index.entry(set).or_insert_with(|| {
                 let start = keys.len();
-                keys.push_str(&inner.namespace);
-                keys.push(':');
-                number.clear();
-                put_decimal(&mut number, set);
-                // Digits only: ASCII.
-                keys.extend(number.iter().map(|&b| char::from(b)));
+                self.push_key_of_set(&mut keys, set);
                 let server = self.route(&keys[start..]);
                 per_server[server].push(SetOps {
                     set,
@@ -313,7 +306,7 @@ impl MemcachedStore {
         // write replaces it, and a set that is not written is read again anyway.
         let mut known = Vec::with_capacity(pending.len());
         let mut to_read = Vec::with_capacity(pending.len());
-        let guess_absent = inner.absent.load(Ordering::Relaxed) > 0;
+        let guess_absent = self.filling();
         {
             let mut sets = inner.known.lock().unwrap_or_else(|p| p.into_inner());
             for &p in pending {
@@ -346,7 +339,7 @@ impl MemcachedStore {
         (answers, staged): (&mut Answers, &mut Answers),
     ) -> (Vec<Planned>, Vec<usize>) {
         let facts = self.lease_facts();
-        let filling = self.inner.absent.load(Ordering::Relaxed) > 0;
+        let filling = self.filling();
         // For each pending set: its new value (if it changed), the CAS token of the
         // read, and the outcomes that the write would make true.
         let mut planned = Vec::with_capacity(reads.len());

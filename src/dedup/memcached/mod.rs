@@ -98,8 +98,8 @@
 //! (`conn`). All reads of a batch (`mg <key> v c`) go in one round trip per server, all
 //! compare-and-swaps (`ms <key> <len> C<token> c` / `ME c`, or quiet, below) in the next, and
 //! sets that lost a race are read and written again. Each write answers the item's new CAS
-//! token (but a quiet one, below), and the store keeps the value it wrote with it, for up to 16,384 sets (`KNOWN_SETS`, about 5 MB
-//! at 8 ways): an operation on such a set (a commit after this store's own claim, most of all)
+//! token (but a quiet one, below), and the store keeps the value it wrote with it, for up to
+//! 16,384 sets (`KNOWN_SETS`, about 5 MB at 8 ways): an operation on such a set (a commit after this store's own claim, most of all)
 //! is decided on that value and written with that token at once, one command instead of a read
 //! and a write. If another writer changed the set in between, the write fails and the set is
 //! read and decided again; a decision that writes nothing (a duplicate, say) is not verified by
@@ -155,6 +155,7 @@ use self::conn::PipeConn;
 use self::health::Health;
 use self::pool::Pool;
 use self::set::{decode, LeaseFacts, Op, Outcome, SetState};
+use crate::decimal::put_decimal;
 use crate::dedup::shared::{
     now_ms, random_owner, FORMAT_VERSION, FORMAT_VERSION_TIMED, KEY_VERSION,
 };
@@ -345,7 +346,28 @@ impl MemcachedStore {
     }
 
     fn key_of_set(&self, set: u64) -> String {
-        format!("{}:{set}", self.inner.namespace)
+        let mut key = String::with_capacity(self.inner.namespace.len() + 12);
+        self.push_key_of_set(&mut key, set);
+        key
+    }
+
+    /// Appends the memcached key of set number `set` to `out`: `<namespace>:<set>`.
+    fn push_key_of_set(&self, out: &mut String, set: u64) {
+        out.push_str(&self.inner.namespace);
+        out.push(':');
+        let mut digits = [0u8; 20];
+        let mut free = &mut digits[..];
+        put_decimal(&mut free, set);
+        let len = 20 - free.len();
+        // Digits only: ASCII.
+        out.extend(digits[..len].iter().map(|&b| char::from(b)));
+    }
+
+    /// Whether the sets this store does not know are mostly absent: a table that is still
+    /// filling (see `Inner::absent`).
+    fn filling(&self) -> bool {
+        // Relaxed: a hint, never a decision.
+        self.inner.absent.load(Ordering::Relaxed) > 0
     }
 
     async fn pipe<'a>(
