@@ -393,9 +393,14 @@ async fn writes_of_a_run(
     writes() - before
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_memcached_the_null_sink_costs_one_write_per_unique_message() {
-    let memcached = MemcachedServer::start();
+/// Runs the sidecar on the store that `store` sets, once into the `null` sink and once into a
+/// file, and checks the store's writes (as `writes` counts them, `what`): one per unique
+/// message into the `null` sink, a claim and a commit into a file.
+async fn one_write_per_unique_message_into_the_null_sink(
+    store: impl Fn(&mut RawConfig, &str),
+    writes: impl Fn() -> u64,
+    what: &str,
+) {
     let out = tempfile::tempdir().unwrap();
     for (to, per_message) in [(To::Null, 1), (To::File(out.path().to_owned()), 2)] {
         let sink = match to {
@@ -404,61 +409,52 @@ async fn with_memcached_the_null_sink_costs_one_write_per_unique_message() {
         };
         let broker = Broker::start(BrokerConfig::default()).await;
         let mut raw = raw_config(&[broker.tcp_addr()]);
-        raw.store.kind = Some(StoreKind::Memcached);
-        raw.store.memcached_addresses = Some(vec![memcached.addr()]);
-        raw.store.namespace = Some(crate::store_contract::unique_namespace(sink));
-        let writes = writes_of_a_run(raw, &broker, to, || {
-            // Every `ms` memcached was sent, stored or not.
-            crate::memcached::stat(&memcached.addr(), "cmd_set")
-        })
-        .await;
+        store(&mut raw, &crate::store_contract::unique_namespace(sink));
+        let written = writes_of_a_run(raw, &broker, to, &writes).await;
         assert_eq!(
-            writes,
+            written,
             per_message * N as u64,
-            "{sink} sink: memcached writes for {N} unique messages and {N} copies"
+            "{sink} sink: {what} for {N} unique messages and {N} copies"
         );
     }
 }
-/// Calls of the commands that write a Redis set (from the store's script, too).
-fn redis_writes(redis: &RedisServer) -> u64 {
-    redis
-        .cli(&["INFO", "commandstats"])
-        .lines()
-        .filter(|line| {
-            ["cmdstat_set:", "cmdstat_setrange:"]
-                .iter()
-                .any(|command| line.starts_with(command))
-        })
-        .map(|line| {
-            let calls = line.split("calls=").nth(1).expect("calls=");
-            calls[..calls.find(',').unwrap_or(calls.len())]
-                .parse::<u64>()
-                .expect("a count")
-        })
-        .sum()
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_memcached_the_null_sink_costs_one_write_per_unique_message() {
+    let memcached = MemcachedServer::start();
+    one_write_per_unique_message_into_the_null_sink(
+        |raw, namespace| {
+            raw.store.kind = Some(StoreKind::Memcached);
+            raw.store.memcached_addresses = Some(vec![memcached.addr()]);
+            raw.store.namespace = Some(namespace.to_owned());
+        },
+        // Every `ms` memcached was sent, stored or not.
+        || crate::memcached::stat(&memcached.addr(), "cmd_set"),
+        "memcached writes",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_redis_the_null_sink_costs_one_write_per_unique_message() {
     let redis = RedisServer::start();
-    let out = tempfile::tempdir().unwrap();
-    for (to, per_message) in [(To::Null, 1), (To::File(out.path().to_owned()), 2)] {
-        let sink = match to {
-            To::Null => "null",
-            To::File(_) => "file",
-        };
-        let broker = Broker::start(BrokerConfig::default()).await;
-        let mut raw = raw_config(&[broker.tcp_addr()]);
-        raw.store.kind = Some(StoreKind::Redis);
-        raw.store.redis_urls = Some(vec![redis.url()]);
-        raw.store.namespace = Some(crate::store_contract::unique_namespace(sink));
-        let writes = writes_of_a_run(raw, &broker, to, || redis_writes(&redis)).await;
-        assert_eq!(
-            writes,
-            per_message * N as u64,
-            "{sink} sink: Redis set writes for {N} unique messages and {N} copies"
-        );
-    }
+    one_write_per_unique_message_into_the_null_sink(
+        |raw, namespace| {
+            raw.store.kind = Some(StoreKind::Redis);
+            raw.store.redis_urls = Some(vec![redis.url()]);
+            raw.store.namespace = Some(namespace.to_owned());
+        },
+        // Calls of the commands that write a Redis set (from the store's script, too).
+        || {
+            let calls = crate::redis::command_calls(&redis);
+            ["set", "setrange"]
+                .iter()
+                .filter_map(|c| calls.get(*c))
+                .sum()
+        },
+        "Redis set writes",
+    )
+    .await;
 }
 
 /// Records each body, after a short while, as a final handler: accepted is delivered.

@@ -424,7 +424,7 @@ async fn a_failed_claim_run_removes_the_sets_it_created_and_keeps_the_others() {
 
 /// How many times the server ran each command (a script's own calls included) since the last
 /// `CONFIG RESETSTAT`, from `INFO commandstats`.
-fn command_calls(server: &RedisServer) -> std::collections::BTreeMap<String, u64> {
+pub(crate) fn command_calls(server: &RedisServer) -> std::collections::BTreeMap<String, u64> {
     server
         .cli(&["info", "commandstats"])
         .lines()
