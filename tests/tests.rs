@@ -34,6 +34,7 @@ mod nsq_transport;
 mod odd_files;
 mod package;
 mod redis;
+mod redis_commit;
 mod redis_tls;
 mod secrets;
 mod serve;

@@ -163,7 +163,7 @@ impl Link {
     }
 
     /// The deadline of an operation that starts now.
-    fn deadline(&self) -> Instant {
+    pub(in crate::dedup::redis) fn deadline(&self) -> Instant {
         Instant::now() + self.timeout
     }
 

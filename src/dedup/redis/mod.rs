@@ -12,13 +12,17 @@
 //! masters.
 //!
 //! A claim answers the slot of its digest's entry, and the store keeps it while the claim is
-//! in flight (`hints`): the digest's commit, erase or renew then reads only that entry
-//! (`GETRANGE` of 34 bytes) instead of the whole set, and the script reads the whole set only
-//! when the entry is no longer the digest's (pushed out, erased, a server restarted empty).
+//! in flight (`hints`): the digest's erase or renew then reads only that entry (`GETRANGE` of
+//! 34 bytes) instead of the whole set, and the script reads the whole set only when the entry
+//! is no longer the digest's (pushed out, erased, a server restarted empty). Its commit reads
+//! that entry and writes it whole with two plain commands, without the script (`commit`):
+//! the entry written names only its own digest, delivered, so a claim that takes the slot in
+//! between is forgotten (a possible duplicate), never made one.
 //!
 //! # Atomicity
 //!
-//! Each operation (claim, commit, erase, renew) runs in an `EVALSHA` of a Lua script
+//! Each claim, erase and renew (and a commit without a hint, or whose entry the commit's
+//! read did not find as its claim left it) runs in an `EVALSHA` of a Lua script
 //! (`set.lua`) that reads the sets, decides and writes them back; Redis runs a script to its
 //! end before any other command, so two claims of one digest can never both see it absent. One
 //! run decides many digests of one operation in order (a digest given twice is `New` once,
@@ -40,7 +44,8 @@
 //! never do). A run whose node refuses it (the slot map was out of date, or a slot is being
 //! migrated) wrote nothing, and is sent again as one run per set, each following `MOVED` and
 //! `ASK`. So a burst costs each master one script run, as on a standalone server, not one per
-//! digest. Connections are multiplexed (see `conn`):
+//! digest. A burst of commits is, per master, a pipeline of reads and then one of writes
+//! (`commit`). Connections are multiplexed (see `conn`):
 //! concurrent runs are written together while earlier ones are on the wire, and their answers
 //! read back in order, a pipeline per node without a queue of our own.
 //!
@@ -68,6 +73,7 @@
 //! `maxmemory-policy allkeys-lru` to let it remove the sets of namespaces nobody uses. `nsq-dedupe size` reports the bytes per set
 //! that `MEMORY USAGE` measures on a full set.
 
+mod commit;
 mod config;
 mod conn;
 mod fleet;
@@ -488,24 +494,39 @@ impl RedisStore {
     }
 
     /// Commits, erases or renews `digests`, each through the slot its claim answered when this
-    /// store keeps it: a commit or an erase forgets it, a renew keeps it.
+    /// store keeps it: a commit or an erase forgets it, a renew keeps it. A commit with a hint
+    /// goes without the script where it can (`commit`); every other one through the script.
     async fn held_many(&self, op: Op, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
         let hints = &self.inner.hints;
         let slots = match op {
             Op::Renew => hints.get(digests),
             _ => hints.take(digests),
         };
-        let targets: Vec<Target> = digests.iter().copied().zip(slots).collect();
-        self.update_many(op, &targets)
-            .await
+        let mut targets: Vec<Target> = digests.iter().copied().zip(slots).collect();
+        let mut answers = if op == Op::Commit {
+            self.write_commits(&mut targets).await
+        } else {
+            vec![None; targets.len()]
+        };
+        let rest: Vec<usize> = (0..targets.len())
+            .filter(|&i| answers[i].is_none())
+            .collect();
+        if !rest.is_empty() {
+            let run: Vec<Target> = rest.iter().map(|&i| targets[i]).collect();
+            let decided = self.update_many(op, &run).await;
+            for (&i, answer) in rest.iter().zip(decided) {
+                answers[i] = Some(answer.and_then(|code| match code {
+                    0 => Ok(false),
+                    1 => Ok(true),
+                    other => Err(StoreError::Protocol(format!(
+                        "the set script answered {other} to a {op:?}"
+                    ))),
+                }));
+            }
+        }
+        answers
             .into_iter()
-            .map(|answer| match answer? {
-                0 => Ok(false),
-                1 => Ok(true),
-                other => Err(StoreError::Protocol(format!(
-                    "the set script answered {other} to a {op:?}"
-                ))),
-            })
+            .map(|answer| answer.unwrap_or_else(|| Err(StoreError::Protocol("no answer".into()))))
             .collect()
     }
 
@@ -603,7 +624,8 @@ impl Store for RedisStore {
         self.held(Op::Commit, digest).await
     }
 
-    /// Commits many digests at once, in script runs as [`Store::claim_many`] claims them.
+    /// Commits many digests at once: with plain commands, a pipeline per master (see
+    /// `commit`), and any left to the script in runs as [`Store::claim_many`] claims them.
     async fn commit_many(&self, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
         self.held_many(Op::Commit, digests).await
     }

@@ -15,6 +15,8 @@
 -- then the 16 bytes, which is how its entry starts (a hint). Such an operation reads only that
 -- entry (GETRANGE) and, when the entry is still this digest's, decides on it; else (the entry
 -- was pushed out, erased, or the set rewritten) it reads the whole set, as without a hint.
+-- (Most commits do not come here: the store reads and writes their entries with plain
+-- commands, see commit.rs; one of them may leave a set whose header is zeros, see `readable`.)
 -- Op d is a claim whose new entry is written done (a digest given twice is then a duplicate).
 -- KEYS holds the first of those keys only: it routes the run to its node. In a cluster the
 -- other keys may be of other slots of the same node (a script without flags may reach any key
@@ -69,11 +71,14 @@ local function at_offset(offset)
   return text
 end
 
--- Whether value is a set of `ways` ways in a known format.
+-- Whether value is a set of `ways` ways in a known format: true, or 0 for a set whose header
+-- is zeros, which a commit wrote (a `SETRANGE` of its entry, see commit.rs) into a key that
+-- held nothing; false if not a set.
 local function readable(value)
   local n = #value
   if n < 3 or n > SIZE or (n - 3) % ENTRY ~= 0 then return false end
   local v, cursor, w = byte(value, 1, 3)
+  if v == 0 and cursor == 0 and w == 0 then return 0 end
   return (v == 1 or v == 2) and cursor < ways and w == ways
 end
 
@@ -98,10 +103,14 @@ local claiming = op == 'c' or op == 'd'
 if op == 'd' then CLAIMED = DONE .. owner end
 
 -- Writes `bytes` at 0-based `offset` of the set at key, and the header's version if
--- `stored` (the stored one; nil when not read) differs.
+-- `stored` (the stored one; nil when not read) differs: the whole header if it was zeros.
 local function write(key, stored, offset, bytes)
   call('SETRANGE', key, at_offset(offset), bytes)
-  if stored and stored ~= version then call('SETRANGE', key, '0', char(version)) end
+  if stored == 0 then
+    call('SETRANGE', key, '0', char(version, 0, ways))
+  elseif stored and stored ~= version then
+    call('SETRANGE', key, '0', char(version))
+  end
 end
 
 -- Claims digest in a set where it is absent: the first empty slot, else the cursor's (which
@@ -183,7 +192,10 @@ local unreadable = 0
 local function read(key, count, value)
   if value == nil then value = redis.pcall('GET', key) end
   if type(value) == 'table' then return nil, value end
-  if value and readable(value) then return value end
+  local shape = value and readable(value)
+  -- A header of zeros is read as cursor 0 of `ways` ways, version 0 (see `write`).
+  if shape == 0 then return char(0, 0, ways) .. sub(value, 4) end
+  if shape then return value end
   if value and count then unreadable = unreadable + 1 end
   return EMPTY
 end

@@ -77,6 +77,38 @@ impl Link {
         }
     }
 
+    /// Sends `pipe` (`count` commands, each on a key of a slot that `slot`'s node serves in
+    /// the slot map as last read) to the node of `slot` once, by `deadline`, and
+    /// answers each command's reply, an error reply as [`Value::ServerError`]. Unlike
+    /// [`Link::eval`] it follows no redirection, loads nothing and waits out no failover: a
+    /// command that was not run is for the caller to send again another way.
+    ///
+    /// # Errors
+    ///
+    /// No answer by `deadline` ([`StoreError::Timeout`], or in a cluster
+    /// [`StoreError::Unavailable`]), or the connection failing: none of the commands is
+    /// known to have run.
+    pub(in crate::dedup::redis) async fn pipeline(
+        &self,
+        slot: u16,
+        pipe: &redis::Pipeline,
+        count: usize,
+        deadline: Instant,
+    ) -> Result<Vec<Value>, StoreError> {
+        let node = self.route(slot, deadline).await?;
+        let open = self.node(&node, deadline).await?;
+        let mut sending = open.conn.clone();
+        let sent = self
+            .within(
+                deadline,
+                &node,
+                &open,
+                sending.send_packed_commands(pipe, 0, count),
+            )
+            .await?;
+        sent.map_err(|error| self.failed(&node, &error))
+    }
+
     /// The connection to `node` for an attempt of [`Link::eval`], or `None` when the node
     /// died and the attempt should be routed again once the cluster has noticed.
     async fn open_to_eval(

@@ -1,0 +1,227 @@
+//! A commit through its claim's slot, without the script: the entry read (`GETRANGE` of its
+//! 34 bytes) and, when it is still this digest's claim in flight by this owner, written whole
+//! (`SETRANGE`: this digest, done, this owner), each step one pipeline per node. Two plain
+//! commands cost the server less than half a script run's read and write.
+//!
+//! The read and the write are two round trips, not one atomic step: in between, a claim of
+//! another consumer may take the slot (this entry pushed out by a new digest, or taken over
+//! after the lease ran out exactly then). The write still loses nothing. It names only this
+//! digest, which this owner delivered, so it never marks done a message that was not:
+//! - the other digest's entry is overwritten: that digest is forgotten, so a copy of it may
+//!   pass again (a duplicate, never a loss). Its claim, still in flight, finds its entry gone
+//!   at its commit (answered not held) or its erase (nothing to erase; its message is
+//!   requeued and claimed anew);
+//! - an entry taken over is done again, by this owner: the other owner's erase finds it not
+//!   its own, and its message, requeued, is a duplicate of the one this owner delivered;
+//! - a key removed in between (a server restarted empty, a set evicted) is made again by the
+//!   write, padded with zeros up to the entry, which the script reads as a set whose header
+//!   is still to be written (`set.lua`).
+//!
+//! A digest without a hint, one whose entry the read did not find as its claim left it (then
+//! the script reads the whole set, and a commit that lost its claim is answered not held), and
+//! one this path could not read or write (an error reply: a slot that moved, a key of another
+//! type; a node that failed) is committed by the script, as before.
+
+use futures::future::join_all;
+use redis::Value;
+use tokio::time::Instant;
+
+use super::{RedisStore, Target, MAX_RUN};
+use crate::dedup::shared::now_ms;
+use crate::dedup::Digest;
+use crate::error::StoreError;
+
+/// Bytes of an entry and of the set's header before the first one (see `set.lua`).
+const ENTRY_BYTES: usize = 34;
+const HEADER_BYTES: usize = 3;
+
+/// An entry's state byte: claimed and in flight, or committed.
+const IN_FLIGHT: u8 = 1;
+const DONE: u8 = 2;
+
+/// What this path made of one commit.
+#[derive(Clone)]
+enum Step {
+    /// Written or found done (`Ok(true)`), or an error to report.
+    Answered(Result<bool, StoreError>),
+    /// Left to the script, through the hint: the entry was not read (an error).
+    Script,
+    /// Left to the script, which is to read the whole set: the entry was read and is not the
+    /// claim as it was left.
+    WholeSet,
+}
+
+impl RedisStore {
+    /// Commits each digest of `targets` that has a hint as the module docs say; the answers
+    /// are in the order of `targets`, `None` for a digest left to the script (whose hint is
+    /// taken out when the script is to read its whole set).
+    pub(super) async fn write_commits(
+        &self,
+        targets: &mut [Target],
+    ) -> Vec<Option<Result<bool, StoreError>>> {
+        let mut answers = vec![None; targets.len()];
+        let hinted: Vec<(usize, Digest, u8)> = targets
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &(digest, slot))| Some((i, digest, slot?)))
+            .collect();
+        if hinted.is_empty() {
+            return answers;
+        }
+        let inner = &*self.inner;
+        let runs = if inner.config.cluster {
+            let subset: Vec<Target> = hinted.iter().map(|&(_, d, s)| (d, Some(s))).collect();
+            self.runs_by_master(&subset)
+        } else {
+            (0..hinted.len())
+                .collect::<Vec<_>>()
+                .chunks(MAX_RUN)
+                .map(<[usize]>::to_vec)
+                .collect()
+        };
+        let deadline = inner.link.deadline();
+        let written = join_all(runs.iter().map(|run| {
+            let run: Vec<(Digest, u8)> = run.iter().map(|&j| (hinted[j].1, hinted[j].2)).collect();
+            async move { self.commit_run(&run, deadline).await }
+        }))
+        .await;
+        for (run, written) in runs.iter().zip(written) {
+            for (&j, step) in run.iter().zip(written) {
+                let i = hinted[j].0;
+                match step {
+                    Step::Answered(answer) => answers[i] = Some(answer),
+                    Step::Script => {}
+                    Step::WholeSet => targets[i].1 = None,
+                }
+            }
+        }
+        answers
+    }
+
+    /// The read, then the write, of one run's entries, on the node of its first digest's set.
+    async fn commit_run(&self, run: &[(Digest, u8)], deadline: Instant) -> Vec<Step> {
+        let inner = &*self.inner;
+        let keys: Vec<String> = run
+            .iter()
+            .map(|&(digest, _)| self.key_of_set(inner.geometry.set_of(digest)))
+            .collect();
+        let Some(first) = keys.first() else {
+            return Vec::new();
+        };
+        let node_slot = super::key_slot(first.as_bytes());
+        let mut reads = redis::pipe();
+        for (key, &(_, slot)) in keys.iter().zip(run) {
+            let at = entry_offset(slot);
+            reads
+                .cmd("GETRANGE")
+                .arg(key.as_str())
+                .arg(at)
+                .arg(at + ENTRY_BYTES - 1);
+        }
+        let entries = match inner
+            .link
+            .pipeline(node_slot, &reads, run.len(), deadline)
+            .await
+        {
+            Ok(entries) if entries.len() == run.len() => entries,
+            Ok(_) => return vec![Step::Script; run.len()],
+            Err(error) => return fallback(error, deadline, run.len()),
+        };
+        let mut answers = vec![Step::Script; run.len()];
+        let mut writes = redis::pipe();
+        let mut writing = Vec::new();
+        // A done entry's time is its commit's with `max_age` (format 2), else 0.
+        let time = if inner.config.max_age.is_some() {
+            now_ms()
+        } else {
+            0
+        };
+        for (i, entry) in entries.iter().enumerate() {
+            let (digest, slot) = run[i];
+            if matches!(entry, Value::ServerError(_)) {
+                continue;
+            }
+            match state_of_claim(entry, slot, digest, inner.owner) {
+                Some(DONE) => answers[i] = Step::Answered(Ok(true)),
+                Some(IN_FLIGHT) => {
+                    writes
+                        .cmd("SETRANGE")
+                        .arg(keys[i].as_str())
+                        .arg(entry_offset(slot))
+                        .arg(&done_entry(slot, digest, time, inner.owner)[..]);
+                    writing.push(i);
+                }
+                _ => answers[i] = Step::WholeSet,
+            }
+        }
+        if writing.is_empty() {
+            return answers;
+        }
+        match inner
+            .link
+            .pipeline(node_slot, &writes, writing.len(), deadline)
+            .await
+        {
+            Ok(lengths) if lengths.len() == writing.len() => {
+                for (&i, length) in writing.iter().zip(lengths) {
+                    // `SETRANGE` answers the string's new length.
+                    if matches!(length, Value::Int(_)) {
+                        answers[i] = Step::Answered(Ok(true));
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(error) => {
+                for (&i, answer) in writing.iter().zip(fallback(error, deadline, writing.len())) {
+                    answers[i] = answer;
+                }
+            }
+        }
+        answers
+    }
+}
+
+/// The answers of `count` commits whose pipeline failed with `error`: the error once out of
+/// time (the script would wait again for a node that does not answer), else none, for the
+/// script (which waits for a failed node's replica to take over).
+fn fallback(error: StoreError, deadline: Instant, count: usize) -> Vec<Step> {
+    if Instant::now() >= deadline {
+        vec![Step::Answered(Err(error)); count]
+    } else {
+        vec![Step::Script; count]
+    }
+}
+
+/// The 0-based offset of the entry of `slot` in its set.
+fn entry_offset(slot: u8) -> usize {
+    HEADER_BYTES + ENTRY_BYTES * usize::from(slot)
+}
+
+/// The state of the entry that `value` (a `GETRANGE` answer) holds when it is the claim of
+/// `digest` in `slot`: done (by anyone, as the script answers a commit), or in flight by
+/// `owner`; `None` otherwise.
+fn state_of_claim(value: &Value, slot: u8, digest: Digest, owner: u64) -> Option<u8> {
+    let Value::BulkString(entry) = value else {
+        return None;
+    };
+    if entry.len() != ENTRY_BYTES || entry[0] != slot || entry[1..17] != digest.to_bytes() {
+        return None;
+    }
+    match entry[17] {
+        DONE => Some(DONE),
+        IN_FLIGHT if entry[26..34] == owner.to_be_bytes() => Some(IN_FLIGHT),
+        _ => None,
+    }
+}
+
+/// The entry of `digest` committed in `slot` by `owner` at `time` (see `set.lua`): slot,
+/// digest, state, time (big-endian), owner (big-endian).
+fn done_entry(slot: u8, digest: Digest, time: u64, owner: u64) -> [u8; ENTRY_BYTES] {
+    let mut entry = [0u8; ENTRY_BYTES];
+    entry[0] = slot;
+    entry[1..17].copy_from_slice(&digest.to_bytes());
+    entry[17] = DONE;
+    entry[18..26].copy_from_slice(&time.to_be_bytes());
+    entry[26..34].copy_from_slice(&owner.to_be_bytes());
+    entry
+}
