@@ -219,7 +219,7 @@ async fn unreadable_value_is_counted_and_replaced() {
 }
 
 #[tokio::test]
-async fn a_burst_whose_script_fails_writes_nothing_and_the_retry_passes() {
+async fn a_burst_with_a_set_that_cannot_be_read_fails_only_its_digests_and_the_retry_passes() {
     let server = RedisServer::start();
     let namespace = unique_namespace("failed-burst");
     // 512 sets of 8 ways: no digest of the burst pushes out another.
@@ -228,22 +228,31 @@ async fn a_burst_whose_script_fails_writes_nothing_and_the_retry_passes() {
         .await
         .unwrap();
     let burst: Vec<Digest> = (0..40).map(digest).collect();
-    // One set's key holds a list: the script cannot read it, so the burst's run fails.
+    // One set's key holds a list: its digests' claims fail (the claims of sets that hold
+    // nothing are written each on its own, see create.rs; the script run of the others
+    // fails as a whole, writing nothing).
     let broken = store.set_key(burst[17]);
     server.cli(&["rpush", &broken, "not a set"]);
-    let failed = store.claim_many(&burst).await;
+    let first = store.claim_many(&burst).await;
     assert!(
-        failed.iter().all(|answer| answer
+        first[17]
             .as_ref()
-            .is_err_and(|error| error.to_string().contains("WRONGTYPE"))),
-        "each digest of the failed run is an error: {failed:?}"
+            .is_err_and(|error| error.to_string().contains("WRONGTYPE")),
+        "{:?}",
+        first[17]
     );
     server.cli(&["del", &broken]);
-    assert_eq!(
-        claimed(store.claim_many(&burst).await).unwrap(),
-        vec![Claim::New; burst.len()],
-        "the failed run claimed nothing: no digest waits out a lease"
-    );
+    let again = claimed(store.claim_many(&burst).await).unwrap();
+    for ((d, first), again) in burst.iter().zip(&first).zip(again) {
+        match first {
+            // Nothing was written for a failed claim: no digest waits out a lease.
+            Err(_) => assert_eq!(again, Claim::New, "{d:?} failed, then"),
+            Ok(claim) => {
+                assert_eq!(*claim, Claim::New, "{d:?}");
+                assert_eq!(again, Claim::InFlight, "{d:?} claimed, then");
+            }
+        }
+    }
 
     // Commits are written each on its own (see commit.rs): the digests of the set that
     // cannot be read fail, the others are committed; the failed ones pass once it is back.
@@ -334,6 +343,7 @@ async fn a_claim_on_a_set_that_holds_nothing_is_one_write_and_no_read() {
     );
     assert_eq!(calls.get("get"), None, "no set read first: {calls:?}");
     assert_eq!(calls.get("setrange"), None, "{calls:?}");
+    assert_eq!(calls.get("evalsha"), None, "no script run: {calls:?}");
     // Each set holds its one entry, in flight, as a claim wrote it before.
     let value = raw_get(&server.url(), &store.set_key(burst[0]))
         .await
@@ -386,60 +396,122 @@ async fn claims_on_sets_that_hold_entries_read_them_after_three_found() {
     assert_eq!(calls.get("setrange"), Some(&64), "{calls:?}");
 }
 
+/// Claims go as plain `SET … NX GET`s while most of the last ones created their set, through
+/// the script alone once most found one (so that no write is sent for nothing), and back to
+/// plain commands once the script finds the keys holding nothing again (a server emptied).
+#[tokio::test]
+async fn claims_go_without_the_script_while_the_table_fills_and_through_it_once_full() {
+    // 512 sets of 2 ways.
+    let geometry = Geometry::new(1024, 2).unwrap();
+    let (server, _, store) = server_and_store("filling", geometry).await;
+    // Digests of 64 distinct sets (or of 64 others), none sent before.
+    let sets = digests_of_distinct_sets(&store, 128);
+    let fresh = |n: u64, others: bool| -> Vec<Digest> {
+        let sets = if others { &sets[64..] } else { &sets[..64] };
+        sets.iter()
+            .map(|d| {
+                let mut bytes = d.to_bytes();
+                bytes[8..16].copy_from_slice(&n.to_be_bytes());
+                Digest::from_bytes(bytes)
+            })
+            .collect()
+    };
+    let burst = fresh(1, false);
+    let calls = commands_of_new_claims(&server, &store, &burst).await;
+    assert_eq!(calls.get("evalsha"), None, "an empty table: {calls:?}");
+    assert_eq!(calls.get("set"), Some(&64), "{calls:?}");
+
+    let fill: Vec<Digest> = (10_000..14_096).map(digest).collect();
+    for burst in fill.chunks(256) {
+        claimed(store.claim_done_many(burst).await).unwrap();
+    }
+    let burst = fresh(2, false);
+    let calls = commands_of_new_claims(&server, &store, &burst).await;
+    assert_eq!(calls.get("evalsha"), Some(&1), "a full table: {calls:?}");
+    assert!(
+        calls.get("set").copied().unwrap_or(0) <= 3,
+        "no write sent for each claim: {calls:?}"
+    );
+
+    server.cli(&["flushall"]);
+    let burst = fresh(3, false);
+    let calls = commands_of_new_claims(&server, &store, &burst).await;
+    assert_eq!(
+        calls.get("evalsha"),
+        Some(&1),
+        "the script finds keys empty: {calls:?}"
+    );
+    let burst = fresh(4, true);
+    let calls = commands_of_new_claims(&server, &store, &burst).await;
+    assert_eq!(
+        calls.get("evalsha"),
+        None,
+        "emptied, so filling again: {calls:?}"
+    );
+    assert_eq!(calls.get("set"), Some(&64), "{calls:?}");
+}
+
+/// The script run of a claim burst reads every set first, creating those that hold nothing
+/// (`SET … NX GET`); when a later key cannot be read, the run deletes the sets it created and
+/// fails, so that no digest of it is left claimed. Run as the store sends it (a claim, then a
+/// claim written done), its first ten keys holding claims already, its last a list.
 #[tokio::test]
 async fn a_failed_claim_run_removes_the_sets_it_created_and_keeps_the_others() {
-    // 512 sets of 8 ways.
-    let geometry = Geometry::new(4096, 8).unwrap();
-    let (server, settings, store) = server_and_store("failed-create", geometry).await;
-    let burst = digests_of_distinct_sets(&store, 40);
-    // The first ten sets already hold another owner's claims.
-    let other = RedisStore::connect(settings, geometry).await.unwrap();
-    assert_eq!(
-        claimed(other.claim_many(&burst[..10]).await).unwrap(),
-        vec![Claim::New; 10]
-    );
+    let server = RedisServer::start();
+    let namespace = unique_namespace("failed-create");
+    let keys: Vec<String> = (0..40).map(|i| format!("{namespace}:{i}")).collect();
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let answers: Vec<i64> = claim_script(SET_SCRIPT, &keys[..10])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(answers, [&[0; 10][..], &[0, 10]].concat());
     let mut held = Vec::new();
-    for &d in &burst[..10] {
-        held.push(raw_get(&server.url(), &store.set_key(d)).await.unwrap());
+    for key in &keys[..10] {
+        held.push(raw_get(&server.url(), key).await.unwrap());
     }
-    // The run's last key holds a list: the run fails there, after every other set was claimed.
-    let broken = store.set_key(burst[39]);
-    server.cli(&["rpush", &broken, "not a set"]);
-    for op in ["claim", "claim done"] {
-        let failed = if op == "claim" {
-            store.claim_many(&burst).await
-        } else {
-            store.claim_done_many(&burst).await
-        };
-        assert!(
-            failed.iter().all(|answer| answer
-                .as_ref()
-                .is_err_and(|error| error.to_string().contains("WRONGTYPE"))),
-            "each digest of the failed {op} run is an error: {failed:?}"
-        );
-        for &d in &burst[10..39] {
+    server.cli(&["rpush", &keys[39], "not a set"]);
+    for op in ["c", "d"] {
+        let failed = claim_script_op(SET_SCRIPT, op, &keys)
+            .query_async::<redis::Value>(&mut conn)
+            .await
+            .unwrap_err();
+        assert!(failed.to_string().contains("WRONGTYPE"), "{op}: {failed}");
+        for key in &keys[10..39] {
             assert_eq!(
-                raw_get(&server.url(), &store.set_key(d)).await,
+                raw_get(&server.url(), key).await,
                 None,
                 "a set the failed {op} run created is gone"
             );
         }
-        for (&d, value) in burst[..10].iter().zip(&held) {
+        for (key, value) in keys[..10].iter().zip(&held) {
             assert_eq!(
-                raw_get(&server.url(), &store.set_key(d)).await.as_ref(),
+                raw_get(&server.url(), key).await.as_ref(),
                 Some(value),
                 "a set that held a claim before the failed {op} run holds it still"
             );
         }
     }
     assert_eq!(
-        server.cli(&["lrange", &broken, "0", "-1"]).trim(),
+        server.cli(&["lrange", &keys[39], "0", "-1"]).trim(),
         "not a set"
     );
-    server.cli(&["del", &broken]);
-    let mut expected = vec![Claim::InFlight; 10];
-    expected.resize(burst.len(), Claim::New);
-    assert_eq!(claimed(store.claim_many(&burst).await).unwrap(), expected);
+    server.cli(&["del", &keys[39]]);
+    let answers: Vec<i64> = claim_script(SET_SCRIPT, &keys)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut expected = vec![1; 10];
+    expected.resize(40, 0);
+    expected.extend([0, 30]);
+    assert_eq!(
+        answers, expected,
+        "ten in flight, thirty new, thirty sets created"
+    );
 }
 
 /// How many times the server ran each command (a script's own calls included) since the last
@@ -770,14 +842,16 @@ fn redis_cluster_shares_one_table_through_reshard_and_failover() {
     let harness = Redis::start_cluster();
     crate::store_contract::run_all(&harness);
     let runtime = crate::store_contract::runtime();
-    runtime.block_on(a_burst_is_one_script_run_per_master(harness.cluster()));
+    runtime.block_on(a_burst_costs_each_master_at_most_one_script_run(
+        harness.cluster(),
+    ));
     runtime.block_on(reshard_and_failover(harness.cluster()));
 }
 
 /// A burst claimed and then committed costs each master that holds some of its sets one
 /// script run for the claims and one for the commits, whatever the script does inside them:
 /// no run per set, no slot map read again, no redirect, no script loaded again, no error.
-async fn a_burst_is_one_script_run_per_master(cluster: &RedisCluster) {
+async fn a_burst_costs_each_master_at_most_one_script_run(cluster: &RedisCluster) {
     const BURST: u64 = 300;
     let store = RedisStore::connect(
         config(&cluster.urls(), true, &unique_namespace("cluster-runs")),
@@ -800,6 +874,17 @@ async fn a_burst_is_one_script_run_per_master(cluster: &RedisCluster) {
         assert!(held > 0, "master {m} holds none of {BURST} sets");
         held_by.insert(m, held as u64);
     }
+    // A digest whose set came earlier in the burst finds it (its claim goes to the script).
+    let mut seen = std::collections::HashSet::new();
+    let mut found_by = std::collections::HashMap::new();
+    for &d in &burst {
+        let key = store.set_key(d);
+        let slot = RedisStore::key_slot(key.as_bytes());
+        let m = cluster.master_of_slot(slot, 0);
+        if !seen.insert(key) {
+            *found_by.entry(m).or_insert(0u64) += 1;
+        }
+    }
     for &m in &masters {
         cluster.nodes[m].cli(&["config", "resetstat"]);
     }
@@ -820,16 +905,25 @@ async fn a_burst_is_one_script_run_per_master(cluster: &RedisCluster) {
                 && command != "replconf"
         });
         let data = command_calls(node);
+        let found = found_by.get(&m).copied().unwrap_or(0);
+        let runs: std::collections::BTreeMap<String, u64> = if found > 0 {
+            [("evalsha".to_owned(), 1)].into()
+        } else {
+            [].into()
+        };
         assert_eq!(
-            calls,
-            [("evalsha".to_owned(), 1)].into(),
-            "master {m}: a claim run, nothing else"
+            calls, runs,
+            "master {m}: one claim run for the {found} claims of sets the burst made, nothing else"
         );
         let held = held_by[&m];
         assert_eq!(
             (data.get("getrange"), data.get("setrange")),
             (Some(&held), Some(&held)),
             "master {m}: a commit reads and writes its entry, without the script: {data:?}"
+        );
+        assert!(
+            data.get("set").copied().unwrap_or(0) >= held,
+            "master {m}: a claim creates its set: {data:?}"
         );
         let errors = node.cli(&["info", "errorstats"]);
         assert!(
@@ -1443,8 +1537,8 @@ async fn a_cluster_run_that_reaches_another_nodes_key_leaves_nothing_written() {
     let answers: Vec<i64> = claim(&keys[..5]).query_async(&mut conn).await.unwrap();
     assert_eq!(
         answers,
-        [0, 0, 0, 0, 0, 0],
-        "five new claims, no unreadable set"
+        [0, 0, 0, 0, 0, 0, 5],
+        "five new claims, no unreadable set, five keys that held none"
     );
 }
 
@@ -1454,6 +1548,11 @@ const SET_SCRIPT: &str = include_str!("../src/dedup/redis/set.lua");
 /// An `EVAL` of `script` as the store sends its set script: a claim (8 ways, no `max_age`) of
 /// the `i`th test digest in the set at `keys[i]`, by one owner, with a lease of a minute.
 fn claim_script(script: &str, keys: &[String]) -> redis::Cmd {
+    claim_script_op(script, "c", keys)
+}
+
+/// [`claim_script`] with the operation `op` ("c" a claim, "d" a claim written done).
+fn claim_script_op(script: &str, op: &str, keys: &[String]) -> redis::Cmd {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -1462,7 +1561,7 @@ fn claim_script(script: &str, keys: &[String]) -> redis::Cmd {
     eval.arg(script)
         .arg(1)
         .arg(&keys[0])
-        .arg("c")
+        .arg(op)
         .arg(&[7u8; 8][..])
         .arg(now)
         .arg(now + 60_000)
@@ -1497,8 +1596,8 @@ async fn a_server_that_refuses_nx_with_get_has_its_claims_read_first() {
         .unwrap();
     assert_eq!(
         answers,
-        [0, 0, 0, 0, 0, 0],
-        "five new claims, no unreadable set"
+        [0, 0, 0, 0, 0, 0, 5],
+        "five new claims, no unreadable set, five keys that held none"
     );
     let calls = command_calls(&server);
     assert_eq!(calls.get("get"), Some(&5), "each set read: {calls:?}");
@@ -1512,5 +1611,5 @@ async fn a_server_that_refuses_nx_with_get_has_its_claims_read_first() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(answers, [1, 1, 1, 1, 1, 0]);
+    assert_eq!(answers, [1, 1, 1, 1, 1, 0, 0]);
 }

@@ -26,18 +26,11 @@ use futures::future::join_all;
 use redis::Value;
 use tokio::time::Instant;
 
+use super::entry::{self, State, ENTRY_BYTES};
 use super::{RedisStore, Target, MAX_RUN};
 use crate::dedup::shared::now_ms;
 use crate::dedup::Digest;
 use crate::error::StoreError;
-
-/// Bytes of an entry and of the set's header before the first one (see `set.lua`).
-const ENTRY_BYTES: usize = 34;
-const HEADER_BYTES: usize = 3;
-
-/// An entry's state byte: claimed and in flight, or committed.
-const IN_FLIGHT: u8 = 1;
-const DONE: u8 = 2;
 
 /// What this path made of one commit.
 #[derive(Clone)]
@@ -111,7 +104,7 @@ impl RedisStore {
         let node_slot = super::key_slot(first.as_bytes());
         let mut reads = redis::pipe();
         for (key, &(_, slot)) in keys.iter().zip(run) {
-            let at = entry_offset(slot);
+            let at = entry::offset(slot);
             reads
                 .cmd("GETRANGE")
                 .arg(key.as_str())
@@ -138,17 +131,22 @@ impl RedisStore {
         };
         for (i, entry) in entries.iter().enumerate() {
             let (digest, slot) = run[i];
-            if matches!(entry, Value::ServerError(_)) {
-                continue;
-            }
-            match state_of_claim(entry, slot, digest, inner.owner) {
-                Some(DONE) => answers[i] = Step::Answered(Ok(true)),
-                Some(IN_FLIGHT) => {
+            let value = match entry {
+                Value::BulkString(value) => value,
+                // An error reply: the entry was not read.
+                _ => continue,
+            };
+            // As the script decides a commit: done by anyone is held; in flight, only by
+            // this owner.
+            match entry::state_of(value, slot, digest) {
+                Some((State::Done, _)) => answers[i] = Step::Answered(Ok(true)),
+                Some((State::InFlight, owner)) if owner == inner.owner => {
+                    let done = entry::entry(slot, digest, State::Done, time, inner.owner);
                     writes
                         .cmd("SETRANGE")
                         .arg(keys[i].as_str())
-                        .arg(entry_offset(slot))
-                        .arg(&done_entry(slot, digest, time, inner.owner)[..]);
+                        .arg(entry::offset(slot))
+                        .arg(&done[..]);
                     writing.push(i);
                 }
                 _ => answers[i] = Step::WholeSet,
@@ -190,38 +188,4 @@ fn fallback(error: StoreError, deadline: Instant, count: usize) -> Vec<Step> {
     } else {
         vec![Step::Script; count]
     }
-}
-
-/// The 0-based offset of the entry of `slot` in its set.
-fn entry_offset(slot: u8) -> usize {
-    HEADER_BYTES + ENTRY_BYTES * usize::from(slot)
-}
-
-/// The state of the entry that `value` (a `GETRANGE` answer) holds when it is the claim of
-/// `digest` in `slot`: done (by anyone, as the script answers a commit), or in flight by
-/// `owner`; `None` otherwise.
-fn state_of_claim(value: &Value, slot: u8, digest: Digest, owner: u64) -> Option<u8> {
-    let Value::BulkString(entry) = value else {
-        return None;
-    };
-    if entry.len() != ENTRY_BYTES || entry[0] != slot || entry[1..17] != digest.to_bytes() {
-        return None;
-    }
-    match entry[17] {
-        DONE => Some(DONE),
-        IN_FLIGHT if entry[26..34] == owner.to_be_bytes() => Some(IN_FLIGHT),
-        _ => None,
-    }
-}
-
-/// The entry of `digest` committed in `slot` by `owner` at `time` (see `set.lua`): slot,
-/// digest, state, time (big-endian), owner (big-endian).
-fn done_entry(slot: u8, digest: Digest, time: u64, owner: u64) -> [u8; ENTRY_BYTES] {
-    let mut entry = [0u8; ENTRY_BYTES];
-    entry[0] = slot;
-    entry[1..17].copy_from_slice(&digest.to_bytes());
-    entry[17] = DONE;
-    entry[18..26].copy_from_slice(&time.to_be_bytes());
-    entry[26..34].copy_from_slice(&owner.to_be_bytes());
-    entry
 }

@@ -76,6 +76,8 @@
 mod commit;
 mod config;
 mod conn;
+mod create;
+mod entry;
 mod fleet;
 mod hints;
 mod refusal;
@@ -145,6 +147,8 @@ struct Inner {
     unreadable: AtomicU64,
     /// The slots of this store's in-flight claims, for their commits, erases and renews.
     hints: Hints,
+    /// Whether claims go first as plain `SET … NX GET`s (`create`).
+    filling: create::Filling,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -197,6 +201,7 @@ impl RedisStore {
                 fleet_script: redis::Script::new(fleet::FLEET_SCRIPT),
                 unreadable: AtomicU64::new(0),
                 hints: Hints::default(),
+                filling: create::Filling::default(),
             }),
         })
     }
@@ -477,12 +482,14 @@ impl RedisStore {
         let mut answers: Vec<i64> = redis::from_redis_value(&value).map_err(|error| {
             StoreError::Protocol(format!("the set script answered {value:?}: {error}"))
         })?;
-        if answers.len() != count + 1 {
+        if answers.len() != count + 2 {
             return Err(StoreError::Protocol(format!(
                 "the set script answered {} values to {count} digests",
                 answers.len()
             )));
         }
+        let created = answers.pop().unwrap_or(0);
+        inner.filling.created_by_script(created);
         let unreadable = answers.pop().unwrap_or(0);
         if unreadable > 0 {
             // A statistic: no other memory depends on it.
@@ -560,17 +567,39 @@ fn runs_by_set(geometry: Geometry, digests: &[Digest]) -> Vec<Vec<usize>> {
 }
 
 impl RedisStore {
-    /// Runs the claim `op` on each digest; each digest's claim.
+    /// Runs the claim `op` on each digest: while the table fills, first as plain commands
+    /// that create the sets that hold nothing (`create`), the others (all, otherwise)
+    /// through the script. Each digest's claim.
     async fn claims(&self, op: Op, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
-        let targets: Vec<Target> = digests.iter().map(|&digest| (digest, None)).collect();
-        let answers = self.update_many(op, &targets).await;
+        let filling = &self.inner.filling;
+        let creating = filling.get();
+        let mut answers = if creating {
+            self.create_sets(op, digests).await
+        } else {
+            vec![None; digests.len()]
+        };
+        let rest: Vec<usize> = (0..digests.len())
+            .filter(|&i| answers[i].is_none())
+            .collect();
+        if !rest.is_empty() {
+            let targets: Vec<Target> = rest.iter().map(|&i| (digests[i], None)).collect();
+            let before = filling.by_script();
+            let decided = self.update_many(op, &targets).await;
+            if !creating {
+                filling.learn(filling.by_script().wrapping_sub(before), targets.len());
+            }
+            for (&i, answer) in rest.iter().zip(decided) {
+                answers[i] = Some(answer);
+            }
+        }
         let mut claimed = Vec::new();
         let claims = answers
             .into_iter()
             .zip(digests)
             .map(|(answer, &digest)| {
                 // The answer's low two bits, and the entry's slot above them.
-                let answer = answer?;
+                let answer =
+                    answer.unwrap_or_else(|| Err(StoreError::Protocol("no answer".into())))?;
                 let claim = match answer & 3 {
                     0 => Claim::New,
                     1 => Claim::InFlight,

@@ -32,7 +32,8 @@
 -- created are deleted first (they held nothing). A server that refuses NX with GET (before
 -- Redis 7.0) is read with GET for the rest of the run.
 -- Returns one answer per digest, then how many stored values were not sets of this shape (each
--- was read as an empty set). A claim answers 0 = new, 1 = in flight, 2 = duplicate, plus 4
+-- was read as an empty set), then how many of its claims found their key holding no set
+-- (which tells the store whether the table is still filling, see create.rs). A claim answers 0 = new, 1 = in flight, 2 = duplicate, plus 4
 -- times the slot of the digest's entry (the one it wrote, or found); the others 1 = held,
 -- 0 = not.
 --
@@ -219,6 +220,8 @@ local FIRST = char(version, 0, ways, 0)
 -- more than a GET (a new set built and sent for nothing), so once such finds outnumber the
 -- sets created by more than two (a table that holds entries), the run's claims read with GET.
 local lead = 2
+-- Claims that found their key holding no set.
+local fresh = 0
 for i = 1, n do
   local key, digest = ARGV[7 + n + i], ARGV[7 + i]
   if #digest == 17 and not claiming then
@@ -241,6 +244,7 @@ for i = 1, n do
       local stored = redis.pcall('SET', key, set, 'NX', 'GET')
       if stored == false then
         lead = lead + 1
+        fresh = fresh + 1
         created[#created + 1] = key
         decided[i] = 0
         value = set
@@ -256,6 +260,7 @@ for i = 1, n do
       value, error = read(key, true)
     end
     if error then return fail(error) end
+    if claiming and value == EMPTY then fresh = fresh + 1 end
     sets[key] = value
   end
 end
@@ -291,4 +296,5 @@ for i = 1, n do
   if changed and sets[key] then sets[key] = false end
 end
 answers[n + 1] = unreadable
+answers[n + 2] = fresh
 return answers
