@@ -5,7 +5,7 @@ set -euo pipefail
 
 usage() {
   cat <<'EOF'
-Usage: bench/redis-script.sh [--empty] [--instructions] [SCRIPT.lua...]
+Usage: bench/redis-script.sh [--empty] [--instructions [--plain]] [SCRIPT.lua...]
 
 Starts a redis-server (no persistence) on a free loopback port, fills 4,096 sets of 8 ways
 (with --empty: fills nothing, and the digests fall in 4,194,304 sets, so that a claim's set
@@ -15,11 +15,15 @@ one committing it through the slots the claims answered; last it claims again th
 the last 10 bursts, which no later claim pushed out (duplicates). With --instructions the
 server runs under valgrind's callgrind and the figures are its instructions per message (all
 the claims, then all the commits, of 16 bursts; read with callgrind_control -d around each
-phase), which the machine's load does not move. Prints the server's own time per
+phase), which the machine's load does not move, next to the naive write's (`SET key 1 NX EX
+3600`, pipelined a burst at a time, measured first on the same server). Prints the server's own time per
 message from INFO commandstats (usec of EVALSHA) for the claims, the commits and the
 duplicate claims, and the server's CPU per message from /proc. Each script is measured
 twice, in the order given and then reversed, so that a script measured early does not look
-faster. Default: src/dedup/redis/set.lua; name a second file (an edited copy) to compare the
+faster. With --plain (and --instructions) the claims and commits go as the store sends them:
+a claim first as a plain `SET key <its set> NX GET` while the table fills (--empty; the claims
+that find a set then go to the script), a commit as a `GETRANGE` of its entry and a `SETRANGE`
+of the whole entry (src/dedup/redis/create.rs, commit.rs), each step one pipeline a burst. Default: src/dedup/redis/set.lua; name a second file (an edited copy) to compare the
 two in one run. Every answer is checked: a fresh digest must be claimed new, a claimed one
 committed, a committed one found a duplicate.
 
@@ -28,11 +32,12 @@ EOF
 }
 
 case "${1:-}" in -h|--help) usage; exit 0 ;; esac
-empty=0 instructions=0
+empty=0 instructions=0 plain=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --empty) empty=1; shift ;;
     --instructions) instructions=1; shift ;;
+    --plain) plain=1; shift ;;
     *) break ;;
   esac
 done
@@ -41,14 +46,17 @@ scripts=("$@")
 [ "${#scripts[@]}" -gt 0 ] || scripts=(src/dedup/redis/set.lua)
 command -v redis-server >/dev/null || { echo "redis-server is missing (apt-get install redis-server)" >&2; exit 1; }
 
+if [ "$plain" = 1 ] && [ "$instructions" = 0 ]; then
+  echo "--plain goes with --instructions" >&2; exit 2
+fi
 if [ "$instructions" = 1 ]; then
   command -v valgrind >/dev/null || { echo "valgrind is missing (apt-get install valgrind)" >&2; exit 1; }
 fi
 
-exec python3 - "$empty" "$instructions" "${scripts[@]}" <<'PY'
+exec python3 - "$empty" "$instructions" "$plain" "${scripts[@]}" <<'PY'
 import os, random, socket, struct, subprocess, sys, tempfile, time
 
-EMPTY, INSTRUCTIONS = sys.argv[1] == "1", sys.argv[2] == "1"
+EMPTY, INSTRUCTIONS, PLAIN = sys.argv[1] == "1", sys.argv[2] == "1", sys.argv[3] == "1"
 SETS, WAYS, RUN, BURSTS, DUP_BURSTS = (1 << 22 if EMPTY else 4096), 8, 256, 400, 10
 if INSTRUCTIONS:
     # Few enough that no claim pushes out another of the run on a full table: the claims all
@@ -74,13 +82,22 @@ class Redis:
                 time.sleep(0.05)
         self.buf = b""
 
-    def call(self, *args):
+    @staticmethod
+    def command(*args):
         out = [b"*%d\r\n" % len(args)]
         for a in args:
             a = a if isinstance(a, bytes) else str(a).encode()
             out.append(b"$%d\r\n%s\r\n" % (len(a), a))
-        self.sock.sendall(b"".join(out))
+        return b"".join(out)
+
+    def call(self, *args):
+        self.sock.sendall(self.command(*args))
         return self.reply()
+
+    def pipeline(self, commands):
+        """Sends every command (a tuple of arguments) in one write; their replies."""
+        self.sock.sendall(b"".join(self.command(*c) for c in commands))
+        return [self.reply() for _ in commands]
 
     def line(self):
         while b"\r\n" not in self.buf:
@@ -152,6 +169,38 @@ def measure(path):
                 answers = [a & 3 for a in answers]
             return answers
 
+        def key_of(d):
+            return b"bench:%d" % (int.from_bytes(d[:8], "big") % SETS)
+
+        def claim(burst):
+            """A burst's claims: as the store sends them with --plain, else one script run."""
+            if not (PLAIN and EMPTY):
+                return run("c", burst)
+            sets = [bytes([1, 0, WAYS, 0]) + d + struct.pack(">BQ", 1, 1_065_000) + owner
+                    for d in burst]
+            created = r.pipeline([("SET", key_of(d), s, "NX", "GET") for d, s in zip(burst, sets)])
+            found = [d for d, c in zip(burst, created) if c is not None]
+            decided = dict(zip(found, run("c", found))) if found else {}
+            for d, c in zip(burst, created):
+                if c is None:
+                    slots[d] = 0
+            return [0 if c is None else decided[d] for d, c in zip(burst, created)]
+
+        def commit(burst):
+            """A burst's commits: as the store sends them with --plain, else one script run."""
+            if not PLAIN:
+                return run("m", burst)
+            hinted = [(d, slots.pop(d)) for d in burst]
+            entries = r.pipeline([("GETRANGE", key_of(d), 3 + 34 * s, 3 + 34 * s + 33)
+                                  for d, s in hinted])
+            mine = [(d, s) for (d, s), e in zip(hinted, entries)
+                    if e[0] == s and e[1:17] == d and e[17] == 1 and e[26:] == owner]
+            if len(mine) != len(burst):
+                raise SystemExit("a claimed entry was not found as its claim left it")
+            r.pipeline([("SETRANGE", key_of(d), 3 + 34 * s,
+                         bytes([s]) + d + struct.pack(">BQ", 2, 0) + owner) for d, s in mine])
+            return [1] * len(burst)
+
         def fresh():
             return [rng.randbytes(16) for _ in range(RUN)]
 
@@ -184,19 +233,26 @@ def measure(path):
         if INSTRUCTIONS:
             n = BURSTS * RUN
             instructions()
+            # The naive write a hand-written consumer sends, pipelined a burst at a time.
+            for burst in [fresh() for _ in range(BURSTS)]:
+                answers = r.pipeline([("SET", b"naive:" + d.hex().encode(), 1, "NX", "EX", 3600)
+                                      for d in burst])
+                if any(a != b"OK" for a in answers):
+                    raise SystemExit("a naive write was not stored")
+            naive = instructions()
             for burst in bursts:
-                if any(a != 0 for a in run("c", burst)):
+                if any(a != 0 for a in claim(burst)):
                     raise SystemExit(f"{path}: a fresh digest was not claimed new")
-            claim = instructions()
+            claimed = instructions()
             for burst in bursts:
-                if any(a != 1 for a in run("m", burst)):
+                if any(a != 1 for a in commit(burst)):
                     raise SystemExit(f"{path}: a claimed digest was not committed")
-            commit = instructions()
+            committed = instructions()
             for burst in bursts[-DUP_BURSTS:]:
                 if any(a != 2 for a in run("c", burst)):
                     raise SystemExit(f"{path}: a committed digest was not a duplicate")
             duplicate = instructions()
-            return claim / n, commit / n, duplicate / (DUP_BURSTS * RUN), 0
+            return claimed / n, committed / n, duplicate / (DUP_BURSTS * RUN), naive / n
         claim = commit = 0
         cpu0 = cpu_seconds(server.pid)
         for burst in bursts:
@@ -220,14 +276,16 @@ def measure(path):
         server.terminate()
         server.wait()
 
-scripts = sys.argv[3:]
+scripts = sys.argv[4:]
 print(f"{SETS} {'empty' if EMPTY else 'full'} sets of {WAYS} ways, {BURSTS} bursts of {RUN} fresh digests, "
       f"load average {os.getloadavg()[0]:.2f}")
 if INSTRUCTIONS:
-    print(f"{'instructions per message':<40} {'claim':>9} {'commit':>10} {'sum':>6} {'dup claim':>10}")
+    print(f"{'instructions per message':<40} {'claim':>9} {'commit':>10} {'sum':>6} {'dup claim':>10}"
+          f" {'naive':>6} {'sum/naive':>9}")
     for path in scripts + scripts[::-1]:
-        claim, commit, duplicate, _ = measure(path)
-        print(f"{path:<40} {claim:>9.0f} {commit:>10.0f} {claim + commit:>6.0f} {duplicate:>10.0f}")
+        claim, commit, duplicate, naive = measure(path)
+        print(f"{path:<40} {claim:>9.0f} {commit:>10.0f} {claim + commit:>6.0f} {duplicate:>10.0f}"
+              f" {naive:>6.0f} {(claim + commit) / naive:>8.2f}x")
     sys.exit()
 print(f"{'script':<40} {'claim µs':>9} {'commit µs':>10} {'sum':>6} {'dup claim':>10} {'CPU µs/msg':>11}")
 for path in scripts + scripts[::-1]:

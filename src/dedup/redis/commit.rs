@@ -94,22 +94,19 @@ impl RedisStore {
     /// The read, then the write, of one run's entries, on the node of its first digest's set.
     async fn commit_run(&self, run: &[(Digest, u8)], deadline: Instant) -> Vec<Step> {
         let inner = &*self.inner;
-        let keys: Vec<String> = run
-            .iter()
-            .map(|&(digest, _)| self.key_of_set(inner.geometry.set_of(digest)))
-            .collect();
-        let Some(first) = keys.first() else {
+        let Some(&(first, _)) = run.first() else {
             return Vec::new();
         };
-        let node_slot = super::key_slot(first.as_bytes());
-        let mut reads = redis::pipe();
-        for (key, &(_, slot)) in keys.iter().zip(run) {
+        let mut key = String::with_capacity(inner.namespace.len() + 21);
+        self.write_key(&mut key, inner.geometry.set_of(first));
+        let node_slot = super::key_slot(key.as_bytes());
+        let mut reads = redis::Pipeline::with_capacity(run.len());
+        for &(digest, slot) in run {
+            self.write_key(&mut key, inner.geometry.set_of(digest));
             let at = entry::offset(slot);
-            reads
-                .cmd("GETRANGE")
-                .arg(key.as_str())
-                .arg(at)
-                .arg(at + ENTRY_BYTES - 1);
+            let mut cmd = entry::command("GETRANGE", 4, key.len() + 28);
+            cmd.arg(key.as_str()).arg(at).arg(at + ENTRY_BYTES - 1);
+            reads.add_command(cmd);
         }
         let entries = match inner
             .link
@@ -121,7 +118,7 @@ impl RedisStore {
             Err(error) => return fallback(error, deadline, run.len()),
         };
         let mut answers = vec![Step::Script; run.len()];
-        let mut writes = redis::pipe();
+        let mut writes = redis::Pipeline::with_capacity(run.len());
         let mut writing = Vec::new();
         // A done entry's time is its commit's with `max_age` (format 2), else 0.
         let time = if inner.config.max_age.is_some() {
@@ -142,11 +139,12 @@ impl RedisStore {
                 Some((State::Done, _)) => answers[i] = Step::Answered(Ok(true)),
                 Some((State::InFlight, owner)) if owner == inner.owner => {
                     let done = entry::entry(slot, digest, State::Done, time, inner.owner);
-                    writes
-                        .cmd("SETRANGE")
-                        .arg(keys[i].as_str())
+                    self.write_key(&mut key, inner.geometry.set_of(digest));
+                    let mut cmd = entry::command("SETRANGE", 4, key.len() + ENTRY_BYTES + 16);
+                    cmd.arg(key.as_str())
                         .arg(entry::offset(slot))
                         .arg(&done[..]);
+                    writes.add_command(cmd);
                     writing.push(i);
                 }
                 _ => answers[i] = Step::WholeSet,

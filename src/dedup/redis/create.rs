@@ -24,7 +24,7 @@ use futures::future::join_all;
 use redis::Value;
 use tokio::time::Instant;
 
-use super::entry::{self, State};
+use super::entry::{self, State, ENTRY_BYTES, HEADER_BYTES};
 use super::{Op, RedisStore, Target, MAX_RUN};
 use crate::dedup::shared::{now_ms, FORMAT_VERSION, FORMAT_VERSION_TIMED};
 use crate::dedup::Digest;
@@ -76,6 +76,9 @@ impl Filling {
     }
 }
 
+/// Bytes of a set of one entry.
+const SET_BYTES: usize = HEADER_BYTES + ENTRY_BYTES;
+
 /// What this path made of one claim: the script's answer (0: new, in slot 0), an error to
 /// report, or nothing (the script decides it).
 type Created = Option<Result<i64, StoreError>>;
@@ -118,7 +121,7 @@ impl RedisStore {
                 let entry = entry::entry(0, digests[i], state, time, inner.owner);
                 (digests[i], entry::set_of_one(version, ways, &entry))
             });
-            self.create_run(sets.collect(), deadline)
+            self.create_run(sets, deadline)
         }))
         .await;
         let mut answers: Vec<Created> = vec![None; digests.len()];
@@ -135,25 +138,29 @@ impl RedisStore {
 
     /// One pipeline of `SET … NX GET`s of `sets` (a digest and the set its claim makes), to
     /// the node of the first digest's set.
-    async fn create_run(&self, sets: Vec<(Digest, Vec<u8>)>, deadline: Instant) -> Vec<Created> {
+    async fn create_run(
+        &self,
+        sets: impl ExactSizeIterator<Item = (Digest, [u8; SET_BYTES])>,
+        deadline: Instant,
+    ) -> Vec<Created> {
         let inner = &*self.inner;
-        let mut pipe = redis::pipe();
+        let count = sets.len();
+        let mut pipe = redis::Pipeline::with_capacity(count);
+        let mut key = String::with_capacity(inner.namespace.len() + 21);
         let mut node_slot = None;
-        for (digest, set) in &sets {
-            let key = self.key_of_set(inner.geometry.set_of(*digest));
+        for (digest, set) in sets {
+            self.write_key(&mut key, inner.geometry.set_of(digest));
             node_slot.get_or_insert_with(|| super::key_slot(key.as_bytes()));
-            pipe.cmd("SET").arg(key).arg(&set[..]).arg("NX").arg("GET");
+            let mut cmd = entry::command("SET", 5, key.len() + SET_BYTES + 16);
+            cmd.arg(key.as_str()).arg(&set[..]).arg("NX").arg("GET");
+            pipe.add_command(cmd);
         }
         let Some(node_slot) = node_slot else {
             return Vec::new();
         };
-        match inner
-            .link
-            .pipeline(node_slot, &pipe, sets.len(), deadline)
-            .await
-        {
+        match inner.link.pipeline(node_slot, &pipe, count, deadline).await {
             // Nil: the key held nothing, and now holds the new set.
-            Ok(answers) if answers.len() == sets.len() => answers
+            Ok(answers) if answers.len() == count => answers
                 .into_iter()
                 .map(|answer| match answer {
                     Value::Nil => Some(Ok(0)),
@@ -166,10 +173,10 @@ impl RedisStore {
                     _ => None,
                 })
                 .collect(),
-            Ok(_) => vec![None; sets.len()],
+            Ok(_) => vec![None; count],
             // Out of time: the script would wait again for a node that does not answer.
-            Err(error) if Instant::now() >= deadline => vec![Some(Err(error)); sets.len()],
-            Err(_) => vec![None; sets.len()],
+            Err(error) if Instant::now() >= deadline => vec![Some(Err(error)); count],
+            Err(_) => vec![None; count],
         }
     }
 }

@@ -59,11 +59,23 @@ pub(super) fn state_of(entry: &[u8], slot: u8, digest: Digest) -> Option<(State,
 }
 
 /// A set of `ways` ways in format `version` whose only entry is `entry`, in slot 0.
-pub(super) fn set_of_one(version: u8, ways: u8, entry: &[u8; ENTRY_BYTES]) -> Vec<u8> {
-    let mut set = Vec::with_capacity(HEADER_BYTES + ENTRY_BYTES);
-    set.extend_from_slice(&[version, 0, ways]);
-    set.extend_from_slice(entry);
+pub(super) fn set_of_one(
+    version: u8,
+    ways: u8,
+    entry: &[u8; ENTRY_BYTES],
+) -> [u8; HEADER_BYTES + ENTRY_BYTES] {
+    let mut set = [0u8; HEADER_BYTES + ENTRY_BYTES];
+    set[..HEADER_BYTES].copy_from_slice(&[version, 0, ways]);
+    set[HEADER_BYTES..].copy_from_slice(entry);
     set
+}
+
+/// A command of `args` arguments of about `bytes` bytes in all, sized once: a pipeline of a
+/// command per digest would otherwise grow each one's buffers as its arguments go in.
+pub(super) fn command(name: &str, args: usize, bytes: usize) -> redis::Cmd {
+    let mut cmd = redis::Cmd::with_capacity(args, bytes);
+    cmd.arg(name);
+    cmd
 }
 
 #[cfg(test)]
