@@ -27,7 +27,7 @@ use redis::Value;
 use tokio::time::Instant;
 
 use super::entry::{self, State, ENTRY_BYTES};
-use super::{RedisStore, Target, MAX_RUN};
+use super::{RedisStore, Target};
 use crate::dedup::shared::now_ms;
 use crate::dedup::Digest;
 use crate::error::StoreError;
@@ -62,16 +62,7 @@ impl RedisStore {
             return answers;
         }
         let inner = &*self.inner;
-        let runs = if inner.config.cluster {
-            let subset: Vec<Target> = hinted.iter().map(|&(_, d, s)| (d, Some(s))).collect();
-            self.runs_by_master(&subset)
-        } else {
-            (0..hinted.len())
-                .collect::<Vec<_>>()
-                .chunks(MAX_RUN)
-                .map(<[usize]>::to_vec)
-                .collect()
-        };
+        let runs = self.runs(hinted.len(), |j| hinted[j].1);
         let deadline = inner.link.deadline();
         let written = join_all(runs.iter().map(|run| {
             let run: Vec<(Digest, u8)> = run.iter().map(|&j| (hinted[j].1, hinted[j].2)).collect();

@@ -25,7 +25,7 @@ use redis::Value;
 use tokio::time::Instant;
 
 use super::entry::{self, State, ENTRY_BYTES, HEADER_BYTES};
-use super::{Op, RedisStore, Target, MAX_RUN};
+use super::{Op, RedisStore};
 use crate::dedup::shared::{now_ms, FORMAT_VERSION, FORMAT_VERSION_TIMED};
 use crate::dedup::Digest;
 use crate::error::StoreError;
@@ -91,16 +91,7 @@ impl RedisStore {
         let Ok(ways) = u8::try_from(inner.geometry.ways()) else {
             return vec![None; digests.len()];
         };
-        let runs = if inner.config.cluster {
-            let targets: Vec<Target> = digests.iter().map(|&d| (d, None)).collect();
-            self.runs_by_master(&targets)
-        } else {
-            (0..digests.len())
-                .collect::<Vec<_>>()
-                .chunks(MAX_RUN)
-                .map(<[usize]>::to_vec)
-                .collect()
-        };
+        let runs = self.runs(digests.len(), |i| digests[i]);
         let now = now_ms();
         let (version, state, time) = match (op, inner.config.max_age) {
             (Op::ClaimDone, Some(_)) => (FORMAT_VERSION_TIMED, State::Done, now),

@@ -311,15 +311,7 @@ impl RedisStore {
                 Err(error) => vec![Err(error); digests.len()],
             };
         }
-        let runs = if inner.config.cluster {
-            self.runs_by_master(digests)
-        } else {
-            (0..digests.len())
-                .collect::<Vec<_>>()
-                .chunks(MAX_RUN)
-                .map(<[usize]>::to_vec)
-                .collect()
-        };
+        let runs = self.runs(digests.len(), |i| digests[i].0);
         let answers = join_all(
             runs.iter()
                 .map(|run| self.run_or_split(op, now, digests, run)),
@@ -343,19 +335,24 @@ impl RedisStore {
             .collect()
     }
 
-    /// The indices of `digests` grouped by the master of their set's slot in the slot map as
-    /// last read (in order of first appearance), each group cut into runs of [`MAX_RUN`].
-    fn runs_by_master(&self, digests: &[Target]) -> Vec<Vec<usize>> {
+    /// The indices `0..count` of digests (`digest(i)` the `i`th) in runs of at most
+    /// [`MAX_RUN`]: standalone, in their order; in a cluster, grouped by the master of their
+    /// set's slot in the slot map as last read (in order of first appearance).
+    pub(super) fn runs(&self, count: usize, digest: impl Fn(usize) -> Digest) -> Vec<Vec<usize>> {
         let inner = &*self.inner;
         let mut groups: Vec<(Option<String>, Vec<usize>)> = Vec::new();
-        let mut key = String::with_capacity(inner.namespace.len() + 21);
-        for (i, &(digest, _)) in digests.iter().enumerate() {
-            self.write_key(&mut key, inner.geometry.set_of(digest));
-            let master = inner.link.master_of(key_slot(key.as_bytes()));
-            match groups.iter_mut().find(|(m, _)| *m == master) {
-                Some((_, group)) => group.push(i),
-                None => groups.push((master, vec![i])),
+        if inner.config.cluster {
+            let mut key = String::with_capacity(inner.namespace.len() + 21);
+            for i in 0..count {
+                self.write_key(&mut key, inner.geometry.set_of(digest(i)));
+                let master = inner.link.master_of(key_slot(key.as_bytes()));
+                match groups.iter_mut().find(|(m, _)| *m == master) {
+                    Some((_, group)) => group.push(i),
+                    None => groups.push((master, vec![i])),
+                }
             }
+        } else {
+            groups.push((None, (0..count).collect()));
         }
         groups
             .into_iter()
