@@ -181,6 +181,35 @@ async fn a_set_is_one_key_of_fixed_slots() {
     assert_eq!(a.unreadable_values(), 0);
 }
 
+/// An erase marks its slot free (its slot byte, 16 bytes 0xFF, zeros): the next claim of
+/// the set takes that slot, not the cursor's, and the mark is never read as a digest.
+#[tokio::test]
+async fn an_erased_slot_is_marked_and_taken_by_the_next_claim_of_its_set() {
+    // One set of two ways.
+    let geometry = Geometry::new(2, 2).unwrap();
+    let (server, settings, store) = server_and_store("erased", geometry).await;
+    let (a, b, c) = (digest(1), digest(2), digest(3));
+    assert_eq!(
+        claimed(store.claim_many(&[a, b]).await).unwrap(),
+        vec![Claim::New; 2]
+    );
+    assert!(store.erase(b).await.unwrap());
+    let key = store.set_key(a);
+    let value = raw_get(&server.url(), &key).await.unwrap();
+    assert_eq!(&value[..3], &[1, 0, 2], "full, cursor at slot 0");
+    assert_eq!(&value[37..], &[&[1u8][..], &[0xFF; 16], &[0; 17]].concat());
+    assert_eq!(store.claim(c).await.unwrap(), Claim::New);
+    let value = raw_get(&server.url(), &key).await.unwrap();
+    assert_eq!(&value[..3], &[1, 0, 2], "the cursor did not move");
+    assert_eq!(&value[38..54], &c.to_bytes(), "c took the erased slot");
+    assert_eq!(&value[4..20], &a.to_bytes(), "a kept its slot");
+    let other = RedisStore::connect(settings, geometry).await.unwrap();
+    assert_eq!(
+        claimed(other.claim_many(&[a, b, c]).await).unwrap(),
+        [Claim::InFlight, Claim::New, Claim::InFlight]
+    );
+}
+
 #[tokio::test]
 async fn max_age_keeps_sets_in_the_timed_format() {
     let server = RedisServer::start();

@@ -150,11 +150,10 @@ async fn a_set_made_by_a_commits_write_is_read_and_its_header_written() {
     assert_eq!(length, 3 + 3 * 34);
 
     assert_eq!(store.claim(d).await.unwrap(), Claim::Duplicate);
-    // Another digest of the same set goes into the first empty slot.
-    let e = (2..)
-        .map(digest)
-        .find(|&e| store.set_key(e) == key)
-        .unwrap();
+    // Other digests of the same set: the next goes after the last entry, which fills the
+    // set; the one after takes the cursor's slot, the first slot of zeros.
+    let mut same_set = (2..).map(digest).filter(|&e| store.set_key(e) == key);
+    let (e, f) = (same_set.next().unwrap(), same_set.next().unwrap());
     assert_eq!(store.claim(e).await.unwrap(), Claim::New);
     assert_eq!(store.unreadable_values(), 0, "read as a set");
     let value: Vec<u8> = redis::cmd("GET")
@@ -163,8 +162,24 @@ async fn a_set_made_by_a_commits_write_is_read_and_its_header_written() {
         .await
         .unwrap();
     assert_eq!(&value[..3], &[1, 0, 4], "version 1, cursor 0, 4 ways");
-    assert_eq!(&value[4..20], &e.to_bytes(), "in slot 0");
-    assert_eq!(&value[3 + 2 * 34..], &entry[..], "the committed entry kept");
+    assert_eq!(
+        &value[3 + 2 * 34..3 + 3 * 34],
+        &entry[..],
+        "the committed entry kept"
+    );
+    assert_eq!(
+        &value[3 + 3 * 34 + 1..3 + 3 * 34 + 17],
+        &e.to_bytes(),
+        "in slot 3"
+    );
+    assert_eq!(store.claim(f).await.unwrap(), Claim::New);
+    let value: Vec<u8> = redis::cmd("GET")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(&value[..3], &[1, 1, 4], "the cursor moved on");
+    assert_eq!(&value[4..20], &f.to_bytes(), "in slot 0");
     let other = RedisStore::connect(
         RedisConfig {
             namespace: store.config().namespace.clone(),

@@ -5,8 +5,9 @@
 //! digest-to-set mapping, one key per set named `<prefix>:v<format>:<sets>x<ways>:<set>`, the
 //! same 34-byte entries, replacement order, leases, owners and `max_age` (see
 //! [`MemcachedStore`](crate::MemcachedStore)). Only the value's layout differs (key format 2):
-//! a set is always `3 + 34 × ways` bytes, the entry of slot `i` at byte `3 + 34 i` and an empty
-//! slot all zeros (`set.lua` has the layout), so that the script checks a stored set by its
+//! a set is always `3 + 34 × ways` bytes, the entry of slot `i` at byte `3 + 34 i`, an empty
+//! slot all zeros and an erased one marked by a digest field of 0xFF bytes (`set.lua` has the
+//! layout), so that the script checks a stored set by its
 //! length and header alone and writes only the bytes an operation changes (`SETRANGE`), never a
 //! whole new value. Every set may live on any slot, so in a cluster the sets spread over all
 //! masters.

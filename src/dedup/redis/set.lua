@@ -3,7 +3,9 @@
 -- every entry at a fixed offset, so that a claim or a commit writes only its own entry:
 --   u8 version (1, or 2 with commit times) | u8 cursor | u8 ways |
 --   k x (u8 slot | 16 B digest | u8 state 0=empty 1=in flight 2=done | u64 time ms |
---        u64 owner), the entry of slot i at byte 3 + 34 i; an empty slot is all zeros.
+--        u64 owner), the entry of slot i at byte 3 + 34 i; an empty slot is all zeros, and
+--        one an erase emptied keeps its slot byte, then 16 bytes 0xFF (a digest no message
+--        has, which a search finds at once where zeros are many) and 17 zeros.
 -- Slots fill in order, so a set holds its first k slots (k <= ways): it grows by one entry
 -- until it is full, then keeps its length.
 -- ARGV: op (c = claim, d = claim done, m = commit, e = erase, r = renew), owner (8 bytes),
@@ -56,7 +58,9 @@ local SIZE = 3 + ways * ENTRY
 local byte, sub, char, find, rep = string.byte, string.sub, string.char, string.find, string.rep
 -- A set with no entry, for a key that holds none.
 local EMPTY = char(version, 0, ways)
-local ERASED = rep('\0', ENTRY)
+-- An erased entry after its slot byte, and the digest field that marks it (see the top).
+local FREE = rep('\255', 16)
+local ERASED = FREE .. rep('\0', ENTRY - 17)
 local pack, unpack = struct.pack, struct.unpack
 local call = redis.call
 
@@ -121,12 +125,13 @@ local function insert(key, value, digest)
   local n = #value
   local from = 4
   while true do
-    -- A slot that an erase emptied: all zeros, found by one search (a call per slot costs
-    -- more).
-    local at = find(value, ERASED, from, true)
+    -- A slot that an erase emptied, found by one search for its mark (a call per slot costs
+    -- more). Slots of zeros (emptied by an earlier version, or before a commit's write in a
+    -- key that held nothing) are taken in turn by the cursor.
+    local at = find(value, FREE, from, true)
     if not at then break end
-    if (at - 4) % ENTRY == 0 then
-      local slot = (at - 4) / ENTRY
+    if (at - 5) % ENTRY == 0 and byte(value, at + 16) == 0 then
+      local slot = (at - 5) / ENTRY
       write(key, byte(value, 1), 3 + slot * ENTRY, char(slot) .. digest .. CLAIMED)
       return slot
     end
@@ -178,7 +183,7 @@ local function update(key, value, at, base, stored)
   if op == 'm' then
     write(key, stored, offset + 17, DONE)
   elseif op == 'e' then
-    call('SETRANGE', key, at_offset(offset), ERASED)
+    call('SETRANGE', key, at_offset(offset + 1), ERASED)
   else
     if state ~= 1 then return 0, false end
     write(key, stored, offset + 17, CLAIMED)
