@@ -45,8 +45,10 @@
 //! never do). A run whose node refuses it (the slot map was out of date, or a slot is being
 //! migrated) wrote nothing, and is sent again as one run per set, each following `MOVED` and
 //! `ASK`. So a burst costs each master one script run, as on a standalone server, not one per
-//! digest. A burst of commits is, per master, a pipeline of reads and then one of writes
-//! (`commit`). Connections are multiplexed (see `conn`):
+//! digest. While the table fills, a burst of claims is first one pipeline of `SET … NX GET`
+//! per master (`create`), and only the claims of sets that exist go to a script run; a burst
+//! of commits is, per master, a pipeline of reads and then one of writes (`commit`).
+//! Connections are multiplexed (see `conn`):
 //! concurrent runs are written together while earlier ones are on the wire, and their answers
 //! read back in order, a pipeline per node without a queue of our own.
 //!
@@ -653,6 +655,8 @@ impl Store for RedisStore {
 
     /// Commits many digests at once: with plain commands, a pipeline per master (see
     /// `commit`), and any left to the script in runs as [`Store::claim_many`] claims them.
+    /// A commit is answered held when its entry was still its claim at the read before the
+    /// write (a claim that takes the slot between the two loses its entry, see `commit`).
     async fn commit_many(&self, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
         self.held_many(Op::Commit, digests).await
     }
