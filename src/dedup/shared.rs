@@ -28,6 +28,16 @@ pub(crate) const FORMAT_VERSION: u8 = 1;
 /// replaced by version 2 on their next write.
 pub(crate) const FORMAT_VERSION_TIMED: u8 = 2;
 
+/// The value format a store writes: timed only when entries expire (`max_age`), so that a
+/// table without it stays readable by every version.
+pub(crate) fn value_version(max_age: Option<Duration>) -> u8 {
+    if max_age.is_some() {
+        FORMAT_VERSION_TIMED
+    } else {
+        FORMAT_VERSION
+    }
+}
+
 /// The rule for a namespace: it becomes part of every key, and Memcached keys are printable
 /// ASCII without spaces, at most 250 bytes with the rest of the key.
 ///

@@ -156,9 +156,7 @@ use self::health::Health;
 use self::pool::Pool;
 use self::set::{decode, LeaseFacts, Op, Outcome, SetState};
 use crate::decimal::put_decimal;
-use crate::dedup::shared::{
-    now_ms, random_owner, FORMAT_VERSION, FORMAT_VERSION_TIMED, KEY_VERSION,
-};
+use crate::dedup::shared::{now_ms, random_owner, value_version, KEY_VERSION};
 use crate::dedup::{Claim, Digest, Geometry, Store};
 use crate::error::StoreError;
 use crate::wording::Wording;
@@ -403,14 +401,9 @@ impl MemcachedStore {
         }
     }
 
-    /// The value format this store writes: timed only when entries expire, so that a table
-    /// without `max_age` stays readable by every version.
+    /// The value format this store writes (see [`value_version`]).
     fn value_version(&self) -> u8 {
-        if self.inner.config.max_age.is_some() {
-            FORMAT_VERSION_TIMED
-        } else {
-            FORMAT_VERSION
-        }
+        value_version(self.inner.config.max_age)
     }
 
     fn ways(&self) -> usize {
@@ -551,6 +544,7 @@ fn is_connection_error(err: &StoreError) -> bool {
 mod tests {
     use super::set::encode;
     use super::*;
+    use crate::dedup::shared::FORMAT_VERSION;
 
     #[test]
     fn unreadable_value_counts_and_reads_as_empty() {

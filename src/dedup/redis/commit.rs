@@ -32,11 +32,14 @@ use crate::dedup::shared::now_ms;
 use crate::dedup::Digest;
 use crate::error::StoreError;
 
+/// The script's answer to a commit that found its entry held.
+const HELD: i64 = 1;
+
 /// What this path made of one commit.
 #[derive(Clone)]
 enum Step {
-    /// Written or found done (`Ok(true)`), or an error to report.
-    Answered(Result<bool, StoreError>),
+    /// Written or found done (held: the script's answer 1), or an error to report.
+    Answered(Result<i64, StoreError>),
     /// Left to the script, through the hint: the entry was not read (an error).
     Script,
     /// Left to the script, which is to read the whole set: the entry was read and is not the
@@ -46,12 +49,12 @@ enum Step {
 
 impl RedisStore {
     /// Commits each digest of `targets` that has a hint as the module docs say; the answers
-    /// are in the order of `targets`, `None` for a digest left to the script (whose hint is
-    /// taken out when the script is to read its whole set).
+    /// are in the order of `targets`, as the script answers them (1: held), `None` for a digest
+    /// left to the script (whose hint is taken out when the script is to read its whole set).
     pub(super) async fn write_commits(
         &self,
         targets: &mut [Target],
-    ) -> Vec<Option<Result<bool, StoreError>>> {
+    ) -> Vec<Option<Result<i64, StoreError>>> {
         let mut answers = vec![None; targets.len()];
         let hinted: Vec<(usize, Digest, u8)> = targets
             .iter()
@@ -85,20 +88,20 @@ impl RedisStore {
     /// The read, then the write, of one run's entries, on the node of its first digest's set.
     async fn commit_run(&self, run: &[(Digest, u8)], deadline: Instant) -> Vec<Step> {
         let inner = &*self.inner;
-        let Some(&(first, _)) = run.first() else {
-            return Vec::new();
-        };
         let mut key = String::with_capacity(inner.namespace.len() + 21);
-        self.write_key(&mut key, inner.geometry.set_of(first));
-        let node_slot = super::key_slot(key.as_bytes());
+        let mut node_slot = None;
         let mut reads = redis::Pipeline::with_capacity(run.len());
         for &(digest, slot) in run {
             self.write_key(&mut key, inner.geometry.set_of(digest));
+            node_slot.get_or_insert_with(|| super::key_slot(key.as_bytes()));
             let at = entry::offset(slot);
             let mut cmd = entry::command("GETRANGE", 4, key.len() + 28);
             cmd.arg(key.as_str()).arg(at).arg(at + ENTRY_BYTES - 1);
             reads.add_command(cmd);
         }
+        let Some(node_slot) = node_slot else {
+            return Vec::new();
+        };
         let entries = match inner
             .link
             .pipeline(node_slot, &reads, run.len(), deadline)
@@ -111,12 +114,7 @@ impl RedisStore {
         let mut answers = vec![Step::Script; run.len()];
         let mut writes = redis::Pipeline::with_capacity(run.len());
         let mut writing = Vec::new();
-        // A done entry's time is its commit's with `max_age` (format 2), else 0.
-        let time = if inner.config.max_age.is_some() {
-            now_ms()
-        } else {
-            0
-        };
+        let time = self.done_time(now_ms());
         for (i, entry) in entries.iter().enumerate() {
             let (digest, slot) = run[i];
             let value = match entry {
@@ -127,7 +125,7 @@ impl RedisStore {
             // As the script decides a commit: done by anyone is held; in flight, only by
             // this owner.
             match entry::state_of(value, slot, digest) {
-                Some((State::Done, _)) => answers[i] = Step::Answered(Ok(true)),
+                Some((State::Done, _)) => answers[i] = Step::Answered(Ok(HELD)),
                 Some((State::InFlight, owner)) if owner == inner.owner => {
                     let done = entry::entry(slot, digest, State::Done, time, inner.owner);
                     self.write_key(&mut key, inner.geometry.set_of(digest));
@@ -153,7 +151,7 @@ impl RedisStore {
                 for (&i, length) in writing.iter().zip(lengths) {
                     // `SETRANGE` answers the string's new length.
                     if matches!(length, Value::Int(_)) {
-                        answers[i] = Step::Answered(Ok(true));
+                        answers[i] = Step::Answered(Ok(HELD));
                     }
                 }
             }

@@ -26,7 +26,7 @@ use tokio::time::Instant;
 
 use super::entry::{self, State, ENTRY_BYTES, HEADER_BYTES};
 use super::{Op, RedisStore};
-use crate::dedup::shared::{now_ms, FORMAT_VERSION, FORMAT_VERSION_TIMED};
+use crate::dedup::shared::{now_ms, value_version};
 use crate::dedup::Digest;
 use crate::error::StoreError;
 
@@ -93,18 +93,10 @@ impl RedisStore {
         };
         let runs = self.runs(digests.len(), |i| digests[i]);
         let now = now_ms();
-        let (version, state, time) = match (op, inner.config.max_age) {
-            (Op::ClaimDone, Some(_)) => (FORMAT_VERSION_TIMED, State::Done, now),
-            (Op::ClaimDone, None) => (FORMAT_VERSION, State::Done, 0),
-            (_, max_age) => {
-                let lease = u64::try_from(inner.config.lease.as_millis()).unwrap_or(u64::MAX);
-                let version = if max_age.is_some() {
-                    FORMAT_VERSION_TIMED
-                } else {
-                    FORMAT_VERSION
-                };
-                (version, State::InFlight, now.saturating_add(lease))
-            }
+        let version = value_version(inner.config.max_age);
+        let (state, time) = match op {
+            Op::ClaimDone => (State::Done, self.done_time(now)),
+            _ => (State::InFlight, now.saturating_add(self.lease_ms())),
         };
         let deadline = inner.link.deadline();
         let created = join_all(runs.iter().map(|run| {

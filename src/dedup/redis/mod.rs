@@ -94,9 +94,7 @@ use futures::future::join_all;
 use self::conn::Link;
 use self::hints::Hints;
 use self::slots::key_slot;
-use crate::dedup::shared::{
-    now_ms, random_owner, FORMAT_VERSION, FORMAT_VERSION_TIMED, REDIS_KEY_VERSION,
-};
+use crate::dedup::shared::{now_ms, random_owner, value_version, REDIS_KEY_VERSION};
 use crate::dedup::{Claim, Digest, Geometry, Store};
 use crate::error::StoreError;
 pub use config::{RedisConfig, RedisPassword};
@@ -279,6 +277,21 @@ impl RedisStore {
         let _ = write!(key, ":{set}");
     }
 
+    /// How long a claim's lease lasts, in milliseconds.
+    fn lease_ms(&self) -> u64 {
+        u64::try_from(self.inner.config.lease.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The time field of an entry committed at `now`: `now` with `max_age` (value format 2),
+    /// else 0.
+    fn done_time(&self, now: u64) -> u64 {
+        if self.inner.config.max_age.is_some() {
+            now
+        } else {
+            0
+        }
+    }
+
     /// Runs the script for `op` on every digest, each with the slot of its entry when known
     /// (a hint, see `hints`); the answers are in the order of `digests`.
     ///
@@ -430,12 +443,6 @@ impl RedisStore {
     ) -> Result<Vec<i64>, StoreError> {
         let inner = &*self.inner;
         let count = digests.len();
-        let lease_ms = u64::try_from(inner.config.lease.as_millis()).unwrap_or(u64::MAX);
-        let version = if inner.config.max_age.is_some() {
-            FORMAT_VERSION_TIMED
-        } else {
-            FORMAT_VERSION
-        };
         // Per digest: its key (the namespace and a set number) and its 16 or 17 bytes; and 11
         // arguments of at most 20 bytes around them.
         let mut evalsha =
@@ -454,12 +461,14 @@ impl RedisStore {
             .arg(op.code())
             .arg(&inner.owner.to_be_bytes()[..])
             .arg(now)
-            .arg(now.saturating_add(lease_ms));
+            .arg(now.saturating_add(self.lease_ms()));
         match inner.config.max_age {
             Some(age) => evalsha.arg(u64::try_from(age.as_millis()).unwrap_or(u64::MAX)),
             None => evalsha.arg(""),
         };
-        evalsha.arg(inner.geometry.ways()).arg(version);
+        evalsha
+            .arg(inner.geometry.ways())
+            .arg(value_version(inner.config.max_age));
         for (digest, slot) in digests.clone() {
             // A hint is the start of the entry: its slot, then the digest.
             let mut arg = [0u8; 17];
@@ -510,25 +519,41 @@ impl RedisStore {
             _ => hints.take(digests),
         };
         let mut targets: Vec<Target> = digests.iter().copied().zip(slots).collect();
-        let mut answers = if op == Op::Commit {
+        let answers = if op == Op::Commit {
             self.write_commits(&mut targets).await
         } else {
             vec![None; targets.len()]
         };
-        let rest: Vec<usize> = (0..targets.len())
+        self.script_the_rest(op, answers, |i| targets[i])
+            .await
+            .into_iter()
+            .map(|answer| match answer? {
+                0 => Ok(false),
+                1 => Ok(true),
+                other => Err(StoreError::Protocol(format!(
+                    "the set script answered {other} to a {op:?}"
+                ))),
+            })
+            .collect()
+    }
+
+    /// Each of `answers`, the ones it lacks from the script: `op` on the digests without an
+    /// answer (`target(i)` the `i`th digest and its hint), which a path without the script
+    /// (`create`, `commit`) left to it.
+    async fn script_the_rest(
+        &self,
+        op: Op,
+        mut answers: Vec<Option<Result<i64, StoreError>>>,
+        target: impl Fn(usize) -> Target,
+    ) -> Vec<Result<i64, StoreError>> {
+        let rest: Vec<usize> = (0..answers.len())
             .filter(|&i| answers[i].is_none())
             .collect();
         if !rest.is_empty() {
-            let run: Vec<Target> = rest.iter().map(|&i| targets[i]).collect();
+            let run: Vec<Target> = rest.iter().map(|&i| target(i)).collect();
             let decided = self.update_many(op, &run).await;
             for (&i, answer) in rest.iter().zip(decided) {
-                answers[i] = Some(answer.and_then(|code| match code {
-                    0 => Ok(false),
-                    1 => Ok(true),
-                    other => Err(StoreError::Protocol(format!(
-                        "the set script answered {other} to a {op:?}"
-                    ))),
-                }));
+                answers[i] = Some(answer);
             }
         }
         answers
@@ -573,24 +598,18 @@ impl RedisStore {
     async fn claims(&self, op: Op, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
         let filling = &self.inner.filling;
         let creating = filling.get();
-        let mut answers = if creating {
+        let answers = if creating {
             self.create_sets(op, digests).await
         } else {
             vec![None; digests.len()]
         };
-        let rest: Vec<usize> = (0..digests.len())
-            .filter(|&i| answers[i].is_none())
-            .collect();
-        if !rest.is_empty() {
-            let targets: Vec<Target> = rest.iter().map(|&i| (digests[i], None)).collect();
-            let before = filling.by_script();
-            let decided = self.update_many(op, &targets).await;
-            if !creating {
-                filling.learn(filling.by_script().wrapping_sub(before), targets.len());
-            }
-            for (&i, answer) in rest.iter().zip(decided) {
-                answers[i] = Some(answer);
-            }
+        let before = filling.by_script();
+        let answers = self
+            .script_the_rest(op, answers, |i| (digests[i], None))
+            .await;
+        if !creating {
+            // Every claim went to the script.
+            filling.learn(filling.by_script().wrapping_sub(before), digests.len());
         }
         let mut claimed = Vec::new();
         let claims = answers
@@ -598,8 +617,7 @@ impl RedisStore {
             .zip(digests)
             .map(|(answer, &digest)| {
                 // The answer's low two bits, and the entry's slot above them.
-                let answer =
-                    answer.unwrap_or_else(|| Err(StoreError::Protocol("no answer".into())))?;
+                let answer = answer?;
                 let claim = match answer & 3 {
                     0 => Claim::New,
                     1 => Claim::InFlight,
