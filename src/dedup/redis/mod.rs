@@ -83,6 +83,7 @@ mod create;
 mod entry;
 mod fleet;
 mod hints;
+mod read;
 mod refusal;
 mod slots;
 
@@ -101,6 +102,9 @@ pub use config::{RedisConfig, RedisPassword};
 
 /// The script of every operation.
 const SET_SCRIPT: &str = include_str!("set.lua");
+
+/// The script of the writes of claims decided on a plain read (`read`).
+const WRITE_SCRIPT: &str = include_str!("write.lua");
 
 /// What one operation does to the entry of its digest, as the script's first argument.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,6 +146,8 @@ struct Inner {
     owner: u64,
     link: Link,
     script: redis::Script,
+    /// The script of the writes of claims decided on a plain read, loaded on its first use.
+    write_script: redis::Script,
     /// The script of the fleet's counters (`fleet.rs`), loaded on its first use.
     fleet_script: redis::Script,
     /// Values that could not be decoded and were treated as empty.
@@ -199,6 +205,7 @@ impl RedisStore {
                 owner: random_owner(),
                 link,
                 script: redis::Script::new(SET_SCRIPT),
+                write_script: redis::Script::new(WRITE_SCRIPT),
                 fleet_script: redis::Script::new(fleet::FLEET_SCRIPT),
                 unreadable: AtomicU64::new(0),
                 hints: Hints::default(),
@@ -592,23 +599,25 @@ fn runs_by_set(geometry: Geometry, digests: &[Digest]) -> Vec<Vec<usize>> {
 }
 
 impl RedisStore {
-    /// Runs the claim `op` on each digest: while the table fills, first as plain commands
-    /// that create the sets that hold nothing (`create`), the others (all, otherwise)
-    /// through the script. Each digest's claim.
+    /// Runs the claim `op` on each digest: each set read first with a plain command (while
+    /// the table fills, one that creates the sets that hold nothing, see `create`; else a
+    /// `GET`), and decided on what it read where it can be (`read`), the others through the
+    /// script. Each digest's claim.
     async fn claims(&self, op: Op, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
         let filling = &self.inner.filling;
         let creating = filling.get();
-        let answers = if creating {
+        let reads = if creating {
             self.create_sets(op, digests).await
         } else {
-            vec![None; digests.len()]
+            self.read_sets(digests).await
         };
+        let answers = self.decide_reads(op, digests, reads).await;
         let before = filling.by_script();
         let answers = self
             .script_the_rest(op, answers, |i| (digests[i], None))
             .await;
         if !creating {
-            // Every claim went to the script.
+            // The claims that found no set went to the script, which created them.
             filling.learn(filling.by_script().wrapping_sub(before), digests.len());
         }
         let mut claimed = Vec::new();
