@@ -412,10 +412,11 @@ async fn a_claim_on_a_set_that_holds_nothing_is_one_write_and_no_read() {
 /// (the new entry and the header), no whole set read by a script.
 #[tokio::test]
 async fn claims_of_full_sets_are_a_plain_read_and_a_checked_write() {
-    // 256 sets of 2 ways, each filled many times over.
+    // 256 sets of 2 ways, each filled many times over: long enough after the sets are full
+    // for the store to have learnt that its reads decide its claims.
     let geometry = Geometry::new(512, 2).unwrap();
     let (server, settings, store) = server_and_store("present", geometry).await;
-    let fill: Vec<Digest> = (10_000..14_096).map(digest).collect();
+    let fill: Vec<Digest> = (10_000..22_288).map(digest).collect();
     for burst in fill.chunks(256) {
         claimed(store.claim_done_many(burst).await).unwrap();
     }
@@ -1093,12 +1094,18 @@ async fn reshard_and_failover(cluster: &RedisCluster) {
 // The sidecar with Redis: two consumers sharing one table, and an outage under both policies.
 
 /// Settings of a sidecar consuming `brokers` with the table in Redis at `url`.
-fn sidecar_settings(brokers: &[SocketAddr], url: &str, namespace: &str) -> nsq_dedupe::Settings {
+/// A sidecar's settings for a Redis table of `buckets` on `url`.
+fn sidecar_settings(
+    brokers: &[SocketAddr],
+    url: &str,
+    namespace: &str,
+    buckets: u64,
+) -> nsq_dedupe::Settings {
     let mut raw = raw_config(brokers);
     raw.store.kind = Some(StoreKind::Redis);
     raw.store.redis_urls = Some(vec![url.to_owned()]);
     raw.store.namespace = Some(namespace.to_owned());
-    raw.store.buckets = Some(1 << 16);
+    raw.store.buckets = Some(buckets);
     raw.validate().unwrap()
 }
 
@@ -1106,29 +1113,62 @@ fn sidecar_settings(brokers: &[SocketAddr], url: &str, namespace: &str) -> nsq_d
 async fn two_sidecars_sharing_redis_deliver_each_payload_once() {
     let server = RedisServer::start();
     let namespace = unique_namespace("sidecars");
+    two_sidecars_deliver_each_payload_once(&server, &namespace, 1 << 16, 2_000).await;
+}
+
+/// The same on a table whose sets are all full before the stream starts, as a table is once
+/// it has run for a window: claims are decided on a plain read of their set and written by
+/// a script that checks the set's header (`read.rs`), while the other sidecar claims the
+/// copies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sidecars_sharing_a_full_redis_table_deliver_each_payload_once() {
+    let server = RedisServer::start();
+    let namespace = unique_namespace("sidecars-full");
+    // 512 sets of 8 ways, each filled about three times over with digests of no payload.
+    const BUCKETS: u64 = 4_096;
+    let store = RedisStore::connect(
+        config(&[server.url()], false, &namespace),
+        Geometry::new(BUCKETS, 8).unwrap(),
+    )
+    .await
+    .unwrap();
+    let fill: Vec<Digest> = (1_000_000..1_000_000 + 3 * BUCKETS).map(digest).collect();
+    for burst in fill.chunks(256) {
+        claimed(store.claim_done_many(burst).await).unwrap();
+    }
+    server.cli(&["config", "resetstat"]);
+    // 300 payloads in 512 sets: none is pushed out before its copy comes.
+    two_sidecars_deliver_each_payload_once(&server, &namespace, BUCKETS, 300).await;
+    let calls = command_calls(&server);
+    assert!(
+        calls.get("get").is_some_and(|&gets| gets >= 300),
+        "claims read their sets: {calls:?}"
+    );
+}
+
+/// Two sidecars on `namespace` of a table of `buckets`, each reading two brokers that hold
+/// the same `n` payloads (in another order): each payload is delivered exactly once.
+async fn two_sidecars_deliver_each_payload_once(
+    server: &RedisServer,
+    namespace: &str,
+    buckets: u64,
+    n: usize,
+) {
     let a = Broker::start(BrokerConfig::default()).await;
     let b = Broker::start(BrokerConfig::default()).await;
-    const N: usize = 2_000;
-    let mut order: Vec<usize> = (0..N).collect();
+    let mut order: Vec<usize> = (0..n).collect();
     order.shuffle(&mut StdRng::seed_from_u64(7));
-    a.publish_many(TOPIC, (0..N).map(payload));
+    a.publish_many(TOPIC, (0..n).map(payload));
     b.publish_many(TOPIC, order.iter().map(|&i| payload(i)));
     let brokers = [a.tcp_addr(), b.tcp_addr()];
     let recorder = Recorder::default();
-    let first = Running::start(
-        sidecar_settings(&brokers, &server.url(), &namespace),
-        recorder.clone(),
-    )
-    .await;
-    let second = Running::start(
-        sidecar_settings(&brokers, &server.url(), &namespace),
-        recorder.clone(),
-    )
-    .await;
+    let settings = || sidecar_settings(&brokers, &server.url(), namespace, buckets);
+    let first = Running::start(settings(), recorder.clone()).await;
+    let second = Running::start(settings(), recorder.clone()).await;
     wait_until_or(
         "every payload delivered and both brokers drained",
         Duration::from_secs(60),
-        || recorder.distinct_delivered() == N && drained(&a) && drained(&b),
+        || recorder.distinct_delivered() == n && drained(&a) && drained(&b),
         || format!("{} distinct delivered", recorder.distinct_delivered()),
     )
     .await;
@@ -1136,18 +1176,18 @@ async fn two_sidecars_sharing_redis_deliver_each_payload_once() {
     first.stop().await;
     second.stop().await;
     let delivered = recorder.delivered();
-    for i in 0..N {
+    for i in 0..n {
         assert_eq!(delivered.get(&payload(i)), Some(&1), "payload {i}");
     }
     let unique = (get(&m1.unique), get(&m2.unique));
     let duplicates = get(&m1.duplicates) + get(&m2.duplicates);
     println!(
-        "two sidecars sharing Redis: {N} payloads published to 2 nsqd, unique {unique:?}, {duplicates} duplicates, {} store errors",
+        "two sidecars sharing Redis: {n} payloads published to 2 nsqd, unique {unique:?}, {duplicates} duplicates, {} store errors",
         get(&m1.store_errors) + get(&m2.store_errors)
     );
     assert!(unique.0 > 0 && unique.1 > 0, "both sidecars took part");
-    assert_eq!(unique.0 + unique.1, N as u64, "in: 2N messages, out: N");
-    assert_eq!(duplicates, N as u64);
+    assert_eq!(unique.0 + unique.1, n as u64, "in: 2n messages, out: n");
+    assert_eq!(duplicates, n as u64);
 }
 
 /// A sidecar on two nsqd with the same payloads; Redis is killed for 1.5 s mid-stream.

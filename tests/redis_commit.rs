@@ -5,19 +5,15 @@
 //! held nothing is read as a set.
 
 use std::collections::HashSet;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{oneshot, Notify};
 
 use nsq_dedupe::{Claim, Digest, Geometry, RedisConfig, RedisStore, Store};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::store_contract::{digest, unique_namespace};
+use crate::support::hold::Hold;
 use crate::support::redis::RedisServer;
 
 fn config(server: &RedisServer, namespace: &str, lease: Duration) -> RedisConfig {
@@ -200,69 +196,6 @@ async fn a_set_made_by_a_commits_write_is_read_and_its_header_written() {
     );
 }
 
-/// A loopback proxy to `server` that forwards everything, except that once armed it holds
-/// back the first write of the client that carries a `SETRANGE` until released.
-struct Hold {
-    addr: SocketAddr,
-    armed: Arc<Mutex<Option<oneshot::Sender<()>>>>,
-    release: Arc<Notify>,
-}
-
-impl Hold {
-    async fn start(server: SocketAddr) -> Hold {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let armed: Arc<Mutex<Option<oneshot::Sender<()>>>> = Arc::default();
-        let release = Arc::new(Notify::new());
-        let (a, r) = (Arc::clone(&armed), Arc::clone(&release));
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let upstream = TcpStream::connect(server).await.unwrap();
-                let (mut from_client, mut to_client) = client.into_split();
-                let (mut from_server, mut to_server) = upstream.into_split();
-                tokio::spawn(async move {
-                    let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
-                });
-                let (armed, release) = (Arc::clone(&a), Arc::clone(&r));
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 1 << 16];
-                    loop {
-                        let n = match from_client.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => n,
-                        };
-                        let holds = buf[..n].windows(8).any(|w| w == b"SETRANGE");
-                        let held = if holds {
-                            armed.lock().unwrap().take()
-                        } else {
-                            None
-                        };
-                        if let Some(held) = held {
-                            let _ = held.send(());
-                            release.notified().await;
-                        }
-                        if to_server.write_all(&buf[..n]).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        });
-        Hold {
-            addr,
-            armed,
-            release,
-        }
-    }
-
-    /// Holds the next write that carries a `SETRANGE`; the receiver hears when it is held.
-    fn arm(&self) -> oneshot::Receiver<()> {
-        let (tx, rx) = oneshot::channel();
-        *self.armed.lock().unwrap() = Some(tx);
-        rx
-    }
-}
-
 /// The race the commit's two round trips allow, made to happen: between a commit's read of
 /// its entry and its write, another owner's claim pushes the entry out of a full set and
 /// takes its slot. The commit still writes its own digest done, which it delivered; the
@@ -271,7 +204,7 @@ impl Hold {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_between_a_commits_read_and_write_is_forgotten_not_made_a_duplicate() {
     let server = RedisServer::start();
-    let hold = Hold::start(server.addr().parse().unwrap()).await;
+    let hold = Hold::start(server.addr().parse().unwrap(), b"SETRANGE").await;
     let namespace = unique_namespace("commit-hold");
     // One set of one way: each new claim pushes the last one out.
     let geometry = Geometry::new(1, 1).unwrap();

@@ -2,6 +2,7 @@
 
 pub mod broker;
 pub mod child;
+pub mod hold;
 pub mod http;
 pub mod lookupd;
 pub mod memcached;

@@ -156,6 +156,8 @@ struct Inner {
     hints: Hints,
     /// Whether claims go first as plain `SET … NX GET`s (`create`).
     filling: create::Filling,
+    /// Whether claims read their sets first when the table is not filling (`read`).
+    reads: read::Reads,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -210,6 +212,7 @@ impl RedisStore {
                 unreadable: AtomicU64::new(0),
                 hints: Hints::default(),
                 filling: create::Filling::default(),
+                reads: read::Reads::default(),
             }),
         })
     }
@@ -601,15 +604,17 @@ fn runs_by_set(geometry: Geometry, digests: &[Digest]) -> Vec<Vec<usize>> {
 impl RedisStore {
     /// Runs the claim `op` on each digest: each set read first with a plain command (while
     /// the table fills, one that creates the sets that hold nothing, see `create`; else a
-    /// `GET`), and decided on what it read where it can be (`read`), the others through the
-    /// script. Each digest's claim.
+    /// `GET`, while such reads decide most claims, see `read::Reads`), and decided on what it
+    /// read where it can be (`read`), the others through the script. Each digest's claim.
     async fn claims(&self, op: Op, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
         let filling = &self.inner.filling;
         let creating = filling.get();
         let reads = if creating {
             self.create_sets(op, digests).await
-        } else {
+        } else if self.inner.reads.first() {
             self.read_sets(digests).await
+        } else {
+            vec![read::Read::Script; digests.len()]
         };
         let answers = self.decide_reads(op, digests, reads).await;
         let before = filling.by_script();

@@ -28,8 +28,13 @@
 //! older than `max_age`); a key that holds nothing; a claim of a set that an earlier claim of
 //! the same burst may write (`set.lua` decides it after that write, in the burst's order);
 //! and every claim whose read or write failed or was refused.
+//!
+//! While a table's sets still grow, a read decides few claims and is a command for nothing:
+//! the store then sends claims to `set.lua` alone, and reads one burst in 16 to learn when
+//! the sets are full (`Reads`).
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use futures::future::join_all;
 use redis::Value;
@@ -40,6 +45,43 @@ use super::{Op, RedisStore};
 use crate::dedup::shared::{now_ms, value_version};
 use crate::dedup::Digest;
 use crate::error::StoreError;
+
+/// Whether the last claims' reads decided most of the sets they found (the sets are full),
+/// so that the next claims read first. A read that decides nothing (a set that still grows)
+/// is a command for nothing: then claims go through the script alone, but for one burst in
+/// [`PROBE`], whose reads tell when the sets are full. A hint for the next bursts only.
+#[derive(Debug)]
+pub(super) struct Reads {
+    useful: AtomicBool,
+    skipped: AtomicU32,
+}
+
+/// While reads decide little, one burst in this many reads first all the same.
+const PROBE: u32 = 16;
+
+impl Default for Reads {
+    fn default() -> Self {
+        Reads {
+            useful: AtomicBool::new(true),
+            skipped: AtomicU32::new(0),
+        }
+    }
+}
+
+impl Reads {
+    /// Whether the next burst reads its sets first.
+    pub(super) fn first(&self) -> bool {
+        self.useful.load(Ordering::Relaxed)
+            || self.skipped.fetch_add(1, Ordering::Relaxed) % PROBE == PROBE - 1
+    }
+
+    /// Learns from a burst whose reads found `found` sets and decided `decided` claims.
+    fn learn(&self, decided: usize, found: usize) {
+        if found > 0 {
+            self.useful.store(decided * 2 > found, Ordering::Relaxed);
+        }
+    }
+}
 
 /// What a plain read made of one claim.
 #[derive(Debug, Clone)]
@@ -96,7 +138,7 @@ pub(super) fn decide(value: &[u8], digest: Digest, rules: &Rules) -> Decision {
     let ways = usize::from(rules.ways);
     let len = value.len();
     let size = HEADER_BYTES + ENTRY_BYTES * ways;
-    if len < HEADER_BYTES || len > size || (len - HEADER_BYTES) % ENTRY_BYTES != 0 {
+    if len < HEADER_BYTES || len > size || !(len - HEADER_BYTES).is_multiple_of(ENTRY_BYTES) {
         return Decision::Script;
     }
     let (version, cursor) = (value[0], value[1]);
@@ -262,6 +304,11 @@ impl RedisStore {
         // script): a later claim of one was read before that write, so the script decides
         // it, after the writes, as the burst's order has it.
         let mut pending = HashSet::new();
+        let found = reads
+            .iter()
+            .filter(|read| matches!(read, Read::Found(_)))
+            .count();
+        let mut answered = 0;
         for (i, read) in reads.into_iter().enumerate() {
             let set = self.inner.geometry.set_of(digests[i]);
             let decision = match read {
@@ -274,7 +321,10 @@ impl RedisStore {
                 Read::Script => Decision::Script,
             };
             match decision {
-                Decision::Answer(code) => answers[i] = Some(Ok(code)),
+                Decision::Answer(code) => {
+                    answered += 1;
+                    answers[i] = Some(Ok(code));
+                }
                 Decision::Script => {
                     pending.insert(set);
                 }
@@ -285,6 +335,7 @@ impl RedisStore {
             }
         }
         if writes.is_empty() {
+            self.inner.reads.learn(answered, found);
             return answers;
         }
         let runs = self.runs(writes.len(), |j| digests[writes[j].0]);
@@ -298,9 +349,11 @@ impl RedisStore {
         .await;
         for (run, written) in runs.iter().zip(written) {
             for (&j, answer) in run.iter().zip(written) {
+                answered += usize::from(matches!(answer, Some(Ok(_))));
                 answers[writes[j].0] = answer;
             }
         }
+        self.inner.reads.learn(answered, found);
         answers
     }
 
