@@ -46,8 +46,12 @@
 //! migrated) wrote nothing, and is sent again as one run per set, each following `MOVED` and
 //! `ASK`. So a burst costs each master one script run, as on a standalone server, not one per
 //! digest. While the table fills, a burst of claims is first one pipeline of `SET … NX GET`
-//! per master (`create`), and only the claims of sets that exist go to a script run; a burst
-//! of commits is, per master, a pipeline of reads and then one of writes (`commit`).
+//! per master (`create`); once its sets are full, one pipeline of `GET`s per master. The
+//! claims are decided on what those read where they can be (`read`): a copy found with no
+//! write, an absent digest by one run per master of a small script that writes its entry and
+//! the set's header if the header is still the one read (`write.lua`). The rest go to a run
+//! of the set script. A burst of commits is, per master, a pipeline of reads and then one of
+//! writes (`commit`).
 //! Connections are multiplexed (see `conn`):
 //! concurrent runs are written together while earlier ones are on the wire, and their answers
 //! read back in order, a pipeline per node without a queue of our own.
