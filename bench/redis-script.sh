@@ -22,10 +22,8 @@ duplicate claims, and the server's CPU per message from /proc. Each script is me
 twice, in the order given and then reversed, so that a script measured early does not look
 faster. With --plain (and --instructions) the claims and commits go as the store sends them:
 a claim first as a plain `SET key <its set> NX GET` while the table fills (--empty; the claims
-that find a set then go to the script); on full sets, a `GET` of the set and, for the fresh
-digest, one run of src/dedup/redis/write.lua a burst (a second digest of a set in the burst
-goes to the script); a commit as a `GETRANGE` of its entry and a `SETRANGE` of the whole
-entry (src/dedup/redis/create.rs, read.rs, commit.rs), each step one pipeline a burst. Default: src/dedup/redis/set.lua; name a second file (an edited copy) to compare the
+that find a set then go to the script), a commit as a `GETRANGE` of its entry and a `SETRANGE`
+of the whole entry (src/dedup/redis/create.rs, commit.rs), each step one pipeline a burst. Default: src/dedup/redis/set.lua; name a second file (an edited copy) to compare the
 two in one run. Every answer is checked: a fresh digest must be claimed new, a claimed one
 committed, a committed one found a duplicate.
 
@@ -147,7 +145,6 @@ def measure(path):
     try:
         r = Redis(port)
         sha = r.call("SCRIPT", "LOAD", open(path, "rb").read())
-        write_sha = r.call("SCRIPT", "LOAD", open("src/dedup/redis/write.lua", "rb").read())
         owner = struct.pack(">Q", 0x6e73712d64656475)
         rng = random.Random(7)
 
@@ -177,42 +174,8 @@ def measure(path):
 
         def claim(burst):
             """A burst's claims: as the store sends them with --plain, else one script run."""
-            if not PLAIN:
+            if not (PLAIN and EMPTY):
                 return run("c", burst)
-            if not EMPTY:
-                # A GET per set; a digest found done is a duplicate; a fresh digest of a full
-                # set is written by write.lua, checked by the header read; a second digest of
-                # a set in the burst goes to the script.
-                values = r.pipeline([("GET", key_of(d)) for d in burst])
-                writes, later, seen = [], [], set()
-                answers = {}
-                for d, v in zip(burst, values):
-                    k = key_of(d)
-                    at = v.find(d) if v is not None and k not in seen else -1
-                    if at >= 4 and (at - 4) % 34 == 0 and v[at + 16] == 2:
-                        # Found done: a duplicate, decided on the read alone.
-                        answers[d] = 2
-                    elif k in seen or v is None or len(v) != 3 + 34 * WAYS:
-                        later.append(d)
-                        seen.add(k)
-                    else:
-                        writes.append((d, k, v[:3]))
-                        seen.add(k)
-                if writes:
-                    written = r.call("EVALSHA", write_sha, 1, writes[0][1],
-                                     *[k for _, k, _ in writes], *[h for _, _, h in writes],
-                                     *[bytes([h[1]]) + d + struct.pack(">BQ", 1, 1_065_000) + owner
-                                       for d, _, h in writes],
-                                     *[bytes([1, (h[1] + 1) % WAYS, WAYS]) for _, _, h in writes])
-                    for (d, _, h), w in zip(writes, written):
-                        if w == 1:
-                            answers[d] = 0
-                            slots[d] = h[1]
-                        else:
-                            later.append(d)
-                if later:
-                    answers.update(zip(later, run("c", later)))
-                return [answers[d] for d in burst]
             sets = [bytes([1, 0, WAYS, 0]) + d + struct.pack(">BQ", 1, 1_065_000) + owner
                     for d in burst]
             created = r.pipeline([("SET", key_of(d), s, "NX", "GET") for d, s in zip(burst, sets)])
@@ -286,7 +249,7 @@ def measure(path):
                     raise SystemExit(f"{path}: a claimed digest was not committed")
             committed = instructions()
             for burst in bursts[-DUP_BURSTS:]:
-                if any(a != 2 for a in (claim(burst) if PLAIN and not EMPTY else run("c", burst))):
+                if any(a != 2 for a in run("c", burst)):
                     raise SystemExit(f"{path}: a committed digest was not a duplicate")
             duplicate = instructions()
             return claimed / n, committed / n, duplicate / (DUP_BURSTS * RUN), naive / n

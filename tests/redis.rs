@@ -407,65 +407,22 @@ async fn a_claim_on_a_set_that_holds_nothing_is_one_write_and_no_read() {
     );
 }
 
-/// On a table that holds entries, a burst of claims of full sets is a pipeline of plain
-/// `GET`s and one run of the write script: per claim, a read of the header and two writes
-/// (the new entry and the header), no whole set read by a script.
 #[tokio::test]
-async fn claims_of_full_sets_are_a_plain_read_and_a_checked_write() {
-    // 256 sets of 2 ways, each filled many times over: long enough after the sets are full
-    // for the store to have learnt that its reads decide its claims.
+async fn claims_on_sets_that_hold_entries_read_them_after_three_found() {
+    // 256 sets of 2 ways, each filled many times over.
     let geometry = Geometry::new(512, 2).unwrap();
-    let (server, settings, store) = server_and_store("present", geometry).await;
-    let fill: Vec<Digest> = (10_000..22_288).map(digest).collect();
+    let (server, _, store) = server_and_store("present", geometry).await;
+    let fill: Vec<Digest> = (10_000..14_096).map(digest).collect();
     for burst in fill.chunks(256) {
         claimed(store.claim_done_many(burst).await).unwrap();
     }
     let burst = digests_of_distinct_sets(&store, 64);
     let calls = commands_of_new_claims(&server, &store, &burst).await;
-    assert_eq!(calls.get("get"), Some(&64), "{calls:?}");
-    assert_eq!(calls.get("evalsha"), Some(&1), "{calls:?}");
-    assert_eq!(calls.get("getrange"), Some(&64), "{calls:?}");
-    assert_eq!(calls.get("setrange"), Some(&128), "{calls:?}");
-    assert_eq!(calls.get("set"), None, "{calls:?}");
-    // Each is in flight, in the cursor's slot it was written to: another owner finds it so.
-    let other = RedisStore::connect(settings, geometry).await.unwrap();
-    assert_eq!(
-        claimed(other.claim_many(&burst).await).unwrap(),
-        vec![Claim::InFlight; 64]
-    );
-    assert_eq!(commit_all(&store, &burst).await, vec![true; 64]);
-    assert_eq!(
-        claimed(other.claim_many(&burst).await).unwrap(),
-        vec![Claim::Duplicate; 64]
-    );
-}
-
-/// The script's own claims of sets that hold entries: read with `SET … NX GET` until three
-/// found their set, then with `GET` (a write sent for nothing costs more than a read).
-#[tokio::test]
-async fn the_scripts_claims_of_sets_that_hold_entries_read_them_after_three_found() {
-    let server = RedisServer::start();
-    let namespace = unique_namespace("lead");
-    let url = server.url();
-    let client = redis::Client::open(url.as_str()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let keys: Vec<String> = (0..64).map(|i| format!("{namespace}:{i}")).collect();
-    let _: Vec<i64> = claim_script(SET_SCRIPT, &keys)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    // The same sets, claimed again by other digests.
-    let again: Vec<String> = keys.iter().rev().cloned().collect();
-    server.cli(&["config", "resetstat"]);
-    let answers: Vec<i64> = claim_script(SET_SCRIPT, &again)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(answers.len(), 64 + 2);
-    let calls = command_calls(&server);
-    // Three reads that wrote nothing, then a write per claim to grow its set.
-    assert_eq!(calls.get("set"), Some(&(3 + 64)), "{calls:?}");
+    // Each claim replaces an entry of its full set in place; only the first three sets are
+    // asked for with a write that would create them.
+    assert_eq!(calls.get("set"), Some(&3), "{calls:?}");
     assert_eq!(calls.get("get"), Some(&61), "{calls:?}");
+    assert_eq!(calls.get("setrange"), Some(&64), "{calls:?}");
 }
 
 /// Claims go as plain `SET … NX GET`s while most of the last ones created their set, through
@@ -1117,9 +1074,8 @@ async fn two_sidecars_sharing_redis_deliver_each_payload_once() {
 }
 
 /// The same on a table whose sets are all full before the stream starts, as a table is once
-/// it has run for a window: claims are decided on a plain read of their set and written by
-/// a script that checks the set's header (`read.rs`), while the other sidecar claims the
-/// copies.
+/// it has run for a window: each claim replaces the oldest entry of its set while the other
+/// sidecar claims the copies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_sidecars_sharing_a_full_redis_table_deliver_each_payload_once() {
     let server = RedisServer::start();
@@ -1141,8 +1097,8 @@ async fn two_sidecars_sharing_a_full_redis_table_deliver_each_payload_once() {
     two_sidecars_deliver_each_payload_once(&server, &namespace, BUCKETS, 300).await;
     let calls = command_calls(&server);
     assert!(
-        calls.get("get").is_some_and(|&gets| gets >= 300),
-        "claims read their sets: {calls:?}"
+        calls.get("setrange").is_some_and(|&writes| writes >= 300),
+        "claims replaced entries of full sets: {calls:?}"
     );
 }
 

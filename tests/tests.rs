@@ -35,7 +35,6 @@ mod odd_files;
 mod package;
 mod redis;
 mod redis_commit;
-mod redis_read;
 mod redis_tls;
 mod secrets;
 mod serve;

@@ -2,33 +2,33 @@
 //! entry> NX GET`, pipelined per node, the very command the script reads a claim's set with
 //! (`set.lua`). Redis answers nil when it wrote the set, which it does only if the key held
 //! nothing: the claim is new, in slot 0, decided by that one atomic command. Otherwise it
-//! wrote nothing and answers what the key holds, which is decided on as a `GET`'s answer
-//! (`read`).
+//! wrote nothing and answers what the key holds, and the script decides the claim as before
+//! (reading the set again, in the same run as its write).
 //!
 //! While a table fills, most claims find no set, and such a claim costs the server one plain
 //! command instead of its share of a script run. On a table that holds entries, a `SET … NX
-//! GET` that finds its set costs more than a `GET` (a new set built and sent for nothing), so
-//! the store sends claims this way only while most of its last claims created their set
-//! (`Filling`), and reads their sets with `GET` otherwise; the script reports the sets it
-//! created (a `GET` that found nothing leaves its claim to the script), which turns this way
-//! on again (a server restarted empty).
+//! GET` that finds its set is wasted (the script then reads it anyway), so the store sends
+//! claims this way only while most of its last claims created their set (`Filling`), and
+//! through the script alone otherwise; the script reports the sets it created, which turns
+//! this way on again (a server restarted empty).
 //!
-//! Digests of one set in one burst: the first creates the set, the next find it and are
-//! decided on it (`read`), whose write finds the header changed when two of them are new, and
-//! leaves the second to the script. A pipeline that fails (a node that failed) leaves every
-//! claim of it to the script, which waits out a failover; a set it did create before failing
-//! is then found by the script in flight, as after a script run whose answer was lost: its
-//! message waits out the lease and is claimed anew.
+//! Digests of one set in one burst: the first creates the set, the next find it and go to
+//! the script, which decides them after it, in order. A pipeline that fails (a node that
+//! failed) leaves every claim of it to the script, which waits out a failover; a set it did
+//! create before failing is then found by the script in flight, as after a script run whose
+//! answer was lost: its message waits out the lease and is claimed anew.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use futures::future::join_all;
 use redis::Value;
+use tokio::time::Instant;
 
-use super::entry;
-use super::read::Read;
+use super::entry::{self, State, ENTRY_BYTES, HEADER_BYTES};
 use super::{Op, RedisStore};
-use crate::dedup::shared::now_ms;
+use crate::dedup::shared::{now_ms, value_version};
 use crate::dedup::Digest;
+use crate::error::StoreError;
 
 /// Whether the table looked as if it were filling at the last claims: most of them created
 /// their set. It starts so (a new namespace holds nothing). Hints for the next burst:
@@ -76,48 +76,90 @@ impl Filling {
     }
 }
 
+/// Bytes of a set of one entry.
+const SET_BYTES: usize = HEADER_BYTES + ENTRY_BYTES;
+
+/// What this path made of one claim: the script's answer (0: new, in slot 0), an error to
+/// report, or nothing (the script decides it).
+type Created = Option<Result<i64, StoreError>>;
+
 impl RedisStore {
     /// Claims (`op`: a claim, or a claim written done) each digest whose set holds nothing,
-    /// as the module docs say, and reads the others' sets (for `read`); the answers are in
-    /// the order of `digests`.
-    pub(super) async fn create_sets(&self, op: Op, digests: &[Digest]) -> Vec<Read> {
+    /// as the module docs say; the answers are in the order of `digests`.
+    pub(super) async fn create_sets(&self, op: Op, digests: &[Digest]) -> Vec<Created> {
         let inner = &*self.inner;
-        let Some(rules) = self.rules(op, now_ms()) else {
-            return vec![Read::Script; digests.len()];
+        let Ok(ways) = u8::try_from(inner.geometry.ways()) else {
+            return vec![None; digests.len()];
+        };
+        let runs = self.runs(digests.len(), |i| digests[i]);
+        let now = now_ms();
+        let version = value_version(inner.config.max_age);
+        let (state, time) = match op {
+            Op::ClaimDone => (State::Done, self.done_time(now)),
+            _ => (State::InFlight, now.saturating_add(self.lease_ms())),
         };
         let deadline = inner.link.deadline();
-        let answers = self
-            .plain_runs(
-                digests,
-                deadline,
-                |key, digest| {
-                    let entry = entry::entry(0, digest, rules.state, rules.time, rules.owner);
-                    let set = entry::set_of_one(rules.version, rules.ways, &entry);
-                    let mut cmd = entry::command("SET", 5, key.len() + set.len() + 16);
-                    cmd.arg(key).arg(&set[..]).arg("NX").arg("GET");
-                    cmd
-                },
-                |answer| match answer {
-                    // Nil: the key held nothing, and now holds the new set.
-                    Value::Nil => Read::Decided(Ok(0)),
-                    Value::BulkString(value) => Read::Found(value),
+        let created = join_all(runs.iter().map(|run| {
+            let sets = run.iter().map(|&i| {
+                let entry = entry::entry(0, digests[i], state, time, inner.owner);
+                (digests[i], entry::set_of_one(version, ways, &entry))
+            });
+            self.create_run(sets, deadline)
+        }))
+        .await;
+        let mut answers: Vec<Created> = vec![None; digests.len()];
+        let mut made = 0;
+        for (run, created) in runs.iter().zip(created) {
+            for (&i, answer) in run.iter().zip(created) {
+                made += u64::from(matches!(answer, Some(Ok(_))));
+                answers[i] = answer;
+            }
+        }
+        inner.filling.learn(made, digests.len());
+        answers
+    }
+
+    /// One pipeline of `SET … NX GET`s of `sets` (a digest and the set its claim makes), to
+    /// the node of the first digest's set.
+    async fn create_run(
+        &self,
+        sets: impl ExactSizeIterator<Item = (Digest, [u8; SET_BYTES])>,
+        deadline: Instant,
+    ) -> Vec<Created> {
+        let inner = &*self.inner;
+        let count = sets.len();
+        let mut pipe = redis::Pipeline::with_capacity(count);
+        let mut key = String::with_capacity(inner.namespace.len() + 21);
+        let mut node_slot = None;
+        for (digest, set) in sets {
+            self.write_key(&mut key, inner.geometry.set_of(digest));
+            node_slot.get_or_insert_with(|| super::key_slot(key.as_bytes()));
+            let mut cmd = entry::command("SET", 5, key.len() + SET_BYTES + 16);
+            cmd.arg(key.as_str()).arg(&set[..]).arg("NX").arg("GET");
+            pipe.add_command(cmd);
+        }
+        let Some(node_slot) = node_slot else {
+            return Vec::new();
+        };
+        match inner.link.pipeline(node_slot, &pipe, count, deadline).await {
+            // Nil: the key held nothing, and now holds the new set.
+            Ok(answers) if answers.len() == count => answers
+                .into_iter()
+                .map(|answer| match answer {
+                    Value::Nil => Some(Ok(0)),
                     Value::ServerError(error)
                         if error.details().is_some_and(|d| d.contains("syntax error")) =>
                     {
                         inner.filling.refused.store(true, Ordering::Relaxed);
-                        Read::Script
+                        None
                     }
-                    _ => Read::Script,
-                },
-            )
-            .await;
-        let made = answers
-            .iter()
-            .filter(|answer| matches!(answer, Read::Decided(Ok(_))))
-            .count();
-        inner
-            .filling
-            .learn(u64::try_from(made).unwrap_or(u64::MAX), digests.len());
-        answers
+                    _ => None,
+                })
+                .collect(),
+            Ok(_) => vec![None; count],
+            // Out of time: the script would wait again for a node that does not answer.
+            Err(error) if Instant::now() >= deadline => vec![Some(Err(error)); count],
+            Err(_) => vec![None; count],
+        }
     }
 }

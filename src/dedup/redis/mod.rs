@@ -46,12 +46,8 @@
 //! migrated) wrote nothing, and is sent again as one run per set, each following `MOVED` and
 //! `ASK`. So a burst costs each master one script run, as on a standalone server, not one per
 //! digest. While the table fills, a burst of claims is first one pipeline of `SET … NX GET`
-//! per master (`create`); once its sets are full, one pipeline of `GET`s per master. The
-//! claims are decided on what those read where they can be (`read`): a copy found with no
-//! write, an absent digest by one run per master of a small script that writes its entry and
-//! the set's header if the header is still the one read (`write.lua`). The rest go to a run
-//! of the set script. A burst of commits is, per master, a pipeline of reads and then one of
-//! writes (`commit`).
+//! per master (`create`), and only the claims of sets that exist go to a script run; a burst
+//! of commits is, per master, a pipeline of reads and then one of writes (`commit`).
 //! Connections are multiplexed (see `conn`):
 //! concurrent runs are written together while earlier ones are on the wire, and their answers
 //! read back in order, a pipeline per node without a queue of our own.
@@ -87,7 +83,6 @@ mod create;
 mod entry;
 mod fleet;
 mod hints;
-mod read;
 mod refusal;
 mod slots;
 
@@ -106,9 +101,6 @@ pub use config::{RedisConfig, RedisPassword};
 
 /// The script of every operation.
 const SET_SCRIPT: &str = include_str!("set.lua");
-
-/// The script of the writes of claims decided on a plain read (`read`).
-const WRITE_SCRIPT: &str = include_str!("write.lua");
 
 /// What one operation does to the entry of its digest, as the script's first argument.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,8 +142,6 @@ struct Inner {
     owner: u64,
     link: Link,
     script: redis::Script,
-    /// The script of the writes of claims decided on a plain read, loaded on its first use.
-    write_script: redis::Script,
     /// The script of the fleet's counters (`fleet.rs`), loaded on its first use.
     fleet_script: redis::Script,
     /// Values that could not be decoded and were treated as empty.
@@ -160,8 +150,6 @@ struct Inner {
     hints: Hints,
     /// Whether claims go first as plain `SET … NX GET`s (`create`).
     filling: create::Filling,
-    /// Whether claims read their sets first when the table is not filling (`read`).
-    reads: read::Reads,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -211,12 +199,10 @@ impl RedisStore {
                 owner: random_owner(),
                 link,
                 script: redis::Script::new(SET_SCRIPT),
-                write_script: redis::Script::new(WRITE_SCRIPT),
                 fleet_script: redis::Script::new(fleet::FLEET_SCRIPT),
                 unreadable: AtomicU64::new(0),
                 hints: Hints::default(),
                 filling: create::Filling::default(),
-                reads: read::Reads::default(),
             }),
         })
     }
@@ -606,27 +592,23 @@ fn runs_by_set(geometry: Geometry, digests: &[Digest]) -> Vec<Vec<usize>> {
 }
 
 impl RedisStore {
-    /// Runs the claim `op` on each digest: each set read first with a plain command (while
-    /// the table fills, one that creates the sets that hold nothing, see `create`; else a
-    /// `GET`, while such reads decide most claims, see `read::Reads`), and decided on what it
-    /// read where it can be (`read`), the others through the script. Each digest's claim.
+    /// Runs the claim `op` on each digest: while the table fills, first as plain commands
+    /// that create the sets that hold nothing (`create`), the others (all, otherwise)
+    /// through the script. Each digest's claim.
     async fn claims(&self, op: Op, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
         let filling = &self.inner.filling;
         let creating = filling.get();
-        let reads = if creating {
+        let answers = if creating {
             self.create_sets(op, digests).await
-        } else if self.inner.reads.first() {
-            self.read_sets(digests).await
         } else {
-            vec![read::Read::Script; digests.len()]
+            vec![None; digests.len()]
         };
-        let answers = self.decide_reads(op, digests, reads).await;
         let before = filling.by_script();
         let answers = self
             .script_the_rest(op, answers, |i| (digests[i], None))
             .await;
         if !creating {
-            // The claims that found no set went to the script, which created them.
+            // Every claim went to the script.
             filling.learn(filling.by_script().wrapping_sub(before), digests.len());
         }
         let mut claimed = Vec::new();
