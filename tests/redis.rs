@@ -1050,8 +1050,7 @@ async fn reshard_and_failover(cluster: &RedisCluster) {
 // ---------------------------------------------------------------------------------------------
 // The sidecar with Redis: two consumers sharing one table, and an outage under both policies.
 
-/// Settings of a sidecar consuming `brokers` with the table in Redis at `url`.
-/// A sidecar's settings for a Redis table of `buckets` on `url`.
+/// Settings of a sidecar consuming `brokers` with a table of `buckets` in Redis at `url`.
 fn sidecar_settings(
     brokers: &[SocketAddr],
     url: &str,
