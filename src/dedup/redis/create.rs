@@ -24,7 +24,7 @@ use futures::future::join_all;
 use redis::Value;
 use tokio::time::Instant;
 
-use super::entry::{self, State, ENTRY_BYTES, HEADER_BYTES};
+use super::entry::{self, State, SET_OF_ONE_BYTES};
 use super::{Op, RedisStore};
 use crate::dedup::shared::{now_ms, value_version};
 use crate::dedup::Digest;
@@ -76,9 +76,6 @@ impl Filling {
     }
 }
 
-/// Bytes of a set of one entry.
-const SET_BYTES: usize = HEADER_BYTES + ENTRY_BYTES;
-
 /// What this path made of one claim: the script's answer (0: new, in slot 0), an error to
 /// report, or nothing (the script decides it).
 type Created = Option<Result<i64, StoreError>>;
@@ -123,7 +120,7 @@ impl RedisStore {
     /// the node of the first digest's set.
     async fn create_run(
         &self,
-        sets: impl ExactSizeIterator<Item = (Digest, [u8; SET_BYTES])>,
+        sets: impl ExactSizeIterator<Item = (Digest, [u8; SET_OF_ONE_BYTES])>,
         deadline: Instant,
     ) -> Vec<Created> {
         let inner = &*self.inner;
@@ -134,7 +131,7 @@ impl RedisStore {
         for (digest, set) in sets {
             self.write_key(&mut key, inner.geometry.set_of(digest));
             node_slot.get_or_insert_with(|| super::key_slot(key.as_bytes()));
-            let mut cmd = entry::command("SET", 5, key.len() + SET_BYTES + 16);
+            let mut cmd = entry::command("SET", 5, key.len() + SET_OF_ONE_BYTES + 16);
             cmd.arg(key.as_str()).arg(&set[..]).arg("NX").arg("GET");
             pipe.add_command(cmd);
         }

@@ -58,13 +58,16 @@ pub(super) fn state_of(entry: &[u8], slot: u8, digest: Digest) -> Option<(State,
     Some((state, u64::from_be_bytes(owner)))
 }
 
+/// Bytes of a set of one entry.
+pub(super) const SET_OF_ONE_BYTES: usize = HEADER_BYTES + ENTRY_BYTES;
+
 /// A set of `ways` ways in format `version` whose only entry is `entry`, in slot 0.
 pub(super) fn set_of_one(
     version: u8,
     ways: u8,
     entry: &[u8; ENTRY_BYTES],
-) -> [u8; HEADER_BYTES + ENTRY_BYTES] {
-    let mut set = [0u8; HEADER_BYTES + ENTRY_BYTES];
+) -> [u8; SET_OF_ONE_BYTES] {
+    let mut set = [0u8; SET_OF_ONE_BYTES];
     set[..HEADER_BYTES].copy_from_slice(&[version, 0, ways]);
     set[HEADER_BYTES..].copy_from_slice(entry);
     set
