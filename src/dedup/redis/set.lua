@@ -45,6 +45,8 @@
 -- full set replaces its cursor's entry, of the header through that entry; a set that grows is
 -- written whole, so that Redis allocates it no more than its length. A write through a hint
 -- leaves the header's version as the claim wrote it.
+-- ARGV in a local: the script reads it about four times a digest, and a global costs a lookup.
+local ARGV = ARGV
 local op, owner = ARGV[1], ARGV[2]
 local now, lease_until = tonumber(ARGV[3]), tonumber(ARGV[4])
 local max_age = tonumber(ARGV[5])
