@@ -19,9 +19,9 @@ Scenarios (baseline first, then ours):
   http        nsq_to_http --n=100 to nsqd's HTTP /pub  vs  ours --sink http to the same
   https       nsq_to_http --n=100 to nsqd's HTTP /pub  vs  ours --sink http to nsqd's HTTPS /pub
               (a CA and a certificate for 127.0.0.1 made with openssl)
-  memcached   ours --store none --sink null   vs  ours --store memcached --sink null
+  memcached   ours --store none --sink null   vs  ours --store memcached --sink null (--store-sink)
               (a memcached on a free port, shared by the runs; its CPU is shown too)
-  redis       ours --store none --sink null   vs  ours --store redis --sink null
+  redis       ours --store none --sink null   vs  ours --store redis --sink null (--store-sink)
               (a redis-server on a free port, no persistence, shared by the runs; its CPU too)
   table       ours --store none --sink null   vs  ours --store memory --sink null (the in-process
               table: what deduplication costs)
@@ -41,6 +41,9 @@ Options:
   --ours-args "ARGS"   extra flags for every run of ours (shell words), e.g. "--ways 1"
   --base-args "ARGS"   extra flags for the Go tool (or for the ours-baseline of memcached, redis,
                        table, table-file and serve-relay)
+  --store-sink SINK    the sink of ours in the memcached and redis scenarios (default null: a
+                       sink that cannot fail, so one write a message; stdout, to /dev/null: a
+                       claim and a commit a message, as for every sink that can fail)
   --ours-post-path P   path ours POSTs to in http/https (default /pub; e.g. /mpub with batches)
   --base-bin PATH      the baseline is this other build of the sidecar, run with the same flags
                        as ours (--ours-args included), in place of the Go tool or of the
@@ -100,6 +103,7 @@ max_in_flight=2500
 ours_args=""
 base_args=""
 post_path=/pub
+store_sink=null
 base_bin=""
 timeout=""
 keep=0
@@ -112,6 +116,7 @@ while [ $# -gt 0 ]; do
     --max-in-flight) max_in_flight=${2:?"$1 needs a number"}; shift 2 ;;
     --ours-args) ours_args=${2?"$1 needs a value"}; shift 2 ;;
     --base-args) base_args=${2?"$1 needs a value"}; shift 2 ;;
+    --store-sink) store_sink=${2:?"$1 needs a sink (null or stdout)"}; shift 2 ;;
     --ours-post-path) post_path=${2:?"$1 needs a path"}; shift 2 ;;
     --base-bin) base_bin=${2:?"$1 needs a path"}; shift 2 ;;
     --timeout) timeout=${2:?"$1 needs seconds"}; shift 2 ;;
@@ -160,7 +165,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/sidecar-vs-go.XXXXXX")
 [ "$keep" = 1 ] && echo "work directory (kept): $work" >&2
 
 export BENCH_MESSAGES=$messages BENCH_PAIRS=$pairs BENCH_MAX_IN_FLIGHT=$max_in_flight \
-  BENCH_OURS_ARGS=$ours_args BENCH_BASE_ARGS=$base_args BENCH_POST_PATH=$post_path \
+  BENCH_OURS_ARGS=$ours_args BENCH_BASE_ARGS=$base_args BENCH_POST_PATH=$post_path BENCH_STORE_SINK=$store_sink \
   BENCH_TIMEOUT=$timeout BENCH_BASE_BIN=$base_bin BENCH_WORK=$work BENCH_KEEP=$keep BENCH_OURS=$ours BENCH_NSQ_BIN=$nsq_bin_dir
 # The helpers shared with the other end-to-end benchmarks.
 export PYTHONPATH="$here/bench${PYTHONPATH:+:$PYTHONPATH}"
@@ -176,6 +181,7 @@ MIF = os.environ["BENCH_MAX_IN_FLIGHT"]
 OURS_ARGS = shlex.split(os.environ["BENCH_OURS_ARGS"])
 BASE_ARGS = shlex.split(os.environ["BENCH_BASE_ARGS"])
 POST_PATH = os.environ["BENCH_POST_PATH"]
+STORE_SINK = os.environ["BENCH_STORE_SINK"]
 BASE_BIN = os.environ["BENCH_BASE_BIN"]
 TIMEOUT_GIVEN = float(os.environ["BENCH_TIMEOUT"] or 0)
 WORK = os.environ["BENCH_WORK"]
@@ -267,16 +273,16 @@ def scenario(name, memcached_addr, redis_addr=None):
                  "ours --sink http to nsqd's HTTPS /pub against nsq_to_http --n=100 to its plain HTTP /pub")
         return (title, "nsq_to_http", "ours", cmd, True)
     if name == "memcached":
-        return (f"ours --store memcached (server {memcached_addr}) against ours --store none, both --sink null",
+        return (f"ours --store memcached (server {memcached_addr}) --sink {STORE_SINK} against ours --store none --sink null",
                 "no-store", "memcached",
                 lambda side, d, r: ours_cmd(d, ["--sink", "null", "--store", "none"] + BASE_ARGS) if side == "base"
-                else ours_cmd(d, ["--sink", "null", "--store", "memcached", "--memcached-address",
+                else ours_cmd(d, ["--sink", STORE_SINK, "--store", "memcached", "--memcached-address",
                                   memcached_addr, "--namespace", f"bench-{os.getpid()}"] + OURS_ARGS), False)
     if name == "redis":
-        return (f"ours --store redis (server {redis_addr}) against ours --store none, both --sink null",
+        return (f"ours --store redis (server {redis_addr}) --sink {STORE_SINK} against ours --store none --sink null",
                 "no-store", "redis",
                 lambda side, d, r: ours_cmd(d, ["--sink", "null", "--store", "none"] + BASE_ARGS) if side == "base"
-                else ours_cmd(d, ["--sink", "null", "--store", "redis", "--redis-url",
+                else ours_cmd(d, ["--sink", STORE_SINK, "--store", "redis", "--redis-url",
                                   f"redis://{redis_addr}", "--namespace", f"bench-{os.getpid()}"] + OURS_ARGS), False)
     if name == "table":
         return ("ours --store memory (the in-process table) against ours --store none, both --sink null",
