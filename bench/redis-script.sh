@@ -6,6 +6,7 @@ set -euo pipefail
 usage() {
   cat <<'EOF'
 Usage: bench/redis-script.sh [--empty] [--instructions [--plain]] [SCRIPT.lua...]
+       bench/redis-script.sh --floor [SCRIPT.lua]
 
 Starts a redis-server (no persistence) on a free loopback port, fills 4,096 sets of 8 ways
 (with --empty: fills nothing, and the digests fall in 4,194,304 sets, so that a claim's set
@@ -27,14 +28,26 @@ of the whole entry (src/dedup/redis/create.rs, commit.rs), each step one pipelin
 two in one run. Every answer is checked: a fresh digest must be claimed new, a claimed one
 committed, a committed one found a duplicate.
 
+With --floor (instructions, full sets only): what a claim of a full set cannot go below on
+this server. Each of 16 bursts of 256 fresh digests, one set each, is sent through: the naive
+write; the store's claim (SCRIPT.lua) and commit (GETRANGE, SETRANGE); that commit's SETRANGE
+alone; a plain GET of each set; and cut-down claims, each the least its layout allows: a
+script that only calls SETRANGE (its arguments made by the client), scripts that read the
+burst with one MGET and write the header through the new entry, or the new entry alone (a
+layout whose cursor needs no write); and, without a script, 4,096 hashes of 8 fields (HSETNX
+and HGET, evicting nothing; commit HSET) and sorted sets of 8 members (ZADD NX, ZSCORE,
+ZREMRANGEBYRANK; commit ZADD XX). Prints instructions per digest and the ratio to the naive
+write.
+
 Needs redis-server (Debian's redis-server package) and python3; nothing else.
 EOF
 }
 
 case "${1:-}" in -h|--help) usage; exit 0 ;; esac
-empty=0 instructions=0 plain=0
+empty=0 instructions=0 plain=0 floor=0
 while [ $# -gt 0 ]; do
   case "$1" in
+    --floor) floor=1; instructions=1; shift ;;
     --empty) empty=1; shift ;;
     --instructions) instructions=1; shift ;;
     --plain) plain=1; shift ;;
@@ -46,6 +59,9 @@ scripts=("$@")
 [ "${#scripts[@]}" -gt 0 ] || scripts=(src/dedup/redis/set.lua)
 command -v redis-server >/dev/null || { echo "redis-server is missing (apt-get install redis-server)" >&2; exit 1; }
 
+if [ "$floor" = 1 ] && { [ "$empty" = 1 ] || [ "$plain" = 1 ] || [ "${#scripts[@]}" -gt 1 ]; }; then
+  echo "--floor goes alone (full sets; at most one SCRIPT.lua)" >&2; exit 2
+fi
 if [ "$plain" = 1 ] && [ "$instructions" = 0 ]; then
   echo "--plain goes with --instructions" >&2; exit 2
 fi
@@ -53,10 +69,10 @@ if [ "$instructions" = 1 ]; then
   command -v valgrind >/dev/null || { echo "valgrind is missing (apt-get install valgrind)" >&2; exit 1; }
 fi
 
-exec python3 - "$empty" "$instructions" "$plain" "${scripts[@]}" <<'PY'
+exec python3 - "$empty" "$instructions" "$plain" "$floor" "${scripts[@]}" <<'PY'
 import os, random, socket, struct, subprocess, sys, tempfile, time
 
-EMPTY, INSTRUCTIONS, PLAIN = sys.argv[1] == "1", sys.argv[2] == "1", sys.argv[3] == "1"
+EMPTY, INSTRUCTIONS, PLAIN, FLOOR = (a == "1" for a in sys.argv[1:5])
 SETS, WAYS, RUN, BURSTS, DUP_BURSTS = (1 << 22 if EMPTY else 4096), 8, 256, 400, 10
 if INSTRUCTIONS:
     # Few enough that no claim pushes out another of the run on a full table: the claims all
@@ -134,7 +150,9 @@ def cpu_seconds(pid):
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-def measure(path):
+def start():
+    """A redis-server on a free port (under callgrind with --instructions), its working
+    folder, and a client of it."""
     port = free_port()
     work = tempfile.mkdtemp()
     valgrind = ["valgrind", "--tool=callgrind", "--dump-instr=no",
@@ -142,8 +160,25 @@ def measure(path):
     server = subprocess.Popen(valgrind + ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
                                "--save", "", "--appendonly", "no", "--dir", work],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return server, work, Redis(port)
+
+class Instructions:
+    """The server's instructions between two calls (callgrind zeroes them at each dump)."""
+    def __init__(self, server, work):
+        self.server, self.work, self.dumps = server, work, 0
+
+    def __call__(self):
+        subprocess.run(["callgrind_control", "-d", str(self.server.pid)], check=True,
+                       stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        self.dumps += 1
+        for line in open(f"{self.work}/callgrind.out.{self.dumps}"):
+            if line.startswith("summary:"):
+                return int(line.split()[1])
+        raise SystemExit(f"no summary in callgrind dump {self.dumps}")
+
+def measure(path):
+    server, work, r = start()
     try:
-        r = Redis(port)
         sha = r.call("SCRIPT", "LOAD", open(path, "rb").read())
         owner = struct.pack(">Q", 0x6e73712d64656475)
         rng = random.Random(7)
@@ -211,19 +246,7 @@ def measure(path):
                     return int(line.split("usec=")[1].split(",")[0])
             return 0
 
-        dumps = 0
-
-        def instructions():
-            """The server's instructions since the last dump (callgrind zeroes them)."""
-            nonlocal dumps
-            subprocess.run(["callgrind_control", "-d", str(server.pid)], check=True,
-                           stderr=subprocess.DEVNULL,
-                           stdout=subprocess.DEVNULL)
-            dumps += 1
-            for line in open(f"{work}/callgrind.out.{dumps}"):
-                if line.startswith("summary:"):
-                    return int(line.split()[1])
-            raise SystemExit(f"no summary in callgrind dump {dumps}")
+        instructions = Instructions(server, work)
 
         for _ in range(0 if EMPTY else SETS * WAYS * 2 // RUN):
             burst = fresh()
@@ -276,7 +299,166 @@ def measure(path):
         server.terminate()
         server.wait()
 
-scripts = sys.argv[4:]
+# Cut-down scripts for --floor: the fewest calls a claim of a full set can make in a script.
+# ARGV: the burst's digests; KEYS: their sets (each a full set of the store's layout).
+FLOOR_COMMON = r"""
+local n = #ARGV
+local call, byte, sub, char, find = redis.call, string.byte, string.sub, string.char, string.find
+local CLAIMED = struct.pack('>BI8', 1, 1065000) .. 'nsq-dedu'
+local decimal = {}
+for slot = 0, 7 do decimal[slot] = tostring(3 + 34 * slot) end
+local function absent(value, digest)
+  local from = 5
+  while true do
+    local at = find(value, digest, from, true)
+    if not at then return true end
+    if (at - 5) % 34 == 0 then return false end
+    from = at + 1
+  end
+end
+local sets = call('MGET', unpack(KEYS))
+local out = {}
+"""
+FLOOR_HEADER_THROUGH_ENTRY = FLOOR_COMMON + r"""
+for i = 1, n do
+  local set, digest = sets[i], ARGV[i]
+  if absent(set, digest) then
+    local c = byte(set, 2)
+    call('SETRANGE', KEYS[i], '0', char(byte(set, 1), (c + 1) % 8, 8) .. sub(set, 4, 3 + 34 * c)
+      .. char(c) .. digest .. CLAIMED)
+    out[i] = 0
+  else out[i] = 2 end
+end
+return out
+"""
+FLOOR_ENTRY_ONLY = FLOOR_COMMON + r"""
+for i = 1, n do
+  local set, digest = sets[i], ARGV[i]
+  if absent(set, digest) then
+    local c = byte(set, 2)
+    call('SETRANGE', KEYS[i], decimal[c], char(c) .. digest .. CLAIMED)
+    out[i] = 0
+  else out[i] = 2 end
+end
+return out
+"""
+FLOOR_ONE_CALL = r"""
+for i = 1, #KEYS do redis.call('SETRANGE', KEYS[i], ARGV[i], ARGV[#KEYS + i]) end
+return #KEYS
+"""
+
+def floor(path):
+    """Instructions per digest of the store's claim and commit on full sets, of the naive
+    write, and of the cheapest claims other layouts allow (see --help)."""
+    server, work, r = start()
+    try:
+        instructions = Instructions(server, work)
+        rng = random.Random(7)
+        owner = struct.pack(">Q", 0x6e73712d64656475)
+        string_key = lambda s: b"bench:%d" % s
+        hash_key = lambda s: b"hash:%d" % s
+        zset_key = lambda s: b"zset:%d" % s
+        entry = lambda slot, d, state: bytes([slot]) + d + struct.pack(">BQ", state, 0) + owner
+        score = iter(range(2_000_001, 1 << 40, 2))
+        for base in range(0, SETS, 256):
+            commands = []
+            for s in range(base, base + 256):
+                commands.append(("SET", string_key(s), bytes([1, rng.randrange(WAYS), WAYS])
+                                 + b"".join(entry(i, rng.randbytes(16), 2) for i in range(WAYS))))
+                commands.append(("HSET", hash_key(s), *[x for _ in range(WAYS)
+                                 for x in (rng.randbytes(16), rng.randbytes(17))]))
+                commands.append(("ZADD", zset_key(s), *[x for _ in range(WAYS)
+                                 for x in (next(score), rng.randbytes(16))]))
+            r.pipeline(commands)
+        sha = {name: r.call("SCRIPT", "LOAD", text) for name, text in
+               [("store", open(path, "rb").read()), ("through", FLOOR_HEADER_THROUGH_ENTRY),
+                ("entry", FLOOR_ENTRY_ONLY), ("one", FLOOR_ONE_CALL)]}
+
+        def bursts():
+            return [[(rng.randbytes(16), s) for s in rng.sample(range(SETS), RUN)]
+                    for _ in range(BURSTS)]
+
+        def expect(answers, value, what):
+            if any(a != value for a in answers):
+                raise SystemExit(f"--floor: {what}: {answers[:4]}...")
+
+        rows = []
+        instructions()
+
+        def row(name):
+            rows.append((name, instructions() / (BURSTS * RUN)))
+
+        for burst in bursts():
+            expect(r.pipeline([("SET", b"naive:" + d.hex().encode(), 1, "NX", "EX", 3600)
+                               for d, _ in burst]), b"OK", "a naive write was not stored")
+        row("naive: SET key 1 NX EX 3600")
+        claimed = []
+        for burst in bursts():
+            answers = r.call("EVALSHA", sha["store"], 1, string_key(burst[0][1]), "c", owner,
+                             1_000_000, 1_065_000, "", WAYS, 1, *[d for d, _ in burst],
+                             *[string_key(s) for _, s in burst])[:RUN]
+            expect([a & 3 for a in answers], 0, "the store's claim of a fresh digest")
+            claimed.append([(d, s, a >> 2) for (d, s), a in zip(burst, answers)])
+        row(f"store: claim ({path})")
+        for burst in claimed:
+            entries = r.pipeline([("GETRANGE", string_key(s), 3 + 34 * c, 3 + 34 * c + 33)
+                                  for _, s, c in burst])
+            expect([e == entry(c, d, 1)[:18] + struct.pack(">Q", 1_065_000) + owner
+                    for (d, _, c), e in zip(burst, entries)], True, "a claim's entry")
+            r.pipeline([("SETRANGE", string_key(s), 3 + 34 * c, entry(c, d, 2))
+                        for d, s, c in burst])
+        row("store: commit (GETRANGE, SETRANGE)")
+        for burst in claimed:
+            r.pipeline([("SETRANGE", string_key(s), 3 + 34 * c, entry(c, d, 2))
+                        for d, s, c in burst])
+        row("commit without its read (SETRANGE)")
+        for burst in bursts():
+            r.pipeline([("GET", string_key(s)) for _, s in burst])
+        row("read of a full set (GET)")
+        for burst in bursts():
+            r.call("EVALSHA", sha["one"], RUN, *[string_key(s) for _, s in burst],
+                   *[3 + 34 * (i % WAYS) for i in range(RUN)],
+                   *[entry(i % WAYS, d, 1) for i, (d, _) in enumerate(burst)])
+        row("script: one SETRANGE, nothing read")
+        for name, what in [("through", "script: MGET, SETRANGE header..entry"),
+                           ("entry", "script: MGET, SETRANGE entry only")]:
+            for burst in bursts():
+                expect(r.call("EVALSHA", sha[name], RUN, *[string_key(s) for _, s in burst],
+                              *[d for d, _ in burst]), 0, f"{what}: a fresh digest")
+            row(what)
+        hashed = bursts()
+        for burst in hashed:
+            answers = r.pipeline([c for d, s in burst for c in
+                                  (("HSETNX", hash_key(s), d, b"L" * 17), ("HGET", hash_key(s), d))])
+            expect(answers[0::2], 1, "HSETNX of a fresh digest")
+        row("hash: HSETNX, HGET (no eviction)")
+        for burst in hashed:
+            r.pipeline([("HSET", hash_key(s), d, b"D" * 17) for d, s in burst])
+        row("hash: commit (HSET)")
+        sorted_ = bursts()
+        for burst in sorted_:
+            answers = r.pipeline([c for d, s in burst for c in
+                                  (("ZADD", zset_key(s), "NX", next(score), d),
+                                   ("ZSCORE", zset_key(s), d),
+                                   ("ZREMRANGEBYRANK", zset_key(s), 0, -(WAYS + 1)))])
+            expect(answers[0::3], 1, "ZADD NX of a fresh digest")
+        row("sorted set: ZADD NX, ZSCORE, ZREMRANGEBYRANK")
+        for burst in sorted_:
+            r.pipeline([("ZADD", zset_key(s), "XX", next(score) - 1, d) for d, s in burst])
+        row("sorted set: commit (ZADD XX)")
+        naive = rows[0][1]
+        print(f"{'instructions per digest, full sets':<52} {'':>8} {'/naive':>7}")
+        for name, value in rows:
+            print(f"{name:<52} {value:>8.0f} {value / naive:>6.2f}x")
+    finally:
+        server.terminate()
+        server.wait()
+
+scripts = sys.argv[5:]
+if FLOOR:
+    print(f"{SETS} full sets of {WAYS} ways, {BURSTS} bursts of {RUN} fresh digests, each on its own set")
+    floor(scripts[0])
+    sys.exit()
 print(f"{SETS} {'empty' if EMPTY else 'full'} sets of {WAYS} ways, {BURSTS} bursts of {RUN} fresh digests, "
       f"load average {os.getloadavg()[0]:.2f}")
 if INSTRUCTIONS:
