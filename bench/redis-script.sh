@@ -39,7 +39,8 @@ and HGET, evicting nothing; commit HSET) and sorted sets of 8 members (ZADD NX, 
 ZREMRANGEBYRANK; commit ZADD XX). Prints instructions per digest and the ratio to the naive
 write.
 
-Needs redis-server (Debian's redis-server package) and python3; nothing else.
+Needs redis-server (Debian's redis-server package) and python3; with --instructions or
+--floor, valgrind too (Debian's valgrind package).
 EOF
 }
 
