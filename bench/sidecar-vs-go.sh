@@ -116,7 +116,11 @@ while [ $# -gt 0 ]; do
     --max-in-flight) max_in_flight=${2:?"$1 needs a number"}; shift 2 ;;
     --ours-args) ours_args=${2?"$1 needs a value"}; shift 2 ;;
     --base-args) base_args=${2?"$1 needs a value"}; shift 2 ;;
-    --store-sink) store_sink=${2:?"$1 needs a sink (null or stdout)"}; shift 2 ;;
+    --store-sink)
+      case "${2:-}" in
+        null|stdout) store_sink=$2; shift 2 ;;
+        *) echo "sidecar-vs-go.sh: --store-sink takes null or stdout, not '${2:-}'" >&2; exit 2 ;;
+      esac ;;
     --ours-post-path) post_path=${2:?"$1 needs a path"}; shift 2 ;;
     --base-bin) base_bin=${2:?"$1 needs a path"}; shift 2 ;;
     --timeout) timeout=${2:?"$1 needs seconds"}; shift 2 ;;
