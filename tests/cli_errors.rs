@@ -939,6 +939,18 @@ fn a_setting_that_would_do_nothing_is_refused_with_what_it_needs() {
             "`--post` is used only with `--sink http`",
         ),
         (
+            &["--http-batch-size", "5"],
+            "`--http-batch-size` is used only with `--sink http`",
+        ),
+        (
+            &["--http-concurrency", "5"],
+            "`--http-concurrency` is used only with `--sink http`",
+        ),
+        (
+            &["--http-idempotency-header", "off"],
+            "`--http-idempotency-header` is used only with `--sink http`",
+        ),
+        (
             &["--gzip-level", "5"],
             "`--gzip-level` is used only with `--sink file`",
         ),

@@ -138,20 +138,22 @@ section! {
             flag("http-client-tls-root-ca-file", value_name: "FILE", value: FlagValue::Path);
         /// Most requests in flight, and connections open, per http sink endpoint; more records
         /// wait (default 100). Fewer while connects to the endpoint stall.
-        http_concurrency: usize,
+        http_concurrency: usize, only(&HTTP),
             flag("http-concurrency", alias: Some("n"), value_name: "N", value: FlagValue::Count);
         /// Header carrying each request's idempotency key (the body's digest), or "off" (default
         /// Idempotency-Key).
-        http_idempotency_header: String, flag("http-idempotency-header", value_name: "NAME|off");
+        http_idempotency_header: String, only(&HTTP),
+            flag("http-idempotency-header", value_name: "NAME|off");
         /// Records per POST (default 1: each body as it is).
-        http_batch_size: usize, flag("http-batch-size", value_name: "N", value: FlagValue::Count);
+        http_batch_size: usize, only(&HTTP),
+            flag("http-batch-size", value_name: "N", value: FlagValue::Count);
         /// How long a batch that is not full waits for more records (default 100ms): a burst's
         /// full batches go at once, the rest joins the records that follow.
-        http_batch_timeout: Dur,
+        http_batch_timeout: Dur, only(&HTTP),
             flag("http-batch-timeout", value_name: "DURATION", value: FlagValue::Duration);
         /// How a batch's records make one body: each followed by a newline (nsqd's /mpub,
         /// NDJSON), or a JSON array (default lines).
-        http_batch_format: BatchFormat,
+        http_batch_format: BatchFormat, only(&HTTP),
             flag("http-batch-format", value_name: "FORMAT", value: FlagValue::Names(&BATCH_FORMATS));
         /// Directory closed files go to.
         output_dir: PathBuf, only(&FILE),
@@ -569,6 +571,24 @@ fn positive_count(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::setting::Section;
+
+    #[test]
+    fn every_http_client_and_batch_setting_is_refused_without_the_http_sink() {
+        let http: Vec<_> = <RawSink as Section>::SETTINGS
+            .iter()
+            .filter(|setting| setting.name.starts_with("http_"))
+            .collect();
+        assert_eq!(http.len(), 8, "the http_ settings changed: check this test");
+        for setting in http {
+            assert_eq!(
+                setting.only.map(|only| (only.kind, only.kinds)),
+                Some(("sink.kind", &["http"][..])),
+                "{}",
+                setting.key
+            );
+        }
+    }
 
     #[test]
     fn sinks_print_as_summaries_without_secrets() {
