@@ -151,6 +151,13 @@ def cpu_seconds(pid):
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+# The owner id every claim of these benchmarks is made by (8 bytes, as the store's).
+OWNER = struct.pack(">Q", 0x6e73712d64656475)
+
+def entry(slot, digest, state, time=0):
+    """An entry of the store's layout (set.lua): slot, digest, state, time, owner."""
+    return bytes([slot]) + digest + struct.pack(">BQ", state, time) + OWNER
+
 def start():
     """A redis-server on a free port (under callgrind with --instructions), its working
     folder, and a client of it."""
@@ -181,7 +188,6 @@ def measure(path):
     server, work, r = start()
     try:
         sha = r.call("SCRIPT", "LOAD", open(path, "rb").read())
-        owner = struct.pack(">Q", 0x6e73712d64656475)
         rng = random.Random(7)
 
         # The slot each digest was claimed in, sent with its commit as the store does.
@@ -191,7 +197,7 @@ def measure(path):
             keys = [b"bench:%d" % (int.from_bytes(d[:8], "big") % SETS) for d in digests]
             args = [bytes([slots.pop(d)]) + d if op == "m" and d in slots else d
                     for d in digests]
-            answers = r.call("EVALSHA", sha, 1, keys[0], op, owner, now, now + 65_000, "",
+            answers = r.call("EVALSHA", sha, 1, keys[0], op, OWNER, now, now + 65_000, "",
                              WAYS, 1, *args, *keys)
             # One per digest, then the counts the script adds (one or two, by its version).
             if len(answers) - len(digests) not in (1, 2):
@@ -212,8 +218,7 @@ def measure(path):
             """A burst's claims: as the store sends them with --plain, else one script run."""
             if not (PLAIN and EMPTY):
                 return run("c", burst)
-            sets = [bytes([1, 0, WAYS, 0]) + d + struct.pack(">BQ", 1, 1_065_000) + owner
-                    for d in burst]
+            sets = [bytes([1, 0, WAYS]) + entry(0, d, 1, 1_065_000) for d in burst]
             created = r.pipeline([("SET", key_of(d), s, "NX", "GET") for d, s in zip(burst, sets)])
             found = [d for d, c in zip(burst, created) if c is not None]
             decided = dict(zip(found, run("c", found))) if found else {}
@@ -230,11 +235,10 @@ def measure(path):
             entries = r.pipeline([("GETRANGE", key_of(d), 3 + 34 * s, 3 + 34 * s + 33)
                                   for d, s in hinted])
             mine = [(d, s) for (d, s), e in zip(hinted, entries)
-                    if e[0] == s and e[1:17] == d and e[17] == 1 and e[26:] == owner]
+                    if e == entry(s, d, 1, 1_065_000)]
             if len(mine) != len(burst):
                 raise SystemExit("a claimed entry was not found as its claim left it")
-            r.pipeline([("SETRANGE", key_of(d), 3 + 34 * s,
-                         bytes([s]) + d + struct.pack(">BQ", 2, 0) + owner) for d, s in mine])
+            r.pipeline([("SETRANGE", key_of(d), 3 + 34 * s, entry(s, d, 2)) for d, s in mine])
             return [1] * len(burst)
 
         def fresh():
@@ -355,11 +359,9 @@ def floor(path):
     try:
         instructions = Instructions(server, work)
         rng = random.Random(7)
-        owner = struct.pack(">Q", 0x6e73712d64656475)
         string_key = lambda s: b"bench:%d" % s
         hash_key = lambda s: b"hash:%d" % s
         zset_key = lambda s: b"zset:%d" % s
-        entry = lambda slot, d, state: bytes([slot]) + d + struct.pack(">BQ", state, 0) + owner
         score = iter(range(2_000_001, 1 << 40, 2))
         for base in range(0, SETS, 256):
             commands = []
@@ -395,7 +397,7 @@ def floor(path):
         row("naive: SET key 1 NX EX 3600")
         claimed = []
         for burst in bursts():
-            answers = r.call("EVALSHA", sha["store"], 1, string_key(burst[0][1]), "c", owner,
+            answers = r.call("EVALSHA", sha["store"], 1, string_key(burst[0][1]), "c", OWNER,
                              1_000_000, 1_065_000, "", WAYS, 1, *[d for d, _ in burst],
                              *[string_key(s) for _, s in burst])[:RUN]
             expect([a & 3 for a in answers], 0, "the store's claim of a fresh digest")
@@ -404,8 +406,8 @@ def floor(path):
         for burst in claimed:
             entries = r.pipeline([("GETRANGE", string_key(s), 3 + 34 * c, 3 + 34 * c + 33)
                                   for _, s, c in burst])
-            expect([e == entry(c, d, 1)[:18] + struct.pack(">Q", 1_065_000) + owner
-                    for (d, _, c), e in zip(burst, entries)], True, "a claim's entry")
+            expect([e == entry(c, d, 1, 1_065_000) for (d, _, c), e in zip(burst, entries)],
+                   True, "a claim's entry")
             r.pipeline([("SETRANGE", string_key(s), 3 + 34 * c, entry(c, d, 2))
                         for d, s, c in burst])
         row("store: commit (GETRANGE, SETRANGE)")
