@@ -94,7 +94,7 @@ pub enum RunError {
     /// The serve sink could not start (a port that cannot be bound, TLS files that cannot be
     /// used).
     #[error("cannot start the serve sink")]
-    Serve(#[from] crate::serve::ServeError),
+    Serve(#[from] crate::sink::serve::ServeError),
     /// The metrics address could not be bound.
     #[error("cannot listen on metrics address {addr} (change {setting}, or set it to \"off\")")]
     Metrics {
@@ -184,7 +184,7 @@ impl RunError {
                     | TableFileError::NoDirectory { .. }
                     | TableFileError::NotAFile { .. }
             ),
-            RunError::Serve(error) => !matches!(error, crate::serve::ServeError::Bind { .. }),
+            RunError::Serve(error) => !matches!(error, crate::sink::serve::ServeError::Bind { .. }),
             _ => false,
         }
     }

@@ -8,9 +8,9 @@ use bytes::Bytes;
 
 use super::{response, Connection, Next, Phase};
 use crate::nsq::frame::MessageId;
-use crate::serve::command::{ClientCommand, ErrorFrame};
-use crate::serve::config::DEFAULT_MAX_COMMANDS_BEFORE_SUB;
-use crate::serve::identify::identify;
+use crate::sink::serve::command::{ClientCommand, ErrorFrame};
+use crate::sink::serve::config::DEFAULT_MAX_COMMANDS_BEFORE_SUB;
+use crate::sink::serve::identify::identify;
 
 impl Connection {
     /// Answers one command, as nsqd's `protocol_v2.go` `Exec` does.

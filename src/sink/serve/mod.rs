@@ -56,7 +56,7 @@ pub use config::{
 };
 pub use dispatch::{ConsumerInfo, ConsumerStats, DispatchStats, ServeCounters};
 
-use crate::sink::{Delivery, Handler, HandlerError};
+use super::{Delivery, Handler, HandlerError};
 use dispatch::Dispatcher;
 
 /// Why the serve endpoint cannot start.
