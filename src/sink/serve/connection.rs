@@ -2,8 +2,10 @@
 //! messages the dispatcher hands it, and sends heartbeats.
 //!
 //! One task owns the socket and does everything in one `select!` loop: commands already
-//! buffered are answered first, then the task waits for more bytes, message frames from the
-//! dispatcher (written together, in one `write`), the heartbeat tick, or the read deadline.
+//! buffered are answered first (a run of FIN, REQ and TOUCH settled together, with one lock
+//! of the dispatcher), then what they queued is written in one `write`, the message frames
+//! they made room for included, and the task waits for more bytes, the dispatcher's word
+//! that frames wait for it, the heartbeat tick, or the read deadline.
 //! States follow nsqd's: before SUB (IDENTIFY, AUTH), subscribed (RDY, FIN, REQ, TOUCH, CLS),
 //! closing after CLS (no more messages; what it holds may still be answered); `answer` has a
 //! function per command. A consumer that sends nothing for two heartbeat intervals is closed,
@@ -13,16 +15,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::either::Either;
 
 use super::command::{CommandParser, ErrorFrame};
 use super::config::DEFAULT_MAX_LINE_SIZE;
-use super::dispatch::{ClientId, ConsumerInfo};
+use super::dispatch::{ClientId, ConsumerInfo, Settle};
 use super::Shared;
 use crate::nsq::frame::{encode_frame, FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, HEARTBEAT};
 
@@ -57,8 +59,11 @@ struct Connection {
     commands_before_sub: u32,
     /// Frames waiting to be written.
     out: BytesMut,
-    /// The sending half the dispatcher gets at SUB.
-    frames: mpsc::UnboundedSender<Bytes>,
+    /// FIN, REQ and TOUCH read and not yet settled: a run of them is settled at once.
+    pending: Vec<Settle>,
+    /// Told by the dispatcher, which gets it at SUB, that message frames wait for this
+    /// connection.
+    wake: Arc<Notify>,
 }
 
 fn response(out: &mut BytesMut, data: &[u8]) {
@@ -68,7 +73,6 @@ fn response(out: &mut BytesMut, data: &[u8]) {
 /// Serves one consumer after its magic was read, until it leaves, breaks the protocol or
 /// the endpoint stops.
 pub(crate) async fn run(shared: Arc<Shared>, id: ClientId, stream: TcpStream, remote: SocketAddr) {
-    let (frames, frames_rx) = mpsc::unbounded_channel();
     let config = &shared.config;
     let conn = Connection {
         id,
@@ -81,7 +85,8 @@ pub(crate) async fn run(shared: Arc<Shared>, id: ClientId, stream: TcpStream, re
         },
         commands_before_sub: 0,
         out: BytesMut::new(),
-        frames,
+        pending: Vec::new(),
+        wake: Arc::new(Notify::new()),
         shared: shared.clone(),
     };
     let mut session = Session {
@@ -93,12 +98,13 @@ pub(crate) async fn run(shared: Arc<Shared>, id: ClientId, stream: TcpStream, re
         input: BytesMut::with_capacity(4096),
         last_read: Instant::now(),
         beat: heartbeat_ticker(conn.heartbeat),
-        frames_rx,
         conn,
     };
     let reason = session.serve().await;
-    session.close().await;
+    // What it holds goes back before the socket's last write: no message goes to a
+    // connection that is closing.
     shared.dispatcher.remove(id);
+    session.close().await;
     tracing::info!(client = id, %remote, %reason, "Consumer connection closed.");
 }
 
@@ -113,8 +119,6 @@ struct Session {
     input: BytesMut,
     last_read: Instant,
     beat: Option<tokio::time::Interval>,
-    /// Message frames from the dispatcher; the other half is `Connection::frames`.
-    frames_rx: mpsc::UnboundedReceiver<Bytes>,
 }
 
 impl Session {
@@ -136,8 +140,12 @@ impl Session {
         loop {
             let command = match self.parser.parse(&mut self.input) {
                 Ok(Some(command)) => command,
-                Ok(None) => return Ok(()),
+                Ok(None) => {
+                    self.conn.settle_pending();
+                    return Ok(());
+                }
                 Err(error) => {
+                    self.conn.settle_pending();
                     self.conn.refuse(&error);
                     return Err(error.text);
                 }
@@ -147,6 +155,8 @@ impl Session {
                 Ok(Next::Continue) => {}
                 Ok(Next::UpgradeTls) => self.upgrade_tls(heartbeat).await?,
                 Err(error) => {
+                    // The answers read before it come first.
+                    self.conn.settle_pending();
                     self.conn.refuse(&error);
                     if error.fatal {
                         return Err(error.text);
@@ -177,8 +187,8 @@ impl Session {
         Ok(())
     }
 
-    /// Writes what is queued, then waits for more bytes, message frames, the heartbeat tick
-    /// or the read deadline; an error is why the connection closes.
+    /// Writes what is queued, then waits for more bytes, the word that message frames wait,
+    /// the heartbeat tick or the read deadline; an error is why the connection closes.
     async fn write_and_wait(&mut self) -> Result<(), String> {
         let stream = self.stream.as_mut().ok_or("no stream")?;
         write_out(stream, &mut self.conn.out, self.conn.heartbeat).await?;
@@ -193,11 +203,8 @@ impl Session {
                 Ok(_) => self.last_read = Instant::now(),
                 Err(error) => return Err(format!("reading failed: {error}")),
             },
-            Some(frame) = self.frames_rx.recv() => {
-                self.conn.out.extend_from_slice(&frame);
-                while let Ok(frame) = self.frames_rx.try_recv() {
-                    self.conn.out.extend_from_slice(&frame);
-                }
+            () = self.conn.wake.notified() => {
+                shared.dispatcher.take_frames(self.conn.id, &mut self.conn.out);
             }
             _ = tick(&mut self.beat) => response(&mut self.conn.out, HEARTBEAT),
             () = sleep_until(deadline) => {
