@@ -5,6 +5,12 @@
 //! a FIN finds its message by its place, without hashing, and an ID is unique among
 //! everything in flight here, even when two upstream nsqd gave their messages the same ID; a
 //! late answer to a place reused since is refused, as nsqd refuses an ID no longer in flight.
+//!
+//! Places are reused oldest first: consumers answer mostly in the order they were sent, so
+//! the places go round the table as a ring, and a run of answers reads neighbouring entries
+//! instead of one scattered cache line each.
+
+use std::collections::VecDeque;
 
 use crate::nsq::frame::MessageId;
 
@@ -34,8 +40,8 @@ fn number_of(id: &MessageId) -> Option<u64> {
 /// A table of `T` by the IDs it gives them.
 pub(crate) struct Flights<T> {
     places: Vec<Option<(u64, T)>>,
-    /// Places free for reuse.
-    free: Vec<u32>,
+    /// Places free for reuse, the longest free first.
+    free: VecDeque<u32>,
     len: usize,
     sent: u32,
 }
@@ -44,7 +50,7 @@ impl<T> Default for Flights<T> {
     fn default() -> Self {
         Flights {
             places: Vec::new(),
-            free: Vec::new(),
+            free: VecDeque::new(),
             len: 0,
             sent: 0,
         }
@@ -59,7 +65,7 @@ impl<T> Flights<T> {
     /// Puts `value` in flight under a new ID.
     pub(crate) fn insert(&mut self, value: T) -> MessageId {
         self.sent = self.sent.wrapping_add(1);
-        let place = match self.free.pop() {
+        let place = match self.free.pop_front() {
             Some(place) => place,
             None => {
                 self.places.push(None);
@@ -99,7 +105,7 @@ impl<T> Flights<T> {
 
     fn take(&mut self, place: usize) -> Option<T> {
         let (_, value) = self.places[place].take()?;
-        self.free.push(place as u32);
+        self.free.push_back(place as u32);
         self.len -= 1;
         Some(value)
     }
@@ -144,5 +150,19 @@ mod tests {
         let mut left = flights.take_if(|v| *v == "b");
         left.extend(flights.take_if(|_| true));
         assert_eq!((left, flights.len()), (vec!["b", "c"], 0));
+    }
+
+    #[test]
+    fn places_are_reused_the_longest_free_first() {
+        let mut flights = Flights::default();
+        let ids: Vec<MessageId> = (0..3).map(|n| flights.insert(n)).collect();
+        assert_eq!(flights.remove(&ids[1]), Some(1));
+        assert_eq!(flights.remove(&ids[0]), Some(0));
+        let next = flights.insert(3);
+        assert_eq!(
+            &next.0[8..],
+            b"00000001",
+            "the place of the first one freed"
+        );
     }
 }
