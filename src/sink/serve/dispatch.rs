@@ -246,15 +246,18 @@ impl Dispatcher {
     }
 
     /// RDY: the consumer may hold `rdy` messages; the frames this sends it are added to `out`.
-    pub(crate) fn set_rdy(&self, client: ClientId, rdy: u64, out: &mut BytesMut) {
+    /// Returns how many messages it holds.
+    pub(crate) fn set_rdy(&self, client: ClientId, rdy: u64, out: &mut BytesMut) -> u64 {
         self.with_state(|state| {
-            if let Some(slot) = state.slot_mut(client) {
-                slot.rdy = rdy;
-                state.pump(Instant::now());
-                state.take_frames(client, out);
-                state.wake_connections(Some(client));
-            }
-        });
+            let Some(slot) = state.slot_mut(client) else {
+                return 0;
+            };
+            slot.rdy = rdy;
+            state.pump(Instant::now());
+            state.take_frames(client, out);
+            state.wake_connections(Some(client));
+            state.slot_mut(client).map_or(0, |slot| slot.in_flight)
+        })
     }
 
     /// CLS: the consumer gets no more messages; what it holds it may still answer.
@@ -270,14 +273,14 @@ impl Dispatcher {
     /// what they made room for. Each answer refused is pushed to `refused` with its place in
     /// `answers` and nsqd's reason; when none is, the frames for this consumer are added to
     /// `out`, else they wait for the caller to write the refusals first and take them
-    /// ([`take_frames`](Self::take_frames)).
+    /// ([`take_frames`](Self::take_frames)). Returns how many messages the consumer holds.
     pub(crate) fn settle(
         &self,
         client: ClientId,
         answers: &[Settle],
         out: &mut BytesMut,
         refused: &mut Vec<(usize, &'static str)>,
-    ) {
+    ) -> u64 {
         let max_msg_timeout = self.max_msg_timeout;
         self.with_state(|state| {
             let now = Instant::now();
@@ -296,12 +299,16 @@ impl Dispatcher {
                 state.take_frames(client, out);
             }
             state.wake_connections(Some(client));
-        });
+            state.slot_mut(client).map_or(0, |slot| slot.in_flight)
+        })
     }
 
-    /// Adds the frames waiting for `client` to `out`.
-    pub(crate) fn take_frames(&self, client: ClientId, out: &mut BytesMut) {
-        self.with_state(|state| state.take_frames(client, out));
+    /// Adds the frames waiting for `client` to `out`; returns how many messages it holds.
+    pub(crate) fn take_frames(&self, client: ClientId, out: &mut BytesMut) -> u64 {
+        self.with_state(|state| {
+            state.take_frames(client, out);
+            state.slot_mut(client).map_or(0, |slot| slot.in_flight)
+        })
     }
 
     /// The consumer's connection closed: what it holds is handed back at once.

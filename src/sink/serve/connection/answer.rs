@@ -200,7 +200,8 @@ impl Connection {
                 format_args!("RDY count {count} out of range 0-{max}"),
             ));
         }
-        self.shared
+        self.held = self
+            .shared
             .dispatcher
             .set_rdy(self.id, count, &mut self.out);
         Ok(())
@@ -214,9 +215,10 @@ impl Connection {
             return;
         }
         let mut refused = Vec::new();
-        self.shared
-            .dispatcher
-            .settle(self.id, &self.pending, &mut self.out, &mut refused);
+        self.held =
+            self.shared
+                .dispatcher
+                .settle(self.id, &self.pending, &mut self.out, &mut refused);
         if refused.is_empty() {
             self.pending.clear();
             return;
@@ -237,7 +239,7 @@ impl Connection {
         }
         self.pending.clear();
         // The frames the run made room for follow its refusals.
-        self.shared.dispatcher.take_frames(self.id, &mut self.out);
+        self.held = self.shared.dispatcher.take_frames(self.id, &mut self.out);
     }
 
     /// CLS: no more messages; what the consumer holds may still be answered.
