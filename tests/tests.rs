@@ -21,6 +21,7 @@ mod closed_at_start;
 mod closed_output;
 mod cluster_failover;
 mod code_shape;
+mod copies_wait;
 mod doc_commands;
 mod docs;
 mod file_sink;

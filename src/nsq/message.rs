@@ -135,12 +135,18 @@ impl Message {
         self.requeue_inner(delay, false)
     }
 
-    fn requeue_inner(mut self, delay: Option<Duration>, backoff: bool) -> Result<(), Error> {
-        self.answered = true;
-        let delay = match delay {
+    /// The delay a REQ of this message with `delay` waits at nsqd: `delay` capped at the
+    /// consumer's `max_requeue_delay`, or its default for `None`.
+    pub fn requeue_delay(&self, delay: Option<Duration>) -> Duration {
+        match delay {
             Some(delay) => self.consumer.clamp_requeue_delay(delay),
             None => self.consumer.default_requeue_delay(self.attempts),
-        };
+        }
+    }
+
+    fn requeue_inner(mut self, delay: Option<Duration>, backoff: bool) -> Result<(), Error> {
+        self.answered = true;
+        let delay = self.requeue_delay(delay);
         let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
         let result = self.conn.answer(self.id, Command::Req(self.id, delay_ms));
         if result.is_ok() {
@@ -162,10 +168,7 @@ impl Message {
             let command = match answer {
                 Answer::Finish => Command::Fin(message.id),
                 Answer::Requeue { delay, .. } => {
-                    let delay = match delay {
-                        Some(delay) => message.consumer.clamp_requeue_delay(delay),
-                        None => message.consumer.default_requeue_delay(message.attempts),
-                    };
+                    let delay = message.requeue_delay(delay);
                     let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
                     Command::Req(message.id, delay_ms)
                 }

@@ -52,6 +52,8 @@ impl FailureLog {
             HandlerError::Retry(reason)
             | HandlerError::Reject(reason)
             | HandlerError::RetryAfter { reason, .. } => reason.as_str(),
+            // A receiver's requeue is not a failure.
+            HandlerError::Requeued { .. } => return,
         };
         if let Some(suppressed) = self.admit(cause, Instant::now()) {
             tracing::warn!(cause = %error, suppressed, "Handler failed; messages requeued.");

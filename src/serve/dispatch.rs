@@ -5,7 +5,7 @@
 //! One `std` mutex guards the state (never held across an `.await`): the records waiting for
 //! a consumer, the subscribed consumers, and the messages in flight to them by the IDs this
 //! endpoint gave them. A record in flight resolves its handler call exactly once: `Ok` on
-//! FIN; [`HandlerError::RetryAfter`] on a REQ with a delay ([`HandlerError::Retry`] without);
+//! FIN; [`HandlerError::Requeued`] with the consumer's delay on a REQ;
 //! [`HandlerError::Retry`] at once when its consumer times out or goes away. The pipeline then
 //! commits the claim and FINs upstream, or erases it and REQs upstream.
 //!
@@ -264,16 +264,8 @@ impl Dispatcher {
         if let Some(slot) = state.slots.get_mut(&client) {
             slot.requeue_count += 1;
         }
-        // No ID in the reason: the pipeline logs each distinct cause at most once a second.
-        let reason = "a consumer requeued the message".to_string();
-        record.resolve(Err(if delay.is_zero() {
-            HandlerError::Retry(reason)
-        } else {
-            HandlerError::RetryAfter {
-                reason,
-                after: delay,
-            }
-        }));
+        // Not a failure of the sidecar: the consumer asks for the message again after `delay`.
+        record.resolve(Err(HandlerError::Requeued { after: delay }));
         state.pump(Instant::now());
         Ok(())
     }
@@ -520,7 +512,7 @@ mod tests {
         d.requeue(1, got[0].id, Duration::from_secs(3)).unwrap();
         assert!(matches!(
             a.await.unwrap(),
-            Err(HandlerError::RetryAfter { after, .. }) if after == Duration::from_secs(3)
+            Err(HandlerError::Requeued { after }) if after == Duration::from_secs(3)
         ));
         d.remove(1);
         assert!(matches!(b.await.unwrap(), Err(HandlerError::Retry(_))));
