@@ -128,6 +128,20 @@ fn dedupe(sink: BatchSink, policy: Policy) -> Dedupe<Table, BatchSink> {
     )
 }
 
+/// A sink whose batches take 1.6 s, longer than the 1 s message timeout the test consumer
+/// asks for, and a pipeline that keeps its messages alive every 400 ms.
+fn slower_than_the_message_timeout() -> (BatchSink, Dedupe<Table, BatchSink>) {
+    let sink = BatchSink {
+        delay: Duration::from_millis(1600),
+        ..BatchSink::default()
+    };
+    let policy = Policy {
+        keepalive: Duration::from_millis(400),
+        ..policy()
+    };
+    (sink.clone(), dedupe(sink, policy))
+}
+
 /// A consumer of `broker` that leaves every decision to the pipeline.
 pub(crate) fn consumer(broker: &Broker) -> Consumer {
     let mut c = config(&[broker.tcp_addr()]);
@@ -272,17 +286,7 @@ async fn a_held_copy_is_touched_for_as_long_as_its_original_is_handled() {
     broker.publish_many(TOPIC, bodies(&["a"]));
     // The consumer asks for a 1 s message timeout; the original's batch takes 1.6 s.
     let mut consumer = consumer(&broker);
-    let sink = BatchSink {
-        delay: Duration::from_millis(1600),
-        ..BatchSink::default()
-    };
-    let dedupe = dedupe(
-        sink.clone(),
-        Policy {
-            keepalive: Duration::from_millis(400),
-            ..policy()
-        },
-    );
+    let (sink, dedupe) = slower_than_the_message_timeout();
     let original = take(&mut consumer, 1).await;
     let handling = tokio::spawn({
         let dedupe = dedupe.clone();
@@ -373,17 +377,7 @@ async fn a_batch_slower_than_the_message_timeout_is_touched_not_redelivered() {
     broker.publish_many(TOPIC, sent.clone());
     // The consumer asks for a 1 s message timeout; the batch takes 1.6 s.
     let mut consumer = consumer(&broker);
-    let sink = BatchSink {
-        delay: Duration::from_millis(1600),
-        ..BatchSink::default()
-    };
-    let dedupe = dedupe(
-        sink.clone(),
-        Policy {
-            keepalive: Duration::from_millis(400),
-            ..policy()
-        },
-    );
+    let (sink, dedupe) = slower_than_the_message_timeout();
     let burst = take(&mut consumer, 2).await;
     assert_eq!(dedupe.process_batch(burst).await, [Outcome::Delivered; 2]);
     drained(&broker).await;
