@@ -17,7 +17,7 @@ use crate::error::StoreError;
 pub(super) const STORE_ERROR_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The causes told apart: one per [`StoreError`] variant.
-const CAUSES: usize = 6;
+const CAUSES: usize = 7;
 
 /// Which errors to log; shared by every task of a pipeline, lock-free.
 #[derive(Debug, Default)]
@@ -62,6 +62,7 @@ fn cause(error: &StoreError) -> usize {
         StoreError::Protocol(_) => 3,
         StoreError::Config(_) => 4,
         StoreError::Refused { .. } => 5,
+        StoreError::OutOfMemory { .. } => 6,
     }
 }
 
