@@ -1,6 +1,7 @@
 //! What the sidecar's log says through a store outage, read from its stderr as an operator
-//! reads it: the cause as it appears (a Redis out of memory named with its fix); and nothing
-//! lost.
+//! reads it: the cause as it appears (a Redis out of memory named with its fix), then once, at
+//! INFO, that the store answers again, with how long it failed and how many errors; and
+//! nothing lost.
 
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use bytes::Bytes;
 use crate::store_refusals::{start, stop};
 use crate::support::broker::{Broker, BrokerConfig};
 use crate::support::child::Child;
+use crate::support::memcached::MemcachedServer;
 use crate::support::redis::RedisServer;
 use crate::util::wait_until_or;
 
@@ -102,4 +104,88 @@ async fn a_redis_out_of_memory_is_named_with_its_fix_and_loses_nothing() {
     let stopped = stop(running).await;
     assert_eq!(stopped.code(), Some(0), "{}", stopped.stderr);
     assert_each_once(&stopped.stdout, 40);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_answers_again_is_said_once_at_info() {
+    let mut memcached = MemcachedServer::start();
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let addr = memcached.addr();
+    let running = start_on(
+        &broker,
+        &[
+            "--store",
+            "memcached",
+            "--memcached-address",
+            &addr,
+            "--store-timeout",
+            "200ms",
+        ],
+    );
+    broker.publish_many(TOPIC, (0..20).map(body));
+    wait_delivered(&running, 20, Duration::from_secs(20)).await;
+
+    memcached.stop();
+    broker.publish_many(TOPIC, (20..40).map(body));
+    wait_until_or(
+        "the outage logged",
+        Duration::from_secs(10),
+        || running.stderr().contains("Store error."),
+        || running.stderr(),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    memcached.restart();
+
+    // The stream goes on: a message every 100 ms until the log says the store is back.
+    let mut published = 40;
+    while !running.stderr().contains("Store answers again.") {
+        assert!(
+            published < 140,
+            "no line said the store answers again:\n{}",
+            running.stderr()
+        );
+        broker.publish(TOPIC, body(published));
+        published += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    wait_delivered(&running, published, Duration::from_secs(30)).await;
+    let stopped = stop(running).await;
+    assert_eq!(stopped.code(), Some(0), "{}", stopped.stderr);
+    assert_each_once(&stopped.stdout, published);
+
+    let log: Vec<&str> = stopped.stderr.lines().collect();
+    let back: Vec<usize> = (0..log.len())
+        .filter(|&i| log[i].contains("Store answers again."))
+        .collect();
+    assert_eq!(back.len(), 1, "said once: {}", stopped.stderr);
+    let line = log[back[0]];
+    assert!(line.contains(" INFO "), "{line}");
+    let last_error = (0..log.len())
+        .rev()
+        .find(|&i| log[i].contains("Store error."))
+        .unwrap();
+    assert!(
+        last_error < back[0],
+        "a store error after the line that said the store is back:\n{}",
+        stopped.stderr
+    );
+    // How long it failed and how many errors: as many as the sidecar counted.
+    let field = |line: &str, name: &str| -> String {
+        line.split(&format!(" {name}="))
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .unwrap_or_else(|| panic!("no {name} in {line}"))
+            .to_owned()
+    };
+    let failed_for = field(line, "failed_for");
+    assert!(failed_for.ends_with('s'), "{line}");
+    let errors: u64 = field(line, "errors").parse().unwrap();
+    let counted: u64 = field(
+        log.iter().find(|l| l.contains("Sidecar stopped.")).unwrap(),
+        "store_errors",
+    )
+    .parse()
+    .unwrap();
+    assert!(errors > 0 && errors == counted, "{line}: {counted} counted");
 }

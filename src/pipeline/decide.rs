@@ -124,6 +124,9 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
         if any_claimed {
             let metrics = &self.inner.metrics;
             metrics.store_answered(answered - started, failed.is_none());
+            if failed.is_none() {
+                self.inner.store_error_log.answered(|| metrics.uptime());
+            }
         }
         if let Some((error, count)) = failed {
             self.store_errors("claim", &error, count);
