@@ -101,6 +101,17 @@ pub enum StoreError {
     /// The server answered something this client does not understand.
     #[error("store protocol error: {0}")]
     Protocol(String),
+    /// The server is out of memory and refuses writes (Redis past its `maxmemory`, with a
+    /// `maxmemory-policy` that evicts none of the table's keys). Like an outage, its
+    /// operations fail until it has room, and their messages follow `on_store_error`; unlike
+    /// most outages it lasts until its settings change, and `detail` names the change.
+    #[error("store at {addr} is out of memory: {detail}")]
+    OutOfMemory {
+        /// The server address.
+        addr: String,
+        /// What it answered, and the setting to change.
+        detail: String,
+    },
     /// The store's settings are unusable; the message names the setting.
     #[error("invalid store configuration: {0}")]
     Config(Wording),

@@ -1105,6 +1105,17 @@ fn a_dead_letter_section_without_its_kind_lists_the_kinds() {
 /// A server on a free loopback port that answers every connection as an HTTP server answers a
 /// request it cannot read, until the returned flag is set (or 30 s pass).
 pub(crate) fn http_port() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+    answering_port(
+        b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n\
+          Connection: close\r\n\r\n400 Bad Request",
+    )
+}
+
+/// A server on a free loopback port that reads what each connection sends first, writes
+/// `answer` and closes it, until the returned flag is set (or 30 s pass).
+pub(crate) fn answering_port(
+    answer: &'static [u8],
+) -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicBool>) {
     use std::io::Write as _;
     use std::sync::atomic::{AtomicBool, Ordering};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -1121,10 +1132,7 @@ pub(crate) fn http_port() -> (SocketAddr, std::sync::Arc<std::sync::atomic::Atom
                     let _ = conn.set_read_timeout(Some(Duration::from_secs(1)));
                     let mut request = [0u8; 64];
                     let _ = conn.read(&mut request);
-                    let _ = conn.write_all(
-                        b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n\
-                          Connection: close\r\n\r\n400 Bad Request",
-                    );
+                    let _ = conn.write_all(answer);
                 }
                 Err(_) => std::thread::sleep(Duration::from_millis(10)),
             }

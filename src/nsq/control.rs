@@ -308,7 +308,12 @@ impl ControlTask {
             (BackoffPhase::Waiting { .. }, _) => return,
             (BackoffPhase::Normal, true) => return,
             (BackoffPhase::Normal, false) | (BackoffPhase::Testing, false) => {
-                self.backoff_level = (self.backoff_level + 1).min(31);
+                // As go-nsq: no deeper once the pause reaches `max_backoff`, so that a handler
+                // that works again eases back in as many successes as it took failures to get
+                // there, not one per failure of a long outage.
+                if self.backoff_level == 0 || self.backoff_delay() < self.config.max_backoff {
+                    self.backoff_level = (self.backoff_level + 1).min(31);
+                }
             }
             (BackoffPhase::Testing, true) => {
                 self.backoff_level = self.backoff_level.saturating_sub(1);
@@ -325,15 +330,16 @@ impl ControlTask {
                 until: Instant::now() + delay,
             };
             self.shared.backoff_active.store(true, Ordering::Relaxed);
-            tracing::warn!(
-                level = self.backoff_level,
-                delay_ms = delay.as_millis() as u64,
-                "Handler failed; backing off."
-            );
-            self.shared.event(ConsumerEvent::BackoffStarted {
-                level: self.backoff_level,
-                delay,
-            });
+            let (level, delay_ms) = (self.backoff_level, delay.as_millis() as u64);
+            if success {
+                tracing::info!(level, delay_ms, "Handler succeeded; easing backoff.");
+                self.shared
+                    .event(ConsumerEvent::BackoffEased { level, delay });
+            } else {
+                tracing::warn!(level, delay_ms, "Handler failed; backing off.");
+                self.shared
+                    .event(ConsumerEvent::BackoffStarted { level, delay });
+            }
         }
         self.rebalance();
     }

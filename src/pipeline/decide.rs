@@ -134,9 +134,11 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
             decided.answered = Instant::now();
             if !digests.is_empty() {
                 let ok = claims.iter().all(Result::is_ok);
-                self.inner
-                    .metrics
-                    .store_answered(decided.answered - started, ok);
+                let metrics = &self.inner.metrics;
+                metrics.store_answered(decided.answered - started, ok);
+                if ok {
+                    self.inner.store_error_log.answered(|| metrics.uptime());
+                }
             }
         }
         self.apply(
