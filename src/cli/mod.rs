@@ -154,6 +154,10 @@ pub(crate) enum Command {
     /// Consume an NSQ topic, drop the copies, deliver the rest to a sink (the sidecar).
     ///
     /// Settings come from `--config FILE` (TOML) and these flags, which override the file.
+    ///
+    /// SIGINT, SIGTERM or SIGHUP stops it gracefully: no new messages, running handlers get
+    /// --shutdown-grace to finish, the rest are requeued, exit status 0; a second signal exits
+    /// at once.
     Run(Box<RunArgs>),
     /// Print a shell completion script, e.g. `nsq-dedupe completions bash > /etc/bash_completion.d/nsq-dedupe`.
     Completions {
