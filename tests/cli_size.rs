@@ -337,6 +337,52 @@ fn plot_into_a_missing_directory_is_an_error_naming_the_file() {
         ));
 }
 
+/// The plot is SVG whatever the file is called: a name that does not end in .svg (in any case)
+/// would make a `.png` that no viewer opens, so it is refused, with the name to use, before
+/// anything is written.
+#[test]
+fn a_plot_file_not_named_svg_is_refused_with_the_name_to_use() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, instead) in [
+        ("p.png", "p.svg"),
+        ("curve", "curve.svg"),
+        ("curve.svgz", "curve.svg"),
+        ("svg", "svg.svg"),
+    ] {
+        let path = dir.path().join(name);
+        let typed = path.to_str().unwrap();
+        let instead = dir.path().join(instead);
+        bin()
+            .args(README_PLOT)
+            .args(["--plot", typed])
+            .assert()
+            .code(2)
+            .stdout("")
+            .stderr(format!(
+                "error: invalid value '{typed}' for '--plot <FILE.svg>': the plot is an SVG \
+                 picture; give a file name ending in .svg, such as {}\n\nFor more \
+                 information, try '--help'.\n",
+                instead.display()
+            ));
+        assert!(!path.exists(), "{name} was written");
+    }
+    for name in ["p.SVG", "p.Svg"] {
+        let path = dir.path().join(name);
+        bin()
+            .args(README_PLOT)
+            .arg("--plot")
+            .arg(&path)
+            .assert()
+            .success();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            svg.starts_with("<svg"),
+            "{name}: {}",
+            &svg[..40.min(svg.len())]
+        );
+    }
+}
+
 #[test]
 fn a_table_without_max_age_says_nothing_of_max_age() {
     let out = bin()
