@@ -178,6 +178,59 @@ fn a_table_the_system_will_not_give_is_refused_as_a_setting() {
     );
 }
 
+/// An alias is named as typed: `--n` is `nsq_to_http`'s name of `--http-concurrency`, and a
+/// user who typed `--n` looks for `--n` in the message.
+#[test]
+fn a_flag_typed_by_its_alias_is_named_by_it() {
+    let http = [
+        "--topic",
+        "t",
+        "--nsqd-tcp-address",
+        "127.0.0.1:1",
+        "--sink",
+        "http",
+        "--post",
+        "http://127.0.0.1:1/",
+    ];
+    for (flags, named) in [
+        (&["--n", "0"][..], "`--n`"),
+        (&["--n=0"], "`--n`"),
+        (&["--http-concurrency", "0"], "`--http-concurrency`"),
+    ] {
+        assert_eq!(
+            run_refused(&[], &[&http[..], flags].concat()),
+            (
+                78,
+                format!("error: invalid {named} = 0: must be at least 1\n")
+            ),
+        );
+    }
+    assert_eq!(
+        run_refused(&[("NSQ_DEDUPE_HTTP_CONCURRENCY", "0")], &http),
+        (
+            78,
+            "error: invalid `NSQ_DEDUPE_HTTP_CONCURRENCY` = 0: must be at least 1\n".to_owned()
+        ),
+    );
+    assert_eq!(
+        run_refused(
+            &[],
+            &[
+                "--topic",
+                "t",
+                "--nsqd-tcp-address",
+                "127.0.0.1:1",
+                "--n",
+                "5"
+            ]
+        ),
+        (
+            78,
+            "error: `--n` is used only with `--sink http`: remove it, or set that too\n".to_owned()
+        ),
+    );
+}
+
 #[test]
 fn a_flag_value_is_reported_under_the_flag_not_the_key() {
     let (code, stderr) = fails(&[

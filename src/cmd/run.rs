@@ -4,24 +4,29 @@
 use anyhow::Context as _;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
-use crate::cli::{FromEnv, RunArgs};
+use crate::cli::{FromEnv, RunArgs, TypedAliases};
 use crate::cmd::std_streams::{require, Stream};
 use nsq_dedupe::config::{RawConfig, SinkSettings};
 use nsq_dedupe::sidecar::RunError;
 
 /// Builds the settings from `--config`, the flags and the environment (`from_env` tells
-/// which flags took their value from it), and runs the service.
+/// which flags took their value from it, `aliases` which were typed by an alias), and runs
+/// the service.
 ///
 /// The first SIGINT, SIGTERM or SIGHUP starts a graceful stop; a second one exits at once
 /// (status 128 plus the signal's number: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP, as
 /// a shell reports a process the signal ended), leaving nsqd to redeliver whatever was in
 /// flight.
-pub(crate) fn run(args: &RunArgs, from_env: &FromEnv) -> anyhow::Result<()> {
+pub(crate) fn run(
+    args: &RunArgs,
+    from_env: &FromEnv,
+    aliases: &TypedAliases,
+) -> anyhow::Result<()> {
     let mut raw = match &args.config {
         Some(path) => RawConfig::from_file(path)?,
         None => RawConfig::default(),
     };
-    args.apply(&mut raw, from_env);
+    args.apply(&mut raw, from_env, aliases);
     let settings = raw.validate()?;
     // Before anything is consumed. A service's log is how it tells of failing sinks and
     // stores; `2>/dev/null` runs it without one on purpose.
