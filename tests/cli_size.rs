@@ -216,6 +216,39 @@ fn max_age_cuts_the_curve_and_suggests_the_table_it_makes_enough() {
         );
 }
 
+/// What `size` prints as the memory can be typed back as `--memory`, in PiB as in MiB: the
+/// table it gives is the same within the print's rounding.
+#[test]
+fn the_memory_size_prints_can_be_typed_back() {
+    let window = ["--rate", "100000000", "--window", "30d"];
+    let out = bin()
+        .args(["size", "-p", "0.99"])
+        .args(window)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let out = String::from_utf8(out).unwrap();
+    let memory = out
+        .lines()
+        .find_map(|line| line.strip_prefix("Memory:"))
+        .and_then(|rest| rest.trim().split(" in-process").next())
+        .unwrap_or_else(|| panic!("no memory in\n{out}"));
+    assert!(memory.ends_with(" PiB"), "{out}");
+    let out = bin()
+        .args(["size", "--json", "--memory", memory])
+        .args(window)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let json: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let probability = json["probability"].as_f64().unwrap();
+    assert!((0.98..=0.995).contains(&probability), "{memory}: {json}");
+}
+
 /// The README's picture: `size --plot` with these flags writes `docs/catch-curve.svg`.
 const README_PLOT: [&str; 7] = [
     "size",
