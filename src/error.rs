@@ -29,11 +29,14 @@ pub enum TableError {
         /// The smallest budget that works.
         minimum: u64,
     },
-    /// The system would not give the table's memory.
-    #[error("cannot allocate {} for the table{}", crate::units::format_bytes(*bytes), machine_bytes.map_or_else(String::new, |m| format!(" (this machine has {} of memory)", crate::units::format_bytes(m))))]
+    /// The table's memory is more than the machine has, or the system would not give it.
+    #[error("cannot allocate {} for the table{}{}", crate::units::format_bytes(*bytes), if *timed { " with a time beside each slot" } else { "" }, machine_bytes.map_or_else(String::new, |m| format!(" (this machine has {} of memory)", crate::units::format_bytes(m))))]
     Alloc {
-        /// The table's size.
+        /// The table's size, its times included.
         bytes: u64,
+        /// Whether the table keeps a time beside each slot (with `max_age`), which takes as
+        /// much memory again as the slots.
+        timed: bool,
         /// The machine's physical memory, when known.
         machine_bytes: Option<u64>,
     },
