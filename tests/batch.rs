@@ -318,6 +318,51 @@ async fn a_held_copy_is_touched_for_as_long_as_its_original_is_handled() {
     consumer.shutdown(Duration::from_secs(1)).await;
 }
 
+/// A held copy stays in flight at nsqd but takes no new message's place: RDY rises by one
+/// while it waits and falls back once it is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_copy_does_not_count_toward_max_in_flight() {
+    let broker = Broker::start(BrokerConfig {
+        log_flow: true,
+        ..BrokerConfig::default()
+    })
+    .await;
+    broker.publish_many(TOPIC, bodies(&["a"]));
+    let mut consumer = consumer(&broker);
+    let sink = BatchSink {
+        delay: Duration::from_millis(500),
+        ..BatchSink::default()
+    };
+    let dedupe = dedupe(sink.clone(), policy());
+    let original = take(&mut consumer, 1).await;
+    let handling = tokio::spawn({
+        let dedupe = dedupe.clone();
+        async move { dedupe.process_batch(original).await }
+    });
+    broker.publish_many(TOPIC, bodies(&["a"]));
+    let copy = take(&mut consumer, 1).await;
+    assert_eq!(dedupe.process_batch(copy).await, [Outcome::Held]);
+    let rdy = || broker.flow_log().last().map(|e| e.rdy);
+    crate::util::wait_until_or(
+        "RDY raised by the held copy",
+        Duration::from_secs(5),
+        || rdy() == Some(101),
+        || format!("{:?}", broker.flow_log().last()),
+    )
+    .await;
+    assert_eq!(handling.await.unwrap(), [Outcome::Delivered]);
+    crate::util::wait_until_or(
+        "RDY back to max_in_flight once the copy is answered",
+        Duration::from_secs(5),
+        || rdy() == Some(100),
+        || format!("{:?}", broker.flow_log().last()),
+    )
+    .await;
+    drained(&broker).await;
+    assert_eq!(sink.taken(), bodies(&["a"]));
+    consumer.shutdown(Duration::from_secs(1)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_record_requeues_only_itself() {
     let broker = Broker::start(BrokerConfig::default()).await;

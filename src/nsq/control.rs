@@ -192,6 +192,12 @@ impl ControlTask {
                 self.rebalance();
             }
             Control::Outcome { success } => self.on_outcome(success),
+            Control::Rebalance => {
+                self.shared
+                    .rebalance_pending
+                    .store(false, Ordering::Release);
+                self.rebalance();
+            }
             Control::Lookup(results) => self.on_lookup(results),
             Control::Shutdown { .. } => unreachable!("handled in run"),
         }
@@ -377,9 +383,20 @@ impl ControlTask {
 
     /// Computes each live connection's RDY target and sends the changes: decreases first,
     /// then increases only as far as the budget (`max_in_flight` minus what every connection
-    /// may still hold) allows.
+    /// may still hold) allows. Out of backoff, messages set aside (`Message::park`) do not
+    /// count: each connection's target and the budget grow by as many as it has set aside.
     fn rebalance(&mut self) {
-        let max = self.config.max_in_flight;
+        let parked = |l: &Live| match self.backoff {
+            BackoffPhase::Normal => l.conn.parked(),
+            _ => 0,
+        };
+        let parked_total: u32 = self
+            .entries
+            .values()
+            .filter_map(|e| e.live.as_ref())
+            .map(parked)
+            .fold(0u32, u32::saturating_add);
+        let max = self.config.max_in_flight.saturating_add(parked_total);
         let mut live: Vec<(Arc<str>, bool)> = self
             .entries
             .iter()
@@ -389,7 +406,7 @@ impl ControlTask {
         live.sort();
         let active: Vec<&Arc<str>> = live.iter().filter(|(_, r)| !r).map(|(a, _)| a).collect();
         let targets: HashMap<Arc<str>, u32> = rdy::targets(
-            max,
+            self.config.max_in_flight,
             active.len(),
             self.backoff,
             self.test_rotor,
@@ -398,7 +415,10 @@ impl ControlTask {
         .into_iter()
         .enumerate()
         .filter(|&(_, target)| target > 0)
-        .map(|(i, target)| (active[i].clone(), target))
+        .map(|(i, target)| {
+            let aside = self.entries[active[i]].live.as_ref().map_or(0, parked);
+            (active[i].clone(), target.saturating_add(aside))
+        })
         .collect();
         let now = Instant::now();
         // Decreases first.

@@ -17,10 +17,13 @@
 //!
 //! # The bound
 //!
-//! A held copy is still in flight at its nsqd, so the consumer's `max_in_flight` already bounds
-//! them; [`Policy::max_held_copies`](super::Policy::max_held_copies) bounds them further, so
-//! that copies never take every slot from new messages. Past it a copy is requeued as one in
-//! flight elsewhere is: nothing is lost either way, a held copy that is dropped requeues itself.
+//! A held copy is still in flight at its nsqd, but set aside ([`Message::park`]): it does not
+//! count toward the consumer's `max_in_flight`, whose RDY rises by one for each, so copies never
+//! take the place of new messages (a consumer such as `nsq_to_file`, which writes a batch only
+//! once it holds `--max-in-flight` messages, would otherwise wait for its timer).
+//! [`Policy::max_held_copies`](super::Policy::max_held_copies) bounds them. Past it a copy is
+//! requeued as one in flight elsewhere is: nothing is lost either way, a held copy that is
+//! dropped requeues itself.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -123,7 +126,7 @@ impl Held {
     /// Holds `copy` beside its original in flight here. Gives it back when its digest is not
     /// this process's own in flight (anymore), or when as many copies as the bound allows
     /// are held already.
-    pub(super) fn hold(&self, digest: Digest, copy: Message) -> Result<(), Message> {
+    pub(super) fn hold(&self, digest: Digest, mut copy: Message) -> Result<(), Message> {
         let mut shard = self.shard(digest);
         let Some(original) = shard.get_mut(&digest) else {
             return Err(copy);
@@ -133,6 +136,7 @@ impl Held {
             self.copies.fetch_sub(1, Ordering::Relaxed);
             return Err(copy);
         }
+        copy.park(true);
         original.copies.push(copy);
         Ok(())
     }
@@ -174,6 +178,10 @@ impl Held {
         drop(shard);
         if !copies.is_empty() {
             self.copies.fetch_sub(copies.len(), Ordering::Relaxed);
+        }
+        let mut copies = copies;
+        for copy in &mut copies {
+            copy.park(false);
         }
         copies
     }
