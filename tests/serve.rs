@@ -119,7 +119,7 @@ pub(crate) fn serve_idle(served: &Served) -> bool {
 
 /// Waits, up to 60 s, until `seen` holds `n` distinct payloads, `brokers` are drained and
 /// nothing waits in or is in flight through the serve sink; `what` names the wait.
-async fn wait_all_finished(
+pub(crate) async fn wait_all_finished(
     seen: &Seen,
     brokers: &[&Broker],
     served: &Served,
