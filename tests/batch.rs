@@ -5,6 +5,7 @@
 //! Every wait is bounded; every test ends by checking that nothing was lost.
 
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,6 +37,8 @@ struct SinkState {
     batches: Vec<Vec<Bytes>>,
     /// Bodies whose records fail.
     failing: HashSet<Bytes>,
+    /// Bodies whose records fail the first time only.
+    failing_once: HashSet<Bytes>,
     /// Bodies taken (their batch succeeded), in order.
     taken: Vec<Bytes>,
     /// FINs the broker had when a batch was held.
@@ -87,7 +90,10 @@ impl Handler for BatchSink {
         }
         tokio::time::sleep(self.delay).await;
         let mut state = self.state.lock().unwrap();
-        let failed: Vec<bool> = bodies.iter().map(|b| state.failing.contains(b)).collect();
+        let failed: Vec<bool> = bodies
+            .iter()
+            .map(|b| state.failing.contains(b) || state.failing_once.remove(b))
+            .collect();
         let any_failed = failed.contains(&true);
         let mut results = Vec::new();
         for (body, failed) in bodies.into_iter().zip(failed) {
@@ -120,6 +126,20 @@ fn dedupe(sink: BatchSink, policy: Policy) -> Dedupe<Table, BatchSink> {
         None,
         Arc::new(Metrics::default()),
     )
+}
+
+/// A sink whose batches take 1.6 s, longer than the 1 s message timeout the test consumer
+/// asks for, and a pipeline that keeps its messages alive every 400 ms.
+fn slower_than_the_message_timeout() -> (BatchSink, Dedupe<Table, BatchSink>) {
+    let sink = BatchSink {
+        delay: Duration::from_millis(1600),
+        ..BatchSink::default()
+    };
+    let policy = Policy {
+        keepalive: Duration::from_millis(400),
+        ..policy()
+    };
+    (sink.clone(), dedupe(sink, policy))
 }
 
 /// A consumer of `broker` that leaves every decision to the pipeline.
@@ -204,18 +224,142 @@ async fn the_same_body_twice_in_one_burst_reaches_the_sink_once() {
     let outcomes = dedupe.process_batch(burst).await;
     assert_eq!(
         outcomes,
-        [Outcome::Delivered, Outcome::Delivered, Outcome::InFlight]
+        [Outcome::Delivered, Outcome::Delivered, Outcome::Held]
     );
     assert_eq!(sink.batches(), [bodies(&["a", "b"])]);
-    // The copy was requeued, and is a duplicate once it comes back.
-    let copy = take(&mut consumer, 1).await;
-    assert_eq!(dedupe.process_batch(copy).await, [Outcome::Duplicate]);
+    // The copy waited beside its original and was finished as a copy once it was delivered:
+    // never requeued.
     drained(&broker).await;
     assert_eq!(sink.taken(), bodies(&["a", "b"]));
     let records = broker.records(TOPIC, CHANNEL);
     assert_eq!(records.len(), 3);
     assert!(records.iter().all(|r| r.fin_ok == 1), "{records:?}");
-    assert_eq!(records.iter().map(|r| r.req_ok).sum::<u32>(), 1);
+    assert_eq!(records.iter().map(|r| r.req_ok).sum::<u32>(), 0);
+    let metrics = dedupe.metrics();
+    assert_eq!(metrics.copies_held.load(Ordering::Relaxed), 1);
+    assert_eq!(metrics.duplicates.load(Ordering::Relaxed), 1);
+    assert_eq!(metrics.in_flight_requeues.load(Ordering::Relaxed), 0);
+    assert_eq!(dedupe.held_copies(), 0);
+    consumer.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_held_beside_a_failing_original_is_delivered_in_its_place() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    broker.publish_many(TOPIC, bodies(&["a", "a"]));
+    let mut consumer = consumer(&broker);
+    let sink = BatchSink::default();
+    sink.state
+        .lock()
+        .unwrap()
+        .failing_once
+        .insert(Bytes::from_static(b"a"));
+    let dedupe = dedupe(sink.clone(), policy());
+    let burst = take(&mut consumer, 2).await;
+    // The original fails and is requeued; its claim erased, the copy that waited beside it
+    // is decided again at once and delivered.
+    assert_eq!(
+        dedupe.process_batch(burst).await,
+        [Outcome::Retried, Outcome::Held]
+    );
+    assert_eq!(sink.batches(), [bodies(&["a"]), bodies(&["a"])]);
+    assert_eq!(sink.taken(), bodies(&["a"]));
+    // The original's retry comes back a copy of what was delivered.
+    let retry = take(&mut consumer, 1).await;
+    assert_eq!(dedupe.process_batch(retry).await, [Outcome::Duplicate]);
+    drained(&broker).await;
+    assert_eq!(sink.taken(), bodies(&["a"]), "delivered once, nothing lost");
+    let metrics = dedupe.metrics();
+    assert_eq!(metrics.in_flight_requeues.load(Ordering::Relaxed), 0);
+    assert_eq!(
+        metrics.unique.load(Ordering::Relaxed),
+        2,
+        "claimed new twice"
+    );
+    assert_eq!(dedupe.held_copies(), 0);
+    consumer.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_copy_is_touched_for_as_long_as_its_original_is_handled() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    broker.publish_many(TOPIC, bodies(&["a"]));
+    // The consumer asks for a 1 s message timeout; the original's batch takes 1.6 s.
+    let mut consumer = consumer(&broker);
+    let (sink, dedupe) = slower_than_the_message_timeout();
+    let original = take(&mut consumer, 1).await;
+    let handling = tokio::spawn({
+        let dedupe = dedupe.clone();
+        async move { dedupe.process_batch(original).await }
+    });
+    broker.publish_many(TOPIC, bodies(&["a"]));
+    let copy = take(&mut consumer, 1).await;
+    assert_eq!(dedupe.process_batch(copy).await, [Outcome::Held]);
+    assert_eq!(dedupe.held_copies(), 1);
+    assert_eq!(handling.await.unwrap(), [Outcome::Delivered]);
+    drained(&broker).await;
+    let records = broker.records(TOPIC, CHANNEL);
+    assert_eq!(records.len(), 2);
+    for record in &records {
+        assert!(record.touch_ok >= 1, "{record:?}");
+        assert_eq!(
+            (
+                record.timeouts,
+                record.deliveries,
+                record.fin_ok,
+                record.req_ok
+            ),
+            (0, 1, 1, 0),
+            "{record:?}"
+        );
+    }
+    assert_eq!(sink.taken(), bodies(&["a"]));
+    assert_eq!(dedupe.held_copies(), 0);
+    consumer.shutdown(Duration::from_secs(1)).await;
+}
+
+/// A held copy stays in flight at nsqd but takes no new message's place: RDY rises by one
+/// while it waits and falls back once it is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_copy_does_not_count_toward_max_in_flight() {
+    let broker = Broker::start(BrokerConfig {
+        log_flow: true,
+        ..BrokerConfig::default()
+    })
+    .await;
+    broker.publish_many(TOPIC, bodies(&["a"]));
+    let mut consumer = consumer(&broker);
+    let sink = BatchSink {
+        delay: Duration::from_millis(500),
+        ..BatchSink::default()
+    };
+    let dedupe = dedupe(sink.clone(), policy());
+    let original = take(&mut consumer, 1).await;
+    let handling = tokio::spawn({
+        let dedupe = dedupe.clone();
+        async move { dedupe.process_batch(original).await }
+    });
+    broker.publish_many(TOPIC, bodies(&["a"]));
+    let copy = take(&mut consumer, 1).await;
+    assert_eq!(dedupe.process_batch(copy).await, [Outcome::Held]);
+    let rdy = || broker.flow_log().last().map(|e| e.rdy);
+    crate::util::wait_until_or(
+        "RDY raised by the held copy",
+        Duration::from_secs(5),
+        || rdy() == Some(101),
+        || format!("{:?}", broker.flow_log().last()),
+    )
+    .await;
+    assert_eq!(handling.await.unwrap(), [Outcome::Delivered]);
+    crate::util::wait_until_or(
+        "RDY back to max_in_flight once the copy is answered",
+        Duration::from_secs(5),
+        || rdy() == Some(100),
+        || format!("{:?}", broker.flow_log().last()),
+    )
+    .await;
+    drained(&broker).await;
+    assert_eq!(sink.taken(), bodies(&["a"]));
     consumer.shutdown(Duration::from_secs(1)).await;
 }
 
@@ -278,17 +422,7 @@ async fn a_batch_slower_than_the_message_timeout_is_touched_not_redelivered() {
     broker.publish_many(TOPIC, sent.clone());
     // The consumer asks for a 1 s message timeout; the batch takes 1.6 s.
     let mut consumer = consumer(&broker);
-    let sink = BatchSink {
-        delay: Duration::from_millis(1600),
-        ..BatchSink::default()
-    };
-    let dedupe = dedupe(
-        sink.clone(),
-        Policy {
-            keepalive: Duration::from_millis(400),
-            ..policy()
-        },
-    );
+    let (sink, dedupe) = slower_than_the_message_timeout();
     let burst = take(&mut consumer, 2).await;
     assert_eq!(dedupe.process_batch(burst).await, [Outcome::Delivered; 2]);
     drained(&broker).await;

@@ -26,7 +26,7 @@ use crate::util::wait_until_or;
 
 /// The serve sink shared between the sidecar (its handler) and the test (its stats).
 #[derive(Clone)]
-struct Served(Arc<ServeSink>);
+pub(crate) struct Served(pub(crate) Arc<ServeSink>);
 
 impl Handler for Served {
     async fn handle(&self, body: Bytes) -> Result<(), HandlerError> {
@@ -42,14 +42,14 @@ impl Handler for Served {
     }
 }
 
-fn serve_config() -> ServeConfig {
+pub(crate) fn serve_config() -> ServeConfig {
     let mut config = ServeConfig::new(TOPIC, CHANNEL);
     config.tcp_address = "127.0.0.1:0".parse().unwrap();
     config.http_address = Some("127.0.0.1:0".parse().unwrap());
     config
 }
 
-async fn start_serve(config: ServeConfig) -> Served {
+pub(crate) async fn start_serve(config: ServeConfig) -> Served {
     Served(Arc::new(
         ServeSink::start(config)
             .await
@@ -58,7 +58,7 @@ async fn start_serve(config: ServeConfig) -> Served {
 }
 
 /// The sidecar consuming `brokers`, keyed on `/id`, serving through `served`.
-async fn sidecar(brokers: &[&Broker], served: &Served) -> Running {
+pub(crate) async fn sidecar(brokers: &[&Broker], served: &Served) -> Running {
     let addrs: Vec<SocketAddr> = brokers.iter().map(|b| b.tcp_addr()).collect();
     let mut raw = raw_config(&addrs);
     raw.dedupe.key = Some("json:/id".into());
@@ -112,14 +112,14 @@ pub(crate) fn finished_once(seen: &Seen) -> usize {
 }
 
 /// Nothing waits in or is in flight through the serve sink.
-fn serve_idle(served: &Served) -> bool {
+pub(crate) fn serve_idle(served: &Served) -> bool {
     let stats = served.0.stats();
     stats.waiting == 0 && stats.in_flight == 0
 }
 
 /// Waits, up to 60 s, until `seen` holds `n` distinct payloads, `brokers` are drained and
 /// nothing waits in or is in flight through the serve sink; `what` names the wait.
-async fn wait_all_finished(
+pub(crate) async fn wait_all_finished(
     seen: &Seen,
     brokers: &[&Broker],
     served: &Served,

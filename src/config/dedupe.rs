@@ -102,6 +102,7 @@ impl RawDedupe {
             max_attempts: source.max_attempts,
             // Touch and renew twice per message timeout, so one late keepalive is not fatal.
             keepalive: (source.msg_timeout / 2).max(Duration::from_millis(100)),
+            max_held_copies: defaults.max_held_copies,
         };
         Ok((Keyer::new(key, digest), policy))
     }

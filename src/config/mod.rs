@@ -481,6 +481,8 @@ impl RawConfig {
                 .expect("the default size is valid for every supported way count"),
         })?;
         let max_age = self.dedupe.max_age_duration()?;
+        self.store
+            .check_fits(&store, near_table, max_age.is_some())?;
         if let StoreSettings::Memcached(config, _) = &mut store {
             config.max_age = max_age;
         }

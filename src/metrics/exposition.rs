@@ -79,6 +79,13 @@ type GaugeCopy = (&'static str, &'static str, f64);
 
 /// The sidecar's own counters: what became of the messages, the handler and the store calls.
 fn sidecar_counters(m: &Metrics) -> Vec<CounterCopy> {
+    let mut counters = message_counters(m);
+    counters.extend(handler_and_store_counters(m));
+    counters
+}
+
+/// What became of the messages: each received message ends in one of these.
+fn message_counters(m: &Metrics) -> Vec<CounterCopy> {
     vec![
         (
             "nsq_dedupe_unique",
@@ -101,10 +108,26 @@ fn sidecar_counters(m: &Metrics) -> Vec<CounterCopy> {
             get(&m.in_flight_finished),
         ),
         (
+            "nsq_dedupe_copies_held",
+            "Copies found in flight here, held until their original settled.",
+            get(&m.copies_held),
+        ),
+        (
+            "nsq_dedupe_deferred_copies",
+            "Copies requeued until the delay their receiver asked for ends.",
+            get(&m.deferred_copies),
+        ),
+        (
             "nsq_dedupe_keyless",
             "Bodies without a key, passed on as unique.",
             get(&m.keyless),
         ),
+    ]
+}
+
+/// What the handler, the dead-letter and the store did with them.
+fn handler_and_store_counters(m: &Metrics) -> Vec<CounterCopy> {
+    vec![
         (
             "nsq_dedupe_handler_successes",
             "Handler calls that succeeded.",
@@ -114,6 +137,11 @@ fn sidecar_counters(m: &Metrics) -> Vec<CounterCopy> {
             "nsq_dedupe_handler_failures",
             "Handler calls that failed.",
             get(&m.handler_failures),
+        ),
+        (
+            "nsq_dedupe_handler_requeues",
+            "Records requeued at the request of the handler's receiver.",
+            get(&m.handler_requeues),
         ),
         (
             "nsq_dedupe_erased",

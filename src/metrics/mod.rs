@@ -3,8 +3,10 @@
 //!
 //! One [`Metrics`] per pipeline, shared by its tasks behind an `Arc`. Every outcome of a message
 //! has its own counter (one event per outcome, as vector's `internal_events`), so the counters
-//! add up: `received = duplicates + in_flight_requeues + in_flight_finished + unique + keyless
-//! + store_errors_at_claim` (a keyless message is both `keyless` and handled as unique).
+//! add up: `received = duplicates + in_flight_requeues + in_flight_finished + deferred_copies +
+//! unique + keyless + store_errors_at_claim` (a keyless message is both `keyless` and handled
+//! as unique; a copy held beside its original is counted once it is answered, as a duplicate
+//! or as whatever deciding it again makes of it; `copies_held` counts how many waited).
 //!
 //! All counters are `AtomicU64` with `Relaxed` ordering: they are statistics that no other
 //! memory depends on, and readers only need eventually-consistent totals.
@@ -93,12 +95,19 @@ pub struct Metrics {
     pub in_flight_requeues: AtomicU64,
     /// Copies found in flight and finished (`on_in_flight = "finish"`).
     pub in_flight_finished: AtomicU64,
+    /// Copies found in flight here, held beside their original until it settled.
+    pub copies_held: AtomicU64,
+    /// Copies of a message whose receiver asked for it later, requeued to come back then.
+    pub deferred_copies: AtomicU64,
     /// Bodies without a key, passed on as unique.
     pub keyless: AtomicU64,
     /// Handler calls that succeeded.
     pub handler_successes: AtomicU64,
     /// Handler calls that failed (retryable or not).
     pub handler_failures: AtomicU64,
+    /// Records the handler's receiver asked to have later (a consumer's REQ through the serve
+    /// sink), requeued with its delay: not failures.
+    pub handler_requeues: AtomicU64,
     /// Handler call durations.
     pub handler_duration: Histogram,
     /// Entries erased after a handler failure so that the retry is not taken for a copy.
@@ -171,9 +180,12 @@ impl Metrics {
             duplicates: AtomicU64::new(0),
             in_flight_requeues: AtomicU64::new(0),
             in_flight_finished: AtomicU64::new(0),
+            copies_held: AtomicU64::new(0),
+            deferred_copies: AtomicU64::new(0),
             keyless: AtomicU64::new(0),
             handler_successes: AtomicU64::new(0),
             handler_failures: AtomicU64::new(0),
+            handler_requeues: AtomicU64::new(0),
             handler_duration: Histogram::default(),
             erased: AtomicU64::new(0),
             dead_lettered: AtomicU64::new(0),

@@ -54,6 +54,8 @@ pub struct Message {
     conn: Arc<ConnHandle>,
     consumer: Arc<dyn MessageDelegate>,
     answered: bool,
+    /// Set aside by [`park`](Message::park).
+    parked: bool,
 }
 
 impl Message {
@@ -70,6 +72,7 @@ impl Message {
             conn,
             consumer,
             answered: false,
+            parked: false,
         }
     }
 
@@ -135,12 +138,32 @@ impl Message {
         self.requeue_inner(delay, false)
     }
 
-    fn requeue_inner(mut self, delay: Option<Duration>, backoff: bool) -> Result<(), Error> {
-        self.answered = true;
-        let delay = match delay {
+    /// Sets the message aside (`true`) or takes it back (`false`): while set aside it stays in
+    /// flight at nsqd, TOUCHed and answered as usual, but does not count toward the consumer's
+    /// `max_in_flight`, whose RDY rises by one meanwhile. For a message kept waiting on
+    /// another one's outcome (a copy held beside its original), which must not take the place
+    /// of new messages. Answering or dropping the message takes it back.
+    pub fn park(&mut self, parked: bool) {
+        if self.parked == parked {
+            return;
+        }
+        self.parked = parked;
+        self.conn.park(parked);
+        self.consumer.on_parked();
+    }
+
+    /// The delay a REQ of this message with `delay` waits at nsqd: `delay` capped at the
+    /// consumer's `max_requeue_delay`, or its default for `None`.
+    pub fn requeue_delay(&self, delay: Option<Duration>) -> Duration {
+        match delay {
             Some(delay) => self.consumer.clamp_requeue_delay(delay),
             None => self.consumer.default_requeue_delay(self.attempts),
-        };
+        }
+    }
+
+    fn requeue_inner(mut self, delay: Option<Duration>, backoff: bool) -> Result<(), Error> {
+        self.answered = true;
+        let delay = self.requeue_delay(delay);
         let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
         let result = self.conn.answer(self.id, Command::Req(self.id, delay_ms));
         if result.is_ok() {
@@ -162,10 +185,7 @@ impl Message {
             let command = match answer {
                 Answer::Finish => Command::Fin(message.id),
                 Answer::Requeue { delay, .. } => {
-                    let delay = match delay {
-                        Some(delay) => message.consumer.clamp_requeue_delay(delay),
-                        None => message.consumer.default_requeue_delay(message.attempts),
-                    };
+                    let delay = message.requeue_delay(delay);
                     let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
                     Command::Req(message.id, delay_ms)
                 }
@@ -231,6 +251,8 @@ impl Message {
 
 impl Drop for Message {
     fn drop(&mut self) {
+        // Answered or not, a message set aside no longer is once it is gone.
+        self.park(false);
         if self.answered || !self.conn.is_in_flight(&self.id) {
             return;
         }

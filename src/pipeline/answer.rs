@@ -30,12 +30,28 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
         let mut answers = Vec::with_capacity(count);
         let mut undeliverable = Vec::new();
         for (record, result) in records.into_iter().zip(results) {
-            let Record { index, message, .. } = record;
+            let Record {
+                index,
+                message,
+                digest,
+                ..
+            } = record;
             match result {
                 Ok(()) => {
                     inc(&metrics.handler_successes);
+                    inner.failure_log.succeeded();
                     outcomes.push((index, Outcome::Delivered));
                     answers.push((message, Answer::Finish));
+                }
+                Err(HandlerError::Requeued { after }) => {
+                    inc(&metrics.handler_requeues);
+                    let delay = message.requeue_delay(Some(after));
+                    if let Some(digest) = digest {
+                        inner.deferred.defer(digest, delay);
+                    }
+                    tracing::debug!(id = %message.id(), delay_ms = delay.as_millis() as u64, "Requeued at its receiver's request.");
+                    outcomes.push((index, Outcome::Requeued));
+                    answers.push((message, requeue(Some(delay), false)));
                 }
                 Err(error) => {
                     inc(&metrics.handler_failures);
@@ -52,6 +68,13 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
                         .policy
                         .retry_delay(attempts)
                         .max(error.retry_after().unwrap_or_default());
+                    // A server that said when to come back gets the content no sooner, copies
+                    // included.
+                    if let (Some(digest), Some(_)) = (digest, error.retry_after()) {
+                        inner
+                            .deferred
+                            .defer(digest, message.requeue_delay(Some(delay)));
+                    }
                     tracing::debug!(id = %message.id(), attempts, %error, delay_ms = delay.as_millis() as u64, "Handler failed; requeued.");
                     inner.failure_log.requeued(&error);
                     outcomes.push((index, Outcome::Retried));

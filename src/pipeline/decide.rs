@@ -1,10 +1,12 @@
 //! The first steps of a burst: each message's key ([`Dedupe::key`]), then its claim and what
-//! the claim decides ([`Dedupe::decide`]): a copy is answered at once, a new message (or one
-//! the store could not decide, by policy) goes on to the handler.
+//! the claim decides ([`Dedupe::decide`]): a copy is answered at once, a copy of a message this
+//! process is handling waits beside it (`held.rs`), a copy of a message deferred at its
+//! receiver's request comes back later (`deferred.rs`), and a new message (or one the store
+//! could not decide, by policy) goes on to the handler.
 
 use std::time::Instant;
 
-use super::{requeue, Dedupe, InFlightPolicy, Outcome, Record, StoreErrorPolicy};
+use super::{held, requeue, Dedupe, InFlightPolicy, Outcome, Record, StoreErrorPolicy};
 use crate::dedup::{Claim, Digest, Store};
 use crate::error::StoreError;
 use crate::metrics::inc;
@@ -52,6 +54,7 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
                         index,
                         message,
                         digest: None,
+                        held_by: None,
                     });
                 }
             }
@@ -76,33 +79,164 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
         let Keyed {
             claimed,
             digests,
-            keyless: mut deliver,
+            keyless: deliver,
         } = keyed;
+        let mut decided = Decided {
+            answers: Vec::new(),
+            deliver,
+            answered: started,
+        };
+        let (claimed, digests) = self.defer(claimed, digests, &mut decided, outcomes);
+        let unheld = self
+            .claim_and_apply(claimed, digests, Some(started), &mut decided, outcomes)
+            .await;
+        if unheld.is_empty() {
+            return decided;
+        }
+        // Copies found in flight that could not wait here: their original here settled
+        // between their claim and now, or it is in flight elsewhere. One more claim tells
+        // which; what is still in flight then is requeued.
+        let (claimed, digests): (Vec<_>, Vec<_>) = unheld.into_iter().unzip();
+        let unheld = self
+            .claim_and_apply(claimed, digests, None, &mut decided, outcomes)
+            .await;
+        for ((index, message), _) in unheld {
+            outcomes[index] = Outcome::InFlight;
+            decided.answers.push((message, self.in_flight()));
+        }
+        decided
+    }
+
+    /// Reserves the digests where copies are held (see `held.rs`), claims them and applies
+    /// the claims; returns the copies in flight that could not be held. `started`, for the
+    /// first claims of a burst, is when its store work began: the claims' latency is
+    /// observed, and `decided.answered` set.
+    async fn claim_and_apply(
+        &self,
+        claimed: Vec<(usize, Message)>,
+        digests: Vec<Digest>,
+        started: Option<Instant>,
+        decided: &mut Decided,
+        outcomes: &mut [Outcome],
+    ) -> Vec<((usize, Message), Digest)> {
+        // Before the claims: a copy whose claim comes after one of them finds the reservation.
+        let (owner, reserved) = match self.holds_copies() {
+            true => {
+                let (owner, reserved) = self.inner.held.reserve(&digests);
+                (Some(owner), reserved)
+            }
+            false => (None, vec![false; digests.len()]),
+        };
         let claims = self.claim(&digests).await;
-        // One clock read ends the claim and starts the handler: at hundreds of thousands of
-        // messages a second, reading the clock is a few percent of the work.
-        let answered = Instant::now();
-        let mut answers = Vec::new();
+        if let Some(started) = started {
+            // One clock read ends the claim and starts the handler: at hundreds of thousands
+            // of messages a second, reading the clock is a few percent of the work.
+            decided.answered = Instant::now();
+            if !digests.is_empty() {
+                let ok = claims.iter().all(Result::is_ok);
+                let metrics = &self.inner.metrics;
+                metrics.store_answered(decided.answered - started, ok);
+                if ok {
+                    self.inner.store_error_log.answered(|| metrics.uptime());
+                }
+            }
+        }
+        self.apply(
+            claimed,
+            digests,
+            (owner, reserved),
+            claims,
+            decided,
+            outcomes,
+        )
+    }
+
+    /// Takes out the messages whose digest is deferred at its receiver's request (see
+    /// `deferred.rs`): each is requeued to come back when the deferral ends, without a
+    /// claim. Returns the others, to claim.
+    fn defer(
+        &self,
+        claimed: Vec<(usize, Message)>,
+        digests: Vec<Digest>,
+        decided: &mut Decided,
+        outcomes: &mut [Outcome],
+    ) -> (Vec<(usize, Message)>, Vec<Digest>) {
+        let Some(remaining) = self.inner.deferred.remaining(&digests, Instant::now()) else {
+            return (claimed, digests);
+        };
+        let mut kept = (
+            Vec::with_capacity(claimed.len()),
+            Vec::with_capacity(digests.len()),
+        );
+        for (((index, message), digest), remaining) in
+            claimed.into_iter().zip(digests).zip(remaining)
+        {
+            match remaining {
+                Some(delay) => {
+                    inc(&self.inner.metrics.deferred_copies);
+                    outcomes[index] = Outcome::InFlight;
+                    decided.answers.push((message, requeue(Some(delay), false)));
+                }
+                None => {
+                    kept.0.push((index, message));
+                    kept.1.push(digest);
+                }
+            }
+        }
+        kept
+    }
+
+    /// Decides each message by its claim: a new one goes on to the handler (its digest open
+    /// for copies, if the claims have an owner in `held`), a copy is finished, a copy in
+    /// flight here is held beside its original. A reservation whose claim was not new is
+    /// given up, and the copies held on it meanwhile are answered as that claim says. Returns
+    /// the copies in flight that were not held, with their digests, for the caller to decide.
+    fn apply(
+        &self,
+        claimed: Vec<(usize, Message)>,
+        digests: Vec<Digest>,
+        (owner, reserved): (Option<held::Owner>, Vec<bool>),
+        claims: Vec<Result<Claim, StoreError>>,
+        decided: &mut Decided,
+        outcomes: &mut [Outcome],
+    ) -> Vec<((usize, Message), Digest)> {
+        let inner = &*self.inner;
+        let holding = owner.is_some();
+        let mut unheld = Vec::new();
         let mut failed: Option<(StoreError, usize)> = None;
-        let any_claimed = !digests.is_empty();
-        for (((index, message), claim), digest) in claimed.into_iter().zip(claims).zip(digests) {
+        let decisions = claimed.into_iter().zip(claims).zip(digests).zip(reserved);
+        for ((((index, message), claim), digest), reserved) in decisions {
+            if let (Some(owner), true, false) = (owner, reserved, matches!(claim, Ok(Claim::New))) {
+                self.give_up_reservation(digest, owner, &claim, decided);
+            }
             match claim {
                 Ok(Claim::New) => {
-                    inc(&self.inner.metrics.unique);
-                    deliver.push(Record {
+                    inc(&inner.metrics.unique);
+                    if let (Some(owner), false) = (owner, reserved) {
+                        inner.held.open(digest, owner);
+                    }
+                    decided.deliver.push(Record {
                         index,
                         message,
                         digest: Some(digest),
+                        held_by: owner,
                     });
                 }
                 Ok(Claim::Duplicate) => {
-                    inc(&self.inner.metrics.duplicates);
+                    inc(&inner.metrics.duplicates);
                     outcomes[index] = Outcome::Duplicate;
-                    answers.push((message, Answer::Finish));
+                    decided.answers.push((message, Answer::Finish));
                 }
+                Ok(Claim::InFlight) if holding => match inner.held.hold(digest, message) {
+                    Ok(()) => {
+                        inc(&inner.metrics.copies_held);
+                        outcomes[index] = Outcome::Held;
+                    }
+                    Err(message) => unheld.push(((index, message), digest)),
+                },
                 Ok(Claim::InFlight) => {
                     outcomes[index] = Outcome::InFlight;
-                    answers.push((message, self.in_flight()));
+                    decided.answers.push((message, self.in_flight()));
                 }
                 Err(error) => {
                     let answer = self.claim_failed(&error, digest, &message);
@@ -111,27 +245,47 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
                         None => failed = Some((error, 1)),
                     }
                     match answer {
-                        Some(answer) => answers.push((message, answer)),
-                        None => deliver.push(Record {
+                        Some(answer) => decided.answers.push((message, answer)),
+                        None => decided.deliver.push(Record {
                             index,
                             message,
                             digest: None,
+                            held_by: None,
                         }),
                     }
                 }
             }
         }
-        if any_claimed {
-            let metrics = &self.inner.metrics;
-            metrics.store_answered(answered - started, failed.is_none());
-        }
         if let Some((error, count)) = failed {
             self.store_errors("claim", &error, count);
         }
-        Decided {
-            answers,
-            deliver,
-            answered,
+        unheld
+    }
+
+    /// Gives up the reservation of `digest`, whose claim was not new: the copies held on it
+    /// meanwhile are finished if the claim found a copy, else requeued as copies in flight
+    /// elsewhere (it is not this process that delivers their content).
+    fn give_up_reservation(
+        &self,
+        digest: Digest,
+        owner: held::Owner,
+        claim: &Result<Claim, StoreError>,
+        decided: &mut Decided,
+    ) {
+        let copies = self.inner.held.close(digest, owner);
+        if copies.is_empty() {
+            return;
+        }
+        let metrics = &self.inner.metrics;
+        for copy in copies {
+            let answer = match claim {
+                Ok(Claim::Duplicate) => {
+                    inc(&metrics.duplicates);
+                    Answer::Finish
+                }
+                _ => self.in_flight(),
+            };
+            decided.answers.push((copy, answer));
         }
     }
 

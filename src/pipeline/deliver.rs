@@ -7,13 +7,55 @@ use std::time::Instant;
 
 use futures::FutureExt;
 
+use super::held::{Held, Owner};
 use super::{requeue, Dedupe, Outcome, Record};
 use crate::dedup::{Digest, Store};
 use crate::metrics::{add, inc};
+use crate::nsq::Answer;
 use crate::sink::{Delivery, Handler, HandlerError};
 
 /// The handler's result for each record of a call, in the records' order.
 type Results = Vec<Result<(), HandlerError>>;
+
+/// The digests the records opened in [`Held`], open for as long as it lives: whatever is not closed when
+/// it drops (a handler call dropped mid-way) is closed then, and its copies, dropped, requeue
+/// themselves.
+struct Originals<'a> {
+    held: &'a Held,
+    open: Vec<(Digest, Owner)>,
+}
+
+impl<'a> Originals<'a> {
+    /// The digests the records opened when they were claimed.
+    fn new(held: &'a Held, records: &[Record]) -> Self {
+        let open = records
+            .iter()
+            .filter_map(|r| Some((r.digest?, r.held_by?)))
+            .collect();
+        Originals { held, open }
+    }
+
+    /// Hands the closing of every digest to the caller, who closes each in turn; whether
+    /// any was open.
+    fn take(&mut self) -> bool {
+        !std::mem::take(&mut self.open).is_empty()
+    }
+
+    /// Closes every digest still open: the copies held beside them.
+    fn close_all(&mut self) -> Vec<crate::nsq::Message> {
+        let held = self.held;
+        self.open
+            .drain(..)
+            .flat_map(|(digest, owner)| held.close(digest, owner))
+            .collect()
+    }
+}
+
+impl Drop for Originals<'_> {
+    fn drop(&mut self) {
+        drop(self.close_all());
+    }
+}
 
 /// Counts records as being handled for as long as it lives.
 struct Handling<'a> {
@@ -63,8 +105,11 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
     async fn deliver(&self, records: Vec<Record>, started: Instant) -> Vec<(usize, Outcome)> {
         let count = records.len();
         let _handling = Handling::new(&self.inner.handling, count);
+        let mut originals = Originals::new(&self.inner.held, &records);
         let Some(results) = self.handle(&records).await else {
-            return self.abandoned(records).await;
+            let outcomes = self.abandoned(records).await;
+            self.requeue_held(originals.close_all());
+            return outcomes;
         };
         let handled = Instant::now();
         self.inner
@@ -72,7 +117,55 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
             .handler_duration
             .observe_many(handled - started, count as u64);
         self.settle(&records, &results, handled).await;
-        self.answer_results(records, results).await
+        // Settled: a copy decided again now finds its original's entry committed or erased.
+        let again = self.answer_held(&mut originals, &records, &results);
+        let outcomes = self.answer_results(records, results).await;
+        if !again.is_empty() {
+            // Boxed: a path of failures whose future would otherwise enlarge every burst's task.
+            Box::pin(self.decide_and_deliver(again)).await;
+        }
+        outcomes
+    }
+
+    /// Answers the copies held beside the records, now that their claims are settled: a
+    /// delivered record's copies are finished as copies; those of a record that was not
+    /// delivered are returned, to be decided again (one of them is then delivered, unless
+    /// the record's receiver asked for it later: see `deferred.rs`).
+    fn answer_held(
+        &self,
+        originals: &mut Originals<'_>,
+        records: &[Record],
+        results: &Results,
+    ) -> Vec<crate::nsq::Message> {
+        let mut finished = Vec::new();
+        let mut again = Vec::new();
+        if !originals.take() {
+            return again;
+        }
+        for (record, result) in records.iter().zip(results) {
+            let (Some(digest), Some(owner)) = (record.digest, record.held_by) else {
+                continue;
+            };
+            let copies = self.inner.held.close(digest, owner);
+            match result {
+                Ok(()) => finished.extend(copies.into_iter().map(|c| (c, Answer::Finish))),
+                Err(_) => again.extend(copies),
+            }
+        }
+        add(&self.inner.metrics.duplicates, finished.len());
+        self.answer(finished);
+        again
+    }
+
+    /// Requeues copies whose original was abandoned at shutdown, as their original is.
+    fn requeue_held(&self, copies: Vec<crate::nsq::Message>) {
+        add(&self.inner.metrics.in_flight_requeues, copies.len());
+        self.answer(
+            copies
+                .into_iter()
+                .map(|c| (c, requeue(Some(std::time::Duration::ZERO), false)))
+                .collect(),
+        );
     }
 
     /// Calls the handler, keeping the records' messages and claims alive while it works;
@@ -156,8 +249,8 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
         }
     }
 
-    /// TOUCHes the records' messages and renews their claims (those claimed done have no
-    /// lease).
+    /// TOUCHes the records' messages and the copies held beside them, and renews their
+    /// claims (those claimed done have no lease).
     async fn keep_alive(&self, records: &[Record]) {
         let metrics = &*self.inner.metrics;
         for record in records {
@@ -170,13 +263,16 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
             }
         }
         if self.inner.handler.accepts_for_good() {
-            // Claimed done: no lease to renew.
+            // Claimed done: no lease to renew, and no copy held.
             return;
         }
         let digests: Vec<Digest> = records.iter().filter_map(|r| r.digest).collect();
         if digests.is_empty() {
             return;
         }
+        let (touched, failed) = self.inner.held.touch(&digests);
+        add(&metrics.touches, touched);
+        add(&metrics.answer_failures, failed);
         let store = &self.inner.store;
         let t = Instant::now();
         let renewed =

@@ -11,10 +11,14 @@
 //! 2. The digest is claimed in the store (two copies in one burst: the first is `New`, the
 //!    second `InFlight`):
 //!    - `Duplicate`: FIN. Nothing reaches the handler.
-//!    - `InFlight`: another delivery of the same content is being handled. By default REQ with
-//!      a short delay, so the copy is decided once the first one finishes
-//!      ([`InFlightPolicy::Requeue`]); optionally FIN ([`InFlightPolicy::Finish`]), which is
-//!      not safe when the "copy" is nsqd redelivering a message whose handler is still running.
+//!    - `InFlight`: another delivery of the same content is being handled. By default, when
+//!      this process handles it, the copy waits beside it and is decided when it settles
+//!      (`held.rs`); else REQ with a short delay, so the copy is decided once the first one
+//!      finishes ([`InFlightPolicy::Requeue`]). Optionally FIN ([`InFlightPolicy::Finish`]),
+//!      which is not safe when the "copy" is nsqd redelivering a message whose handler is
+//!      still running.
+//!    - A digest whose receiver asked for it later (`deferred.rs`) is not claimed: the
+//!      message is requeued to come back when that delay ends.
 //!    - `New`: the handler gets the body, with the burst's other records. While it runs, the
 //!      messages are TOUCHed and the claims' leases renewed every `keepalive`. Success of its
 //!      own record: `commit`, then FIN. For a handler whose accepted message is final
@@ -27,7 +31,10 @@
 //!      the `max_attempts`-th delivery, sends the message to the dead-letter and FINs it only
 //!      once the dead-letter accepted it. Without a dead-letter it is requeued with the longest
 //!      delay instead: never dropped. The cause of a failure is logged at WARN, at most once
-//!      a second per cause (`pipeline/failure_log.rs`).
+//!      a second per cause (`pipeline/failure_log.rs`). A record whose receiver asks for it
+//!      later ([`HandlerError::Requeued`](crate::sink::HandlerError::Requeued)) is no
+//!      failure: `erase`, then REQ with the delay it asked for, its digest deferred as long.
+//!      Copies held beside a record are FINed once it is delivered, decided again otherwise.
 //! 3. A store error at claim follows [`StoreErrorPolicy`]: `Requeue` (REQ, decided later) or
 //!    `Process` (delivered without de-duplication). Each message has its own claim: where a
 //!    burst's sets live on several servers and one fails, only its messages take the policy.
@@ -44,12 +51,16 @@
 //!
 //! The steps, each in its file: `decide.rs` (key, claim, decide), `deliver.rs` (the handler
 //! call and its keep-alive), `settle.rs` (commit, erase, and the writes sent again),
-//! `answer.rs` (FIN, REQ, dead-letter); `policy.rs` holds the decisions' settings.
+//! `answer.rs` (FIN, REQ, dead-letter); `held.rs` keeps the copies that wait beside their
+//! original, `deferred.rs` the digests requeued at their receiver's request; `policy.rs`
+//! holds the decisions' settings.
 
 mod answer;
 mod decide;
+mod deferred;
 mod deliver;
 mod failure_log;
+mod held;
 mod policy;
 mod settle;
 mod store_error_log;
@@ -66,7 +77,9 @@ use crate::metrics::{add, Metrics};
 use crate::nsq::Message;
 use crate::sink::{DeadLetter, Handler};
 use answer::requeue;
+use deferred::Deferred;
 use failure_log::FailureLog;
+use held::Held;
 use store_error_log::StoreErrorLog;
 use unsettled::Unsettled;
 
@@ -79,13 +92,19 @@ pub enum Outcome {
     Delivered,
     /// A copy of something delivered before; finished.
     Duplicate,
-    /// A copy of something being handled; requeued (or finished, by policy).
+    /// A copy of something being handled elsewhere, or deferred at its receiver's request;
+    /// requeued (or finished, by policy).
     InFlight,
+    /// A copy of something this process is handling: held, and answered when that one
+    /// settles (finished as a copy once it is delivered, decided again if it is not).
+    Held,
     /// The handler failed; requeued for a retry.
     Retried,
     /// Accepted by the dead-letter and finished.
     DeadLettered,
-    /// Could not be delivered nor dead-lettered (or the store failed): requeued.
+    /// Requeued without a failure of the handler: its receiver asked to have it later
+    /// ([`HandlerError::Requeued`](crate::sink::HandlerError::Requeued)), or it could not be
+    /// delivered nor dead-lettered, or the store failed.
     Requeued,
 }
 
@@ -157,6 +176,10 @@ struct Inner<S, H> {
     handling: AtomicUsize,
     /// Commits and erases the store failed, sent again before the next burst's claims.
     unsettled: Unsettled,
+    /// This process's originals in flight, and the copies that wait beside them.
+    held: Held,
+    /// Digests whose receiver asked for them later, and until when.
+    deferred: Deferred,
 }
 
 impl<S: Store, H: Handler> Dedupe<S, H> {
@@ -174,7 +197,6 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
                 store,
                 keyer,
                 handler,
-                policy,
                 dead_letter,
                 metrics,
                 store_error_log: StoreErrorLog::default(),
@@ -182,6 +204,12 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
                 abandon: tokio_util::sync::CancellationToken::new(),
                 handling: AtomicUsize::new(0),
                 unsettled: Unsettled::default(),
+                held: Held::new(match policy.on_in_flight {
+                    InFlightPolicy::Requeue => policy.max_held_copies,
+                    InFlightPolicy::Finish => 0,
+                }),
+                deferred: Deferred::default(),
+                policy,
             }),
         }
     }
@@ -206,6 +234,11 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
         self.inner.handling.load(Ordering::Relaxed)
     }
 
+    /// Copies held beside their original, to be answered when it settles.
+    pub fn held_copies(&self) -> usize {
+        self.inner.held.len()
+    }
+
     /// Gives up on every running and future handler call: each is dropped, its claim erased
     /// (so that a redelivery is not held back as in flight until a lease expires) and its
     /// message requeued. For shutdown, after the grace period: the consumer has requeued
@@ -225,8 +258,14 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
     /// Decides a burst of messages and answers every one (FIN or REQ) before returning; the
     /// outcomes are in the order of `messages`. See the module docs.
     pub async fn process_batch(&self, messages: Vec<Message>) -> Vec<Outcome> {
-        let mut outcomes = vec![Outcome::Requeued; messages.len()];
         count_received(&self.inner.metrics, &messages);
+        self.decide_and_deliver(messages).await
+    }
+
+    /// Decides and delivers messages already counted as received: a burst, or the copies
+    /// held beside an original that was not delivered.
+    async fn decide_and_deliver(&self, messages: Vec<Message>) -> Vec<Outcome> {
+        let mut outcomes = vec![Outcome::Requeued; messages.len()];
         let keyed = self.key(messages);
         let started = Instant::now();
         // Before the claims: an erase of an earlier claim that got no answer must not land
@@ -243,6 +282,12 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
             outcomes[index] = outcome;
         }
         outcomes
+    }
+
+    /// Whether copies in flight wait beside their original here: by policy, and not for a
+    /// handler whose records are claimed done (their copies are duplicates at once).
+    fn holds_copies(&self) -> bool {
+        self.inner.held.is_enabled() && !self.inner.handler.accepts_for_good()
     }
 
     /// Counts one store error of `operation`, logging it as `store_errors` does.
@@ -262,12 +307,16 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
     }
 }
 
-/// A message of a burst on its way to the handler: its place in the burst, and its claim's
-/// digest (`None` when it has no claim: keyless, or delivered while the store fails).
+/// A message of a burst on its way to the handler: its place in the burst, its claim's
+/// digest (`None` when it has no claim: keyless, or delivered while the store fails), and
+/// whether copies wait beside it.
 struct Record {
     index: usize,
     message: Message,
     digest: Option<Digest>,
+    /// The owner of its digest's entry in `held`, if copies wait beside it: it closes the
+    /// entry when it settles.
+    held_by: Option<held::Owner>,
 }
 
 /// Counts a burst's messages per nsqd (a burst usually comes from one).

@@ -63,6 +63,11 @@ pub struct Policy {
     /// under nsqd's message timeout and the store's lease. Defaults to: 30 s (half of NSQ's
     /// default 60 s timeout).
     pub keepalive: Duration,
+    /// The most copies held at once beside their original in flight in this process (see
+    /// `held.rs`); past it a copy in flight is requeued with `in_flight_requeue_delay`. 0:
+    /// never hold, requeue every copy in flight. Held copies do not count toward the
+    /// consumer's `max_in_flight` (its RDY rises by as many). Defaults to: 1,024.
+    pub max_held_copies: usize,
 }
 
 impl Default for Policy {
@@ -76,6 +81,7 @@ impl Default for Policy {
             max_backoff: Duration::from_secs(120),
             max_attempts: 5,
             keepalive: Duration::from_secs(30),
+            max_held_copies: 1024,
         }
     }
 }

@@ -55,13 +55,25 @@ pub enum HandlerError {
     /// The message can never be taken (a 4xx): send it to the dead-letter now.
     #[error("rejected: {0}")]
     Reject(String),
+    /// Not a failure: the receiver asked to have the message again, `after` from now (a
+    /// consumer's REQ through the serve sink). The message is requeued with that delay and
+    /// its copies wait as long; it is neither counted as a failure nor sent to the
+    /// dead-letter, since the receiver sees the attempts and gives up on its own.
+    #[error("requeued by its receiver for {after:?}")]
+    Requeued {
+        /// The delay the receiver asked for (zero: at once).
+        after: std::time::Duration,
+    },
 }
 
 impl HandlerError {
-    /// The least delay before a retry that the failure asks for, if any.
+    /// The least delay before a retry that the failure (or the receiver's requeue) asks for,
+    /// if any.
     pub fn retry_after(&self) -> Option<std::time::Duration> {
         match self {
-            HandlerError::RetryAfter { after, .. } => Some(*after),
+            HandlerError::RetryAfter { after, .. } | HandlerError::Requeued { after } => {
+                Some(*after)
+            }
             HandlerError::Retry(_) | HandlerError::Reject(_) => None,
         }
     }

@@ -5,9 +5,9 @@
 //! One `std` mutex guards the state (never held across an `.await`): the records waiting for
 //! a consumer, the subscribed consumers, and the messages in flight to them by the IDs this
 //! endpoint gave them (`flights`). A record in flight resolves its handler call exactly once:
-//! `Ok` on FIN; [`HandlerError::RetryAfter`] on a REQ with a delay ([`HandlerError::Retry`]
-//! without); [`HandlerError::Retry`] at once when its consumer times out or goes away. The
-//! pipeline then commits the claim and FINs upstream, or erases it and REQs upstream.
+//! `Ok` on FIN; [`HandlerError::Requeued`] with the consumer's delay on a REQ;
+//! [`HandlerError::Retry`] at once when its consumer times out or goes away. The pipeline
+//! then commits the claim and FINs upstream, or erases it and REQs upstream.
 //!
 //! Work moves in bursts, as it arrives: a handler call's records are queued under one lock
 //! and the call is woken once, when its last record is answered (`answers`); the FINs, REQs
@@ -138,7 +138,7 @@ pub struct DispatchStats {
 pub(crate) enum Settle {
     /// FIN: the handler call's record succeeds.
     Finish(MessageId),
-    /// REQ: the record fails, asking for this delay before the retry.
+    /// REQ: the consumer asks for the record again after this delay.
     Requeue(MessageId, Duration),
     /// TOUCH: the message's timer starts again, up to `max_msg_timeout` after it was sent.
     Touch(MessageId),
@@ -432,17 +432,8 @@ impl State {
         if let Some(slot) = self.slot_mut(client) {
             slot.requeue_count += 1;
         }
-        // No ID in the reason: the pipeline logs each distinct cause at most once a second.
-        let reason = "a consumer requeued the message".to_string();
-        let error = if delay.is_zero() {
-            HandlerError::Retry(reason)
-        } else {
-            HandlerError::RetryAfter {
-                reason,
-                after: delay,
-            }
-        };
-        self.resolve(reply, Err(error));
+        // Not a failure of the sidecar: the consumer asks for the message again after `delay`.
+        self.resolve(reply, Err(HandlerError::Requeued { after: delay }));
         Ok(())
     }
 
@@ -640,7 +631,7 @@ mod tests {
         assert_eq!(settle(&d, 1, &[Settle::Requeue(id, three)]).0, vec![]);
         assert!(matches!(
             &a.await[..],
-            [Err(HandlerError::RetryAfter { after, .. })] if *after == three
+            [Err(HandlerError::Requeued { after })] if *after == three
         ));
         d.remove(1);
         assert!(matches!(&b.await[..], [Err(HandlerError::Retry(_))]));

@@ -1,0 +1,200 @@
+//! Copies that wait beside their original.
+//!
+//! A copy whose claim finds its digest in flight is, most often, a copy of a message this
+//! very process is handing to its handler: the copy from a second nsqd, arriving while the
+//! first is still being written or served. Requeueing it upstream would bring it back a
+//! `in_flight_requeue_delay` later, and again while the original is still on its way: with a
+//! slow consumer behind the serve sink, copies bounce between nsqd and the sidecar. So the
+//! copy waits here instead, TOUCHed with its original ([`Held::touch`]), and is decided when
+//! the original settles ([`Held::close`]): finished as a copy once the original is delivered,
+//! or decided again (and so delivered) once the original's claim is erased.
+//!
+//! Only copies of this process's own originals wait: a digest is open from just before this
+//! process claims it ([`Held::reserve`]) until that claim, if it was new, is settled
+//! ([`Held::close`]). Each entry has one owner (the claim call that reserved or opened it),
+//! and only its owner closes it. A copy in flight elsewhere (another sidecar of a fleet) is
+//! requeued as before.
+//!
+//! # The bound
+//!
+//! A held copy is still in flight at its nsqd, but set aside ([`Message::park`]): it does not
+//! count toward the consumer's `max_in_flight`, whose RDY rises by one for each, so copies never
+//! take the place of new messages (a consumer such as `nsq_to_file`, which writes a batch only
+//! once it holds `--max-in-flight` messages, would otherwise wait for its timer).
+//! [`Policy::max_held_copies`](super::Policy::max_held_copies) bounds them. Past it a copy is
+//! requeued as one in flight elsewhere is: nothing is lost either way, a held copy that is
+//! dropped requeues itself.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use crate::dedup::Digest;
+use crate::fold_hash::IdHasher;
+use crate::nsq::Message;
+
+/// Shards of the map, so that bursts settling at once rarely wait for each other's lock.
+const SHARDS: usize = 16;
+
+/// Who opened a digest: one claim call of one burst.
+pub(super) type Owner = u64;
+
+/// An original in flight here (or reserved, its claim still on its way) and the copies that
+/// wait on it.
+#[derive(Debug)]
+struct Original {
+    owner: Owner,
+    copies: Vec<Message>,
+}
+
+/// The originals by digest.
+type Originals = HashMap<Digest, Original, IdHasher>;
+
+/// This process's originals in flight and the copies that wait on each.
+#[derive(Debug)]
+pub(super) struct Held {
+    /// `std` mutexes: held for a lookup and the answers it queues, never across an `.await`.
+    shards: [Mutex<Originals>; SHARDS],
+    /// The last owner handed out.
+    owners: AtomicU64,
+    /// Copies held now, across the shards.
+    copies: AtomicUsize,
+    /// The most copies held at once.
+    limit: usize,
+}
+
+impl Held {
+    /// A map that holds at most `limit` copies at once (0: none, every copy in flight is
+    /// requeued).
+    pub(super) fn new(limit: usize) -> Self {
+        Held {
+            shards: std::array::from_fn(|_| Mutex::new(Originals::default())),
+            owners: AtomicU64::new(0),
+            copies: AtomicUsize::new(0),
+            limit,
+        }
+    }
+
+    /// Whether copies are held at all.
+    pub(super) fn is_enabled(&self) -> bool {
+        self.limit > 0
+    }
+
+    /// Reserves each digest not open yet, before its claim, for a new owner: a copy whose
+    /// claim finds the digest in flight after that claim may wait on it. Returns the owner,
+    /// and for each digest whether it reserved it. The caller [`open`](Held::open)s each
+    /// digest whose claim is new and [`close`](Held::close)s the others it reserved.
+    ///
+    /// Reserving before claiming is what makes holding exact: a copy claimed after its
+    /// original's claim always finds the original's entry, however the two bursts' tasks are
+    /// scheduled.
+    pub(super) fn reserve(&self, digests: &[Digest]) -> (Owner, Vec<bool>) {
+        // Relaxed: a unique number, nothing else is ordered by it.
+        let owner = self.owners.fetch_add(1, Ordering::Relaxed) + 1;
+        let reserved = digests
+            .iter()
+            .map(|&digest| {
+                let mut shard = self.shard(digest);
+                match shard.entry(digest) {
+                    std::collections::hash_map::Entry::Occupied(_) => false,
+                    std::collections::hash_map::Entry::Vacant(vacant) => {
+                        vacant.insert(Original {
+                            owner,
+                            copies: Vec::new(),
+                        });
+                        true
+                    }
+                }
+            })
+            .collect();
+        (owner, reserved)
+    }
+
+    /// Opens `digest` for `owner`, whose claim of it was new: if another burst reserved it
+    /// meanwhile (its claim, which came after, cannot be new), `owner` takes the reservation
+    /// over with the copies held on it, which are copies of this original.
+    pub(super) fn open(&self, digest: Digest, owner: Owner) {
+        self.shard(digest)
+            .entry(digest)
+            .or_insert_with(|| Original {
+                owner,
+                copies: Vec::new(),
+            })
+            .owner = owner;
+    }
+
+    /// Holds `copy` beside its original in flight here. Gives it back when its digest is not
+    /// this process's own in flight (anymore), or when as many copies as the bound allows
+    /// are held already.
+    pub(super) fn hold(&self, digest: Digest, mut copy: Message) -> Result<(), Message> {
+        let mut shard = self.shard(digest);
+        let Some(original) = shard.get_mut(&digest) else {
+            return Err(copy);
+        };
+        // Relaxed: a bound, not a synchronisation; the shard's lock orders each digest's copies.
+        if self.copies.fetch_add(1, Ordering::Relaxed) >= self.limit {
+            self.copies.fetch_sub(1, Ordering::Relaxed);
+            return Err(copy);
+        }
+        copy.park(true);
+        original.copies.push(copy);
+        Ok(())
+    }
+
+    /// TOUCHes the copies waiting on `digests`, so that nsqd keeps them in flight as long as
+    /// their originals. Returns how many TOUCHes were queued and how many nsqd no longer takes
+    /// (that copy timed out or its connection closed: nsqd redelivers it).
+    pub(super) fn touch(&self, digests: &[Digest]) -> (usize, usize) {
+        if self.copies.load(Ordering::Relaxed) == 0 {
+            return (0, 0);
+        }
+        let (mut touched, mut failed) = (0, 0);
+        for &digest in digests {
+            let shard = self.shard(digest);
+            for copy in shard.get(&digest).into_iter().flat_map(|o| &o.copies) {
+                match copy.touch() {
+                    Ok(()) => touched += 1,
+                    Err(error) => {
+                        failed += 1;
+                        tracing::debug!(id = %copy.id(), %error, "TOUCH of a held copy failed; nsqd will redeliver it.");
+                    }
+                }
+            }
+        }
+        (touched, failed)
+    }
+
+    /// Ends `owner`'s time with `digest` (its original settled, or its reservation is given
+    /// up): the copies held on it, which the caller answers now. Nothing if another owner
+    /// took the digest over.
+    pub(super) fn close(&self, digest: Digest, owner: Owner) -> Vec<Message> {
+        let mut shard = self.shard(digest);
+        let copies = match shard.get(&digest) {
+            Some(original) if original.owner == owner => {
+                shard.remove(&digest).map(|o| o.copies).unwrap_or_default()
+            }
+            _ => return Vec::new(),
+        };
+        drop(shard);
+        if !copies.is_empty() {
+            self.copies.fetch_sub(copies.len(), Ordering::Relaxed);
+        }
+        let mut copies = copies;
+        for copy in &mut copies {
+            copy.park(false);
+        }
+        copies
+    }
+
+    /// Copies held now.
+    pub(super) fn len(&self) -> usize {
+        self.copies.load(Ordering::Relaxed)
+    }
+
+    fn shard(&self, digest: Digest) -> MutexGuard<'_, Originals> {
+        // The low bits of a digest are as random as any hash of them.
+        let shard = &self.shards[digest.as_u128() as usize % SHARDS];
+        // A panic cannot leave a map half-written: a poisoned lock is still usable.
+        shard.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
