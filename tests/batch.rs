@@ -142,6 +142,24 @@ fn slower_than_the_message_timeout() -> (BatchSink, Dedupe<Table, BatchSink>) {
     (sink.clone(), dedupe(sink, policy))
 }
 
+/// Takes the next message and hands it to `dedupe` in a task of its own, then publishes a copy
+/// of "a", takes it and checks that it is held beside its original; the original's task.
+async fn hold_a_copy(
+    broker: &Broker,
+    consumer: &mut Consumer,
+    dedupe: &Dedupe<Table, BatchSink>,
+) -> tokio::task::JoinHandle<Vec<Outcome>> {
+    let original = take(consumer, 1).await;
+    let handling = tokio::spawn({
+        let dedupe = dedupe.clone();
+        async move { dedupe.process_batch(original).await }
+    });
+    broker.publish_many(TOPIC, bodies(&["a"]));
+    let copy = take(consumer, 1).await;
+    assert_eq!(dedupe.process_batch(copy).await, [Outcome::Held]);
+    handling
+}
+
 /// A consumer of `broker` that leaves every decision to the pipeline.
 pub(crate) fn consumer(broker: &Broker) -> Consumer {
     let mut c = config(&[broker.tcp_addr()]);
@@ -287,14 +305,7 @@ async fn a_held_copy_is_touched_for_as_long_as_its_original_is_handled() {
     // The consumer asks for a 1 s message timeout; the original's batch takes 1.6 s.
     let mut consumer = consumer(&broker);
     let (sink, dedupe) = slower_than_the_message_timeout();
-    let original = take(&mut consumer, 1).await;
-    let handling = tokio::spawn({
-        let dedupe = dedupe.clone();
-        async move { dedupe.process_batch(original).await }
-    });
-    broker.publish_many(TOPIC, bodies(&["a"]));
-    let copy = take(&mut consumer, 1).await;
-    assert_eq!(dedupe.process_batch(copy).await, [Outcome::Held]);
+    let handling = hold_a_copy(&broker, &mut consumer, &dedupe).await;
     assert_eq!(dedupe.held_copies(), 1);
     assert_eq!(handling.await.unwrap(), [Outcome::Delivered]);
     drained(&broker).await;
@@ -334,14 +345,7 @@ async fn a_held_copy_does_not_count_toward_max_in_flight() {
         ..BatchSink::default()
     };
     let dedupe = dedupe(sink.clone(), policy());
-    let original = take(&mut consumer, 1).await;
-    let handling = tokio::spawn({
-        let dedupe = dedupe.clone();
-        async move { dedupe.process_batch(original).await }
-    });
-    broker.publish_many(TOPIC, bodies(&["a"]));
-    let copy = take(&mut consumer, 1).await;
-    assert_eq!(dedupe.process_batch(copy).await, [Outcome::Held]);
+    let handling = hold_a_copy(&broker, &mut consumer, &dedupe).await;
     let rdy = || broker.flow_log().last().map(|e| e.rdy);
     crate::util::wait_until_or(
         "RDY raised by the held copy",
