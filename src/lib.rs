@@ -100,7 +100,7 @@ pub use dedup::fleet::{FleetCounters, DEFAULT_FLEET_INTERVAL, FLEET_BUCKETS};
 pub use dedup::memcached::{MemcachedConfig, MemcachedStore};
 #[cfg(feature = "redis")]
 pub use dedup::redis::{RedisConfig, RedisPassword, RedisStore};
-pub use dedup::table::Table;
+pub use dedup::table::{Resizing, Table};
 pub use dedup::{Claim, Digest, Geometry, NoStore, Store};
 #[cfg(feature = "nsq")]
 pub use metrics::Metrics;

@@ -53,12 +53,14 @@ pub(crate) struct FilterArgs {
     pub(crate) max_age: Option<std::time::Duration>,
     /// Keep the table in this file between runs: loaded at start (or created), written at the
     /// end of a run whose every record was written, so daily runs de-duplicate across days.
-    /// The table's size and key must stay the same.
+    /// The key must stay the same; a file of another size is resized (see
+    /// --table-file-on-mismatch).
     #[arg(long, value_name = "FILE")]
     pub(crate) table_file: Option<PathBuf>,
-    /// A table file that does not match or is damaged: `error` or `recreate` (moved aside,
-    /// start empty).
-    #[arg(long, value_name = "POLICY", default_value = "error", value_parser = crate::cli::parse::named(&OnMismatch::NAMES))]
+    /// A table file of another size: `resize` (kept as the previous generation until the new
+    /// table has turned over), `error`, or `recreate` (moved aside, start empty; also for
+    /// other mismatches and damage).
+    #[arg(long, value_name = "POLICY", default_value = "resize", value_parser = crate::cli::parse::named(&OnMismatch::NAMES))]
     pub(crate) table_file_on_mismatch: OnMismatch,
     /// Print counts and the table's catch probability to stderr at the end.
     #[arg(long)]

@@ -139,6 +139,9 @@ fn open_table(
                 let reason = reason.naming(&table_file_flags());
                 tracing::error!(table_file = %path.display(), %reason, "Starting with an empty table (`--table-file-on-mismatch recreate`).");
             }
+            if let Some(from) = report.resized_from {
+                nsq_dedupe::dedup::table_file::log_resize(path, from, geometry);
+            }
             (table, Some(file))
         }
     })

@@ -44,7 +44,7 @@
 //! lease = "65s"                     # default: msg_timeout + 5 s
 //! # table_file = "/var/lib/nsq-dedupe/table"  # memory: kept between runs
 //! # snapshot_interval = "10s"       # default
-//! # table_file_on_mismatch = "error"  # or "recreate"
+//! # table_file_on_mismatch = "resize"  # default; or "error", "recreate"
 //! # journal_fsync = false          # true: a machine crash loses nothing FINished
 //! # near_table = "16MiB"            # memcached, redis: local table of this process's commits
 //!                                   # (default: a quarter of the table's slots, 1-64 MiB; "off")

@@ -84,7 +84,7 @@ impl StoreKind {
 }
 
 const STORE_KINDS: [&str; 4] = names(&StoreKind::NAMES);
-const ON_MISMATCH: [&str; 2] = names(&OnMismatch::NAMES);
+const ON_MISMATCH: [&str; 3] = names(&OnMismatch::NAMES);
 
 /// Settings of a table, wherever it lives.
 pub(super) const TABLE: Only =
@@ -145,8 +145,8 @@ section! {
         /// How often the table file is written (default 10s): what a kill -9 can forget.
         snapshot_interval: Dur,
             flag("snapshot-interval", rank: 20, value_name: "DURATION", value: FlagValue::Duration);
-        /// A table file that does not match or is damaged: `error` (default) or `recreate` (moved
-        /// aside, start empty).
+        /// A table file of another size: `resize` (default: kept as the previous generation),
+        /// `error`, or `recreate` (moved aside, start empty; also for other mismatches and damage).
         table_file_on_mismatch: OnMismatch,
             flag("table-file-on-mismatch", rank: 21, value_name: "POLICY", value: FlagValue::Names(&ON_MISMATCH));
         /// Each commit waits until its journal record is on disk: a machine crash then loses

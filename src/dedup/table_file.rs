@@ -66,12 +66,13 @@ use regular::{kind_of, not_a_file};
 pub(crate) use regular::{open_regular, OpenError};
 
 use crate::dedup::clock::Clock;
-use crate::dedup::table::{Restored, Table};
+use crate::dedup::table::{ResizeState, Restored, Table};
 use crate::dedup::Geometry;
 use crate::wording::Wording;
 
 const MAGIC: &[u8; 8] = b"NSQDDTBL";
-const FORMAT_VERSION: u32 = 1;
+/// The version written for a table mid-resize; one of one generation is written as version 1.
+const FORMAT_VERSION: u32 = 2;
 /// The slot layout of `table`: 58-bit fingerprint, cursor, lock, state; no time.
 const SLOT_LAYOUT: u32 = 1;
 /// The same slots followed by their times (`max_age`).
@@ -80,14 +81,23 @@ const HEADER_BYTES: usize = 4096;
 const MAX_IDENTITY: usize = 1024;
 /// Where the header names the journal that follows the snapshot.
 const JOURNAL_AT: usize = 3072;
+/// Where a version-2 header describes the previous generations.
+const GENERATIONS_AT: usize = 2048;
+/// Previous generations a header can name (each resize while one is held adds one).
+const MAX_PREVIOUS: usize = 32;
 
 /// What to do with a table file that does not match the settings or is damaged.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OnMismatch {
-    /// Stop with an error that says what differs. The default: a memory is never dropped
-    /// without someone deciding so.
+    /// The default. A file of another table size is resized: its table is kept read-only as
+    /// the previous generation behind a new one of the size asked for (see `table`'s
+    /// `generations`), so nothing it remembers is forgotten. Any other difference (key rule,
+    /// digest, slot layout) and damage stop with an error, as with [`OnMismatch::Error`]: a
+    /// memory is never dropped without someone deciding so.
     #[default]
+    Resize,
+    /// Stop with an error that says what differs, the table size included.
     Error,
     /// Move the old file aside (`PATH.bad-<unix time>`), start with an empty table, and log it
     /// as an error.
@@ -96,7 +106,8 @@ pub enum OnMismatch {
 
 impl OnMismatch {
     /// The names accepted in the config file and on the command line.
-    pub const NAMES: [(&'static str, OnMismatch); 2] = [
+    pub const NAMES: [(&'static str, OnMismatch); 3] = [
+        ("resize", OnMismatch::Resize),
         ("error", OnMismatch::Error),
         ("recreate", OnMismatch::Recreate),
     ];
@@ -116,6 +127,9 @@ pub struct LoadReport {
     pub recreated: Option<Wording>,
     /// The journal the snapshot goes with, when it was saved with one.
     pub journal: Option<JournalTag>,
+    /// The file's table had another shape, this one: it was resized, and is now the previous
+    /// generation.
+    pub resized_from: Option<Geometry>,
 }
 
 /// Which journal records follow a snapshot: those of generation `generation` of the journal
@@ -148,6 +162,20 @@ pub struct TableFile {
     saving: std::sync::Mutex<()>,
 }
 
+/// Logs that the table file at `path`, whose table had shape `from`, was resized to `to` (see
+/// [`LoadReport::resized_from`]).
+pub fn log_resize(path: &Path, from: Geometry, to: Geometry) {
+    tracing::info!(
+        table_file = %path.display(),
+        from_slots = from.slots(),
+        to_slots = to.slots(),
+        "Table file resized from {} to {} slots: its entries stay, read-only, as the previous \
+         generation until the new table has turned over (or max_age has passed).",
+        from.slots(),
+        to.slots(),
+    );
+}
+
 impl TableFile {
     /// Locks `path` and loads the table it holds, or a new empty table when there is no file.
     ///
@@ -166,7 +194,7 @@ impl TableFile {
         on_mismatch: OnMismatch,
         max_age: Option<(Duration, Arc<dyn Clock>)>,
     ) -> Result<(TableFile, Table, LoadReport), TableFileError> {
-        let new_table = || match &max_age {
+        let make = |geometry: Geometry| match &max_age {
             None => Table::new(geometry),
             Some((age, clock)) => Table::with_max_age(geometry, *age, clock.clone()),
         };
@@ -177,7 +205,7 @@ impl TableFile {
             _lock: lock,
             saving: std::sync::Mutex::new(()),
         };
-        match file.load(geometry, new_table()?) {
+        match file.load(geometry, on_mismatch == OnMismatch::Resize, &make) {
             Ok(loaded) => Ok((file, loaded.0, loaded.1)),
             Err(error @ (TableFileError::Mismatch { .. } | TableFileError::Corrupt { .. }))
                 if on_mismatch == OnMismatch::Recreate =>
@@ -203,7 +231,7 @@ impl TableFile {
                     recreated: Some(reason),
                     ..LoadReport::default()
                 };
-                Ok((file, new_table()?, report))
+                Ok((file, make(geometry)?, report))
             }
             Err(error) => Err(error),
         }
@@ -214,10 +242,14 @@ impl TableFile {
         &self.path
     }
 
+    /// Loads the file into tables made by `make`: a table of `requested` shape when there is
+    /// no file; otherwise the file's generations at their own shapes, resized to `requested`
+    /// when the file's current generation has another shape and `resize` allows it.
     fn load(
         &self,
-        geometry: Geometry,
-        table: Table,
+        requested: Geometry,
+        resize: bool,
+        make: &dyn Fn(Geometry) -> Result<Table, crate::error::TableError>,
     ) -> Result<(Table, LoadReport), TableFileError> {
         let io = |cause| TableFileError::Io {
             path: self.path.clone(),
@@ -231,7 +263,7 @@ impl TableFile {
         let mut file = match open_regular(&self.path, OpenOptions::new().read(true)) {
             Ok(file) => file,
             Err(OpenError::Io(e)) if e.kind() == io::ErrorKind::NotFound => {
-                return Ok((table, LoadReport::default()))
+                return Ok((make(requested)?, LoadReport::default()))
             }
             Err(error) => return Err(error.at(&self.path)),
         };
@@ -244,7 +276,7 @@ impl TableFile {
         }
         file.read_exact(&mut header).map_err(io)?;
         let header = Header::parse(&header).map_err(corrupt)?;
-        let differs = self.differences(&header, geometry);
+        let differs = self.differences(&header, requested, resize);
         if !differs.is_empty() {
             return Err(TableFileError::Mismatch {
                 path: self.path.clone(),
@@ -252,12 +284,25 @@ impl TableFile {
                 recreate: recreate(),
             });
         }
+        // The file's generations, current first, at the shapes they were written with.
+        let shapes = std::iter::once((header.sets, header.ways))
+            .chain(header.previous.iter().copied())
+            .map(|(sets, ways)| {
+                sets.checked_mul(u64::from(ways))
+                    .and_then(|slots| Geometry::new(slots, ways).ok())
+                    .filter(|geometry| geometry.sets() == sets)
+                    .ok_or_else(|| {
+                        corrupt(format!("its header names a table of {sets} sets of {ways} ways"))
+                    })
+            })
+            .collect::<Result<Vec<Geometry>, TableFileError>>()?;
         let copies = if header.layout == SLOT_LAYOUT_TIMED {
             2
         } else {
             1
         };
-        let expected = HEADER_BYTES as u64 + copies * geometry.memory_bytes();
+        let expected = HEADER_BYTES as u64
+            + copies * shapes.iter().map(|shape| shape.memory_bytes()).sum::<u64>();
         if len != expected {
             return Err(corrupt(format!(
                 "{len} bytes where its header promises {expected} (truncated?)"
@@ -270,48 +315,35 @@ impl TableFile {
             ..LoadReport::default()
         };
         let mut buf = vec![0u8; 8 << 20];
-        let mut index = 0usize;
-        let slots = geometry.slots() as usize;
         file.seek(io::SeekFrom::Start(HEADER_BYTES as u64))
             .map_err(io)?;
-        while index < slots {
-            let n = ((slots - index) * 8).min(buf.len());
-            file.read_exact(&mut buf[..n]).map_err(io)?;
-            hasher.update(&buf[..n]);
-            for chunk in buf[..n].chunks_exact(8) {
-                let word = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
-                match table.restore_slot(index, word) {
-                    Restored::Empty => {}
-                    Restored::Done => report.entries += 1,
-                    Restored::Released => report.released_in_flight += 1,
-                }
-                index += 1;
-            }
-        }
-        if header.layout == SLOT_LAYOUT_TIMED {
-            let mut index = 0usize;
-            while index < slots {
-                let n = ((slots - index) * 8).min(buf.len());
-                file.read_exact(&mut buf[..n]).map_err(io)?;
-                hasher.update(&buf[..n]);
-                for chunk in buf[..n].chunks_exact(8) {
-                    table.restore_time(
-                        index,
-                        u64::from_le_bytes(chunk.try_into().expect("8 bytes")),
-                    );
-                    index += 1;
-                }
-            }
+        let mut generations = Vec::with_capacity(shapes.len());
+        for shape in &shapes {
+            let table = make(*shape)?;
+            let timed = header.layout == SLOT_LAYOUT_TIMED;
+            read_generation(&mut file, &table, timed, &mut buf, &mut hasher, &mut report)
+                .map_err(io)?;
+            generations.push(table);
         }
         if hasher.digest() != header.slot_checksum {
             return Err(corrupt("its slots do not match their checksum".into()));
+        }
+        let current = generations.remove(0);
+        let state = ResizeState {
+            resized_at_s: header.resized_at_s,
+            inserts: header.inserts,
+        };
+        let mut table = Table::with_previous(current, generations, state);
+        if shapes[0] != requested {
+            report.resized_from = Some(shapes[0]);
+            table = table.resize(requested)?;
         }
         Ok((table, report))
     }
 
     /// What makes the file described by `header` another table than this one of shape
-    /// `geometry`: its slot layout, its shape, or its digests.
-    fn differences(&self, header: &Header, geometry: Geometry) -> Vec<String> {
+    /// `geometry`: its slot layout, its digests, and its shape unless it may be resized.
+    fn differences(&self, header: &Header, geometry: Geometry, resize: bool) -> Vec<String> {
         let mut differs = Vec::new();
         if header.layout != SLOT_LAYOUT && header.layout != SLOT_LAYOUT_TIMED {
             differs.push(format!(
@@ -319,7 +351,7 @@ impl TableFile {
                 header.layout
             ));
         }
-        if (header.sets, header.ways) != (geometry.sets(), geometry.ways()) {
+        if !resize && (header.sets, header.ways) != (geometry.sets(), geometry.ways()) {
             differs.push(format!(
                 "{} slots in sets of {} ways, not {} in sets of {}",
                 header.sets * u64::from(header.ways),
@@ -402,22 +434,23 @@ impl TableFile {
             // Nothing of a failed snapshot stays: the previous one is still in place.
             let _ = std::fs::remove_file(&temporary);
         }
-        let timed = written?;
+        let bytes = written?;
         Ok(SaveReport {
-            bytes: HEADER_BYTES as u64 + table.memory_bytes() * if timed { 2 } else { 1 },
+            bytes,
             took: started.elapsed(),
         })
     }
 
-    /// Writes a snapshot of `table` to `file` (the temporary file `temporary`), syncs it and
-    /// renames it over the table file; whether the snapshot holds times.
+    /// Writes a snapshot of `table` (each of its generations, current first) to `file` (the
+    /// temporary file `temporary`), syncs it and renames it over the table file; the bytes
+    /// written.
     fn write_snapshot(
         &self,
         table: &Table,
         journal: Option<JournalTag>,
         mut file: File,
         temporary: &Path,
-    ) -> Result<bool, TableFileError> {
+    ) -> Result<u64, TableFileError> {
         let io = |cause| TableFileError::Io {
             path: self.path.clone(),
             cause,
@@ -428,11 +461,18 @@ impl TableFile {
         file.write_all(&[0u8; HEADER_BYTES]).map_err(io)?;
         let mut hasher = Xxh3::new();
         let mut chunk = Vec::with_capacity(8 << 20);
-        write_words(table.snapshot_words(), &mut chunk, &mut hasher, &mut file).map_err(io)?;
         let timed = table.max_age().is_some();
-        if timed {
-            let times = (0..table.slots() as usize).map(|i| table.time_word(i).unwrap_or(0));
-            write_words(times, &mut chunk, &mut hasher, &mut file).map_err(io)?;
+        let (previous, resize) = table.previous_generations();
+        let mut bytes = HEADER_BYTES as u64;
+        for generation in std::iter::once(table).chain(previous.iter().map(|t| &**t)) {
+            write_words(generation.snapshot_words(), &mut chunk, &mut hasher, &mut file)
+                .map_err(io)?;
+            if timed {
+                let times = (0..generation.slots() as usize)
+                    .map(|i| generation.time_word(i).unwrap_or(0));
+                write_words(times, &mut chunk, &mut hasher, &mut file).map_err(io)?;
+            }
+            bytes += generation.memory_bytes() * if timed { 2 } else { 1 };
         }
         let header = Header {
             layout: if timed {
@@ -449,6 +489,12 @@ impl TableFile {
                 .as_secs(),
             identity: self.identity.clone(),
             journal,
+            previous: previous
+                .iter()
+                .map(|t| (t.geometry().sets(), t.geometry().ways()))
+                .collect(),
+            resized_at_s: resize.map_or(0, |state| state.resized_at_s),
+            inserts: resize.map_or(0, |state| state.inserts),
         };
         file.seek(io::SeekFrom::Start(0)).map_err(io)?;
         file.write_all(&header.encode()).map_err(io)?;
@@ -463,7 +509,7 @@ impl TableFile {
             };
             File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
         }
-        Ok(timed)
+        Ok(bytes)
     }
 }
 
@@ -483,13 +529,25 @@ struct Header {
     written_at: u64,
     identity: String,
     journal: Option<JournalTag>,
+    /// The previous generations' shapes (sets, ways), newest first; empty in version 1.
+    previous: Vec<(u64, u32)>,
+    /// When the resize happened (seconds since the Unix epoch); 0 without previous ones.
+    resized_at_s: u64,
+    /// New entries the current generation took since.
+    inserts: u64,
 }
 
 impl Header {
     fn encode(&self) -> Vec<u8> {
         let mut bytes = vec![0u8; HEADER_BYTES];
         bytes[0..8].copy_from_slice(MAGIC);
-        bytes[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        // A table of one generation is written as version 1, which earlier versions read.
+        let version = if self.previous.is_empty() {
+            1
+        } else {
+            FORMAT_VERSION
+        };
+        bytes[8..12].copy_from_slice(&version.to_le_bytes());
         bytes[12..16].copy_from_slice(&self.layout.to_le_bytes());
         bytes[16..24].copy_from_slice(&self.sets.to_le_bytes());
         bytes[24..28].copy_from_slice(&self.ways.to_le_bytes());
@@ -501,6 +559,17 @@ impl Header {
         if let Some(tag) = self.journal {
             bytes[JOURNAL_AT..JOURNAL_AT + 8].copy_from_slice(&tag.life.to_le_bytes());
             bytes[JOURNAL_AT + 8..JOURNAL_AT + 12].copy_from_slice(&tag.generation.to_le_bytes());
+        }
+        if !self.previous.is_empty() {
+            let at = GENERATIONS_AT;
+            bytes[at..at + 4].copy_from_slice(&(self.previous.len() as u32).to_le_bytes());
+            bytes[at + 8..at + 16].copy_from_slice(&self.resized_at_s.to_le_bytes());
+            bytes[at + 16..at + 24].copy_from_slice(&self.inserts.to_le_bytes());
+            for (i, (sets, ways)) in self.previous.iter().enumerate() {
+                let shape = at + 24 + 16 * i;
+                bytes[shape..shape + 8].copy_from_slice(&sets.to_le_bytes());
+                bytes[shape + 8..shape + 12].copy_from_slice(&ways.to_le_bytes());
+            }
         }
         let checksum = xxh3_64(&bytes[..HEADER_BYTES - 8]);
         bytes[HEADER_BYTES - 8..].copy_from_slice(&checksum.to_le_bytes());
@@ -517,11 +586,27 @@ impl Header {
             return Err("its header does not match its checksum".into());
         }
         let version = u32_at(8);
-        if version != FORMAT_VERSION {
+        if version != 1 && version != FORMAT_VERSION {
             return Err(format!(
-                "format version {version}; this version of nsq-dedupe reads {FORMAT_VERSION}"
+                "format version {version}; this version of nsq-dedupe reads 1 and {FORMAT_VERSION}"
             ));
         }
+        let previous_count = if version == 1 {
+            0
+        } else {
+            u32_at(GENERATIONS_AT) as usize
+        };
+        if previous_count > MAX_PREVIOUS {
+            return Err(format!(
+                "its header names {previous_count} previous generations (at most {MAX_PREVIOUS})"
+            ));
+        }
+        let previous = (0..previous_count)
+            .map(|i| {
+                let shape = GENERATIONS_AT + 24 + 16 * i;
+                (u64_at(shape), u32_at(shape + 8))
+            })
+            .collect();
         let len = usize::from(u16::from_le_bytes([bytes[48], bytes[49]]));
         if len > MAX_IDENTITY {
             return Err("its digest identity is too long".into());
@@ -540,8 +625,52 @@ impl Header {
                     generation: u32_at(JOURNAL_AT + 8),
                 }),
             },
+            previous,
+            resized_at_s: if version == 1 { 0 } else { u64_at(GENERATIONS_AT + 8) },
+            inserts: if version == 1 { 0 } else { u64_at(GENERATIONS_AT + 16) },
         })
     }
+}
+
+/// Reads one generation's slots (and, in a `timed` file, their times) into `table`, adding
+/// the bytes to `hasher` and the entries to `report`.
+fn read_generation(
+    file: &mut File,
+    table: &Table,
+    timed: bool,
+    buf: &mut [u8],
+    hasher: &mut Xxh3,
+    report: &mut LoadReport,
+) -> io::Result<()> {
+    let slots = table.slots() as usize;
+    let mut index = 0usize;
+    while index < slots {
+        let n = ((slots - index) * 8).min(buf.len());
+        file.read_exact(&mut buf[..n])?;
+        hasher.update(&buf[..n]);
+        for chunk in buf[..n].chunks_exact(8) {
+            let word = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
+            match table.restore_slot(index, word) {
+                Restored::Empty => {}
+                Restored::Done => report.entries += 1,
+                Restored::Released => report.released_in_flight += 1,
+            }
+            index += 1;
+        }
+    }
+    if timed {
+        let mut index = 0usize;
+        while index < slots {
+            let n = ((slots - index) * 8).min(buf.len());
+            file.read_exact(&mut buf[..n])?;
+            hasher.update(&buf[..n]);
+            for chunk in buf[..n].chunks_exact(8) {
+                table.restore_time(index, u64::from_le_bytes(chunk.try_into().expect("8 bytes")));
+                index += 1;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Writes `words` little-endian to `out` in chunks of `chunk`'s capacity, adding each chunk to

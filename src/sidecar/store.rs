@@ -192,6 +192,9 @@ fn open_table_file(
         let setting = Named::set("store.table_file_on_mismatch", "\"recreate\"").naming(names);
         tracing::error!(table_file = %file.path.display(), %reason, "Starting with an empty table ({setting}).");
     }
+    if let Some(from) = report.resized_from {
+        crate::dedup::table_file::log_resize(&file.path, from, geometry);
+    }
     let (journal, replayed) = Journal::open(&opened, report.journal, &table, file.journal_fsync)?;
     if let Some(reason) = &replayed.ignored {
         tracing::warn!(journal = %journal.path().display(), %reason, "Journal not replayed.");

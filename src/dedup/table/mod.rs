@@ -58,6 +58,7 @@
 //! decisions in about a third fewer instructions, which lets more claims wait for memory at
 //! once (see `line`).
 
+mod generations;
 mod memory;
 mod set;
 mod timed;
@@ -70,9 +71,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use generations::Resizing;
+pub(crate) use generations::ResizeState;
 pub(crate) use memory::check_fits;
 use memory::{advise_huge_pages, machine_memory_bytes, zeroed_slots};
-use set::{find, fingerprint, insert, update};
+use set::{find, fingerprint, insert, update, verdict};
 
 use crate::dedup::clock::Clock;
 use crate::dedup::{Claim, Digest, Geometry, Store};
@@ -126,6 +129,9 @@ pub struct Table {
     geometry: Geometry,
     /// A time per slot when entries expire (`max_age`); see `timed`.
     timed: Option<timed::Times>,
+    /// The previous generations after a resize, read-only until they retire; see
+    /// `generations`. `None` for a table that was never resized.
+    older: Option<Box<generations::Older>>,
 }
 
 impl std::fmt::Debug for Table {
@@ -191,6 +197,7 @@ impl Table {
             base,
             geometry,
             timed: None,
+            older: None,
         })
     }
 
@@ -318,20 +325,37 @@ impl Table {
     /// final. Other digests answer as [`claim`](Table::claim) answers them.
     #[inline]
     pub fn claim_done(&self, digest: Digest) -> Claim {
-        if let Some(times) = &self.timed {
-            return self.insert_timed_any(times, digest, DONE);
+        if let Some(older) = &self.older {
+            return self.claim_resizing(older, digest, DONE);
         }
-        on_set!(self, digest, insert(fingerprint(digest), DONE))
+        self.claim_here(digest, DONE)
     }
 
     /// Two-phase check: see [`Claim`]. A [`Claim::New`] digest is held as in flight until
     /// [`commit`](Table::commit) or [`erase`](Table::erase).
     #[inline]
     pub fn claim(&self, digest: Digest) -> Claim {
-        if let Some(times) = &self.timed {
-            return self.insert_timed_any(times, digest, IN_FLIGHT);
+        if let Some(older) = &self.older {
+            return self.claim_resizing(older, digest, IN_FLIGHT);
         }
-        on_set!(self, digest, insert(fingerprint(digest), IN_FLIGHT))
+        self.claim_here(digest, IN_FLIGHT)
+    }
+
+    /// A claim (`state` in flight or done) in the current generation alone.
+    #[inline]
+    fn claim_here(&self, digest: Digest, state: u64) -> Claim {
+        if let Some(times) = &self.timed {
+            return self.insert_timed_any(times, digest, state);
+        }
+        on_set!(self, digest, insert(fingerprint(digest), state))
+    }
+
+    /// How this generation alone answers a claim of `digest` that it holds, changing nothing.
+    fn lookup(&self, digest: Digest) -> Option<Claim> {
+        if let Some(times) = &self.timed {
+            return on_ways!(self, lookup_timed(times, digest));
+        }
+        on_set!(self, digest, find(fingerprint(digest))).map(verdict)
     }
 
     /// Claims every digest of `digests` in order, appending the answers to `claims`: the same
@@ -394,28 +418,40 @@ impl Table {
     }
 
     /// Marks `digest` as processed. Returns whether its set still held it (in flight or done).
+    ///
+    /// During a resize, an entry claimed before it is committed in the previous generation
+    /// that holds it.
     pub fn commit(&self, digest: Digest) -> bool {
-        if let Some(times) = &self.timed {
-            return on_ways!(self, commit_timed(times, digest));
-        }
-        let done = |word| (word & !STATE_MASK) | DONE;
-        on_set!(self, digest, update(fingerprint(digest), done))
+        let held = if let Some(times) = &self.timed {
+            on_ways!(self, commit_timed(times, digest))
+        } else {
+            let done = |word| (word & !STATE_MASK) | DONE;
+            on_set!(self, digest, update(fingerprint(digest), done))
+        };
+        held || (self.older.is_some() && self.commit_previous(digest))
     }
 
     /// Empties the slot that holds `digest`. Returns whether its set still held it; another
     /// digest's entry is never touched.
+    ///
+    /// During a resize, where the current generation does not hold `digest`, its entry in the
+    /// previous generation that holds it is emptied.
     pub fn erase(&self, digest: Digest) -> bool {
         // Keep the set's cursor, which lives in its first slot.
         let empty = |word| word & CURSOR_MASK;
-        on_set!(self, digest, update(fingerprint(digest), empty))
+        let held = on_set!(self, digest, update(fingerprint(digest), empty));
+        held || (self.older.is_some() && self.erase_previous(digest))
     }
 
-    /// Whether the set holds `digest` (in flight or done), without changing anything.
+    /// Whether the set holds `digest` (in flight or done), without changing anything; during
+    /// a resize, in any generation.
     pub fn contains(&self, digest: Digest) -> bool {
-        if let Some(times) = &self.timed {
-            return on_ways!(self, contains_timed(times, digest));
-        }
-        on_set!(self, digest, find(fingerprint(digest))).is_some()
+        let here = if let Some(times) = &self.timed {
+            on_ways!(self, contains_timed(times, digest))
+        } else {
+            on_set!(self, digest, find(fingerprint(digest))).is_some()
+        };
+        here || (self.older.is_some() && self.contains_previous(digest))
     }
 
     /// The `W` slots of `digest`'s set, as an array so that loops over them unroll.

@@ -82,8 +82,13 @@ impl Times {
         self.max_age_s
     }
 
-    fn now_s(&self) -> u64 {
+    pub(super) fn now_s(&self) -> u64 {
         self.clock.now_ms() / 1000
+    }
+
+    /// The clock the times are read by.
+    pub(super) fn clock(&self) -> Arc<dyn Clock> {
+        self.clock.clone()
     }
 }
 
@@ -223,18 +228,26 @@ impl Table {
 
     /// Whether `digest` is held and not expired.
     pub(super) fn contains_timed<const W: usize>(&self, times: &Times, digest: Digest) -> bool {
+        self.lookup_timed::<W>(times, digest).is_some()
+    }
+
+    /// How the entry of `digest`, held and not expired, answers a claim.
+    pub(super) fn lookup_timed<const W: usize>(
+        &self,
+        times: &Times,
+        digest: Digest,
+    ) -> Option<Claim> {
         let set = self.set::<W>(digest);
         let (_, time_of) = self.times_of::<W>(times, digest);
         let fp = fingerprint(digest);
         let now_s = times.now_s();
         loop {
             let words = load(set);
-            let Some(i) = Self::position(&words, fp) else {
-                return false;
-            };
+            let i = Self::position(&words, fp)?;
             let time = time_of[i].load(Ordering::Acquire);
             if set[i].load(Ordering::Acquire) == words[i] {
-                return young(words[i], fp, time, now_s, times.max_age_s);
+                return young(words[i], fp, time, now_s, times.max_age_s)
+                    .then(|| verdict(words[i]));
             }
         }
     }
