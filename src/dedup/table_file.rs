@@ -292,7 +292,9 @@ impl TableFile {
                     .and_then(|slots| Geometry::new(slots, ways).ok())
                     .filter(|geometry| geometry.sets() == sets)
                     .ok_or_else(|| {
-                        corrupt(format!("its header names a table of {sets} sets of {ways} ways"))
+                        corrupt(format!(
+                            "its header names a table of {sets} sets of {ways} ways"
+                        ))
                     })
             })
             .collect::<Result<Vec<Geometry>, TableFileError>>()?;
@@ -465,11 +467,16 @@ impl TableFile {
         let (previous, resize) = table.previous_generations();
         let mut bytes = HEADER_BYTES as u64;
         for generation in std::iter::once(table).chain(previous.iter().map(|t| &**t)) {
-            write_words(generation.snapshot_words(), &mut chunk, &mut hasher, &mut file)
-                .map_err(io)?;
+            write_words(
+                generation.snapshot_words(),
+                &mut chunk,
+                &mut hasher,
+                &mut file,
+            )
+            .map_err(io)?;
             if timed {
-                let times = (0..generation.slots() as usize)
-                    .map(|i| generation.time_word(i).unwrap_or(0));
+                let times =
+                    (0..generation.slots() as usize).map(|i| generation.time_word(i).unwrap_or(0));
                 write_words(times, &mut chunk, &mut hasher, &mut file).map_err(io)?;
             }
             bytes += generation.memory_bytes() * if timed { 2 } else { 1 };
@@ -626,8 +633,16 @@ impl Header {
                 }),
             },
             previous,
-            resized_at_s: if version == 1 { 0 } else { u64_at(GENERATIONS_AT + 8) },
-            inserts: if version == 1 { 0 } else { u64_at(GENERATIONS_AT + 16) },
+            resized_at_s: if version == 1 {
+                0
+            } else {
+                u64_at(GENERATIONS_AT + 8)
+            },
+            inserts: if version == 1 {
+                0
+            } else {
+                u64_at(GENERATIONS_AT + 16)
+            },
         })
     }
 }
@@ -665,7 +680,10 @@ fn read_generation(
             file.read_exact(&mut buf[..n])?;
             hasher.update(&buf[..n]);
             for chunk in buf[..n].chunks_exact(8) {
-                table.restore_time(index, u64::from_le_bytes(chunk.try_into().expect("8 bytes")));
+                table.restore_time(
+                    index,
+                    u64::from_le_bytes(chunk.try_into().expect("8 bytes")),
+                );
                 index += 1;
             }
         }
@@ -800,6 +818,76 @@ mod tests {
             .filter(|e| e.file_name().to_string_lossy().starts_with("table.bad-"))
             .count();
         assert_eq!(aside, 1);
+    }
+
+    #[test]
+    fn a_file_of_another_size_is_resized_and_a_restart_keeps_every_generation() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("table");
+        let open = |slots: u64, policy: OnMismatch| {
+            TableFile::open(
+                &path,
+                Geometry::new(slots, 8).unwrap(),
+                "body xxh3",
+                policy,
+                None,
+            )
+        };
+        {
+            let (file, table, _) = open(4096, OnMismatch::Resize).unwrap();
+            for i in 0..1000 {
+                assert!(!table.contains_and_add(digest(i)));
+            }
+            file.save(&table).unwrap();
+        }
+        let version = |path: &Path| std::fs::read(path).unwrap()[8];
+        assert_eq!(version(&path), 1, "one generation: version 1");
+        {
+            let (file, table, report) = open(16384, OnMismatch::Resize).unwrap();
+            assert_eq!(report.resized_from, Some(geometry()));
+            assert_eq!((report.entries, table.slots()), (1000, 16384));
+            for i in 0..1000 {
+                assert_eq!(table.claim(digest(i)), Claim::Duplicate, "entry {i}");
+            }
+            for i in 1000..1500 {
+                assert_eq!(table.claim(digest(i)), Claim::New, "entry {i}");
+                assert!(table.commit(digest(i)));
+            }
+            // In flight at the save: released at the next start.
+            assert_eq!(table.claim(digest(1500)), Claim::New);
+            file.save(&table).unwrap();
+        }
+        assert_eq!(version(&path), 2, "mid-resize: version 2");
+        {
+            let (file, table, report) = open(16384, OnMismatch::Resize).unwrap();
+            assert_eq!(report.resized_from, None);
+            assert_eq!((report.entries, report.released_in_flight), (1500, 1));
+            let resizing = table.resizing().unwrap();
+            assert_eq!((resizing.generations, resizing.previous_slots), (2, 4096));
+            assert_eq!(resizing.inserts_left, 16384 - 501);
+            for i in 0..1500 {
+                assert!(table.contains(digest(i)), "entry {i}");
+            }
+            assert!(!table.contains(digest(1500)), "released");
+            file.save(&table).unwrap();
+        }
+        // Resized again mid-resize: three generations, nothing forgotten.
+        let (_file, table, report) = open(8192, OnMismatch::Resize).unwrap();
+        assert_eq!(report.resized_from, Some(Geometry::new(16384, 8).unwrap()));
+        assert_eq!(table.resizing().unwrap().generations, 3);
+        for i in 0..1500 {
+            assert_eq!(table.claim(digest(i)), Claim::Duplicate, "entry {i}");
+        }
+        drop((_file, table));
+        // `error` refuses another size; `recreate` starts empty.
+        let error = open(4096, OnMismatch::Error).unwrap_err().to_string();
+        assert!(
+            error.contains("was written for 16384 slots in sets of 8 ways, not 4096 in sets of 8"),
+            "{error}"
+        );
+        let (_file, table, report) = open(4096, OnMismatch::Recreate).unwrap();
+        assert!(report.recreated.is_some());
+        assert_eq!((table.occupied(), table.resizing()), (0, None));
     }
 
     #[test]

@@ -197,7 +197,10 @@ impl Table {
     ///
     /// As [`Table::new`] for the new generation; the memory of the previous ones stays in use
     /// until they retire.
-    pub fn resize(mut self, geometry: crate::dedup::Geometry) -> Result<Table, crate::error::TableError> {
+    pub fn resize(
+        mut self,
+        geometry: crate::dedup::Geometry,
+    ) -> Result<Table, crate::error::TableError> {
         let mut current = match &self.timed {
             None => Table::new(geometry)?,
             Some(times) => Table::with_max_age(
@@ -247,7 +250,11 @@ impl Table {
     ) -> Table {
         if !previous.is_empty() {
             let turnover = current.slots();
-            let older = Older::new(previous.into_iter().map(Arc::new).collect(), turnover, state);
+            let older = Older::new(
+                previous.into_iter().map(Arc::new).collect(),
+                turnover,
+                state,
+            );
             current.older = Some(Box::new(older));
             // A table file may have been saved just before the retirement was due.
             if state.inserts >= turnover {
@@ -339,3 +346,6 @@ impl Table {
             .is_some_and(|older| older.held(digest).is_some())
     }
 }
+
+#[cfg(test)]
+mod tests;

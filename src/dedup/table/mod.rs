@@ -71,8 +71,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use generations::Resizing;
 pub(crate) use generations::ResizeState;
+pub use generations::Resizing;
 pub(crate) use memory::check_fits;
 use memory::{advise_huge_pages, machine_memory_bytes, zeroed_slots};
 use set::{find, fingerprint, insert, update, verdict};

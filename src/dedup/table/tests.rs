@@ -8,16 +8,16 @@ use rand::{Rng, SeedableRng};
 use super::*;
 
 /// One set of the model: `ways` optional entries and the cursor of the next eviction.
-type ModelSet = (Vec<Option<(Digest, Claim)>>, usize);
+pub(super) type ModelSet = (Vec<Option<(Digest, Claim)>>, usize);
 
 /// The specification the table must follow, kept in the plainest form.
-struct Model {
+pub(super) struct Model {
     geometry: Geometry,
     sets: Vec<ModelSet>,
 }
 
 impl Model {
-    fn new(geometry: Geometry) -> Self {
+    pub(super) fn new(geometry: Geometry) -> Self {
         let sets = (0..geometry.sets())
             .map(|_| (vec![None; geometry.ways() as usize], 0))
             .collect();
@@ -28,7 +28,7 @@ impl Model {
         &mut self.sets[self.geometry.set_of(digest) as usize]
     }
 
-    fn claim(&mut self, digest: Digest, as_done: bool) -> Claim {
+    pub(super) fn claim(&mut self, digest: Digest, as_done: bool) -> Claim {
         let (slots, cursor) = self.set(digest);
         if let Some((_, state)) = slots.iter().flatten().find(|(d, _)| *d == digest) {
             return *state;
@@ -51,7 +51,17 @@ impl Model {
         Claim::New
     }
 
-    fn commit(&mut self, digest: Digest) -> bool {
+    /// What the set holds of `digest`, changing nothing.
+    pub(super) fn lookup(&mut self, digest: Digest) -> Option<Claim> {
+        let (slots, _) = self.set(digest);
+        slots
+            .iter()
+            .flatten()
+            .find(|(d, _)| *d == digest)
+            .map(|(_, state)| *state)
+    }
+
+    pub(super) fn commit(&mut self, digest: Digest) -> bool {
         let entry = self
             .set(digest)
             .0
@@ -61,7 +71,7 @@ impl Model {
         entry.map(|entry| entry.1 = Claim::Duplicate).is_some()
     }
 
-    fn erase(&mut self, digest: Digest) -> bool {
+    pub(super) fn erase(&mut self, digest: Digest) -> bool {
         let slots = &mut self.set(digest).0;
         match slots
             .iter()
@@ -94,11 +104,11 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-const POOL: usize = 32;
+pub(super) const POOL: usize = 32;
 
 /// Random digests with distinct fingerprints, so that only the set mapping can make two of
 /// them meet.
-fn pool(seed: u64) -> Vec<Digest> {
+pub(super) fn pool(seed: u64) -> Vec<Digest> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut fingerprints = HashSet::new();
     std::iter::repeat_with(|| Digest::from_u128(rng.gen()))
