@@ -296,21 +296,21 @@ fn a_file_without_a_last_newline_is_not_glued_to_the_next() {
 }
 
 #[test]
-fn a_table_file_remembers_across_runs_and_refuses_another_size() {
+fn a_table_file_remembers_across_runs_and_is_resized_to_another_size() {
     let dir = tempfile::tempdir().unwrap();
     let table = dir.path().join("table");
-    let run = |input: &'static str, extra: &[&str]| {
+    let run = |input: &'static str, memory: &str, extra: &[&str]| {
         bin()
-            .args(["filter", "--memory", "64KiB", "--table-file"])
+            .args(["filter", "--memory", memory, "--table-file"])
             .arg(&table)
             .args(extra)
             .write_stdin(input)
             .assert()
     };
-    run("a\nb\na\n", &[]).success().stdout("a\nb\n");
-    run("b\nc\nd\n", &[]).success().stdout("c\nd\n");
-    run("a\nd\ne\n", &[]).success().stdout("e\n");
-    run("x\n", &["--key", "json:/id"])
+    run("a\nb\na\n", "64KiB", &[]).success().stdout("a\nb\n");
+    run("b\nc\nd\n", "64KiB", &[]).success().stdout("c\nd\n");
+    run("a\nd\ne\n", "64KiB", &[]).success().stdout("e\n");
+    run("x\n", "64KiB", &["--key", "json:/id"])
         .code(1)
         .stdout("")
         .stderr(format!(
@@ -319,17 +319,47 @@ fn a_table_file_remembers_across_runs_and_refuses_another_size() {
              `--table-file-on-mismatch recreate`\n",
             table.display()
         ));
-    bin()
-        .args(["filter", "--memory", "128KiB", "--table-file"])
-        .arg(&table)
-        .write_stdin("a\n")
-        .assert()
+    // Another size: the file's table is kept behind the new one, and what it held is seen.
+    run("a\ng\n", "128KiB", &[])
+        .success()
+        .stdout("g\n")
+        .stderr(predicate::str::contains(
+            "Table file resized from 8192 to 16384 slots",
+        ));
+    run("a\n", "256KiB", &["--table-file-on-mismatch", "error"])
         .code(1)
         .stderr(predicate::str::contains(
-            "was written for 8192 slots in sets of 8 ways, not 16384 in sets of 8",
+            "was written for 16384 slots in sets of 8 ways, not 32768 in sets of 8",
         ));
-    // What the refused runs saw was not remembered, and the file is unchanged.
-    run("e\nf\n", &[]).success().stdout("f\n");
+    // What the refused runs saw was not remembered; back at the first size, nothing is lost.
+    run("e\nf\ng\nx\n", "64KiB", &[]).success().stdout("f\nx\n");
+}
+
+/// A table file written at 262,144 buckets, read at 1,048,576: the 5,000 records it held are
+/// not written again, 2,000 new ones are written once each, and a third run at the new size
+/// still holds all 7,000 (the file kept both generations).
+#[test]
+fn a_table_file_resized_to_more_buckets_forgets_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("table");
+    let records = |range: std::ops::Range<usize>| -> String {
+        range.map(|i| format!("{{\"id\":{i}}}\n")).collect()
+    };
+    let run = |buckets: &str, input: String| {
+        bin()
+            .args(["filter", "--buckets", buckets, "--table-file"])
+            .arg(&table)
+            .write_stdin(input)
+            .assert()
+            .success()
+    };
+    run("262144", records(0..5000)).stdout(records(0..5000));
+    run("1048576", records(0..7000))
+        .stdout(records(5000..7000))
+        .stderr(predicate::str::contains(
+            "Table file resized from 262144 to 1048576 slots",
+        ));
+    run("1048576", records(0..7000)).stdout("");
 }
 
 #[test]

@@ -132,9 +132,16 @@ fn a_table_file_leaves_no_lock_behind() {
         (Some(0), &b"a\nb\n"[..])
     );
     assert_eq!(names(dir.path()), ["table"]);
-    // A failed attempt (another table size) leaves none either.
-    let (code, stderr) =
-        status_and_stderr(&["filter", "--table-file", table, "--memory", "128KiB"]);
+    // A failed attempt (another table size, refused) leaves none either.
+    let (code, stderr) = status_and_stderr(&[
+        "filter",
+        "--table-file",
+        table,
+        "--memory",
+        "128KiB",
+        "--table-file-on-mismatch",
+        "error",
+    ]);
     assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains("was written for"), "{stderr}");
     assert_eq!(names(dir.path()), ["table"]);

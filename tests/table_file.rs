@@ -33,6 +33,18 @@ impl Sidecar {
     /// Starts `run` against `broker` with the table in `table`, appending its stdout (the
     /// sink) to `out` and its log to `log`.
     fn start(broker: &Broker, table: &Path, out: &Path, log: &Path, extra: &[&str]) -> Sidecar {
+        Sidecar::start_sized(broker, table, out, log, "131072", extra)
+    }
+
+    /// [`Sidecar::start`] with a table of `buckets`.
+    fn start_sized(
+        broker: &Broker,
+        table: &Path,
+        out: &Path,
+        log: &Path,
+        buckets: &str,
+        extra: &[&str],
+    ) -> Sidecar {
         let append = |path: &Path| {
             std::fs::OpenOptions::new()
                 .create(true)
@@ -43,13 +55,8 @@ impl Sidecar {
         let child = Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
             .args(["run", "--topic", TOPIC, "--channel", CHANNEL])
             .args(["--nsqd-tcp-address", &broker.tcp_addr().to_string()])
-            .args([
-                "--metrics-address",
-                "off",
-                "--buckets",
-                "131072",
-                "--table-file",
-            ])
+            .args(["--metrics-address", "off", "--buckets", buckets])
+            .arg("--table-file")
             .arg(table)
             .args(extra)
             .env("RUST_LOG", "info")
@@ -265,6 +272,77 @@ async fn killed_right_after_the_last_write(first_args: &[&str]) {
     assert!(log.contains("journal_commits=500"), "{log}");
 }
 
+/// A table file written at 262,144 buckets, `run` again at 1,048,576: the file's table is
+/// resized, not refused or emptied. The 5,000 messages it saw, sent again, give no delivery,
+/// and 2,000 new ones are delivered once each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_file_of_fewer_buckets_is_resized_and_forgets_nothing() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (table, out, log) = (
+        dir.path().join("table"),
+        dir.path().join("out"),
+        dir.path().join("log"),
+    );
+    broker.publish_many(TOPIC, (0..5000).map(body));
+    let mut first = Sidecar::start_sized(&broker, &table, &out, &log, "262144", &[]);
+    finished(&broker, 5000, &log).await;
+    assert!(first.stop("-TERM", &broker).await.success());
+    assert_eq!(lines(&out).len(), 5000);
+
+    broker.publish_many(TOPIC, (0..7000).map(body));
+    let second = Sidecar::start_sized(&broker, &table, &out, &log, "1048576", &[]);
+    finished(&broker, 12000, &log).await;
+    assert_eq!(
+        stopped_with_sorted_output(second, &out),
+        sorted_bodies(0..7000),
+        "the 5,000 copies not delivered again, the 2,000 new ones once each"
+    );
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        log.contains("Table file resized from 262144 to 1048576 slots"),
+        "{log}"
+    );
+}
+
+/// A kill -9 of `run` mid-resize: the snapshot written at its start holds both generations
+/// and the journal what followed, so a restart delivers no copy of what either held (the
+/// 5,000 of the file's old table, the 2,000 of the new one) and every new message once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_during_a_resize_forgets_neither_generation() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (table, out, log) = (
+        dir.path().join("table"),
+        dir.path().join("out"),
+        dir.path().join("log"),
+    );
+    broker.publish_many(TOPIC, (0..5000).map(body));
+    let mut first = Sidecar::start_sized(&broker, &table, &out, &log, "262144", &[]);
+    finished(&broker, 5000, &log).await;
+    assert!(first.stop("-TERM", &broker).await.success());
+
+    broker.publish_many(TOPIC, (0..7000).map(body));
+    // No snapshot but the one at the start: what follows it is in the journal alone.
+    let no_snapshot = ["--snapshot-interval", "1h"];
+    let mut second = Sidecar::start_sized(&broker, &table, &out, &log, "1048576", &no_snapshot);
+    finished(&broker, 12000, &log).await;
+    // Every FIN arrived, so every commit was journalled; no snapshot since the start.
+    second.stop("-KILL", &broker).await;
+    assert_eq!(lines(&out).len(), 7000);
+
+    broker.publish_many(TOPIC, (0..8000).map(body));
+    let third = Sidecar::start_sized(&broker, &table, &out, &log, "1048576", &[]);
+    finished(&broker, 20000, &log).await;
+    assert_eq!(
+        stopped_with_sorted_output(third, &out),
+        sorted_bodies(0..8000),
+        "no copy of either generation delivered, the 1,000 new ones once each"
+    );
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(log.contains("journal_commits=2000"), "{log}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_process_on_the_same_file_is_refused() {
     let broker = Broker::start(BrokerConfig::default()).await;
@@ -337,7 +415,10 @@ fn a_table_file_for_other_settings_or_without_its_directory_is_a_setting_error()
     let start_fresh = "start fresh by moving the file away (the table starts empty) or with \
                        `--table-file-on-mismatch recreate`";
     assert_eq!(
-        run(&table, &["--buckets", "16384"]),
+        run(
+            &table,
+            &["--buckets", "16384", "--table-file-on-mismatch", "error"]
+        ),
         (
             78,
             format!(
@@ -387,7 +468,8 @@ fn a_table_file_error_names_its_settings_as_they_were_given() {
             format!(
                 "[source]\ntopic = \"{TOPIC}\"\nnsqd_tcp_addresses = [\"127.0.0.1:1\"]\n\
                  [metrics]\naddress = \"off\"\n\
-                 [store]\nbuckets = 16384\ntable_file = {:?}\n",
+                 [store]\nbuckets = 16384\ntable_file = {:?}\n\
+                 table_file_on_mismatch = \"error\"\n",
                 table.display().to_string()
             ),
         )
