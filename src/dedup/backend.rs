@@ -56,6 +56,15 @@ impl Backend {
         }
     }
 
+    /// For the in-process table: where a resize stands, `Some(None)` with one generation;
+    /// `None` for other stores.
+    pub fn resizing(&self) -> Option<Option<crate::Resizing>> {
+        match self {
+            Backend::Memory(table) | Backend::Journalled(table, _) => Some(table.resizing()),
+            Backend::Memcached(..) | Backend::Redis(..) | Backend::None(_) => None,
+        }
+    }
+
     /// Shared-store servers ejected and taken back so far, for a store of several servers.
     pub fn ejections(&self) -> Option<(u64, u64)> {
         match self {

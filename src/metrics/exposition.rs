@@ -314,6 +314,32 @@ fn table_gauges(m: &Metrics, table: &TableView, gauges: &mut Vec<GaugeCopy>) {
             occupancy,
         ));
     }
+    if let Some(resizing) = table.resizing {
+        gauges.push((
+            "nsq_dedupe_table_generations",
+            "Generations of the table held: more than 1 while a resize keeps the previous ones.",
+            resizing.map_or(1.0, |r| r.generations as f64),
+        ));
+    }
+    if let Some(resizing) = table.resizing.flatten() {
+        gauges.push((
+            "nsq_dedupe_table_previous_slots",
+            "Slots of the previous generations a resize keeps, read-only.",
+            resizing.previous_slots as f64,
+        ));
+        gauges.push((
+            "nsq_dedupe_table_previous_inserts_left",
+            "New entries the table takes before the previous generations retire.",
+            resizing.inserts_left as f64,
+        ));
+        if let Some(seconds) = resizing.seconds_left {
+            gauges.push((
+                "nsq_dedupe_table_previous_seconds_left",
+                "Seconds before the previous generations retire (max_age).",
+                seconds as f64,
+            ));
+        }
+    }
     if let Some(p) = m.catch_probability(table) {
         gauges.push(("nsq_dedupe_catch_probability", "Probability that a copy one whole window late is caught, at the observed distinct rate.", p));
         gauges.push((
@@ -464,9 +490,14 @@ mod tests {
     use crate::metrics::inc;
 
     fn page(m: &Metrics, near: bool) -> String {
+        page_resizing(m, near, Some(None))
+    }
+
+    fn page_resizing(m: &Metrics, near: bool, resizing: Option<Option<crate::Resizing>>) -> String {
         let view = TableView {
             geometry: Some(Geometry::new(1024, 8).unwrap()),
             occupancy: Some(0.5),
+            resizing,
             near: near.then_some(crate::dedup::near::NearStats { hits: 4, misses: 6 }),
             window: Duration::from_secs(60),
             target: 0.99,
@@ -509,6 +540,31 @@ mod tests {
     }
 
     #[test]
+    fn a_resize_shows_its_generations_and_what_is_left_of_the_previous_one() {
+        let m = Metrics::default();
+        let resizing = crate::Resizing {
+            generations: 2,
+            previous_slots: 262_144,
+            inserts_left: 1000,
+            seconds_left: Some(30),
+        };
+        let text = page_resizing(&m, false, Some(Some(resizing)));
+        for line in [
+            "nsq_dedupe_table_slots 1024.0\n",
+            "nsq_dedupe_table_generations 2.0\n",
+            "nsq_dedupe_table_previous_slots 262144.0\n",
+            "nsq_dedupe_table_previous_inserts_left 1000.0\n",
+            "nsq_dedupe_table_previous_seconds_left 30.0\n",
+        ] {
+            assert!(text.contains(line), "no {line:?} in\n{text}");
+        }
+        // A shared store has no generations to show.
+        let shared = page_resizing(&m, false, None);
+        assert!(!shared.contains("generations"), "{shared}");
+        assert!(!page(&m, false).contains("nsq_dedupe_table_previous"));
+    }
+
+    #[test]
     fn renders_counters_per_source_histograms_and_gauges() {
         let m = Metrics::default();
         m.received_from("127.0.0.1:4150");
@@ -532,6 +588,7 @@ mod tests {
             "nsq_dedupe_handler_duration_seconds_sum 60.003\n",
             "nsq_dedupe_table_slots 1024.0\n",
             "nsq_dedupe_table_occupancy 0.5\n",
+            "nsq_dedupe_table_generations 1.0\n",
             "nsq_dedupe_nsqd_connections 0.0\n",
             "nsq_dedupe_ready 0.0\n",
             &format!("nsq_dedupe_build_info{{version=\"{VERSION}\"}} 1\n"),

@@ -245,6 +245,9 @@ pub struct TableView {
     pub geometry: Option<Geometry>,
     /// Fraction of slots in use, if the store can tell.
     pub occupancy: Option<f64>,
+    /// For the in-process table: where a resize stands (`None` with one generation). `None`
+    /// for other stores.
+    pub resizing: Option<Option<crate::Resizing>>,
     /// The window the table was sized for.
     pub window: Duration,
     /// What the near-table in front of Memcached answered, if there is one.

@@ -24,6 +24,7 @@ pub(super) fn table_view(store: &Backend, target: Target) -> TableView {
     TableView {
         geometry: store.geometry(),
         occupancy: store.occupancy(),
+        resizing: store.resizing(),
         near: store.near_stats(),
         window: target.window,
         target: target.probability,
@@ -81,6 +82,9 @@ pub(super) fn log_status<H: Handler>(dedupe: &Dedupe<Backend, H>, target: Target
         dead_lettered = get(&m.dead_lettered),
         store_errors = get(&m.store_errors),
         occupancy = view.occupancy.map(|o| format!("{o:.4}")),
+        previous_slots = view.resizing.flatten().map(|r| r.previous_slots),
+        previous_inserts_left = view.resizing.flatten().map(|r| r.inserts_left),
+        previous_seconds_left = view.resizing.flatten().and_then(|r| r.seconds_left),
         distinct_rate = format_args!("{:.1}", m.distinct_rate()),
         distinct_rate_peak = format_args!("{:.1}", m.distinct_rate_peak()),
         catch_probability = m.catch_probability(&view).map(|p| format!("{p:.6}")),
