@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use nsq_dedupe::{Digest, DigestAlgorithm, Table};
+use nsq_dedupe::{Digest, DigestAlgorithm, Geometry, Table};
 
 /// A seeded splitmix64 stream: cheap enough not to be what is measured.
 struct Keys(u64);
@@ -271,4 +271,55 @@ fn digest(c: &mut Criterion) {
     group.finish();
 }
 
-criterion::criterion_group!(benches, contains_and_add, digest);
+/// `Table::claim` of new digests during a resize (a previous generation of 2^20 slots, half
+/// full, behind a current one of 2^22) against the same claims on a table of 2^22 slots never
+/// resized. Each timed run gets a fresh table and stays below half the current generation's
+/// slots, so the previous generation is still held (checked) and neither table is full.
+fn claim_during_resize(c: &mut Criterion) {
+    const OLD: u64 = 1 << 20;
+    const NEW: u64 = 1 << 22;
+    let mut group = c.benchmark_group("nsq_dedupe::Table::claim/resize");
+    group.sample_size(20);
+    group.measurement_time(Duration::from_secs(5));
+    let steady = || {
+        let table = Table::with_slots(NEW, 8).unwrap();
+        table.prefault();
+        table
+    };
+    let resizing = || {
+        let old = Table::with_slots(OLD, 8).unwrap();
+        old.prefault();
+        let mut keys = Keys(start_seed());
+        for _ in 0..OLD / 2 {
+            old.contains_and_add(hash(&keys.next()));
+        }
+        let table = old.resize(Geometry::new(NEW, 8).unwrap()).unwrap();
+        table.prefault();
+        table
+    };
+    let makers: [(&str, &dyn Fn() -> Table); 2] = [("steady", &steady), ("resizing", &resizing)];
+    for threads in [1u64, 2] {
+        for (name, make) in makers {
+            let id = format!("slots=2^22/ways=8/threads={threads}/{name}");
+            group.bench_function(id, |b| {
+                b.iter_custom(|iters| {
+                    let mut total = Duration::ZERO;
+                    let mut left = iters;
+                    while left > 0 {
+                        let n = left.min(NEW / 2);
+                        let table = make();
+                        total += timed_on_threads(threads, n, |keys| {
+                            black_box(table.claim(hash(&keys.next())));
+                        });
+                        assert_eq!(table.resizing().is_some(), name == "resizing");
+                        left -= n;
+                    }
+                    total
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion::criterion_group!(benches, contains_and_add, claim_during_resize, digest);

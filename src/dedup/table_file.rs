@@ -6,33 +6,45 @@
 //! fsynced), so the file is always one complete snapshot. After a kill -9 what was claimed
 //! since the last snapshot is forgotten: at most one interval plus the time a snapshot takes.
 //!
-//! # File format (version 1)
+//! # File format (versions 1 and 2)
 //!
 //! ```text
 //! offset  size  field
 //!      0     8  magic "NSQDDTBL"
-//!      8     4  format version (1), little-endian like every number here
+//!      8     4  format version, little-endian like every number here: 2 while a resize
+//!               keeps previous generations (see `table`'s `generations`), else 1, which
+//!               earlier versions of nsq-dedupe read
 //!     12     4  slot layout (1: 58-bit fingerprint, cursor, lock, state; see `table`;
 //!               2: the same slots followed by a time per slot, for `max_age`)
-//!     16     8  sets
+//!     16     8  sets (of the current generation)
 //!     24     4  ways
 //!     28     4  reserved (0)
 //!     32     8  xxh3-64 of the slot bytes
 //!     40     8  when the snapshot was taken, seconds since the Unix epoch
 //!     48     2  length of the digest identity, then the identity (UTF-8, at most 1024 bytes):
 //!               the key rule and digest, e.g. "json:/id xxh3" or "body blake3-keyed:1a2b3c4d"
+//!   2048     4  (version 2) previous generations, at most 32
+//!   2056     8  (version 2) when the resize happened, seconds since the Unix epoch
+//!   2064     8  (version 2) new entries the current generation has taken since
+//!   2072    16  (version 2) per previous generation, newest first: sets (8), ways (4), 0 (4)
 //!   3072     8  the journal this snapshot goes with (see `journal`): its life, 0 for none
 //!   3080     4  the journal generation whose records follow this snapshot
 //!   4088     8  xxh3-64 of bytes 0..4088
-//!   4096        the slots, 8 bytes each, little-endian
+//!   4096        per generation, current first:
+//!               the slots, 8 bytes each, little-endian
 //!               (layout 2) the slots' times, 8 bytes each (see `table::timed`)
 //! ```
+//!
+//! A file whose current generation has another shape than the settings ask for is resized
+//! ([`OnMismatch::Resize`], the default): its generations become the previous ones behind a
+//! new, empty table of the shape asked for.
 //!
 //! A layout-1 file loads into a table with `max_age` (its entries have no time and never
 //! expire), and a layout-2 file into one without (the times are dropped): `max_age` can be
 //! turned on, off or changed across a restart.
 //!
-//! A file whose header does not match the settings is an error that says what differs (never
+//! A file whose header does not match the settings otherwise (its key rule, digest or slot
+//! layout; its shape too with [`OnMismatch::Error`]) is an error that says what differs (never
 //! silently overwritten); so is a truncated or corrupt one, unless the policy is
 //! [`OnMismatch::Recreate`], which moves the old file aside and starts empty, logged as an
 //! error. Two processes never use one file: the first holds an exclusive lock (`flock`) on

@@ -1,4 +1,6 @@
 //! The in-process table: a fixed array of 64-bit slots, grouped in sets of one cache line.
+//! A resize starts a new array and keeps the previous one read-only behind it until it
+//! retires (see `generations`).
 //!
 //! # Slot format
 //!
@@ -97,7 +99,8 @@ const LINE_SLOTS: usize = 8;
 /// A lock-free, set-associative table of recently seen digests.
 ///
 /// Memory is allocated once, zeroed lazily by the operating system, and never grows:
-/// `slots * 8` bytes. See the docs of `src/dedup/table/mod.rs` for the slot format and the odds of a false
+/// `slots * 8` bytes. [`Table::resize`] makes a new table of another size that keeps this
+/// one, read-only, as its previous generation for a while. See the docs of `src/dedup/table/mod.rs` for the slot format and the odds of a false
 /// "seen".
 ///
 /// # Example
