@@ -63,16 +63,18 @@ use std::io::{self, Read, Seek, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+use xxhash_rust::xxh3::Xxh3;
 
 use std::sync::Arc;
 
 mod error;
+mod header;
 mod lock;
 mod regular;
 
 use error::recreate;
 pub use error::TableFileError;
+use header::Header;
 use lock::{lock, lock_path};
 use regular::{kind_of, not_a_file};
 pub(crate) use regular::{open_regular, OpenError};
@@ -82,21 +84,11 @@ use crate::dedup::table::{ResizeState, Restored, Table};
 use crate::dedup::Geometry;
 use crate::wording::Wording;
 
-const MAGIC: &[u8; 8] = b"NSQDDTBL";
-/// The version written for a table mid-resize; one of one generation is written as version 1.
-const FORMAT_VERSION: u32 = 2;
 /// The slot layout of `table`: 58-bit fingerprint, cursor, lock, state; no time.
 const SLOT_LAYOUT: u32 = 1;
 /// The same slots followed by their times (`max_age`).
 const SLOT_LAYOUT_TIMED: u32 = 2;
 const HEADER_BYTES: usize = 4096;
-const MAX_IDENTITY: usize = 1024;
-/// Where the header names the journal that follows the snapshot.
-const JOURNAL_AT: usize = 3072;
-/// Where a version-2 header describes the previous generations.
-const GENERATIONS_AT: usize = 2048;
-/// Previous generations a header can name (each resize while one is held adds one).
-const MAX_PREVIOUS: usize = 32;
 
 /// What to do with a table file that does not match the settings or is damaged.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
@@ -537,125 +529,6 @@ impl Drop for TableFile {
     /// gone (see `lock`), and no `.lock` stays beside a table file nobody uses.
     fn drop(&mut self) {
         let _ = std::fs::remove_file(lock_path(&self.path));
-    }
-}
-
-struct Header {
-    layout: u32,
-    sets: u64,
-    ways: u32,
-    slot_checksum: u64,
-    written_at: u64,
-    identity: String,
-    journal: Option<JournalTag>,
-    /// The previous generations' shapes (sets, ways), newest first; empty in version 1.
-    previous: Vec<(u64, u32)>,
-    /// When the resize happened (seconds since the Unix epoch); 0 without previous ones.
-    resized_at_s: u64,
-    /// New entries the current generation took since.
-    inserts: u64,
-}
-
-impl Header {
-    fn encode(&self) -> Vec<u8> {
-        let mut bytes = vec![0u8; HEADER_BYTES];
-        bytes[0..8].copy_from_slice(MAGIC);
-        // A table of one generation is written as version 1, which earlier versions read.
-        let version = if self.previous.is_empty() {
-            1
-        } else {
-            FORMAT_VERSION
-        };
-        bytes[8..12].copy_from_slice(&version.to_le_bytes());
-        bytes[12..16].copy_from_slice(&self.layout.to_le_bytes());
-        bytes[16..24].copy_from_slice(&self.sets.to_le_bytes());
-        bytes[24..28].copy_from_slice(&self.ways.to_le_bytes());
-        bytes[32..40].copy_from_slice(&self.slot_checksum.to_le_bytes());
-        bytes[40..48].copy_from_slice(&self.written_at.to_le_bytes());
-        let identity = &self.identity.as_bytes()[..self.identity.len().min(MAX_IDENTITY)];
-        bytes[48..50].copy_from_slice(&(identity.len() as u16).to_le_bytes());
-        bytes[50..50 + identity.len()].copy_from_slice(identity);
-        if let Some(tag) = self.journal {
-            bytes[JOURNAL_AT..JOURNAL_AT + 8].copy_from_slice(&tag.life.to_le_bytes());
-            bytes[JOURNAL_AT + 8..JOURNAL_AT + 12].copy_from_slice(&tag.generation.to_le_bytes());
-        }
-        if !self.previous.is_empty() {
-            let at = GENERATIONS_AT;
-            bytes[at..at + 4].copy_from_slice(&(self.previous.len() as u32).to_le_bytes());
-            bytes[at + 8..at + 16].copy_from_slice(&self.resized_at_s.to_le_bytes());
-            bytes[at + 16..at + 24].copy_from_slice(&self.inserts.to_le_bytes());
-            for (i, (sets, ways)) in self.previous.iter().enumerate() {
-                let shape = at + 24 + 16 * i;
-                bytes[shape..shape + 8].copy_from_slice(&sets.to_le_bytes());
-                bytes[shape + 8..shape + 12].copy_from_slice(&ways.to_le_bytes());
-            }
-        }
-        let checksum = xxh3_64(&bytes[..HEADER_BYTES - 8]);
-        bytes[HEADER_BYTES - 8..].copy_from_slice(&checksum.to_le_bytes());
-        bytes
-    }
-
-    fn parse(bytes: &[u8]) -> Result<Header, String> {
-        let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4"));
-        let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8"));
-        if &bytes[0..8] != MAGIC {
-            return Err("it is not an nsq-dedupe table file (wrong magic)".into());
-        }
-        if xxh3_64(&bytes[..HEADER_BYTES - 8]) != u64_at(HEADER_BYTES - 8) {
-            return Err("its header does not match its checksum".into());
-        }
-        let version = u32_at(8);
-        if version != 1 && version != FORMAT_VERSION {
-            return Err(format!(
-                "format version {version}; this version of nsq-dedupe reads 1 and {FORMAT_VERSION}"
-            ));
-        }
-        let previous_count = if version == 1 {
-            0
-        } else {
-            u32_at(GENERATIONS_AT) as usize
-        };
-        if previous_count > MAX_PREVIOUS {
-            return Err(format!(
-                "its header names {previous_count} previous generations (at most {MAX_PREVIOUS})"
-            ));
-        }
-        let previous = (0..previous_count)
-            .map(|i| {
-                let shape = GENERATIONS_AT + 24 + 16 * i;
-                (u64_at(shape), u32_at(shape + 8))
-            })
-            .collect();
-        let len = usize::from(u16::from_le_bytes([bytes[48], bytes[49]]));
-        if len > MAX_IDENTITY {
-            return Err("its digest identity is too long".into());
-        }
-        Ok(Header {
-            layout: u32_at(12),
-            sets: u64_at(16),
-            ways: u32_at(24),
-            slot_checksum: u64_at(32),
-            written_at: u64_at(40),
-            identity: String::from_utf8_lossy(&bytes[50..50 + len]).into_owned(),
-            journal: match u64_at(JOURNAL_AT) {
-                0 => None,
-                life => Some(JournalTag {
-                    life,
-                    generation: u32_at(JOURNAL_AT + 8),
-                }),
-            },
-            previous,
-            resized_at_s: if version == 1 {
-                0
-            } else {
-                u64_at(GENERATIONS_AT + 8)
-            },
-            inserts: if version == 1 {
-                0
-            } else {
-                u64_at(GENERATIONS_AT + 16)
-            },
-        })
     }
 }
 

@@ -23,7 +23,9 @@
 //!
 //! # Retirement
 //!
-//! The previous generations are dropped together, at the first of:
+//! At most [`MAX_PREVIOUS`] previous generations are kept (each resize before the previous ones
+//! retire adds one; a resize past that drops the oldest). They are dropped together, at the
+//! first of:
 //!
 //! - the current generation has taken as many new entries since the resize as it has slots:
 //!   it has turned over once. A table remembers about its size in entries (each set keeps its
@@ -46,6 +48,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::Table;
 use crate::dedup::{Claim, Digest};
+
+/// Previous generations a table keeps at most: a resize while this many are held drops the
+/// oldest. (Each resize within one turnover adds one; a table file's header lists them.)
+pub(crate) const MAX_PREVIOUS: usize = 32;
 
 /// The previous generations of a resized table.
 pub(super) struct Older {
@@ -227,6 +233,7 @@ impl Table {
             None => Vec::new(),
         };
         tables.insert(0, Arc::new(self));
+        tables.truncate(MAX_PREVIOUS);
         let resized_at_s = match &current.timed {
             Some(times) => times.now_s(),
             None => unix_now_s(),

@@ -73,7 +73,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub(crate) use generations::ResizeState;
+pub(crate) use generations::{ResizeState, MAX_PREVIOUS};
 pub use generations::Resizing;
 pub(crate) use memory::check_fits;
 use memory::{advise_huge_pages, machine_memory_bytes, zeroed_slots};
