@@ -18,8 +18,11 @@
 //!   committed (or erased, so that its retry passes) where its entry is, and only that entry.
 //!
 //! A claim during a resize therefore costs one more look-up (one set, one cache line) per
-//! previous generation, a read lock of the list of them, and one counter increment when the
-//! digest is new; after a single resize, which is the usual case, that is one extra look-up.
+//! previous generation, overlapped with the wait for the current generation's set; after a
+//! single resize, which is the usual case, that is one extra look-up. The list of previous
+//! generations never changes while the table lives, so reading it takes no lock; new entries
+//! are counted in a shared counter, in a large table only one claim in 64 (by the digest's
+//! bits) writes it.
 //!
 //! # Retirement
 //!
@@ -36,14 +39,14 @@
 //!
 //! An entry still in flight in a previous generation when it retires is forgotten as an
 //! evicted one is: its commit or erase answers `false`, and its redelivery passes. Nothing is
-//! lost; a copy of a message in flight for that long may pass. Retiring frees the memory on
-//! the thread whose claim crossed the line.
+//! lost; a copy of a message in flight for that long may pass. Retiring gives the slots' memory
+//! back to the system at once (the claim that crossed the line does it); the allocations
+//! themselves go with the table, or at its next resize.
 //!
 //! A shared store can follow the same scheme: its previous geometry read as the previous
 //! generation, with the claims' extra look-up and the retirement rule above.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::Table;
@@ -55,13 +58,19 @@ pub(crate) const MAX_PREVIOUS: usize = 32;
 
 /// The previous generations of a resized table.
 pub(super) struct Older {
-    /// The previous generations, newest first; emptied when they retire. Each is an `Arc` so
-    /// that a snapshot can write them without holding the lock.
-    tables: RwLock<Vec<Arc<Table>>>,
-    /// Whether `tables` may still hold anything: claims check it before taking the lock.
+    /// The previous generations, newest first. The list never changes while the table lives,
+    /// so claims read it without a lock; retiring releases the slots' memory (see
+    /// [`Table::release_memory`]) and the allocations go with the table.
+    tables: Vec<Table>,
+    /// Whether `tables` still count: false once they retired.
     live: AtomicBool,
-    /// New entries the current generation has taken since the resize.
+    /// New entries the current generation has taken since the resize, counted in steps of
+    /// `step`.
     inserts: AtomicU64,
+    /// 1 for small tables; for large ones a new entry is counted, as `SAMPLE` entries, only
+    /// when its digest's low bits (which the slots do not keep) are zero: one shared write
+    /// per `SAMPLE` new claims instead of one per claim, an unbiased estimate of the count.
+    step: u64,
     /// Retire once `inserts` reaches this: the current generation's slots.
     turnover: u64,
     /// When the resize happened, in seconds since the Unix epoch.
@@ -100,68 +109,76 @@ impl std::fmt::Debug for Older {
     }
 }
 
+/// New entries counted together in a large table (see [`Older::step`]).
+const SAMPLE: u64 = 64;
+
 impl Older {
-    fn new(tables: Vec<Arc<Table>>, turnover: u64, state: ResizeState) -> Older {
+    fn new(tables: Vec<Table>, turnover: u64, state: ResizeState) -> Older {
         Older {
             live: AtomicBool::new(!tables.is_empty()),
-            tables: RwLock::new(tables),
+            tables,
             inserts: AtomicU64::new(state.inserts),
+            // Sampled only where the count is large enough for the estimate to be close.
+            step: if turnover >= SAMPLE * SAMPLE {
+                SAMPLE
+            } else {
+                1
+            },
             turnover,
             resized_at_s: state.resized_at_s,
         }
     }
 
-    fn tables(&self) -> std::sync::RwLockReadGuard<'_, Vec<Arc<Table>>> {
-        // A panic while the lock was held left the list whole: it is only ever replaced.
-        self.tables
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// The previous generations, while they count.
+    #[inline]
+    fn live(&self) -> &[Table] {
+        // Relaxed: `live` only goes from true to false, and a generation read just after it
+        // retired answers as it did just before (or finds its slots empty): either is an
+        // answer the table could have given a moment earlier.
+        if self.live.load(Ordering::Relaxed) {
+            &self.tables
+        } else {
+            &[]
+        }
     }
 
     /// How the first previous generation holding `digest` answers a claim of it, if one does.
     #[inline]
     fn held(&self, digest: Digest) -> Option<Claim> {
-        // Acquire pairs with nothing in particular: `live` only ever goes from true to false,
-        // and a stale `true` just takes the lock and finds the list empty.
-        if !self.live.load(Ordering::Acquire) {
-            return None;
-        }
-        self.tables().iter().find_map(|table| table.lookup(digest))
+        self.live().iter().find_map(|table| table.lookup(digest))
     }
 
     /// Applies `op` to the previous generations, newest first, until one answers `true`.
     fn any(&self, op: impl Fn(&Table) -> bool) -> bool {
-        if !self.live.load(Ordering::Acquire) {
-            return false;
-        }
-        self.tables().iter().any(|table| op(table))
+        self.live().iter().any(op)
     }
 
-    /// Counts a new entry of the current generation, and retires the previous generations
-    /// when it turns the current one over, or when `max_age` has passed since the resize.
-    fn inserted(&self, now_s: Option<u64>, max_age_s: Option<u64>) {
-        // Relaxed: the count only decides when to free memory, never an answer.
-        let inserts = self.inserts.fetch_add(1, Ordering::Relaxed) + 1;
+    /// Counts a new entry of the current generation, `digest`, and retires the previous
+    /// generations when it turns the current one over, or when `max_age` has passed since
+    /// the resize.
+    #[inline]
+    fn inserted(&self, digest: Digest, now_s: Option<u64>, max_age_s: Option<u64>) {
         let expired = match (now_s, max_age_s) {
             (Some(now_s), Some(age)) => now_s >= self.resized_at_s.saturating_add(age),
             _ => false,
         };
+        if self.step > 1 && digest.lo() % self.step != 0 && !expired {
+            return;
+        }
+        // Relaxed: the count only decides when to release memory, never an answer.
+        let inserts = self.inserts.fetch_add(self.step, Ordering::Relaxed) + self.step;
         if inserts >= self.turnover || expired {
             self.retire();
         }
     }
 
-    /// Drops the previous generations: their memory is freed once no snapshot holds them.
+    /// Retires the previous generations: they no longer answer, and their slots' memory goes
+    /// back to the system.
     fn retire(&self) {
-        if self.live.swap(false, Ordering::AcqRel) {
-            let tables = std::mem::take(
-                &mut *self
-                    .tables
-                    .write()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner()),
-            );
-            // Dropped here, after the lock: claims wait for no deallocation.
-            drop(tables);
+        if self.live.swap(false, Ordering::Relaxed) {
+            for table in &self.tables {
+                table.release_memory();
+            }
         }
     }
 }
@@ -216,23 +233,11 @@ impl Table {
             )?,
         };
         let mut tables = match self.older.take() {
-            Some(older) => {
-                let live = older.live.load(Ordering::Acquire);
-                let tables = std::mem::take(
-                    &mut *older
-                        .tables
-                        .write()
-                        .unwrap_or_else(|poisoned| poisoned.into_inner()),
-                );
-                if live {
-                    tables
-                } else {
-                    Vec::new()
-                }
-            }
-            None => Vec::new(),
+            Some(older) if older.live.load(Ordering::Relaxed) => older.tables,
+            // Retired ones are freed here.
+            _ => Vec::new(),
         };
-        tables.insert(0, Arc::new(self));
+        tables.insert(0, self);
         tables.truncate(MAX_PREVIOUS);
         let resized_at_s = match &current.timed {
             Some(times) => times.now_s(),
@@ -257,11 +262,7 @@ impl Table {
     ) -> Table {
         if !previous.is_empty() {
             let turnover = current.slots();
-            let older = Older::new(
-                previous.into_iter().map(Arc::new).collect(),
-                turnover,
-                state,
-            );
+            let older = Older::new(previous, turnover, state);
             current.older = Some(Box::new(older));
             // A table file may have been saved just before the retirement was due.
             if state.inserts >= turnover {
@@ -273,28 +274,23 @@ impl Table {
 
     /// The previous generations still held, newest first, and where the resize stands: for
     /// the table file. Empty when the table has one generation.
-    pub(crate) fn previous_generations(&self) -> (Vec<Arc<Table>>, Option<ResizeState>) {
+    pub(crate) fn previous_generations(&self) -> (&[Table], Option<ResizeState>) {
         match &self.older {
-            Some(older) if older.live.load(Ordering::Acquire) => {
-                let tables = older.tables().clone();
+            Some(older) if !older.live().is_empty() => {
                 let state = ResizeState {
                     resized_at_s: older.resized_at_s,
                     inserts: older.inserts.load(Ordering::Relaxed),
                 };
-                let state = (!tables.is_empty()).then_some(state);
-                (tables, state)
+                (older.live(), Some(state))
             }
-            _ => (Vec::new(), None),
+            _ => (&[], None),
         }
     }
 
     /// Where a resize stands, while previous generations are held.
     pub fn resizing(&self) -> Option<Resizing> {
         let older = self.older.as_ref()?;
-        if !older.live.load(Ordering::Acquire) {
-            return None;
-        }
-        let tables = older.tables();
+        let tables = older.live();
         if tables.is_empty() {
             return None;
         }
@@ -317,6 +313,9 @@ impl Table {
     /// A claim (`state` in flight or done) while previous generations are held.
     #[inline(never)]
     pub(super) fn claim_resizing(&self, older: &Older, digest: Digest, state: u64) -> Claim {
+        // Ask for the current generation's set first, so that its wait overlaps the look-up
+        // in the previous generation instead of following it.
+        self.prefetch(digest);
         if let Some(held) = older.held(digest) {
             return held;
         }
@@ -324,7 +323,7 @@ impl Table {
         if claim == Claim::New {
             let now_s = self.timed.as_ref().map(|times| times.now_s());
             let max_age_s = self.timed.as_ref().map(|times| times.max_age_s());
-            older.inserted(now_s, max_age_s);
+            older.inserted(digest, now_s, max_age_s);
         }
         claim
     }

@@ -93,3 +93,33 @@ pub(super) fn advise_huge_pages(slots: &[AtomicU64]) {
 
 #[cfg(not(target_os = "linux"))]
 pub(super) fn advise_huge_pages(_slots: &[AtomicU64]) {}
+
+/// Gives the memory of the whole pages inside `words` back to the system; they read as zeros
+/// from then on (an empty slot, no time). For a table generation that retired while other
+/// threads may still be reading it: the allocation stays, so every access stays valid.
+#[cfg(target_os = "linux")]
+pub(super) fn release_pages(words: &[AtomicU64]) {
+    const PAGE: usize = 4096;
+    let start = words.as_ptr() as usize;
+    let end = start + std::mem::size_of_val(words);
+    let (first, last) = (start.next_multiple_of(PAGE), end & !(PAGE - 1));
+    if last > first {
+        // SAFETY: `[first, last)` is page-aligned and lies inside `words`, memory the table
+        // owns and keeps owning (it is freed with the table, not here). MADV_DONTNEED on this
+        // private anonymous memory (`calloc`'s) leaves the mapping in place; its pages read
+        // as zeros afterwards. Other threads may be reading or compare-and-swapping these
+        // atomics meanwhile: each access still lands on valid, mapped memory and sees either
+        // the value it had or zero, as if another thread had stored zero, which atomics allow
+        // and the table reads as an empty slot.
+        let _ = unsafe {
+            libc::madvise(
+                first as *mut libc::c_void,
+                last - first,
+                libc::MADV_DONTNEED,
+            )
+        };
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+pub(super) fn release_pages(_words: &[AtomicU64]) {}

@@ -73,10 +73,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub(crate) use generations::{ResizeState, MAX_PREVIOUS};
 pub use generations::Resizing;
+pub(crate) use generations::{ResizeState, MAX_PREVIOUS};
 pub(crate) use memory::check_fits;
-use memory::{advise_huge_pages, machine_memory_bytes, zeroed_slots};
+use memory::{advise_huge_pages, machine_memory_bytes, release_pages, zeroed_slots};
 use set::{find, fingerprint, insert, update, verdict};
 
 use crate::dedup::clock::Clock;
@@ -100,8 +100,8 @@ const LINE_SLOTS: usize = 8;
 ///
 /// Memory is allocated once, zeroed lazily by the operating system, and never grows:
 /// `slots * 8` bytes. [`Table::resize`] makes a new table of another size that keeps this
-/// one, read-only, as its previous generation for a while. See the docs of `src/dedup/table/mod.rs` for the slot format and the odds of a false
-/// "seen".
+/// one, read-only, as its previous generation for a while. See the docs of
+/// `src/dedup/table/mod.rs` for the slot format and the odds of a false "seen".
 ///
 /// # Example
 ///
@@ -264,6 +264,15 @@ impl Table {
         for slot in self.slots.iter().step_by(4096 / 8) {
             let value = slot.load(Ordering::Relaxed);
             let _ = slot.compare_exchange(value, value, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+
+    /// Gives the slots' (and times') memory back to the system, for a generation that
+    /// retired: it then holds nothing. See `memory::release_pages`.
+    fn release_memory(&self) {
+        release_pages(&self.slots);
+        if let Some(times) = &self.timed {
+            times.release_memory();
         }
     }
 

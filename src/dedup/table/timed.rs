@@ -86,6 +86,11 @@ impl Times {
         self.clock.now_ms() / 1000
     }
 
+    /// Gives the times' memory back to the system (see `Table::release_memory`).
+    pub(super) fn release_memory(&self) {
+        super::memory::release_pages(&self.times);
+    }
+
     /// The clock the times are read by.
     pub(super) fn clock(&self) -> Arc<dyn Clock> {
         self.clock.clone()
