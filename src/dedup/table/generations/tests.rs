@@ -208,3 +208,53 @@ fn with_max_age_the_previous_generation_retires_after_max_age() {
     assert_eq!(table.resizing(), None);
     assert!(table.contains(digests[1]) && table.contains(digests[2]));
 }
+
+/// Threads claiming while the previous generation retires under them (its memory released
+/// while they read it): a new digest is never taken for a copy and none goes without a `New`,
+/// and a digest the previous generation held is a copy until it retires, never in flight.
+#[test]
+fn claims_racing_the_retirement_never_take_a_new_digest_for_a_copy() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let digest = |i: u64| crate::DigestAlgorithm::default().digest(&i.to_le_bytes());
+    for round in 0..20u64 {
+        let old = Table::new(Geometry::new(1 << 12, 8).unwrap()).unwrap();
+        let held: Vec<Digest> = (0..1000).map(|i| digest(round << 32 | i)).collect();
+        for d in &held {
+            assert!(!old.contains_and_add(*d));
+        }
+        // Turns over after 512 new entries: early in the threads' claims.
+        let table = old.resize(Geometry::new(512, 8).unwrap()).unwrap();
+        let news: Vec<AtomicU32> = (0..2000).map(|_| AtomicU32::new(0)).collect();
+        let copies = AtomicU32::new(0);
+        let held_in_flight = AtomicU32::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..2 {
+                let (table, news, copies) = (&table, &news, &copies);
+                scope.spawn(move || {
+                    for i in 0..2000u64 {
+                        match table.claim(digest(round << 32 | 1 << 20 | i)) {
+                            Claim::New => news[i as usize].fetch_add(1, Ordering::Relaxed),
+                            Claim::Duplicate => copies.fetch_add(1, Ordering::Relaxed),
+                            Claim::InFlight => 0,
+                        };
+                    }
+                });
+            }
+            let (table, held, held_in_flight) = (&table, &held, &held_in_flight);
+            scope.spawn(move || {
+                for d in held {
+                    if table.claim(*d) == Claim::InFlight {
+                        held_in_flight.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        });
+        assert_eq!(table.resizing(), None, "round {round}: retired");
+        assert_eq!(copies.load(Ordering::Relaxed), 0, "round {round}");
+        assert_eq!(held_in_flight.load(Ordering::Relaxed), 0, "round {round}");
+        assert!(
+            news.iter().all(|n| n.load(Ordering::Relaxed) >= 1),
+            "round {round}"
+        );
+    }
+}
