@@ -142,8 +142,8 @@ fn slower_than_the_message_timeout() -> (BatchSink, Dedupe<Table, BatchSink>) {
     (sink.clone(), dedupe(sink, policy))
 }
 
-/// Takes the next message and hands it to `dedupe` in a task of its own, then publishes a copy
-/// of "a", takes it and checks that it is held beside its original; the original's task.
+/// Takes the next message and hands it to `dedupe` in a task of its own, then, once it is
+/// claimed, publishes a copy of "a", takes it and checks that it is held beside its original; the original's task.
 async fn hold_a_copy(
     broker: &Broker,
     consumer: &mut Consumer,
@@ -154,6 +154,15 @@ async fn hold_a_copy(
         let dedupe = dedupe.clone();
         async move { dedupe.process_batch(original).await }
     });
+    // The copy must find the original claimed: publish it only once the claim is made.
+    let unique = || dedupe.metrics().unique.load(Ordering::Relaxed);
+    crate::util::wait_until_or(
+        "the original claimed",
+        Duration::from_secs(5),
+        || unique() == 1,
+        || format!("{} claimed new", unique()),
+    )
+    .await;
     broker.publish_many(TOPIC, bodies(&["a"]));
     let copy = take(consumer, 1).await;
     assert_eq!(dedupe.process_batch(copy).await, [Outcome::Held]);
