@@ -97,7 +97,7 @@ fn from_git(manifest_dir: &Path) -> Option<String> {
         "--porcelain",
         "--untracked-files=no",
     ])
-        .is_some_and(|changes| !changes.is_empty());
+    .is_some_and(|changes| !changes.is_empty());
     Some(format!("{hash}{}", if dirty { "-dirty" } else { "" }))
 }
 

@@ -473,13 +473,23 @@ fn probabilities_just_below_one_print_alike_whatever_the_window() {
 #[test]
 fn a_window_of_centuries_reads_in_days_and_keeps_its_columns_apart() {
     let out = bin()
-        .args(["size", "--memory", "1PiB", "--probability", "0.99", "--rate", "1000"])
+        .args([
+            "size",
+            "--memory",
+            "1PiB",
+            "--probability",
+            "0.99",
+            "--rate",
+            "1000",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(
-        text.contains("Window:       591722d at 1000 msg/s = 51,124,761,526,272 distinct messages\n"),
+        text.contains(
+            "Window:       591722d at 1000 msg/s = 51,124,761,526,272 distinct messages\n"
+        ),
         "{text}"
     );
     let rows: Vec<&str> = text

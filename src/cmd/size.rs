@@ -320,7 +320,10 @@ fn write_delays(out: &mut String, answer: &Answer) {
         "Delay", "Messages later"
     );
     for (delay, count, probability) in rows {
-        let _ = writeln!(out, "{delay:<delay_width$}{count:>count_width$}  {probability}");
+        let _ = writeln!(
+            out,
+            "{delay:<delay_width$}{count:>count_width$}  {probability}"
+        );
     }
 }
 
