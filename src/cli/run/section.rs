@@ -8,7 +8,7 @@ use clap::builder::{PathBufValueParser, PossibleValuesParser, TypedValueParser a
 use clap::{Arg, ArgAction, ArgMatches, Args, Command, FromArgMatches};
 use nsq_dedupe::config::setting::{FlagValue, Section, Setting};
 
-use super::Overlay;
+use super::FlagRecorder;
 use crate::cli::parse::{
     parse_attempts, parse_buckets, parse_duration, parse_in_flight, parse_memory_text,
     parse_probability, parse_rate, parse_ways,
@@ -39,7 +39,7 @@ impl<S: Section> SectionFlags<S> {
     ///
     /// If a flag's parser lets through a value the file's type refuses: each parser gives the
     /// value as the file writes it.
-    pub(super) fn apply(&self, section: &mut S, overlay: &mut Overlay<'_>) {
+    pub(super) fn apply(&self, section: &mut S, recorder: &mut FlagRecorder<'_>) {
         for (setting, _) in &self.given {
             for replaced in setting.replaces {
                 section.clear(replaced);
@@ -62,19 +62,19 @@ impl<S: Section> SectionFlags<S> {
                     lay(section, name, text_value(value.to_owned()));
                 }
             }
-            overlay.record(setting.key, flag, value.is_some());
+            recorder.record(setting.key, flag, value.is_some());
         }
     }
 
     /// Lays the given flags over a section the file may leave out (`[dead_letter]`): over
     /// the file's, or over a new one when a flag of the section is given.
-    pub(super) fn apply_optional(&self, section: &mut Option<S>, overlay: &mut Overlay<'_>)
+    pub(super) fn apply_optional(&self, section: &mut Option<S>, recorder: &mut FlagRecorder<'_>)
     where
         S: Default,
     {
         let given = section.is_some() || !self.given.is_empty();
         let mut laid = section.take().unwrap_or_default();
-        self.apply(&mut laid, overlay);
+        self.apply(&mut laid, recorder);
         *section = given.then_some(laid);
     }
 }
