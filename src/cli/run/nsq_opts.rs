@@ -13,7 +13,6 @@ use nsq_dedupe::config::{Dur, RawConfig, RawNsqOpts, OPTION_NAMES};
 
 use super::section::SectionFlags;
 use super::FlagRecorder;
-use crate::cli::parse::parse_duration;
 
 /// go-nsq option names `--consumer-opt` maps to `[source]` keys.
 const SOURCE_OPTIONS: &[&str] = &[
@@ -112,7 +111,10 @@ fn parse_opt(text: &str, consumer: bool) -> Result<NsqOpt, String> {
             | "msg_timeout"
             | "heartbeat_interval"
             | "lookupd_poll_interval" => {
-                Value::Duration(parse_duration(v).map_err(|e| format!("{key}: {e}"))?)
+                // The file's rule for a duration, as for the named flags.
+                Value::Duration(
+                    nsq_dedupe::units::parse_duration(v).map_err(|e| format!("{key}: {e}"))?,
+                )
             }
             _ => Value::Count(
                 v.parse()
