@@ -559,6 +559,32 @@ mod tests {
             .collect()
     }
 
+    /// Every name a setting refers to by a string (`conflicts`, `replaces`, `sets`, and the
+    /// kind key of `only`) is a setting: a misspelt one would silently do nothing.
+    #[test]
+    fn every_setting_a_setting_names_exists() {
+        let mut unknown = Vec::new();
+        for section in SECTIONS {
+            let named = |name: &str| section.iter().any(|setting| setting.name == name);
+            for setting in section.iter() {
+                let names = setting.conflicts.iter().chain(setting.replaces);
+                let names = names.chain(setting.sets.as_ref().map(|(name, _)| name));
+                for name in names.filter(|name| !named(name)) {
+                    unknown.push(format!("{} names `{name}`", setting.key));
+                }
+                let kind = setting.only.map(|only| only.kind);
+                let known = |key: &str| SECTIONS.iter().copied().flatten().any(|s| s.key == key);
+                if let Some(kind) = kind.filter(|kind| !known(kind)) {
+                    unknown.push(format!("{} is used only with `{kind}`", setting.key));
+                }
+            }
+        }
+        assert!(
+            unknown.is_empty(),
+            "settings that do not exist: {unknown:?}"
+        );
+    }
+
     /// Each setting's default, laid through the config file, gives the same settings as leaving
     /// it out: the table's default is the one the validation falls back to.
     #[test]
