@@ -1393,17 +1393,8 @@ fn a_zero_duration_means_the_same_from_a_flag_and_from_the_file() {
         assert!(!stderr.contains("sync"), "{stderr}");
     }
     let refused = "must be more than 0 (how often the status line is logged)\n";
-    let (code, stderr) = run_refused(
-        &[],
-        &[
-            "--topic",
-            "t",
-            "--nsqd-tcp-address",
-            "127.0.0.1:1",
-            "--status-interval",
-            "0s",
-        ],
-    );
+    let source = ["--topic", "t", "--nsqd-tcp-address", "127.0.0.1:1"];
+    let (code, stderr) = run_refused(&[], &[&source[..], &["--status-interval", "0s"]].concat());
     assert_eq!(
         (code, stderr.as_str()),
         (
@@ -1411,23 +1402,10 @@ fn a_zero_duration_means_the_same_from_a_flag_and_from_the_file() {
             format!("error: invalid `--status-interval` = \"0s\": {refused}").as_str()
         )
     );
-    std::fs::write(
-        dir.path().join("status.toml"),
-        "[metrics]\nstatus_interval = \"0s\"\n",
-    )
-    .unwrap();
     let status = dir.path().join("status.toml");
-    let (code, stderr) = run_refused(
-        &[],
-        &[
-            "--config",
-            status.to_str().unwrap(),
-            "--topic",
-            "t",
-            "--nsqd-tcp-address",
-            "127.0.0.1:1",
-        ],
-    );
+    std::fs::write(&status, "[metrics]\nstatus_interval = \"0s\"\n").unwrap();
+    let config = ["--config", status.to_str().unwrap()];
+    let (code, stderr) = run_refused(&[], &[&config[..], &source[..]].concat());
     assert_eq!(code, 78, "{stderr}");
     assert!(
         stderr.contains("`metrics.status_interval` = \"0s\": ") && stderr.ends_with(refused),
