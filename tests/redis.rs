@@ -129,7 +129,6 @@ impl SharedHarness for Redis {
 /// The rules every shared store keeps, against a standalone server.
 mod contract {
     crate::store_contract::store_contract_tests!(shared: super::Redis::start());
-    crate::store_contract::store_contract_tests!(outlives_runtime: super::Redis::start());
 }
 
 fn config(urls: &[String], cluster: bool, namespace: &str) -> RedisConfig {
