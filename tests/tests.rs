@@ -36,6 +36,7 @@ mod odd_files;
 mod package;
 mod redis;
 mod redis_commit;
+mod redis_ifeq;
 mod redis_tls;
 mod secrets;
 mod serve;

@@ -83,9 +83,11 @@ mod create;
 mod entry;
 mod fleet;
 mod hints;
+mod ifeq;
 mod refusal;
 mod script;
 mod slots;
+mod value;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -150,6 +152,8 @@ struct Inner {
     hints: Hints,
     /// Whether claims go first as plain `SET … NX GET`s (`create`).
     filling: create::Filling,
+    /// Whether the servers have `SET … IFEQ`, and the sets written that way (`ifeq`).
+    ifeq: ifeq::Ifeq,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -163,8 +167,9 @@ impl std::fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
-    /// Builds a store for a table of shape `geometry`, connects, and loads the script (on
-    /// every node of a cluster).
+    /// Builds a store for a table of shape `geometry`, connects, loads the script (on every
+    /// node of a cluster), and asks whether the servers have `SET … IFEQ` (see
+    /// [`RedisStore::uses_ifeq`]).
     ///
     /// # Errors
     ///
@@ -173,6 +178,7 @@ impl RedisStore {
     pub async fn connect(config: RedisConfig, geometry: Geometry) -> Result<Self, StoreError> {
         let store = Self::new_lazy(config, geometry)?;
         store.load_script().await?;
+        store.probe_ifeq().await;
         Ok(store)
     }
 
@@ -203,6 +209,7 @@ impl RedisStore {
                 unreadable: AtomicU64::new(0),
                 hints: Hints::default(),
                 filling: create::Filling::default(),
+                ifeq: ifeq::Ifeq::default(),
             }),
         })
     }
@@ -215,6 +222,28 @@ impl RedisStore {
     /// As [`RedisStore::connect`].
     pub async fn load_script(&self) -> Result<(), StoreError> {
         self.inner.link.load_script(&self.inner.script).await
+    }
+
+    /// Whether this store decides its claims, commits, erases and renews itself and writes
+    /// each set back with `SET … IFEQ` (see the module docs), rather than through the set
+    /// script: its servers answer `IFEQ` (Valkey 8.1 or later). Learnt when the store
+    /// connects (a store opened lazily learns it before its first operation), never set.
+    pub fn uses_ifeq(&self) -> bool {
+        self.inner.ifeq.on()
+    }
+
+    /// How many of this store's `SET … IFEQ` writes found their set changed by another client
+    /// since it was read, and read it again.
+    pub fn ifeq_conflicts(&self) -> u64 {
+        self.inner.ifeq.conflicts()
+    }
+
+    /// Sends every operation through the set script from now on, as on a server without
+    /// `SET … IFEQ`: for benchmarks and tests that compare the two paths, or run a fleet of
+    /// both on one table. Applies to every clone.
+    #[doc(hidden)]
+    pub fn force_script(&self) {
+        self.inner.ifeq.force_off();
     }
 
     /// The settings this store was built with (any URL's password moved to `password`).
@@ -297,12 +326,17 @@ impl RedisStore {
     /// goes without the script where it can (`commit`); every other one through the script.
     async fn held_many(&self, op: Op, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
         let hints = &self.inner.hints;
+        let ifeq = self.ifeq_on().await;
         let slots = match op {
+            // Claims made with IFEQ keep no hint.
+            _ if ifeq => vec![None; digests.len()],
             Op::Renew => hints.get(digests),
             _ => hints.take(digests),
         };
         let mut targets: Vec<Target> = digests.iter().copied().zip(slots).collect();
-        let answers = if op == Op::Commit {
+        let answers = if ifeq {
+            self.ifeq_many(op, digests).await
+        } else if op == Op::Commit {
             self.write_commits(&mut targets).await
         } else {
             vec![None; targets.len()]
@@ -353,15 +387,17 @@ impl RedisStore {
     }
 }
 
-
 impl RedisStore {
     /// Runs the claim `op` on each digest: while the table fills, first as plain commands
     /// that create the sets that hold nothing (`create`), the others (all, otherwise)
     /// through the script. Each digest's claim.
     async fn claims(&self, op: Op, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
         let filling = &self.inner.filling;
-        let creating = filling.get();
-        let answers = if creating {
+        let ifeq = self.ifeq_on().await;
+        let creating = !ifeq && filling.get();
+        let answers = if ifeq {
+            self.ifeq_many(op, digests).await
+        } else if creating {
             self.create_sets(op, digests).await
         } else {
             vec![None; digests.len()]
@@ -370,7 +406,7 @@ impl RedisStore {
         let answers = self
             .script_the_rest(op, answers, |i| (digests[i], None))
             .await;
-        if !creating {
+        if !creating && !ifeq {
             // Every claim went to the script.
             filling.learn(filling.by_script().wrapping_sub(before), digests.len());
         }
@@ -394,7 +430,7 @@ impl RedisStore {
                 // A claim's commit, erase or renew goes through its slot; an entry claimed
                 // done has no commit to follow.
                 match u8::try_from(answer >> 2) {
-                    Ok(slot) if claim == Claim::New && op == Op::Claim => {
+                    Ok(slot) if claim == Claim::New && op == Op::Claim && !ifeq => {
                         claimed.push((digest, slot));
                     }
                     _ => {}

@@ -42,7 +42,11 @@ impl RedisStore {
     /// their order; in a cluster, grouped by the master of their set's slot (see the module
     /// docs). The runs go out together on the multiplexed connections, each within the time
     /// limit; a run that fails fails each of its digests, and wrote nothing.
-    pub(super) async fn update_many(&self, op: Op, digests: &[Target]) -> Vec<Result<i64, StoreError>> {
+    pub(super) async fn update_many(
+        &self,
+        op: Op,
+        digests: &[Target],
+    ) -> Vec<Result<i64, StoreError>> {
         let answers = self.update_runs(op, digests).await;
         if answers.iter().any(|answer| {
             matches!(
@@ -52,6 +56,7 @@ impl RedisStore {
         }) {
             // The server may have restarted empty or been replaced: its entries may be gone.
             self.inner.hints.forget_all();
+            self.inner.ifeq.forget_all();
         }
         answers
     }
@@ -251,5 +256,4 @@ impl RedisStore {
         }
         Ok(answers)
     }
-
 }
