@@ -70,9 +70,10 @@ For serve and serve-relay the consumer is a chain: the sidecar, started first (f
 nsq_tail starts once the sidecar's HTTP /ping answers), then nsq_tail writing to a file.
 The run ends when nsq_tail has written N lines and every channel on the way is drained (the
 source's, and for the relay the second topic's with at least N messages); "µs CPU/msg" is
-then the chain's (sidecar + nsq_tail), "tail" nsq_tail's alone, "total" the chain's plus
-nsqd's, and the file must hold all N distinct bodies, else the run is marked LOST. For http and https, "conns"
-counts the client ports seen on nsqd's HTTP(S) port right after the drain, established or in
+then the chain's (sidecar + nsq_tail), "sidecar" the sidecar's alone ("-" for nsq_tail on
+nsqd), "tail" nsq_tail's alone, "total" the chain's plus nsqd's, and the file must hold all
+N distinct bodies, else the run is marked LOST. For http and https, "conns" counts the
+client ports seen on nsqd's HTTP(S) port right after the drain, established or in
 TIME_WAIT: the connections accepted, at least (a port reused from TIME_WAIT counts once, so
 beyond about 10,000 the count is capped by the local port range, not by the client).
 Status: TIMEOUT, LOST k (messages missing downstream) or exit CODE (the consumer failed)
@@ -83,7 +84,8 @@ The last line of each scenario is machine-readable:
 where speed = best ours msg/s / best baseline msg/s and cpu = best baseline CPU per message /
 best ours CPU per message: above 1, ours is faster, or uses less CPU per message. For serve
 and serve-relay, cpu is the ratio of the totals (nsqd + sidecar + nsq_tail), which the line
-also gives as base_total_us and ours_total_us.
+also gives as base_total_us and ours_total_us, and the least sidecar CPU per message of each
+side with a sidecar as base_sidecar_us and ours_sidecar_us.
 
 Examples:
   bench/sidecar-vs-go.sh null
@@ -448,6 +450,7 @@ def one_run(name, r, side, label, cmd, check_out, memcached):
             notes.append(f"{copies} {'copy' if copies == 1 else 'copies'} downstream")
         return dict(side=side, label=label, wall=t1 - t0, cpu=sum(cpus), exit_cpu=exit_cpu, rss=rss,
                     nsqd=nsqd_cpu, tail=cpus[-1] if chained else None, total=sum(cpus) + nsqd_cpu,
+                    sidecar=sum(cpus[:-1]) if chained and len(cpus) > 1 else None,
                     mc=mc_cpu, conns=conns, out=out, status=status, argvs=argvs, notes=notes)
     finally:
         for p in reversed(procs):
@@ -523,7 +526,7 @@ def main():
         if name in ("http", "https"):
             head += f" {'conns':>6}"
         if chained:
-            head += f" {'tail µs/msg':>11} {'total µs/msg':>12}"
+            head += f" {'sidecar µs/msg':>14} {'tail µs/msg':>11} {'total µs/msg':>12}"
         print(head + "  status", flush=True)
         results = []
         for _ in range(PAIRS):
@@ -543,7 +546,8 @@ def main():
                 if name in ("http", "https"):
                     line += f" {x['conns']:>6}"
                 if chained:
-                    line += f" {x['tail'] / N * 1e6:>11.2f} {x['total'] / N * 1e6:>12.2f}"
+                    sidecar = "-" if x["sidecar"] is None else f"{x['sidecar'] / N * 1e6:.2f}"
+                    line += f" {sidecar:>14} {x['tail'] / N * 1e6:>11.2f} {x['total'] / N * 1e6:>12.2f}"
                 print(line + "  " + "; ".join([x["status"]] + x["notes"]), flush=True)
                 if x["status"] != "ok":
                     failed = True
@@ -566,6 +570,10 @@ def main():
                   f"({fmt_int(o_speed)} vs {fmt_int(b_speed)} msg/s); total CPU per message "
                   f"(nsqd + sidecar + nsq_tail) {cpu:.2f}x ({b_total:.2f} µs / {o_total:.2f} µs; "
                   f"above 1, {ours_label} uses less)")
+            # The sidecar's own CPU, where the chain has one (not nsq_tail on nsqd alone).
+            for side, xs in (("base", base), ("ours", ours)):
+                if all(x["sidecar"] is not None for x in xs):
+                    totals += f" {side}_sidecar_us={min(x['sidecar'] for x in xs) / N * 1e6:.2f}"
         else:
             print(f"{ours_label} against {base_label}, best of each: speed {speed:.2f}x "
                   f"({fmt_int(o_speed)} vs {fmt_int(b_speed)} msg/s); CPU per message {cpu:.2f}x "

@@ -29,11 +29,14 @@ pub enum TableError {
         /// The smallest budget that works.
         minimum: u64,
     },
-    /// The system would not give the table's memory.
-    #[error("cannot allocate {} for the table{}", crate::units::format_bytes(*bytes), machine_bytes.map_or_else(String::new, |m| format!(" (this machine has {} of memory)", crate::units::format_bytes(m))))]
+    /// The table's memory is more than the machine has, or the system would not give it.
+    #[error("cannot allocate {} for the table{}{}", crate::units::format_bytes(*bytes), if *timed { " with a time beside each slot" } else { "" }, machine_bytes.map_or_else(String::new, |m| format!(" (this machine has {} of memory)", crate::units::format_bytes(m))))]
     Alloc {
-        /// The table's size.
+        /// The table's size, its times included.
         bytes: u64,
+        /// Whether the table keeps a time beside each slot (with `max_age`), which takes as
+        /// much memory again as the slots.
+        timed: bool,
         /// The machine's physical memory, when known.
         machine_bytes: Option<u64>,
     },
@@ -101,6 +104,17 @@ pub enum StoreError {
     /// The server answered something this client does not understand.
     #[error("store protocol error: {0}")]
     Protocol(String),
+    /// The server is out of memory and refuses writes (Redis past its `maxmemory`, with a
+    /// `maxmemory-policy` that evicts none of the table's keys). Like an outage, its
+    /// operations fail until it has room, and their messages follow `on_store_error`; unlike
+    /// most outages it lasts until its settings change, and `detail` names the change.
+    #[error("store at {addr} is out of memory: {detail}")]
+    OutOfMemory {
+        /// The server address.
+        addr: String,
+        /// What it answered, and the setting to change.
+        detail: String,
+    },
     /// The store's settings are unusable; the message names the setting.
     #[error("invalid store configuration: {0}")]
     Config(Wording),

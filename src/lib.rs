@@ -29,8 +29,8 @@
 //! - `sidecar` (all of the above, and more): `pipeline` with `Dedupe`, the de-duplicating step
 //!   (claim, handle, commit or erase, FIN or REQ); `sink` (the `Handler` trait, the sidecar's
 //!   sinks and the dead-letter); `config` (the TOML configuration and its validation into
-//!   `Settings`); `serve` (the serve sink: the sidecar as an nsqd for any NSQ consumer);
-//!   `sidecar` (`run`, the `nsq-dedupe run` service, and `Sidecar` for custom
+//!   `Settings`); `serve` (the serve sink, `sink::serve`: the sidecar as an nsqd for any NSQ
+//!   consumer); `sidecar` (`run`, the `nsq-dedupe run` service, and `Sidecar` for custom
 //!   handlers); the metrics endpoint in Prometheus' text format; `redact` (URLs, headers and
 //!   secrets as they may be printed).
 //! - `cli`: the binary's flags, logs, completions, man pages and plots.
@@ -79,8 +79,6 @@ pub mod pipeline;
 #[cfg(any(feature = "nsq", feature = "redis"))]
 pub(crate) mod redact;
 #[cfg(feature = "sidecar")]
-pub mod serve;
-#[cfg(feature = "sidecar")]
 pub mod sidecar;
 #[cfg(feature = "sidecar")]
 pub mod sink;
@@ -112,6 +110,8 @@ pub use nsq::{Consumer, ConsumerConfig, Message, Producer, ProducerConfig};
 pub use pipeline::Dedupe;
 #[cfg(feature = "sidecar")]
 pub use sidecar::{run, Sidecar};
+#[cfg(feature = "sidecar")]
+pub use sink::serve;
 pub use stream::filter_stream;
 
 /// The README's examples, compiled and run as doc tests (with no feature too: they use only

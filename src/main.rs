@@ -143,7 +143,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             cmd::size::run(&args)
         }
         Command::Filter(args) => cmd::filter::run(&args),
-        Command::Run(args) => cmd::run::run(&args, &cli.from_env),
+        Command::Run(args) => cmd::run::run(&args, &cli.from_env, &cli.aliases),
         Command::Completions { shell } => {
             require(Stream::Stdout, "`completions` writes the script")?;
             cmd::completions::run(shell, Cli::definition())

@@ -39,10 +39,12 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(total).map_err(|_| error())
 }
 
-/// Parses a byte size such as `64MiB`, `1GiB`, `100MB`, `512k` or `4096`.
+/// Parses a byte size such as `64MiB`, `1GiB`, `100MB`, `512k`, `4096`, or as
+/// [`format_bytes`] prints one, `47.4 MiB`: every size it prints parses back.
 ///
-/// `K`, `M`, `G`, `T` and the `iB` forms are powers of 1024; `KB`, `MB`, `GB`, `TB` are powers
-/// of 1000.
+/// `K`, `M`, `G`, `T`, `P`, `E` and the `iB` forms are powers of 1024; `KB`, `MB`, `GB`, `TB`,
+/// `PB`, `EB` are powers of 1000. At most 16 EiB (2^64 bytes; the largest count, one byte
+/// less, is what that gives).
 ///
 /// # Errors
 ///
@@ -60,15 +62,20 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         "m" | "mib" => 1024.0 * 1024.0,
         "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
         "t" | "tib" => 1024.0f64.powi(4),
+        "p" | "pib" => 1024.0f64.powi(5),
+        "e" | "eib" => 1024.0f64.powi(6),
         "kb" => 1e3,
         "mb" => 1e6,
         "gb" => 1e9,
         "tb" => 1e12,
+        "pb" => 1e15,
+        "eb" => 1e18,
         _ => return Err(error()),
     };
     let bytes = number * multiplier;
+    // `u64::MAX as f64` is 2^64, 16 EiB, which the cast below ends at `u64::MAX`.
     if !(0.0..=u64::MAX as f64).contains(&bytes) {
-        return Err(error());
+        return Err("expected a size of at most 16EiB".to_owned());
     }
     Ok(bytes as u64)
 }
@@ -120,6 +127,8 @@ pub fn format_count(count: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     #[test]
@@ -141,5 +150,34 @@ mod tests {
         assert_eq!(format_count(999), "999");
         assert_eq!(format_bytes(64 << 20), "64.0 MiB");
         assert_eq!(format_duration(Duration::from_secs(5400)), "1h30m");
+    }
+
+    #[test]
+    fn the_largest_units_parse() {
+        assert_eq!(parse_bytes("2PiB").unwrap(), 2 << 50);
+        assert_eq!(parse_bytes("1.5 EiB").unwrap(), 3 << 59);
+        assert_eq!(parse_bytes("3p").unwrap(), 3 << 50);
+        assert_eq!(parse_bytes("1e").unwrap(), 1 << 60);
+        assert_eq!(parse_bytes("2PB").unwrap(), 2_000_000_000_000_000);
+        assert_eq!(parse_bytes("1EB").unwrap(), 1_000_000_000_000_000_000);
+        // The largest size printed, 2^64 - 1, is "16.0 EiB": 2^64, which ends at the largest.
+        assert_eq!(format_bytes(u64::MAX), "16.0 EiB");
+        assert_eq!(parse_bytes("16.0 EiB").unwrap(), u64::MAX);
+        assert!(parse_bytes("17EiB").is_err());
+    }
+
+    proptest! {
+        /// Every size `format_bytes` prints can be typed back: it parses to the same count,
+        /// within the printed rounding (a tenth of the unit, at most 5% of the size).
+        #[test]
+        fn every_printed_size_parses_back(
+            bytes in (any::<u64>(), 0u32..64).prop_map(|(n, shift)| n >> shift)
+        ) {
+            let text = format_bytes(bytes);
+            let parsed = parse_bytes(&text)
+                .map_err(|e| TestCaseError::fail(format!("{text:?}: {e}")))?;
+            let error = (parsed as f64 - bytes as f64).abs();
+            prop_assert!(error <= 0.05 * bytes as f64 + 0.5, "{text:?} parsed to {parsed}, not about {bytes}");
+        }
     }
 }

@@ -281,6 +281,14 @@ mod tests {
             wording.clone().naming(&names).to_string(),
             "set `NSQ_DEDUPE_SINK=http` or `--gzip`"
         );
+        // A flag typed by its alias is named by the alias, by its key and by its flag.
+        names.record("sink.http_concurrency", "--http-concurrency", true);
+        names.record_alias("sink.http_concurrency", "--n");
+        let wording = Wording::from("set ")
+            .set("sink.http_concurrency", "0")
+            .text(" or ")
+            .setting(Named::flag("--http-concurrency"));
+        assert_eq!(wording.naming(&names).to_string(), "set `--n 0` or `--n`");
         // With a config file, a setting no flag gave keeps its key.
         names.with_file();
         let wording = Wording::default()

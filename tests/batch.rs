@@ -128,6 +128,38 @@ fn dedupe(sink: BatchSink, policy: Policy) -> Dedupe<Table, BatchSink> {
     )
 }
 
+/// A sink whose batches take 1.6 s, longer than the 1 s message timeout the test consumer
+/// asks for, and a pipeline that keeps its messages alive every 400 ms.
+fn slower_than_the_message_timeout() -> (BatchSink, Dedupe<Table, BatchSink>) {
+    let sink = BatchSink {
+        delay: Duration::from_millis(1600),
+        ..BatchSink::default()
+    };
+    let policy = Policy {
+        keepalive: Duration::from_millis(400),
+        ..policy()
+    };
+    (sink.clone(), dedupe(sink, policy))
+}
+
+/// Takes the next message and hands it to `dedupe` in a task of its own, then publishes a copy
+/// of "a", takes it and checks that it is held beside its original; the original's task.
+async fn hold_a_copy(
+    broker: &Broker,
+    consumer: &mut Consumer,
+    dedupe: &Dedupe<Table, BatchSink>,
+) -> tokio::task::JoinHandle<Vec<Outcome>> {
+    let original = take(consumer, 1).await;
+    let handling = tokio::spawn({
+        let dedupe = dedupe.clone();
+        async move { dedupe.process_batch(original).await }
+    });
+    broker.publish_many(TOPIC, bodies(&["a"]));
+    let copy = take(consumer, 1).await;
+    assert_eq!(dedupe.process_batch(copy).await, [Outcome::Held]);
+    handling
+}
+
 /// A consumer of `broker` that leaves every decision to the pipeline.
 pub(crate) fn consumer(broker: &Broker) -> Consumer {
     let mut c = config(&[broker.tcp_addr()]);
@@ -272,25 +304,8 @@ async fn a_held_copy_is_touched_for_as_long_as_its_original_is_handled() {
     broker.publish_many(TOPIC, bodies(&["a"]));
     // The consumer asks for a 1 s message timeout; the original's batch takes 1.6 s.
     let mut consumer = consumer(&broker);
-    let sink = BatchSink {
-        delay: Duration::from_millis(1600),
-        ..BatchSink::default()
-    };
-    let dedupe = dedupe(
-        sink.clone(),
-        Policy {
-            keepalive: Duration::from_millis(400),
-            ..policy()
-        },
-    );
-    let original = take(&mut consumer, 1).await;
-    let handling = tokio::spawn({
-        let dedupe = dedupe.clone();
-        async move { dedupe.process_batch(original).await }
-    });
-    broker.publish_many(TOPIC, bodies(&["a"]));
-    let copy = take(&mut consumer, 1).await;
-    assert_eq!(dedupe.process_batch(copy).await, [Outcome::Held]);
+    let (sink, dedupe) = slower_than_the_message_timeout();
+    let handling = hold_a_copy(&broker, &mut consumer, &dedupe).await;
     assert_eq!(dedupe.held_copies(), 1);
     assert_eq!(handling.await.unwrap(), [Outcome::Delivered]);
     drained(&broker).await;
@@ -311,6 +326,44 @@ async fn a_held_copy_is_touched_for_as_long_as_its_original_is_handled() {
     }
     assert_eq!(sink.taken(), bodies(&["a"]));
     assert_eq!(dedupe.held_copies(), 0);
+    consumer.shutdown(Duration::from_secs(1)).await;
+}
+
+/// A held copy stays in flight at nsqd but takes no new message's place: RDY rises by one
+/// while it waits and falls back once it is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_copy_does_not_count_toward_max_in_flight() {
+    let broker = Broker::start(BrokerConfig {
+        log_flow: true,
+        ..BrokerConfig::default()
+    })
+    .await;
+    broker.publish_many(TOPIC, bodies(&["a"]));
+    let mut consumer = consumer(&broker);
+    let sink = BatchSink {
+        delay: Duration::from_millis(500),
+        ..BatchSink::default()
+    };
+    let dedupe = dedupe(sink.clone(), policy());
+    let handling = hold_a_copy(&broker, &mut consumer, &dedupe).await;
+    let rdy = || broker.flow_log().last().map(|e| e.rdy);
+    crate::util::wait_until_or(
+        "RDY raised by the held copy",
+        Duration::from_secs(5),
+        || rdy() == Some(101),
+        || format!("{:?}", broker.flow_log().last()),
+    )
+    .await;
+    assert_eq!(handling.await.unwrap(), [Outcome::Delivered]);
+    crate::util::wait_until_or(
+        "RDY back to max_in_flight once the copy is answered",
+        Duration::from_secs(5),
+        || rdy() == Some(100),
+        || format!("{:?}", broker.flow_log().last()),
+    )
+    .await;
+    drained(&broker).await;
+    assert_eq!(sink.taken(), bodies(&["a"]));
     consumer.shutdown(Duration::from_secs(1)).await;
 }
 
@@ -373,17 +426,7 @@ async fn a_batch_slower_than_the_message_timeout_is_touched_not_redelivered() {
     broker.publish_many(TOPIC, sent.clone());
     // The consumer asks for a 1 s message timeout; the batch takes 1.6 s.
     let mut consumer = consumer(&broker);
-    let sink = BatchSink {
-        delay: Duration::from_millis(1600),
-        ..BatchSink::default()
-    };
-    let dedupe = dedupe(
-        sink.clone(),
-        Policy {
-            keepalive: Duration::from_millis(400),
-            ..policy()
-        },
-    );
+    let (sink, dedupe) = slower_than_the_message_timeout();
     let burst = take(&mut consumer, 2).await;
     assert_eq!(dedupe.process_batch(burst).await, [Outcome::Delivered; 2]);
     drained(&broker).await;

@@ -216,6 +216,39 @@ fn max_age_cuts_the_curve_and_suggests_the_table_it_makes_enough() {
         );
 }
 
+/// What `size` prints as the memory can be typed back as `--memory`, in PiB as in MiB: the
+/// table it gives is the same within the print's rounding.
+#[test]
+fn the_memory_size_prints_can_be_typed_back() {
+    let window = ["--rate", "100000000", "--window", "30d"];
+    let out = bin()
+        .args(["size", "-p", "0.99"])
+        .args(window)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let out = String::from_utf8(out).unwrap();
+    let memory = out
+        .lines()
+        .find_map(|line| line.strip_prefix("Memory:"))
+        .and_then(|rest| rest.trim().split(" in-process").next())
+        .unwrap_or_else(|| panic!("no memory in\n{out}"));
+    assert!(memory.ends_with(" PiB"), "{out}");
+    let out = bin()
+        .args(["size", "--json", "--memory", memory])
+        .args(window)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let json: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let probability = json["probability"].as_f64().unwrap();
+    assert!((0.98..=0.995).contains(&probability), "{memory}: {json}");
+}
+
 /// The README's picture: `size --plot` with these flags writes `docs/catch-curve.svg`.
 const README_PLOT: [&str; 7] = [
     "size",
@@ -335,6 +368,52 @@ fn plot_into_a_missing_directory_is_an_error_naming_the_file() {
         .stderr(predicate::str::contains(
             "error: cannot write the plot to /nonexistent/dir/curve.svg",
         ));
+}
+
+/// The plot is SVG whatever the file is called: a name that does not end in .svg (in any case)
+/// would make a `.png` that no viewer opens, so it is refused, with the name to use, before
+/// anything is written.
+#[test]
+fn a_plot_file_not_named_svg_is_refused_with_the_name_to_use() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, instead) in [
+        ("p.png", "p.svg"),
+        ("curve", "curve.svg"),
+        ("curve.svgz", "curve.svg"),
+        ("svg", "svg.svg"),
+    ] {
+        let path = dir.path().join(name);
+        let typed = path.to_str().unwrap();
+        let instead = dir.path().join(instead);
+        bin()
+            .args(README_PLOT)
+            .args(["--plot", typed])
+            .assert()
+            .code(2)
+            .stdout("")
+            .stderr(format!(
+                "error: invalid value '{typed}' for '--plot <FILE.svg>': the plot is an SVG \
+                 picture; give a file name ending in .svg, such as {}\n\nFor more \
+                 information, try '--help'.\n",
+                instead.display()
+            ));
+        assert!(!path.exists(), "{name} was written");
+    }
+    for name in ["p.SVG", "p.Svg"] {
+        let path = dir.path().join(name);
+        bin()
+            .args(README_PLOT)
+            .arg("--plot")
+            .arg(&path)
+            .assert()
+            .success();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            svg.starts_with("<svg"),
+            "{name}: {}",
+            &svg[..40.min(svg.len())]
+        );
+    }
 }
 
 #[test]

@@ -17,7 +17,10 @@ use nsq_dedupe::metrics::get;
 use nsq_dedupe::nsq::Consumer;
 use tokio::task::JoinHandle;
 
-use crate::serve::{downstream, serve_config, serve_idle, sidecar, start_serve};
+use crate::serve::{
+    consume, downstream, serve_config, serve_idle, sidecar, start_serve, wait_all_finished, Raw,
+    NEGOTIATE,
+};
 use crate::sidecar::{drained, payload, raw_config, Running, TOPIC};
 use crate::support::broker::{Broker, BrokerConfig};
 use crate::support::http::{Answer as HttpAnswer, HttpServer};
@@ -196,4 +199,48 @@ async fn a_consumers_req_delay_holds_back_the_copies_too() {
         2 * N as u64,
         "each payload claimed again after its REQ"
     );
+}
+
+/// A consumer dies holding originals whose nsqd has crashed meanwhile, while their copies from
+/// the other nsqd wait in the sidecar: the originals' claims are erased, and the copies are
+/// decided again and served to the next consumer. Finishing them as copies would lose those
+/// messages: the only other delivery of each was on the nsqd that crashed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_held_beside_a_dead_consumers_messages_are_served_to_the_next() {
+    // Fewer than half the sidecar's max_in_flight (200): the first nsqd's messages leave room
+    // for the copies from the second, whichever connects first.
+    const N: usize = 60;
+    let a = Broker::start(BrokerConfig::default()).await;
+    let b = Broker::start(BrokerConfig::default()).await;
+    a.publish_many(TOPIC, (0..N).map(payload));
+    let served = start_serve(serve_config()).await;
+    let running = sidecar(&[&a, &b], &served).await;
+    let mut doomed = Raw::subscribed(served.0.tcp_address(), NEGOTIATE, 40).await;
+    for _ in 0..40 {
+        doomed.expect_message().await;
+    }
+    // The copies arrive while the doomed consumer holds the originals.
+    b.publish_many(TOPIC, (0..N).map(payload));
+    let metrics = running.metrics.clone();
+    wait_until_or(
+        "copies of the doomed consumer's messages held",
+        Duration::from_secs(10),
+        || get(&metrics.copies_held) >= 40,
+        || format!("{} held, {:?}", get(&metrics.copies_held), served.0.stats()),
+    )
+    .await;
+    drop(a);
+    drop(doomed);
+    let (seen, task) = consume(downstream(served.0.tcp_address(), 50), |_| true);
+    wait_all_finished(
+        &seen,
+        &[&b],
+        &served,
+        N,
+        "every payload finished downstream after the first consumer and nsqd died",
+    )
+    .await;
+    running.stop().await;
+    task.abort();
+    assert_eq!(served.0.stats().counters.abandoned, 40);
 }

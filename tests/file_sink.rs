@@ -13,6 +13,7 @@ use nsq_dedupe::sidecar::Sidecar;
 use tokio::sync::oneshot;
 
 use crate::support::broker::{Broker, BrokerConfig};
+use crate::support::child::Child;
 use crate::util::wait_until_or;
 
 const TOPIC: &str = "archive";
@@ -302,6 +303,163 @@ async fn a_write_error_requeues_and_nothing_is_lost() {
         .filter(|(name, _)| name != "work")
         .collect();
     assert_eq!(lines(&written), expected(100), "each record once");
+}
+
+/// Sets how large a file of process `pid` may grow (`RLIMIT_FSIZE`'s soft limit; the hard
+/// limit stays unlimited, so that it can be raised again): past it a write fails with `EFBIG`
+/// as on a full disk, for a process that ignores `SIGXFSZ`.
+fn limit_file_size(pid: u32, bytes: u64) {
+    let limit = libc::rlimit {
+        rlim_cur: bytes,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: `limit` lives across the call, which only reads it; no old limit is asked for.
+    let status = unsafe {
+        libc::prlimit(
+            pid as libc::pid_t,
+            libc::RLIMIT_FSIZE,
+            &limit,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(status, 0, "prlimit: {}", std::io::Error::last_os_error());
+}
+
+/// A disk that fills mid-stream and is freed again, plain and with gzip: every file left in
+/// the output directory reads cleanly (a gzip stream `flate2` decompresses to whole records),
+/// none is empty, and every record is in them exactly once: a write that failed is cut off
+/// its file before its records are requeued, and each batch is written whole into one file
+/// (no `rotate_size` to split it), so nothing is written twice. Once the disk takes writes
+/// again, the log says so once, and no warning of a handler failure follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_leaves_only_files_that_read_cleanly_and_loses_nothing() {
+    for gzip in [false, true] {
+        let broker = Broker::start(BrokerConfig::default()).await;
+        let out = tempfile::tempdir().unwrap();
+        let nsqd = broker.tcp_addr().to_string();
+        let mut args = vec![
+            "run",
+            "--topic",
+            TOPIC,
+            "--channel",
+            CHANNEL,
+            "--nsqd-tcp-address",
+            &nsqd,
+            "--metrics-address",
+            "off",
+            "--sink",
+            "file",
+            "--output-dir",
+            out.path().to_str().unwrap(),
+            "--rotate-interval",
+            "200ms",
+            "--backoff",
+            "20ms",
+            "--max-backoff",
+            "200ms",
+        ];
+        if gzip {
+            args.push("--gzip");
+        }
+        // SIGXFSZ ignored (and so ignored in the program `exec` starts): a write past the
+        // limit fails instead of killing the process.
+        let running = Child::spawn(
+            std::process::Command::new("sh")
+                .arg("-c")
+                .arg(r#"trap "" XFSZ; exec "$0" "$@""#)
+                .arg(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
+                .args(&args)
+                .env("RUST_LOG", "info")
+                .stdin(std::process::Stdio::null()),
+        );
+        let finished = |n: usize| {
+            let broker = &broker;
+            move || broker.finished(TOPIC, CHANNEL).len() == n
+        };
+        broker.publish_many(TOPIC, (0..300).map(record));
+        wait_until_or(
+            "300 archived",
+            Duration::from_secs(20),
+            finished(300),
+            || running.stderr(),
+        )
+        .await;
+
+        // The disk fills: no file may grow past one byte.
+        limit_file_size(running.id(), 1);
+        broker.publish_many(TOPIC, (300..600).map(record));
+        let failed_writes = |log: &str| log.matches("Writing the archive file failed").count();
+        wait_until_or(
+            "five failed writes",
+            Duration::from_secs(10),
+            || failed_writes(&running.stderr()) >= 5,
+            || running.stderr(),
+        )
+        .await;
+        assert_eq!(
+            broker.finished(TOPIC, CHANNEL).len(),
+            300,
+            "nothing finished unwritten"
+        );
+
+        // Freed again, with the stream going on for a while.
+        limit_file_size(running.id(), libc::RLIM_INFINITY);
+        for chunk in 0..30 {
+            let first = 600 + chunk * 10;
+            broker.publish_many(TOPIC, (first..first + 10).map(record));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        wait_until_or(
+            "900 archived",
+            Duration::from_secs(30),
+            finished(900),
+            || running.stderr(),
+        )
+        .await;
+        running.signal("TERM");
+        let stopped = running.finish_within(Duration::from_secs(20)).await;
+        assert_eq!(stopped.code(), Some(0), "{}", stopped.stderr);
+
+        let mut all = Vec::new();
+        for entry in std::fs::read_dir(out.path()).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let raw = std::fs::read(&path).unwrap();
+            assert!(!raw.is_empty(), "gzip {gzip}: {name} is empty");
+            let text = if gzip {
+                assert!(name.ends_with(".log.gz"), "{name}");
+                let mut text = Vec::new();
+                flate2::read::MultiGzDecoder::new(&raw[..])
+                    .read_to_end(&mut text)
+                    .unwrap_or_else(|error| panic!("{name} does not decompress: {error}"));
+                text
+            } else {
+                raw
+            };
+            all.push((name, text));
+        }
+        assert_eq!(lines(&all), expected(900), "gzip {gzip}: each record once");
+
+        let log: Vec<&str> = stopped.stderr.lines().collect();
+        let last_failure = (0..log.len())
+            .rev()
+            .find(|&i| log[i].contains("Writing the archive file failed"))
+            .unwrap();
+        let back: Vec<usize> = (0..log.len())
+            .filter(|&i| log[i].contains("Handler succeeds again."))
+            .collect();
+        assert_eq!(back.len(), 1, "said once: {}", stopped.stderr);
+        assert!(
+            back[0] > last_failure && log[back[0]].contains(" INFO "),
+            "{}",
+            stopped.stderr
+        );
+        let warned: Vec<&&str> = log[back[0]..]
+            .iter()
+            .filter(|line| line.contains(" WARN ") || line.contains("Handler failed"))
+            .collect();
+        assert!(warned.is_empty(), "after the disk came back: {warned:#?}");
+    }
 }
 
 /// The file sink against the `null` sink: 200,000 distinct 100-byte bodies from the test

@@ -806,6 +806,99 @@ async fn handler_failures_back_off_then_recover() {
     assert_all_finished_once(&broker, 1);
 }
 
+/// A handler that fails for long deepens backoff only until its pause reaches `max_backoff`
+/// (as go-nsq does), so that once it succeeds again the consumer eases back in as many
+/// successes as it took failures to reach that pause, not one per failure of the outage; and
+/// a success eases the backoff, it never starts it.
+#[tokio::test]
+async fn backoff_deepens_no_further_than_max_backoff_and_successes_ease_it() {
+    let broker = Broker::start(broker_config()).await;
+    let mut c = config(&[broker.tcp_addr()]);
+    c.max_in_flight = 5;
+    // Pauses of 20, 40 and 80 ms: the third failure in a row reaches `max_backoff`.
+    c.backoff_multiplier = Duration::from_millis(20);
+    c.max_backoff = Duration::from_millis(80);
+    c.max_attempts = 0;
+    let mut consumer = Consumer::new(c).unwrap();
+    let mut events = consumer.events();
+    const FAILURES: usize = 10;
+    broker.publish(TOPIC, "fails ten times");
+    for _ in 0..FAILURES {
+        let m = next(&mut consumer, Duration::from_secs(5)).await;
+        m.requeue(Some(Duration::ZERO)).unwrap();
+    }
+    // Each failure deepens backoff or keeps it at its deepest.
+    let mut seen = Vec::new();
+    let started = |seen: &[ConsumerEvent]| {
+        seen.iter()
+            .filter(|e| matches!(e, ConsumerEvent::BackoffStarted { .. }))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while started(&seen) < FAILURES {
+        assert!(Instant::now() < deadline, "{seen:?}");
+        if let Ok(Ok(e)) = tokio::time::timeout(Duration::from_millis(100), events.recv()).await {
+            seen.push(e);
+        }
+    }
+    let deepest = seen
+        .iter()
+        .filter_map(|e| match e {
+            ConsumerEvent::BackoffStarted { level, .. } => Some(*level),
+            _ => None,
+        })
+        .max();
+    assert_eq!(deepest, Some(3), "{seen:?}");
+    // The handler works again: successes ease the backoff, one level each.
+    for i in 0..10 {
+        broker.publish(TOPIC, body(i));
+    }
+    let mut successes = 0;
+    seen.clear();
+    while !seen.contains(&ConsumerEvent::BackoffEnded) {
+        assert!(
+            successes < 11,
+            "backoff still on after {successes} successes: {seen:?}"
+        );
+        // A message sent before the pause began counts for nothing, as in go-nsq.
+        next(&mut consumer, Duration::from_secs(5))
+            .await
+            .finish()
+            .unwrap();
+        successes += 1;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        while let Ok(e) = events.try_recv() {
+            seen.push(e);
+        }
+    }
+    assert!(
+        !seen
+            .iter()
+            .any(|e| matches!(e, ConsumerEvent::BackoffStarted { .. })),
+        "a success started backoff: {seen:?}"
+    );
+    let eased: Vec<u32> = seen
+        .iter()
+        .filter_map(|e| match e {
+            ConsumerEvent::BackoffEased { level, .. } => Some(*level),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(eased, [2, 1], "a level a success: {seen:?}");
+    consume_finishing(
+        &mut consumer,
+        11 - successes,
+        Duration::ZERO,
+        Duration::from_secs(5),
+    )
+    .await;
+    wait_until("every FIN", Duration::from_secs(5), || {
+        broker.stats().fin_ok == 11
+    })
+    .await;
+    assert_all_finished_once(&broker, 11);
+}
+
 /// In backoff's test phase one connection gets RDY 1; if that nsqd has nothing queued, the test
 /// RDY must move on to another nsqd (as go-nsq's redistribution does) instead of waiting there
 /// for good.

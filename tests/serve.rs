@@ -119,7 +119,7 @@ pub(crate) fn serve_idle(served: &Served) -> bool {
 
 /// Waits, up to 60 s, until `seen` holds `n` distinct payloads, `brokers` are drained and
 /// nothing waits in or is in flight through the serve sink; `what` names the wait.
-async fn wait_all_finished(
+pub(crate) async fn wait_all_finished(
     seen: &Seen,
     brokers: &[&Broker],
     served: &Served,
@@ -490,6 +490,38 @@ async fn never_more_in_flight_to_a_consumer_than_its_rdy() {
     assert_eq!(
         finished, 4,
         "the 16 held by the closed connection fail, to be retried"
+    );
+}
+
+/// A consumer that holds many messages and writes each FIN on its own, as go-nsq does: the
+/// endpoint gathers its answers before reading them, and settles every one, the last ones
+/// too, which are far fewer bytes than the mark the socket gathers under.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_fin_of_a_consumer_holding_many_messages_is_settled() {
+    const N: usize = 600;
+    let served = start_serve(serve_config()).await;
+    let calls = submit(&served, (0..N).map(payload));
+    let mut raw = Raw::subscribed(served.0.tcp_address(), NEGOTIATE, 200).await;
+    let mut bodies = std::collections::HashSet::new();
+    while bodies.len() < N {
+        let message = raw.expect_message().await;
+        raw.send(Command::Fin(message.id)).await;
+        bodies.insert(message.body);
+    }
+    let answered = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut finished = 0;
+        for call in calls {
+            if call.await.unwrap().is_ok() {
+                finished += 1;
+            }
+        }
+        finished
+    });
+    assert_eq!(answered.await.expect("every call answered"), N);
+    let stats = served.0.stats();
+    assert_eq!(
+        (stats.waiting, stats.in_flight, stats.counters.finished),
+        (0, 0, N as u64)
     );
 }
 

@@ -2302,6 +2302,90 @@ async fn a_second_sigint_exits_at_once_with_130_and_nsqd_keeps_the_message() {
     assert_eq!(second_signal_exit_status("-INT").await, Some(128 + 2));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sighup_exits_at_once_with_129_and_nsqd_keeps_the_message() {
+    assert_eq!(second_signal_exit_status("-HUP").await, Some(128 + 1));
+}
+
+/// A terminal closing, `kill -HUP` or a service manager's hangup must not cost what SIGTERM
+/// saves: SIGHUP mid-stream stops the run as SIGTERM does, with the same exit status, the
+/// running POSTs finished and nothing lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_mid_stream_stops_gracefully_as_sigterm_does() {
+    let term = stop_mid_stream("-TERM").await;
+    assert_eq!(term, Some(0));
+    assert_eq!(stop_mid_stream("-HUP").await, term);
+}
+
+/// Sends `signal` to a run whose http sink answers each POST after 50 ms, once 10 of 200
+/// messages were POSTed, and returns its exit status; checks that the run stopped
+/// gracefully: every message POSTed was FINished (the running handlers finished), and every
+/// other one is back with nsqd, none in flight.
+async fn stop_mid_stream(signal: &str) -> Option<i32> {
+    const N: usize = 200;
+    let http = HttpServer::start(HttpAnswer {
+        delay: Duration::from_millis(50),
+        ..HttpAnswer::default()
+    })
+    .await;
+    let a = Broker::start(BrokerConfig::default()).await;
+    a.publish_many(TOPIC, (0..N).map(payload));
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("slow.toml");
+    let log = dir.path().join("sidecar.log");
+    std::fs::write(
+        &config,
+        format!(
+            "[source]\nnsqd_tcp_addresses = [\"{}\"]\ntopic = \"{TOPIC}\"\nchannel = \"{CHANNEL}\"\n\
+             max_in_flight = 4\n\
+             [sink]\nkind = \"http\"\npost = \"http://{}/\"\n\
+             [metrics]\naddress = \"off\"\n[shutdown]\ngrace = \"10s\"\n",
+            a.tcp_addr(),
+            http.addr
+        ),
+    )
+    .unwrap();
+    let mut guard = ChildGuard(Some(spawn_sidecar(&config, &log)));
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_until_or(
+        "10 messages POSTed",
+        Duration::from_secs(20),
+        || http.received().len() >= 10,
+        log_text,
+    )
+    .await;
+    let child = guard.0.as_mut().unwrap();
+    let status = signal_and_wait(child, signal, Duration::from_secs(20)).await;
+    let posted: HashSet<Bytes> = http.received().into_iter().map(|r| r.body).collect();
+    let finished: HashSet<Bytes> = a.finished(TOPIC, CHANNEL).into_iter().collect();
+    assert!(
+        posted.len() < N,
+        "{signal}: the stream was over before the signal"
+    );
+    assert_eq!(
+        finished,
+        posted,
+        "{signal}: a POST was left unfinished, or a message finished unPOSTed\n{}",
+        log_text()
+    );
+    // The broker takes back what was in flight as it reads the connection's last frames.
+    wait_until_or(
+        "nothing in flight",
+        Duration::from_secs(5),
+        || a.depth(TOPIC, CHANNEL).2 == 0,
+        || format!("{signal}: {:?}", a.depth(TOPIC, CHANNEL)),
+    )
+    .await;
+    let (queued, deferred, _) = a.depth(TOPIC, CHANNEL);
+    assert_eq!(finished.len() + queued + deferred, N, "{signal}: lost");
+    assert!(
+        log_text().contains("Stopping gracefully"),
+        "{signal}: {status:?}\n{}",
+        log_text()
+    );
+    status.code()
+}
+
 /// A SIGTERM while the store is still being opened (a Memcached that accepts connections and
 /// never answers) stops the run gracefully once it is open, with status 0: the handlers are
 /// installed before anything connects, not when the run starts taking messages.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::cli_errors::{http_port, run_refused};
+use crate::cli_errors::{answering_port, http_port, run_refused};
 use crate::support::broker::{Broker, BrokerConfig};
 use crate::support::child::{Child, Finished};
 use crate::support::memcached::MemcachedServer;
@@ -245,8 +245,44 @@ fn a_memcached_address_that_is_another_service_stops_the_run() {
     );
 }
 
+/// What Python's `http.server` answers `version`: an error page alone (a one-word request is
+/// HTTP/0.9 to it, so no status line or headers), its lines ending in LF, then it closes.
+const PYTHON_HTTP_PAGE: &[u8] = b"<!DOCTYPE HTML>\n<html lang=\"en\">\n    <head>\n        \
+    <meta charset=\"utf-8\">\n        <title>Error response</title>\n    </head>\n    <body>\n\
+    \x20       <h1>Error response</h1>\n        <p>Error code: 400</p>\n        <p>Message: Bad \
+    request syntax ('version').</p>\n    </body>\n</html>\n";
+
+#[test]
+fn a_memcached_address_that_answers_another_protocol_and_closes_stops_the_run() {
+    // Any answer that cannot begin memcached's, ended by a close, is another service's: an
+    // HTTP server's page, a TLS server's alert, a line longer than the message shows.
+    let cases: [(&[u8], String); 3] = [
+        (PYTHON_HTTP_PAGE, r#""<!DOCTYPE HTML>""#.to_owned()),
+        (
+            b"\x15\x03\x01\x00\x02\x02\x32",
+            r#""\u{15}\u{3}\u{1}\0\u{2}\u{2}2""#.to_owned(),
+        ),
+        (&[b'x'; 100], format!("\"{}\"…", "x".repeat(64))),
+    ];
+    for (answer, quoted) in cases {
+        let (addr, stop) = answering_port(answer);
+        let address = addr.to_string();
+        refused_with(
+            &[],
+            &["--store", "memcached", "--memcached-address", &address],
+            &format!(
+                "error: cannot open the de-duplication store: store at {addr} refused this \
+                 client: it answered `version` with {quoted}, so it is not memcached; give the \
+                 TCP address of a memcached without authentication (port 11211 unless it was \
+                 started with another) in `--memcached-address`"
+            ),
+        );
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// Starts `run` with `args`, its stdout (the sink) and its log gathered.
-fn start(args: &[&str]) -> Child {
+pub(crate) fn start(args: &[&str]) -> Child {
     Child::spawn(
         Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
             .arg("run")
@@ -257,7 +293,7 @@ fn start(args: &[&str]) -> Child {
 }
 
 /// Sends SIGTERM to `running` and waits (at most 20 s) for it to exit.
-async fn stop(running: Child) -> Finished {
+pub(crate) async fn stop(running: Child) -> Finished {
     running.signal("TERM");
     running.finish_within(Duration::from_secs(20)).await
 }
@@ -271,6 +307,15 @@ async fn a_store_that_is_not_there_at_start_is_an_outage_that_run_waits_out() {
         .unwrap()
         .to_string();
     let url = format!("redis://{closed}");
+    // A memcached whose `-c` limit of connections is reached answers a new one with this
+    // line and closes it: memcached's own answer, an outage.
+    let (busy, busy_stop) = answering_port(b"ERROR Too many open connections\r\n");
+    let busy = busy.to_string();
+    let busy_said = format!(
+        "Memcached is not answering; messages follow `dedupe.on_store_error` until it does. \
+         servers={busy} error=store at {busy} is unavailable: memcached refused the connection: \
+         too many open connections (its -c limit)"
+    );
     for (store, setting, address, said) in [
         (
             "redis",
@@ -284,6 +329,7 @@ async fn a_store_that_is_not_there_at_start_is_an_outage_that_run_waits_out() {
             &closed,
             "Memcached is not answering",
         ),
+        ("memcached", "--memcached-address", &busy, &busy_said),
     ] {
         let mut args = NO_NSQD.to_vec();
         args.extend(["--store", store, setting, address]);
@@ -304,6 +350,7 @@ async fn a_store_that_is_not_there_at_start_is_an_outage_that_run_waits_out() {
         let stopped = stop(running).await;
         assert_eq!(stopped.code(), Some(0), "{}", stopped.stderr);
     }
+    busy_stop.store(true, std::sync::atomic::Ordering::Relaxed);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -33,6 +33,7 @@ mod near_table;
 mod nsq;
 mod nsq_transport;
 mod odd_files;
+mod outage_logs;
 mod package;
 mod redis;
 mod redis_commit;

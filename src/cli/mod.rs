@@ -4,6 +4,7 @@
 //! flags here and its code under `cmd`, which reads these types; nothing here calls `cmd`.
 //! `run`'s flags are grouped by the config section they override.
 
+mod aliases;
 mod env;
 mod filter;
 mod parse;
@@ -15,6 +16,7 @@ use std::path::PathBuf;
 
 use clap::{Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand, ValueEnum};
 
+pub(crate) use aliases::TypedAliases;
 pub(crate) use env::{EnvError, FromEnv};
 pub(crate) use filter::{Digest, FilterArgs, MissingKey};
 pub(crate) use parse::MAX_WINDOW_MESSAGES;
@@ -43,6 +45,9 @@ pub(crate) struct Cli {
     /// Which flags took their value from the environment.
     #[arg(skip)]
     pub(crate) from_env: FromEnv,
+    /// Which flags were typed by an alias.
+    #[arg(skip)]
+    pub(crate) aliases: TypedAliases,
     /// The `NSQ_DEDUPE_` variables set that no flag reads (a misspelling, most likely).
     #[arg(skip)]
     pub(crate) unread_variables: Vec<String>,
@@ -87,6 +92,7 @@ impl Cli {
         };
         let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
         cli.from_env = FromEnv::of(&definition, &matches);
+        cli.aliases = TypedAliases::of(Cli::definition(), &args);
         cli.unread_variables = env::unread(&definition);
         Ok(cli)
     }
@@ -154,6 +160,10 @@ pub(crate) enum Command {
     /// Consume an NSQ topic, drop the copies, deliver the rest to a sink (the sidecar).
     ///
     /// Settings come from `--config FILE` (TOML) and these flags, which override the file.
+    ///
+    /// SIGINT, SIGTERM or SIGHUP stops it gracefully: no new messages, running handlers get
+    /// --shutdown-grace to finish, the rest are requeued, exit status 0; a second signal exits
+    /// at once.
     Run(Box<RunArgs>),
     /// Print a shell completion script, e.g. `nsq-dedupe completions bash > /etc/bash_completion.d/nsq-dedupe`.
     Completions {

@@ -1,5 +1,7 @@
 //! Value parsers shared by the subcommands' flags: each says what it expected and what it got.
 
+use std::ffi::OsString;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::builder::{PossibleValuesParser, TypedValueParser};
@@ -43,6 +45,25 @@ pub(crate) fn parse_memory(text: &str) -> Result<u64, String> {
 /// A size as typed (checked, kept as text for the config's `store.memory`).
 pub(crate) fn parse_memory_text(text: &str) -> Result<String, String> {
     parse_memory(text).map(|_| text.to_owned())
+}
+
+/// `--plot`'s file: a name that ends in `.svg`, in any case. The plot is SVG whatever the
+/// file is called, and a `p.png` of SVG is a picture no viewer opens; the error names a file
+/// that would do.
+pub(crate) fn parse_svg_file(path: OsString) -> Result<PathBuf, String> {
+    let path = PathBuf::from(path);
+    let bytes = path.as_os_str().as_encoded_bytes();
+    if bytes.len() >= 4 && bytes[bytes.len() - 4..].eq_ignore_ascii_case(b".svg") {
+        return Ok(path);
+    }
+    let instead = match path.file_name() {
+        Some(_) => path.with_extension("svg"),
+        None => path.join("plot.svg"),
+    };
+    Err(format!(
+        "the plot is an SVG picture; give a file name ending in .svg, such as {}",
+        instead.display()
+    ))
 }
 
 pub(crate) fn parse_rate(text: &str) -> Result<f64, String> {

@@ -2,9 +2,12 @@
 
 use std::time::Duration;
 
+use clap::builder::{OsStringValueParser, TypedValueParser as _};
 use clap::Args;
 
-use super::parse::{parse_copies, parse_duration, parse_messages, parse_probability, parse_rate};
+use super::parse::{
+    parse_copies, parse_duration, parse_messages, parse_probability, parse_rate, parse_svg_file,
+};
 use super::table::TableFlags;
 
 /// Flags of `nsq-dedupe size`.
@@ -77,8 +80,12 @@ pub(crate) struct SizeArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub(crate) max_age: Option<Duration>,
     /// Also draw the catch probability against the delay, for 1, 2, 4 and 8 ways in the same
-    /// memory, as an SVG picture in this file.
-    #[arg(long, value_name = "FILE.svg")]
+    /// memory, as an SVG picture in this file (its name must end in .svg).
+    #[arg(
+        long,
+        value_name = "FILE.svg",
+        value_parser = OsStringValueParser::new().try_map(parse_svg_file)
+    )]
     pub(crate) plot: Option<std::path::PathBuf>,
     /// Print JSON instead of text.
     #[arg(long)]

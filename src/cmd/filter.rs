@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nsq_dedupe::dedup::clock::{Clock, CoarseClock};
-use nsq_dedupe::dedup::table_file::TableFile;
+use nsq_dedupe::dedup::table_file::{TableFile, TableFileError};
+use nsq_dedupe::error::TableError;
 use nsq_dedupe::filter::{filter_records, FilterStats};
 use nsq_dedupe::sizing;
 use nsq_dedupe::units::{format_bytes, format_count};
@@ -60,17 +61,25 @@ fn require_streams(args: &FilterArgs) -> Result<()> {
     Ok(())
 }
 
-/// The table's geometry, and how to name where it came from in an error.
-fn geometry(args: &FilterArgs) -> Result<(Geometry, &'static str)> {
+/// The table's geometry, and the flag that sized it (`None` for the default size).
+fn geometry(args: &FilterArgs) -> Result<(Geometry, Option<&'static str>)> {
     Ok(match args.table.geometry()? {
-        Some(geometry) if args.table.buckets.is_some() => (geometry, "`--buckets`"),
-        Some(geometry) => (geometry, "`--memory`"),
+        Some(geometry) if args.table.buckets.is_some() => (geometry, Some("--buckets")),
+        Some(geometry) => (geometry, Some("--memory")),
         None => (
             Geometry::new(Geometry::DEFAULT_SLOTS, args.table.ways)
                 .expect("the default size is valid for every supported way count"),
-            "the default table size; give a smaller `--memory`",
+            None,
         ),
     })
+}
+
+/// A table that cannot be had, said under the flag that sized it, with the fix.
+fn refused(error: TableError, flag: Option<&str>) -> anyhow::Error {
+    match flag {
+        Some(flag) => anyhow::anyhow!("invalid `{flag}`: {error}; choose a smaller `{flag}`"),
+        None => anyhow::anyhow!("the default table size: {error}; choose a smaller `--memory`"),
+    }
 }
 
 /// The digest the flags select, refused when `--digest` and `--digest-key-file` disagree.
@@ -97,7 +106,7 @@ fn digest(args: &FilterArgs) -> Result<DigestAlgorithm> {
 fn open_table(
     args: &FilterArgs,
     geometry: Geometry,
-    flag: &str,
+    flag: Option<&str>,
     keyer: &Keyer,
 ) -> Result<(Table, Option<TableFile>)> {
     let timing = args.max_age.map(|age| {
@@ -110,7 +119,7 @@ fn open_table(
                 None => Table::new(geometry),
                 Some((age, clock)) => Table::with_max_age(geometry, *age, clock.clone()),
             }
-            .with_context(|| format!("invalid {flag}"))?,
+            .map_err(|error| refused(error, flag))?,
             None,
         ),
         Some(path) => {
@@ -122,7 +131,10 @@ fn open_table(
                 args.table_file_on_mismatch,
                 timing,
             )
-            .map_err(|error| anyhow::anyhow!("{}", error.naming(&table_file_flags())))?;
+            .map_err(|error| match error {
+                TableFileError::Table(error) => refused(error, flag),
+                error => anyhow::anyhow!("{}", error.naming(&table_file_flags())),
+            })?;
             if let Some(reason) = report.recreated {
                 let reason = reason.naming(&table_file_flags());
                 tracing::error!(table_file = %path.display(), %reason, "Starting with an empty table (`--table-file-on-mismatch recreate`).");

@@ -103,7 +103,7 @@
 //! into what the component needs; the rules themselves (name syntax, table shapes, Memcached
 //! settings) belong to the components and are only called from here:
 //! `source` (`[source]`), `dedupe` (`[dedupe]`), `store` (`[store]`), `sink` (`[sink]`;
-//! `serve` for the serve sink's settings), `dead_letter` (`[dead_letter]`), `service` (`[metrics]`, `[shutdown]`) and `nsq_opts` (`[consumer_opt]`,
+//! `sink::serve` for the serve sink's settings), `dead_letter` (`[dead_letter]`), `service` (`[metrics]`, `[shutdown]`) and `nsq_opts` (`[consumer_opt]`,
 //! `[producer_opt]`). Rules shared by sections have their own: `setting` (each setting defined
 //! once: key, flag, help and the kinds it belongs to, from which the binary makes its flags),
 //! `output_name` (an output file name must not ask for a compression the file will not have),
@@ -116,7 +116,6 @@ mod dead_letter;
 mod dedupe;
 mod nsq_opts;
 mod output_name;
-mod serve;
 mod service;
 pub mod setting;
 mod sink;
@@ -482,6 +481,8 @@ impl RawConfig {
                 .expect("the default size is valid for every supported way count"),
         })?;
         let max_age = self.dedupe.max_age_duration()?;
+        self.store
+            .check_fits(&store, near_table, max_age.is_some())?;
         if let StoreSettings::Memcached(config, _) = &mut store {
             config.max_age = max_age;
         }

@@ -1,4 +1,5 @@
-//! `[sink]`: where unique messages go, validated into [`SinkSettings`].
+//! `[sink]`: where unique messages go, validated into [`SinkSettings`]; the serve sink's
+//! settings are validated in `serve`.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -16,6 +17,8 @@ use crate::sink::{
     DEFAULT_IDEMPOTENCY_HEADER,
 };
 use hyper::header::{HeaderName, HeaderValue};
+
+mod serve;
 
 /// One URL or several: `post = "http://a/"` or `post = ["http://a/", "http://b/"]`.
 #[derive(Debug, Clone, Deserialize)]
@@ -249,7 +252,7 @@ pub enum SinkSettings {
     /// Discard.
     Null,
     /// Serve NSQ consumers as nsqd does.
-    Serve(crate::serve::ServeConfig),
+    Serve(crate::sink::serve::ServeConfig),
 }
 
 impl fmt::Debug for SinkSettings {
@@ -309,7 +312,7 @@ impl fmt::Display for SinkSettings {
                 }
                 Ok(())
             }
-            SinkSettings::Serve(config) => super::serve::summary(config, f),
+            SinkSettings::Serve(config) => serve::summary(config, f),
             SinkSettings::File(config) => {
                 write!(
                     f,
@@ -389,9 +392,7 @@ impl RawSink {
     pub(super) fn validate(&self, topic: &str, channel: &str) -> Result<SinkSettings, ConfigError> {
         match self.kind.unwrap_or(SinkKind::Stdout) {
             SinkKind::Stdout => Ok(SinkSettings::Stdout),
-            SinkKind::Serve => Ok(SinkSettings::Serve(super::serve::validate(
-                self, topic, channel,
-            )?)),
+            SinkKind::Serve => Ok(SinkSettings::Serve(serve::validate(self, topic, channel)?)),
             SinkKind::Null => Ok(SinkSettings::Null),
             SinkKind::File => self.file(topic),
             SinkKind::Nsq => self.nsq(),

@@ -289,6 +289,64 @@ impl RawStore {
         Ok((store, window))
     }
 
+    /// Refuses an in-process table larger than this machine's memory, under the setting that
+    /// sized it: every start would fail to allocate it (or be killed once it fills) the same
+    /// way, so it is a setting to change. `near_table` is the near-table of a shared store,
+    /// and `timed` whether `max_age` puts a time beside each slot. The default sizes (64 MiB,
+    /// and at most 64 MiB for a near-table) are not checked here; their allocation still is.
+    pub(super) fn check_fits(
+        &self,
+        store: &StoreSettings,
+        near_table: Option<Geometry>,
+        timed: bool,
+    ) -> Result<(), ConfigError> {
+        let (geometry, key, value, smaller) = match (store, near_table, &self.near_table) {
+            (StoreSettings::Memory(geometry), ..) => {
+                match (&self.memory, self.buckets, self.probability) {
+                    (Some(text), ..) => (
+                        *geometry,
+                        "store.memory",
+                        quote(Some(text)),
+                        Wording::default().key("store.memory"),
+                    ),
+                    (None, Some(buckets), _) => (
+                        *geometry,
+                        "store.buckets",
+                        buckets.to_string(),
+                        Wording::default().key("store.buckets"),
+                    ),
+                    (None, None, Some(probability)) => (
+                        *geometry,
+                        "store.probability",
+                        probability.to_string(),
+                        Wording::default()
+                            .key("store.probability")
+                            .text(", ")
+                            .key("store.rate")
+                            .text(" or ")
+                            .key("store.window"),
+                    ),
+                    (None, None, None) => return Ok(()),
+                }
+            }
+            (
+                StoreSettings::Memcached(..) | StoreSettings::Redis(..),
+                Some(geometry),
+                Some(text),
+            ) => (
+                geometry,
+                "store.near_table",
+                quote(Some(text)),
+                Wording::default().key("store.near_table"),
+            ),
+            _ => return Ok(()),
+        };
+        crate::dedup::table::check_fits(geometry, timed).map_err(|error| {
+            let reason = Wording::from(format!("{error}; choose a smaller ")).then(smaller);
+            invalid(key, value, reason)
+        })
+    }
+
     fn geometry(&self, window: Duration) -> Result<Geometry, ConfigError> {
         let ways = self.ways.unwrap_or(8);
         if !Geometry::SUPPORTED_WAYS.contains(&ways) {

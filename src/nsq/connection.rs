@@ -8,7 +8,7 @@
 //! else is queued, never held back by a timer.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -187,6 +187,9 @@ pub(crate) struct ConnHandle {
     commands: mpsc::UnboundedSender<Outgoing>,
     /// `std` mutex: held for one set operation, never across an `.await`.
     in_flight: Mutex<HashSet<MessageId, IdHasher>>,
+    /// Messages in flight that the application set aside (`Message::park`): they do not count
+    /// toward `max_in_flight`, so RDY is raised by as many.
+    parked: AtomicU32,
     closed: AtomicBool,
 }
 
@@ -198,6 +201,7 @@ impl ConnHandle {
             addr,
             commands,
             in_flight: Mutex::new(HashSet::with_capacity_and_hasher(64, IdHasher)),
+            parked: AtomicU32::new(0),
             closed: AtomicBool::new(false),
         };
         (Arc::new(handle), rx)
@@ -222,6 +226,22 @@ impl ConnHandle {
             self.closed_error()
         } else {
             Error::NotInFlight { id: id.to_string() }
+        }
+    }
+
+    /// Messages of this connection set aside now.
+    pub(crate) fn parked(&self) -> u32 {
+        self.parked.load(Ordering::Relaxed)
+    }
+
+    /// One more message set aside (`parked`), or one fewer.
+    pub(crate) fn park(&self, parked: bool) {
+        // Relaxed: a count the control task reads when it computes RDY; the notice that
+        // follows each change makes it read again.
+        if parked {
+            self.parked.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.parked.fetch_sub(1, Ordering::Relaxed);
         }
     }
 

@@ -192,6 +192,12 @@ impl ControlTask {
                 self.rebalance();
             }
             Control::Outcome { success } => self.on_outcome(success),
+            Control::Rebalance => {
+                self.shared
+                    .rebalance_pending
+                    .store(false, Ordering::Release);
+                self.rebalance();
+            }
             Control::Lookup(results) => self.on_lookup(results),
             Control::Shutdown { .. } => unreachable!("handled in run"),
         }
@@ -308,7 +314,12 @@ impl ControlTask {
             (BackoffPhase::Waiting { .. }, _) => return,
             (BackoffPhase::Normal, true) => return,
             (BackoffPhase::Normal, false) | (BackoffPhase::Testing, false) => {
-                self.backoff_level = (self.backoff_level + 1).min(31);
+                // As go-nsq: no deeper once the pause reaches `max_backoff`, so that a handler
+                // that works again eases back in as many successes as it took failures to get
+                // there, not one per failure of a long outage.
+                if self.backoff_level == 0 || self.backoff_delay() < self.config.max_backoff {
+                    self.backoff_level = (self.backoff_level + 1).min(31);
+                }
             }
             (BackoffPhase::Testing, true) => {
                 self.backoff_level = self.backoff_level.saturating_sub(1);
@@ -325,15 +336,16 @@ impl ControlTask {
                 until: Instant::now() + delay,
             };
             self.shared.backoff_active.store(true, Ordering::Relaxed);
-            tracing::warn!(
-                level = self.backoff_level,
-                delay_ms = delay.as_millis() as u64,
-                "Handler failed; backing off."
-            );
-            self.shared.event(ConsumerEvent::BackoffStarted {
-                level: self.backoff_level,
-                delay,
-            });
+            let (level, delay_ms) = (self.backoff_level, delay.as_millis() as u64);
+            if success {
+                tracing::info!(level, delay_ms, "Handler succeeded; easing backoff.");
+                self.shared
+                    .event(ConsumerEvent::BackoffEased { level, delay });
+            } else {
+                tracing::warn!(level, delay_ms, "Handler failed; backing off.");
+                self.shared
+                    .event(ConsumerEvent::BackoffStarted { level, delay });
+            }
         }
         self.rebalance();
     }
@@ -371,9 +383,20 @@ impl ControlTask {
 
     /// Computes each live connection's RDY target and sends the changes: decreases first,
     /// then increases only as far as the budget (`max_in_flight` minus what every connection
-    /// may still hold) allows.
+    /// may still hold) allows. Out of backoff, messages set aside (`Message::park`) do not
+    /// count: each connection's target and the budget grow by as many as it has set aside.
     fn rebalance(&mut self) {
-        let max = self.config.max_in_flight;
+        let parked = |l: &Live| match self.backoff {
+            BackoffPhase::Normal => l.conn.parked(),
+            _ => 0,
+        };
+        let parked_total: u32 = self
+            .entries
+            .values()
+            .filter_map(|e| e.live.as_ref())
+            .map(parked)
+            .fold(0u32, u32::saturating_add);
+        let max = self.config.max_in_flight.saturating_add(parked_total);
         let mut live: Vec<(Arc<str>, bool)> = self
             .entries
             .iter()
@@ -383,7 +406,7 @@ impl ControlTask {
         live.sort();
         let active: Vec<&Arc<str>> = live.iter().filter(|(_, r)| !r).map(|(a, _)| a).collect();
         let targets: HashMap<Arc<str>, u32> = rdy::targets(
-            max,
+            self.config.max_in_flight,
             active.len(),
             self.backoff,
             self.test_rotor,
@@ -392,7 +415,10 @@ impl ControlTask {
         .into_iter()
         .enumerate()
         .filter(|&(_, target)| target > 0)
-        .map(|(i, target)| (active[i].clone(), target))
+        .map(|(i, target)| {
+            let aside = self.entries[active[i]].live.as_ref().map_or(0, parked);
+            (active[i].clone(), target.saturating_add(aside))
+        })
         .collect();
         let now = Instant::now();
         // Decreases first.

@@ -15,4 +15,7 @@ pub(crate) trait MessageDelegate: Send + Sync {
     fn on_requeued(&self, backoff: bool);
     /// A TOUCH was queued.
     fn on_touched(&self);
+    /// A message of `conn` was set aside or taken back (see `Message::park`): its RDY is due
+    /// again.
+    fn on_parked(&self);
 }

@@ -68,11 +68,20 @@ pub enum ConsumerEvent {
         /// Why.
         error: String,
     },
-    /// Handler failures started or deepened backoff.
+    /// Handler failures started or deepened backoff (or, at the deepest level, the level
+    /// whose pause reaches `max_backoff`, kept it).
     BackoffStarted {
         /// Backoff level (1 = first failure).
         level: u32,
         /// Pause before testing with RDY 1.
+        delay: Duration,
+    },
+    /// A success of the test message eased backoff by one level; it ends at level 0
+    /// ([`ConsumerEvent::BackoffEnded`]).
+    BackoffEased {
+        /// Backoff level left.
+        level: u32,
+        /// Pause before the next test with RDY 1.
         delay: Duration,
     },
     /// Backoff ended; full RDY is restored.

@@ -54,6 +54,8 @@ pub struct Message {
     conn: Arc<ConnHandle>,
     consumer: Arc<dyn MessageDelegate>,
     answered: bool,
+    /// Set aside by [`park`](Message::park).
+    parked: bool,
 }
 
 impl Message {
@@ -70,6 +72,7 @@ impl Message {
             conn,
             consumer,
             answered: false,
+            parked: false,
         }
     }
 
@@ -133,6 +136,20 @@ impl Message {
     /// As for [`finish`](Message::finish).
     pub fn requeue_without_backoff(self, delay: Option<Duration>) -> Result<(), Error> {
         self.requeue_inner(delay, false)
+    }
+
+    /// Sets the message aside (`true`) or takes it back (`false`): while set aside it stays in
+    /// flight at nsqd, TOUCHed and answered as usual, but does not count toward the consumer's
+    /// `max_in_flight`, whose RDY rises by one meanwhile. For a message kept waiting on
+    /// another one's outcome (a copy held beside its original), which must not take the place
+    /// of new messages. Answering or dropping the message takes it back.
+    pub fn park(&mut self, parked: bool) {
+        if self.parked == parked {
+            return;
+        }
+        self.parked = parked;
+        self.conn.park(parked);
+        self.consumer.on_parked();
     }
 
     /// The delay a REQ of this message with `delay` waits at nsqd: `delay` capped at the
@@ -234,6 +251,8 @@ impl Message {
 
 impl Drop for Message {
     fn drop(&mut self) {
+        // Answered or not, a message set aside no longer is once it is gone.
+        self.park(false);
         if self.answered || !self.conn.is_in_flight(&self.id) {
             return;
         }

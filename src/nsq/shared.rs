@@ -40,6 +40,8 @@ pub(crate) struct ConsumerShared {
     pub(super) backoff_active: AtomicBool,
     /// True once shutdown began: dropped messages are requeued with no delay.
     pub(super) shutting_down: AtomicBool,
+    /// True while a `Control::Rebalance` is queued and not yet handled.
+    pub(super) rebalance_pending: AtomicBool,
     pub(super) control: mpsc::UnboundedSender<Control>,
     pub(super) events: broadcast::Sender<ConsumerEvent>,
     /// The first refusal no retry can change; see [`Consumer::refused`](super::Consumer::refused).
@@ -77,6 +79,13 @@ impl MessageDelegate for ConsumerShared {
     fn on_touched(&self) {
         inc(&self.counters.touched);
     }
+
+    fn on_parked(&self) {
+        // One pending rebalance covers every change made before it runs.
+        if !self.rebalance_pending.swap(true, Ordering::AcqRel) {
+            let _ = self.control.send(Control::Rebalance);
+        }
+    }
 }
 
 impl ConsumerShared {
@@ -89,6 +98,7 @@ impl ConsumerShared {
             max_requeue_delay: config.max_requeue_delay,
             backoff_active: AtomicBool::new(false),
             shutting_down: AtomicBool::new(false),
+            rebalance_pending: AtomicBool::new(false),
             control,
             events,
             refused: watch::Sender::new(None),
@@ -125,6 +135,8 @@ pub(crate) enum Control {
     Outcome {
         success: bool,
     },
+    /// Messages were set aside or taken back: RDY is computed again.
+    Rebalance,
     Lookup(Vec<(String, Result<Vec<String>, Error>)>),
     Shutdown {
         grace: Duration,

@@ -39,6 +39,7 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
             match result {
                 Ok(()) => {
                     inc(&metrics.handler_successes);
+                    inner.failure_log.succeeded();
                     outcomes.push((index, Outcome::Delivered));
                     answers.push((message, Answer::Finish));
                 }

@@ -107,7 +107,7 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
         decided
     }
 
-    /// Reserves the digests where copies are held (see `held.rs`), claims them and applies
+    /// Joins the digests where copies are held (see `held.rs`), claims them and applies
     /// the claims; returns the copies in flight that could not be held. `started`, for the
     /// first claims of a burst, is when its store work began: the claims' latency is
     /// observed, and `decided.answered` set.
@@ -119,13 +119,10 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
         decided: &mut Decided,
         outcomes: &mut [Outcome],
     ) -> Vec<((usize, Message), Digest)> {
-        // Before the claims: a copy whose claim comes after one of them finds the reservation.
-        let (owner, reserved) = match self.holds_copies() {
-            true => {
-                let (owner, reserved) = self.inner.held.reserve(&digests);
-                (Some(owner), reserved)
-            }
-            false => (None, vec![false; digests.len()]),
+        // Before the claims: a copy whose claim comes after one of them finds the entry.
+        let owner = match self.holds_copies() {
+            true => Some(self.inner.held.join(&digests)),
+            false => None,
         };
         let claims = self.claim(&digests).await;
         if let Some(started) = started {
@@ -134,19 +131,14 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
             decided.answered = Instant::now();
             if !digests.is_empty() {
                 let ok = claims.iter().all(Result::is_ok);
-                self.inner
-                    .metrics
-                    .store_answered(decided.answered - started, ok);
+                let metrics = &self.inner.metrics;
+                metrics.store_answered(decided.answered - started, ok);
+                if ok {
+                    self.inner.store_error_log.answered(|| metrics.uptime());
+                }
             }
         }
-        self.apply(
-            claimed,
-            digests,
-            (owner, reserved),
-            claims,
-            decided,
-            outcomes,
-        )
+        self.apply(claimed, digests, owner, claims, decided, outcomes)
     }
 
     /// Takes out the messages whose digest is deferred at its receiver's request (see
@@ -186,14 +178,14 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
 
     /// Decides each message by its claim: a new one goes on to the handler (its digest open
     /// for copies, if the claims have an owner in `held`), a copy is finished, a copy in
-    /// flight here is held beside its original. A reservation whose claim was not new is
-    /// given up, and the copies held on it meanwhile are answered as that claim says. Returns
+    /// flight here is held beside its original. A claim that was not new leaves its digest's
+    /// entry, and copies held on an entry that ends so are answered as that claim says. Returns
     /// the copies in flight that were not held, with their digests, for the caller to decide.
     fn apply(
         &self,
         claimed: Vec<(usize, Message)>,
         digests: Vec<Digest>,
-        (owner, reserved): (Option<held::Owner>, Vec<bool>),
+        owner: Option<held::Owner>,
         claims: Vec<Result<Claim, StoreError>>,
         decided: &mut Decided,
         outcomes: &mut [Outcome],
@@ -202,15 +194,15 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
         let holding = owner.is_some();
         let mut unheld = Vec::new();
         let mut failed: Option<(StoreError, usize)> = None;
-        let decisions = claimed.into_iter().zip(claims).zip(digests).zip(reserved);
-        for ((((index, message), claim), digest), reserved) in decisions {
-            if let (Some(owner), true, false) = (owner, reserved, matches!(claim, Ok(Claim::New))) {
-                self.give_up_reservation(digest, owner, &claim, decided);
+        let decisions = claimed.into_iter().zip(claims).zip(digests);
+        for (((index, message), claim), digest) in decisions {
+            if holding && !matches!(claim, Ok(Claim::New)) {
+                self.leave(digest, &claim, decided);
             }
             match claim {
                 Ok(Claim::New) => {
                     inc(&inner.metrics.unique);
-                    if let (Some(owner), false) = (owner, reserved) {
+                    if let Some(owner) = owner {
                         inner.held.open(digest, owner);
                     }
                     decided.deliver.push(Record {
@@ -260,17 +252,11 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
         unheld
     }
 
-    /// Gives up the reservation of `digest`, whose claim was not new: the copies held on it
-    /// meanwhile are finished if the claim found a copy, else requeued as copies in flight
+    /// Leaves `digest`, whose claim was not new: if that ends its entry, the copies held on
+    /// it meanwhile are finished if the claim found a copy, else requeued as copies in flight
     /// elsewhere (it is not this process that delivers their content).
-    fn give_up_reservation(
-        &self,
-        digest: Digest,
-        owner: held::Owner,
-        claim: &Result<Claim, StoreError>,
-        decided: &mut Decided,
-    ) {
-        let copies = self.inner.held.close(digest, owner);
+    fn leave(&self, digest: Digest, claim: &Result<Claim, StoreError>, decided: &mut Decided) {
+        let copies = self.inner.held.leave(digest);
         if copies.is_empty() {
             return;
         }

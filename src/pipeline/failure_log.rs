@@ -13,8 +13,18 @@
 //!
 //! Up to [`MAX_CAUSES`] causes are told apart; past that (a handler whose errors name each
 //! message), the others share one slot, logged once a second with whichever cause comes first.
+//!
+//! When the handler succeeds again, that is said once, at INFO, with how long it failed and
+//! how many failures it had: at its first success once [`RECOVERY_QUIET`] has passed without
+//! a failure (a handler that fails one record in a few is not said to be back between two
+//! failures). The causes are then forgotten: a new failure is logged as soon as it happens.
+//!
+//! ```text
+//! INFO nsq_dedupe::pipeline::failure_log: Handler succeeds again. failed_for=192.412s failures=57
+//! ```
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -23,17 +33,35 @@ use crate::sink::HandlerError;
 /// How often one cause is logged at most.
 pub(super) const FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(1);
 
+/// How long the handler goes without a failure, after failures, before a success says that
+/// it is back.
+pub(super) const RECOVERY_QUIET: Duration = Duration::from_secs(1);
+
 /// How many causes are throttled each on its own.
 const MAX_CAUSES: usize = 64;
 
 /// The slot the causes past [`MAX_CAUSES`] share (no cause is empty text).
 const OTHER_CAUSES: &str = "";
 
-/// The causes seen and when each was last logged.
+/// The causes seen and when each was last logged, and the failures since the handler last
+/// succeeded.
 #[derive(Debug, Default)]
 pub(super) struct FailureLog {
     /// A `std` mutex: held for a lookup, never across an `.await`.
     causes: Mutex<HashMap<String, Logged>>,
+    /// Whether `spell` holds failures; read alone on every success, so that a handler that
+    /// works takes no lock.
+    failing: AtomicBool,
+    /// The failures since the handler was last said to succeed.
+    spell: Mutex<Option<Spell>>,
+}
+
+/// Failures in a row (successes between them that came too soon do not end it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Spell {
+    first: Instant,
+    last: Instant,
+    failures: u64,
 }
 
 #[derive(Debug)]
@@ -55,9 +83,55 @@ impl FailureLog {
             // A receiver's requeue is not a failure.
             HandlerError::Requeued { .. } => return,
         };
-        if let Some(suppressed) = self.admit(cause, Instant::now()) {
+        let now = Instant::now();
+        self.failed(now);
+        if let Some(suppressed) = self.admit(cause, now) {
             tracing::warn!(cause = %error, suppressed, "Handler failed; messages requeued.");
         }
+    }
+
+    /// Notes a record the handler took, and logs once, at INFO, that it succeeds again when
+    /// it failed before and has gone [`RECOVERY_QUIET`] without a failure.
+    pub(super) fn succeeded(&self) {
+        // Relaxed: a log decision; the spell itself is read under its lock.
+        if !self.failing.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Some(spell) = self.recovered(Instant::now()) {
+            tracing::info!(
+                failed_for = ?spell.last.duration_since(spell.first),
+                failures = spell.failures,
+                "Handler succeeds again."
+            );
+        }
+    }
+
+    /// Counts a failure at `now` in the current spell.
+    fn failed(&self, now: Instant) {
+        let mut spell = self.spell.lock().unwrap_or_else(PoisonError::into_inner);
+        let spell = spell.get_or_insert(Spell {
+            first: now,
+            last: now,
+            failures: 0,
+        });
+        spell.last = spell.last.max(now);
+        spell.failures += 1;
+        self.failing.store(true, Ordering::Relaxed);
+    }
+
+    /// The spell that a success at `now` ends, if any: the one caller that ends it gets it,
+    /// and the causes are forgotten, so that the next failure is logged at once.
+    fn recovered(&self, now: Instant) -> Option<Spell> {
+        let mut spell = self.spell.lock().unwrap_or_else(PoisonError::into_inner);
+        if now.saturating_duration_since(spell.as_ref()?.last) < RECOVERY_QUIET {
+            return None;
+        }
+        self.failing.store(false, Ordering::Relaxed);
+        self.causes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+        spell.take()
     }
 
     /// Whether a failure of `cause` at `now` is logged, and if so how many of its failures
@@ -132,5 +206,31 @@ mod tests {
         // A second on, the stale causes make room again.
         assert_eq!(log.admit("and another", later), Some(0));
         assert!(log.causes.lock().unwrap().len() <= MAX_CAUSES);
+    }
+
+    #[test]
+    fn a_spell_of_failures_ends_once_after_a_quiet_second_and_the_next_is_logged_at_once() {
+        let log = FailureLog::default();
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        assert_eq!(log.recovered(at(0)), None, "no failure");
+        for ms in [0, 200, 2_000] {
+            log.failed(at(ms));
+            log.admit("disk full", at(ms));
+        }
+        // A success too soon after a failure (one record of a few fails): not back yet.
+        assert_eq!(log.recovered(at(2_500)), None);
+        assert_eq!(
+            log.recovered(at(3_000)),
+            Some(Spell {
+                first: at(0),
+                last: at(2_000),
+                failures: 3
+            })
+        );
+        assert!(!log.failing.load(Ordering::Relaxed));
+        assert_eq!(log.recovered(at(3_100)), None, "said once");
+        // The same cause again, 200 ms on: logged at once.
+        assert_eq!(log.admit("disk full", at(3_200)), Some(0));
     }
 }

@@ -9,18 +9,21 @@
 //! the original settles ([`Held::close`]): finished as a copy once the original is delivered,
 //! or decided again (and so delivered) once the original's claim is erased.
 //!
-//! Only copies of this process's own originals wait: a digest is open from just before this
-//! process claims it ([`Held::reserve`]) until that claim, if it was new, is settled
-//! ([`Held::close`]). Each entry has one owner (the claim call that reserved or opened it),
-//! and only its owner closes it. A copy in flight elsewhere (another sidecar of a fleet) is
-//! requeued as before.
+//! Only copies of this process's own originals wait: a digest's entry lives from just before
+//! this process claims it ([`Held::join`]) while any claim of it is on its way, and then, if
+//! one was new, until that one is settled ([`Held::close`]). A copy in flight elsewhere
+//! (another sidecar of a fleet) is requeued as before: its entry ends when the claims on their
+//! way end and none was new ([`Held::leave`]).
 //!
 //! # The bound
 //!
-//! A held copy is still in flight at its nsqd, so the consumer's `max_in_flight` already bounds
-//! them; [`Policy::max_held_copies`](super::Policy::max_held_copies) bounds them further, so
-//! that copies never take every slot from new messages. Past it a copy is requeued as one in
-//! flight elsewhere is: nothing is lost either way, a held copy that is dropped requeues itself.
+//! A held copy is still in flight at its nsqd, but set aside ([`Message::park`]): it does not
+//! count toward the consumer's `max_in_flight`, whose RDY rises by one for each, so copies never
+//! take the place of new messages (a consumer such as `nsq_to_file`, which writes a batch only
+//! once it holds `--max-in-flight` messages, would otherwise wait for its timer).
+//! [`Policy::max_held_copies`](super::Policy::max_held_copies) bounds them. Past it a copy is
+//! requeued as one in flight elsewhere is: nothing is lost either way, a held copy that is
+//! dropped requeues itself.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -36,11 +39,14 @@ const SHARDS: usize = 16;
 /// Who opened a digest: one claim call of one burst.
 pub(super) type Owner = u64;
 
-/// An original in flight here (or reserved, its claim still on its way) and the copies that
-/// wait on it.
-#[derive(Debug)]
+/// An original in flight here (or claims of its digest still on their way) and the copies
+/// that wait on it.
+#[derive(Debug, Default)]
 struct Original {
-    owner: Owner,
+    /// The claim call whose claim was new, once one was.
+    owner: Option<Owner>,
+    /// Claims of the digest on their way (joined, not yet left).
+    claimers: u32,
     copies: Vec<Message>,
 }
 
@@ -77,53 +83,51 @@ impl Held {
         self.limit > 0
     }
 
-    /// Reserves each digest not open yet, before its claim, for a new owner: a copy whose
-    /// claim finds the digest in flight after that claim may wait on it. Returns the owner,
-    /// and for each digest whether it reserved it. The caller [`open`](Held::open)s each
-    /// digest whose claim is new and [`close`](Held::close)s the others it reserved.
+    /// Joins each digest, before its claim, for a new owner: a copy whose claim finds the
+    /// digest in flight after that claim may wait on it. The caller then either
+    /// [`open`](Held::open)s a digest (its claim was new) or [`leave`](Held::leave)s it.
     ///
-    /// Reserving before claiming is what makes holding exact: a copy claimed after its
-    /// original's claim always finds the original's entry, however the two bursts' tasks are
-    /// scheduled.
-    pub(super) fn reserve(&self, digests: &[Digest]) -> (Owner, Vec<bool>) {
+    /// Joining before claiming is what makes holding exact: a copy claimed after its
+    /// original's claim always finds the original's entry, however the bursts' tasks are
+    /// scheduled, because an entry with claims on their way is never removed.
+    pub(super) fn join(&self, digests: &[Digest]) -> Owner {
         // Relaxed: a unique number, nothing else is ordered by it.
         let owner = self.owners.fetch_add(1, Ordering::Relaxed) + 1;
-        let reserved = digests
-            .iter()
-            .map(|&digest| {
-                let mut shard = self.shard(digest);
-                match shard.entry(digest) {
-                    std::collections::hash_map::Entry::Occupied(_) => false,
-                    std::collections::hash_map::Entry::Vacant(vacant) => {
-                        vacant.insert(Original {
-                            owner,
-                            copies: Vec::new(),
-                        });
-                        true
-                    }
-                }
-            })
-            .collect();
-        (owner, reserved)
+        for &digest in digests {
+            self.shard(digest).entry(digest).or_default().claimers += 1;
+        }
+        owner
     }
 
-    /// Opens `digest` for `owner`, whose claim of it was new: if another burst reserved it
-    /// meanwhile (its claim, which came after, cannot be new), `owner` takes the reservation
-    /// over with the copies held on it, which are copies of this original.
+    /// `owner`'s claim of `digest` was new: copies wait on it until `owner` closes it.
     pub(super) fn open(&self, digest: Digest, owner: Owner) {
-        self.shard(digest)
-            .entry(digest)
-            .or_insert_with(|| Original {
-                owner,
-                copies: Vec::new(),
-            })
-            .owner = owner;
+        let mut shard = self.shard(digest);
+        let original = shard.entry(digest).or_default();
+        original.claimers = original.claimers.saturating_sub(1);
+        original.owner = Some(owner);
+    }
+
+    /// A claim of `digest` was not new. When it was the last on its way and none was new,
+    /// the entry ends: the copies held on it meanwhile, which the caller answers as that
+    /// claim says.
+    pub(super) fn leave(&self, digest: Digest) -> Vec<Message> {
+        let mut shard = self.shard(digest);
+        let Some(original) = shard.get_mut(&digest) else {
+            return Vec::new();
+        };
+        original.claimers = original.claimers.saturating_sub(1);
+        if original.claimers > 0 || original.owner.is_some() {
+            return Vec::new();
+        }
+        let copies = shard.remove(&digest).map(|o| o.copies).unwrap_or_default();
+        drop(shard);
+        self.release(copies)
     }
 
     /// Holds `copy` beside its original in flight here. Gives it back when its digest is not
     /// this process's own in flight (anymore), or when as many copies as the bound allows
     /// are held already.
-    pub(super) fn hold(&self, digest: Digest, copy: Message) -> Result<(), Message> {
+    pub(super) fn hold(&self, digest: Digest, mut copy: Message) -> Result<(), Message> {
         let mut shard = self.shard(digest);
         let Some(original) = shard.get_mut(&digest) else {
             return Err(copy);
@@ -133,6 +137,7 @@ impl Held {
             self.copies.fetch_sub(1, Ordering::Relaxed);
             return Err(copy);
         }
+        copy.park(true);
         original.copies.push(copy);
         Ok(())
     }
@@ -160,20 +165,28 @@ impl Held {
         (touched, failed)
     }
 
-    /// Ends `owner`'s time with `digest` (its original settled, or its reservation is given
-    /// up): the copies held on it, which the caller answers now. Nothing if another owner
-    /// took the digest over.
+    /// Ends `owner`'s time with `digest`, its original settled: the copies held on it, which
+    /// the caller answers now. Nothing if the entry is not `owner`'s.
     pub(super) fn close(&self, digest: Digest, owner: Owner) -> Vec<Message> {
         let mut shard = self.shard(digest);
         let copies = match shard.get(&digest) {
-            Some(original) if original.owner == owner => {
+            Some(original) if original.owner == Some(owner) => {
                 shard.remove(&digest).map(|o| o.copies).unwrap_or_default()
             }
             _ => return Vec::new(),
         };
         drop(shard);
+        self.release(copies)
+    }
+
+    /// Copies leaving the map: counted out and taken back from their set-aside.
+    fn release(&self, copies: Vec<Message>) -> Vec<Message> {
         if !copies.is_empty() {
             self.copies.fetch_sub(copies.len(), Ordering::Relaxed);
+        }
+        let mut copies = copies;
+        for copy in &mut copies {
+            copy.park(false);
         }
         copies
     }

@@ -65,8 +65,8 @@ pub struct Policy {
     pub keepalive: Duration,
     /// The most copies held at once beside their original in flight in this process (see
     /// `held.rs`); past it a copy in flight is requeued with `in_flight_requeue_delay`. 0:
-    /// never hold, requeue every copy in flight. Held copies also count towards the
-    /// consumer's `max_in_flight`. Defaults to: 1,024.
+    /// never hold, requeue every copy in flight. Held copies do not count toward the
+    /// consumer's `max_in_flight` (its RDY rises by as many). Defaults to: 1,024.
     pub max_held_copies: usize,
 }
 

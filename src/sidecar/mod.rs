@@ -94,7 +94,7 @@ pub enum RunError {
     /// The serve sink could not start (a port that cannot be bound, TLS files that cannot be
     /// used).
     #[error("cannot start the serve sink")]
-    Serve(#[from] crate::serve::ServeError),
+    Serve(#[from] crate::sink::serve::ServeError),
     /// The metrics address could not be bound.
     #[error("cannot listen on metrics address {addr} (change {setting}, or set it to \"off\")")]
     Metrics {
@@ -168,23 +168,26 @@ impl RunError {
 
     /// Whether starting again with the same settings fails the same way, so that a setting
     /// must change: a store that refuses this client or cannot use its settings, a table file
-    /// written for another table or at a path that cannot hold one. The binary exits with
-    /// `EX_CONFIG` (78) for these, as for an invalid config, and a service manager does not
-    /// restart it in a loop; any other error may pass with time (a server coming back, a
-    /// lock let go).
+    /// written for another table or at a path that cannot hold one, a table the system will
+    /// not give the memory of (its size is the settings'; the config's validation refuses one
+    /// larger than the machine before this). The binary exits with `EX_CONFIG` (78) for these,
+    /// as for an invalid config, and a service manager does not restart it in a loop; any
+    /// other error may pass with time (a server coming back, a lock let go).
     pub fn is_setting(&self) -> bool {
         use crate::dedup::table_file::TableFileError;
         match self {
             RunError::Store(error) => {
                 matches!(error, StoreError::Config(_) | StoreError::Refused { .. })
             }
+            RunError::Table { .. } => true,
             RunError::TableFile(error) => matches!(
                 error,
                 TableFileError::Mismatch { .. }
                     | TableFileError::NoDirectory { .. }
                     | TableFileError::NotAFile { .. }
+                    | TableFileError::Table(_)
             ),
-            RunError::Serve(error) => !matches!(error, crate::serve::ServeError::Bind { .. }),
+            RunError::Serve(error) => !matches!(error, crate::sink::serve::ServeError::Bind { .. }),
             _ => false,
         }
     }

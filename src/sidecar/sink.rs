@@ -3,7 +3,7 @@
 use super::RunError;
 use crate::config::{DeadLetterSettings, FlagOrigins, SinkSettings};
 use crate::nsq::{ProducerConfig, Transport};
-use crate::serve::ServeSink;
+use crate::sink::serve::ServeSink;
 use crate::sink::{DeadLetter, FileSink, HttpSink, NsqSink, Sink, StdoutSink};
 
 /// Builds the sink the settings ask for; the serve sink starts serving (binds its ports).

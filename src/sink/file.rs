@@ -18,7 +18,10 @@
 //! them all), so after a kill -9 the file is readable up to its last sync, and a closed file is
 //! a complete gzip stream. A write or sync error fails every record of its batch (their
 //! messages are requeued), cuts the file back to the end of its last synced batch (so no file
-//! ends in part of a record), closes it, and the next batch opens a new one.
+//! ends in part of a record, and a gzip file is whole members), closes it, and the next batch
+//! opens a new one; a file whose first batch failed is removed, not left empty (an empty
+//! file is not a gzip stream). So after a full disk every file in the output directory reads
+//! cleanly to its end.
 
 use std::fs::{File, OpenOptions};
 use std::future::Future;
@@ -330,9 +333,17 @@ impl Writer {
     /// After a failed write or sync: cuts the open file back to the end of its last synced
     /// batch (what the failed one left is part of a record, or of a gzip member, or records
     /// that are requeued and will be written again), closes it, and leaves the next batch to
-    /// open a new one.
+    /// open a new one. A file that held no synced batch is removed: it would be empty, which
+    /// is not a gzip stream (`zcat` stops at it) and holds no record anyway.
     fn discard_failed_batch(&mut self) {
         let Some(open) = self.open.take() else { return };
+        if open.records == 0 {
+            drop(open.file);
+            if let Err(error) = std::fs::remove_file(&open.work_path) {
+                tracing::warn!(file = %open.work_path.display(), %error, "Removing the archive file whose first write failed failed; it holds no record.");
+            }
+            return;
+        }
         if let Err(error) = open.file.set_len(open.bytes) {
             tracing::warn!(file = %open.work_path.display(), %error, "Cutting the failed batch off the archive file failed; its end may hold part of a record.");
         }
@@ -555,6 +566,24 @@ mod tests {
         assert_eq!(civil_from_days(0), (1970, 1, 1));
         assert_eq!(civil_from_days(11_016), (2000, 2, 29));
         assert_eq!(check_datetime_format("%Y%j"), Err("%j".into()));
+    }
+
+    /// A file whose first batch failed (a full disk) is removed, not left empty: an empty
+    /// file is not a gzip stream, and `zcat` stops at it.
+    #[test]
+    fn a_file_whose_first_batch_failed_is_removed() {
+        for gzip_level in [None, Some(6)] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut config = FileSinkConfig::new(dir.path().to_owned(), "t".into());
+            config.gzip_level = gzip_level;
+            let mut writer = Writer::new(config);
+            writer.open = Some(writer.open_file(SystemTime::now()).unwrap());
+            // What a failed `write_all` leaves: the start of a record, never synced.
+            writer.open.as_mut().unwrap().file.write_all(b"on").unwrap();
+            writer.discard_failed_batch();
+            let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+            assert!(left.is_empty(), "{gzip_level:?}: {left:?}");
+        }
     }
 
     /// A write that fails half way leaves part of its batch at the end of the file; the file

@@ -9,12 +9,16 @@
 //! The pipeline hands a handler every unique record of a burst at once
 //! ([`Handler::handle_batch`]), with a result per record. A handler that only implements
 //! [`Handler::handle`] gets each record of the batch in its own concurrent call.
+//!
+//! Each sink has its own module here and takes the trait from this one; [`serve`], the serve
+//! sink, is public (the crate's `serve`) for its settings, stats and errors.
 
 mod batcher;
 mod dead_letter;
 mod file;
 mod http;
 mod nsq;
+pub mod serve;
 mod stdout;
 
 use std::future::Future;
@@ -248,7 +252,7 @@ pub enum Sink {
     /// Archive to files, as `nsq_to_file`.
     File(FileSink),
     /// Serve NSQ consumers as nsqd does; a consumer's FIN delivers.
-    Serve(crate::serve::ServeSink),
+    Serve(serve::ServeSink),
     /// Accept and discard everything (benchmarks, dry runs).
     Null,
 }

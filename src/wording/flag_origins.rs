@@ -30,6 +30,12 @@ impl FlagOrigins {
         self.given.insert(key, variable);
     }
 
+    /// Records that `key`'s flag was typed as `alias`, one of its other names (`--n` for
+    /// `--http-concurrency`), and is to be named by it.
+    pub fn record_alias(&mut self, key: &'static str, alias: &'static str) {
+        self.given.insert(key, alias);
+    }
+
     /// Records that the settings come from a config file as well as from flags.
     pub fn with_file(&mut self) {
         self.file = true;

@@ -17,7 +17,7 @@ use nsq_dedupe::config::{
 };
 use section::SectionFlags;
 
-use crate::cli::FromEnv;
+use crate::cli::{FromEnv, TypedAliases};
 
 /// Flags of `nsq-dedupe run`. Each overrides the config file's key of the same name.
 #[derive(Debug, Args)]
@@ -45,12 +45,14 @@ pub(crate) struct RunArgs {
 
 impl RunArgs {
     /// Lays the flags over the file's settings: a flag that was given wins. `from_env` tells
-    /// which flags took their value from the environment, so that errors name the variable.
-    pub(crate) fn apply(&self, raw: &mut RawConfig, from_env: &FromEnv) {
+    /// which flags took their value from the environment, so that errors name the variable,
+    /// and `aliases` which were typed by an alias, so that errors name the alias.
+    pub(crate) fn apply(&self, raw: &mut RawConfig, from_env: &FromEnv, aliases: &TypedAliases) {
         let mut flags = std::mem::take(&mut raw.flags);
         let mut overlay = Overlay {
             flags: &mut flags,
             from_env,
+            aliases,
         };
         self.source.apply(&mut raw.source, &mut overlay);
         self.nsq.apply(raw, &mut overlay);
@@ -73,10 +75,11 @@ impl RunArgs {
 }
 
 /// Sets config keys from flags and records which flag set which key, and for a flag whose
-/// value came from the environment, its variable.
+/// value came from the environment, its variable; for one typed by an alias, the alias.
 pub(super) struct Overlay<'a> {
     flags: &'a mut FlagOrigins,
     from_env: &'a FromEnv,
+    aliases: &'a TypedAliases,
 }
 
 impl Overlay<'_> {
@@ -85,17 +88,24 @@ impl Overlay<'_> {
     /// environment, that is `NSQ_DEDUPE_CONSUMER_OPT=deflate_level`.
     pub(super) fn record(&mut self, key: &'static str, flag: &'static str, given: bool) {
         self.flags.record(key, flag, given);
-        let (base, option) = flag.split_once(' ').unwrap_or((flag, ""));
-        let Some(variable) = self.from_env.variable(base).filter(|_| given) else {
+        if !given {
             return;
+        }
+        let (base, option) = flag.split_once(' ').unwrap_or((flag, ""));
+        // Leaked as the flag's own name is: one short string per option given.
+        let with_option = |name: &'static str, separator: char| -> &'static str {
+            if option.is_empty() {
+                name
+            } else {
+                Box::leak(format!("{name}{separator}{option}").into_boxed_str())
+            }
         };
-        let variable = if option.is_empty() {
-            variable
-        } else {
-            // Leaked as the flag's own name is: one short string per option given.
-            Box::leak(format!("{variable}={option}").into_boxed_str())
-        };
-        self.flags.record_variable(key, variable);
+        if let Some(alias) = self.aliases.typed(base) {
+            self.flags.record_alias(key, with_option(alias, ' '));
+        }
+        if let Some(variable) = self.from_env.variable(base) {
+            self.flags.record_variable(key, with_option(variable, '='));
+        }
     }
 }
 
@@ -132,7 +142,11 @@ mod tests {
         let Command::Run(run) = cli.command else {
             panic!("not run")
         };
-        run.apply(&mut file, &crate::cli::FromEnv::default());
+        run.apply(
+            &mut file,
+            &crate::cli::FromEnv::default(),
+            &crate::cli::TypedAliases::default(),
+        );
         file
     }
 

@@ -19,6 +19,14 @@ use tokio::net::TcpStream;
 
 use crate::decimal::put_decimal;
 
+/// What memcached writes to a connection it turns away when its `-c` limit of connections
+/// is reached, before it closes it: an outage, not a refusal of this client.
+const TOO_MANY_CONNECTIONS: &[u8] = b"ERROR Too many open connections";
+
+/// How much of an answer that is not memcached's an error message shows: enough to tell the
+/// service (`HTTP/1.1 400 Bad Request`, `<!DOCTYPE HTML>`), not a whole binary line.
+const ANSWER_EXCERPT_CHARS: usize = 64;
+
 /// Larger values are not ours (a set of 8 ways takes 275 bytes) and are not loaded.
 const MAX_VALUE_BYTES: usize = 64 * 1024;
 
@@ -70,19 +78,55 @@ impl PipeConn {
     }
 
     /// Asks the server's version: a round trip that proves it answers.
+    ///
+    /// # Errors
+    ///
+    /// [`io::ErrorKind::InvalidData`] when the server answered something memcached does not
+    /// (its bytes are then [`PipeConn::last_answer`]): another line, or bytes that are not
+    /// the start of memcached's answer followed by the end of the connection (an HTTP
+    /// server's error page, whose lines end in LF alone, or a TLS alert).
+    /// [`io::ErrorKind::ConnectionRefused`] when memcached turned the connection away (its
+    /// `-c` limit of connections reached). Any other error is the connection's.
     pub(super) async fn version(&mut self) -> io::Result<String> {
         self.stream.write_all(b"version\r\n").await?;
         self.stream.flush().await?;
-        self.read_line().await?;
-        match self.line.strip_prefix(b"VERSION ") {
-            Some(version) => Ok(String::from_utf8_lossy(version).into_owned()),
-            None => Err(self.unexpected("version")),
+        match self.read_line().await {
+            Ok(()) => {}
+            // Memcached ends every line with CRLF: bytes that cannot begin its answer, then
+            // nothing more, are another service's answer. A start of `VERSION ` cut short
+            // is memcached gone mid-answer, an outage.
+            Err(err)
+                if err.kind() == io::ErrorKind::UnexpectedEof
+                    && !self.line.is_empty()
+                    && !b"VERSION ".starts_with(&self.line)
+                    && !self.line.starts_with(b"VERSION ") =>
+            {
+                return Err(self.unexpected("version"));
+            }
+            Err(err) => return Err(err),
         }
+        if let Some(version) = self.line.strip_prefix(b"VERSION ") {
+            return Ok(String::from_utf8_lossy(version).into_owned());
+        }
+        if self.line == TOO_MANY_CONNECTIONS {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                "memcached refused the connection: too many open connections (its -c limit)",
+            ));
+        }
+        Err(self.unexpected("version"))
     }
 
-    /// The last line the server answered, without its CRLF (for an error message).
-    pub(super) fn last_answer(&self) -> String {
-        String::from_utf8_lossy(&self.line).into_owned()
+    /// The start of what the server answered last (its first line, without its line end),
+    /// for an error message: at most [`ANSWER_EXCERPT_CHARS`] characters, and whether it was
+    /// cut.
+    pub(super) fn last_answer(&self) -> (String, bool) {
+        let line = self.line.split(|&b| b == b'\n').next().unwrap_or_default();
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let text = String::from_utf8_lossy(line);
+        let excerpt: String = text.chars().take(ANSWER_EXCERPT_CHARS).collect();
+        let cut = excerpt.len() < text.len();
+        (excerpt, cut)
     }
 
     /// Reads `keys` in one round trip, with their CAS tokens.

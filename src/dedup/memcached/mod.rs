@@ -80,8 +80,10 @@
 //! the error leaves an in-flight entry of this owner; claims of it (by anyone, this store
 //! included) answer `InFlight` until its lease expires, so a redelivery is processed at the
 //! latest one lease later. [`MemcachedStore::connect`] tells an outage from a wrong address:
-//! a server that answers `version` as memcached does not (an HTTP port, a memcached that
-//! requires authentication) is a [`StoreError::Refused`] naming `store.memcached_addresses`.
+//! a server that answers `version` as memcached does not (an HTTP port, whether it answers a
+//! line or a page and closes, a TLS port, a memcached that requires authentication) is a
+//! [`StoreError::Refused`] naming `store.memcached_addresses`; a memcached at its `-c` limit
+//! of connections, which answers `ERROR Too many open connections` and closes, is an outage.
 //!
 //! # Memory
 //!
@@ -261,7 +263,8 @@ impl MemcachedStore {
             }
             // It answered, but not as memcached does.
             Ok(Err(err)) if err.kind() == std::io::ErrorKind::InvalidData => {
-                Err(not_memcached(server, &conn.last_answer()))
+                let (answer, cut) = conn.last_answer();
+                Err(not_memcached(server, &answer, cut))
             }
             Ok(Err(err)) => Err(unavailable(server, &err)),
             Err(_) => Err(StoreError::Timeout(timeout)),
@@ -514,22 +517,24 @@ fn unavailable(server: &Server, err: &dyn std::fmt::Display) -> StoreError {
     }
 }
 
-/// The refusal of a server that answered `version` with `answer`, which memcached does not
-/// give: another service at that address, or a memcached that requires authentication
-/// (`-Y`), which this client does not speak.
-fn not_memcached(server: &Server, answer: &str) -> StoreError {
+/// The refusal of a server that answered `version` with `answer` (the start of its answer,
+/// `cut` when there was more), which memcached does not give: another service at that
+/// address, or a memcached that requires authentication (`-Y`), which this client does not
+/// speak. The answer is quoted with its control characters escaped, so that a binary answer
+/// stays one printable line.
+fn not_memcached(server: &Server, answer: &str, cut: bool) -> StoreError {
     let why = if answer == "CLIENT_ERROR unauthenticated" {
         ": it requires authentication (memcached -Y), which this client does not speak"
     } else {
         ", so it is not memcached"
     };
-    // Enough to tell the service; a binary protocol's line may be long.
-    let answer: String = answer.chars().take(64).collect();
+    let more = if cut { "…" } else { "" };
     StoreError::Refused {
         addr: server.addr.clone(),
         detail: Wording::from(format!(
-            "it answered `version` with {answer:?}{why}; give the TCP address of a memcached \
-             without authentication (port 11211 unless it was started with another) in "
+            "it answered `version` with {answer:?}{more}{why}; give the TCP address of a \
+             memcached without authentication (port 11211 unless it was started with another) \
+             in "
         ))
         .key("store.memcached_addresses"),
     }

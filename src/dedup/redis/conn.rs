@@ -39,7 +39,7 @@ mod operation;
 mod routing;
 
 use super::config::RedisConfig;
-use super::refusal::Credentials;
+use super::refusal::{self, Credentials};
 use super::slots::SlotMap;
 use crate::error::StoreError;
 use crate::wording::Wording;
@@ -385,7 +385,7 @@ impl Link {
     }
 
     /// A [`StoreError`] for `error` at `node` (never showing a password): a refusal when it
-    /// means a setting is wrong (see `refusal`); drops the node's connection if the error may
+    /// means a setting is wrong, out of memory when Redis has no room (see `refusal`); drops the node's connection if the error may
     /// have broken it.
     fn failed(&self, node: &str, error: &RedisError) -> StoreError {
         if is_connection_error(error) {
@@ -396,6 +396,9 @@ impl Link {
         }
         if let Some(refused) = self.credentials.refusal(node, error) {
             return refused;
+        }
+        if let Some(full) = refusal::out_of_memory(node, error) {
+            return full;
         }
         match error.kind() {
             ErrorKind::ResponseError | ErrorKind::ExtensionError | ErrorKind::TypeError => {

@@ -1,10 +1,13 @@
 //! Telling a refusal from an outage: the Redis answers that mean a setting is wrong (the
 //! password, the user's rights, cluster mode, an address that is not Redis's), each said as
-//! a [`StoreError::Refused`] that names the setting to correct and never the password.
+//! a [`StoreError::Refused`] that names the setting to correct and never the password; and
+//! `OOM`, a server whose memory settings leave it no room for our writes, said as
+//! [`StoreError::OutOfMemory`] with the settings that give it room.
 //!
 //! Everything else (a refused connection, a reset, a timeout, `CLUSTERDOWN`) is an outage,
 //! which waiting may end. The sidecar stops at start on a refusal; while running, a refusal
-//! (a password changed under it) is a store error like an outage's, logged when it appears.
+//! (a password changed under it) or `OOM` is a store error like an outage's, logged when it
+//! appears, its messages following `on_store_error`.
 
 use redis::{ErrorKind, RedisError};
 
@@ -96,4 +99,29 @@ impl Credentials {
             detail,
         })
     }
+}
+
+/// The [`StoreError::OutOfMemory`] that `error` from `node` is, or `None` when it is not one.
+///
+/// Redis answers `OOM` to a write once its memory is past `maxmemory` and its
+/// `maxmemory-policy` finds nothing to evict: with `noeviction`, or a `volatile-*` policy, as
+/// the table's keys have no expiry. Raising `maxmemory` gives it room; an `allkeys-*` policy
+/// lets it evict sets, which forget their digests (a copy of one of those messages may then
+/// pass), never a message.
+pub(super) fn out_of_memory(node: &str, error: &RedisError) -> Option<StoreError> {
+    if error.code() != Some("OOM") {
+        return None;
+    }
+    // A script's error adds where in the script it failed, which says nothing to the user.
+    let detail = error.detail().unwrap_or_default();
+    let said = detail.split(" script:").next().unwrap_or_default().trim();
+    Some(StoreError::OutOfMemory {
+        addr: node.to_owned(),
+        detail: format!(
+            "it answered {:?}; raise its `maxmemory`, or let it evict with a policy such as \
+             `maxmemory-policy allkeys-lru`, which only costs some copies being missed (an \
+             evicted set forgets its digests)",
+            format!("OOM {said}")
+        ),
+    })
 }

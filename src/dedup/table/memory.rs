@@ -1,8 +1,12 @@
-//! The table's memory: one zeroed allocation that is refused, not aborted on, when the system
-//! will not give it; the machine's memory for the error that says so; and the advice to back
-//! the table with huge pages.
+//! The table's memory: a table larger than the machine refused before it is allocated; one
+//! zeroed allocation that is refused, not aborted on, when the system will not give it; the
+//! machine's memory for the errors that say so; and the advice to back the table with huge
+//! pages.
 
 use std::sync::atomic::AtomicU64;
+
+use crate::dedup::Geometry;
+use crate::error::TableError;
 
 /// `len` zeroed slots, or `None` when the allocator refuses: a size a user typed must not
 /// abort the process, as a failed infallible allocation does.
@@ -25,6 +29,26 @@ pub(super) fn zeroed_slots(len: usize) -> Option<Box<[AtomicU64]>> {
     // valid `AtomicU64` (the same representation as `u64`), so every element is initialised;
     // zero is also the empty slot (state 0) and a cursor at slot 0.
     Some(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, len)) })
+}
+
+/// Refuses a table of `geometry` (with a time beside each slot when `timed`) larger than the
+/// machine's memory: the system would hand it out lazily and kill the process (or its
+/// neighbours) once it fills, so it is refused while that is still an error. Where the
+/// machine's memory is unknown, nothing is refused here; the allocation may still be.
+///
+/// # Errors
+///
+/// [`TableError::Alloc`] naming the table's size and the machine's.
+pub(crate) fn check_fits(geometry: Geometry, timed: bool) -> Result<(), TableError> {
+    let bytes = geometry.memory_bytes() * if timed { 2 } else { 1 };
+    match machine_memory_bytes() {
+        Some(machine_bytes) if bytes > machine_bytes => Err(TableError::Alloc {
+            bytes,
+            timed,
+            machine_bytes: Some(machine_bytes),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// The machine's physical memory (`MemTotal` of `/proc/meminfo`), for error messages.

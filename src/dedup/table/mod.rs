@@ -70,6 +70,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub(crate) use memory::check_fits;
 use memory::{advise_huge_pages, machine_memory_bytes, zeroed_slots};
 use set::{find, fingerprint, insert, update};
 
@@ -166,23 +167,19 @@ impl Table {
     ///
     /// # Errors
     ///
-    /// [`TableError::Alloc`] when the system will not give the memory; [`Geometry::new`] has
-    /// already checked that the size fits the address space.
+    /// [`TableError::Alloc`] when the table is larger than the machine's memory or the system
+    /// will not give it; [`Geometry::new`] has already checked that the size fits the address
+    /// space.
     pub fn new(geometry: Geometry) -> Result<Self, TableError> {
         let len = usize::try_from(geometry.slots())
             .expect("Geometry::new bounds the table by isize::MAX bytes")
             + (LINE_SLOTS - 1);
-        // A table larger than the machine's memory would be handed out lazily and kill the
-        // process (or its neighbours) once it fills; refuse it while that is still an error.
-        let machine_bytes = machine_memory_bytes();
-        let refused = TableError::Alloc {
+        check_fits(geometry, false)?;
+        let slots = zeroed_slots(len).ok_or_else(|| TableError::Alloc {
             bytes: geometry.memory_bytes(),
-            machine_bytes,
-        };
-        if machine_bytes.is_some_and(|m| geometry.memory_bytes() > m) {
-            return Err(refused);
-        }
-        let slots = zeroed_slots(len).ok_or(refused)?;
+            timed: false,
+            machine_bytes: machine_memory_bytes(),
+        })?;
         let base = slots.as_ptr().align_offset(LINE_SLOTS * 8);
         assert!(
             base < LINE_SLOTS,
@@ -208,6 +205,7 @@ impl Table {
         max_age: Duration,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, TableError> {
+        check_fits(geometry, true)?;
         let mut table = Table::new(geometry)?;
         let max_age_s = max_age.as_secs().max(1);
         table.timed = Some(timed::Times::new(table.slots.len(), max_age_s, clock)?);

@@ -202,6 +202,26 @@ fn shapes_are_validated_with_errors_that_name_the_knob() {
             .starts_with("cannot allocate 727.6 TiB for the table"),
         "{error}"
     );
+    // With max_age the times take as much again: slots that fit, with times that do not,
+    // are refused before either is allocated.
+    let machine = machine_memory_bytes().expect("/proc/meminfo names the machine's memory");
+    let geometry = Geometry::with_memory(machine / 4 * 3, 8).unwrap();
+    let clock: Arc<dyn Clock> = Arc::new(crate::dedup::clock::SystemClock);
+    let error = Table::with_max_age(geometry, Duration::from_secs(60), clock).unwrap_err();
+    assert_eq!(
+        error,
+        TableError::Alloc {
+            bytes: 2 * geometry.memory_bytes(),
+            timed: true,
+            machine_bytes: Some(machine),
+        }
+    );
+    assert!(
+        error
+            .to_string()
+            .contains("for the table with a time beside each slot (this machine has "),
+        "{error}"
+    );
     // Slots round up to whole sets; memory rounds down.
     assert_eq!(Table::with_slots(9, 8).unwrap().slots(), 16);
     assert_eq!(Table::with_memory(1000, 8).unwrap().slots(), 120);

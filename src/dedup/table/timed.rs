@@ -66,8 +66,10 @@ impl Times {
         clock: Arc<dyn Clock>,
     ) -> Result<Self, TableError> {
         Ok(Times {
+            // The slots were had; the times, as much again, were not.
             times: zeroed_slots(len).ok_or(TableError::Alloc {
-                bytes: len as u64 * 8,
+                bytes: len as u64 * 16,
+                timed: true,
                 machine_bytes: None,
             })?,
             max_age_s,

@@ -46,6 +46,17 @@ pub(crate) const DEFAULT_MAX_COMMANDS_BEFORE_SUB: u32 = 64;
 pub(crate) const DEFAULT_OUTPUT_BUFFER_SIZE: i64 = 16 * 1024;
 /// What IDENTIFY answers for `output_buffer_timeout`, in milliseconds (nsqd's default).
 pub(crate) const DEFAULT_OUTPUT_BUFFER_TIMEOUT_MS: i64 = 250;
+/// How long a connection waits after a read before it reads again, while its consumer holds
+/// at least [`GATHER_MIN_HELD`] messages: a consumer such as go-nsq writes each FIN on its
+/// own, and reading each as it comes costs a wake-up of the endpoint per message. Waiting
+/// gathers them into one read; the consumer still has what it holds to work on, so it is
+/// not kept waiting, but its answers reach the pipeline up to this much later. nsqd makes the
+/// same trade on its writes (`output_buffer_timeout`, 250 ms).
+pub(crate) const GATHER_WINDOW: Duration = Duration::from_millis(1);
+/// The fewest messages a consumer holds for its connection to gather its answers: one that
+/// holds fewer reads each at once, so a consumer that takes one message at a time is never
+/// slowed, and none is held to fewer than this many messages per [`GATHER_WINDOW`].
+pub(crate) const GATHER_MIN_HELD: u64 = 64;
 /// How often messages in flight to consumers are checked for their timeout.
 /// Defaults to: 100 ms.
 pub const DEFAULT_SCAN_INTERVAL: Duration = Duration::from_millis(100);

@@ -66,7 +66,7 @@ fn figures(stats: &DispatchStats) -> HandlerFigures {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::serve::ServeCounters;
+    use crate::sink::serve::ServeCounters;
 
     #[test]
     fn each_figure_is_its_own_counter() {

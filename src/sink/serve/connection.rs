@@ -2,8 +2,14 @@
 //! messages the dispatcher hands it, and sends heartbeats.
 //!
 //! One task owns the socket and does everything in one `select!` loop: commands already
-//! buffered are answered first, then the task waits for more bytes, message frames from the
-//! dispatcher (written together, in one `write`), the heartbeat tick, or the read deadline.
+//! buffered are answered first (a run of FIN, REQ and TOUCH settled together, with one lock
+//! of the dispatcher), then what they queued is written in one `write`, the message frames
+//! they made room for included, and the task waits for more bytes, the dispatcher's word
+//! that frames wait for it, the heartbeat tick, or the read deadline. After a read, while the
+//! consumer holds many messages, the task waits a moment before it reads again
+//! ([`GATHER_WINDOW`]), still writing the frames it is handed: the consumer's FINs, written
+//! one by one, are then read many at once, and on Linux do not wake the endpoint as they
+//! arrive (`lowat`).
 //! States follow nsqd's: before SUB (IDENTIFY, AUTH), subscribed (RDY, FIN, REQ, TOUCH, CLS),
 //! closing after CLS (no more messages; what it holds may still be answered); `answer` has a
 //! function per command. A consumer that sends nothing for two heartbeat intervals is closed,
@@ -13,20 +19,21 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::either::Either;
 
 use super::command::{CommandParser, ErrorFrame};
-use super::config::DEFAULT_MAX_LINE_SIZE;
-use super::dispatch::{ClientId, ConsumerInfo};
+use super::config::{DEFAULT_MAX_LINE_SIZE, GATHER_MIN_HELD, GATHER_WINDOW};
+use super::dispatch::{ClientId, ConsumerInfo, Settle};
 use super::Shared;
 use crate::nsq::frame::{encode_frame, FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, HEARTBEAT};
 
 mod answer;
+mod lowat;
 
 type Stream = Either<TcpStream, Box<tokio_rustls::server::TlsStream<TcpStream>>>;
 
@@ -57,8 +64,13 @@ struct Connection {
     commands_before_sub: u32,
     /// Frames waiting to be written.
     out: BytesMut,
-    /// The sending half the dispatcher gets at SUB.
-    frames: mpsc::UnboundedSender<Bytes>,
+    /// FIN, REQ and TOUCH read and not yet settled: a run of them is settled at once.
+    pending: Vec<Settle>,
+    /// How many messages the consumer held when the dispatcher last said.
+    held: u64,
+    /// Told by the dispatcher, which gets it at SUB, that message frames wait for this
+    /// connection.
+    wake: Arc<Notify>,
 }
 
 fn response(out: &mut BytesMut, data: &[u8]) {
@@ -68,7 +80,6 @@ fn response(out: &mut BytesMut, data: &[u8]) {
 /// Serves one consumer after its magic was read, until it leaves, breaks the protocol or
 /// the endpoint stops.
 pub(crate) async fn run(shared: Arc<Shared>, id: ClientId, stream: TcpStream, remote: SocketAddr) {
-    let (frames, frames_rx) = mpsc::unbounded_channel();
     let config = &shared.config;
     let conn = Connection {
         id,
@@ -81,7 +92,9 @@ pub(crate) async fn run(shared: Arc<Shared>, id: ClientId, stream: TcpStream, re
         },
         commands_before_sub: 0,
         out: BytesMut::new(),
-        frames,
+        pending: Vec::new(),
+        held: 0,
+        wake: Arc::new(Notify::new()),
         shared: shared.clone(),
     };
     let mut session = Session {
@@ -92,13 +105,15 @@ pub(crate) async fn run(shared: Arc<Shared>, id: ClientId, stream: TcpStream, re
         stream: Some(Either::Left(stream)),
         input: BytesMut::with_capacity(4096),
         last_read: Instant::now(),
+        just_read: false,
         beat: heartbeat_ticker(conn.heartbeat),
-        frames_rx,
         conn,
     };
     let reason = session.serve().await;
-    session.close().await;
+    // What it holds goes back before the socket's last write: no message goes to a
+    // connection that is closing.
     shared.dispatcher.remove(id);
+    session.close().await;
     tracing::info!(client = id, %remote, %reason, "Consumer connection closed.");
 }
 
@@ -112,9 +127,9 @@ struct Session {
     /// Bytes read and not yet parsed.
     input: BytesMut,
     last_read: Instant,
+    /// The last wait ended with a read: its answers are settled, and the next read may wait.
+    just_read: bool,
     beat: Option<tokio::time::Interval>,
-    /// Message frames from the dispatcher; the other half is `Connection::frames`.
-    frames_rx: mpsc::UnboundedReceiver<Bytes>,
 }
 
 impl Session {
@@ -124,6 +139,11 @@ impl Session {
             // Answer every command already read before waiting for more.
             if let Err(reason) = self.answer_buffered().await {
                 return reason;
+            }
+            if std::mem::take(&mut self.just_read) && self.conn.held >= GATHER_MIN_HELD {
+                if let Err(reason) = self.gather().await {
+                    return reason;
+                }
             }
             if let Err(reason) = self.write_and_wait().await {
                 return reason;
@@ -136,8 +156,12 @@ impl Session {
         loop {
             let command = match self.parser.parse(&mut self.input) {
                 Ok(Some(command)) => command,
-                Ok(None) => return Ok(()),
+                Ok(None) => {
+                    self.conn.settle_pending();
+                    return Ok(());
+                }
                 Err(error) => {
+                    self.conn.settle_pending();
                     self.conn.refuse(&error);
                     return Err(error.text);
                 }
@@ -147,6 +171,8 @@ impl Session {
                 Ok(Next::Continue) => {}
                 Ok(Next::UpgradeTls) => self.upgrade_tls(heartbeat).await?,
                 Err(error) => {
+                    // The answers read before it come first.
+                    self.conn.settle_pending();
                     self.conn.refuse(&error);
                     if error.fatal {
                         return Err(error.text);
@@ -177,8 +203,37 @@ impl Session {
         Ok(())
     }
 
-    /// Writes what is queued, then waits for more bytes, message frames, the heartbeat tick
-    /// or the read deadline; an error is why the connection closes.
+    /// Waits until [`GATHER_WINDOW`] after the last read, writing what is queued and the
+    /// frames the dispatcher hands over meanwhile, with the socket's low-water mark raised;
+    /// an error is why the connection closes.
+    async fn gather(&mut self) -> Result<(), String> {
+        let stream = self.stream.as_ref().ok_or("no stream")?;
+        lowat::raise(stream);
+        let gathered = self.gather_until(self.last_read + GATHER_WINDOW).await;
+        if let Some(stream) = &self.stream {
+            lowat::lower(stream);
+        }
+        gathered
+    }
+
+    async fn gather_until(&mut self, until: Instant) -> Result<(), String> {
+        loop {
+            let stream = self.stream.as_mut().ok_or("no stream")?;
+            write_out(stream, &mut self.conn.out, self.conn.heartbeat).await?;
+            let shared = &self.conn.shared;
+            tokio::select! {
+                biased;
+                () = shared.cancel.cancelled() => return Err("the endpoint stopped".into()),
+                () = tokio::time::sleep_until(until) => return Ok(()),
+                () = self.conn.wake.notified() => {
+                    self.conn.held = shared.dispatcher.take_frames(self.conn.id, &mut self.conn.out);
+                }
+            }
+        }
+    }
+
+    /// Writes what is queued, then waits for more bytes, the word that message frames wait,
+    /// the heartbeat tick or the read deadline; an error is why the connection closes.
     async fn write_and_wait(&mut self) -> Result<(), String> {
         let stream = self.stream.as_mut().ok_or("no stream")?;
         write_out(stream, &mut self.conn.out, self.conn.heartbeat).await?;
@@ -190,14 +245,14 @@ impl Session {
             () = shared.cancel.cancelled() => return Err("the endpoint stopped".into()),
             read = stream.read_buf(&mut self.input) => match read {
                 Ok(0) => return Err("the consumer closed the connection".into()),
-                Ok(_) => self.last_read = Instant::now(),
+                Ok(_) => {
+                    self.last_read = Instant::now();
+                    self.just_read = true;
+                }
                 Err(error) => return Err(format!("reading failed: {error}")),
             },
-            Some(frame) = self.frames_rx.recv() => {
-                self.conn.out.extend_from_slice(&frame);
-                while let Ok(frame) = self.frames_rx.try_recv() {
-                    self.conn.out.extend_from_slice(&frame);
-                }
+            () = self.conn.wake.notified() => {
+                self.conn.held = shared.dispatcher.take_frames(self.conn.id, &mut self.conn.out);
             }
             _ = tick(&mut self.beat) => response(&mut self.conn.out, HEARTBEAT),
             () = sleep_until(deadline) => {

@@ -20,6 +20,9 @@
 //! - `identify`: IDENTIFY's checks and JSON answer.
 //! - `dispatch`: who gets which message; FIN/REQ/TOUCH, timeouts and disconnections routed
 //!   back to the waiting handler call.
+//! - `answers`: a handler call's results, filled in as consumers answer, and the future it
+//!   awaits, woken once per call.
+//! - `flights`: the messages in flight by the IDs this endpoint gave them.
 //! - `auth`: the shared AUTH secret, compared in constant time.
 //! - `http`: `/ping`, `/lookup` as nsqlookupd answers it, and `/stats` as nsqd's.
 //! - `metrics`: the endpoint's figures on the sidecar's `/metrics` page.
@@ -29,13 +32,20 @@
 //! a consumer that disconnects or times out has its messages handed back at once, not after
 //! their timeout; after CLS a consumer gets no more messages but may still answer those it
 //! holds (as go-nsq does when it stops), and whatever it still holds when it disconnects is
-//! handed back.
+//! handed back; a consumer holding many messages has its answers read at most every
+//! millisecond, many at once (`connection`).
+//!
+//! What serving a message costs the sidecar is kept per burst, not per message: the call is
+//! woken once, a consumer's run of answers settled under one lock, the frames written from
+//! a buffer each connection reuses (see docs/benchmarks.md).
 
+mod answers;
 mod auth;
 mod command;
 mod config;
 mod connection;
 mod dispatch;
+mod flights;
 mod http;
 mod identify;
 mod listener;
@@ -56,7 +66,7 @@ pub use config::{
 };
 pub use dispatch::{ConsumerInfo, ConsumerStats, DispatchStats, ServeCounters};
 
-use crate::sink::{Delivery, Handler, HandlerError};
+use super::{Delivery, Handler, HandlerError};
 use dispatch::Dispatcher;
 
 /// Why the serve endpoint cannot start.
@@ -231,13 +241,6 @@ impl ServeSink {
             .heartbeat_timeouts
             .load(std::sync::atomic::Ordering::Relaxed)
     }
-
-    async fn deliver(&self, delivery: Delivery) -> Result<(), HandlerError> {
-        match self.shared.dispatcher.submit(delivery).await {
-            Ok(result) => result,
-            Err(_) => Err(HandlerError::Retry("the serve endpoint stopped".into())),
-        }
-    }
 }
 
 /// Hands back messages whose consumer did not answer in time, every `scan_interval`.
@@ -258,27 +261,21 @@ impl Handler for ServeSink {
         let timestamp_ns = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
-        self.deliver(Delivery {
+        let delivery = Delivery {
             body,
             attempts: 1,
             timestamp_ns,
-        })
-        .await
+        };
+        let mut results = self.shared.dispatcher.submit_many(vec![delivery]).await;
+        results
+            .pop()
+            .unwrap_or_else(|| Err(HandlerError::Retry("the record got no answer".into())))
     }
 
-    /// A burst's records queued for consumers under one lock; each resolves on its own
-    /// consumer's answer, and the call returns once every one has.
+    /// A burst's records queued for consumers under one lock; each is answered by its own
+    /// consumer, and the call is woken once, when the last one is.
     async fn handle_deliveries(&self, deliveries: Vec<Delivery>) -> Vec<Result<(), HandlerError>> {
-        let answers = self.shared.dispatcher.submit_many(deliveries);
-        let mut results = Vec::with_capacity(answers.len());
-        for answer in answers {
-            results.push(
-                answer.await.unwrap_or_else(|_| {
-                    Err(HandlerError::Retry("the serve endpoint stopped".into()))
-                }),
-            );
-        }
-        results
+        self.shared.dispatcher.submit_many(deliveries).await
     }
 
     /// A burst is handed over in one call: one keep-alive, one settle and one answer per

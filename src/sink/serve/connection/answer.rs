@@ -1,20 +1,31 @@
 //! Answers one consumer command as nsqd's `protocol_v2.go` does: which commands each state
 //! takes, then a function per command. The connection's loop does the I/O; here a command
 //! changes the connection's state, tells the dispatcher, and queues its response frame.
+//!
+//! FIN, REQ and TOUCH are kept until the run of them ends (another command, or the end of
+//! what was read) and then settled together ([`Connection::settle_pending`]): one lock of
+//! the dispatcher for the run, and each refusal still written in its place, before anything
+//! a later command answers.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 
 use super::{response, Connection, Next, Phase};
-use crate::nsq::frame::MessageId;
-use crate::serve::command::{ClientCommand, ErrorFrame};
-use crate::serve::config::DEFAULT_MAX_COMMANDS_BEFORE_SUB;
-use crate::serve::identify::identify;
+use crate::sink::serve::command::{ClientCommand, ErrorFrame};
+use crate::sink::serve::config::DEFAULT_MAX_COMMANDS_BEFORE_SUB;
+use crate::sink::serve::dispatch::Settle;
+use crate::sink::serve::identify::identify;
 
 impl Connection {
     /// Answers one command, as nsqd's `protocol_v2.go` `Exec` does.
     pub(super) fn answer(&mut self, command: ClientCommand) -> Result<Next, ErrorFrame> {
+        if !matches!(
+            command,
+            ClientCommand::Fin(_) | ClientCommand::Req(..) | ClientCommand::Touch(_)
+        ) {
+            self.settle_pending();
+        }
         let name = command_name(&command);
         self.admit(&command, name)?;
         if !self.in_state(&command, name)? {
@@ -25,9 +36,13 @@ impl Connection {
             ClientCommand::Auth(secret) => self.auth(&secret)?,
             ClientCommand::Sub { topic, channel } => self.sub(&topic, &channel)?,
             ClientCommand::Rdy(count) => self.rdy(count)?,
-            ClientCommand::Fin(id) => self.fin(id)?,
-            ClientCommand::Req(id, delay_ms) => self.req(id, delay_ms)?,
-            ClientCommand::Touch(id) => self.touch(id)?,
+            ClientCommand::Fin(id) => self.pending.push(Settle::Finish(id)),
+            ClientCommand::Req(id, delay_ms) => {
+                // A REQ's delay is at most the endpoint's longest.
+                let delay = Duration::from_millis(delay_ms).min(self.shared.config.max_req_timeout);
+                self.pending.push(Settle::Requeue(id, delay));
+            }
+            ClientCommand::Touch(id) => self.pending.push(Settle::Touch(id)),
             ClientCommand::Nop => {}
             ClientCommand::Cls => self.cls(),
             ClientCommand::Publish(name) => return Err(self.refuse_publish(name)),
@@ -170,7 +185,7 @@ impl Connection {
             self.id,
             self.info.clone(),
             self.msg_timeout,
-            self.frames.clone(),
+            self.wake.clone(),
         );
         response(&mut self.out, b"OK");
         Ok(())
@@ -185,34 +200,46 @@ impl Connection {
                 format_args!("RDY count {count} out of range 0-{max}"),
             ));
         }
-        self.shared.dispatcher.set_rdy(self.id, count);
+        self.held = self
+            .shared
+            .dispatcher
+            .set_rdy(self.id, count, &mut self.out);
         Ok(())
     }
 
-    /// FIN: a message the consumer holds is done.
-    fn fin(&mut self, id: MessageId) -> Result<(), ErrorFrame> {
-        self.shared.dispatcher.finish(self.id, id).map_err(|why| {
-            ErrorFrame::non_fatal("E_FIN_FAILED", format_args!("FIN {id} failed {why}"))
-        })
-    }
-
-    /// REQ: a message the consumer holds goes back, after a delay of at most the endpoint's
-    /// longest.
-    fn req(&mut self, id: MessageId, delay_ms: u64) -> Result<(), ErrorFrame> {
-        let delay = Duration::from_millis(delay_ms).min(self.shared.config.max_req_timeout);
-        self.shared
-            .dispatcher
-            .requeue(self.id, id, delay)
-            .map_err(|why| {
-                ErrorFrame::non_fatal("E_REQ_FAILED", format_args!("REQ {id} failed {why}"))
-            })
-    }
-
-    /// TOUCH: a message the consumer holds gets its timeout again.
-    fn touch(&mut self, id: MessageId) -> Result<(), ErrorFrame> {
-        self.shared.dispatcher.touch(self.id, id).map_err(|why| {
-            ErrorFrame::non_fatal("E_TOUCH_FAILED", format_args!("TOUCH {id} failed {why}"))
-        })
+    /// Settles the FINs (a message the consumer holds is done), REQs (it goes back) and
+    /// TOUCHes (it gets its timeout again) kept so far, in order; each one refused gets its
+    /// non-fatal error frame, as nsqd answers it.
+    pub(super) fn settle_pending(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let mut refused = Vec::new();
+        self.held =
+            self.shared
+                .dispatcher
+                .settle(self.id, &self.pending, &mut self.out, &mut refused);
+        if refused.is_empty() {
+            self.pending.clear();
+            return;
+        }
+        for (index, why) in refused {
+            let error = match self.pending[index] {
+                Settle::Finish(id) => {
+                    ErrorFrame::non_fatal("E_FIN_FAILED", format_args!("FIN {id} failed {why}"))
+                }
+                Settle::Requeue(id, _) => {
+                    ErrorFrame::non_fatal("E_REQ_FAILED", format_args!("REQ {id} failed {why}"))
+                }
+                Settle::Touch(id) => {
+                    ErrorFrame::non_fatal("E_TOUCH_FAILED", format_args!("TOUCH {id} failed {why}"))
+                }
+            };
+            self.refuse(&error);
+        }
+        self.pending.clear();
+        // The frames the run made room for follow its refusals.
+        self.held = self.shared.dispatcher.take_frames(self.id, &mut self.out);
     }
 
     /// CLS: no more messages; what the consumer holds may still be answered.

@@ -7,11 +7,11 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::path::Path;
 
-use super::service::resolve;
-use super::setting::Section as _;
-use super::sink::RawSink;
-use super::{invalid, quote, ConfigError, Wording};
-use crate::serve::{ServeConfig, ServeError, ServeSecret, ServeTls, DEFAULT_HTTP_ADDRESS};
+use super::RawSink;
+use crate::config::service::resolve;
+use crate::config::setting::Section as _;
+use crate::config::{invalid, quote, ConfigError, Wording};
+use crate::sink::serve::{ServeConfig, ServeError, ServeSecret, ServeTls, DEFAULT_HTTP_ADDRESS};
 
 /// The serve sink's settings, serving the consumed `topic` and `channel`.
 ///
@@ -173,7 +173,7 @@ mod tests {
     use std::time::Duration;
 
     use crate::config::{Settings, SinkSettings};
-    use crate::serve::{
+    use crate::sink::serve::{
         ServeConfig, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HTTP_ADDRESS, DEFAULT_MAX_CONNECTIONS,
         DEFAULT_MAX_MSG_TIMEOUT, DEFAULT_MAX_RDY_COUNT, DEFAULT_MSG_TIMEOUT, DEFAULT_TCP_ADDRESS,
     };
