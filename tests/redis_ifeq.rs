@@ -67,7 +67,8 @@ async fn a_store_finds_ifeq_on_valkey_8_1_and_not_on_redis_7_0() {
 /// A burst of claims of sets that hold nothing, then their commits: per set one `SET … NX
 /// GET` that creates it, and one `SET … IFEQ` of the commit on the value the claim wrote (no
 /// read); digests of a set already in the burst are decided on its value and written once.
-/// No script runs, no error. Another owner then finds each digest a duplicate.
+/// Claimed again, each is a duplicate at the cost of a read of its set. No script runs, no
+/// error. Another owner then finds each digest a duplicate too.
 #[tokio::test]
 async fn on_valkey_a_burst_is_plain_commands_and_no_script_run() {
     let server = valkey();
@@ -101,6 +102,18 @@ async fn on_valkey_a_burst_is_plain_commands_and_no_script_run() {
     assert_eq!(calls.get("set"), Some(&100), "one write a set: {calls:?}");
     assert_eq!(calls.get("get"), None, "no read: {calls:?}");
     assert!(!calls.contains_key("evalsha"), "{calls:?}");
+    // Claimed again: a read of each set. First as `SET … NX GET`, which writes nothing where
+    // the set exists (the store learns that the table no longer fills), then as `GET`.
+    for read in ["set", "get"] {
+        server.cli(&["config", "resetstat"]);
+        assert_eq!(
+            claimed(store.claim_many(&burst).await).unwrap(),
+            vec![Claim::Duplicate; burst.len()]
+        );
+        let calls = command_calls(&server);
+        assert_eq!(calls.get(read), Some(&100), "one read a set: {calls:?}");
+        assert_eq!(calls.len(), 2, "nothing else: {calls:?}");
+    }
     let other = RedisStore::connect(config(&server.url(), &namespace), geometry)
         .await
         .unwrap();
@@ -243,6 +256,51 @@ async fn sets_written_with_ifeq_are_the_bytes_the_script_writes() {
         "both sets full: {:?}",
         values[0]
     );
+}
+
+/// An expiry an operator gave the store's keys outlives the store's writes on both paths: a
+/// commit decided on the value its claim wrote and a claim of a set that exists (each a `SET
+/// … IFEQ`), and the script's commit and its claim that appends an entry to a set (Valkey
+/// with the script forced, and Redis 7.0).
+#[tokio::test]
+async fn writes_keep_an_expiry_the_keys_were_given() {
+    let geometry = Geometry::new(64, 2).unwrap();
+    for (flavor, script) in [
+        (Flavor::Valkey, false),
+        (Flavor::Valkey, true),
+        (Flavor::Redis, true),
+    ] {
+        let server = RedisServer::of(flavor, &[]);
+        let store = RedisStore::connect(
+            config(&server.url(), &unique_namespace("keepttl")),
+            geometry,
+        )
+        .await
+        .unwrap();
+        if script {
+            store.force_script();
+        }
+        let burst = distinct_sets(&store, 8);
+        claimed(store.claim_many(&burst).await).unwrap();
+        let keys: Vec<String> = burst.iter().map(|d| store.set_key(*d)).collect();
+        for key in &keys {
+            assert_eq!(server.cli(&["expire", key, "3600"]).trim(), "1", "{key}");
+        }
+        store.commit_many(&burst).await;
+        let others: Vec<Digest> = (1_000..)
+            .map(digest)
+            .filter(|d| keys.contains(&store.set_key(*d)))
+            .take(8)
+            .collect();
+        claimed(store.claim_many(&others).await).unwrap();
+        for key in &keys {
+            let ttl: i64 = server.cli(&["ttl", key]).trim().parse().unwrap();
+            assert!(
+                (3_000..=3_600).contains(&ttl),
+                "{flavor:?}, script {script}: {key} has TTL {ttl}"
+            );
+        }
+    }
 }
 
 /// The raw value of `key`, read with a client of its own (empty when there is none).

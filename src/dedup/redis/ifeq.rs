@@ -9,13 +9,18 @@
 //! a set that held nothing and is then decided), the store decides each set's operations in
 //! their order as the script would (`value`: the same bytes), and one pipeline writes each set
 //! that changed: `SET key new IFEQ old`, where `old` is the value it was decided on, or `SET
-//! key new NX` where the key held nothing. A write whose compare fails (another client changed
-//! the set since) writes nothing: the set is read again and decided again, at most
-//! [`MAX_ROUNDS`] times, and then left to the script, which always decides. The value this
-//! store wrote last is kept for up to [`KNOWN_SETS`] sets (all forgotten when full, or on a
-//! connection error), so the commit after its own claim, or any operation on a set it wrote
-//! last, is one conditional write with no read; a decision on a kept value that writes nothing
-//! (a duplicate, say) is not checked by any write, so it is made again on a fresh read.
+//! key new NX` where the key held nothing (`KEEPTTL`: a write keeps whatever expiry a key has,
+//! as the script's `SETRANGE` does). A write whose compare fails (another client changed the
+//! set since) writes nothing: the set is read again and decided again, at most [`MAX_ROUNDS`]
+//! times, and then left to the script, which always decides. The value this store wrote last
+//! is kept for up to [`KNOWN_SETS`] sets (all forgotten when full, or on a connection error),
+//! so the commit after its own claim (an erase, a renew) is one conditional write with no
+//! read; a decision on a kept value that writes nothing is not checked by any write, so it is
+//! made again on a fresh read. A claim always reads its set: in a fleet, the set a claim meets
+//! was most often written last by another consumer, and a kept value out of date costs a
+//! write that fails and then the read anyway, more than the read alone (and a copy, found in
+//! flight or done, writes nothing, so it needs the read too). Measured in
+//! `docs/benchmarks.md`, "Valkey 8.1: claims and commits with `SET … IFEQ`".
 //!
 //! Why it is as safe as the script: a value holds the whole state of its set (every entry, its
 //! owner and times, the cursor), and every decision is a function of that value, the time and
@@ -61,14 +66,16 @@ use crate::fold_hash::IdHasher;
 const MAX_ROUNDS: usize = 4;
 
 /// The most sets whose last written value a store keeps (up to 275 bytes each at 8 ways).
-pub(super) const KNOWN_SETS: usize = 16_384;
+const KNOWN_SETS: usize = 16_384;
 
 /// How long after a probe that got no answer the next one may be tried.
 const PROBE_PAUSE_MS: u64 = 1_000;
 
 /// The answer of a probe not yet made, or that got no answer.
 const UNKNOWN: u8 = 0;
+/// Every master has `IFEQ`.
 const SUPPORTED: u8 = 1;
+/// A master has not.
 const REFUSED: u8 = 2;
 
 /// What a store knows of this path: whether its servers have `IFEQ`, and the sets it wrote.

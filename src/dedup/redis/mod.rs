@@ -20,6 +20,13 @@
 //! the entry written names only its own digest, delivered, so a claim that takes the slot in
 //! between is forgotten (a possible duplicate), never made one.
 //!
+//! On a server with its own compare-and-set, `SET key new IFEQ old` (Valkey 8.1 or later),
+//! none of that runs: the store reads the sets of a burst it does not keep, decides every
+//! operation itself as the script would (`value`: the same bytes, so clients of both paths
+//! share one table) and writes each set that changed whole, only if it still holds the value
+//! decided on (`ifeq`). Whether the servers have it is found when the store connects
+//! ([`RedisStore::uses_ifeq`]), never configured; Redis 7.0 and Valkey 8.0 keep the script.
+//!
 //! # Atomicity
 //!
 //! Each claim, erase and renew (and a commit without a hint, or whose entry the commit's
@@ -32,7 +39,10 @@
 //! key holds nothing: one call instead of a read and a write. A run that fails (a key that is
 //! not a set, say) deletes the sets it so created before it answers, so it writes nothing. The
 //! script is loaded on every node when the store connects, and loaded again by the client when
-//! a node answers `NOSCRIPT` (a restarted server, a promoted replica that missed it).
+//! a node answers `NOSCRIPT` (a restarted server, a promoted replica that missed it). With
+//! `IFEQ`, each set's decision takes effect with its conditional write, which the server makes
+//! only where the key holds the very value decided on; a write that finds the set changed
+//! writes nothing, and the set is read and decided again (see `ifeq`).
 //!
 //! # Round trips
 //!
@@ -47,8 +57,9 @@
 //! `ASK`. So a burst costs each master one script run, as on a standalone server, not one per
 //! digest. While the table fills, a burst of claims is first one pipeline of `SET … NX GET`
 //! per master (`create`), and only the claims of sets that exist go to a script run; a burst
-//! of commits is, per master, a pipeline of reads and then one of writes (`commit`).
-//! Connections are multiplexed (see `conn`):
+//! of commits is, per master, a pipeline of reads and then one of writes (`commit`). With
+//! `IFEQ`, a burst is per master one pipeline of reads (none for the sets this store wrote
+//! last) and one of conditional writes. Connections are multiplexed (see `conn`):
 //! concurrent runs are written together while earlier ones are on the wire, and their answers
 //! read back in order, a pipeline per node without a queue of our own.
 //!
@@ -73,8 +84,10 @@
 //! # Memory
 //!
 //! The sets have no expiry (the fleet's counters do): give Redis `maxmemory` with
-//! `maxmemory-policy allkeys-lru` to let it remove the sets of namespaces nobody uses. `nsq-dedupe size` reports the bytes per set
-//! that `MEMORY USAGE` measures on a full set.
+//! `maxmemory-policy allkeys-lru` to let it remove the sets of namespaces nobody uses. An
+//! expiry an operator gives a set's key is kept by every write of either path (`SETRANGE`,
+//! and `SET … KEEPTTL` where a whole set is written). `nsq-dedupe size` reports the bytes per
+//! set that `MEMORY USAGE` measures on a full set.
 
 mod commit;
 mod config;

@@ -105,9 +105,9 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Gives each pending set the value this store wrote last, in the first round and if it
-    /// kept it; the others are to read (with the set a claim's `SET … NX GET` creates, while
-    /// the table fills).
+    /// Gives each pending set of a commit, an erase or a renew the value this store wrote
+    /// last, in the first round and if it kept it; the others are to read (with the set a
+    /// claim's `SET … NX GET` creates, while the table fills).
     fn kept_or_read(
         &self,
         (op, run): (Op, &[Digest]),
@@ -122,7 +122,12 @@ impl RedisStore {
         let mut known = (round == 0).then(|| inner.ifeq.known());
         for &s in pending.iter() {
             let work = &mut sets[s];
-            if let Some(kept) = known.as_mut().and_then(|known| known.remove(&work.set)) {
+            // A claim reads its set (see the module docs).
+            let kept = known
+                .as_mut()
+                .filter(|_| !claiming)
+                .and_then(|known| known.remove(&work.set));
+            if let Some(kept) = kept {
                 work.read = Some(kept);
                 work.kept = true;
                 continue;
@@ -182,10 +187,10 @@ impl RedisStore {
         writes
     }
 
-    /// Writes each planned set, one pipeline to the run's node: `SET key new IFEQ old`, or
-    /// `SET key new NX` where the key held nothing. A write that succeeded makes its answers
-    /// true and its value kept; one whose compare failed puts its set back in `pending`, to be
-    /// read again.
+    /// Writes each planned set, one pipeline to the run's node: `SET key new IFEQ old
+    /// KEEPTTL`, or `SET key new NX` where the key held nothing. A write that succeeded makes
+    /// its answers true and its value kept; one whose compare failed puts its set back in
+    /// `pending`, to be read and decided again.
     ///
     /// # Errors
     ///
@@ -202,19 +207,7 @@ impl RedisStore {
             return Ok(());
         };
         let slot = key_slot(sets[first.set].key.as_bytes());
-        let mut pipe = redis::Pipeline::with_capacity(writes.len());
-        for write in &writes {
-            let work = &sets[write.set];
-            let key = work.key.as_str();
-            let bytes = key.len() + 2 * (write.value.len() + ENTRY_BYTES);
-            let mut cmd = command("SET", 5, bytes);
-            cmd.arg(key).arg(&write.value[..]);
-            match &work.read {
-                Some(old) => cmd.arg("IFEQ").arg(&old[..]),
-                None => cmd.arg("NX"),
-            };
-            pipe.add_command(cmd);
-        }
+        let pipe = write_commands(sets, &writes);
         let replies = match inner
             .link
             .pipeline(slot, &pipe, writes.len(), deadline)
@@ -249,18 +242,23 @@ impl RedisStore {
                     inner.ifeq.conflicts.fetch_add(1, Ordering::Relaxed);
                     pending.push(write.set);
                 }
-                ref reply if is_syntax_error(reply) => {
-                    // A server without IFEQ after all (a failover to an older replica).
-                    inner.ifeq.support.store(REFUSED, Ordering::Relaxed);
-                    work.to_script = true;
-                }
                 reply => {
-                    self.note_refused(&reply);
+                    self.write_refused(&reply);
                     work.to_script = true;
                 }
             }
         }
         Ok(())
+    }
+
+    /// What a write's error reply means: a syntax error is a server without `IFEQ` after
+    /// all (a failover to a replica of an older version), which turns the path off.
+    fn write_refused(&self, reply: &Value) {
+        if is_syntax_error(reply) {
+            self.inner.ifeq.support.store(REFUSED, Ordering::Relaxed);
+        } else {
+            self.note_refused(reply);
+        }
     }
 
     /// Learns from a command's error reply: a slot that moved (`MOVED`) has the slot map
@@ -320,6 +318,28 @@ fn read_commands(sets: &[SetWork], reads: &[Read]) -> redis::Pipeline {
                 cmd
             }
         };
+        pipe.add_command(cmd);
+    }
+    pipe
+}
+
+/// The write of each of `writes` (see [`RedisStore::write_sets`]).
+fn write_commands(sets: &[SetWork], writes: &[Planned]) -> redis::Pipeline {
+    let mut pipe = redis::Pipeline::with_capacity(writes.len());
+    for write in writes {
+        let work = &sets[write.set];
+        let key = work.key.as_str();
+        let bytes = key.len() + 2 * (write.value.len() + ENTRY_BYTES);
+        let mut cmd = command("SET", 7, bytes);
+        cmd.arg(key).arg(&write.value[..]);
+        match &work.read {
+            Some(old) => {
+                cmd.arg("IFEQ").arg(&old[..]).arg("KEEPTTL");
+            }
+            None => {
+                cmd.arg("NX");
+            }
+        }
         pipe.add_command(cmd);
     }
     pipe
