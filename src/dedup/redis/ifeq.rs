@@ -19,7 +19,7 @@
 //! made again on a fresh read. A claim always reads its set: in a fleet, the set a claim meets
 //! was most often written last by another consumer, and a kept value out of date costs a
 //! write that fails and then the read anyway, more than the read alone (and a copy, found in
-//! flight or done, writes nothing, so it needs the read too). Measured in
+//! flight or done, writes nothing, so it needs the read too). The path's costs are in
 //! `docs/benchmarks.md`, "Valkey 8.1: claims and commits with `SET … IFEQ`".
 //!
 //! Why it is as safe as the script: a value holds the whole state of its set (every entry, its
