@@ -1258,13 +1258,15 @@ async fn two_sidecars_deliver_each_payload_once(
     let b = Broker::start(BrokerConfig::default()).await;
     let mut order: Vec<usize> = (0..n).collect();
     order.shuffle(&mut StdRng::seed_from_u64(7));
-    a.publish_many(TOPIC, (0..n).map(payload));
-    b.publish_many(TOPIC, order.iter().map(|&i| payload(i)));
     let brokers = [a.tcp_addr(), b.tcp_addr()];
     let recorder = Recorder::default();
     let settings = || sidecar_settings(&brokers, &server.url(), namespace, buckets);
     let first = Running::start(settings(), recorder.clone()).await;
     let second = Running::start(settings(), recorder.clone()).await;
+    // Published once both consume, so that the first cannot take the whole stream before the
+    // second connects (it did on a loaded machine with 300 payloads).
+    a.publish_many(TOPIC, (0..n).map(payload));
+    b.publish_many(TOPIC, order.iter().map(|&i| payload(i)));
     wait_until_or(
         "every payload delivered and both brokers drained",
         Duration::from_secs(60),
