@@ -1230,20 +1230,22 @@ async fn two_sidecars_sharing_a_full_table_on(flavor: Flavor) {
     // 300 payloads in 512 sets: none is pushed out before its copy comes.
     two_sidecars_deliver_each_payload_once(&server, &namespace, BUCKETS, 300).await;
     let calls = command_calls(&server);
-    // The script writes what changes; `SET … IFEQ` the whole set, and no script runs.
-    let (writes, script) = match flavor {
-        Flavor::Redis => ("setrange", true),
-        Flavor::Valkey => ("set", false),
+    // The script writes what changes; `SET … IFEQ` the whole set, and the script runs only for
+    // a set whose compare failed four rounds in a row while both sidecars wrote it.
+    let writes = match flavor {
+        Flavor::Redis => "setrange",
+        Flavor::Valkey => "set",
     };
+    let writes = calls.get(writes).copied().unwrap_or(0);
     assert!(
-        calls.get(writes).is_some_and(|&writes| writes >= 300),
+        writes >= 300,
         "{flavor:?}: claims replaced entries of full sets: {calls:?}"
     );
-    assert_eq!(
-        calls.contains_key("evalsha"),
-        script,
-        "{flavor:?}: {calls:?}"
-    );
+    let scripts = calls.get("evalsha").copied().unwrap_or(0);
+    match flavor {
+        Flavor::Redis => assert!(scripts > 0, "{calls:?}"),
+        Flavor::Valkey => assert!(scripts * 20 < writes, "few script runs: {calls:?}"),
+    }
 }
 
 /// Two sidecars on `namespace` of a table of `buckets`, each reading two brokers that hold
@@ -1263,8 +1265,22 @@ async fn two_sidecars_deliver_each_payload_once(
     let settings = || sidecar_settings(&brokers, &server.url(), namespace, buckets);
     let first = Running::start(settings(), recorder.clone()).await;
     let second = Running::start(settings(), recorder.clone()).await;
-    // Published once both consume, so that the first cannot take the whole stream before the
-    // second connects (it did on a loaded machine with 300 payloads).
+    // Published once both are ready on both brokers, so that the first cannot take the whole
+    // stream before the second connects (it did on a loaded machine with 300 payloads).
+    let ready = |broker: &Broker| {
+        broker
+            .clients()
+            .iter()
+            .filter(|c| c.subscription.is_some() && c.rdy > 0)
+            .count()
+    };
+    wait_until_or(
+        "both sidecars ready on both brokers",
+        Duration::from_secs(30),
+        || ready(&a) == 2 && ready(&b) == 2,
+        || format!("ready: {}, {}", ready(&a), ready(&b)),
+    )
+    .await;
     a.publish_many(TOPIC, (0..n).map(payload));
     b.publish_many(TOPIC, order.iter().map(|&i| payload(i)));
     wait_until_or(
