@@ -65,7 +65,7 @@ mod decimal;
 pub mod dedup;
 pub mod error;
 pub mod filter;
-#[cfg(any(feature = "nsq", feature = "memcached"))]
+#[cfg(any(feature = "nsq", feature = "memcached", feature = "redis"))]
 mod fold_hash;
 #[cfg(feature = "nsq")]
 pub mod http;

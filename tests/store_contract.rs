@@ -93,8 +93,9 @@ pub struct Spec {
     pub max_age: Option<Duration>,
     /// The length of a bucket of the fleet's counters.
     pub fleet_interval: Option<Duration>,
-    /// The store's other way of sending single operations, where it has one (Memcached:
-    /// coalescing off, each operation on its own connection).
+    /// The store's other path, where it has one (Memcached: coalescing off, each single
+    /// operation on its own connection; Redis on a server with `SET … IFEQ`: the set script,
+    /// as a client of an earlier version decides).
     pub single_path: bool,
 }
 
