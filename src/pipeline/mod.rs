@@ -60,6 +60,7 @@ mod decide;
 mod deferred;
 mod deliver;
 mod failure_log;
+mod handed;
 mod held;
 mod policy;
 mod settle;
