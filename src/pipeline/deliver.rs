@@ -77,7 +77,9 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
         let parts =
             std::panic::AssertUnwindSafe(inner.handler.handle_in_parts(deliveries.collect()))
                 .catch_unwind();
-        tokio::pin!(parts);
+        // Boxed: it lives beside each part's settling, and both inline would make every
+        // burst's task larger than a box costs (`size_tests`).
+        let mut parts = Box::pin(parts);
         let mut outcomes = Vec::with_capacity(handed.left());
         // The copies held beside records that were not delivered, decided again meanwhile.
         let mut again = FuturesUnordered::new();
@@ -204,6 +206,24 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             ticker
         });
+        // Boxed: the path of handlers that take their time, whose future would otherwise
+        // enlarge every burst's task.
+        Box::pin(self.keep_handling(parts, handed, ticker, again)).await
+    }
+
+    /// Waits for the handler's next part, keeping the unanswered records alive every tick of
+    /// `ticker`, while the copies decided `again` go on; abandoned at shutdown.
+    async fn keep_handling<P, A>(
+        &self,
+        mut parts: Pin<&mut P>,
+        handed: &Handed<'_>,
+        ticker: &mut tokio::time::Interval,
+        again: &mut FuturesUnordered<A>,
+    ) -> Next
+    where
+        P: Stream<Item = Caught>,
+        A: std::future::Future<Output = Vec<Outcome>>,
+    {
         loop {
             tokio::select! {
                 biased;
