@@ -177,7 +177,9 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
 
     /// Waits for the handler's next part. A handler that did not answer at once gets its
     /// unanswered records' messages TOUCHed and claims renewed every `keepalive` from then on
-    /// (`ticker`), while the copies decided `again` go on.
+    /// (`ticker`), while the copies decided `again` go on. A part that is ready (a handler
+    /// that answers at once, or parts that came while the last one was settled) is taken
+    /// without arming a timer.
     async fn next_part<P, A>(
         &self,
         mut parts: Pin<&mut P>,
@@ -189,15 +191,12 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
         P: Stream<Item = Caught>,
         A: std::future::Future<Output = Vec<Outcome>>,
     {
-        if ticker.is_none() {
-            // Most handlers (stdout to a fast reader, null, in-memory work) answer on their
-            // first poll or soon: only arm the keep-alive timer for those that do not.
-            let first =
-                std::future::poll_fn(|cx| std::task::Poll::Ready(parts.as_mut().poll_next(cx)))
-                    .await;
-            if let std::task::Poll::Ready(item) = first {
-                return Next::from(item);
-            }
+        // Most handlers (stdout to a fast reader, null, in-memory work) answer on their first
+        // poll or soon: only arm the keep-alive timer for those that do not.
+        let first =
+            std::future::poll_fn(|cx| std::task::Poll::Ready(parts.as_mut().poll_next(cx))).await;
+        if let std::task::Poll::Ready(item) = first {
+            return Next::from(item);
         }
         let keepalive = self.inner.policy.keepalive;
         let ticker = ticker.get_or_insert_with(|| {
