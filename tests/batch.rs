@@ -587,14 +587,17 @@ impl Handler for InParts {
     }
 }
 
-/// A record the handler answers early is settled and finished upstream at once, while the
-/// record it still holds stays in flight and is the only one kept alive.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_record_answered_early_is_finished_while_the_rest_of_its_burst_is_held() {
-    let broker = Broker::start(BrokerConfig::default()).await;
-    let sent = bodies(&["a", "b"]);
-    broker.publish_many(TOPIC, sent.clone());
-    let mut consumer = consumer(&broker);
+/// Hands a burst of "a" and "b" to an [`InParts`] handler that keeps alive every 200 ms, and
+/// waits until "a" is finished upstream; the handler, the pipeline and the burst's task.
+async fn answer_a_hold_b(
+    broker: &Broker,
+    consumer: &mut Consumer,
+    sent: &[Bytes],
+) -> (
+    InParts,
+    Dedupe<Table, InParts>,
+    tokio::task::JoinHandle<Vec<Outcome>>,
+) {
     let sink = InParts::default();
     let dedupe = Dedupe::new(
         Table::with_slots(1024, 8).unwrap(),
@@ -607,7 +610,7 @@ async fn a_record_answered_early_is_finished_while_the_rest_of_its_burst_is_held
         None,
         Arc::new(Metrics::default()),
     );
-    let burst = take(&mut consumer, 2).await;
+    let burst = take(consumer, 2).await;
     let handling = tokio::spawn({
         let dedupe = dedupe.clone();
         async move { dedupe.process_batch(burst).await }
@@ -615,10 +618,22 @@ async fn a_record_answered_early_is_finished_while_the_rest_of_its_burst_is_held
     crate::util::wait_until_or(
         "\"a\" finished upstream",
         Duration::from_secs(10),
-        || records_of(&broker, &sent)[0].fin_ok == 1,
-        || format!("{:?}", records_of(&broker, &sent)),
+        || records_of(broker, sent)[0].fin_ok == 1,
+        || format!("{:?}", records_of(broker, sent)),
     )
     .await;
+    (sink, dedupe, handling)
+}
+
+/// A record the handler answers early is settled and finished upstream at once, while the
+/// record it still holds stays in flight and is the only one kept alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_answered_early_is_finished_while_the_rest_of_its_burst_is_held() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let sent = bodies(&["a", "b"]);
+    broker.publish_many(TOPIC, sent.clone());
+    let mut consumer = consumer(&broker);
+    let (sink, dedupe, handling) = answer_a_hold_b(&broker, &mut consumer, &sent).await;
     // Held past two keep-alives: only "b" is TOUCHed.
     tokio::time::sleep(Duration::from_millis(600)).await;
     let [a, b] = <[MsgRecord; 2]>::try_from(records_of(&broker, &sent)).unwrap();
@@ -640,6 +655,42 @@ async fn a_record_answered_early_is_finished_while_the_rest_of_its_burst_is_held
             "{record:?}"
         );
     }
+    assert_eq!(dedupe.handling(), 0);
+    consumer.shutdown(Duration::from_secs(1)).await;
+}
+
+/// Abandoned at shutdown, a burst requeues only the records the handler had not answered, and
+/// erases only their claims: the record finished before stays finished, and delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_burst_requeues_only_the_records_not_answered_yet() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let sent = bodies(&["a", "b"]);
+    broker.publish_many(TOPIC, sent.clone());
+    let mut consumer = consumer(&broker);
+    let (_sink, dedupe, handling) = answer_a_hold_b(&broker, &mut consumer, &sent).await;
+    dedupe.abandon();
+    let outcomes = tokio::time::timeout(Duration::from_secs(10), handling)
+        .await
+        .expect("an abandoned burst ends")
+        .unwrap();
+    assert_eq!(outcomes, [Outcome::Delivered, Outcome::Requeued]);
+    assert_answers(&broker, &sent, &[(1, 0), (0, 1)]).await;
+    let keyer = Keyer::new("body".parse().unwrap(), Default::default());
+    let claimed = |body: &str| {
+        dedupe
+            .store()
+            .contains(keyer.digest(body.as_bytes()).unwrap())
+    };
+    assert_eq!(
+        (claimed("a"), claimed("b")),
+        (true, false),
+        "\"a\" committed, \"b\"'s claim erased"
+    );
+    assert_eq!(
+        nsq_dedupe::metrics::get(&dedupe.metrics().abandoned),
+        1,
+        "only \"b\" abandoned"
+    );
     assert_eq!(dedupe.handling(), 0);
     consumer.shutdown(Duration::from_secs(1)).await;
 }
