@@ -694,3 +694,48 @@ async fn an_abandoned_burst_requeues_only_the_records_not_answered_yet() {
     assert_eq!(dedupe.handling(), 0);
     consumer.shutdown(Duration::from_secs(1)).await;
 }
+
+/// A handler that answers the second record of its burst twice (`Ok`, then an error), a place
+/// beyond its burst, and never the first record.
+struct Sloppy;
+
+impl Handler for Sloppy {
+    async fn handle(&self, _body: Bytes) -> Result<(), HandlerError> {
+        Ok(())
+    }
+
+    fn handles_batches(&self) -> bool {
+        true
+    }
+
+    fn handle_in_parts(&self, _deliveries: Vec<Delivery>) -> impl Stream<Item = Part> + Send {
+        let twice = vec![(1, Ok(())), (1, Err(HandlerError::Reject("second".into())))];
+        futures::stream::iter([twice, vec![(7, Ok(()))]])
+    }
+}
+
+/// A record's first result counts, a result for a place beyond the burst is ignored, and a
+/// record without a result when the handler's answer ends fails (requeued, not lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_without_a_result_fails_and_a_second_result_is_ignored() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let sent = bodies(&["a", "b"]);
+    broker.publish_many(TOPIC, sent.clone());
+    let mut consumer = consumer(&broker);
+    let dedupe = Dedupe::new(
+        Table::with_slots(1024, 8).unwrap(),
+        Keyer::new("body".parse().unwrap(), Default::default()),
+        Sloppy,
+        policy(),
+        None,
+        Arc::new(Metrics::default()),
+    );
+    let burst = take(&mut consumer, 2).await;
+    assert_eq!(
+        dedupe.process_batch(burst).await,
+        [Outcome::Retried, Outcome::Delivered]
+    );
+    assert_answers(&broker, &sent, &[(0, 1), (1, 0)]).await;
+    assert_eq!(dedupe.handling(), 0);
+    consumer.shutdown(Duration::from_secs(1)).await;
+}
