@@ -151,9 +151,11 @@ pub trait Handler: Send + Sync + 'static {
         }))
     }
 
-    /// Takes the records of a burst with their messages' attempts and timestamps; what the
-    /// pipeline calls. Only a handler that passes messages on as NSQ messages (the serve
-    /// sink) needs more than the bodies.
+    /// Takes the records of a burst with their messages' attempts and timestamps, and answers
+    /// them all at once; what the pipeline calls through
+    /// [`handle_in_parts`](Handler::handle_in_parts) unless a handler answers in parts. Only
+    /// a handler that passes messages on as NSQ messages (the serve sink) needs more than the
+    /// bodies.
     ///
     /// Defaults to: [`handle_batch`](Handler::handle_batch) of the bodies.
     fn handle_deliveries(
