@@ -88,8 +88,16 @@ fn from_git(manifest_dir: &Path) -> Option<String> {
         watch(&manifest_dir.join(tracked));
     }
     let hash = git(&["rev-parse", &format!("--short={SHORT_HASH}"), "HEAD"])?;
-    let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
-        .is_some_and(|changes| !changes.is_empty());
+    // Without optional locks, `git status` leaves the index as it found it: a refreshed index
+    // would be a change to it, and the next cargo command would run this script and rebuild
+    // the crate again.
+    let dirty = git(&[
+        "--no-optional-locks",
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+    ])
+    .is_some_and(|changes| !changes.is_empty());
     Some(format!("{hash}{}", if dirty { "-dirty" } else { "" }))
 }
 

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use nsq_dedupe::{Digest, Geometry, RedisConfig, RedisStore, Store};
 
-use crate::servers::Server;
+use crate::servers::{Program, Server};
 
 /// Fresh digests: xxh3-128 of a counter.
 struct Digests(AtomicU64);
@@ -63,7 +63,7 @@ where
 }
 
 fn claims(c: &mut Criterion) {
-    let server = match Server::redis() {
+    let server = match Server::redis_program(Program::Redis, false) {
         Ok(server) => server,
         Err(err) => {
             eprintln!("skipping Redis benchmarks: {err}");

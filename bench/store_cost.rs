@@ -19,10 +19,19 @@
 //! Before each case (the full tables before they are filled) the Redis servers are emptied
 //! (`FLUSHALL`), so that every case meets the same keyspace: its own table and nothing else.
 //!
+//! `valkey` runs the Redis cases on Valkey 8.1, twice on one server: the store as it runs
+//! there (claims and commits written with `SET … IFEQ`), then forced through the set script,
+//! each against the naive write measured around it. With `--instructions` the Redis and
+//! Valkey servers run under valgrind's callgrind and the cost is their instructions per
+//! message, which the machine's other load does not move.
+//!
 //! Every answer is checked: each fresh digest must be claimed new and its commit held, each
 //! naive write stored. Run through `bench/store-cost.sh` (see `--help` there), or
 //! `cargo bench --bench store_cost -- [--messages N] [--burst B] [--tasks T]
-//! [--full-slots S] [redis] [memcached]`.
+//! [--full-slots S] [--consumers C] [--instructions] [redis] [redis-cluster] [valkey]
+//! [memcached]`. With `--consumers C`, C stores of one table (C owners, as a fleet's
+//! consumers) take the bursts in turn, so a set is often written last by another than the
+//! one that meets it.
 
 #[path = "servers.rs"]
 mod servers;
@@ -34,7 +43,7 @@ use std::time::Instant;
 use nsq_dedupe::{
     Claim, Digest, Geometry, MemcachedConfig, MemcachedStore, RedisConfig, RedisStore, Store,
 };
-use servers::{RedisCluster, Server};
+use servers::{Program, RedisCluster, Server};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 /// Clock ticks per second of `/proc/<pid>/stat` (Linux's `USER_HZ`).
@@ -55,6 +64,11 @@ struct Settings {
     tasks: u64,
     /// Slots of the table that is filled before it is measured.
     full_slots: u64,
+    /// Instructions under callgrind instead of CPU time (Redis and Valkey only).
+    instructions: bool,
+    /// Stores of one table (each its own owner, as consumers of a fleet are) that take the
+    /// bursts in turn.
+    consumers: u64,
     stores: Vec<String>,
 }
 
@@ -65,6 +79,8 @@ impl Settings {
             burst: 128,
             tasks: 4,
             full_slots: 65_536,
+            instructions: false,
+            consumers: 1,
             stores: Vec::new(),
         };
         let mut args = std::env::args().skip(1);
@@ -84,17 +100,31 @@ impl Settings {
                 "--burst" => settings.burst = number("--burst")?,
                 "--tasks" => settings.tasks = number("--tasks")?,
                 "--full-slots" => settings.full_slots = number("--full-slots")?,
-                "redis" | "redis-cluster" | "memcached" => settings.stores.push(arg),
+                "--instructions" => settings.instructions = true,
+                "--consumers" => settings.consumers = number("--consumers")?,
+                "redis" | "redis-cluster" | "valkey" | "memcached" => settings.stores.push(arg),
                 other => {
                     return Err(format!(
                         "unknown argument {other:?}: give --messages, --burst, --tasks, \
-                         --full-slots, redis, redis-cluster or memcached"
+                         --full-slots, --consumers, --instructions, redis, redis-cluster, valkey \
+                         or memcached"
                     ))
                 }
             }
         }
         if settings.stores.is_empty() {
             settings.stores = vec!["redis".into(), "memcached".into()];
+        }
+        if settings.instructions {
+            if let Some(store) = settings
+                .stores
+                .iter()
+                .find(|s| *s != "redis" && *s != "valkey")
+            {
+                return Err(format!(
+                    "--instructions measures redis and valkey only, not {store}"
+                ));
+            }
         }
         Ok(settings)
     }
@@ -121,7 +151,8 @@ impl Digests {
 trait Measured {
     /// Each process's name, as printed.
     fn names(&self, store: &str) -> Vec<String>;
-    /// Each process's CPU time so far, in clock ticks, in the order of `names`.
+    /// What each process has cost so far, in the order of `names`: its CPU time in clock
+    /// ticks, or (under callgrind) its instructions.
     fn cpu_ticks(&self) -> Vec<u64>;
 }
 
@@ -131,7 +162,11 @@ impl Measured for Server {
     }
 
     fn cpu_ticks(&self) -> Vec<u64> {
-        vec![Server::cpu_ticks(self).expect("the server's CPU time")]
+        if self.under_callgrind() {
+            vec![self.instructions().expect("the server's instructions")]
+        } else {
+            vec![Server::cpu_ticks(self).expect("the server's CPU time")]
+        }
     }
 }
 
@@ -206,12 +241,16 @@ enum Writes {
 async fn ours<S: Store + Clone + Send + Sync + 'static>(
     server: &impl Measured,
     settings: &Settings,
-    (store, writes): (S, Writes),
+    (stores, writes): (Vec<S>, Writes),
     messages: u64,
     digests: Arc<Digests>,
 ) -> (Vec<u64>, f64) {
+    // The consumers take bursts in turn.
+    let turn = Arc::new(AtomicU64::new(0));
     measure(server, settings, messages, digests, move |burst| {
-        let store = store.clone();
+        // Relaxed: only the turns' spread matters.
+        let i = turn.fetch_add(1, Ordering::Relaxed) as usize % stores.len();
+        let store = stores[i].clone();
         async move {
             let claims = match writes {
                 Writes::ClaimCommit => store.claim_many(&burst).await,
@@ -230,28 +269,59 @@ async fn ours<S: Store + Clone + Send + Sync + 'static>(
     .await
 }
 
-/// One printed line: a case's server CPU per message, its ratio to `naive` (µs per message)
-/// and its rate per server core.
-fn report(store: &str, case: &str, messages: u64, (ticks, wall): (u64, f64), naive: Option<f64>) {
-    let micros = micros(ticks, messages);
-    let ratio = naive.map_or("".to_owned(), |naive| format!("{:.2}x", micros / naive));
+/// One printed line: a case's server cost per message (CPU µs, or instructions), its ratio
+/// to `naive` (the same unit) and, for CPU time, its rate per server core.
+fn report(store: &str, case: &str, messages: u64, (cost, wall): (u64, f64), naive: Option<f64>) {
+    let per = per_message(cost, messages);
+    let ratio = naive.map_or("".to_owned(), |naive| format!("{:.2}x", per / naive));
+    let rate = if INSTRUCTIONS.load(Ordering::Relaxed) {
+        "".to_owned()
+    } else {
+        format!("{:.0}", 1e6 / per.max(1e-9))
+    };
     println!(
-        "{store:<10} {case:<14} {messages:>9} {micros:>10.2} {ratio:>7} {:>12.0} {:>10.0}",
-        1e6 / micros.max(1e-9),
+        "{store:<14} {case:<14} {messages:>9} {per:>10.2} {ratio:>7} {rate:>12} {:>10.0}",
         messages as f64 / wall,
     );
 }
 
-/// Server CPU µs per message.
-fn micros(ticks: u64, messages: u64) -> f64 {
-    ticks as f64 / TICKS_PER_SECOND * 1e6 / messages as f64
+/// Whether costs are instructions (`--instructions`), not clock ticks: set once at start.
+static INSTRUCTIONS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Server cost per message: CPU µs, or instructions.
+fn per_message(cost: u64, messages: u64) -> f64 {
+    if INSTRUCTIONS.load(Ordering::Relaxed) {
+        cost as f64 / messages as f64
+    } else {
+        cost as f64 / TICKS_PER_SECOND * 1e6 / messages as f64
+    }
 }
 
-async fn redis_cases(settings: &Settings) -> Result<(), String> {
-    let server = Server::redis()?;
+/// The Redis cases on one server of `program`: on Valkey, with the store as it runs there
+/// (`SET … IFEQ`), then forced through the set script.
+async fn redis_cases(settings: &Settings, program: Program) -> Result<(), String> {
+    let server = Server::redis_program(program, settings.instructions)?;
+    let paths: &[(&str, bool)] = match program {
+        Program::Redis => &[("redis", false)],
+        Program::Valkey => &[("valkey", false), ("valkey-script", true)],
+    };
+    for &(name, script) in paths {
+        redis_server_cases(settings, name, &server, script).await?;
+    }
+    Ok(())
+}
+
+/// The Redis cases on `server`, printed as `name`; with `script`, the store forced through
+/// the set script.
+async fn redis_server_cases(
+    settings: &Settings,
+    name: &str,
+    server: &Server,
+    script: bool,
+) -> Result<(), String> {
     let url = format!("redis://{}", server.addr);
     let connect = |namespace: &str, slots: u64| {
-        RedisStore::connect(
+        let store = RedisStore::connect(
             RedisConfig {
                 urls: vec![url.clone()],
                 namespace: namespace.into(),
@@ -259,7 +329,14 @@ async fn redis_cases(settings: &Settings) -> Result<(), String> {
                 ..RedisConfig::default()
             },
             Geometry::new(slots, WAYS).expect("a valid geometry"),
-        )
+        );
+        async move {
+            let store = store.await?;
+            if script {
+                store.force_script();
+            }
+            Ok::<_, nsq_dedupe::error::StoreError>(store)
+        }
     };
     let plain = redis::Client::open(url.as_str())
         .map_err(|e| e.to_string())?
@@ -292,8 +369,8 @@ async fn redis_cases(settings: &Settings) -> Result<(), String> {
     let empty = move || flush_all(vec![emptied.clone()]);
     run_cases(
         settings,
-        "redis",
-        &server,
+        name,
+        server,
         (naive, empty),
         |namespace, slots| {
             let store = connect(namespace, slots);
@@ -530,17 +607,23 @@ where
         (Writes::OneShot, "one-shot", 5),
     ] {
         empty().await?;
-        let store = connect(&format!("{label}-empty"), big).await?;
+        let mut stores = Vec::new();
+        for _ in 0..settings.consumers {
+            stores.push(connect(&format!("{label}-empty"), big).await?);
+        }
         let measured = ours(
             server,
             settings,
-            (store, writes),
+            (stores, writes),
             n,
             Digests::starting_at(start << 40),
         );
         cases.push((format!("{label} empty"), measured.await));
         empty().await?;
-        let full = connect(&format!("{label}-full"), settings.full_slots).await?;
+        let mut full = Vec::new();
+        for _ in 0..settings.consumers {
+            full.push(connect(&format!("{label}-full"), settings.full_slots).await?);
+        }
         // Fills every set: four times the slots, which every set's ways take many times over.
         ours(
             server,
@@ -563,7 +646,7 @@ where
     let naive_again = measure(server, settings, n, Digests::starting_at(4 << 40), naive).await;
     for (i, name) in server.names(name).iter().enumerate() {
         let case = |(ticks, wall): &(Vec<u64>, f64)| (ticks[i], *wall);
-        let baseline = (micros(naive_first.0[i], n) + micros(naive_again.0[i], n)) / 2.0;
+        let baseline = (per_message(naive_first.0[i], n) + per_message(naive_again.0[i], n)) / 2.0;
         report(name, "naive", n, case(&naive_first), None);
         for (label, measured) in &cases {
             report(name, label, n, case(measured), Some(baseline));
@@ -581,29 +664,37 @@ fn main() {
             std::process::exit(2);
         }
     };
+    INSTRUCTIONS.store(settings.instructions, Ordering::Relaxed);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("a tokio runtime");
     println!(
-        "{} distinct messages, bursts of {}, {} bursts at once, full table of {} slots x {WAYS} \
-         ways; load average {}",
+        "{} distinct messages, bursts of {}, {} bursts at once, {} consumer(s), full table of {} \
+         slots x {WAYS} ways; load average {}",
         settings.messages,
         settings.burst,
         settings.tasks,
+        settings.consumers,
         settings.full_slots,
         std::fs::read_to_string("/proc/loadavg")
             .map(|l| l.split(' ').next().unwrap_or("?").to_owned())
             .unwrap_or_else(|_| "?".into()),
     );
+    let unit = if settings.instructions {
+        "instr/msg"
+    } else {
+        "µs/msg"
+    };
     println!(
-        "{:<10} {:<14} {:>9} {:>10} {:>7} {:>12} {:>10}",
-        "store", "case", "messages", "µs/msg", "ratio", "msg/s/core", "wall msg/s"
+        "{:<14} {:<14} {:>9} {:>10} {:>7} {:>12} {:>10}",
+        "store", "case", "messages", unit, "ratio", "msg/s/core", "wall msg/s"
     );
     for store in &settings.stores {
         let result = runtime.block_on(async {
             match store.as_str() {
-                "redis" => redis_cases(&settings).await,
+                "redis" => redis_cases(&settings, Program::Redis).await,
+                "valkey" => redis_cases(&settings, Program::Valkey).await,
                 "redis-cluster" => redis_cluster_cases(&settings).await,
                 _ => memcached_cases(&settings).await,
             }

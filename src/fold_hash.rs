@@ -4,9 +4,9 @@
 ///
 /// For keys that neither a user nor a peer picks to collide: the message IDs in flight on an
 /// NSQ connection (at most `max_in_flight`, chosen by our own nsqd) and the set numbers of a
-/// Memcached batch, where SipHash was a visible share of the per-message cost. The fold
-/// matters: nsqd's IDs differ mostly in their last bytes, and a plain multiply would leave the
-/// low bits that pick the bucket nearly constant.
+/// Memcached batch (and of the Redis store's `IFEQ` path), where SipHash was a visible share
+/// of the per-message cost. The fold matters: nsqd's IDs differ mostly in their last bytes,
+/// and a plain multiply would leave the low bits that pick the bucket nearly constant.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct IdHasher;
 

@@ -25,14 +25,15 @@
 //!   connections and the HTTP client), `http` (the pooled keep-alive HTTPS client, on hyper)
 //!   and the `Metrics` counters, which the pipeline updates (the client counts in its own
 //!   `ConsumerStats`).
-//! - `memcached` and `redis`: the shared stores, `MemcachedStore` and `RedisStore`.
+//! - `memcached` and `redis`: the shared stores, `MemcachedStore` and `RedisStore`. With
+//!   `nsq` or `redis` comes the crate's own `redact` (URLs, headers and secrets as they may
+//!   be printed).
 //! - `sidecar` (all of the above, and more): `pipeline` with `Dedupe`, the de-duplicating step
 //!   (claim, handle, commit or erase, FIN or REQ); `sink` (the `Handler` trait, the sidecar's
 //!   sinks and the dead-letter); `config` (the TOML configuration and its validation into
 //!   `Settings`); `serve` (the serve sink, `sink::serve`: the sidecar as an nsqd for any NSQ
 //!   consumer); `sidecar` (`run`, the `nsq-dedupe run` service, and `Sidecar` for custom
-//!   handlers); the metrics endpoint in Prometheus' text format; `redact` (URLs, headers and
-//!   secrets as they may be printed).
+//!   handlers); the metrics endpoint in Prometheus' text format.
 //! - `cli`: the binary's flags, logs, completions, man pages and plots.
 //!
 //! # Example: de-duplicating a stream of records
@@ -64,7 +65,7 @@ mod decimal;
 pub mod dedup;
 pub mod error;
 pub mod filter;
-#[cfg(any(feature = "nsq", feature = "memcached"))]
+#[cfg(any(feature = "nsq", feature = "memcached", feature = "redis"))]
 mod fold_hash;
 #[cfg(feature = "nsq")]
 pub mod http;

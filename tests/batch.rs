@@ -10,10 +10,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::{Stream, StreamExt};
 use nsq_dedupe::error::StoreError;
 use nsq_dedupe::nsq::{Consumer, Message};
 use nsq_dedupe::pipeline::{Dedupe, Outcome, Policy};
-use nsq_dedupe::sink::{Handler, HandlerError};
+use nsq_dedupe::sink::{Delivery, Handler, HandlerError, Part};
 use nsq_dedupe::{Claim, Digest, Geometry, Keyer, Metrics, Store, Table};
 
 use crate::nsq::{config, CHANNEL, TOPIC};
@@ -142,8 +143,8 @@ fn slower_than_the_message_timeout() -> (BatchSink, Dedupe<Table, BatchSink>) {
     (sink.clone(), dedupe(sink, policy))
 }
 
-/// Takes the next message and hands it to `dedupe` in a task of its own, then publishes a copy
-/// of "a", takes it and checks that it is held beside its original; the original's task.
+/// Takes the next message and hands it to `dedupe` in a task of its own, then, once it is
+/// claimed, publishes a copy of "a", takes it and checks that it is held beside its original; the original's task.
 async fn hold_a_copy(
     broker: &Broker,
     consumer: &mut Consumer,
@@ -154,6 +155,15 @@ async fn hold_a_copy(
         let dedupe = dedupe.clone();
         async move { dedupe.process_batch(original).await }
     });
+    // The copy must find the original claimed: publish it only once the claim is made.
+    let unique = || dedupe.metrics().unique.load(Ordering::Relaxed);
+    crate::util::wait_until_or(
+        "the original claimed",
+        Duration::from_secs(5),
+        || unique() == 1,
+        || format!("{} claimed new", unique()),
+    )
+    .await;
     broker.publish_many(TOPIC, bodies(&["a"]));
     let copy = take(consumer, 1).await;
     assert_eq!(dedupe.process_batch(copy).await, [Outcome::Held]);
@@ -554,5 +564,187 @@ async fn failed_commits_and_erases_are_sent_again_with_the_next_burst() {
     );
     drained(&broker).await;
     assert_eq!(sink.taken(), bodies(&["a", "bad"]));
+    consumer.shutdown(Duration::from_secs(1)).await;
+}
+
+/// A handler that answers record "a" of its burst at once and holds the others until told to
+/// answer them, as a serve consumer that FINs one message and keeps another does.
+#[derive(Clone, Default)]
+struct InParts {
+    release: Arc<tokio::sync::Notify>,
+}
+
+impl Handler for InParts {
+    async fn handle(&self, _body: Bytes) -> Result<(), HandlerError> {
+        Ok(())
+    }
+
+    fn handles_batches(&self) -> bool {
+        true
+    }
+
+    fn handle_in_parts(&self, deliveries: Vec<Delivery>) -> impl Stream<Item = Part> + Send {
+        let (first, rest): (Vec<usize>, Vec<usize>) =
+            (0..deliveries.len()).partition(|&place| deliveries[place].body == "a");
+        let release = self.release.clone();
+        let later = async move {
+            release.notified().await;
+            rest.into_iter().map(|place| (place, Ok(()))).collect()
+        };
+        futures::stream::iter([first.into_iter().map(|place| (place, Ok(()))).collect()])
+            .chain(futures::stream::once(later))
+    }
+}
+
+/// Hands a burst of "a" and "b" to an [`InParts`] handler that keeps alive every 200 ms, and
+/// waits until "a" is finished upstream; the handler, the pipeline and the burst's task.
+async fn answer_a_hold_b(
+    broker: &Broker,
+    consumer: &mut Consumer,
+    sent: &[Bytes],
+) -> (
+    InParts,
+    Dedupe<Table, InParts>,
+    tokio::task::JoinHandle<Vec<Outcome>>,
+) {
+    let sink = InParts::default();
+    let dedupe = Dedupe::new(
+        Table::with_slots(1024, 8).unwrap(),
+        Keyer::new("body".parse().unwrap(), Default::default()),
+        sink.clone(),
+        Policy {
+            keepalive: Duration::from_millis(200),
+            ..policy()
+        },
+        None,
+        Arc::new(Metrics::default()),
+    );
+    let burst = take(consumer, 2).await;
+    let handling = tokio::spawn({
+        let dedupe = dedupe.clone();
+        async move { dedupe.process_batch(burst).await }
+    });
+    crate::util::wait_until_or(
+        "\"a\" finished upstream",
+        Duration::from_secs(10),
+        || records_of(broker, sent)[0].fin_ok == 1,
+        || format!("{:?}", records_of(broker, sent)),
+    )
+    .await;
+    (sink, dedupe, handling)
+}
+
+/// A record the handler answers early is settled and finished upstream at once, while the
+/// record it still holds stays in flight and is the only one kept alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_answered_early_is_finished_while_the_rest_of_its_burst_is_held() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let sent = bodies(&["a", "b"]);
+    broker.publish_many(TOPIC, sent.clone());
+    let mut consumer = consumer(&broker);
+    let (sink, dedupe, handling) = answer_a_hold_b(&broker, &mut consumer, &sent).await;
+    // Held past two keep-alives: only "b" is TOUCHed.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let [a, b] = <[MsgRecord; 2]>::try_from(records_of(&broker, &sent)).unwrap();
+    assert_eq!((b.fin_ok, b.req_ok), (0, 0), "\"b\" is still held: {b:?}");
+    assert!(b.touch_ok >= 2, "\"b\" is kept alive: {b:?}");
+    assert_eq!((a.touch_ok, a.touch_failed), (0, 0), "{a:?}");
+    assert_eq!(dedupe.handling(), 1, "one record with the handler");
+    sink.release.notify_one();
+    let outcomes = tokio::time::timeout(Duration::from_secs(10), handling)
+        .await
+        .expect("the burst ends once \"b\" is answered")
+        .unwrap();
+    assert_eq!(outcomes, [Outcome::Delivered; 2]);
+    drained(&broker).await;
+    for record in records_of(&broker, &sent) {
+        assert_eq!(
+            (record.deliveries, record.fin_ok, record.timeouts),
+            (1, 1, 0),
+            "{record:?}"
+        );
+    }
+    assert_eq!(dedupe.handling(), 0);
+    consumer.shutdown(Duration::from_secs(1)).await;
+}
+
+/// Abandoned at shutdown, a burst requeues only the records the handler had not answered, and
+/// erases only their claims: the record finished before stays finished, and delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_burst_requeues_only_the_records_not_answered_yet() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let sent = bodies(&["a", "b"]);
+    broker.publish_many(TOPIC, sent.clone());
+    let mut consumer = consumer(&broker);
+    let (_sink, dedupe, handling) = answer_a_hold_b(&broker, &mut consumer, &sent).await;
+    dedupe.abandon();
+    let outcomes = tokio::time::timeout(Duration::from_secs(10), handling)
+        .await
+        .expect("an abandoned burst ends")
+        .unwrap();
+    assert_eq!(outcomes, [Outcome::Delivered, Outcome::Requeued]);
+    assert_answers(&broker, &sent, &[(1, 0), (0, 1)]).await;
+    let keyer = Keyer::new("body".parse().unwrap(), Default::default());
+    let claimed = |body: &str| {
+        dedupe
+            .store()
+            .contains(keyer.digest(body.as_bytes()).unwrap())
+    };
+    assert_eq!(
+        (claimed("a"), claimed("b")),
+        (true, false),
+        "\"a\" committed, \"b\"'s claim erased"
+    );
+    assert_eq!(
+        nsq_dedupe::metrics::get(&dedupe.metrics().abandoned),
+        1,
+        "only \"b\" abandoned"
+    );
+    assert_eq!(dedupe.handling(), 0);
+    consumer.shutdown(Duration::from_secs(1)).await;
+}
+
+/// A handler that answers the second record of its burst twice (`Ok`, then an error), a place
+/// beyond its burst, and never the first record.
+struct Sloppy;
+
+impl Handler for Sloppy {
+    async fn handle(&self, _body: Bytes) -> Result<(), HandlerError> {
+        Ok(())
+    }
+
+    fn handles_batches(&self) -> bool {
+        true
+    }
+
+    fn handle_in_parts(&self, _deliveries: Vec<Delivery>) -> impl Stream<Item = Part> + Send {
+        let twice = vec![(1, Ok(())), (1, Err(HandlerError::Reject("second".into())))];
+        futures::stream::iter([twice, vec![(7, Ok(()))]])
+    }
+}
+
+/// A record's first result counts, a result for a place beyond the burst is ignored, and a
+/// record without a result when the handler's answer ends fails (requeued, not lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_without_a_result_fails_and_a_second_result_is_ignored() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let sent = bodies(&["a", "b"]);
+    broker.publish_many(TOPIC, sent.clone());
+    let mut consumer = consumer(&broker);
+    let dedupe = Dedupe::new(
+        Table::with_slots(1024, 8).unwrap(),
+        Keyer::new("body".parse().unwrap(), Default::default()),
+        Sloppy,
+        policy(),
+        None,
+        Arc::new(Metrics::default()),
+    );
+    let burst = take(&mut consumer, 2).await;
+    assert_eq!(
+        dedupe.process_batch(burst).await,
+        [Outcome::Retried, Outcome::Delivered]
+    );
+    assert_answers(&broker, &sent, &[(0, 1), (1, 0)]).await;
+    assert_eq!(dedupe.handling(), 0);
     consumer.shutdown(Duration::from_secs(1)).await;
 }

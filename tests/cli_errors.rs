@@ -1362,3 +1362,53 @@ fn the_logging_flags_follow_each_subcommands_own() {
         assert!(help.find("--help").unwrap() < logging, "{help}");
     }
 }
+
+/// A duration of 0 is judged by the setting's own rule, the same for its flag and its key:
+/// the file sink's `sync_interval` takes 0 (write as soon as the disk is free), its default;
+/// the status line's interval does not, and says why under what the user typed.
+#[test]
+fn a_zero_duration_means_the_same_from_a_flag_and_from_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = dir.path().to_str().unwrap();
+    let file_sink = ["--sink", "file", "--output-dir", output];
+    let from_flag = run_refused(
+        &[],
+        &[&file_sink[..], &["--sync-interval", "0s", "--topic", "t"]].concat(),
+    );
+    let config = dir.path().join("zero.toml");
+    std::fs::write(&config, "[sink]\nsync_interval = \"0s\"\n").unwrap();
+    let config = config.to_str().unwrap();
+    let from_file = run_refused(
+        &[],
+        &[&file_sink[..], &["--config", config, "--topic", "t"]].concat(),
+    );
+    // Both get past the sync interval: what stops them is the missing source address.
+    for (code, stderr) in [from_flag, from_file] {
+        assert_eq!(code, 78, "{stderr}");
+        assert!(
+            stderr.starts_with("error: `source.nsqd_tcp_addresses` is required")
+                || stderr.contains("--nsqd-tcp-address"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("sync"), "{stderr}");
+    }
+    let refused = "must be more than 0 (how often the status line is logged)\n";
+    let source = ["--topic", "t", "--nsqd-tcp-address", "127.0.0.1:1"];
+    let (code, stderr) = run_refused(&[], &[&source[..], &["--status-interval", "0s"]].concat());
+    assert_eq!(
+        (code, stderr.as_str()),
+        (
+            78,
+            format!("error: invalid `--status-interval` = \"0s\": {refused}").as_str()
+        )
+    );
+    let status = dir.path().join("status.toml");
+    std::fs::write(&status, "[metrics]\nstatus_interval = \"0s\"\n").unwrap();
+    let config = ["--config", status.to_str().unwrap()];
+    let (code, stderr) = run_refused(&[], &[&config[..], &source[..]].concat());
+    assert_eq!(code, 78, "{stderr}");
+    assert!(
+        stderr.contains("`metrics.status_interval` = \"0s\": ") && stderr.ends_with(refused),
+        "{stderr}"
+    );
+}

@@ -467,3 +467,43 @@ fn probabilities_just_below_one_print_alike_whatever_the_window() {
         "{text}"
     );
 }
+
+/// A window of centuries reads in days, and the delay table's columns stay apart however
+/// wide its figures are.
+#[test]
+fn a_window_of_centuries_reads_in_days_and_keeps_its_columns_apart() {
+    let out = bin()
+        .args([
+            "size",
+            "--memory",
+            "1PiB",
+            "--probability",
+            "0.99",
+            "--rate",
+            "1000",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains(
+            "Window:       591722d at 1000 msg/s = 51,124,761,526,272 distinct messages\n"
+        ),
+        "{text}"
+    );
+    let rows: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("Delay"))
+        .take_while(|l| !l.is_empty())
+        .collect();
+    assert_eq!(rows.len(), 10, "{text}");
+    for row in &rows {
+        let columns: Vec<&str> = row.split("  ").filter(|c| !c.trim().is_empty()).collect();
+        assert_eq!(columns.len(), 3, "{row:?} in\n{text}");
+    }
+    assert!(
+        rows.contains(&"591722d        51,124,761,526,272  0.990000"),
+        "{text}"
+    );
+}

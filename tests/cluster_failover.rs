@@ -5,7 +5,8 @@
 //! master goes. It is either killed (SIGKILL: its port refuses connections) or frozen
 //! (SIGSTOP: its port accepts connections and answers nothing, as a hung process or a host cut
 //! off by the network does); either way the cluster promotes its replica after
-//! `cluster-node-timeout`.
+//! `cluster-node-timeout`. Each fault on a cluster of Redis 7.0 (the set script) and of Valkey
+//! 8.1 (`SET … IFEQ`).
 //!
 //! What a user cares about: every payload reaches a sink (the two sidecars' stdout together
 //! hold each one; repeats are allowed, losses are not), and nothing is left queued, deferred or
@@ -22,7 +23,7 @@ use bytes::Bytes;
 
 use crate::sidecar::{drained, payload, CHANNEL, TOPIC};
 use crate::support::broker::{Broker, BrokerConfig};
-use crate::support::redis::RedisCluster;
+use crate::support::redis::{Flavor, RedisCluster};
 
 /// The cluster's `cluster-node-timeout`: a master silent this long is marked failed and its
 /// replica promoted.
@@ -64,12 +65,24 @@ enum Fault {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_master_stalls_no_sidecar_and_loses_no_payload() {
-    master_fails_mid_stream(Fault::Kill).await;
+    master_fails_mid_stream(Flavor::Redis, Fault::Kill).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_master_stalls_no_sidecar_and_loses_no_payload() {
-    master_fails_mid_stream(Fault::Freeze).await;
+    master_fails_mid_stream(Flavor::Redis, Fault::Freeze).await;
+}
+
+/// The same on a cluster of Valkey 8.1, where the sidecars claim and commit with
+/// `SET … IFEQ`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_valkey_master_stalls_no_sidecar_and_loses_no_payload() {
+    master_fails_mid_stream(Flavor::Valkey, Fault::Kill).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_valkey_master_stalls_no_sidecar_and_loses_no_payload() {
+    master_fails_mid_stream(Flavor::Valkey, Fault::Freeze).await;
 }
 
 /// What the sidecars wrote to stdout, together.
@@ -224,11 +237,12 @@ fn held(a: &Broker, b: &Broker) -> (usize, usize, usize) {
 }
 
 /// Two sidecars consume a stream published steadily to two brokers; after `FAULT_AFTER`
-/// deliveries the master of slot 0 suffers `fault`, while publishing goes on. Every payload
-/// must be delivered and both brokers drained within `DRAIN_LIMIT` of the fault.
-async fn master_fails_mid_stream(fault: Fault) {
+/// deliveries the master of slot 0 (a node of `flavor`) suffers `fault`, while publishing goes
+/// on. Every payload must be delivered and both brokers drained within `DRAIN_LIMIT` of the
+/// fault.
+async fn master_fails_mid_stream(flavor: Flavor, fault: Fault) {
     let began = Instant::now();
-    let cluster = RedisCluster::start_with_node_timeout(NODE_TIMEOUT);
+    let cluster = RedisCluster::of(flavor, NODE_TIMEOUT);
     let masters = cluster.masters(0);
     assert_eq!(masters.len(), 3, "a new cluster has three masters");
     let seeds: Vec<String> = masters.iter().map(|&i| cluster.nodes[i].url()).collect();
@@ -268,7 +282,7 @@ async fn master_fails_mid_stream(fault: Fault) {
                 }
                 fault_at = Some(Instant::now());
                 eprintln!(
-                    "cluster_failover: {fault:?} of master node {victim} (pid {victim_pid}) after {} distinct deliveries, {:?} into the stream",
+                    "cluster_failover: {flavor:?}: {fault:?} of master node {victim} (pid {victim_pid}) after {} distinct deliveries, {:?} into the stream",
                     distinct(),
                     started.elapsed()
                 );
@@ -324,7 +338,7 @@ async fn master_fails_mid_stream(fault: Fault) {
         };
         let reports: Vec<String> = sidecars.iter_mut().map(Sidecar::report).collect();
         panic!(
-            "{fault:?} of master node {victim}: {distinct_now}/{expected} distinct payloads delivered ({lines} lines) \
+            "{flavor:?}: {fault:?} of master node {victim}: {distinct_now}/{expected} distinct payloads delivered ({lines} lines) \
              and the brokers not drained {DRAIN_LIMIT:?} after the fault (node timeout {NODE_TIMEOUT:?}); \
              broker 1 holds (queued, deferred, in flight) {:?}, broker 2 {:?}; first missing {missing:?}; \
              slot 0 now served by node {}\n\
@@ -337,7 +351,7 @@ async fn master_fails_mid_stream(fault: Fault) {
         );
     };
     eprintln!(
-        "cluster_failover: {fault:?}: {expected} payloads delivered in {lines} lines ({} repeats); drained {drain_time:?} after the fault; {:?} in all",
+        "cluster_failover: {flavor:?}: {fault:?}: {expected} payloads delivered in {lines} lines ({} repeats); drained {drain_time:?} after the fault; {:?} in all",
         lines - distinct_now,
         began.elapsed()
     );

@@ -84,7 +84,6 @@ impl SharedHarness for Memcached {
 /// The rules every shared store keeps.
 mod contract {
     crate::store_contract::store_contract_tests!(shared: super::Memcached::start());
-    crate::store_contract::store_contract_tests!(outlives_runtime: super::Memcached::start());
 }
 
 fn config(servers: &[String], namespace: &str) -> MemcachedConfig {

@@ -11,10 +11,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use futures::Stream;
 use nsq_dedupe::nsq::frame::{Command, Frame, FrameCodec, MessageId, RawMessage, MAGIC_V2};
 use nsq_dedupe::nsq::{Consumer, ConsumerConfig, Message};
 use nsq_dedupe::serve::{ServeConfig, ServeSink};
-use nsq_dedupe::sink::{Delivery, Handler, HandlerError};
+use nsq_dedupe::sink::{Delivery, Handler, HandlerError, Part};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
@@ -35,6 +36,14 @@ impl Handler for Served {
 
     async fn handle_deliveries(&self, deliveries: Vec<Delivery>) -> Vec<Result<(), HandlerError>> {
         self.0.handle_deliveries(deliveries).await
+    }
+
+    fn handle_in_parts(&self, deliveries: Vec<Delivery>) -> impl Stream<Item = Part> + Send {
+        self.0.handle_in_parts(deliveries)
+    }
+
+    fn handles_batches(&self) -> bool {
+        self.0.handles_batches()
     }
 
     fn backs_off(&self) -> bool {
@@ -523,6 +532,70 @@ async fn every_fin_of_a_consumer_holding_many_messages_is_settled() {
         (stats.waiting, stats.in_flight, stats.counters.finished),
         (0, 0, N as u64)
     );
+}
+
+/// A consumer that FINs only once it holds its `max_in_flight` messages, as `nsq_to_file`
+/// does, reading more messages than the sidecar takes upstream at once: each of its batches is
+/// settled upstream as it FINs it, so the RDY those messages held brings the next ones, though
+/// a burst of the sidecar's spans two of its batches. Nothing waits for a timeout: each message
+/// reaches it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_that_fins_in_batches_gets_every_message_once_without_a_timeout() {
+    // The sidecar takes 200 upstream; the consumer FINs batches of 150.
+    const N: usize = 600;
+    const BATCH: usize = 150;
+    let broker = Broker::start(BrokerConfig::default()).await;
+    broker.publish_many(TOPIC, (0..N).map(payload));
+    let served = start_serve(serve_config()).await;
+    let running = sidecar(&[&broker], &served).await;
+    // A short message timeout: a batch left waiting for more is handed back within 2 s.
+    let identify = r#"{"feature_negotiation":true,"msg_timeout":2000}"#;
+    let mut raw = Raw::subscribed(served.0.tcp_address(), identify, BATCH as u32).await;
+    let mut seen: HashMap<Bytes, u32> = HashMap::new();
+    let mut held = BytesMut::new();
+    let mut holding = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while seen.len() < N && tokio::time::Instant::now() < deadline {
+        match raw.next(Duration::from_millis(500)).await {
+            Read::Frame(Frame::Message(message)) => {
+                *seen.entry(message.body).or_default() += 1;
+                Command::Fin(message.id).encode(&mut held);
+                holding += 1;
+                if holding == BATCH {
+                    raw.send_raw(&held.split()).await;
+                    holding = 0;
+                }
+            }
+            // A FIN of a message handed back after its timeout.
+            Read::Frame(Frame::Error(_)) | Read::Nothing => {}
+            Read::Frame(other) => panic!("expected messages, got {other:?}"),
+            Read::Closed => panic!("the endpoint closed the connection"),
+        }
+    }
+    let counters = served.0.stats().counters;
+    let twice = seen.values().filter(|&&n| n > 1).count();
+    assert_eq!(
+        (seen.len(), twice, counters.timed_out),
+        (N, 0, 0),
+        "(distinct messages, messages served more than once, timeouts) within 60 s"
+    );
+    wait_until_or(
+        "the broker drained",
+        Duration::from_secs(10),
+        || drained(&broker) && serve_idle(&served),
+        || format!("{:?}", served.0.stats()),
+    )
+    .await;
+    running.stop().await;
+    let records = broker.records(TOPIC, CHANNEL);
+    assert_eq!(records.len(), N);
+    for record in records {
+        assert_eq!(
+            (record.deliveries, record.fin_ok, record.timeouts),
+            (1, 1, 0),
+            "{record:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -104,16 +104,17 @@ impl Served {
         .await;
     }
 
-    /// Stops the binary with SIGTERM and checks that it stopped cleanly.
-    fn stop(self) {
+    /// Stops the binary with SIGTERM and checks that it stopped cleanly; its last status line.
+    fn stop(self) -> String {
         let finished =
             tokio::task::block_in_place(|| self.child.stop_within("TERM", Duration::from_secs(20)));
         assert!(finished.status.success(), "{}", finished.stderr);
-        assert!(
-            finished.stderr.contains("Sidecar stopped."),
-            "{}",
-            finished.stderr
-        );
+        finished
+            .stderr
+            .lines()
+            .rfind(|l| l.contains("Sidecar stopped."))
+            .unwrap_or_else(|| panic!("no last status line in\n{}", finished.stderr))
+            .to_owned()
     }
 }
 
@@ -165,8 +166,19 @@ async fn run_serves_each_payload_of_two_replicated_brokers_to_a_consumer_once() 
         [n, n, 0, 0, 0, 1],
         "messages, FINs, REQs, timeouts, disconnect requeues, consumers"
     );
+    let page = crate::sidecar::scrape(served.metrics);
+    let held = crate::sidecar::metric(&page, "nsq_dedupe_copies_held_total").unwrap();
     task.abort();
-    served.stop();
+    // The last status line counts the copies that waited beside their original, and the
+    // consumer's requeues (none here).
+    let last = served.stop();
+    for field in [
+        format!(" copies_held={held} "),
+        " deferred_copies=0 ".to_owned(),
+        " handler_requeues=0 ".to_owned(),
+    ] {
+        assert!(last.contains(&field), "no {field:?} in {last:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,8 @@
 //! The store contract: the rules every store keeps, written once and run against each store.
 //!
 //! A [`Harness`] connects stores of one kind to a table; each rule is a function generic over
-//! it. [`store_contract_tests!`] makes a test of each rule in the module that calls it: the
+//! it, listed once in [`each_rule!`] with the stores it applies to and how it runs.
+//! [`store_contract_tests!`] makes a test of each rule in the module that calls it: the
 //! in-process table (`table::contract`), Memcached (`memcached::contract`) and Redis
 //! (`redis::contract`); [`run_all`] runs every rule in one test against a Redis Cluster, so that
 //! its six servers start once. What only one store does (its protocol, its failover) stays in
@@ -17,6 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use futures::future::LocalBoxFuture;
 use nsq_dedupe::error::StoreError;
 use nsq_dedupe::{Claim, Digest, FleetCounters, Geometry, Store};
 use proptest::prelude::*;
@@ -91,8 +93,9 @@ pub struct Spec {
     pub max_age: Option<Duration>,
     /// The length of a bucket of the fleet's counters.
     pub fleet_interval: Option<Duration>,
-    /// The store's other way of sending single operations, where it has one (Memcached:
-    /// coalescing off, each operation on its own connection).
+    /// The store's other path, where it has one (Memcached: coalescing off, each single
+    /// operation on its own connection; Redis on a server with `SET … IFEQ`: the set script,
+    /// as a client of an earlier version decides).
     pub single_path: bool,
 }
 
@@ -567,10 +570,8 @@ async fn run_case<H: Harness>(h: &H, ways: u32, actions: &[Action]) -> Result<()
 
 /// Random sequences of every operation, by two stores of one table, give the answers of an
 /// exact model of the table (`H::MODEL_CASES` cases of up to 80 operations, 1 to 8 ways).
-pub fn random_operations_match_the_table_model<H: Harness>(
-    h: &H,
-    runtime: &tokio::runtime::Runtime,
-) {
+pub fn random_operations_match_the_table_model<H: Harness>(h: &H) {
+    let runtime = runtime();
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
         cases: H::MODEL_CASES,
         max_shrink_iters: 256,
@@ -1187,117 +1188,140 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .expect("tokio runtime")
 }
 
-/// Every rule against the stores of `h` in one test, for a store whose servers are costly to
-/// start (a Redis Cluster). The rules run at once, each on a table of its own (most of them
-/// mostly wait), while another thread checks the model; the fleet's counters,
-/// which need each share in its bucket, are counted alone after.
-pub fn run_all<H: SharedHarness>(h: &H) {
-    let started = Instant::now();
-    std::thread::scope(|scope| {
-        let model = scope.spawn(|| random_operations_match_the_table_model(h, &runtime()));
-        runtime().block_on(async {
-            tokio::join!(
-                batch_claims_follow_the_single_claim_rules(h),
-                claimed_done_digests_are_duplicates_at_once(h),
-                expired_lease_is_taken_over(h),
-                renew_keeps_the_claim(h),
-                commit_and_erase_by_a_non_owner_do_nothing(h),
-                max_age_lets_a_committed_digest_be_claimed_again_once_older(h),
-                async {
-                    racing_bursts_of_two_owners_get_one_new_per_digest(h).await;
-                    tasks_and_processes_get_one_new_per_digest(h).await;
-                },
-            );
-        });
-        if let Err(panic) = model.join() {
-            std::panic::resume_unwind(panic);
-        }
-    });
-    runtime().block_on(consumers_of_one_table_each_learn_the_fleets_distinct_rate(
-        h,
-    ));
-    store_outlives_the_runtime_that_first_used_it(h);
-    println!("the store contract took {:?}", started.elapsed());
+/// Every rule of the contract, each once: calls [`rule!`] with `$context` and the rule, as
+/// `<stores> <order> <test>`, where
+/// - `<stores>` is `every` (every store) or `shared` (the shared stores, [`SharedHarness`]);
+/// - `<order>` is how [`run_all`] runs it: `joined` (at once with the other joined rules),
+///   `sequential` (one after another in this list's order, while the joined ones run),
+///   `thread` (on a thread of its own meanwhile) or `after` (alone, after all of those);
+/// - `<test>` is the rule's own test in a store's module: its attributes (the runtime it runs
+///   on), then `async` for a rule that is a future, or `fn` for one that blocks on runtimes of
+///   its own.
+macro_rules! each_rule {
+    ($($context:tt)*) => {
+        $crate::store_contract::rule!(($($context)*) every joined
+            #[tokio::test] async batch_claims_follow_the_single_claim_rules);
+        $crate::store_contract::rule!(($($context)*) every joined
+            #[tokio::test] async claimed_done_digests_are_duplicates_at_once);
+        $crate::store_contract::rule!(($($context)*) every thread
+            #[test] fn random_operations_match_the_table_model);
+        $crate::store_contract::rule!(($($context)*) every after
+            #[test] fn store_outlives_the_runtime_that_first_used_it);
+        $crate::store_contract::rule!(($($context)*) shared joined
+            #[tokio::test] async expired_lease_is_taken_over);
+        $crate::store_contract::rule!(($($context)*) shared joined
+            #[tokio::test] async renew_keeps_the_claim);
+        $crate::store_contract::rule!(($($context)*) shared joined
+            #[tokio::test] async commit_and_erase_by_a_non_owner_do_nothing);
+        $crate::store_contract::rule!(($($context)*) shared joined
+            #[tokio::test] async max_age_lets_a_committed_digest_be_claimed_again_once_older);
+        $crate::store_contract::rule!(($($context)*) shared sequential
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async racing_bursts_of_two_owners_get_one_new_per_digest);
+        $crate::store_contract::rule!(($($context)*) shared sequential
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async tasks_and_processes_get_one_new_per_digest);
+        // The fleet's counters need each share in its bucket, so nothing else runs meanwhile.
+        $crate::store_contract::rule!(($($context)*) shared after
+            #[tokio::test] async consumers_of_one_table_each_learn_the_fleets_distinct_rate);
+    };
 }
+pub(crate) use each_rule;
+
+/// One rule of [`each_rule!`], in its context: `(tests <stores> (<harness>))` makes the rule's
+/// test, with a harness of its own from `<harness>`, if the rule applies to `<stores>`;
+/// `(run_all <h> <queues>)` puts the rule, on the harness `<h>`, in the [`Queues`] of
+/// [`run_all`] that its order names.
+macro_rules! rule {
+    ((tests every ($harness:expr)) shared $($rule:tt)*) => {};
+    ((tests $stores:ident ($harness:expr)) $applies:ident $order:ident
+        $(#[$attr:meta])* async $name:ident) => {
+        $(#[$attr])*
+        async fn $name() {
+            $crate::store_contract::$name(&$harness).await;
+        }
+    };
+    ((tests $stores:ident ($harness:expr)) $applies:ident $order:ident
+        $(#[$attr:meta])* fn $name:ident) => {
+        $(#[$attr])*
+        fn $name() {
+            $crate::store_contract::$name(&$harness);
+        }
+    };
+    ((run_all $h:ident $queues:ident) $stores:ident joined $(#[$attr:meta])* async $name:ident) => {
+        $queues.joined.push(Box::pin($crate::store_contract::$name($h)));
+    };
+    ((run_all $h:ident $queues:ident) $stores:ident sequential
+        $(#[$attr:meta])* async $name:ident) => {
+        $queues.sequential.push(Box::pin($crate::store_contract::$name($h)));
+    };
+    ((run_all $h:ident $queues:ident) $stores:ident thread $(#[$attr:meta])* fn $name:ident) => {
+        $queues.threads.push(Box::new(move || $crate::store_contract::$name($h)));
+    };
+    ((run_all $h:ident $queues:ident) $stores:ident after $(#[$attr:meta])* async $name:ident) => {
+        $queues.after.push(Box::new(move || {
+            $crate::store_contract::runtime().block_on($crate::store_contract::$name($h))
+        }));
+    };
+    ((run_all $h:ident $queues:ident) $stores:ident after $(#[$attr:meta])* fn $name:ident) => {
+        $queues.after.push(Box::new(move || $crate::store_contract::$name($h)));
+    };
+}
+pub(crate) use rule;
 
 /// Makes a test of each rule of the contract in the calling module, each with a harness of
-/// its own from `$harness` (an expression that starts the servers it needs). `every: ...`
-/// gives the rules of every store, `shared: ...` adds those of the shared stores;
-/// `outlives_runtime: ...` gives [`store_outlives_the_runtime_that_first_used_it`], with the
-/// attributes that follow (such as `#[ignore = "why"]`).
+/// its own from `$harness` (an expression that starts the servers it needs): `every: ...`
+/// makes the rules of every store, `shared: ...` those of the shared stores too.
 macro_rules! store_contract_tests {
-    (every: $harness:expr) => {
-        #[tokio::test]
-        async fn batch_claims_follow_the_single_claim_rules() {
-            $crate::store_contract::batch_claims_follow_the_single_claim_rules(&$harness).await;
-        }
-
-        #[tokio::test]
-        async fn claimed_done_digests_are_duplicates_at_once() {
-            $crate::store_contract::claimed_done_digests_are_duplicates_at_once(&$harness).await;
-        }
-
-        #[test]
-        fn random_operations_match_the_table_model() {
-            let harness = $harness;
-            let runtime = $crate::store_contract::runtime();
-            $crate::store_contract::random_operations_match_the_table_model(&harness, &runtime);
-        }
-    };
-    (outlives_runtime: $harness:expr $(, #[$attr:meta])*) => {
-        #[test]
-        $(#[$attr])*
-        fn store_outlives_the_runtime_that_first_used_it() {
-            $crate::store_contract::store_outlives_the_runtime_that_first_used_it(&$harness);
-        }
-    };
-    (shared: $harness:expr) => {
-        $crate::store_contract::store_contract_tests!(every: $harness);
-
-        #[tokio::test]
-        async fn expired_lease_is_taken_over() {
-            $crate::store_contract::expired_lease_is_taken_over(&$harness).await;
-        }
-
-        #[tokio::test]
-        async fn renew_keeps_the_claim() {
-            $crate::store_contract::renew_keeps_the_claim(&$harness).await;
-        }
-
-        #[tokio::test]
-        async fn commit_and_erase_by_a_non_owner_do_nothing() {
-            $crate::store_contract::commit_and_erase_by_a_non_owner_do_nothing(&$harness).await;
-        }
-
-        #[tokio::test]
-        async fn max_age_lets_a_committed_digest_be_claimed_again_once_older() {
-            $crate::store_contract::max_age_lets_a_committed_digest_be_claimed_again_once_older(
-                &$harness,
-            )
-            .await;
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn racing_bursts_of_two_owners_get_one_new_per_digest() {
-            $crate::store_contract::racing_bursts_of_two_owners_get_one_new_per_digest(&$harness)
-                .await;
-        }
-
-        #[tokio::test]
-        async fn consumers_of_one_table_each_learn_the_fleets_distinct_rate() {
-            $crate::store_contract::consumers_of_one_table_each_learn_the_fleets_distinct_rate(
-                &$harness,
-            )
-            .await;
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-        async fn tasks_and_processes_get_one_new_per_digest() {
-            $crate::store_contract::tasks_and_processes_get_one_new_per_digest(&$harness).await;
-        }
+    ($stores:ident: $harness:expr) => {
+        $crate::store_contract::each_rule!(tests $stores ($harness));
     };
 }
 pub(crate) use store_contract_tests;
+
+/// The rules [`run_all`] runs, by their order in [`each_rule!`].
+#[derive(Default)]
+struct Queues<'a> {
+    joined: Vec<LocalBoxFuture<'a, ()>>,
+    sequential: Vec<LocalBoxFuture<'a, ()>>,
+    threads: Vec<Box<dyn FnOnce() + Send + 'a>>,
+    after: Vec<Box<dyn FnOnce() + 'a>>,
+}
+
+/// Every rule against the stores of `h` in one test, for a store whose servers are costly to
+/// start (a Redis Cluster). The rules run at once, each on a table of its own (most of them
+/// mostly wait), as [`each_rule!`] orders them.
+pub fn run_all<H: SharedHarness>(h: &H) {
+    let started = Instant::now();
+    let mut queues = Queues::default();
+    each_rule!(run_all h queues);
+    let Queues {
+        joined,
+        sequential,
+        threads,
+        after,
+    } = queues;
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = threads.into_iter().map(|rule| scope.spawn(rule)).collect();
+        runtime().block_on(async {
+            let sequential = async {
+                for rule in sequential {
+                    rule.await;
+                }
+            };
+            tokio::join!(futures::future::join_all(joined), sequential);
+        });
+        for thread in threads {
+            if let Err(panic) = thread.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    });
+    for rule in after {
+        rule();
+    }
+    println!("the store contract took {:?}", started.elapsed());
+}
 
 /// The in-process table as a store of the contract: stores of one namespace are the same
 /// table.

@@ -160,5 +160,4 @@ fn the_overflow_check_sees_both_outcomes() {
 /// The rules every store keeps (see `store_contract`), against the in-process table.
 mod contract {
     crate::store_contract::store_contract_tests!(every: crate::store_contract::InProcess::default());
-    crate::store_contract::store_contract_tests!(outlives_runtime: crate::store_contract::InProcess::default());
 }

@@ -268,24 +268,7 @@ fn to_text(answer: &Answer) -> String {
         }
     }
     let _ = writeln!(out);
-    let _ = writeln!(
-        out,
-        "{:<12}{:>18}  Catch probability",
-        "Delay", "Messages later"
-    );
-    for (seconds, messages) in delays(answer) {
-        let delay = seconds.map_or_else(|| "-".to_owned(), describe_seconds);
-        let _ = writeln!(
-            out,
-            "{delay:<12}{:>18}  {}",
-            format_count(messages.round() as u64),
-            if answer.later_than_max_age(seconds) {
-                "0 (later than max age)".to_owned()
-            } else {
-                format_probability(answer.catch_probability(seconds, messages))
-            }
-        );
-    }
+    write_delays(&mut out, answer);
     if let Some(max_age) = &answer.max_age {
         let s = max_age.suggested;
         let _ = writeln!(out);
@@ -312,6 +295,38 @@ fn to_text(answer: &Answer) -> String {
     out
 }
 
+/// The table of catch probabilities by delay, its columns as wide as their widest figure.
+fn write_delays(out: &mut String, answer: &Answer) {
+    let rows: Vec<(String, String, String)> = delays(answer)
+        .into_iter()
+        .map(|(seconds, messages)| {
+            let probability = if answer.later_than_max_age(seconds) {
+                "0 (later than max age)".to_owned()
+            } else {
+                format_probability(answer.catch_probability(seconds, messages))
+            };
+            (
+                seconds.map_or_else(|| "-".to_owned(), describe_seconds),
+                format_count(messages.round() as u64),
+                probability,
+            )
+        })
+        .collect();
+    let delay_width = rows.iter().map(|r| r.0.len() + 2).fold(12, usize::max);
+    let count_width = rows.iter().map(|r| r.1.len() + 2).fold(18, usize::max);
+    let _ = writeln!(
+        out,
+        "{:<delay_width$}{:>count_width$}  Catch probability",
+        "Delay", "Messages later"
+    );
+    for (delay, count, probability) in rows {
+        let _ = writeln!(
+            out,
+            "{delay:<delay_width$}{count:>count_width$}  {probability}"
+        );
+    }
+}
+
 /// `count` with the singular or the plural noun: "1 set", "2 sets".
 fn plural(count: u64, one: &str, many: &str) -> String {
     format!(
@@ -322,6 +337,14 @@ fn plural(count: u64, one: &str, many: &str) -> String {
 }
 
 fn describe_seconds(seconds: f64) -> String {
+    const DAY: f64 = 86_400.0;
+    // A day or more reads in whole seconds, a year or more in whole days: tenths of a second
+    // on a window of years say nothing.
+    let seconds = match seconds {
+        s if s >= 365.0 * DAY => (s / DAY).round() * DAY,
+        s if s >= DAY => s.round(),
+        s => s,
+    };
     match Duration::try_from_secs_f64(seconds) {
         Ok(d) if d >= Duration::from_secs(1) && d.subsec_nanos() == 0 => format_duration(d),
         Ok(d) if d >= Duration::from_secs(1) => format!("{seconds:.1}s"),

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::setting::{names, section, FlagValue, Only};
+use super::setting::{names, section, DefaultValue, FlagValue, Only};
 use super::source::Source;
 use super::{invalid, quote, ConfigError, Dur, Wording};
 use crate::dedup::digest::{DigestAlgorithm, DigestKey, KeySpec, Keyer};
@@ -33,17 +33,17 @@ section! {
         /// same key.
         digest_key_file: PathBuf, flag("digest-key-file", rank: 4, value_name: "FILE", value: FlagValue::Path);
         /// A copy whose original is being handled: requeue it (default) or finish it.
-        on_in_flight: InFlightPolicy,
+        on_in_flight: InFlightPolicy, default(DefaultValue::Text("requeue")),
             flag("on-in-flight", rank: 5, value_name: "POLICY", value: FlagValue::Names(&IN_FLIGHT_POLICIES));
-        /// Requeue delay of such a copy (default 1s).
-        in_flight_requeue_delay: Dur, only(&REQUEUE_IN_FLIGHT),
+        /// Requeue delay of such a copy (default {default}).
+        in_flight_requeue_delay: Dur, default(DefaultValue::Duration(Duration::from_secs(1))), only(&REQUEUE_IN_FLIGHT),
             flag("in-flight-requeue-delay", rank: 6, value_name: "DURATION", value: FlagValue::Duration);
         /// When the store fails: requeue the message (default) or process it without
         /// de-duplication.
-        on_store_error: StoreErrorPolicy,
+        on_store_error: StoreErrorPolicy, default(DefaultValue::Text("requeue")),
             flag("on-store-error", rank: 7, value_name: "POLICY", value: FlagValue::Names(&STORE_ERROR_POLICIES));
-        /// Requeue delay after a store error (default 1s).
-        store_error_requeue_delay: Dur, only(&REQUEUE_ON_STORE_ERROR),
+        /// Requeue delay after a store error (default {default}).
+        store_error_requeue_delay: Dur, default(DefaultValue::Duration(Duration::from_secs(1))), only(&REQUEUE_ON_STORE_ERROR),
             flag("store-error-requeue-delay", rank: 8, value_name: "DURATION", value: FlagValue::Duration);
         /// Copies arriving longer after their original than this (such as 10m) pass again:
         /// for bodies that repeat on purpose. Off by default.

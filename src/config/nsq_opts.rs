@@ -13,7 +13,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::setting::{section, FlagValue, Section as _};
+use super::setting::{section, DefaultValue, FlagValue, Section as _};
 use super::{invalid, ConfigError, Dur, Wording};
 use crate::nsq::{AuthSecret, Compression, Transport};
 use crate::tls::{TlsSettings, TlsVersion};
@@ -35,13 +35,13 @@ section! {
         /// PEM key of --tls-cert.
         tls_key: PathBuf, flag("tls-key", rank: 4, value_name: "FILE", value: FlagValue::Path);
         /// Lowest TLS version: tls1.2 (default) or tls1.3.
-        tls_min_version: String, flag("tls-min-version", rank: 6, value_name: "VERSION");
+        tls_min_version: String, default(DefaultValue::Text("tls1.2")), flag("tls-min-version", rank: 6, value_name: "VERSION");
         /// Compress with snappy (exclusive with --deflate).
         snappy: bool, flag("snappy", rank: 7, value: FlagValue::Switch);
         /// Compress with deflate.
         deflate: bool, flag("deflate", rank: 8, value: FlagValue::Switch);
-        /// Deflate level 1-9 (default 6; implies --deflate).
-        deflate_level: u32, flag("deflate-level", rank: 9, value_name: "N", value: FlagValue::Small);
+        /// Deflate level 1-9 (default {default}; implies --deflate).
+        deflate_level: u32, default(DefaultValue::Number(crate::nsq::DEFAULT_DEFLATE_LEVEL as u64)), flag("deflate-level", rank: 9, value_name: "N", value: FlagValue::Small);
         /// AUTH secret for an nsqd with --auth-http-address; prefer the environment variable or
         /// --auth-secret-file, which stay out of process listings.
         auth_secret: String, flag("auth-secret", rank: 10, value_name: "SECRET");

@@ -3,7 +3,7 @@
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
-use super::setting::{section, FlagValue};
+use super::setting::{section, DefaultValue, FlagValue};
 use super::{invalid, quote, ConfigError, Dur};
 
 /// Where metrics are served when `metrics.address` is not given.
@@ -20,8 +20,8 @@ section! {
     pub struct RawMetrics in "metrics", heading "Service" {
         /// Where to serve Prometheus metrics: host:port, :port (every IPv4 interface) or `off`.
         address: String, flag("metrics-address", value_name: "ADDR");
-        /// How often the one-line status is logged (default 10s).
-        status_interval: Dur,
+        /// How often the one-line status is logged (default {default}).
+        status_interval: Dur, default(DefaultValue::Duration(DEFAULT_STATUS_INTERVAL)),
             flag("status-interval", value_name: "DURATION", value: FlagValue::Duration);
     }
 }
@@ -29,8 +29,8 @@ section! {
 section! {
     /// `[shutdown]`: how the service stops.
     pub struct RawShutdown in "shutdown", heading "Service" {
-        /// How long running handlers may finish at shutdown (default 10s).
-        grace: Dur, flag("shutdown-grace", value_name: "DURATION", value: FlagValue::Duration);
+        /// How long running handlers may finish at shutdown (default {default}).
+        grace: Dur, default(DefaultValue::Duration(DEFAULT_GRACE)), flag("shutdown-grace", value_name: "DURATION", value: FlagValue::Duration);
     }
 }
 
@@ -53,11 +53,19 @@ pub(super) fn validate(
         "off" | "" => None,
         text => Some(resolve("metrics.address", text, 9150, true)?),
     };
+    let status_interval = metrics
+        .status_interval
+        .map_or(DEFAULT_STATUS_INTERVAL, |d| d.0);
+    if status_interval.is_zero() {
+        return Err(invalid(
+            "metrics.status_interval",
+            "\"0s\"",
+            "must be more than 0 (how often the status line is logged)",
+        ));
+    }
     Ok(Service {
         metrics_address,
-        status_interval: metrics
-            .status_interval
-            .map_or(DEFAULT_STATUS_INTERVAL, |d| d.0),
+        status_interval,
         grace: shutdown.grace.map_or(DEFAULT_GRACE, |d| d.0),
     })
 }

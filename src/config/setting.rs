@@ -12,11 +12,17 @@
 //! [`toml::Value`], as the file would have written it, and [`Section::lay`] deserializes it
 //! into the field named by the key, so a flag's value passes the file's own checks.
 //!
+//! A setting's default is written in its entry ([`DefaultValue`]) and shown in its help where
+//! the doc says `{default}`: `--help`, the man pages and the guide's table say what the file
+//! and the flags fall back to, and a test lays every default through the file to check that it
+//! changes nothing.
+//!
 //! A setting that belongs to some kinds only ([`Only`], such as `sink.post` to
 //! `sink.kind = "http"`) is refused by [`check_kinds`] when given with another kind.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use super::{ConfigError, Wording};
 
@@ -53,6 +59,46 @@ pub struct Setting {
     /// as the file writes it, a string: `--dead-letter-file` sets `kind = "file"`. The help
     /// names it after the key.
     pub sets: Option<(&'static str, &'static str)>,
+    /// What an unset setting falls back to, if a value the file could write.
+    pub default: Option<DefaultValue>,
+}
+
+/// A setting's default: what the file and the flags fall back to when neither gives it. The
+/// help shows it where the doc says `{default}`, or names it before `(default)` (`requeue it
+/// (default) or finish it`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DefaultValue {
+    /// A duration, written as the file would (`10s`; `0` for none).
+    Duration(Duration),
+    /// A whole number.
+    Number(u64),
+    /// Text as the file writes it in a string: a name, an address, or a duration in the
+    /// user's own unit (`60s`).
+    Text(&'static str),
+}
+
+impl DefaultValue {
+    /// The default as the file writes it.
+    pub fn to_toml(self) -> toml::Value {
+        match self {
+            DefaultValue::Duration(d) => toml::Value::String(crate::units::format_duration(d)),
+            DefaultValue::Number(n) => {
+                toml::Value::Integer(i64::try_from(n).expect("a default fits the file's integers"))
+            }
+            DefaultValue::Text(text) => toml::Value::String(text.to_owned()),
+        }
+    }
+}
+
+impl std::fmt::Display for DefaultValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DefaultValue::Duration(d) if d.is_zero() => f.write_str("0"),
+            DefaultValue::Duration(d) => f.write_str(&crate::units::format_duration(*d)),
+            DefaultValue::Number(n) => write!(f, "{n}"),
+            DefaultValue::Text(text) => f.write_str(text),
+        }
+    }
 }
 
 impl Setting {
@@ -71,12 +117,18 @@ impl Setting {
         conflicts: &[],
         replaces: &[],
         sets: None,
+        default: None,
     };
 
-    /// The help shown for the flag: its doc lines joined, then the key.
+    /// The help shown for the flag: its doc lines joined, with the default where the doc says
+    /// `{default}`, then the key.
     pub fn help_text(&self) -> String {
         let doc: Vec<&str> = self.help.iter().map(|line| line.trim()).collect();
         let doc = doc.join(" ");
+        let doc = match self.default {
+            Some(default) => doc.replace("{default}", &default.to_string()),
+            None => doc,
+        };
         let doc = doc.strip_suffix('.').unwrap_or(&doc);
         match self.sets {
             Some((name, value)) => {
@@ -98,7 +150,8 @@ pub enum FlagValue {
     Text,
     /// A file or directory.
     Path,
-    /// A duration greater than 0, such as `10s` (a string in the file).
+    /// A duration such as `10s` (a string in the file); whether 0 means something is the
+    /// setting's rule, checked with the file's.
     Duration,
     /// A whole number (`usize`).
     Count,
@@ -331,11 +384,12 @@ pub fn check_kinds<S: Section>(
 ///
 /// ```text
 /// /// Help of the flag (the key is added).
-/// field: Type, only(&ONLY_CONST), flag("long-name", value_name: "X", value: FlagValue::Duration);
+/// field: Type, default(DefaultValue::Duration(DEFAULT_X)), only(&ONLY_CONST),
+///     flag("long-name", value_name: "X", value: FlagValue::Duration);
 /// ```
 ///
-/// where `only(...)` and `flag(...)` are optional, and `flag`'s options are [`Setting`]'s
-/// fields. A `#[serde(...)]` after the doc goes to the field, such as
+/// where `default(...)` (a [`DefaultValue`]), `only(...)` and `flag(...)` are optional, and
+/// `flag`'s options are [`Setting`]'s fields. A `#[serde(...)]` after the doc goes to the field, such as
 /// `#[serde(deserialize_with = "super::setting::required")]` for a key the file must give.
 /// Fields that are not settings (set by the program, never by the file) follow in an
 /// `extra { ... }` block.
@@ -347,6 +401,7 @@ macro_rules! section {
                 $(#[doc = $doc:literal])*
                 $(#[serde($($serde:tt)*)])*
                 $field:ident : $ty:ty
+                    $(, default($default:expr))?
                     $(, only($only:expr))?
                     $(, flag($flag:literal $(, $opt:ident : $val:expr)* $(,)?))?
                 ;
@@ -382,6 +437,7 @@ macro_rules! section {
                     name: stringify!($field),
                     help: &[$($doc),*],
                     only: $crate::config::setting::optional!($($only)?),
+                    default: $crate::config::setting::optional!($($default)?),
                     $( flag: Some(concat!("--", $flag)), $($opt: $val,)* )?
                     ..$crate::config::setting::Setting::BASE
                 },
@@ -442,7 +498,161 @@ pub(crate) use {optional, section};
 
 #[cfg(test)]
 mod tests {
-    use crate::config::Settings;
+    use std::collections::BTreeMap;
+
+    use super::Setting;
+    use crate::config::{Settings, SECTIONS};
+
+    /// What a setting needs besides a topic and an nsqd to be used at all, as `(key, value)`
+    /// in the file's words: its kind (`sink.kind = "http"`), what that kind requires, and the
+    /// setting another one is used only with.
+    fn needs(setting: &Setting) -> Vec<(&'static str, &'static str)> {
+        let mut needs = Vec::new();
+        if let Some(only) = setting.only {
+            let kind = only.kinds[0];
+            needs.push((only.kind, kind));
+            needs.extend(match (only.kind, kind) {
+                ("sink.kind", "http") => &[("sink.post", "\"http://127.0.0.1:1/\"")][..],
+                ("sink.kind", "file") => &[("sink.output_dir", "\"/tmp\"")][..],
+                ("store.kind", "memcached") => {
+                    &[("store.memcached_addresses", "[\"127.0.0.1:11211\"]")][..]
+                }
+                ("store.kind", "redis") => {
+                    &[("store.redis_urls", "[\"redis://127.0.0.1:6379\"]")][..]
+                }
+                _ => &[][..],
+            });
+        }
+        needs.extend(match setting.key {
+            "store.snapshot_interval" | "store.table_file_on_mismatch" => {
+                &[("store.table_file", "\"/tmp/nsq-dedupe-defaults.table\"")][..]
+            }
+            "source.lookupd_poll_interval" => {
+                &[("source.lookupd_http_addresses", "[\"127.0.0.1:4161\"]")][..]
+            }
+            "sink.gzip_level" => &[("sink.gzip", "true")][..],
+            "consumer_opt.deflate_level" => &[("consumer_opt.deflate", "true")][..],
+            "consumer_opt.tls_min_version" => &[("consumer_opt.tls_v1", "true")][..],
+            _ => &[][..],
+        });
+        needs
+    }
+
+    /// A config file of `settings`, `(key, value)` as the file writes them, after a topic and
+    /// an nsqd; each value is quoted as needed by the caller.
+    fn file(settings: &[(&str, String)]) -> String {
+        let mut sections: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        sections.entry("source").or_default().extend([
+            "topic = \"t\"".to_owned(),
+            "nsqd_tcp_addresses = [\"127.0.0.1:4150\"]".to_owned(),
+        ]);
+        for (key, value) in settings {
+            let (section, name) = key.split_once('.').unwrap();
+            sections
+                .entry(section)
+                .or_default()
+                .push(format!("{name} = {value}"));
+        }
+        sections
+            .iter()
+            .map(|(section, lines)| format!("[{section}]\n{}\n", lines.join("\n")))
+            .collect()
+    }
+
+    /// Every name a setting refers to by a string (`conflicts`, `replaces`, `sets`, and the
+    /// kind key of `only`) is a setting: a misspelt one would silently do nothing.
+    #[test]
+    fn every_setting_a_setting_names_exists() {
+        let mut unknown = Vec::new();
+        for section in SECTIONS {
+            let named = |name: &str| section.iter().any(|setting| setting.name == name);
+            for setting in section.iter() {
+                let names = setting.conflicts.iter().chain(setting.replaces);
+                let names = names.chain(setting.sets.as_ref().map(|(name, _)| name));
+                for name in names.filter(|name| !named(name)) {
+                    unknown.push(format!("{} names `{name}`", setting.key));
+                }
+                let kind = setting.only.map(|only| only.kind);
+                let known = |key: &str| SECTIONS.iter().copied().flatten().any(|s| s.key == key);
+                if let Some(kind) = kind.filter(|kind| !known(kind)) {
+                    unknown.push(format!("{} is used only with `{kind}`", setting.key));
+                }
+            }
+        }
+        assert!(
+            unknown.is_empty(),
+            "settings that do not exist: {unknown:?}"
+        );
+    }
+
+    /// Each setting's default, laid through the config file, gives the same settings as leaving
+    /// it out: the table's default is the one the validation falls back to.
+    #[test]
+    fn every_default_laid_through_the_file_changes_nothing() {
+        let mut checked = 0;
+        for setting in SECTIONS.iter().copied().flatten() {
+            let Some(default) = setting.default else {
+                continue;
+            };
+            let needs: Vec<(&str, String)> = needs(setting)
+                .into_iter()
+                .map(|(key, value)| match value {
+                    "true" => (key, value.to_owned()),
+                    _ if value.starts_with(['"', '[']) => (key, value.to_owned()),
+                    _ => (key, format!("{value:?}")),
+                })
+                .collect();
+            let without = file(&needs);
+            let mut laid = needs.clone();
+            laid.push((setting.key, default.to_toml().to_string()));
+            let with = file(&laid);
+            let expected = Settings::from_toml(&without)
+                .unwrap_or_else(|error| panic!("{}: {error}\n{without}", setting.key));
+            let got = Settings::from_toml(&with)
+                .unwrap_or_else(|error| panic!("{}: {error}\n{with}", setting.key));
+            assert_eq!(
+                format!("{got:?}"),
+                format!("{expected:?}"),
+                "`{} = {}`, the table's default, is not what leaving it out gives",
+                setting.key,
+                default.to_toml()
+            );
+            checked += 1;
+        }
+        assert!(checked >= 40, "only {checked} defaults");
+    }
+
+    /// The help shows each default from the table: where the doc says `{default}`, or after
+    /// the name it picks (`requeue it (default)`); a help never writes a value as its default
+    /// by hand, where it could drift from the table.
+    #[test]
+    fn every_help_shows_its_default_from_the_table() {
+        for setting in SECTIONS.iter().copied().flatten() {
+            let doc = setting.help.join(" ");
+            let marked = doc.matches("{default}").count();
+            match setting.default {
+                Some(default) => assert!(
+                    marked == 1
+                        || (marked == 0
+                            && doc
+                                .find("(default)")
+                                .is_some_and(|at| { doc[..at].contains(&default.to_string()) })),
+                    "{}: the help does not show its default {default}: {doc}",
+                    setting.key
+                ),
+                None => {
+                    let by_hand = doc.match_indices("(default ").any(|(at, text)| {
+                        doc[at + text.len()..].starts_with(|c: char| c.is_ascii_digit())
+                    });
+                    assert!(
+                        marked == 0 && !by_hand,
+                        "{}: a default written in the help, not in the table: {doc}",
+                        setting.key
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn an_unknown_key_lists_the_sections_keys_in_the_files_order() {

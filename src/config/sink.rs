@@ -8,13 +8,14 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::setting::{names, section, FlagValue, Only};
+use super::setting::{names, section, DefaultValue, FlagValue, Only};
 use super::{check_host_port, check_name, invalid, output_name, quote, ConfigError, Dur};
 use crate::http::{check_url, HttpClientConfig};
 use crate::redact;
+use crate::sink::serve as serve_defaults;
 use crate::sink::{
-    with_content_type, BatchFormat, HttpMode, HttpSinkConfig, DEFAULT_CONTENT_TYPE,
-    DEFAULT_IDEMPOTENCY_HEADER,
+    with_content_type, BatchFormat, HttpMode, HttpSinkConfig, DEFAULT_BATCH_TIMEOUT,
+    DEFAULT_CONCURRENCY, DEFAULT_CONTENT_TYPE, DEFAULT_IDEMPOTENCY_HEADER,
 };
 use hyper::header::{HeaderName, HeaderValue};
 
@@ -128,35 +129,35 @@ section! {
         /// A header of every POST, as "Name: value" (repeatable).
         headers: BTreeMap<String, String>, only(&HTTP),
             flag("header", value_name: "HEADER", value: FlagValue::Header);
-        /// Content-Type of every POST (default application/octet-stream).
-        content_type: String, only(&HTTP), flag("content-type", value_name: "TYPE");
-        /// Bound on connecting to an http sink URL (default 2s).
-        http_client_connect_timeout: Dur, only(&HTTP),
+        /// Content-Type of every POST (default {default}).
+        content_type: String, default(DefaultValue::Text(DEFAULT_CONTENT_TYPE)), only(&HTTP), flag("content-type", value_name: "TYPE");
+        /// Bound on connecting to an http sink URL (default {default}).
+        http_client_connect_timeout: Dur, default(DefaultValue::Duration(Duration::from_secs(2))), only(&HTTP),
             flag("http-client-connect-timeout", value_name: "DURATION", value: FlagValue::Duration);
-        /// Bound on one POST, answer included (default 10s).
-        http_client_request_timeout: Dur, only(&HTTP),
+        /// Bound on one POST, answer included (default {default}).
+        http_client_request_timeout: Dur, default(DefaultValue::Duration(Duration::from_secs(10))), only(&HTTP),
             flag("http-client-request-timeout", value_name: "DURATION", value: FlagValue::Duration);
         /// PEM file of CA certificates trusted for https:// besides the system's.
         http_client_tls_root_ca_file: PathBuf, only(&HTTP),
             flag("http-client-tls-root-ca-file", value_name: "FILE", value: FlagValue::Path);
         /// Most requests in flight, and connections open, per http sink endpoint; more records
-        /// wait (default 100). Fewer while connects to the endpoint stall.
-        http_concurrency: usize, only(&HTTP),
+        /// wait (default {default}). Fewer while connects to the endpoint stall.
+        http_concurrency: usize, default(DefaultValue::Number(DEFAULT_CONCURRENCY as u64)), only(&HTTP),
             flag("http-concurrency", alias: Some("n"), value_name: "N", value: FlagValue::Count);
         /// Header carrying each request's idempotency key (the body's digest), or "off" (default
-        /// Idempotency-Key).
-        http_idempotency_header: String, only(&HTTP),
+        /// {default}).
+        http_idempotency_header: String, default(DefaultValue::Text(DEFAULT_IDEMPOTENCY_HEADER)), only(&HTTP),
             flag("http-idempotency-header", value_name: "NAME|off");
-        /// Records per POST (default 1: each body as it is).
-        http_batch_size: usize, only(&HTTP),
+        /// Records per POST (default {default}: each body as it is).
+        http_batch_size: usize, default(DefaultValue::Number(1)), only(&HTTP),
             flag("http-batch-size", value_name: "N", value: FlagValue::Count);
-        /// How long a batch that is not full waits for more records (default 100ms): a burst's
+        /// How long a batch that is not full waits for more records (default {default}): a burst's
         /// full batches go at once, the rest joins the records that follow.
-        http_batch_timeout: Dur, only(&HTTP),
+        http_batch_timeout: Dur, default(DefaultValue::Duration(DEFAULT_BATCH_TIMEOUT)), only(&HTTP),
             flag("http-batch-timeout", value_name: "DURATION", value: FlagValue::Duration);
         /// How a batch's records make one body: each followed by a newline (nsqd's /mpub,
-        /// NDJSON), or a JSON array (default lines).
-        http_batch_format: BatchFormat, only(&HTTP),
+        /// NDJSON), or a JSON array (default {default}).
+        http_batch_format: BatchFormat, default(DefaultValue::Text("lines")), only(&HTTP),
             flag("http-batch-format", value_name: "FORMAT", value: FlagValue::Names(&BATCH_FORMATS));
         /// Directory closed files go to.
         output_dir: PathBuf, only(&FILE),
@@ -165,11 +166,11 @@ section! {
         work_dir: PathBuf, only(&FILE),
             flag("work-dir", heading: FILE_HEADING, value_name: "DIR", value: FlagValue::Path);
         /// File name with <TOPIC>, <HOST>, <REV>, <DATETIME>, <PID> (default
-        /// <TOPIC>.<HOST><REV>.<DATETIME>.log).
-        filename_format: String, only(&FILE),
+        /// {default}).
+        filename_format: String, default(DefaultValue::Text(crate::sink::DEFAULT_FILENAME_FORMAT)), only(&FILE),
             flag("filename-format", heading: FILE_HEADING, value_name: "FORMAT");
-        /// <DATETIME> as strftime, UTC (default %Y-%m-%d_%H: a file per hour).
-        datetime_format: String, only(&FILE),
+        /// <DATETIME> as strftime, UTC (default {default}: a file per hour).
+        datetime_format: String, default(DefaultValue::Text(crate::sink::DEFAULT_DATETIME_FORMAT)), only(&FILE),
             flag("datetime-format", heading: FILE_HEADING, value_name: "FORMAT");
         /// Close a file after this long.
         rotate_interval: Dur, only(&FILE),
@@ -179,12 +180,12 @@ section! {
             flag("rotate-size", heading: FILE_HEADING, value_name: "SIZE");
         /// Gzip the files (a member per sync).
         gzip: bool, only(&FILE), flag("gzip", heading: FILE_HEADING, value: FlagValue::Switch);
-        /// Gzip level 1-9 (default 6; implies --gzip).
-        gzip_level: u32, only(&FILE),
+        /// Gzip level 1-9 (default {default}; implies --gzip).
+        gzip_level: u32, default(DefaultValue::Number(crate::sink::DEFAULT_GZIP_LEVEL as u64)), only(&FILE),
             flag("gzip-level", heading: FILE_HEADING, value_name: "N", value: FlagValue::Small);
-        /// Gather records this long before each write and fsync (default 0: as soon as the disk is
+        /// Gather records this long before each write and fsync (default {default}: as soon as the disk is
         /// free); longer means fewer fsyncs and later FINs.
-        sync_interval: Dur, only(&FILE),
+        sync_interval: Dur, default(DefaultValue::Duration(Duration::ZERO)), only(&FILE),
             flag("sync-interval", heading: FILE_HEADING, value_name: "DURATION", value: FlagValue::Duration);
         /// <HOST> in file names (default: the short host name).
         host_identifier: String, only(&FILE),
@@ -192,30 +193,30 @@ section! {
         /// Remove files that got no record instead of keeping them.
         skip_empty_files: bool, only(&FILE),
             flag("skip-empty-files", heading: FILE_HEADING, value: FlagValue::Switch);
-        /// Where NSQ consumers connect, as to nsqd (default 127.0.0.1:4250).
-        serve_tcp_address: String, only(&SERVE),
+        /// Where NSQ consumers connect, as to nsqd (default {default}).
+        serve_tcp_address: String, default(DefaultValue::Text(serve_defaults::DEFAULT_TCP_ADDRESS)), only(&SERVE),
             flag("serve-tcp-address", heading: SERVE_HEADING, value_name: "ADDR");
         /// Where /ping, /lookup (as nsqlookupd) and /stats (as nsqd) answer, or off (default
-        /// 127.0.0.1:4251).
-        serve_http_address: String, only(&SERVE),
+        /// {default}).
+        serve_http_address: String, default(DefaultValue::Text(serve_defaults::DEFAULT_HTTP_ADDRESS)), only(&SERVE),
             flag("serve-http-address", heading: SERVE_HEADING, value_name: "ADDR|off");
         /// A served message not answered within this goes back upstream; a consumer may ask
-        /// for another in IDENTIFY (default 1m).
-        serve_msg_timeout: Dur, only(&SERVE),
+        /// for another in IDENTIFY (default {default}).
+        serve_msg_timeout: Dur, default(DefaultValue::Duration(serve_defaults::DEFAULT_MSG_TIMEOUT)), only(&SERVE),
             flag("serve-msg-timeout", heading: SERVE_HEADING, value_name: "DURATION", value: FlagValue::Duration);
         /// The longest message timeout a consumer may ask for, and the longest a TOUCHed
-        /// message stays out (default 15m).
-        serve_max_msg_timeout: Dur, only(&SERVE),
+        /// message stays out (default {default}).
+        serve_max_msg_timeout: Dur, default(DefaultValue::Duration(serve_defaults::DEFAULT_MAX_MSG_TIMEOUT)), only(&SERVE),
             flag("serve-max-msg-timeout", heading: SERVE_HEADING, value_name: "DURATION", value: FlagValue::Duration);
         /// Heartbeats to a consumer that asks for none in IDENTIFY; one that misses two is
-        /// closed (default 30s).
-        serve_heartbeat_interval: Dur, only(&SERVE),
+        /// closed (default {default}).
+        serve_heartbeat_interval: Dur, default(DefaultValue::Duration(serve_defaults::DEFAULT_HEARTBEAT_INTERVAL)), only(&SERVE),
             flag("serve-heartbeat-interval", heading: SERVE_HEADING, value_name: "DURATION", value: FlagValue::Duration);
-        /// The largest RDY a consumer may send (default 2500).
-        serve_max_rdy_count: u32, only(&SERVE),
+        /// The largest RDY a consumer may send (default {default}).
+        serve_max_rdy_count: u32, default(DefaultValue::Number(serve_defaults::DEFAULT_MAX_RDY_COUNT as u64)), only(&SERVE),
             flag("serve-max-rdy-count", heading: SERVE_HEADING, value_name: "N", value: FlagValue::InFlight);
-        /// Consumers connected at once; more are closed at once (default 64).
-        serve_max_connections: usize, only(&SERVE),
+        /// Consumers connected at once; more are closed at once (default {default}).
+        serve_max_connections: usize, default(DefaultValue::Number(serve_defaults::DEFAULT_MAX_CONNECTIONS as u64)), only(&SERVE),
             flag("serve-max-connections", heading: SERVE_HEADING, value_name: "N", value: FlagValue::Count);
         /// PEM certificate chain: TLS offered to consumers (IDENTIFY tls_v1); needs --serve-tls-key.
         serve_tls_cert: PathBuf, only(&SERVE),

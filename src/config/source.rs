@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use super::setting::{section, FlagValue};
+use super::setting::{section, DefaultValue, FlagValue};
 use super::{check_host_port, check_name, invalid, quote, ConfigError, Dur, Wording};
 use crate::nsq::ConsumerConfig;
 use crate::pipeline::Policy;
@@ -33,23 +33,23 @@ section! {
             flag("lookupd-http-address", value_name: "ADDR", value: FlagValue::List { delimiter: Some(',') });
         /// Topic to consume.
         topic: String, flag("topic", value_name: "TOPIC");
-        /// Channel to consume (default nsq-dedupe).
-        channel: String, flag("channel", value_name: "CHANNEL");
-        /// Messages in flight at once (default 200).
-        max_in_flight: u32, flag("max-in-flight", value_name: "N", value: FlagValue::InFlight);
+        /// Channel to consume (default {default}).
+        channel: String, default(DefaultValue::Text(DEFAULT_CHANNEL)), flag("channel", value_name: "CHANNEL");
+        /// Messages in flight at once (default {default}).
+        max_in_flight: u32, default(DefaultValue::Number(DEFAULT_MAX_IN_FLIGHT as u64)), flag("max-in-flight", value_name: "N", value: FlagValue::InFlight);
         /// nsqd's redelivery timeout for this consumer, such as 60s.
         msg_timeout: Dur, flag("msg-timeout", value_name: "DURATION", value: FlagValue::Duration);
-        /// Deliveries before a failing message goes to the dead-letter (default 5).
-        max_attempts: u16, flag("max-attempts", value_name: "N", value: FlagValue::Attempts);
-        /// First requeue delay and consumer pause after a handler failure, doubling (default 1s).
-        backoff: Dur, flag("backoff", value_name: "DURATION", value: FlagValue::Duration);
-        /// Longest requeue delay and pause (default 2m).
-        max_backoff: Dur, flag("max-backoff", value_name: "DURATION", value: FlagValue::Duration);
-        /// Heartbeat interval asked of nsqd, 1s to 60s (default 30s).
-        heartbeat_interval: Dur,
+        /// Deliveries before a failing message goes to the dead-letter (default {default}).
+        max_attempts: u16, default(DefaultValue::Number(5)), flag("max-attempts", value_name: "N", value: FlagValue::Attempts);
+        /// First requeue delay and consumer pause after a handler failure, doubling (default {default}).
+        backoff: Dur, default(DefaultValue::Duration(Duration::from_secs(1))), flag("backoff", value_name: "DURATION", value: FlagValue::Duration);
+        /// Longest requeue delay and pause (default {default}).
+        max_backoff: Dur, default(DefaultValue::Duration(Duration::from_secs(120))), flag("max-backoff", value_name: "DURATION", value: FlagValue::Duration);
+        /// Heartbeat interval asked of nsqd, 1s to 60s (default {default}).
+        heartbeat_interval: Dur, default(DefaultValue::Duration(Duration::from_secs(30))),
             flag("heartbeat-interval", value_name: "DURATION", value: FlagValue::Duration);
-        /// How often nsqlookupd is polled (default 60s).
-        lookupd_poll_interval: Dur,
+        /// How often nsqlookupd is polled (default {default}).
+        lookupd_poll_interval: Dur, default(DefaultValue::Text("60s")),
             flag("lookupd-poll-interval", value_name: "DURATION", value: FlagValue::Duration);
     }
 }

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::setting::{names, section, FlagValue, Only};
+use super::setting::{names, section, DefaultValue, FlagValue, Only};
 use crate::dedup::table_file::OnMismatch;
 
 use super::{check_host_port, invalid, quote, ConfigError, Dur, Wording};
@@ -125,8 +125,8 @@ section! {
                  conflicts: &["buckets"], replaces: &["buckets", "memory"]);
         /// Distinct messages per second, for sizing and the reported catch probability.
         rate: f64, only(&TABLE), flag("rate", rank: 11, value_name: "MSG/S", value: FlagValue::Rate);
-        /// How late a copy may arrive and still be caught (default 1h).
-        window: Dur, only(&TABLE),
+        /// How late a copy may arrive and still be caught (default {default}).
+        window: Dur, default(DefaultValue::Duration(DEFAULT_WINDOW)), only(&TABLE),
             flag("window", rank: 12, value_name: "DURATION", value: FlagValue::Duration);
         /// Memcached server host:port (repeatable, or comma-separated).
         memcached_addresses: Vec<String>, only(&MEMCACHED),
@@ -136,18 +136,19 @@ section! {
         /// How long a shared store's claim stays in flight without renewal (default msg-timeout + 5s).
         lease: Dur, only(&SHARED),
             flag("lease", rank: 14, value_name: "DURATION", value: FlagValue::Duration);
-        /// Bound on each Memcached network step or Redis operation (default 500ms).
-        timeout: Dur, only(&SHARED),
+        /// Bound on each Memcached network step or Redis operation (default {default}).
+        timeout: Dur, default(DefaultValue::Duration(Duration::from_millis(500))), only(&SHARED),
             flag("store-timeout", rank: 15, value_name: "DURATION", value: FlagValue::Duration);
         /// Keep the in-process table in this file between runs (snapshots).
         table_file: PathBuf, only(&MEMORY),
             flag("table-file", rank: 19, value_name: "FILE", value: FlagValue::Path);
-        /// How often the table file is written (default 10s): what a kill -9 can forget.
-        snapshot_interval: Dur,
+        /// How often the table file is written (default {default}): what a kill -9 can forget.
+        snapshot_interval: Dur, default(DefaultValue::Duration(DEFAULT_SNAPSHOT_INTERVAL)),
             flag("snapshot-interval", rank: 20, value_name: "DURATION", value: FlagValue::Duration);
-        /// A table file of another size: `resize` (default: kept as the previous generation),
-        /// `error`, or `recreate` (moved aside, start empty; also for other mismatches and damage).
-        table_file_on_mismatch: OnMismatch,
+        /// A table file of another size: `resize` (kept as the previous generation), `error`,
+        /// or `recreate` (moved aside, start empty; also for other mismatches and damage)
+        /// (default {default}).
+        table_file_on_mismatch: OnMismatch, default(DefaultValue::Text("resize")),
             flag("table-file-on-mismatch", rank: 21, value_name: "POLICY", value: FlagValue::Names(&ON_MISMATCH));
         /// Each commit waits until its journal record is on disk: a machine crash then loses
         /// nothing answered (a kill -9 loses nothing either way).
@@ -157,8 +158,8 @@ section! {
         /// none (default: a quarter of the table's slots, 1MiB to 64MiB).
         near_table: String, only(&SHARED), flag("near-table", rank: 16, value_name: "SIZE");
         /// With two Memcached servers or more: after one has failed this long, its sets go to the
-        /// next server until it answers again; `off` never ejects (default 10s).
-        eject_after: String, only(&MEMCACHED), flag("eject-after", rank: 17, value_name: "DURATION|off");
+        /// next server until it answers again; `off` never ejects (default {default}).
+        eject_after: String, default(DefaultValue::Text("10s")), only(&MEMCACHED), flag("eject-after", rank: 17, value_name: "DURATION|off");
         /// Redis URL (repeatable): `redis://[user:password@]host:port[/db]`, or `rediss://` for
         /// TLS; several only with --redis-cluster.
         redis_urls: Vec<String>, only(&REDIS),
@@ -173,9 +174,9 @@ section! {
         redis_password_file: PathBuf, only(&REDIS),
             flag("redis-password-file", rank: 5, value_name: "FILE", value: FlagValue::Path);
         /// With Memcached or Redis: how often this consumer adds its distinct count to the fleet's counters
-        /// in the store (default 10s); the fleet's rate covers 6 of them and is reported after 7.
+        /// in the store (default {default}); the fleet's rate covers 6 of them and is reported after 7.
         /// The same in every consumer of the table.
-        fleet_interval: Dur, only(&SHARED),
+        fleet_interval: Dur, default(DefaultValue::Duration(crate::DEFAULT_FLEET_INTERVAL)), only(&SHARED),
             flag("fleet-interval", rank: 18, value_name: "DURATION", value: FlagValue::Duration);
     }
     extra {

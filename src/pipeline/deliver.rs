@@ -1,78 +1,42 @@
 //! Hands a burst's records to the handler ([`Dedupe::deliver_all`], [`Dedupe::deliver`]),
-//! keeping their messages and claims alive while it works, then settles their claims and
-//! answers their messages.
+//! keeping their messages and claims alive while it works, and settles each part of its answer
+//! as it comes: commits or erases the claims, answers the copies held beside them and the
+//! messages. Only the records not answered yet are kept alive, and requeued if the call is
+//! abandoned at shutdown.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::pin::Pin;
 use std::time::Instant;
 
-use futures::FutureExt;
+use futures::stream::FuturesUnordered;
+use futures::{Stream, StreamExt};
 
-use super::held::{Held, Owner};
+use super::handed::{Answered, Handed};
 use super::{requeue, Dedupe, Outcome, Record};
 use crate::dedup::{Digest, Store};
 use crate::metrics::{add, inc};
 use crate::nsq::Answer;
-use crate::sink::{Delivery, Handler, HandlerError};
+use crate::sink::{Delivery, Handler, HandlerError, Part};
 
-/// The handler's result for each record of a call, in the records' order.
-type Results = Vec<Result<(), HandlerError>>;
+/// A part of the handler's answer, or the panic that ended it.
+type Caught = Result<Part, Box<dyn std::any::Any + Send>>;
 
-/// The digests the records opened in [`Held`], open for as long as it lives: whatever is not closed when
-/// it drops (a handler call dropped mid-way) is closed then, and its copies, dropped, requeue
-/// themselves.
-struct Originals<'a> {
-    held: &'a Held,
-    open: Vec<(Digest, Owner)>,
+/// What the wait for the handler's next part brought.
+enum Next {
+    Part(Part),
+    Panicked(Box<dyn std::any::Any + Send>),
+    /// The handler's answer ended.
+    Ended,
+    /// Abandoned at shutdown.
+    Abandoned,
 }
 
-impl<'a> Originals<'a> {
-    /// The digests the records opened when they were claimed.
-    fn new(held: &'a Held, records: &[Record]) -> Self {
-        let open = records
-            .iter()
-            .filter_map(|r| Some((r.digest?, r.held_by?)))
-            .collect();
-        Originals { held, open }
-    }
-
-    /// Hands the closing of every digest to the caller, who closes each in turn; whether
-    /// any was open.
-    fn take(&mut self) -> bool {
-        !std::mem::take(&mut self.open).is_empty()
-    }
-
-    /// Closes every digest still open: the copies held beside them.
-    fn close_all(&mut self) -> Vec<crate::nsq::Message> {
-        let held = self.held;
-        self.open
-            .drain(..)
-            .flat_map(|(digest, owner)| held.close(digest, owner))
-            .collect()
-    }
-}
-
-impl Drop for Originals<'_> {
-    fn drop(&mut self) {
-        drop(self.close_all());
-    }
-}
-
-/// Counts records as being handled for as long as it lives.
-struct Handling<'a> {
-    count: &'a AtomicUsize,
-    records: usize,
-}
-
-impl<'a> Handling<'a> {
-    fn new(count: &'a AtomicUsize, records: usize) -> Self {
-        count.fetch_add(records, Ordering::Relaxed);
-        Handling { count, records }
-    }
-}
-
-impl Drop for Handling<'_> {
-    fn drop(&mut self) {
-        self.count.fetch_sub(self.records, Ordering::Relaxed);
+impl From<Option<Caught>> for Next {
+    fn from(item: Option<Caught>) -> Self {
+        match item {
+            Some(Ok(part)) => Next::Part(part),
+            Some(Err(panic)) => Next::Panicked(panic),
+            None => Next::Ended,
+        }
     }
 }
 
@@ -100,31 +64,78 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
             .collect()
     }
 
-    /// Hands the records to the handler at once, then settles each record's claim (commit
-    /// or erase) and answers its message. `started` is now, as last read by the caller.
+    /// Hands the records to the handler at once, then settles each part of its answer as it
+    /// comes: each record's claim (commit or erase), the copies held beside it, and its
+    /// message. `started` is now, as last read by the caller.
     async fn deliver(&self, records: Vec<Record>, started: Instant) -> Vec<(usize, Outcome)> {
-        let count = records.len();
-        let _handling = Handling::new(&self.inner.handling, count);
-        let mut originals = Originals::new(&self.inner.held, &records);
-        let Some(results) = self.handle(&records).await else {
-            let outcomes = self.abandoned(records).await;
-            self.requeue_held(originals.close_all());
-            return outcomes;
-        };
+        let inner = &*self.inner;
+        let mut handed = Handed::new(&inner.held, &inner.handling, records);
+        let deliveries = handed.unanswered().map(|r| Delivery::of(&r.message));
+        // A panicking handler fails the records it had not answered: their claims must be
+        // erased, or the in-process table (which has no leases) would hold them in flight for
+        // ever and requeue every redelivery as a copy.
+        let parts =
+            std::panic::AssertUnwindSafe(inner.handler.handle_in_parts(deliveries.collect()))
+                .catch_unwind();
+        // Boxed: it lives beside each part's settling, and both inline would make every
+        // burst's task larger than a box costs (`size_tests`).
+        let mut parts = Box::pin(parts);
+        let mut outcomes = Vec::with_capacity(handed.left());
+        // The copies held beside records that were not delivered, decided again meanwhile.
+        let mut again = FuturesUnordered::new();
+        let mut ticker = None;
+        while handed.left() > 0 {
+            let next = self
+                .next_part(parts.as_mut(), &handed, &mut ticker, &mut again)
+                .await;
+            let answered = match next {
+                Next::Part(part) => handed.take(part),
+                Next::Panicked(panic) => handed.fail_rest(&crate::sink::panicked(panic)),
+                Next::Ended => handed.fail_rest(&Err(HandlerError::Retry(
+                    "the handler answered no result for the record".into(),
+                ))),
+                Next::Abandoned => {
+                    outcomes.extend(self.abandoned(handed.abandon()).await);
+                    self.requeue_held(handed.close_all());
+                    break;
+                }
+            };
+            let count = answered.records.len();
+            let (settled, copies) = self.settle_part(&mut handed, answered, started).await;
+            handed.answered(count);
+            outcomes.extend(settled);
+            if !copies.is_empty() {
+                // Boxed: a path of failures whose future would otherwise enlarge every burst's
+                // task; beside the call, so the other records' parts are settled meanwhile.
+                again.push(Box::pin(self.decide_and_deliver(copies)));
+            }
+        }
+        while again.next().await.is_some() {}
+        outcomes
+    }
+
+    /// Settles one part of the handler's answer: commits or erases the claims, then answers
+    /// the copies held beside the records and the records' messages. The outcomes, and the
+    /// copies to decide again.
+    async fn settle_part(
+        &self,
+        handed: &mut Handed<'_>,
+        answered: Answered,
+        started: Instant,
+    ) -> (Vec<(usize, Outcome)>, Vec<crate::nsq::Message>) {
         let handled = Instant::now();
         self.inner
             .metrics
             .handler_duration
-            .observe_many(handled - started, count as u64);
-        self.settle(&records, &results, handled).await;
+            .observe_many(handled - started, answered.records.len() as u64);
+        self.settle(&answered.records, &answered.results, handled)
+            .await;
         // Settled: a copy decided again now finds its original's entry committed or erased.
-        let again = self.answer_held(&mut originals, &records, &results);
-        let outcomes = self.answer_results(records, results).await;
-        if !again.is_empty() {
-            // Boxed: a path of failures whose future would otherwise enlarge every burst's task.
-            Box::pin(self.decide_and_deliver(again)).await;
-        }
-        outcomes
+        let again = self.answer_held(handed, &answered);
+        let outcomes = self
+            .answer_results(answered.records, answered.results)
+            .await;
+        (outcomes, again)
     }
 
     /// Answers the copies held beside the records, now that their claims are settled: a
@@ -133,20 +144,16 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
     /// the record's receiver asked for it later: see `deferred.rs`).
     fn answer_held(
         &self,
-        originals: &mut Originals<'_>,
-        records: &[Record],
-        results: &Results,
+        handed: &mut Handed<'_>,
+        answered: &Answered,
     ) -> Vec<crate::nsq::Message> {
         let mut finished = Vec::new();
         let mut again = Vec::new();
-        if !originals.take() {
+        if !handed.any_open() {
             return again;
         }
-        for (record, result) in records.iter().zip(results) {
-            let (Some(digest), Some(owner)) = (record.digest, record.held_by) else {
-                continue;
-            };
-            let copies = self.inner.held.close(digest, owner);
+        for (&place, result) in answered.places.iter().zip(&answered.results) {
+            let copies = handed.close(place);
             match result {
                 Ok(()) => finished.extend(copies.into_iter().map(|c| (c, Answer::Finish))),
                 Err(_) => again.extend(copies),
@@ -168,39 +175,63 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
         );
     }
 
-    /// Calls the handler, keeping the records' messages and claims alive while it works;
-    /// one result per record, or `None` if abandoned at shutdown.
-    async fn handle(&self, records: &[Record]) -> Option<Results> {
-        let count = records.len();
-        let deliveries = records.iter().map(|r| Delivery::of(&r.message)).collect();
-        // A panicking handler is a failed delivery of the whole batch: its claims must be
-        // erased, or the in-process table (which has no leases) would hold them in flight
-        // for ever and requeue every redelivery as a copy.
-        let handled =
-            std::panic::AssertUnwindSafe(self.inner.handler.handle_deliveries(deliveries))
-                .catch_unwind()
-                .map(|outcome| {
-                    outcome.unwrap_or_else(|panic| vec![crate::sink::panicked(panic); count])
-                });
-        tokio::pin!(handled);
-        // Most handlers (stdout to a fast reader, null, in-memory work) finish on their
-        // first poll or soon: only arm the keep-alive timer for those that do not.
-        let first = std::future::poll_fn(|cx| {
-            std::task::Poll::Ready(std::future::Future::poll(handled.as_mut(), cx))
-        })
-        .await;
-        let results = match first {
-            std::task::Poll::Ready(results) => results,
-            std::task::Poll::Pending => Box::pin(self.keep_handling(handled, records)).await?,
-        };
-        if results.len() == count {
-            return Some(results);
+    /// Waits for the handler's next part. A handler that did not answer at once gets its
+    /// unanswered records' messages TOUCHed and claims renewed every `keepalive` from then on
+    /// (`ticker`), while the copies decided `again` go on. A part that is ready (a handler
+    /// that answers at once, or parts that came while the last one was settled) is taken
+    /// without arming a timer.
+    async fn next_part<P, A>(
+        &self,
+        mut parts: Pin<&mut P>,
+        handed: &Handed<'_>,
+        ticker: &mut Option<tokio::time::Interval>,
+        again: &mut FuturesUnordered<A>,
+    ) -> Next
+    where
+        P: Stream<Item = Caught>,
+        A: std::future::Future<Output = Vec<Outcome>>,
+    {
+        // Most handlers (stdout to a fast reader, null, in-memory work) answer on their first
+        // poll or soon: only arm the keep-alive timer for those that do not.
+        let first =
+            std::future::poll_fn(|cx| std::task::Poll::Ready(parts.as_mut().poll_next(cx))).await;
+        if let std::task::Poll::Ready(item) = first {
+            return Next::from(item);
         }
-        let error = HandlerError::Retry(format!(
-            "the handler answered {} results for {count} records",
-            results.len()
-        ));
-        Some(vec![Err(error); count])
+        let keepalive = self.inner.policy.keepalive;
+        let ticker = ticker.get_or_insert_with(|| {
+            let mut ticker =
+                tokio::time::interval_at(tokio::time::Instant::now() + keepalive, keepalive);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticker
+        });
+        // Boxed: the path of handlers that take their time, whose future would otherwise
+        // enlarge every burst's task.
+        Box::pin(self.keep_handling(parts, handed, ticker, again)).await
+    }
+
+    /// Waits for the handler's next part, keeping the unanswered records alive every tick of
+    /// `ticker`, while the copies decided `again` go on; abandoned at shutdown.
+    async fn keep_handling<P, A>(
+        &self,
+        mut parts: Pin<&mut P>,
+        handed: &Handed<'_>,
+        ticker: &mut tokio::time::Interval,
+        again: &mut FuturesUnordered<A>,
+    ) -> Next
+    where
+        P: Stream<Item = Caught>,
+        A: std::future::Future<Output = Vec<Outcome>>,
+    {
+        loop {
+            tokio::select! {
+                biased;
+                item = parts.next() => return Next::from(item),
+                _ = ticker.tick() => self.keep_alive(handed).await,
+                _ = self.inner.abandon.cancelled() => return Next::Abandoned,
+                Some(_) = again.next(), if !again.is_empty() => {}
+            }
+        }
     }
 
     /// Requeues the records of a handler call abandoned at shutdown, erasing their claims
@@ -225,35 +256,11 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
         outcomes
     }
 
-    /// Waits for a handler that did not finish at once, TOUCHing its records' messages and
-    /// renewing their claims every `keepalive`; `None` if abandoned at shutdown.
-    async fn keep_handling<F>(
-        &self,
-        mut handled: std::pin::Pin<&mut F>,
-        records: &[Record],
-    ) -> Option<Results>
-    where
-        F: std::future::Future<Output = Results>,
-    {
-        let keepalive = self.inner.policy.keepalive;
-        let mut ticker =
-            tokio::time::interval_at(tokio::time::Instant::now() + keepalive, keepalive);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                biased;
-                result = &mut handled => return Some(result),
-                _ = ticker.tick() => self.keep_alive(records).await,
-                _ = self.inner.abandon.cancelled() => return None,
-            }
-        }
-    }
-
-    /// TOUCHes the records' messages and the copies held beside them, and renews their
-    /// claims (those claimed done have no lease).
-    async fn keep_alive(&self, records: &[Record]) {
+    /// TOUCHes the messages of the records not answered yet and the copies held beside them,
+    /// and renews their claims (those claimed done have no lease).
+    async fn keep_alive(&self, handed: &Handed<'_>) {
         let metrics = &*self.inner.metrics;
-        for record in records {
+        for record in handed.unanswered() {
             match record.message.touch() {
                 Ok(()) => inc(&metrics.touches),
                 Err(error) => {
@@ -266,7 +273,7 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
             // Claimed done: no lease to renew, and no copy held.
             return;
         }
-        let digests: Vec<Digest> = records.iter().filter_map(|r| r.digest).collect();
+        let digests: Vec<Digest> = handed.unanswered().filter_map(|r| r.digest).collect();
         if digests.is_empty() {
             return;
         }

@@ -4,7 +4,10 @@
 //! one): the burst's digests are claimed in one call, every record to deliver is handed to
 //! the handler at once ([`Handler::handle_batch`]), the pipeline waits once, commits what
 //! succeeded, erases what failed, and answers the burst with one queued write per connection
-//! ([`Message::answer_all`]). Each message still gets its own decision:
+//! ([`Message::answer_all`]); a handler that answers in parts
+//! ([`Handler::handle_in_parts`]: the serve sink) has each part settled and answered as it
+//! comes, and only its records not answered yet kept alive. Each message still gets its
+//! own decision:
 //!
 //! 1. The key's digest is computed. A body without a key passes as unique (counted as
 //!    `keyless`) and is delivered without touching the store.
@@ -60,6 +63,7 @@ mod decide;
 mod deferred;
 mod deliver;
 mod failure_log;
+mod handed;
 mod held;
 mod policy;
 mod settle;

@@ -8,7 +8,10 @@
 //!
 //! The pipeline hands a handler every unique record of a burst at once
 //! ([`Handler::handle_batch`]), with a result per record. A handler that only implements
-//! [`Handler::handle`] gets each record of the batch in its own concurrent call.
+//! [`Handler::handle`] gets each record of the batch in its own concurrent call. A handler
+//! that learns its records' results at different times (the serve sink, whose consumers answer
+//! each message on their own) answers them in parts ([`Handler::handle_in_parts`]), and the
+//! pipeline settles each part as it comes.
 //!
 //! Each sink has its own module here and takes the trait from this one; [`serve`], the serve
 //! sink, is public (the crate's `serve`) for its settings, stats and errors.
@@ -24,7 +27,7 @@ mod stdout;
 use std::future::Future;
 
 use bytes::Bytes;
-use futures::FutureExt;
+use futures::{FutureExt, Stream};
 
 pub use dead_letter::{DeadLetter, DeadLetterError, DeadLetterRecord};
 pub use file::{
@@ -78,6 +81,10 @@ impl HandlerError {
         }
     }
 }
+
+/// The results of some records of a handler call, each with the record's place in the call:
+/// one part of the answer of [`Handler::handle_in_parts`].
+pub type Part = Vec<(usize, Result<(), HandlerError>)>;
 
 /// A unique record as the pipeline hands it on: the body, and what nsqd said of its message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -144,9 +151,11 @@ pub trait Handler: Send + Sync + 'static {
         }))
     }
 
-    /// Takes the records of a burst with their messages' attempts and timestamps; what the
-    /// pipeline calls. Only a handler that passes messages on as NSQ messages (the serve
-    /// sink) needs more than the bodies.
+    /// Takes the records of a burst with their messages' attempts and timestamps, and answers
+    /// them all at once; what the pipeline calls through
+    /// [`handle_in_parts`](Handler::handle_in_parts) unless a handler answers in parts. Only
+    /// a handler that passes messages on as NSQ messages (the serve sink) needs more than the
+    /// bodies.
     ///
     /// Defaults to: [`handle_batch`](Handler::handle_batch) of the bodies.
     fn handle_deliveries(
@@ -156,9 +165,25 @@ pub trait Handler: Send + Sync + 'static {
         self.handle_batch(deliveries.into_iter().map(|d| d.body).collect())
     }
 
+    /// Takes the records of a burst as [`handle_deliveries`](Handler::handle_deliveries)
+    /// does, and answers them in parts, each as soon as it is known: each item of the stream
+    /// is a [`Part`], the results of some records with their places in `deliveries`. What the
+    /// pipeline calls. It settles each part as it comes (commits or erases the claims, answers
+    /// the copies held beside the records, FINs or REQs their messages) and keeps alive only
+    /// the records not answered yet, so a record answered early is not held back by a slow
+    /// one of the same burst. Once every record is answered the stream is no longer polled;
+    /// a record still without a result when the stream ends fails with
+    /// [`HandlerError::Retry`], and a second result for a record is ignored.
+    ///
+    /// Defaults to: [`handle_deliveries`](Handler::handle_deliveries), answered in one part.
+    fn handle_in_parts(&self, deliveries: Vec<Delivery>) -> impl Stream<Item = Part> + Send {
+        in_one_part(deliveries.len(), self.handle_deliveries(deliveries))
+    }
+
     /// Whether [`handle_batch`](Handler::handle_batch) is the handler's own, made for
     /// batches. Then the pipeline hands it a burst's records in one call and answers their
-    /// messages once the whole call is done. Otherwise each record is handed on in its own
+    /// messages as the call answers them: once the whole call is done, or part by part
+    /// ([`handle_in_parts`](Handler::handle_in_parts)). Otherwise each record is handed on in its own
     /// concurrent call and its message answered as soon as that call is done, so one slow
     /// record holds back no other. Defaults to: `false`.
     fn handles_batches(&self) -> bool {
@@ -217,6 +242,26 @@ pub trait Handler: Send + Sync + 'static {
     fn refused(&self) -> impl Future<Output = std::sync::Arc<crate::nsq::Error>> + Send + 'static {
         std::future::pending()
     }
+}
+
+/// The results of a call for `count` records as one part; a call that answered another
+/// number of results fails every record.
+pub(crate) fn in_one_part(
+    count: usize,
+    results: impl Future<Output = Vec<Result<(), HandlerError>>> + Send,
+) -> impl Stream<Item = Part> + Send {
+    futures::stream::once(results.map(move |results| {
+        if results.len() == count {
+            return results.into_iter().enumerate().collect();
+        }
+        let error = HandlerError::Retry(format!(
+            "the handler answered {} results for {count} records",
+            results.len()
+        ));
+        (0..count)
+            .map(|place| (place, Err(error.clone())))
+            .collect()
+    }))
 }
 
 /// The error of a handler call that panicked, with the panic's message.
@@ -290,6 +335,16 @@ impl Handler for Sink {
                 self.handle_batch(deliveries.into_iter().map(|d| d.body).collect())
                     .await
             }
+        }
+    }
+
+    fn handle_in_parts(&self, deliveries: Vec<Delivery>) -> impl Stream<Item = Part> + Send {
+        match self {
+            Sink::Serve(sink) => futures::future::Either::Left(sink.handle_in_parts(deliveries)),
+            _ => futures::future::Either::Right(in_one_part(
+                deliveries.len(),
+                self.handle_deliveries(deliveries),
+            )),
         }
     }
 

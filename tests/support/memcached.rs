@@ -7,7 +7,13 @@
 
 use std::process::Command;
 
-use super::server::{free_port, ServerProcess};
+use super::server::{free_port, Package, ServerProcess};
+
+/// The Debian package.
+const PACKAGE: Package = Package {
+    name: "memcached",
+    install: "apt-get install memcached",
+};
 
 /// A memcached process on `127.0.0.1:<port>`, killed on drop.
 #[derive(Debug)]
@@ -49,8 +55,7 @@ impl MemcachedServer {
     /// As [`MemcachedServer::start`].
     pub fn start_with_args(args: &[&str]) -> Self {
         let extra_args: Vec<String> = args.iter().map(|&a| a.to_owned()).collect();
-        let process =
-            ServerProcess::start("memcached", free_port, |port| command(port, &extra_args));
+        let process = ServerProcess::start(PACKAGE, free_port, |port| command(port, &extra_args));
         MemcachedServer {
             process,
             extra_args,

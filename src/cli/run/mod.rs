@@ -1,9 +1,10 @@
-//! Flags of `nsq-dedupe run`, grouped by the config section they override.
+//! Flags of `nsq-dedupe run`: `--config`, and a group of flags per config section, laid over
+//! the file's [`RawConfig`] so that a flag given wins over the file's key.
 //!
-//! Each group sits in its own module with the code that lays it over the file's
-//! [`RawConfig`], recording which key each flag set so that errors name the flag. A section
-//! defined once in the library (`nsq_dedupe::config::setting`) has no module here: its flags are
-//! made from its table by `section`.
+//! Each group is made from its section's table of settings (`nsq_dedupe::config::setting`) by
+//! `section`; `nsq_opts` adds `--consumer-opt` and `--producer-opt KEY,VALUE`. Laying a group
+//! records which key each flag set, and whether it came from the environment or an alias, so
+//! that errors name what the user typed.
 
 mod nsq_opts;
 mod section;
@@ -49,15 +50,15 @@ impl RunArgs {
     /// and `aliases` which were typed by an alias, so that errors name the alias.
     pub(crate) fn apply(&self, raw: &mut RawConfig, from_env: &FromEnv, aliases: &TypedAliases) {
         let mut flags = std::mem::take(&mut raw.flags);
-        let mut overlay = Overlay {
+        let mut recorder = FlagRecorder {
             flags: &mut flags,
             from_env,
             aliases,
         };
-        self.source.apply(&mut raw.source, &mut overlay);
-        self.nsq.apply(raw, &mut overlay);
-        self.dedupe.apply(&mut raw.dedupe, &mut overlay);
-        self.store.apply(&mut raw.store, &mut overlay);
+        self.source.apply(&mut raw.source, &mut recorder);
+        self.nsq.apply(raw, &mut recorder);
+        self.dedupe.apply(&mut raw.dedupe, &mut recorder);
+        self.store.apply(&mut raw.store, &mut recorder);
         // The password itself is never a flag (a command line is visible to every user of
         // the machine); the environment may carry it.
         if let Ok(password) = std::env::var(nsq_dedupe::RedisConfig::PASSWORD_ENV) {
@@ -65,24 +66,24 @@ impl RunArgs {
                 raw.store.redis_password = Some(nsq_dedupe::RedisPassword::new(password));
             }
         }
-        self.sink.apply(&mut raw.sink, &mut overlay);
-        self.metrics.apply(&mut raw.metrics, &mut overlay);
-        self.shutdown.apply(&mut raw.shutdown, &mut overlay);
+        self.sink.apply(&mut raw.sink, &mut recorder);
+        self.metrics.apply(&mut raw.metrics, &mut recorder);
+        self.shutdown.apply(&mut raw.shutdown, &mut recorder);
         self.dead_letter
-            .apply_optional(&mut raw.dead_letter, &mut overlay);
+            .apply_optional(&mut raw.dead_letter, &mut recorder);
         raw.flags = flags;
     }
 }
 
-/// Sets config keys from flags and records which flag set which key, and for a flag whose
-/// value came from the environment, its variable; for one typed by an alias, the alias.
-pub(super) struct Overlay<'a> {
+/// Records which flag set which config key, and for a flag whose value came from the
+/// environment, its variable; for one typed by an alias, the alias.
+pub(super) struct FlagRecorder<'a> {
     flags: &'a mut FlagOrigins,
     from_env: &'a FromEnv,
     aliases: &'a TypedAliases,
 }
 
-impl Overlay<'_> {
+impl FlagRecorder<'_> {
     /// Records that `flag` sets `key` by a merge of its own, and whether it was given. `flag`
     /// may name an option of a repeatable flag, `--consumer-opt deflate_level`: from the
     /// environment, that is `NSQ_DEDUPE_CONSUMER_OPT=deflate_level`.

@@ -12,8 +12,7 @@ use clap::Args;
 use nsq_dedupe::config::{Dur, RawConfig, RawNsqOpts, OPTION_NAMES};
 
 use super::section::SectionFlags;
-use super::Overlay;
-use crate::cli::parse::parse_duration;
+use super::FlagRecorder;
 
 /// go-nsq option names `--consumer-opt` maps to `[source]` keys.
 const SOURCE_OPTIONS: &[&str] = &[
@@ -112,7 +111,10 @@ fn parse_opt(text: &str, consumer: bool) -> Result<NsqOpt, String> {
             | "msg_timeout"
             | "heartbeat_interval"
             | "lookupd_poll_interval" => {
-                Value::Duration(parse_duration(v).map_err(|e| format!("{key}: {e}"))?)
+                // The file's rule for a duration, as for the named flags.
+                Value::Duration(
+                    nsq_dedupe::units::parse_duration(v).map_err(|e| format!("{key}: {e}"))?,
+                )
             }
             _ => Value::Count(
                 v.parse()
@@ -124,20 +126,20 @@ fn parse_opt(text: &str, consumer: bool) -> Result<NsqOpt, String> {
 }
 
 impl NsqOptFlags {
-    pub(super) fn apply(&self, raw: &mut RawConfig, overlay: &mut Overlay<'_>) {
+    pub(super) fn apply(&self, raw: &mut RawConfig, recorder: &mut FlagRecorder<'_>) {
         for opt in &self.consumer_opt {
-            set(raw, true, opt, overlay);
+            set(raw, true, opt, recorder);
         }
         for opt in &self.producer_opt {
-            set(raw, false, opt, overlay);
+            set(raw, false, opt, recorder);
         }
         // The named flags win over `--consumer-opt`.
-        self.named.apply(&mut raw.consumer_opt, overlay);
+        self.named.apply(&mut raw.consumer_opt, recorder);
     }
 }
 
 /// Sets one option: a `[source]` key, or a field of `[consumer_opt]` / `[producer_opt]`.
-fn set(raw: &mut RawConfig, consumer: bool, opt: &NsqOpt, overlay: &mut Overlay<'_>) {
+fn set(raw: &mut RawConfig, consumer: bool, opt: &NsqOpt, recorder: &mut FlagRecorder<'_>) {
     let source = &mut raw.source;
     let key = if consumer {
         consumer_key(opt.key)
@@ -157,23 +159,23 @@ fn set(raw: &mut RawConfig, consumer: bool, opt: &NsqOpt, overlay: &mut Overlay<
     match (opt.key, &opt.value) {
         ("max_in_flight", Value::Count(n)) => {
             source.max_in_flight = Some(u32::try_from(*n).unwrap_or(u32::MAX));
-            overlay.record("source.max_in_flight", flag, true);
+            recorder.record("source.max_in_flight", flag, true);
         }
         ("max_attempts", Value::Count(n)) => {
             source.max_attempts = Some(u16::try_from(*n).unwrap_or(u16::MAX));
-            overlay.record("source.max_attempts", flag, true);
+            recorder.record("source.max_attempts", flag, true);
         }
         ("msg_timeout", Value::Duration(d)) => {
             source.msg_timeout = Some(Dur(*d));
-            overlay.record("source.msg_timeout", flag, true);
+            recorder.record("source.msg_timeout", flag, true);
         }
         ("heartbeat_interval", Value::Duration(d)) => {
             source.heartbeat_interval = Some(Dur(*d));
-            overlay.record("source.heartbeat_interval", flag, true);
+            recorder.record("source.heartbeat_interval", flag, true);
         }
         ("lookupd_poll_interval", Value::Duration(d)) => {
             source.lookupd_poll_interval = Some(Dur(*d));
-            overlay.record("source.lookupd_poll_interval", flag, true);
+            recorder.record("source.lookupd_poll_interval", flag, true);
         }
         _ => {
             let target = if consumer {
@@ -182,7 +184,7 @@ fn set(raw: &mut RawConfig, consumer: bool, opt: &NsqOpt, overlay: &mut Overlay<
                 &mut raw.producer_opt
             };
             set_opt(target, opt);
-            overlay.record(key, flag, true);
+            recorder.record(key, flag, true);
         }
     }
 }

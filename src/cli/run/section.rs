@@ -8,10 +8,10 @@ use clap::builder::{PathBufValueParser, PossibleValuesParser, TypedValueParser a
 use clap::{Arg, ArgAction, ArgMatches, Args, Command, FromArgMatches};
 use nsq_dedupe::config::setting::{FlagValue, Section, Setting};
 
-use super::Overlay;
+use super::FlagRecorder;
 use crate::cli::parse::{
-    parse_attempts, parse_buckets, parse_duration, parse_in_flight, parse_memory_text,
-    parse_probability, parse_rate, parse_ways,
+    parse_attempts, parse_buckets, parse_in_flight, parse_memory_text, parse_probability,
+    parse_rate, parse_ways,
 };
 
 /// The flags given of section `S`, each with its value as the config file would write it.
@@ -39,7 +39,7 @@ impl<S: Section> SectionFlags<S> {
     ///
     /// If a flag's parser lets through a value the file's type refuses: each parser gives the
     /// value as the file writes it.
-    pub(super) fn apply(&self, section: &mut S, overlay: &mut Overlay<'_>) {
+    pub(super) fn apply(&self, section: &mut S, recorder: &mut FlagRecorder<'_>) {
         for (setting, _) in &self.given {
             for replaced in setting.replaces {
                 section.clear(replaced);
@@ -62,19 +62,19 @@ impl<S: Section> SectionFlags<S> {
                     lay(section, name, text_value(value.to_owned()));
                 }
             }
-            overlay.record(setting.key, flag, value.is_some());
+            recorder.record(setting.key, flag, value.is_some());
         }
     }
 
     /// Lays the given flags over a section the file may leave out (`[dead_letter]`): over
     /// the file's, or over a new one when a flag of the section is given.
-    pub(super) fn apply_optional(&self, section: &mut Option<S>, overlay: &mut Overlay<'_>)
+    pub(super) fn apply_optional(&self, section: &mut Option<S>, recorder: &mut FlagRecorder<'_>)
     where
         S: Default,
     {
         let given = section.is_some() || !self.given.is_empty();
         let mut laid = section.take().unwrap_or_default();
-        self.apply(&mut laid, overlay);
+        self.apply(&mut laid, recorder);
         *section = given.then_some(laid);
     }
 }
@@ -167,9 +167,11 @@ fn arg<S: Section>(setting: &Setting, flag: &'static str) -> Arg {
                     .map_err(|_| "expected a path in UTF-8")
             }),
         ),
-        FlagValue::Duration => {
-            arg.value_parser(|value: &str| parse_duration(value).map(|_| text_value(value.into())))
-        }
+        // The file's rule for a duration; whether 0 means something is the setting's, checked
+        // for the flag and the file alike.
+        FlagValue::Duration => arg.value_parser(|value: &str| {
+            nsq_dedupe::units::parse_duration(value).map(|_| text_value(value.into()))
+        }),
         FlagValue::Count => {
             arg.value_parser(|value: &str| value.parse::<usize>().map(|n| whole_number(n as u64)))
         }
@@ -271,8 +273,8 @@ fn parse_header(text: &str) -> Result<(String, String), String> {
 mod tests {
     use nsq_dedupe::config::SECTIONS;
 
-    /// The rows of the guide's table of `run`'s flags: (flags cell, keys cell).
-    fn guide_rows() -> Vec<(String, String)> {
+    /// The rows of the guide's table of `run`'s flags: (flags cell, keys cell, default cell).
+    fn guide_rows() -> Vec<(String, String, String)> {
         let guide = include_str!("../../../docs/guide.md");
         let table = guide
             .split("| Flag | Config key | Default |")
@@ -284,10 +286,8 @@ mod tests {
             .take_while(|line| line.starts_with('|'))
             .map(|line| {
                 let cells: Vec<&str> = line.split(" | ").collect();
-                (
-                    cells[0].to_owned(),
-                    cells.get(1).copied().unwrap_or("").to_owned(),
-                )
+                let cell = |at: usize| cells.get(at).copied().unwrap_or("").to_owned();
+                (cell(0), cell(1), cell(2))
             })
             .collect()
     }
@@ -307,7 +307,7 @@ mod tests {
             let Some(flag) = setting.flag else { continue };
             let listed = rows
                 .iter()
-                .any(|(flags, keys)| names(flags, flag) && names(keys, setting.key));
+                .any(|(flags, keys, _)| names(flags, flag) && names(keys, setting.key));
             if !listed {
                 missing.push(format!("{flag} ({})", setting.key));
             }
@@ -315,6 +315,29 @@ mod tests {
         assert!(
             missing.is_empty(),
             "not in docs/guide.md's flag table: {missing:?}"
+        );
+    }
+
+    /// The guide's Default column shows each setting's default as its table entry has it.
+    #[test]
+    fn the_guides_flag_table_shows_every_default_of_the_table() {
+        let rows = guide_rows();
+        let mut wrong = Vec::new();
+        for setting in SECTIONS.iter().copied().flatten() {
+            let Some(default) = setting.default else {
+                continue;
+            };
+            let shown = rows
+                .iter()
+                .filter(|(_, keys, _)| names(keys, setting.key))
+                .any(|(_, _, cell)| cell.contains(&default.to_string()));
+            if !shown {
+                wrong.push(format!("{} ({default})", setting.key));
+            }
+        }
+        assert!(
+            wrong.is_empty(),
+            "docs/guide.md's flag table does not show these defaults: {wrong:?}"
         );
     }
 

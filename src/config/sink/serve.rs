@@ -173,10 +173,7 @@ mod tests {
     use std::time::Duration;
 
     use crate::config::{Settings, SinkSettings};
-    use crate::sink::serve::{
-        ServeConfig, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HTTP_ADDRESS, DEFAULT_MAX_CONNECTIONS,
-        DEFAULT_MAX_MSG_TIMEOUT, DEFAULT_MAX_RDY_COUNT, DEFAULT_MSG_TIMEOUT, DEFAULT_TCP_ADDRESS,
-    };
+    use crate::sink::serve::{ServeConfig, DEFAULT_HTTP_ADDRESS};
 
     const SOURCE: &str =
         "[source]\ntopic = \"events\"\nchannel = \"app\"\nnsqd_tcp_addresses = [\"a:1\"]\n";
@@ -223,41 +220,6 @@ mod tests {
             )
         );
         assert_eq!((config.max_rdy_count, config.max_connections), (100, 3));
-    }
-
-    /// The help of each serve setting states the serve sink's own default, so the two cannot
-    /// drift apart.
-    #[test]
-    fn the_help_states_the_serve_sinks_defaults() {
-        use crate::config::setting::Section as _;
-        use crate::units::format_duration;
-        let expected = [
-            ("serve_tcp_address", DEFAULT_TCP_ADDRESS.to_owned()),
-            ("serve_http_address", DEFAULT_HTTP_ADDRESS.to_owned()),
-            ("serve_msg_timeout", format_duration(DEFAULT_MSG_TIMEOUT)),
-            (
-                "serve_max_msg_timeout",
-                format_duration(DEFAULT_MAX_MSG_TIMEOUT),
-            ),
-            (
-                "serve_heartbeat_interval",
-                format_duration(DEFAULT_HEARTBEAT_INTERVAL),
-            ),
-            ("serve_max_rdy_count", DEFAULT_MAX_RDY_COUNT.to_string()),
-            ("serve_max_connections", DEFAULT_MAX_CONNECTIONS.to_string()),
-        ];
-        for (name, default) in expected {
-            let setting = crate::config::RawSink::SETTINGS
-                .iter()
-                .find(|setting| setting.name == name)
-                .unwrap();
-            let help = setting.help_text().replace('\n', " ");
-            let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
-            assert!(
-                help.contains(&format!("(default {default})")),
-                "{name}: {help}"
-            );
-        }
     }
 
     #[test]

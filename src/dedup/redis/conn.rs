@@ -202,6 +202,48 @@ impl Link {
         Ok(())
     }
 
+    /// Whether every master (the server, standalone) has `SET … IFEQ`: its `COMMAND DOCS
+    /// SET` names an argument of that token. A node that answers with an error (a server
+    /// before Redis 7.0, a user without the right to ask) has it not. Bounded by the time
+    /// limit.
+    ///
+    /// # Errors
+    ///
+    /// A node that does not answer, or [`StoreError::Timeout`].
+    pub(super) async fn has_set_ifeq(&self) -> Result<bool, StoreError> {
+        let deadline = self.deadline();
+        let nodes = if self.cluster {
+            if self.slots_map().all_masters().is_empty() {
+                self.refresh_slots(self.generation(), deadline).await?;
+            }
+            self.slots_map().all_masters()
+        } else {
+            self.seeds[..1].to_vec()
+        };
+        for node in nodes {
+            let open = self.node(&node, deadline).await?;
+            let mut conn = open.conn.clone();
+            let docs: Result<redis::Value, RedisError> = self
+                .within(
+                    deadline,
+                    &node,
+                    &open,
+                    redis::cmd("COMMAND")
+                        .arg("DOCS")
+                        .arg("SET")
+                        .query_async(&mut conn),
+                )
+                .await?;
+            match docs {
+                Ok(docs) if names_token(&docs, "IFEQ") => {}
+                Ok(_) => return Ok(false),
+                Err(error) if is_connection_error(&error) => return Err(self.failed(&node, &error)),
+                Err(_) => return Ok(false),
+            }
+        }
+        Ok(true)
+    }
+
     /// Refuses a node of a Redis Cluster given as a standalone server: it would answer
     /// `MOVED` for the sets of every other master, for ever.
     async fn refuse_cluster_node(
@@ -398,6 +440,23 @@ fn is_connection_error(error: &RedisError) -> bool {
         || error.is_connection_refusal()
         || error.is_unrecoverable_error()
         || error.kind() == ErrorKind::ClientError
+}
+
+/// Whether `value` (an answer of `COMMAND DOCS`) holds the string `token` itself, as an
+/// argument's token does, anywhere in its nesting.
+fn names_token(value: &redis::Value, token: &str) -> bool {
+    use redis::Value;
+    match value {
+        Value::BulkString(bytes) => bytes.eq_ignore_ascii_case(token.as_bytes()),
+        Value::SimpleString(text) => text.eq_ignore_ascii_case(token),
+        Value::Array(values) | Value::Set(values) => {
+            values.iter().any(|value| names_token(value, token))
+        }
+        Value::Map(pairs) => pairs
+            .iter()
+            .any(|(key, value)| names_token(key, token) || names_token(value, token)),
+        _ => false,
+    }
 }
 
 /// The host part of `host:port`.

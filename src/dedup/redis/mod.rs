@@ -20,6 +20,13 @@
 //! the entry written names only its own digest, delivered, so a claim that takes the slot in
 //! between is forgotten (a possible duplicate), never made one.
 //!
+//! On a server with its own compare-and-set, `SET key new IFEQ old` (Valkey 8.1 or later),
+//! none of that runs: the store reads the sets of a burst it does not keep, decides every
+//! operation itself as the script would (`value`: the same bytes, so clients of both paths
+//! share one table) and writes each set that changed whole, only if it still holds the value
+//! decided on (`ifeq`). Whether the servers have it is found when the store connects
+//! ([`RedisStore::uses_ifeq`]), never configured; Redis 7.0 and Valkey 8.0 keep the script.
+//!
 //! # Atomicity
 //!
 //! Each claim, erase and renew (and a commit without a hint, or whose entry the commit's
@@ -32,7 +39,10 @@
 //! key holds nothing: one call instead of a read and a write. A run that fails (a key that is
 //! not a set, say) deletes the sets it so created before it answers, so it writes nothing. The
 //! script is loaded on every node when the store connects, and loaded again by the client when
-//! a node answers `NOSCRIPT` (a restarted server, a promoted replica that missed it).
+//! a node answers `NOSCRIPT` (a restarted server, a promoted replica that missed it). With
+//! `IFEQ`, each set's decision takes effect with its conditional write, which the server makes
+//! only where the key holds the very value decided on; a write that finds the set changed
+//! writes nothing, and the set is read and decided again (see `ifeq`).
 //!
 //! # Round trips
 //!
@@ -47,8 +57,9 @@
 //! `ASK`. So a burst costs each master one script run, as on a standalone server, not one per
 //! digest. While the table fills, a burst of claims is first one pipeline of `SET … NX GET`
 //! per master (`create`), and only the claims of sets that exist go to a script run; a burst
-//! of commits is, per master, a pipeline of reads and then one of writes (`commit`).
-//! Connections are multiplexed (see `conn`):
+//! of commits is, per master, a pipeline of reads and then one of writes (`commit`). With
+//! `IFEQ`, a burst is per master one pipeline of reads (none for the sets this store wrote
+//! last) and one of conditional writes. Connections are multiplexed (see `conn`):
 //! concurrent runs are written together while earlier ones are on the wire, and their answers
 //! read back in order, a pipeline per node without a queue of our own.
 //!
@@ -73,8 +84,10 @@
 //! # Memory
 //!
 //! The sets have no expiry (the fleet's counters do): give Redis `maxmemory` with
-//! `maxmemory-policy allkeys-lru` to let it remove the sets of namespaces nobody uses. `nsq-dedupe size` reports the bytes per set
-//! that `MEMORY USAGE` measures on a full set.
+//! `maxmemory-policy allkeys-lru` to let it remove the sets of namespaces nobody uses. An
+//! expiry an operator gives a set's key is kept by every write of either path (`SETRANGE`,
+//! and `SET … KEEPTTL` where a whole set is written). `nsq-dedupe size` reports the bytes per
+//! set that `MEMORY USAGE` measures on a full set.
 
 mod commit;
 mod config;
@@ -83,18 +96,20 @@ mod create;
 mod entry;
 mod fleet;
 mod hints;
+mod ifeq;
 mod refusal;
+mod script;
 mod slots;
+mod value;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use futures::future::join_all;
-
 use self::conn::Link;
 use self::hints::Hints;
+use self::script::Target;
 use self::slots::key_slot;
-use crate::dedup::shared::{now_ms, random_owner, value_version, REDIS_KEY_VERSION};
+use crate::dedup::shared::{random_owner, REDIS_KEY_VERSION};
 use crate::dedup::{Claim, Digest, Geometry, Store};
 use crate::error::StoreError;
 pub use config::{RedisConfig, RedisPassword};
@@ -150,6 +165,8 @@ struct Inner {
     hints: Hints,
     /// Whether claims go first as plain `SET … NX GET`s (`create`).
     filling: create::Filling,
+    /// Whether the servers have `SET … IFEQ`, and the sets written that way (`ifeq`).
+    ifeq: ifeq::Ifeq,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -163,8 +180,9 @@ impl std::fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
-    /// Builds a store for a table of shape `geometry`, connects, and loads the script (on
-    /// every node of a cluster).
+    /// Builds a store for a table of shape `geometry`, connects, loads the script (on every
+    /// node of a cluster), and asks whether the servers have `SET … IFEQ` (see
+    /// [`RedisStore::uses_ifeq`]).
     ///
     /// # Errors
     ///
@@ -173,6 +191,7 @@ impl RedisStore {
     pub async fn connect(config: RedisConfig, geometry: Geometry) -> Result<Self, StoreError> {
         let store = Self::new_lazy(config, geometry)?;
         store.load_script().await?;
+        store.probe_ifeq().await;
         Ok(store)
     }
 
@@ -203,6 +222,7 @@ impl RedisStore {
                 unreadable: AtomicU64::new(0),
                 hints: Hints::default(),
                 filling: create::Filling::default(),
+                ifeq: ifeq::Ifeq::default(),
             }),
         })
     }
@@ -215,6 +235,28 @@ impl RedisStore {
     /// As [`RedisStore::connect`].
     pub async fn load_script(&self) -> Result<(), StoreError> {
         self.inner.link.load_script(&self.inner.script).await
+    }
+
+    /// Whether this store decides its claims, commits, erases and renews itself and writes
+    /// each set back with `SET … IFEQ` (see the module docs), rather than through the set
+    /// script: its servers answer `IFEQ` (Valkey 8.1 or later). Learnt when the store
+    /// connects (a store opened lazily learns it before its first operation), never set.
+    pub fn uses_ifeq(&self) -> bool {
+        self.inner.ifeq.on()
+    }
+
+    /// How many of this store's `SET … IFEQ` writes found their set changed by another client
+    /// since it was read, and read it again.
+    pub fn ifeq_conflicts(&self) -> u64 {
+        self.inner.ifeq.conflicts()
+    }
+
+    /// Sends every operation through the set script from now on, as on a server without
+    /// `SET … IFEQ`: for benchmarks and tests that compare the two paths, or run a fleet of
+    /// both on one table. Applies to every clone.
+    #[doc(hidden)]
+    pub fn force_script(&self) {
+        self.inner.ifeq.force_off();
     }
 
     /// The settings this store was built with (any URL's password moved to `password`).
@@ -292,234 +334,22 @@ impl RedisStore {
         }
     }
 
-    /// Runs the script for `op` on every digest, each with the slot of its entry when known
-    /// (a hint, see `hints`); the answers are in the order of `digests`.
-    ///
-    /// The digests go in runs of at most [`MAX_RUN`], one script run each: standalone, in
-    /// their order; in a cluster, grouped by the master of their set's slot (see the module
-    /// docs). The runs go out together on the multiplexed connections, each within the time
-    /// limit; a run that fails fails each of its digests, and wrote nothing.
-    async fn update_many(&self, op: Op, digests: &[Target]) -> Vec<Result<i64, StoreError>> {
-        let answers = self.update_runs(op, digests).await;
-        if answers.iter().any(|answer| {
-            matches!(
-                answer,
-                Err(StoreError::Unavailable { .. } | StoreError::Timeout(_))
-            )
-        }) {
-            // The server may have restarted empty or been replaced: its entries may be gone.
-            self.inner.hints.forget_all();
-        }
-        answers
-    }
-
-    /// [`RedisStore::update_many`]'s runs.
-    async fn update_runs(&self, op: Op, digests: &[Target]) -> Vec<Result<i64, StoreError>> {
-        let inner = &*self.inner;
-        let now = now_ms();
-        if digests.is_empty() {
-            return Vec::new();
-        }
-        if !inner.config.cluster && digests.len() <= MAX_RUN {
-            // The common case: one run, whose answers are in order.
-            return match self.run_script(op, now, digests.iter().copied()).await {
-                Ok(codes) => codes.into_iter().map(Ok).collect(),
-                Err(error) => vec![Err(error); digests.len()],
-            };
-        }
-        let runs = self.runs(digests.len(), |i| digests[i].0);
-        let answers = join_all(
-            runs.iter()
-                .map(|run| self.run_or_split(op, now, digests, run)),
-        )
-        .await;
-        let mut out: Vec<Option<Result<i64, StoreError>>> = Vec::new();
-        out.resize_with(digests.len(), || None);
-        for (run, answer) in runs.iter().zip(answers) {
-            for (&i, code) in run.iter().zip(answer) {
-                out[i] = Some(code);
-            }
-        }
-        out.into_iter()
-            .map(|answer| {
-                answer.unwrap_or_else(|| {
-                    Err(StoreError::Protocol(
-                        "a digest was left out of every run".into(),
-                    ))
-                })
-            })
-            .collect()
-    }
-
-    /// The indices `0..count` of digests (`digest(i)` the `i`th) in runs of at most
-    /// [`MAX_RUN`]: standalone, in their order; in a cluster, grouped by the master of their
-    /// set's slot in the slot map as last read (in order of first appearance).
-    pub(super) fn runs(&self, count: usize, digest: impl Fn(usize) -> Digest) -> Vec<Vec<usize>> {
-        let inner = &*self.inner;
-        let mut groups: Vec<(Option<String>, Vec<usize>)> = Vec::new();
-        if inner.config.cluster {
-            let mut key = String::with_capacity(inner.namespace.len() + 21);
-            for i in 0..count {
-                self.write_key(&mut key, inner.geometry.set_of(digest(i)));
-                let master = inner.link.master_of(key_slot(key.as_bytes()));
-                match groups.iter_mut().find(|(m, _)| *m == master) {
-                    Some((_, group)) => group.push(i),
-                    None => groups.push((master, vec![i])),
-                }
-            }
-        } else {
-            groups.push((None, (0..count).collect()));
-        }
-        groups
-            .into_iter()
-            .flat_map(|(_, group)| {
-                group
-                    .chunks(MAX_RUN)
-                    .map(<[usize]>::to_vec)
-                    .collect::<Vec<_>>()
-            })
-            .collect()
-    }
-
-    /// One script run of the digests at `run`; in a cluster, a run over several sets that
-    /// its node refused (a key of a slot it no longer serves, or one being migrated) is sent
-    /// again as one run per set, which follows `MOVED` and `ASK` as any command does. The
-    /// answers are in the order of `run`.
-    async fn run_or_split(
-        &self,
-        op: Op,
-        now: u64,
-        digests: &[Target],
-        run: &[usize],
-    ) -> Vec<Result<i64, StoreError>> {
-        let error = match self
-            .run_script(op, now, run.iter().map(|&i| digests[i]))
-            .await
-        {
-            Ok(codes) => return codes.into_iter().map(Ok).collect(),
-            Err(error) => error,
-        };
-        let sets = runs_by_set(
-            self.inner.geometry,
-            &run.iter().map(|&i| digests[i].0).collect::<Vec<_>>(),
-        );
-        // Only an answer of the node: a node that did not answer would not answer the
-        // runs per set either, and waiting for each would hold the burst up.
-        if !self.inner.config.cluster || sets.len() < 2 || !matches!(error, StoreError::Protocol(_))
-        {
-            return vec![Err(error); run.len()];
-        }
-        self.inner.link.mark_stale();
-        let answers = join_all(
-            sets.iter()
-                .map(|set| self.run_script(op, now, set.iter().map(|&j| digests[run[j]]))),
-        )
-        .await;
-        let mut out: Vec<Result<i64, StoreError>> = vec![Err(error); run.len()];
-        for (set, answer) in sets.iter().zip(answers) {
-            match answer {
-                Ok(codes) => {
-                    for (&j, code) in set.iter().zip(codes) {
-                        out[j] = Ok(code);
-                    }
-                }
-                Err(error) => {
-                    for &j in set {
-                        out[j] = Err(error.clone());
-                    }
-                }
-            }
-        }
-        out
-    }
-
-    /// One `EVALSHA` of the script for `op` on `digests`, on the node of their slot (in a
-    /// cluster, all of one set), within the time limit.
-    async fn run_script(
-        &self,
-        op: Op,
-        now: u64,
-        digests: impl ExactSizeIterator<Item = Target> + Clone,
-    ) -> Result<Vec<i64>, StoreError> {
-        let inner = &*self.inner;
-        let count = digests.len();
-        // Per digest: its key (the namespace and a set number) and its 16 or 17 bytes; and 11
-        // arguments of at most 20 bytes around them.
-        let mut evalsha =
-            redis::Cmd::with_capacity(11 + 2 * count, 220 + count * (inner.namespace.len() + 40));
-        evalsha.arg("EVALSHA").arg(inner.script.get_hash()).arg(1);
-        let mut key = String::with_capacity(inner.namespace.len() + 21);
-        // The first digest's key routes the run: the only key declared.
-        let (first, _) = digests
-            .clone()
-            .next()
-            .ok_or_else(|| StoreError::Protocol("a script run needs at least one digest".into()))?;
-        self.write_key(&mut key, inner.geometry.set_of(first));
-        let slot = key_slot(key.as_bytes());
-        evalsha
-            .arg(key.as_str())
-            .arg(op.code())
-            .arg(&inner.owner.to_be_bytes()[..])
-            .arg(now)
-            .arg(now.saturating_add(self.lease_ms()));
-        match inner.config.max_age {
-            Some(age) => evalsha.arg(u64::try_from(age.as_millis()).unwrap_or(u64::MAX)),
-            None => evalsha.arg(""),
-        };
-        evalsha
-            .arg(inner.geometry.ways())
-            .arg(value_version(inner.config.max_age));
-        for (digest, slot) in digests.clone() {
-            // A hint is the start of the entry: its slot, then the digest.
-            let mut arg = [0u8; 17];
-            arg[1..].copy_from_slice(&digest.to_bytes());
-            match slot {
-                Some(slot) => {
-                    arg[0] = slot;
-                    evalsha.arg(&arg[..]);
-                }
-                None => {
-                    evalsha.arg(&arg[1..]);
-                }
-            }
-        }
-        for (digest, _) in digests {
-            self.write_key(&mut key, inner.geometry.set_of(digest));
-            evalsha.arg(key.as_str());
-        }
-        let value = inner.link.eval(&inner.script, slot, &evalsha).await?;
-        let mut answers: Vec<i64> = redis::from_redis_value(&value).map_err(|error| {
-            StoreError::Protocol(format!("the set script answered {value:?}: {error}"))
-        })?;
-        if answers.len() != count + 2 {
-            return Err(StoreError::Protocol(format!(
-                "the set script answered {} values to {count} digests",
-                answers.len()
-            )));
-        }
-        let created = answers.pop().unwrap_or(0);
-        inner.filling.created_by_script(created);
-        let unreadable = answers.pop().unwrap_or(0);
-        if unreadable > 0 {
-            // A statistic: no other memory depends on it.
-            inner
-                .unreadable
-                .fetch_add(unreadable.unsigned_abs(), Ordering::Relaxed);
-        }
-        Ok(answers)
-    }
-
     /// Commits, erases or renews `digests`, each through the slot its claim answered when this
     /// store keeps it: a commit or an erase forgets it, a renew keeps it. A commit with a hint
     /// goes without the script where it can (`commit`); every other one through the script.
     async fn held_many(&self, op: Op, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
         let hints = &self.inner.hints;
+        let ifeq = self.ifeq_on().await;
         let slots = match op {
+            // Claims made with IFEQ keep no hint.
+            _ if ifeq => vec![None; digests.len()],
             Op::Renew => hints.get(digests),
             _ => hints.take(digests),
         };
         let mut targets: Vec<Target> = digests.iter().copied().zip(slots).collect();
-        let answers = if op == Op::Commit {
+        let answers = if ifeq {
+            self.ifeq_many(op, digests).await
+        } else if op == Op::Commit {
             self.write_commits(&mut targets).await
         } else {
             vec![None; targets.len()]
@@ -570,35 +400,17 @@ impl RedisStore {
     }
 }
 
-/// A digest of a script run, and the slot its entry was claimed in when known (a hint).
-type Target = (Digest, Option<u8>);
-
-/// The most digests one script run decides: a run blocks the server while it runs (about a
-/// microsecond a digest), so a huge burst goes in several runs, pipelined.
-const MAX_RUN: usize = 256;
-
-/// The indices of `digests` grouped by their set of `geometry`, in order of first appearance.
-fn runs_by_set(geometry: Geometry, digests: &[Digest]) -> Vec<Vec<usize>> {
-    let mut runs: Vec<Vec<usize>> = Vec::new();
-    let mut run_of: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
-    for (i, &digest) in digests.iter().enumerate() {
-        let run = *run_of.entry(geometry.set_of(digest)).or_insert_with(|| {
-            runs.push(Vec::new());
-            runs.len() - 1
-        });
-        runs[run].push(i);
-    }
-    runs
-}
-
 impl RedisStore {
     /// Runs the claim `op` on each digest: while the table fills, first as plain commands
     /// that create the sets that hold nothing (`create`), the others (all, otherwise)
     /// through the script. Each digest's claim.
     async fn claims(&self, op: Op, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
         let filling = &self.inner.filling;
-        let creating = filling.get();
-        let answers = if creating {
+        let ifeq = self.ifeq_on().await;
+        let creating = !ifeq && filling.get();
+        let answers = if ifeq {
+            self.ifeq_many(op, digests).await
+        } else if creating {
             self.create_sets(op, digests).await
         } else {
             vec![None; digests.len()]
@@ -607,7 +419,7 @@ impl RedisStore {
         let answers = self
             .script_the_rest(op, answers, |i| (digests[i], None))
             .await;
-        if !creating {
+        if !creating && !ifeq {
             // Every claim went to the script.
             filling.learn(filling.by_script().wrapping_sub(before), digests.len());
         }
@@ -631,7 +443,7 @@ impl RedisStore {
                 // A claim's commit, erase or renew goes through its slot; an entry claimed
                 // done has no commit to follow.
                 match u8::try_from(answer >> 2) {
-                    Ok(slot) if claim == Claim::New && op == Op::Claim => {
+                    Ok(slot) if claim == Claim::New && op == Op::Claim && !ifeq => {
                         claimed.push((digest, slot));
                     }
                     _ => {}

@@ -141,7 +141,9 @@ local function insert(key, value, digest)
   end
   if n < SIZE then
     local slot = (n - 3) / ENTRY
-    call('SET', key, char(version) .. sub(value, 2, n) .. char(slot) .. digest .. CLAIMED)
+    -- KEEPTTL: an expiry an operator gave the key outlives the append, as a SETRANGE's.
+    call('SET', key, char(version) .. sub(value, 2, n) .. char(slot) .. digest .. CLAIMED,
+      'KEEPTTL')
     return slot
   end
   -- Full: the cursor's slot, written with the header that moves the cursor on in one

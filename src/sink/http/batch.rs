@@ -2,8 +2,8 @@
 //! records, or records from concurrent `handle` calls gathered into one; each record answered
 //! with its batch's outcome.
 //!
-//! A burst ([`Batcher::handle_batch`]) is cut at once, in order, into batches of `batch_size`
-//! records, all sent concurrently; what is left, fewer than `batch_size`, is gathered with the
+//! A burst ([`BatchPoster::handle_batch`]) is cut at once, in order, into batches of
+//! `batch_size` records, all sent concurrently; what is left, fewer than `batch_size`, is gathered with the
 //! records that follow, as the records of single `handle` calls are, by the sinks' batcher
 //! ([`crate::sink::batcher`]), each record a request of its own: a gathered batch is sent
 //! when it holds `batch_size` records or `batch_timeout` after its first record, whichever
@@ -27,7 +27,7 @@ use crate::sink::HandlerError;
 /// Sends full batches, and hands the other records to the task that gathers them; that task
 /// ends when this is dropped.
 #[derive(Debug)]
-pub(super) struct Batcher {
+pub(super) struct BatchPoster {
     /// Gathers records into batches and sends each in a task of its own, so that a slow
     /// request does not hold back the next batch (the endpoint's connection bound still
     /// applies).
@@ -37,7 +37,7 @@ pub(super) struct Batcher {
     format: BatchFormat,
 }
 
-impl Batcher {
+impl BatchPoster {
     /// Starts gathering batches of up to `size` records for `poster`.
     ///
     /// # Panics
@@ -55,7 +55,7 @@ impl Batcher {
             let poster = Arc::clone(&poster);
             move |records: Vec<Bytes>| send(Arc::clone(&poster), records, format)
         };
-        Batcher {
+        BatchPoster {
             gathered: batcher::Batcher::spawn("the http sink's batcher", settings, send),
             poster,
             size,

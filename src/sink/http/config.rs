@@ -1,5 +1,6 @@
-//! The http sink's settings, with their defaults written once for the file, the flags and the
-//! docs.
+//! The http sink's settings, with their defaults written once: the `[sink]` settings table
+//! (`config::RawSink`) takes these constants as its entries' defaults, which the file, the
+//! flags, `--help` and the docs show.
 
 use std::time::Duration;
 

@@ -30,7 +30,7 @@ pub use config::{
 
 use super::{Handler, HandlerError};
 use crate::http::{BoundedClient, HttpError};
-use batch::Batcher;
+use batch::BatchPoster;
 
 /// POSTs each body, or each batch, to its URLs with fixed headers and an idempotency key.
 /// `Debug` shows no secret.
@@ -42,7 +42,7 @@ use batch::Batcher;
 pub struct HttpSink {
     poster: Arc<Poster>,
     /// Present with a batch size above 1.
-    batcher: Option<Batcher>,
+    batches: Option<BatchPoster>,
 }
 
 impl HttpSink {
@@ -66,22 +66,22 @@ impl HttpSink {
             idempotency_header: config.idempotency_header.clone(),
             next: AtomicUsize::new(0),
         });
-        let batcher = (config.batch_size > 1).then(|| {
-            Batcher::start(
+        let batches = (config.batch_size > 1).then(|| {
+            BatchPoster::start(
                 Arc::clone(&poster),
                 config.batch_size,
                 config.batch_timeout,
                 config.batch_format,
             )
         });
-        Ok(HttpSink { poster, batcher })
+        Ok(HttpSink { poster, batches })
     }
 }
 
 impl Handler for HttpSink {
     async fn handle(&self, body: Bytes) -> Result<(), HandlerError> {
-        match &self.batcher {
-            Some(batcher) => batcher.handle(body).await,
+        match &self.batches {
+            Some(batches) => batches.handle(body).await,
             None => {
                 let key = digest(&body);
                 self.poster.deliver(body, key).await
@@ -93,8 +93,8 @@ impl Handler for HttpSink {
     /// sent together); above 1, the burst is cut into batches of that size, sent at once, and
     /// the records left over wait (up to the batch timeout) to fill a batch with the next.
     async fn handle_batch(&self, bodies: Vec<Bytes>) -> Vec<Result<(), HandlerError>> {
-        match &self.batcher {
-            Some(batcher) => batcher.handle_batch(bodies).await,
+        match &self.batches {
+            Some(batches) => batches.handle_batch(bodies).await,
             None => {
                 let posts = bodies.into_iter().map(|body| {
                     let key = digest(&body);

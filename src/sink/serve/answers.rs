@@ -1,28 +1,28 @@
-//! One handler call's records as consumers answer them: a result per record, filled in by the
-//! dispatcher, and the future the call awaits ([`Answers`]), woken once, when its last record
-//! is answered, rather than once per record.
-//!
-//! The common answer, a FIN, costs one atomic decrement; only failures take the call's lock.
+//! One handler call's records as consumers answer them: the results, handed over by the
+//! dispatcher as they come, and the stream of parts the call reads ([`Answers`]). The call is
+//! woken once per run of answers (a consumer's FINs and REQs read at once are settled under
+//! one lock), not once per record, and not only when its last record is answered: a consumer
+//! that answers a burst's records in two of its own batches gets the first batch's records
+//! settled upstream while it still holds the second.
 
-use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
 use futures::task::AtomicWaker;
+use futures::{Stream, StreamExt};
 
-use crate::sink::HandlerError;
+use crate::sink::{HandlerError, Part};
 
 /// What the records of one call share.
 struct Call {
-    /// Records not answered yet.
-    left: AtomicUsize,
-    /// The failures so far, by the record's place in the call; most calls have none.
-    failures: Mutex<Vec<(usize, HandlerError)>>,
-    /// The call's task, once it waits.
+    /// Results not read by the call yet, each with its record's place in the call.
+    answered: Mutex<Part>,
+    /// The call's task, once it waits; taken by the first answer after it registered, so a
+    /// run of answers wakes it once.
     waker: AtomicWaker,
-    /// Set when the call's future is dropped (abandoned at shutdown): its records that still
+    /// Set when the call's stream is dropped (abandoned at shutdown): its records that still
     /// wait for a consumer are not sent.
     abandoned: AtomicBool,
 }
@@ -36,8 +36,8 @@ pub(crate) struct Reply {
 }
 
 impl Reply {
-    /// Answers the record. Returns the call's waker when this was its last record: the
-    /// caller wakes it once it has released its lock.
+    /// Answers the record. Returns the call's waker when the call waits and no answer since
+    /// it last read took the waker: the caller wakes it once it has released its lock.
     #[must_use = "the call waits until its waker is woken"]
     pub(crate) fn resolve(mut self, result: Result<(), HandlerError>) -> Option<Waker> {
         self.answered = true;
@@ -63,33 +63,38 @@ impl Drop for Reply {
 
 impl Call {
     fn answer(&self, index: usize, result: Result<(), HandlerError>) -> Option<Waker> {
-        if let Err(error) = result {
-            self.failures
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .push((index, error));
-        }
-        // AcqRel: the failure pushed above is seen by the task that sees the count at 0.
-        if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.waker.take()
-        } else {
-            None
-        }
+        self.lock().push((index, result));
+        // After the push: a call that registered before it finds the result when woken, one
+        // that registers after it finds the result when it looks again.
+        self.waker.take()
+    }
+
+    /// The results not read yet.
+    fn read(&self) -> Part {
+        std::mem::take(&mut *self.lock())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Part> {
+        self.answered
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
-/// The results of one handler call's records, in their order, once every record is answered.
+/// The results of one handler call's records, in parts as consumers answer them; the stream
+/// ends once every record is answered.
 pub(crate) struct Answers {
     call: Arc<Call>,
     count: usize,
+    /// Records whose results were not read yet.
+    left: usize,
 }
 
 impl Answers {
     /// A call of `count` records, and the reply of each, in order.
     pub(crate) fn new(count: usize) -> (Answers, impl Iterator<Item = Reply>) {
         let call = Arc::new(Call {
-            left: AtomicUsize::new(count),
-            failures: Mutex::new(Vec::new()),
+            answered: Mutex::new(Vec::new()),
             waker: AtomicWaker::new(),
             abandoned: AtomicBool::new(false),
         });
@@ -101,37 +106,44 @@ impl Answers {
                 answered: false,
             })
         };
-        (Answers { call, count }, replies)
+        let answers = Answers {
+            call,
+            count,
+            left: count,
+        };
+        (answers, replies)
     }
 
-    fn results(&self) -> Vec<Result<(), HandlerError>> {
+    /// Every record's result, in the records' order, once each is answered.
+    pub(crate) async fn in_order(mut self) -> Vec<Result<(), HandlerError>> {
         let mut results = vec![Ok(()); self.count];
-        let failures = std::mem::take(
-            &mut *self
-                .call
-                .failures
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()),
-        );
-        for (index, error) in failures {
-            results[index] = Err(error);
+        while let Some(part) = self.next().await {
+            for (index, result) in part {
+                results[index] = result;
+            }
         }
         results
     }
 }
 
-impl Future for Answers {
-    type Output = Vec<Result<(), HandlerError>>;
+impl Stream for Answers {
+    type Item = Part;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        if self.call.left.load(Ordering::Acquire) != 0 {
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Part>> {
+        if self.left == 0 {
+            return Poll::Ready(None);
+        }
+        let mut part = self.call.read();
+        if part.is_empty() {
             self.call.waker.register(cx.waker());
-            // Checked again: the last answer may have come before the waker was registered.
-            if self.call.left.load(Ordering::Acquire) != 0 {
+            // Read again: an answer may have come before the waker was registered.
+            part = self.call.read();
+            if part.is_empty() {
                 return Poll::Pending;
             }
         }
-        Poll::Ready(self.results())
+        self.left = self.left.saturating_sub(part.len());
+        Poll::Ready(Some(part))
     }
 }
 
@@ -147,23 +159,33 @@ mod tests {
     use futures::FutureExt;
 
     #[test]
-    fn the_call_is_ready_once_every_record_is_answered_with_its_own_result() {
+    fn each_run_of_answers_is_a_part_and_wakes_the_call_once() {
         let (mut answers, replies) = Answers::new(3);
         let mut replies: Vec<Reply> = replies.collect();
         let third = replies.pop().unwrap();
         let second = replies.pop().unwrap();
         let first = replies.pop().unwrap();
-        assert!(first.resolve(Ok(())).is_none());
-        assert!((&mut answers).now_or_never().is_none());
+        assert!(answers.next().now_or_never().is_none(), "nothing yet");
+        // The first answer after the call waited hands back its waker; the next one of the
+        // same run does not.
         assert!(third
             .resolve(Err(HandlerError::Retry("requeued".into())))
-            .is_none());
-        // The last answer hands back the waker of the call that waits.
+            .is_some());
+        assert!(first.resolve(Ok(())).is_none());
+        assert_eq!(
+            answers.next().now_or_never().unwrap(),
+            Some(vec![
+                (2, Err(HandlerError::Retry("requeued".into()))),
+                (0, Ok(()))
+            ])
+        );
+        assert!(answers.next().now_or_never().is_none(), "one left");
         assert!(second.resolve(Ok(())).is_some());
         assert_eq!(
-            answers.now_or_never().unwrap(),
-            vec![Ok(()), Ok(()), Err(HandlerError::Retry("requeued".into()))]
+            answers.next().now_or_never().unwrap(),
+            Some(vec![(1, Ok(()))])
         );
+        assert_eq!(answers.next().now_or_never().unwrap(), None, "all answered");
     }
 
     #[test]
@@ -177,7 +199,7 @@ mod tests {
         let (answers, replies) = Answers::new(1);
         drop(replies.collect::<Vec<_>>());
         assert_eq!(
-            answers.now_or_never().unwrap(),
+            answers.in_order().now_or_never().unwrap(),
             vec![Err(HandlerError::Retry(
                 "the serve endpoint stopped".into()
             ))]

@@ -7,11 +7,13 @@
 //! endpoint gave them (`flights`). A record in flight resolves its handler call exactly once:
 //! `Ok` on FIN; [`HandlerError::Requeued`] with the consumer's delay on a REQ;
 //! [`HandlerError::Retry`] at once when its consumer times out or goes away. The pipeline
-//! then commits the claim and FINs upstream, or erases it and REQs upstream.
+//! then commits the claim and FINs upstream, or erases it and REQs upstream, as soon as the
+//! answer reaches it, without waiting for the rest of its burst.
 //!
-//! Work moves in bursts, as it arrives: a handler call's records are queued under one lock
-//! and the call is woken once, when its last record is answered (`answers`); the FINs, REQs
-//! and TOUCHes of one read from a consumer are settled under one lock ([`Dispatcher::settle`]);
+//! Work moves in bursts, as it arrives: a handler call's records are queued under one lock;
+//! the FINs, REQs and TOUCHes of one read from a consumer are settled under one lock
+//! ([`Dispatcher::settle`]), and each call they answer is woken once for them, as one part of
+//! its answer (`answers`);
 //! message frames are encoded into their consumer's buffer, which its connection takes whole
 //! (swapping in its own empty one, so neither allocates once warm) and writes in one `write`.
 
@@ -153,8 +155,7 @@ struct State {
     /// The consumer that got the last message: the next one goes to the one after it.
     cursor: ClientId,
     counters: ServeCounters,
-    /// Handler calls whose last record was answered under the lock: woken once it is
-    /// released.
+    /// Handler calls answered under the lock: woken once it is released.
     wakers: Vec<Waker>,
 }
 
@@ -196,8 +197,8 @@ impl Dispatcher {
         result
     }
 
-    /// Queues a burst's records under one lock; the answers come once a consumer answered
-    /// each (or it was handed back), in order.
+    /// Queues a burst's records under one lock; the answers come in parts as consumers answer
+    /// them (or they are handed back).
     pub(crate) fn submit_many(&self, deliveries: Vec<Delivery>) -> Answers {
         let (answers, replies) = Answers::new(deliveries.len());
         self.with_state(|state| {
@@ -390,7 +391,8 @@ impl State {
         Some(&mut self.slots[at])
     }
 
-    /// Answers a record; its call is woken once the lock is released, if it was the last.
+    /// Answers a record; its call is woken once the lock is released, unless an answer of the
+    /// same run woke it already.
     fn resolve(&mut self, reply: Reply, result: Result<(), HandlerError>) {
         if let Some(waker) = reply.resolve(result) {
             self.wakers.push(waker);
@@ -613,7 +615,7 @@ mod tests {
             &[Settle::Finish(got[1].id), Settle::Finish(third[0].id)],
         );
         assert_eq!((refused, sent.len()), (vec![], 0));
-        assert_eq!(answers.await, vec![Ok(()), Ok(()), Ok(())]);
+        assert_eq!(answers.in_order().await, vec![Ok(()), Ok(()), Ok(())]);
     }
 
     #[tokio::test]
@@ -630,17 +632,20 @@ mod tests {
         let three = Duration::from_secs(3);
         assert_eq!(settle(&d, 1, &[Settle::Requeue(id, three)]).0, vec![]);
         assert!(matches!(
-            &a.await[..],
+            &a.in_order().await[..],
             [Err(HandlerError::Requeued { after })] if *after == three
         ));
         d.remove(1);
-        assert!(matches!(&b.await[..], [Err(HandlerError::Retry(_))]));
+        assert!(matches!(
+            &b.in_order().await[..],
+            [Err(HandlerError::Retry(_))]
+        ));
         let c = d.submit_many(vec![delivery("c")]);
         let _three = consumer(&d, 3);
         assert_eq!(rdy(&d, 3, 1).len(), 1);
         d.expire(Instant::now() + Duration::from_secs(61));
         assert!(matches!(
-            &c.await[..],
+            &c.in_order().await[..],
             [Err(HandlerError::Retry(r))] if r.contains("msg_timeout")
         ));
         let counters = d.stats().counters;
@@ -679,7 +684,7 @@ mod tests {
         assert_eq!(sent.len(), 1);
         assert_eq!(sent[0].body, "c");
         assert_eq!(settle(&d, 1, &[Settle::Finish(sent[0].id)]).0, vec![]);
-        assert_eq!(kept.await, vec![Ok(())]);
+        assert_eq!(kept.in_order().await, vec![Ok(())]);
         assert_eq!(d.stats().waiting, 0);
     }
 }

@@ -5,11 +5,14 @@
 //! once. Its FIN is the handler's success (the pipeline commits the claim and FINs upstream);
 //! its REQ, its timeout or its disconnection is the handler's failure (the pipeline erases the
 //! claim and REQs upstream at once): erase-on-failure end to end, in any language.
-//! A burst's records are handed over in one call, so the pipeline settles and answers them
-//! upstream once every record of the burst has its consumer's answer: a consumer that holds
-//! one message (TOUCHed upstream meanwhile) delays its burst's upstream FINs, up to its
-//! msg_timeout. Per-record calls cost a future, a keep-alive timer, a commit and an upstream
-//! answer per message, most of what serving a message cost.
+//! A burst's records are handed over in one call, and answered in parts
+//! ([`Handler::handle_in_parts`]): each consumer's run of FINs and REQs (those of one read
+//! from it) is one part, which the pipeline settles and answers upstream at once, while it
+//! keeps the burst's other records alive. So a consumer that FINs in batches of its own
+//! (`nsq_to_file` FINs once it holds `--max-in-flight` messages) gets each batch answered
+//! upstream as it FINs it, and the RDY those messages held upstream brings the next ones.
+//! Per-record calls would cost a future, a keep-alive timer, a commit and an upstream answer
+//! per message, most of what serving a message cost.
 //!
 //! # Layout
 //!
@@ -20,8 +23,8 @@
 //! - `identify`: IDENTIFY's checks and JSON answer.
 //! - `dispatch`: who gets which message; FIN/REQ/TOUCH, timeouts and disconnections routed
 //!   back to the waiting handler call.
-//! - `answers`: a handler call's results, filled in as consumers answer, and the future it
-//!   awaits, woken once per call.
+//! - `answers`: a handler call's results, handed over as consumers answer, and the stream of
+//!   parts it reads, woken once per consumer's run of answers.
 //! - `flights`: the messages in flight by the IDs this endpoint gave them.
 //! - `auth`: the shared AUTH secret, compared in constant time.
 //! - `http`: `/ping`, `/lookup` as nsqlookupd answers it, and `/stats` as nsqd's.
@@ -35,8 +38,8 @@
 //! handed back; a consumer holding many messages has its answers read at most every
 //! millisecond, many at once (`connection`).
 //!
-//! What serving a message costs the sidecar is kept per burst, not per message: the call is
-//! woken once, a consumer's run of answers settled under one lock, the frames written from
+//! What serving a message costs the sidecar is kept per burst, not per message: a consumer's
+//! run of answers is settled under one lock and wakes its call once, the frames written from
 //! a buffer each connection reuses (see docs/benchmarks.md).
 
 mod answers;
@@ -56,6 +59,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use futures::Stream;
 
 pub use auth::ServeSecret;
 pub use config::{
@@ -66,7 +70,7 @@ pub use config::{
 };
 pub use dispatch::{ConsumerInfo, ConsumerStats, DispatchStats, ServeCounters};
 
-use super::{Delivery, Handler, HandlerError};
+use super::{Delivery, Handler, HandlerError, Part};
 use dispatch::Dispatcher;
 
 /// Why the serve endpoint cannot start.
@@ -266,20 +270,36 @@ impl Handler for ServeSink {
             attempts: 1,
             timestamp_ns,
         };
-        let mut results = self.shared.dispatcher.submit_many(vec![delivery]).await;
+        let mut results = self
+            .shared
+            .dispatcher
+            .submit_many(vec![delivery])
+            .in_order()
+            .await;
         results
             .pop()
             .unwrap_or_else(|| Err(HandlerError::Retry("the record got no answer".into())))
     }
 
     /// A burst's records queued for consumers under one lock; each is answered by its own
-    /// consumer, and the call is woken once, when the last one is.
+    /// consumer, and the results come once the last one is.
     async fn handle_deliveries(&self, deliveries: Vec<Delivery>) -> Vec<Result<(), HandlerError>> {
-        self.shared.dispatcher.submit_many(deliveries).await
+        self.shared
+            .dispatcher
+            .submit_many(deliveries)
+            .in_order()
+            .await
     }
 
-    /// A burst is handed over in one call: one keep-alive, one settle and one answer per
-    /// burst rather than per message, which is most of what serving a message costs.
+    /// A burst's records queued for consumers under one lock; each consumer's run of answers
+    /// (the FINs and REQs of one read from it) is one part, and wakes the call once.
+    fn handle_in_parts(&self, deliveries: Vec<Delivery>) -> impl Stream<Item = Part> + Send {
+        self.shared.dispatcher.submit_many(deliveries)
+    }
+
+    /// A burst is handed over in one call: one keep-alive, and one settle and one answer per
+    /// consumer's run of answers rather than per message, which is most of what serving a
+    /// message costs.
     fn handles_batches(&self) -> bool {
         true
     }

@@ -1,0 +1,346 @@
+//! One round of a run of the `IFEQ` path (see `ifeq`): the reads of the sets it has no value
+//! for, one pipeline; the decisions; the conditional writes of the sets that changed, one
+//! pipeline; and what a failed pipeline leaves.
+
+use std::sync::atomic::Ordering;
+
+use redis::Value;
+use tokio::time::Instant;
+
+use super::super::entry::{command, ENTRY_BYTES};
+use super::super::value::{self, Facts, Stored};
+use super::super::{key_slot, Op, RedisStore};
+use super::{holds_no_set, is_syntax_error, Answers, SetWork, REFUSED};
+use crate::dedup::Digest;
+use crate::error::StoreError;
+
+/// A set's planned write: its index in the run, its new value, and the answers the write
+/// makes true (a digest's index in the run, and its answer).
+pub(super) struct Planned {
+    set: usize,
+    value: Vec<u8>,
+    staged: Vec<(usize, i64)>,
+}
+
+/// A read: its set, and the set a `SET … NX GET` would create, with its claim's answer.
+type Read = (usize, Option<(Vec<u8>, i64)>);
+
+/// A run's sets and the indices of those still to decide.
+pub(super) type Pending<'a> = (&'a mut [SetWork], &'a mut Vec<usize>);
+
+impl RedisStore {
+    /// Gives each pending set of `sets` the value to decide on: in the first round, the one
+    /// this store wrote last if it kept it; else a read, one pipeline to the run's node. While
+    /// the table fills, a claim's set is read in the first round with `SET … NX GET` of the
+    /// set of its one new entry: answered nil, it created the set, and that claim is decided.
+    /// Sets answered with an error are the script's.
+    ///
+    /// # Errors
+    ///
+    /// The pipeline's: none of its commands is known to have run.
+    pub(super) async fn read_sets(
+        &self,
+        (op, run): (Op, &[Digest]),
+        (sets, pending): Pending<'_>,
+        (round, deadline): (usize, Instant),
+        (facts, answers): (&Facts, &mut Answers),
+    ) -> Result<(), StoreError> {
+        let inner = &*self.inner;
+        let claiming = matches!(op, Op::Claim | Op::ClaimDone);
+        let reads = self.kept_or_read((op, run), (sets, pending), round, facts);
+        let Some(&(first, _)) = reads.first() else {
+            return Ok(());
+        };
+        let pipe = read_commands(sets, &reads);
+        let slot = key_slot(sets[first].key.as_bytes());
+        let values = inner
+            .link
+            .pipeline(slot, &pipe, reads.len(), deadline)
+            .await?;
+        if values.len() != reads.len() {
+            return Err(StoreError::Protocol(format!(
+                "{} answers to {} reads",
+                values.len(),
+                reads.len()
+            )));
+        }
+        let (mut no_set, mut unreadable) = (0, 0);
+        let count = reads.len();
+        for ((s, create), answer) in reads.into_iter().zip(values) {
+            let work = &mut sets[s];
+            match (answer, create) {
+                (Value::Nil, Some((created, claim))) => {
+                    // Written: the key held nothing. Its first claim is decided.
+                    answers[work.ops[0]] = Some(Ok(claim));
+                    work.settled = 1;
+                    inner.ifeq.remember(work.set, created.clone());
+                    work.read = Some(created);
+                    no_set += 1;
+                }
+                (Value::Nil, None) => {
+                    work.read = None;
+                    no_set += 1;
+                }
+                (Value::BulkString(stored), _) => {
+                    if holds_no_set(Some(&stored), facts) {
+                        no_set += 1;
+                        unreadable += 1;
+                    }
+                    work.read = Some(stored);
+                }
+                // An error reply (a slot that moved, a key of another type): the script's.
+                (reply, _) => {
+                    self.note_refused(&reply);
+                    work.to_script = true;
+                }
+            }
+        }
+        if claiming {
+            inner.filling.learn(no_set, count);
+        }
+        if unreadable > 0 {
+            // A statistic: no other memory depends on it.
+            inner.unreadable.fetch_add(unreadable, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Gives each pending set of a commit, an erase or a renew the value this store wrote
+    /// last, in the first round and if it kept it; the others are to read (with the set a
+    /// claim's `SET … NX GET` creates, while the table fills).
+    fn kept_or_read(
+        &self,
+        (op, run): (Op, &[Digest]),
+        (sets, pending): Pending<'_>,
+        round: usize,
+        facts: &Facts,
+    ) -> Vec<Read> {
+        let inner = &*self.inner;
+        let claiming = matches!(op, Op::Claim | Op::ClaimDone);
+        let creating = claiming && round == 0 && inner.filling.get();
+        let mut reads: Vec<Read> = Vec::with_capacity(pending.len());
+        let mut known = (round == 0).then(|| inner.ifeq.known());
+        for &s in pending.iter() {
+            let work = &mut sets[s];
+            // A claim reads its set (see the module docs).
+            let kept = known
+                .as_mut()
+                .filter(|_| !claiming)
+                .and_then(|known| known.remove(&work.set));
+            if let Some(kept) = kept {
+                work.read = Some(kept);
+                work.kept = true;
+                continue;
+            }
+            work.kept = false;
+            let create = (creating && work.settled == 0).then(|| {
+                let mut created = Stored(None);
+                let (answer, _) = value::apply(&mut created, op, run[work.ops[0]], facts);
+                (created.0.unwrap_or_default(), answer)
+            });
+            reads.push((s, create));
+        }
+        reads
+    }
+
+    /// Decides the operations of each pending set on its value, in order: the sets that
+    /// changed, to write; the answers of the sets read that did not, in `answers`; the sets
+    /// decided on a kept value that did not change, pending again (to be read).
+    pub(super) fn decide(
+        &self,
+        (op, run): (Op, &[Digest]),
+        (sets, pending): Pending<'_>,
+        facts: &Facts,
+        answers: &mut Answers,
+    ) -> Vec<Planned> {
+        let mut writes = Vec::new();
+        let mut again = Vec::new();
+        for &s in pending.iter() {
+            let work = &sets[s];
+            if work.to_script {
+                continue;
+            }
+            let mut stored = Stored(work.read.clone());
+            let mut staged = Vec::with_capacity(work.ops.len() - work.settled);
+            let mut changed = false;
+            for &i in &work.ops[work.settled..] {
+                let (answer, wrote) = value::apply(&mut stored, op, run[i], facts);
+                staged.push((i, answer));
+                changed |= wrote;
+            }
+            match (changed, stored.0) {
+                (true, Some(value)) => writes.push(Planned {
+                    set: s,
+                    value,
+                    staged,
+                }),
+                // Nothing written checks a kept value: read it.
+                _ if work.kept => again.push(s),
+                _ => {
+                    for (i, answer) in staged {
+                        answers[i] = Some(Ok(answer));
+                    }
+                }
+            }
+        }
+        *pending = again;
+        writes
+    }
+
+    /// Writes each planned set, one pipeline to the run's node: `SET key new IFEQ old
+    /// KEEPTTL`, or `SET key new NX` where the key held nothing. A write that succeeded makes
+    /// its answers true and its value kept; one whose compare failed puts its set back in
+    /// `pending`, to be read and decided again.
+    ///
+    /// # Errors
+    ///
+    /// The pipeline's; every planned set is then back in `pending`.
+    pub(super) async fn write_sets(
+        &self,
+        (sets, pending): Pending<'_>,
+        writes: Vec<Planned>,
+        deadline: Instant,
+        answers: &mut Answers,
+    ) -> Result<(), StoreError> {
+        let inner = &*self.inner;
+        let Some(first) = writes.first() else {
+            return Ok(());
+        };
+        let slot = key_slot(sets[first.set].key.as_bytes());
+        let pipe = write_commands(sets, &writes);
+        let replies = match inner
+            .link
+            .pipeline(slot, &pipe, writes.len(), deadline)
+            .await
+        {
+            Ok(replies) if replies.len() == writes.len() => replies,
+            Ok(replies) => {
+                pending.extend(writes.iter().map(|write| write.set));
+                return Err(StoreError::Protocol(format!(
+                    "{} answers to {} writes",
+                    replies.len(),
+                    writes.len()
+                )));
+            }
+            Err(error) => {
+                pending.extend(writes.iter().map(|write| write.set));
+                return Err(error);
+            }
+        };
+        for (write, reply) in writes.into_iter().zip(replies) {
+            let work = &mut sets[write.set];
+            match reply {
+                Value::Okay => {
+                    for (i, answer) in write.staged {
+                        answers[i] = Some(Ok(answer));
+                    }
+                    inner.ifeq.remember(work.set, write.value);
+                }
+                // The set is not what it was decided on (or, for NX, exists now).
+                Value::Nil => {
+                    // A statistic: nothing else depends on it.
+                    inner.ifeq.conflicts.fetch_add(1, Ordering::Relaxed);
+                    pending.push(write.set);
+                }
+                reply => {
+                    self.write_refused(&reply);
+                    work.to_script = true;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// What a write's error reply means: a syntax error is a server without `IFEQ` after
+    /// all (a failover to a replica of an older version), which turns the path off.
+    fn write_refused(&self, reply: &Value) {
+        if is_syntax_error(reply) {
+            self.inner.ifeq.support.store(REFUSED, Ordering::Relaxed);
+        } else {
+            self.note_refused(reply);
+        }
+    }
+
+    /// Learns from a command's error reply: a slot that moved (`MOVED`) has the slot map
+    /// read again before the next operation routes by it, and counts with an `ASK` among the
+    /// redirections (the script follows them, for the operations this path leaves to it).
+    fn note_refused(&self, reply: &Value) {
+        let Value::ServerError(error) = reply else {
+            return;
+        };
+        let link = &self.inner.link;
+        match error.code() {
+            "MOVED" => link.mark_stale(),
+            "ASK" => {}
+            _ => return,
+        }
+        // A statistic: nothing else depends on it.
+        link.redirects.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The answers of a run whose pipeline failed with `error`: each operation of the pending
+    /// sets not yet decided fails with it once out of time (the script would wait again for a
+    /// node that does not answer), else is left to the script, which waits out a failover.
+    /// The kept values are forgotten: the server may have restarted.
+    pub(super) fn pipeline_failed(
+        &self,
+        error: StoreError,
+        deadline: Instant,
+        (sets, pending): (&[SetWork], &[usize]),
+        mut answers: Answers,
+    ) -> Answers {
+        self.inner.ifeq.forget_all();
+        if Instant::now() >= deadline {
+            for &s in pending {
+                for &i in &sets[s].ops[sets[s].settled..] {
+                    answers[i] = Some(Err(error.clone()));
+                }
+            }
+        }
+        answers
+    }
+}
+
+/// The read of each of `reads`: `SET key <set> NX GET` where it creates a set, else `GET key`.
+fn read_commands(sets: &[SetWork], reads: &[Read]) -> redis::Pipeline {
+    let mut pipe = redis::Pipeline::with_capacity(reads.len());
+    for (s, create) in reads {
+        let key = sets[*s].key.as_str();
+        let cmd = match create {
+            Some((set, _)) => {
+                let mut cmd = command("SET", 5, key.len() + set.len() + 16);
+                cmd.arg(key).arg(&set[..]).arg("NX").arg("GET");
+                cmd
+            }
+            None => {
+                let mut cmd = command("GET", 2, key.len() + 8);
+                cmd.arg(key);
+                cmd
+            }
+        };
+        pipe.add_command(cmd);
+    }
+    pipe
+}
+
+/// The write of each of `writes` (see [`RedisStore::write_sets`]).
+fn write_commands(sets: &[SetWork], writes: &[Planned]) -> redis::Pipeline {
+    let mut pipe = redis::Pipeline::with_capacity(writes.len());
+    for write in writes {
+        let work = &sets[write.set];
+        let key = work.key.as_str();
+        let bytes = key.len() + 2 * (write.value.len() + ENTRY_BYTES);
+        let mut cmd = command("SET", 7, bytes);
+        cmd.arg(key).arg(&write.value[..]);
+        match &work.read {
+            Some(old) => {
+                cmd.arg("IFEQ").arg(&old[..]).arg("KEEPTTL");
+            }
+            None => {
+                cmd.arg("NX");
+            }
+        }
+        pipe.add_command(cmd);
+    }
+    pipe
+}
