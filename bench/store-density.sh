@@ -5,9 +5,9 @@ set -euo pipefail
 
 usage() {
   cat <<'USAGE'
-Usage: bench/store-density.sh [--messages N] [--probability P] [redis] [memcached]
+Usage: bench/store-density.sh [--messages N] [--probability P] [redis] [valkey] [memcached]
 
-Starts its own redis-server and memcached on free loopback ports and prints, for each, the
+Starts its own redis-server, valkey-server and memcached on free loopback ports and prints, for each, the
 bytes of the server's memory per remembered message:
   ours       a table of 8-way sets sized for N distinct messages at probability P (as
              `nsq-dedupe size --messages N --probability P` sizes it), filled with 3N distinct
@@ -18,10 +18,10 @@ bytes of the server's memory per remembered message:
   ratio      ours / naive
   size est.  what `size` prints for the table, divided by N
 Memory is Redis's `used_memory` (INFO memory) and Memcached's `bytes` (stats).
-Defaults: N = 300,000, P = 0.99, both stores. For Valkey, set REDIS_SERVER_BIN to its
-valkey-server.
+Defaults: N = 300,000, P = 0.99, every store.
 
-Needs redis-server and memcached (or $REDIS_SERVER_BIN, $MEMCACHED_BIN); builds the benchmark
+Needs redis-server, Valkey 8.1 (as tests/run.sh fetches it) and memcached (or
+$REDIS_SERVER_BIN, $VALKEY_SERVER_BIN, $MEMCACHED_BIN); builds the benchmark
 with `cargo bench` (release profile).
 USAGE
 }

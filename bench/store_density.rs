@@ -17,7 +17,7 @@
 //! fresh server for each.
 //!
 //! Run through `bench/store-density.sh` (see `--help` there), or `cargo bench --bench
-//! store_density -- [--messages N] [--probability P] [redis] [memcached]`.
+//! store_density -- [--messages N] [--probability P] [redis] [valkey] [memcached]`.
 
 // Shared with the CPU benchmark, whose cluster and CPU readings this one does not use.
 #[allow(dead_code)]
@@ -30,7 +30,7 @@ use nsq_dedupe::sizing::{memcached_bytes_estimate, redis_bytes_estimate, slots_f
 use nsq_dedupe::{
     Claim, Digest, Geometry, MemcachedConfig, MemcachedStore, RedisConfig, RedisStore, Store,
 };
-use servers::Server;
+use servers::{Program, Server};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 /// Ways of the table measured: the sidecar's default.
@@ -72,12 +72,12 @@ impl Settings {
                         .parse()
                         .map_err(|_| format!("--probability: {v:?} is not a number"))?;
                 }
-                "redis" | "memcached" => settings.stores.push(arg),
+                "redis" | "valkey" | "memcached" => settings.stores.push(arg),
                 other => return Err(format!("unknown argument {other:?}: see --help")),
             }
         }
         if settings.stores.is_empty() {
-            settings.stores = vec!["redis".into(), "memcached".into()];
+            settings.stores = vec!["redis".into(), "valkey".into(), "memcached".into()];
         }
         Ok(settings)
     }
@@ -129,9 +129,9 @@ fn report(store: &str, geometry: Geometry, settings: &Settings, figures: [u64; 3
     );
 }
 
-async fn redis_case(settings: &Settings) -> Result<(), String> {
+async fn redis_case(settings: &Settings, program: Program) -> Result<(), String> {
     let geometry = settings.geometry()?;
-    let server = Server::redis()?;
+    let server = Server::redis_program(program, false)?;
     let url = format!("redis://{}", server.addr);
     let mut plain = redis::Client::open(url.as_str())
         .map_err(|e| e.to_string())?
@@ -183,15 +183,11 @@ async fn redis_case(settings: &Settings) -> Result<(), String> {
         next = end;
     }
     let naive = grown(before, redis_used_memory(&mut plain).await?)?;
-    // The server's program: redis-server, or valkey-server through `$REDIS_SERVER_BIN`.
-    let program = std::env::var("REDIS_SERVER_BIN").unwrap_or_default();
-    let name = if program.contains("valkey") {
-        "valkey"
-    } else {
-        "redis"
-    };
     report(
-        name,
+        match program {
+            Program::Redis => "redis",
+            Program::Valkey => "valkey",
+        },
         geometry,
         settings,
         [ours, naive, redis_bytes_estimate(geometry)],
@@ -327,7 +323,8 @@ fn main() {
     for store in &settings.stores {
         let result = runtime.block_on(async {
             match store.as_str() {
-                "redis" => redis_case(&settings).await,
+                "redis" => redis_case(&settings, Program::Redis).await,
+                "valkey" => redis_case(&settings, Program::Valkey).await,
                 _ => memcached_case(&settings).await,
             }
         });

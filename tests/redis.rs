@@ -172,9 +172,6 @@ mod valkey_contract {
     crate::store_contract::store_contract_tests!(
         shared: super::Redis::standalone(Flavor::Valkey)
     );
-    crate::store_contract::store_contract_tests!(
-        outlives_runtime: super::Redis::standalone(Flavor::Valkey)
-    );
 }
 
 fn config(urls: &[String], cluster: bool, namespace: &str) -> RedisConfig {
