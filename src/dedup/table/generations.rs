@@ -162,7 +162,7 @@ impl Older {
             (Some(now_s), Some(age)) => now_s >= self.resized_at_s.saturating_add(age),
             _ => false,
         };
-        if self.step > 1 && digest.lo() % self.step != 0 && !expired {
+        if self.step > 1 && !digest.lo().is_multiple_of(self.step) && !expired {
             return;
         }
         // Relaxed: the count only decides when to release memory, never an answer.
