@@ -133,19 +133,7 @@ async fn on_valkey_a_burst_is_plain_commands_and_no_script_run() {
 /// read and write would have given it to both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_whose_set_changed_after_its_read_is_decided_again() {
-    let server = valkey();
-    let hold = Hold::start(server.addr().parse().unwrap(), b"IFEQ").await;
-    let namespace = unique_namespace("ifeq-race");
-    let geometry = Geometry::new(2, 2).unwrap();
-    let a = RedisStore::connect(
-        config(&format!("redis://{}", hold.addr), &namespace),
-        geometry,
-    )
-    .await
-    .unwrap();
-    let b = RedisStore::connect(config(&server.url(), &namespace), geometry)
-        .await
-        .unwrap();
+    let (_server, hold, a, b, _) = held_and_direct("ifeq-race").await;
     let (x, d) = (digest(1), digest(2));
     // The set exists (a claim of an empty set is written with NX, not IFEQ).
     assert_eq!(b.claim(x).await, Ok(Claim::New));
@@ -173,20 +161,8 @@ async fn a_claim_whose_set_changed_after_its_read_is_decided_again() {
 /// path without a compare, `commit.rs`, overwrites that entry.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_whose_set_changed_since_its_claim_keeps_the_other_entry() {
-    let server = valkey();
-    let hold = Hold::start(server.addr().parse().unwrap(), b"IFEQ").await;
-    let namespace = unique_namespace("ifeq-commit");
     // One set of one way would push the entry out; two ways keep both.
-    let geometry = Geometry::new(2, 2).unwrap();
-    let a = RedisStore::connect(
-        config(&format!("redis://{}", hold.addr), &namespace),
-        geometry,
-    )
-    .await
-    .unwrap();
-    let b = RedisStore::connect(config(&server.url(), &namespace), geometry)
-        .await
-        .unwrap();
+    let (server, hold, a, b, namespace) = held_and_direct("ifeq-commit").await;
     let (d, e) = (digest(1), digest(2));
     assert_eq!(a.claim(d).await, Ok(Claim::New));
     let held = hold.arm();
@@ -201,9 +177,12 @@ async fn a_commit_whose_set_changed_since_its_claim_keeps_the_other_entry() {
     assert_eq!(committed, Ok(true));
     assert_eq!(a.ifeq_conflicts(), 1);
     assert_eq!(b.commit(e).await, Ok(true), "e kept its entry");
-    let c = RedisStore::connect(config(&server.url(), &namespace), geometry)
-        .await
-        .unwrap();
+    let c = RedisStore::connect(
+        config(&server.url(), &namespace),
+        Geometry::new(2, 2).unwrap(),
+    )
+    .await
+    .unwrap();
     assert_eq!(
         claimed(c.claim_many(&[d, e]).await).unwrap(),
         [Claim::Duplicate, Claim::Duplicate]
@@ -322,4 +301,24 @@ fn masked(mut value: Vec<u8>) -> Vec<u8> {
         entry[18..].fill(0);
     }
     value
+}
+
+/// A Valkey, a proxy before it that holds back the first `IFEQ` write once armed, and two
+/// stores of one table (2 sets of 2 ways) in a fresh namespace: `a` through the proxy, `b`
+/// direct; and the namespace.
+async fn held_and_direct(name: &str) -> (RedisServer, Hold, RedisStore, RedisStore, String) {
+    let server = valkey();
+    let hold = Hold::start(server.addr().parse().unwrap(), b"IFEQ").await;
+    let namespace = unique_namespace(name);
+    let geometry = Geometry::new(2, 2).unwrap();
+    let a = RedisStore::connect(
+        config(&format!("redis://{}", hold.addr), &namespace),
+        geometry,
+    )
+    .await
+    .unwrap();
+    let b = RedisStore::connect(config(&server.url(), &namespace), geometry)
+        .await
+        .unwrap();
+    (server, hold, a, b, namespace)
 }
