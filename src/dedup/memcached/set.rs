@@ -450,7 +450,11 @@ mod tests {
             apply(&mut set, Op::Claim, d, timed(11_001)),
             (Outcome::Claim(Claim::New), true)
         );
-        assert_eq!(set.slots()[0].unwrap().state, State::InFlight, "in its slot");
+        assert_eq!(
+            set.slots()[0].unwrap().state,
+            State::InFlight,
+            "in its slot"
+        );
         // Format 2 round-trips the time; format 1's done entries (time 0) never expire.
         let bytes = encode(&set, FORMAT_VERSION_TIMED);
         assert_eq!(bytes[0], FORMAT_VERSION_TIMED);
