@@ -11,9 +11,11 @@ use nsq_dedupe::{Claim, Digest, Geometry, RedisConfig, RedisStore, Store};
 
 use crate::redis::command_calls;
 use crate::store_contract::{digest, unique_namespace};
+use crate::store_refusals::{start, stop};
+use crate::support::broker::{Broker, BrokerConfig};
 use crate::support::hold::Hold;
 use crate::support::redis::{Flavor, RedisServer};
-use crate::util::claimed;
+use crate::util::{claimed, wait_until_or};
 
 fn config(url: &str, namespace: &str) -> RedisConfig {
     RedisConfig {
@@ -321,4 +323,62 @@ async fn held_and_direct(name: &str) -> (RedisServer, Hold, RedisStore, RedisSto
         .await
         .unwrap();
     (server, hold, a, b, namespace)
+}
+
+/// The log says once how the store writes, as soon as it knows: with `SET … IFEQ` on Valkey
+/// 8.1, through its script on Redis 7.0, so that an operator sees which way the servers allow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_says_once_how_the_store_writes() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let nsqd = broker.tcp_addr().to_string();
+    let ifeq = "The Redis store writes each set with SET … IFEQ: its servers have it.";
+    let script = "The Redis store writes through its script: a server has no SET … IFEQ \
+                  (Valkey 8.1 and later have it).";
+    for (flavor, said, not_said) in [
+        (Flavor::Valkey, ifeq, script),
+        (Flavor::Redis, script, ifeq),
+    ] {
+        let server = RedisServer::of(flavor, &[]);
+        let url = server.url();
+        let running = start(&[
+            "--topic",
+            "events",
+            "--nsqd-tcp-address",
+            &nsqd,
+            "--metrics-address",
+            "off",
+            "--store",
+            "redis",
+            "--redis-url",
+            &url,
+        ]);
+        wait_until_or(
+            "the line that says how the store writes",
+            Duration::from_secs(20),
+            || running.stderr().contains(said),
+            || running.stderr(),
+        )
+        .await;
+        broker.publish_many(
+            "events",
+            (0..20).map(|i| bytes::Bytes::from(format!("{i}"))),
+        );
+        wait_until_or(
+            "20 delivered",
+            Duration::from_secs(20),
+            || running.stdout().lines().count() == 20,
+            || running.stderr(),
+        )
+        .await;
+        let stopped = stop(running).await;
+        assert_eq!(stopped.code(), Some(0), "{}", stopped.stderr);
+        assert_eq!(stopped.stdout.lines().count(), 20, "{flavor:?}");
+        assert_eq!(
+            stopped.stderr.matches(said).count(),
+            1,
+            "{}",
+            stopped.stderr
+        );
+        assert!(!stopped.stderr.contains(not_said), "{}", stopped.stderr);
+    }
 }
