@@ -335,3 +335,71 @@ fn a_bad_max_memory_is_refused_naming_the_flag() {
     assert_eq!(code, 78, "{stderr}");
     assert!(stderr.contains("`--max-memory`"), "{stderr}");
 }
+
+/// The value of `field=` in `line`.
+fn field(line: &str, name: &str) -> Option<u64> {
+    let at = line.find(&format!(" {name}="))? + name.len() + 2;
+    line[at..].split(' ').next()?.parse().ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_on_the_table_file_keeps_the_size_the_table_grew_to() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("table");
+    let nsqd = broker.tcp_addr().to_string();
+    let port = free_port();
+    let metrics = format!("127.0.0.1:{port}");
+    let args = [
+        "run",
+        "--topic",
+        TOPIC,
+        "--channel",
+        "dedupe",
+        "--nsqd-tcp-address",
+        &nsqd,
+        "--sink",
+        "null",
+        "--metrics-address",
+        &metrics,
+        "--probability",
+        "0.99",
+        "--window",
+        "3s",
+        "--table-file",
+        table.to_str().unwrap(),
+    ];
+    let mut first = Child::bin(args);
+    assert!(first
+        .line_on_stderr("The table sizes itself", Duration::from_secs(60))
+        .is_some());
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    send(
+        &broker,
+        addr,
+        &[Phase {
+            rate: 2000.0,
+            length: Duration::from_secs(2),
+        }],
+    )
+    .await;
+    let first = first.stop_within("TERM", Duration::from_secs(15));
+    let grown = first
+        .stderr
+        .lines()
+        .rev()
+        .filter(|line| line.contains("The table grew"))
+        .find_map(|line| field(line, "new_buckets"))
+        .unwrap_or_else(|| panic!("the table did not grow:\n{}", first.stderr));
+
+    let mut second = Child::bin(args);
+    let started = second.line_on_stderr("The table sizes itself", Duration::from_secs(60));
+    let second = second.stop_within("TERM", Duration::from_secs(15));
+    let started = started.unwrap_or_else(|| panic!("not started:\n{}", second.stderr));
+    assert_eq!(field(&started, "buckets"), Some(grown), "{}", second.stderr);
+    assert!(
+        !second.stderr.contains("Table file resized"),
+        "{}",
+        second.stderr
+    );
+}

@@ -391,7 +391,7 @@ pub struct Settings {
     pub table_file: Option<TableFileSettings>,
     /// How the in-process table sizes itself, when it does (`store.probability` without
     /// `store.rate` or a size); `store` is then its first generation.
-    pub growth: Option<crate::dedup::growth::Growth>,
+    pub growth: Option<crate::sizing::growth::Growth>,
     /// The catch probability the table should keep: `store.probability`, else
     /// [`DEFAULT_TARGET_PROBABILITY`](crate::metrics::DEFAULT_TARGET_PROBABILITY). Below it, the
     /// sidecar warns and suggests a size.

@@ -11,9 +11,9 @@ use super::setting::{names, section, DefaultValue, FlagValue, Only};
 use crate::dedup::table_file::OnMismatch;
 
 use super::{check_host_port, invalid, quote, ConfigError, Dur, Wording};
-use crate::dedup::growth::{self, Growth};
 use crate::dedup::near::NearTable;
 use crate::dedup::Geometry;
+use crate::sizing::growth::{self, Growth};
 use crate::{MemcachedConfig, RedisConfig, RedisPassword};
 
 pub use crate::sizing::DEFAULT_WINDOW;

@@ -19,7 +19,6 @@ pub mod clock;
 pub(crate) mod digest;
 #[cfg(any(feature = "memcached", feature = "redis"))]
 pub mod fleet;
-pub mod growth;
 pub mod journal;
 mod json_key;
 pub mod local;

@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::dedup::backend::Backend;
-use crate::dedup::growth::{Decision, Growth};
 use crate::metrics::get;
 use crate::pipeline::Dedupe;
 use crate::sink::Handler;
+use crate::sizing::growth::{Decision, Growth};
 use crate::units::{format_bytes, format_duration};
 use crate::wording::{FlagOrigins, Named};
 use crate::{LocalTable, Table};

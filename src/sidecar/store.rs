@@ -189,12 +189,13 @@ fn open_table_file(
     file: &TableFileSettings,
 ) -> Result<(Backend, Arc<TableFile>), RunError> {
     let identity = format!("{} {}", settings.keyer.key(), settings.keyer.algorithm());
-    let (opened, table, report) = TableFile::open(
+    let (opened, table, report) = TableFile::open_sized(
         &file.path,
         geometry,
         &identity,
         file.on_mismatch,
         timing(settings.max_age),
+        settings.growth.is_some(),
     )?;
     if let Some(reason) = &report.recreated {
         let names = &settings.names;
