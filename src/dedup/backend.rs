@@ -23,7 +23,8 @@ use crate::error::StoreError;
 /// A store chosen at run time (`store.kind = "memory" | "memcached" | "redis" | "none"`).
 #[derive(Debug)]
 pub enum Backend {
-    /// The in-process, lock-free table (fixed, or growing by generations).
+    /// The in-process, lock-free table; one that sizes itself is behind a read-write lock
+    /// (see [`LocalTable`]).
     Memory(LocalTable),
     /// The in-process table kept in a file: each commit and erase is also appended to the
     /// file's journal before the message is answered.
