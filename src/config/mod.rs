@@ -672,6 +672,31 @@ mod tests {
     }
 
     #[test]
+    fn probability_without_a_rate_makes_the_table_size_itself() {
+        let s = Settings::from_toml(
+            "[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"a:1\"]\n[store]\nprobability = 0.99\nwindow = \"30s\"\nmax_memory = \"16MiB\"\n[dedupe]\nmax_age = \"1m\"\n",
+        )
+        .unwrap();
+        let growth = s.growth.expect("the table sizes itself");
+        assert_eq!(
+            (growth.probability, growth.window, growth.max_bytes),
+            (0.99, Duration::from_secs(30), 16 << 20)
+        );
+        // A time beside each slot with max_age.
+        assert_eq!(growth.slot_bytes, 16);
+        let StoreSettings::Memory(first) = s.store else {
+            panic!("{:?}", s.store)
+        };
+        assert_eq!(first, growth.initial(8).unwrap());
+        // With a rate, the size is fixed.
+        let fixed = Settings::from_toml(
+            "[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"a:1\"]\n[store]\nprobability = 0.99\nrate = 10\nwindow = \"30s\"\n",
+        )
+        .unwrap();
+        assert_eq!(fixed.growth, None);
+    }
+
+    #[test]
     fn a_shared_store_gets_a_near_table_unless_it_is_off() {
         let memcached = "[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"a:1\"]\n[store]\nkind = \"memcached\"\n";
         let near = |extra: &str| {
