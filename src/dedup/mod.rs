@@ -21,6 +21,7 @@ pub(crate) mod digest;
 pub mod fleet;
 pub mod journal;
 mod json_key;
+pub mod local;
 #[cfg(feature = "memcached")]
 pub(crate) mod memcached;
 pub(crate) mod near;
