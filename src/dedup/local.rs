@@ -70,6 +70,7 @@ impl LocalTable {
     ///
     /// `current` back when the table is fixed, or the lock is held (a snapshot is being
     /// written, or claims are running at this instant): try again later.
+    #[cfg(any(feature = "sidecar", test))]
     pub(crate) fn push_generation(&self, current: Table) -> Result<(), Table> {
         let Inner::Growable(lock) = &self.0 else {
             return Err(current);
