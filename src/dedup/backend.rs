@@ -11,6 +11,7 @@
 
 use std::sync::Arc;
 
+use crate::dedup::generational::Generations;
 use crate::dedup::journal::Journal;
 use crate::dedup::memcached::MemcachedStore;
 use crate::dedup::near::{NearStats, NearTable};
@@ -29,9 +30,9 @@ pub enum Backend {
     Journalled(Table, Arc<Journal>),
     /// The table shared through Memcached, with a near-table in front when configured.
     Memcached(MemcachedStore, Option<NearTable>),
-    /// The table shared through Redis or a Redis Cluster, with a near-table in front when
-    /// configured.
-    Redis(RedisStore, Option<NearTable>),
+    /// The table shared through Redis or a Redis Cluster, following the store's descriptor
+    /// across resizes, with a near-table in front when configured.
+    Redis(Generations<RedisStore>, Option<NearTable>),
     /// No de-duplication: every claim is [`Claim::New`].
     None(NoStore),
 }
@@ -79,7 +80,8 @@ impl Backend {
     /// again after a node failed or the cluster was failing over.
     pub fn cluster_retries(&self) -> Option<(u64, u64)> {
         match self {
-            Backend::Redis(store, _) if store.config().cluster => {
+            Backend::Redis(store, _) if store.current().config().cluster => {
+                let store = store.current();
                 Some((store.redirects(), store.retries()))
             }
             _ => None,

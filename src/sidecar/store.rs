@@ -9,6 +9,7 @@ use super::RunError;
 use crate::config::{Named, Settings, StoreSettings, TableFileSettings};
 use crate::dedup::backend::Backend;
 use crate::dedup::clock::{Clock, CoarseClock};
+use crate::dedup::generational::Generations;
 use crate::dedup::journal::Journal;
 use crate::dedup::near::NearTable;
 use crate::dedup::table_file::TableFile;
@@ -89,7 +90,14 @@ async fn open_store(
         }
         StoreSettings::Redis(config, geometry) => {
             let (opened, answered) = open_shared(config, *geometry).await?;
-            (Backend::Redis(opened, near), answered)
+            let generations = Generations::new(opened);
+            if answered {
+                // Else the first share of the fleet's counters reads it.
+                if let Err(error) = generations.follow().await {
+                    tracing::warn!(%error, "Reading the table's descriptor failed; using the size given until it can be read.");
+                }
+            }
+            (Backend::Redis(generations, near), answered)
         }
     })
 }
