@@ -38,6 +38,7 @@ mod package;
 mod redis;
 mod redis_commit;
 mod redis_ifeq;
+mod redis_resize;
 mod redis_tls;
 mod secrets;
 mod serve;

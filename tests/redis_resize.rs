@@ -1,0 +1,337 @@
+//! A fleet resizes the table it shares in Redis without forgetting: `nsq-dedupe resize`
+//! writes the store's descriptor, a sidecar restarted with the new size and one left running
+//! with the old flag both follow it, and the messages taken before the resize stay seen; a
+//! sidecar killed during a resize loses nothing. Then the store's own claims, commits and
+//! erases across a resize.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use bytes::Bytes;
+use nsq_dedupe::dedup::generational::resize;
+use nsq_dedupe::{Claim, Digest, Generations, Geometry, RedisConfig, RedisStore, Store};
+
+use crate::sidecar::{drained, payload, sidecar_binary, spawn_sidecar, ChildGuard, CHANNEL, TOPIC};
+use crate::support::broker::{Broker, BrokerConfig};
+use crate::support::redis::RedisServer;
+use crate::util::wait_until_or;
+
+const OUT: &str = "events.unique";
+const OLD_BUCKETS: u64 = 262_144;
+const NEW_BUCKETS: u64 = 1_048_576;
+
+/// A sidecar's config file: the broker's topic into its `events.unique`, through the table
+/// in Redis at `buckets`; the descriptor is read every 200 ms.
+fn config(dir: &Path, name: &str, broker: &Broker, redis: &RedisServer, buckets: u64) -> PathBuf {
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+[source]
+nsqd_tcp_addresses = ["{addr}"]
+topic = "{TOPIC}"
+channel = "{CHANNEL}"
+max_in_flight = 20
+msg_timeout = "1s"
+heartbeat_interval = "1s"
+backoff = "10ms"
+max_backoff = "200ms"
+
+[dedupe]
+in_flight_requeue_delay = "200ms"
+
+[store]
+kind = "redis"
+redis_urls = ["{url}"]
+namespace = "resize"
+buckets = {buckets}
+lease = "1500ms"
+fleet_interval = "200ms"
+
+[sink]
+kind = "nsq"
+destination_nsqd_tcp_addresses = ["{addr}"]
+destination_topic = "{OUT}"
+
+[metrics]
+address = "off"
+
+[shutdown]
+grace = "2s"
+"#,
+            addr = broker.tcp_addr(),
+            url = redis.url(),
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// `nsq-dedupe resize` of the test's namespace to `buckets`; its stdout.
+fn resize_command(redis: &RedisServer, buckets: u64) -> String {
+    let out = Command::new(sidecar_binary())
+        .args(["resize", "--store", "redis", "--namespace", "resize"])
+        .args([
+            "--redis-url",
+            &redis.url(),
+            "--buckets",
+            &buckets.to_string(),
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("the nsq-dedupe binary runs");
+    assert!(
+        out.status.success(),
+        "resize failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// How many times each body came out.
+fn delivered(broker: &Broker) -> HashMap<Bytes, usize> {
+    let mut counts = HashMap::new();
+    for body in broker.messages_on(OUT) {
+        *counts.entry(body).or_insert(0) += 1;
+    }
+    counts
+}
+
+async fn wait_out(broker: &Broker, n: usize, logs: &[&Path]) {
+    wait_until_or(
+        &format!("{n} bodies out and the channel drained"),
+        Duration::from_secs(60),
+        || broker.messages_on(OUT).len() >= n && drained(broker),
+        || {
+            let text: Vec<String> = logs
+                .iter()
+                .map(|log| std::fs::read_to_string(log).unwrap_or_default())
+                .collect();
+            format!(
+                "{} out; logs:\n{}",
+                broker.messages_on(OUT).len(),
+                text.join("\n")
+            )
+        },
+    )
+    .await;
+}
+
+/// Stops a sidecar with SIGTERM (a graceful stop, as a rolling restart does).
+fn stop(guard: &mut ChildGuard) {
+    let mut child = guard.0.take().unwrap();
+    let pid = i32::try_from(child.id()).unwrap();
+    // SAFETY: kill(2) with a pid of our own child and a valid signal touches no memory.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    child.wait().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_resized_one_sidecar_at_a_time_forgets_nothing() {
+    let redis = RedisServer::start();
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let old = config(dir.path(), "old", &broker, &redis, OLD_BUCKETS);
+    let new = config(dir.path(), "new", &broker, &redis, NEW_BUCKETS);
+    let (log_a, log_b) = (dir.path().join("a.log"), dir.path().join("b.log"));
+    let logs = [log_a.as_path(), log_b.as_path()];
+    let a = ChildGuard(Some(spawn_sidecar(&old, &log_a)));
+    let mut b = ChildGuard(Some(spawn_sidecar(&old, &log_b)));
+    const N: usize = 5_000;
+    broker.publish_many(TOPIC, (0..N).map(payload));
+    wait_out(&broker, N, &logs).await;
+    assert_eq!(delivered(&broker).len(), N, "each of the first {N} once");
+
+    let said = resize_command(&redis, NEW_BUCKETS);
+    assert!(
+        said.contains("is now 1048576 buckets") && said.contains("it was 262144 buckets"),
+        "{said}"
+    );
+    // One sidecar restarted with the new size; the other keeps running with its old flag.
+    stop(&mut b);
+    b = ChildGuard(Some(spawn_sidecar(&new, &log_b)));
+    let log_text = |log: &Path| std::fs::read_to_string(log).unwrap_or_default();
+    wait_until_or(
+        "the sidecar left running follows the resize",
+        Duration::from_secs(10),
+        || log_text(&log_a).contains("Following the store's table to its new size."),
+        || log_text(&log_a),
+    )
+    .await;
+    let warned = log_text(&log_a);
+    assert!(
+        warned.contains("1048576 buckets, not 262144") && warned.contains("`nsq-dedupe resize`"),
+        "the sidecar given the old size says it follows the store's: {warned}"
+    );
+
+    broker.publish_many(TOPIC, (0..N).map(payload));
+    broker.publish_many(TOPIC, (N..N + 2_000).map(payload));
+    wait_out(&broker, N + 2_000, &logs).await;
+    let counts = delivered(&broker);
+    let again: Vec<_> = counts.iter().filter(|(_, &n)| n > 1).collect();
+    assert_eq!(
+        again.len(),
+        0,
+        "of the first {N} sent again after the resize, none delivered a second time"
+    );
+    assert_eq!(
+        counts.len(),
+        N + 2_000,
+        "each of the 2,000 new ones delivered"
+    );
+    drop((a, b));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_restarted_with_another_size_follows_the_stores_table() {
+    let redis = RedisServer::start();
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let old = config(dir.path(), "old", &broker, &redis, OLD_BUCKETS);
+    let new = config(dir.path(), "new", &broker, &redis, NEW_BUCKETS);
+    let log = dir.path().join("sidecar.log");
+    let mut sidecar = ChildGuard(Some(spawn_sidecar(&old, &log)));
+    const N: usize = 2_000;
+    broker.publish_many(TOPIC, (0..N).map(payload));
+    wait_out(&broker, N, &[&log]).await;
+    // Restarted with another size and no `resize`: the store's table stays the one in use.
+    stop(&mut sidecar);
+    let started = std::fs::read_to_string(&log).unwrap().len();
+    sidecar = ChildGuard(Some(spawn_sidecar(&new, &log)));
+    broker.publish_many(TOPIC, (0..N).map(payload));
+    broker.publish_many(TOPIC, (N..N + 500).map(payload));
+    wait_out(&broker, N + 500, &[&log]).await;
+    let counts = delivered(&broker);
+    assert_eq!(
+        counts.values().filter(|&&n| n > 1).count(),
+        0,
+        "of the {N} sent again, none delivered a second time"
+    );
+    assert_eq!(counts.len(), N + 500);
+    let said = std::fs::read_to_string(&log).unwrap()[started..].to_owned();
+    assert_eq!(
+        said.matches("`nsq-dedupe resize`").count(),
+        1,
+        "the size given and the store's are named once: {said}"
+    );
+    assert!(said.contains("262144 buckets, not 1048576"), "{said}");
+    drop(sidecar);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_killed_during_a_resize_loses_nothing() {
+    let redis = RedisServer::start();
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let old = config(dir.path(), "old", &broker, &redis, OLD_BUCKETS);
+    let new = config(dir.path(), "new", &broker, &redis, NEW_BUCKETS);
+    let (log_a, log_b) = (dir.path().join("a.log"), dir.path().join("b.log"));
+    let logs = [log_a.as_path(), log_b.as_path()];
+    let mut a = ChildGuard(Some(spawn_sidecar(&old, &log_a)));
+    let b = ChildGuard(Some(spawn_sidecar(&old, &log_b)));
+    const N: usize = 6_000;
+    broker.publish_many(TOPIC, (0..N).map(payload));
+    wait_until_or(
+        "the first 1,000 out",
+        Duration::from_secs(30),
+        || broker.messages_on(OUT).len() >= 1_000,
+        String::new,
+    )
+    .await;
+    resize_command(&redis, NEW_BUCKETS);
+    // SIGKILL while its claims of the old size are in flight: nothing is answered.
+    let mut killed = a.0.take().unwrap();
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    assert!(
+        broker.messages_on(OUT).len() < N,
+        "the whole stream was done before the kill; nothing was tested"
+    );
+    a = ChildGuard(Some(spawn_sidecar(&new, &log_a)));
+    wait_out(&broker, N, &logs).await;
+    let out: HashSet<Bytes> = broker.messages_on(OUT).into_iter().collect();
+    let missing = (0..N).filter(|&i| !out.contains(&payload(i))).count();
+    assert_eq!(
+        missing, 0,
+        "every payload delivered after the kill and the resize"
+    );
+    drop((a, b));
+}
+
+fn digest(i: u64) -> Digest {
+    Digest::from_u128(xxhash_rust::xxh3::xxh3_128(&i.to_le_bytes()))
+}
+
+fn store_config(redis: &RedisServer) -> RedisConfig {
+    RedisConfig {
+        urls: vec![redis.url()],
+        namespace: "generations".into(),
+        ..RedisConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_commits_and_erases_keep_their_answers_across_a_resize() {
+    let redis = RedisServer::start();
+    let small = Geometry::new(4_096, 4).unwrap();
+    let large = Geometry::new(16_384, 4).unwrap();
+    let before = RedisStore::connect(store_config(&redis), small)
+        .await
+        .unwrap();
+    let before = Generations::new(before);
+    before.follow().await.unwrap();
+    let (done, held, failed) = (digest(1), digest(2), digest(3));
+    let claims = before.claim_many(&[done, held, failed]).await;
+    assert_eq!(claims, vec![Ok(Claim::New); 3]);
+    assert_eq!(before.commit(done).await, Ok(true));
+
+    let resized = resize(&before.current(), large).await.unwrap();
+    assert_eq!(resized.after.current.geometry, large);
+    // A consumer started with the new size, and the one that made the claims following.
+    let after = RedisStore::connect(store_config(&redis), large)
+        .await
+        .unwrap();
+    let after = Generations::new(after);
+    after.follow().await.unwrap();
+    before.follow().await.unwrap();
+    assert_eq!(
+        before.geometry(),
+        Some(large),
+        "the running consumer follows"
+    );
+    assert_eq!(
+        after.previous().map(|(shape, _)| shape.geometry),
+        Some(small)
+    );
+
+    // Committed before the resize: a copy. In flight: in flight, and left to its claim.
+    let (fresh, other) = (digest(4), digest(5));
+    let claims = after.claim_many(&[done, held, failed, fresh]).await;
+    assert_eq!(
+        claims,
+        vec![
+            Ok(Claim::Duplicate),
+            Ok(Claim::InFlight),
+            Ok(Claim::InFlight),
+            Ok(Claim::New)
+        ]
+    );
+    // The claims made before the resize commit and erase where they were made.
+    assert_eq!(before.commit(held).await, Ok(true));
+    assert_eq!(before.erase(failed).await, Ok(true));
+    assert_eq!(after.claim(held).await, Ok(Claim::Duplicate));
+    // A failed message's retry passes, and is not taken for a copy.
+    assert_eq!(after.claim(failed).await, Ok(Claim::New));
+    assert_eq!(after.commit(failed).await, Ok(true));
+    assert_eq!(before.claim(failed).await, Ok(Claim::Duplicate));
+    // New claims live in the new table, for both consumers.
+    assert_eq!(after.commit(fresh).await, Ok(true));
+    assert_eq!(before.claim(fresh).await, Ok(Claim::Duplicate));
+    assert_eq!(before.claim(other).await, Ok(Claim::New));
+    assert_eq!(after.claim(other).await, Ok(Claim::InFlight));
+    assert_eq!(before.erase(other).await, Ok(true));
+    assert_eq!(after.claim(other).await, Ok(Claim::New));
+}
