@@ -15,7 +15,7 @@ use nsq_dedupe::{Claim, Digest, Generations, Geometry, RedisConfig, RedisStore, 
 
 use crate::sidecar::{drained, payload, sidecar_binary, spawn_sidecar, ChildGuard, CHANNEL, TOPIC};
 use crate::support::broker::{Broker, BrokerConfig};
-use crate::support::redis::RedisServer;
+use crate::support::redis::{Flavor, RedisCluster, RedisServer};
 use crate::util::wait_until_or;
 
 const OUT: &str = "events.unique";
@@ -265,9 +265,10 @@ fn digest(i: u64) -> Digest {
     Digest::from_u128(xxhash_rust::xxh3::xxh3_128(&i.to_le_bytes()))
 }
 
-fn store_config(redis: &RedisServer) -> RedisConfig {
+fn store_config(urls: Vec<String>, cluster: bool) -> RedisConfig {
     RedisConfig {
-        urls: vec![redis.url()],
+        urls,
+        cluster,
         namespace: "generations".into(),
         ..RedisConfig::default()
     }
@@ -276,11 +277,31 @@ fn store_config(redis: &RedisServer) -> RedisConfig {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_commits_and_erases_keep_their_answers_across_a_resize() {
     let redis = RedisServer::start();
+    across_a_resize(store_config(vec![redis.url()], false), false).await;
+}
+
+/// The same on Valkey 8.1, whose operations are decided in the client and written with
+/// `SET … IFEQ`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_across_a_resize_on_valkey_with_ifeq() {
+    let valkey = RedisServer::of(Flavor::Valkey, &[]);
+    across_a_resize(store_config(vec![valkey.url()], false), true).await;
+}
+
+/// The same on a Redis Cluster: the descriptor and each set are keys of their own slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_across_a_resize_on_a_redis_cluster() {
+    let cluster = RedisCluster::start();
+    across_a_resize(store_config(cluster.urls(), true), false).await;
+}
+
+/// Claims, commits and erases made before a resize, by a consumer that follows it, seen by
+/// a consumer started with the new size.
+async fn across_a_resize(config: RedisConfig, ifeq: bool) {
     let small = Geometry::new(4_096, 4).unwrap();
     let large = Geometry::new(16_384, 4).unwrap();
-    let before = RedisStore::connect(store_config(&redis), small)
-        .await
-        .unwrap();
+    let before = RedisStore::connect(config.clone(), small).await.unwrap();
+    assert_eq!(before.uses_ifeq(), ifeq);
     let before = Generations::new(before);
     before.follow().await.unwrap();
     let (done, held, failed) = (digest(1), digest(2), digest(3));
@@ -291,9 +312,7 @@ async fn claims_commits_and_erases_keep_their_answers_across_a_resize() {
     let resized = resize(&before.current(), large).await.unwrap();
     assert_eq!(resized.after.current.geometry, large);
     // A consumer started with the new size, and the one that made the claims following.
-    let after = RedisStore::connect(store_config(&redis), large)
-        .await
-        .unwrap();
+    let after = RedisStore::connect(config, large).await.unwrap();
     let after = Generations::new(after);
     after.follow().await.unwrap();
     before.follow().await.unwrap();
