@@ -354,3 +354,62 @@ async fn across_a_resize(config: RedisConfig, ifeq: bool) {
     assert_eq!(before.erase(other).await, Ok(true));
     assert_eq!(after.claim(other).await, Ok(Claim::New));
 }
+
+/// Runs `nsq-dedupe resize` with `args`; its exit status and stderr.
+fn resize_fails(args: &[&str]) -> (i32, String) {
+    let out = Command::new(sidecar_binary())
+        .arg("resize")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("the nsq-dedupe binary runs");
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    (
+        out.status.code().expect("exited, not killed by a signal"),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+/// `resize` of a store that keeps no shared table is a setting to change (78), and says
+/// which; a descriptor that holds something else is named, with what to do, and left alone.
+#[test]
+fn resize_refuses_a_store_without_a_shared_table_and_a_descriptor_it_cannot_read() {
+    assert_eq!(
+        resize_fails(&["--buckets", "1048576"]),
+        (
+            78,
+            "error: `resize` changes the size of a table shared through Redis, and the store \
+             given is \"memory\": pass `--store redis` with `--redis-url` (or set \
+             `store.kind = \"redis\"` in the config file); an in-process table takes its size \
+             from `--buckets` at start\n"
+                .into()
+        )
+    );
+    let redis = RedisServer::start();
+    redis.cli(&["SET", "resize:table", "junk"]);
+    let url = redis.url();
+    let args = [
+        "--store",
+        "redis",
+        "--redis-url",
+        &url,
+        "--namespace",
+        "resize",
+    ];
+    let (status, said) = resize_fails(&[&args[..], &["--buckets", "1048576"]].concat());
+    assert_eq!(
+        (status, said.as_str()),
+        (
+            1,
+            "error: resizing the table of namespace \"resize\": store protocol error: the \
+             table's descriptor `resize:table` holds \"junk\", which is not a descriptor \
+             (`v1 current=<format>:<sets>x<ways>[ previous=... since=<ms>]`); delete it to \
+             start a table at the size given\n"
+        )
+    );
+    assert_eq!(redis.cli(&["GET", "resize:table"]).trim(), "junk");
+}
