@@ -10,13 +10,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use nsq_dedupe::config::{RawConfig, SinkKind, StoreKind};
+use nsq_dedupe::config::{RawConfig, SinkKind, StoreKind, StoreSettings};
 use nsq_dedupe::error::StoreError;
 use nsq_dedupe::metrics::get;
 use nsq_dedupe::nsq::Message;
 use nsq_dedupe::pipeline::{Dedupe, Outcome};
 use nsq_dedupe::sink::{Handler, HandlerError, Sink};
-use nsq_dedupe::{Claim, Digest, Geometry, KeySpec, Keyer, Metrics, Store, Table};
+use nsq_dedupe::{
+    Claim, Descriptor, Digest, Generation, Geometry, KeySpec, Keyer, Metrics, RedisStore, Shape,
+    Store, Table,
+};
 
 use crate::batch::{bodies, consumer, drained, policy, take};
 use crate::nsq::TOPIC;
@@ -440,6 +443,21 @@ async fn with_redis_the_null_sink_costs_one_write_per_unique_message() {
             raw.store.kind = Some(StoreKind::Redis);
             raw.store.redis_urls = Some(vec![redis.url()]);
             raw.store.namespace = Some(namespace.to_owned());
+            // The table's descriptor, which the first consumer of a namespace writes once,
+            // written before the run: the writes counted are the messages'.
+            raw.store.buckets = Some(BUCKETS);
+            let Ok(StoreSettings::Redis(config, geometry)) = raw.validate_store() else {
+                panic!("a Redis store");
+            };
+            let store = RedisStore::new_lazy(config, geometry).unwrap();
+            let table = Descriptor {
+                current: Shape {
+                    format: store.format(),
+                    geometry,
+                },
+                previous: None,
+            };
+            redis.cli(&["SET", &store.descriptor_key(), &table.encode()]);
         },
         // Calls of the commands that write a Redis set (from the store's script, too).
         || {
