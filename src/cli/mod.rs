@@ -171,7 +171,7 @@ pub(crate) enum Command {
     /// --memory, or --probability with --rate and --window). The store's descriptor key
     /// (`<namespace>:table`) then names the new size and keeps the old one as the previous
     /// generation, which claims still read until it no longer counts; running sidecars follow
-    /// within one --fleet-interval. Redis only, for now.
+    /// within one --fleet-interval. Redis (one server or a cluster) and Memcached.
     Resize(Box<ResizeArgs>),
     /// Print a shell completion script, e.g. `nsq-dedupe completions bash > /etc/bash_completion.d/nsq-dedupe`.
     Completions {

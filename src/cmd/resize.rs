@@ -5,7 +5,8 @@ use anyhow::Context as _;
 
 use crate::cli::{FromEnv, ResizeArgs, TypedAliases};
 use nsq_dedupe::config::{RawConfig, StoreSettings};
-use nsq_dedupe::{Descriptor, Geometry};
+use nsq_dedupe::dedup::generational::resize;
+use nsq_dedupe::{Descriptor, Geometry, MemcachedStore, RedisStore};
 
 /// Builds the store's settings from `--config`, the flags and the environment, and writes
 /// the new size into the store's descriptor; prints what changed.
@@ -20,25 +21,27 @@ pub(crate) fn run(
     };
     args.apply(&mut raw, from_env, aliases);
     let store = raw.validate_store()?;
-    let (config, geometry) = match store {
-        StoreSettings::Redis(config, geometry) => (config, geometry),
-        other => {
-            return Err(NotShared(match other {
-                StoreSettings::Memcached(..) => "memcached",
-                StoreSettings::Memory(_) => "memory",
-                _ => "none",
-            })
-            .into())
-        }
+    let namespace = match &store {
+        StoreSettings::Redis(config, _) => config.namespace.clone(),
+        StoreSettings::Memcached(config, _) => config.namespace.clone(),
+        StoreSettings::Memory(_) => return Err(NotShared("memory").into()),
+        StoreSettings::None => return Err(NotShared("none").into()),
     };
-    let namespace = config.namespace.clone();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
     let resized = runtime.block_on(async move {
-        let store = nsq_dedupe::RedisStore::connect(config, geometry).await?;
-        anyhow::Ok(nsq_dedupe::dedup::generational::resize(&store, geometry).await?)
+        anyhow::Ok(match store {
+            StoreSettings::Redis(config, geometry) => {
+                resize(&RedisStore::connect(config, geometry).await?, geometry).await?
+            }
+            StoreSettings::Memcached(config, geometry) => {
+                resize(&MemcachedStore::connect(config, geometry).await?, geometry).await?
+            }
+            StoreSettings::Memory(_) => return Err(NotShared("memory").into()),
+            StoreSettings::None => return Err(NotShared("none").into()),
+        })
     });
     let resized =
         resized.with_context(|| format!("resizing the table of namespace {namespace:?}"))?;
@@ -78,8 +81,9 @@ fn report(namespace: &str, before: Option<Descriptor>, after: Descriptor) -> Str
 /// `resize` was given a store without a shared table.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "`resize` changes the size of a table shared through Redis, and the store given is \
-     {0:?}: pass `--store redis` with `--redis-url` (or set `store.kind = \"redis\"` in the \
-     config file); an in-process table takes its size from `--buckets` at start"
+    "`resize` changes the size of a table shared through Redis or Memcached, and the store \
+     given is {0:?}: pass `--store redis` with `--redis-url`, or `--store memcached` with \
+     `--memcached-address` (or set `store.kind` in the config file); an in-process table \
+     takes its size from `--buckets` at start"
 )]
 pub(crate) struct NotShared(&'static str);

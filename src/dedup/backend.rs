@@ -28,8 +28,9 @@ pub enum Backend {
     /// The in-process table kept in a file: each commit and erase is also appended to the
     /// file's journal before the message is answered.
     Journalled(Table, Arc<Journal>),
-    /// The table shared through Memcached, with a near-table in front when configured.
-    Memcached(MemcachedStore, Option<NearTable>),
+    /// The table shared through Memcached, following the store's descriptor across resizes,
+    /// with a near-table in front when configured.
+    Memcached(Generations<MemcachedStore>, Option<NearTable>),
     /// The table shared through Redis or a Redis Cluster, following the store's descriptor
     /// across resizes, with a near-table in front when configured.
     Redis(Generations<RedisStore>, Option<NearTable>),
@@ -69,7 +70,8 @@ impl Backend {
     /// Shared-store servers ejected and taken back so far, for a store of several servers.
     pub fn ejections(&self) -> Option<(u64, u64)> {
         match self {
-            Backend::Memcached(store, _) if store.config().servers.len() > 1 => {
+            Backend::Memcached(store, _) if store.current().config().servers.len() > 1 => {
+                let store = store.current();
                 Some((store.ejections(), store.returns()))
             }
             _ => None,

@@ -1,5 +1,5 @@
-//! A fleet resizes the table it shares in Redis without forgetting: `nsq-dedupe resize`
-//! writes the store's descriptor, a sidecar restarted with the new size and one left running
+//! A fleet resizes the table it shares in Redis or Memcached without forgetting:
+//! `nsq-dedupe resize` writes the store's descriptor, a sidecar restarted with the new size and one left running
 //! with the old flag both follow it, and the messages taken before the resize stay seen; a
 //! sidecar killed during a resize loses nothing. Then the store's own claims, commits and
 //! erases across a resize.
@@ -11,10 +11,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use nsq_dedupe::dedup::generational::resize;
-use nsq_dedupe::{Claim, Digest, Generations, Geometry, RedisConfig, RedisStore, Store};
+use nsq_dedupe::{
+    Claim, Digest, Generation, Generations, Geometry, MemcachedConfig, MemcachedStore, RedisConfig,
+    RedisStore, Store,
+};
 
 use crate::sidecar::{drained, payload, sidecar_binary, spawn_sidecar, ChildGuard, CHANNEL, TOPIC};
 use crate::support::broker::{Broker, BrokerConfig};
+use crate::support::memcached::MemcachedServer;
 use crate::support::redis::{Flavor, RedisCluster, RedisServer};
 use crate::util::wait_until_or;
 
@@ -22,9 +26,54 @@ const OUT: &str = "events.unique";
 const OLD_BUCKETS: u64 = 262_144;
 const NEW_BUCKETS: u64 = 1_048_576;
 
+/// The shared store of a test.
+enum Shared {
+    Redis(RedisServer),
+    Memcached(MemcachedServer),
+}
+
+impl Shared {
+    fn redis() -> Shared {
+        Shared::Redis(RedisServer::start())
+    }
+
+    fn memcached() -> Shared {
+        Shared::Memcached(MemcachedServer::start())
+    }
+
+    /// Its `[store]` keys.
+    fn toml(&self) -> String {
+        match self {
+            Shared::Redis(redis) => format!("kind = \"redis\"\nredis_urls = [\"{}\"]", redis.url()),
+            Shared::Memcached(memcached) => format!(
+                "kind = \"memcached\"\nmemcached_addresses = [\"{}\"]",
+                memcached.addr()
+            ),
+        }
+    }
+
+    /// Its flags.
+    fn flags(&self) -> Vec<String> {
+        match self {
+            Shared::Redis(redis) => vec![
+                "--store".into(),
+                "redis".into(),
+                "--redis-url".into(),
+                redis.url(),
+            ],
+            Shared::Memcached(memcached) => vec![
+                "--store".into(),
+                "memcached".into(),
+                "--memcached-address".into(),
+                memcached.addr(),
+            ],
+        }
+    }
+}
+
 /// A sidecar's config file: the broker's topic into its `events.unique`, through the table
-/// in Redis at `buckets`; the descriptor is read every 200 ms.
-fn config(dir: &Path, name: &str, broker: &Broker, redis: &RedisServer, buckets: u64) -> PathBuf {
+/// in the shared store at `buckets`; the descriptor is read every 200 ms.
+fn config(dir: &Path, name: &str, broker: &Broker, shared: &Shared, buckets: u64) -> PathBuf {
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(
         &path,
@@ -44,8 +93,7 @@ max_backoff = "200ms"
 in_flight_requeue_delay = "200ms"
 
 [store]
-kind = "redis"
-redis_urls = ["{url}"]
+{store}
 namespace = "resize"
 buckets = {buckets}
 lease = "1500ms"
@@ -63,7 +111,7 @@ address = "off"
 grace = "2s"
 "#,
             addr = broker.tcp_addr(),
-            url = redis.url(),
+            store = shared.toml(),
         ),
     )
     .unwrap();
@@ -71,15 +119,11 @@ grace = "2s"
 }
 
 /// `nsq-dedupe resize` of the test's namespace to `buckets`; its stdout.
-fn resize_command(redis: &RedisServer, buckets: u64) -> String {
+fn resize_command(shared: &Shared, buckets: u64) -> String {
     let out = Command::new(sidecar_binary())
-        .args(["resize", "--store", "redis", "--namespace", "resize"])
-        .args([
-            "--redis-url",
-            &redis.url(),
-            "--buckets",
-            &buckets.to_string(),
-        ])
+        .args(["resize", "--namespace", "resize"])
+        .args(shared.flags())
+        .args(["--buckets", &buckets.to_string()])
         .stdin(Stdio::null())
         .output()
         .expect("the nsq-dedupe binary runs");
@@ -130,12 +174,20 @@ fn stop(guard: &mut ChildGuard) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fleet_resized_one_sidecar_at_a_time_forgets_nothing() {
-    let redis = RedisServer::start();
+async fn a_fleet_resized_one_sidecar_at_a_time_forgets_nothing_in_redis() {
+    a_fleet_resized_one_sidecar_at_a_time_forgets_nothing(Shared::redis()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_resized_one_sidecar_at_a_time_forgets_nothing_in_memcached() {
+    a_fleet_resized_one_sidecar_at_a_time_forgets_nothing(Shared::memcached()).await;
+}
+
+async fn a_fleet_resized_one_sidecar_at_a_time_forgets_nothing(shared: Shared) {
     let broker = Broker::start(BrokerConfig::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let old = config(dir.path(), "old", &broker, &redis, OLD_BUCKETS);
-    let new = config(dir.path(), "new", &broker, &redis, NEW_BUCKETS);
+    let old = config(dir.path(), "old", &broker, &shared, OLD_BUCKETS);
+    let new = config(dir.path(), "new", &broker, &shared, NEW_BUCKETS);
     let (log_a, log_b) = (dir.path().join("a.log"), dir.path().join("b.log"));
     let logs = [log_a.as_path(), log_b.as_path()];
     let a = ChildGuard(Some(spawn_sidecar(&old, &log_a)));
@@ -145,7 +197,7 @@ async fn a_fleet_resized_one_sidecar_at_a_time_forgets_nothing() {
     wait_out(&broker, N, &logs).await;
     assert_eq!(delivered(&broker).len(), N, "each of the first {N} once");
 
-    let said = resize_command(&redis, NEW_BUCKETS);
+    let said = resize_command(&shared, NEW_BUCKETS);
     assert!(
         said.contains("is now 1048576 buckets") && said.contains("it was 262144 buckets"),
         "{said}"
@@ -186,12 +238,20 @@ async fn a_fleet_resized_one_sidecar_at_a_time_forgets_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sidecar_restarted_with_another_size_follows_the_stores_table() {
-    let redis = RedisServer::start();
+async fn a_sidecar_restarted_with_another_size_follows_the_stores_table_in_redis() {
+    a_sidecar_restarted_with_another_size_follows_the_stores_table(Shared::redis()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_restarted_with_another_size_follows_the_stores_table_in_memcached() {
+    a_sidecar_restarted_with_another_size_follows_the_stores_table(Shared::memcached()).await;
+}
+
+async fn a_sidecar_restarted_with_another_size_follows_the_stores_table(shared: Shared) {
     let broker = Broker::start(BrokerConfig::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let old = config(dir.path(), "old", &broker, &redis, OLD_BUCKETS);
-    let new = config(dir.path(), "new", &broker, &redis, NEW_BUCKETS);
+    let old = config(dir.path(), "old", &broker, &shared, OLD_BUCKETS);
+    let new = config(dir.path(), "new", &broker, &shared, NEW_BUCKETS);
     let log = dir.path().join("sidecar.log");
     let mut sidecar = ChildGuard(Some(spawn_sidecar(&old, &log)));
     const N: usize = 2_000;
@@ -222,12 +282,20 @@ async fn a_sidecar_restarted_with_another_size_follows_the_stores_table() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sidecar_killed_during_a_resize_loses_nothing() {
-    let redis = RedisServer::start();
+async fn a_sidecar_killed_during_a_resize_loses_nothing_in_redis() {
+    a_sidecar_killed_during_a_resize_loses_nothing(Shared::redis()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_killed_during_a_resize_loses_nothing_in_memcached() {
+    a_sidecar_killed_during_a_resize_loses_nothing(Shared::memcached()).await;
+}
+
+async fn a_sidecar_killed_during_a_resize_loses_nothing(shared: Shared) {
     let broker = Broker::start(BrokerConfig::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let old = config(dir.path(), "old", &broker, &redis, OLD_BUCKETS);
-    let new = config(dir.path(), "new", &broker, &redis, NEW_BUCKETS);
+    let old = config(dir.path(), "old", &broker, &shared, OLD_BUCKETS);
+    let new = config(dir.path(), "new", &broker, &shared, NEW_BUCKETS);
     let (log_a, log_b) = (dir.path().join("a.log"), dir.path().join("b.log"));
     let logs = [log_a.as_path(), log_b.as_path()];
     let mut a = ChildGuard(Some(spawn_sidecar(&old, &log_a)));
@@ -241,7 +309,7 @@ async fn a_sidecar_killed_during_a_resize_loses_nothing() {
         String::new,
     )
     .await;
-    resize_command(&redis, NEW_BUCKETS);
+    resize_command(&shared, NEW_BUCKETS);
     // SIGKILL while its claims of the old size are in flight: nothing is answered.
     let mut killed = a.0.take().unwrap();
     killed.kill().unwrap();
@@ -280,6 +348,19 @@ async fn claims_commits_and_erases_keep_their_answers_across_a_resize() {
     across_a_resize(store_config(vec![redis.url()], false), false).await;
 }
 
+/// The same in Memcached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_across_a_resize_in_memcached() {
+    let memcached = MemcachedServer::start();
+    let config = MemcachedConfig {
+        servers: vec![memcached.addr()],
+        namespace: "generations".into(),
+        ..MemcachedConfig::default()
+    };
+    let open = |geometry| MemcachedStore::connect(config.clone(), geometry);
+    claims_across(open(small()).await.unwrap(), open(large()).await.unwrap()).await;
+}
+
 /// The same on Valkey 8.1, whose operations are decided in the client and written with
 /// `SET … IFEQ`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -298,10 +379,26 @@ async fn claims_across_a_resize_on_a_redis_cluster() {
 /// Claims, commits and erases made before a resize, by a consumer that follows it, seen by
 /// a consumer started with the new size.
 async fn across_a_resize(config: RedisConfig, ifeq: bool) {
-    let small = Geometry::new(4_096, 4).unwrap();
-    let large = Geometry::new(16_384, 4).unwrap();
-    let before = RedisStore::connect(config.clone(), small).await.unwrap();
+    let before = RedisStore::connect(config.clone(), small()).await.unwrap();
     assert_eq!(before.uses_ifeq(), ifeq);
+    let after = RedisStore::connect(config, large()).await.unwrap();
+    claims_across(before, after).await;
+}
+
+/// The table before the store-level resize.
+fn small() -> Geometry {
+    Geometry::new(4_096, 4).unwrap()
+}
+
+/// The table after it.
+fn large() -> Geometry {
+    Geometry::new(16_384, 4).unwrap()
+}
+
+/// `before`, a store of the [`small`] table, claims, commits and erases, and follows a
+/// resize to the [`large`] one; `after`, a store of the large table, sees its answers.
+async fn claims_across<S: Generation>(before: S, after: S) {
+    let (small, large) = (small(), large());
     let before = Generations::new(before);
     before.follow().await.unwrap();
     let (done, held, failed) = (digest(1), digest(2), digest(3));
@@ -312,7 +409,6 @@ async fn across_a_resize(config: RedisConfig, ifeq: bool) {
     let resized = resize(&before.current(), large).await.unwrap();
     assert_eq!(resized.after.current.geometry, large);
     // A consumer started with the new size, and the one that made the claims following.
-    let after = RedisStore::connect(config, large).await.unwrap();
     let after = Generations::new(after);
     after.follow().await.unwrap();
     before.follow().await.unwrap();
@@ -382,10 +478,10 @@ fn resize_refuses_a_store_without_a_shared_table_and_a_descriptor_it_cannot_read
         resize_fails(&["--buckets", "1048576"]),
         (
             78,
-            "error: `resize` changes the size of a table shared through Redis, and the store \
-             given is \"memory\": pass `--store redis` with `--redis-url` (or set \
-             `store.kind = \"redis\"` in the config file); an in-process table takes its size \
-             from `--buckets` at start\n"
+            "error: `resize` changes the size of a table shared through Redis or Memcached, \
+             and the store given is \"memory\": pass `--store redis` with `--redis-url`, or \
+             `--store memcached` with `--memcached-address` (or set `store.kind` in the config \
+             file); an in-process table takes its size from `--buckets` at start\n"
                 .into()
         )
     );
