@@ -376,6 +376,23 @@ async fn claims_across_a_resize_on_a_redis_cluster() {
     across_a_resize(store_config(cluster.urls(), true), false).await;
 }
 
+/// A descriptor of another key format (written by another version) is not followed: the
+/// consumer keeps the size it was given and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_descriptor_of_another_key_format_is_not_followed() {
+    let redis = RedisServer::start();
+    redis.cli(&["SET", "generations:table", "v1 current=9:16384x4"]);
+    let config = store_config(vec![redis.url()], false);
+    let store = Generations::new(RedisStore::connect(config, small()).await.unwrap());
+    assert_eq!(
+        store.follow().await.unwrap_err().to_string(),
+        "store protocol error: the table's descriptor `generations:table` names a table of key \
+         format 9, and this version reads and writes key format 2: upgrade every consumer of \
+         the table to one version"
+    );
+    assert_eq!(store.geometry(), Some(small()));
+}
+
 /// Claims, commits and erases made before a resize, by a consumer that follows it, seen by
 /// a consumer started with the new size.
 async fn across_a_resize(config: RedisConfig, ifeq: bool) {

@@ -13,7 +13,8 @@
 //!   consumer given another size follows the descriptor's table and says so once.
 //!   `nsq-dedupe resize` replaces it with a compare-and-set, and every consumer reads it again
 //!   at each share of the fleet's counters (`store.fleet_interval`), so a fleet follows a
-//!   resize within one interval.
+//!   resize within one interval. A descriptor of another key format (another version's) is
+//!   not followed: the consumer keeps the size given and logs why.
 //! - **A claim** goes to the current shape's keys and, while a previous shape counts, looks the
 //!   digest up in the previous shape's set in the same round trip (one extra read). Found done
 //!   there, it is a duplicate; found in flight, it is in flight; either way the entry the
@@ -310,6 +311,23 @@ impl<S: Generation> Generations<S> {
 
     fn apply(&self, state: &State<S>, descriptor: Descriptor) -> Result<(), StoreError> {
         let given = self.shared.given;
+        if descriptor.current.format != given.format {
+            return Err(StoreError::Protocol(format!(
+                "the table's descriptor `{}` names a table of key format {}, and this version \
+                 reads and writes key format {}: upgrade every consumer of the table to one \
+                 version",
+                state.current.descriptor_key(),
+                descriptor.current.format,
+                given.format
+            )));
+        }
+        // A previous table of another key format is not ours to read.
+        let descriptor = Descriptor {
+            previous: descriptor
+                .previous
+                .filter(|(shape, _)| shape.format == given.format),
+            ..descriptor
+        };
         if descriptor.current != given && !self.shared.warned.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 descriptor = %state.current.descriptor_key(),
