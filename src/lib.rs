@@ -99,6 +99,7 @@ pub use dedup::digest::{DigestAlgorithm, DigestKey, KeySpec, Keyer};
 pub use dedup::fleet::{FleetCounters, DEFAULT_FLEET_INTERVAL, FLEET_BUCKETS};
 #[cfg(any(feature = "memcached", feature = "redis"))]
 pub use dedup::generational::{Descriptor, Generation, Generations, Resized, Shape};
+pub use dedup::local::LocalTable;
 #[cfg(feature = "memcached")]
 pub use dedup::memcached::{MemcachedConfig, MemcachedStore};
 #[cfg(feature = "redis")]

@@ -11,9 +11,11 @@ use nsq_dedupe::{Claim, Digest, Geometry, RedisConfig, RedisStore, Store};
 
 use crate::redis::command_calls;
 use crate::store_contract::{digest, unique_namespace};
+use crate::store_refusals::{start, stop};
+use crate::support::broker::{Broker, BrokerConfig};
 use crate::support::hold::Hold;
 use crate::support::redis::{Flavor, RedisServer};
-use crate::util::claimed;
+use crate::util::{claimed, wait_until_or};
 
 fn config(url: &str, namespace: &str) -> RedisConfig {
     RedisConfig {
@@ -133,19 +135,7 @@ async fn on_valkey_a_burst_is_plain_commands_and_no_script_run() {
 /// read and write would have given it to both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_whose_set_changed_after_its_read_is_decided_again() {
-    let server = valkey();
-    let hold = Hold::start(server.addr().parse().unwrap(), b"IFEQ").await;
-    let namespace = unique_namespace("ifeq-race");
-    let geometry = Geometry::new(2, 2).unwrap();
-    let a = RedisStore::connect(
-        config(&format!("redis://{}", hold.addr), &namespace),
-        geometry,
-    )
-    .await
-    .unwrap();
-    let b = RedisStore::connect(config(&server.url(), &namespace), geometry)
-        .await
-        .unwrap();
+    let (_server, hold, a, b, _) = held_and_direct("ifeq-race").await;
     let (x, d) = (digest(1), digest(2));
     // The set exists (a claim of an empty set is written with NX, not IFEQ).
     assert_eq!(b.claim(x).await, Ok(Claim::New));
@@ -173,20 +163,8 @@ async fn a_claim_whose_set_changed_after_its_read_is_decided_again() {
 /// path without a compare, `commit.rs`, overwrites that entry.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_whose_set_changed_since_its_claim_keeps_the_other_entry() {
-    let server = valkey();
-    let hold = Hold::start(server.addr().parse().unwrap(), b"IFEQ").await;
-    let namespace = unique_namespace("ifeq-commit");
     // One set of one way would push the entry out; two ways keep both.
-    let geometry = Geometry::new(2, 2).unwrap();
-    let a = RedisStore::connect(
-        config(&format!("redis://{}", hold.addr), &namespace),
-        geometry,
-    )
-    .await
-    .unwrap();
-    let b = RedisStore::connect(config(&server.url(), &namespace), geometry)
-        .await
-        .unwrap();
+    let (server, hold, a, b, namespace) = held_and_direct("ifeq-commit").await;
     let (d, e) = (digest(1), digest(2));
     assert_eq!(a.claim(d).await, Ok(Claim::New));
     let held = hold.arm();
@@ -201,9 +179,12 @@ async fn a_commit_whose_set_changed_since_its_claim_keeps_the_other_entry() {
     assert_eq!(committed, Ok(true));
     assert_eq!(a.ifeq_conflicts(), 1);
     assert_eq!(b.commit(e).await, Ok(true), "e kept its entry");
-    let c = RedisStore::connect(config(&server.url(), &namespace), geometry)
-        .await
-        .unwrap();
+    let c = RedisStore::connect(
+        config(&server.url(), &namespace),
+        Geometry::new(2, 2).unwrap(),
+    )
+    .await
+    .unwrap();
     assert_eq!(
         claimed(c.claim_many(&[d, e]).await).unwrap(),
         [Claim::Duplicate, Claim::Duplicate]
@@ -322,4 +303,82 @@ fn masked(mut value: Vec<u8>) -> Vec<u8> {
         entry[18..].fill(0);
     }
     value
+}
+
+/// A Valkey, a proxy before it that holds back the first `IFEQ` write once armed, and two
+/// stores of one table (2 sets of 2 ways) in a fresh namespace: `a` through the proxy, `b`
+/// direct; and the namespace.
+async fn held_and_direct(name: &str) -> (RedisServer, Hold, RedisStore, RedisStore, String) {
+    let server = valkey();
+    let hold = Hold::start(server.addr().parse().unwrap(), b"IFEQ").await;
+    let namespace = unique_namespace(name);
+    let geometry = Geometry::new(2, 2).unwrap();
+    let a = RedisStore::connect(
+        config(&format!("redis://{}", hold.addr), &namespace),
+        geometry,
+    )
+    .await
+    .unwrap();
+    let b = RedisStore::connect(config(&server.url(), &namespace), geometry)
+        .await
+        .unwrap();
+    (server, hold, a, b, namespace)
+}
+
+/// The log says once how the store writes, as soon as it knows: with `SET … IFEQ` on Valkey
+/// 8.1, through its script on Redis 7.0, so that an operator sees which way the servers allow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_says_once_how_the_store_writes() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let nsqd = broker.tcp_addr().to_string();
+    let ifeq = "The Redis store writes each set with SET … IFEQ: its servers have it.";
+    let script = "The Redis store writes through its script: a server has no SET … IFEQ \
+                  (Valkey 8.1 and later have it).";
+    for (flavor, said, not_said) in [
+        (Flavor::Valkey, ifeq, script),
+        (Flavor::Redis, script, ifeq),
+    ] {
+        let server = RedisServer::of(flavor, &[]);
+        let url = server.url();
+        let running = start(&[
+            "--topic",
+            "events",
+            "--nsqd-tcp-address",
+            &nsqd,
+            "--metrics-address",
+            "off",
+            "--store",
+            "redis",
+            "--redis-url",
+            &url,
+        ]);
+        wait_until_or(
+            "the line that says how the store writes",
+            Duration::from_secs(20),
+            || running.stderr().contains(said),
+            || running.stderr(),
+        )
+        .await;
+        broker.publish_many(
+            "events",
+            (0..20).map(|i| bytes::Bytes::from(format!("{i}"))),
+        );
+        wait_until_or(
+            "20 delivered",
+            Duration::from_secs(20),
+            || running.stdout().lines().count() == 20,
+            || running.stderr(),
+        )
+        .await;
+        let stopped = stop(running).await;
+        assert_eq!(stopped.code(), Some(0), "{}", stopped.stderr);
+        assert_eq!(stopped.stdout.lines().count(), 20, "{flavor:?}");
+        assert_eq!(
+            stopped.stderr.matches(said).count(),
+            1,
+            "{}",
+            stopped.stderr
+        );
+        assert!(!stopped.stderr.contains(not_said), "{}", stopped.stderr);
+    }
 }

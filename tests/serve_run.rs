@@ -47,8 +47,6 @@ impl Served {
                 "1048576",
                 "--sink",
                 "serve",
-                "--serve-http-address",
-                "off",
                 "--metrics-address",
                 "127.0.0.1:0",
             ]
@@ -58,6 +56,9 @@ impl Served {
         );
         if !extra.contains(&"--serve-tcp-address") {
             args.extend(["--serve-tcp-address".into(), "127.0.0.1:0".into()]);
+        }
+        if !extra.contains(&"--serve-http-address") {
+            args.extend(["--serve-http-address".into(), "off".into()]);
         }
         let mut child = Child::bin(&args);
         let tcp = logged_address(&mut child, "Serving consumers.", "tcp_address=");
@@ -312,5 +313,16 @@ async fn a_served_port_beyond_loopback_without_tls_or_auth_is_warned_about() {
         warning.contains("setting=--serve-tcp-address address=0.0.0.0:0"),
         "{warning}"
     );
+    served.stop();
+}
+
+/// The start line names the served ports as addresses, as they are typed back into a
+/// consumer's flags.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_served_ports_are_logged_as_addresses() {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let mut served = Served::start(&[&broker], &["--serve-http-address", "127.0.0.1:0"]);
+    let http = logged_address(&mut served.child, "Serving consumers.", "http_address=");
+    assert!(http.ip().is_loopback() && http.port() != 0, "{http}");
     served.stop();
 }

@@ -2,7 +2,7 @@
 //! it saw before are not delivered again, after a graceful stop and after a kill -9 (for what
 //! the last snapshot held), and nothing is lost either way.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -150,11 +150,7 @@ async fn finished(broker: &Broker, n: usize, log: &Path) {
 async fn after_a_graceful_stop_no_copy_is_delivered() {
     let broker = Broker::start(BrokerConfig::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let (table, out, log) = (
-        dir.path().join("table"),
-        dir.path().join("out"),
-        dir.path().join("log"),
-    );
+    let (table, out, log) = files(&dir);
     broker.publish_many(TOPIC, (0..500).map(body));
     let mut first = Sidecar::start(&broker, &table, &out, &log, &[]);
     finished(&broker, 500, &log).await;
@@ -192,11 +188,7 @@ async fn after_a_graceful_stop_no_copy_is_delivered() {
 async fn after_a_kill_copies_older_than_the_last_snapshot_are_not_delivered() {
     let broker = Broker::start(BrokerConfig::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let (table, out, log) = (
-        dir.path().join("table"),
-        dir.path().join("out"),
-        dir.path().join("log"),
-    );
+    let (table, out, log) = files(&dir);
     broker.publish_many(TOPIC, (0..500).map(body));
     let snapshots = ["--snapshot-interval", "200ms"];
     let mut first = Sidecar::start(&broker, &table, &out, &log, &snapshots);
@@ -244,11 +236,7 @@ async fn after_a_kill_the_null_sinks_messages_are_still_known() {
 async fn killed_right_after_the_last_write(first_args: &[&str]) {
     let broker = Broker::start(BrokerConfig::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let (table, out, log) = (
-        dir.path().join("table"),
-        dir.path().join("out"),
-        dir.path().join("log"),
-    );
+    let (table, out, log) = files(&dir);
     broker.publish_many(TOPIC, (0..500).map(body));
     let mut first = Sidecar::start(&broker, &table, &out, &log, first_args);
     finished(&broker, 500, &log).await;
@@ -279,11 +267,7 @@ async fn killed_right_after_the_last_write(first_args: &[&str]) {
 async fn a_table_file_of_fewer_buckets_is_resized_and_forgets_nothing() {
     let broker = Broker::start(BrokerConfig::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let (table, out, log) = (
-        dir.path().join("table"),
-        dir.path().join("out"),
-        dir.path().join("log"),
-    );
+    let (table, out, log) = files(&dir);
     broker.publish_many(TOPIC, (0..5000).map(body));
     let mut first = Sidecar::start_sized(&broker, &table, &out, &log, "262144", &[]);
     finished(&broker, 5000, &log).await;
@@ -312,11 +296,7 @@ async fn a_table_file_of_fewer_buckets_is_resized_and_forgets_nothing() {
 async fn a_kill_during_a_resize_forgets_neither_generation() {
     let broker = Broker::start(BrokerConfig::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let (table, out, log) = (
-        dir.path().join("table"),
-        dir.path().join("out"),
-        dir.path().join("log"),
-    );
+    let (table, out, log) = files(&dir);
     broker.publish_many(TOPIC, (0..5000).map(body));
     let mut first = Sidecar::start_sized(&broker, &table, &out, &log, "262144", &[]);
     finished(&broker, 5000, &log).await;
@@ -347,11 +327,7 @@ async fn a_kill_during_a_resize_forgets_neither_generation() {
 async fn a_second_process_on_the_same_file_is_refused() {
     let broker = Broker::start(BrokerConfig::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let (table, out, log) = (
-        dir.path().join("table"),
-        dir.path().join("out"),
-        dir.path().join("log"),
-    );
+    let (table, out, log) = files(&dir);
     broker.publish(TOPIC, body(1));
     let mut first = Sidecar::start(&broker, &table, &out, &log, &[]);
     finished(&broker, 1, &log).await;
@@ -655,4 +631,10 @@ fn journal_cost() {
         24.0 * 150_000.0 / 1e6,
         report.commits,
     );
+}
+
+/// The table file, the sink's output and the log of a test's runs, in `dir`.
+fn files(dir: &tempfile::TempDir) -> (PathBuf, PathBuf, PathBuf) {
+    let path = |name| dir.path().join(name);
+    (path("table"), path("out"), path("log"))
 }

@@ -40,6 +40,7 @@ mod redis_commit;
 mod redis_ifeq;
 mod redis_tls;
 mod secrets;
+mod self_sizing;
 mod serve;
 mod serve_run;
 mod shared_resize;

@@ -389,6 +389,9 @@ pub struct Settings {
     pub store: StoreSettings,
     /// Where the in-process table is kept between runs, if anywhere.
     pub table_file: Option<TableFileSettings>,
+    /// How the in-process table sizes itself, when it does (`store.probability` without
+    /// `store.rate` or a size); `store` is then its first generation.
+    pub growth: Option<crate::sizing::growth::Growth>,
     /// The catch probability the table should keep: `store.probability`, else
     /// [`DEFAULT_TARGET_PROBABILITY`](crate::metrics::DEFAULT_TARGET_PROBABILITY). Below it, the
     /// sidecar warns and suggests a size.
@@ -463,9 +466,14 @@ impl RawConfig {
             .source
             .msg_timeout
             .map_or(source::DEFAULT_MSG_TIMEOUT, |d| d.0);
+        let timed = self
+            .dedupe
+            .max_age_duration()
+            .map_err(|error| error.naming_flags(&self.flags))?
+            .is_some();
         self.store
-            .validate(msg_timeout)
-            .map(|(store, _)| store)
+            .validate(msg_timeout, timed)
+            .map(|(store, _, _)| store)
             .map_err(|error| error.naming_flags(&self.flags))
     }
 
@@ -489,7 +497,9 @@ impl RawConfig {
         source.apply(transport, identity)?;
         let (producer, _) = self.producer_opt.validate(nsq_opts::Side::Producer)?;
         let (keyer, policy) = self.dedupe.validate(&source)?;
-        let (mut store, window) = self.store.validate(source.msg_timeout)?;
+        let max_age = self.dedupe.max_age_duration()?;
+        let (mut store, window, growth) =
+            self.store.validate(source.msg_timeout, max_age.is_some())?;
         let table_file = self.store.table_file_settings()?;
         let near_table = self.store.near_table_geometry(match &store {
             StoreSettings::Memcached(_, geometry)
@@ -498,7 +508,6 @@ impl RawConfig {
             StoreSettings::None => Geometry::new(Geometry::DEFAULT_SLOTS, 8)
                 .expect("the default size is valid for every supported way count"),
         })?;
-        let max_age = self.dedupe.max_age_duration()?;
         self.store
             .check_fits(&store, near_table, max_age.is_some())?;
         if let StoreSettings::Memcached(config, _) = &mut store {
@@ -532,6 +541,7 @@ impl RawConfig {
             policy,
             store,
             table_file,
+            growth,
             target_probability: self
                 .store
                 .probability
@@ -682,6 +692,31 @@ mod tests {
             panic!()
         };
         assert_eq!(g.slots(), 6_185_416);
+    }
+
+    #[test]
+    fn probability_without_a_rate_makes_the_table_size_itself() {
+        let s = Settings::from_toml(
+            "[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"a:1\"]\n[store]\nprobability = 0.99\nwindow = \"30s\"\nmax_memory = \"16MiB\"\n[dedupe]\nmax_age = \"1m\"\n",
+        )
+        .unwrap();
+        let growth = s.growth.expect("the table sizes itself");
+        assert_eq!(
+            (growth.probability, growth.window, growth.max_bytes),
+            (0.99, Duration::from_secs(30), 16 << 20)
+        );
+        // A time beside each slot with max_age.
+        assert_eq!(growth.slot_bytes, 16);
+        let StoreSettings::Memory(first) = s.store else {
+            panic!("{:?}", s.store)
+        };
+        assert_eq!(first, growth.initial(8).unwrap());
+        // With a rate, the size is fixed.
+        let fixed = Settings::from_toml(
+            "[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"a:1\"]\n[store]\nprobability = 0.99\nrate = 10\nwindow = \"30s\"\n",
+        )
+        .unwrap();
+        assert_eq!(fixed.growth, None);
     }
 
     #[test]

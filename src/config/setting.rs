@@ -662,7 +662,8 @@ mod tests {
         assert!(
             error.contains(
                 "unknown field `bukets`, expected one of `kind`, `buckets`, `memory`, `ways`, \
-                 `probability`, `rate`, `window`, `memcached_addresses`, `namespace`"
+                 `probability`, `rate`, `max_memory`, `window`, `memcached_addresses`, \
+                 `namespace`"
             ),
             "{error}"
         );

@@ -13,6 +13,7 @@ use crate::dedup::table_file::OnMismatch;
 use super::{check_host_port, invalid, quote, ConfigError, Dur, Wording};
 use crate::dedup::near::NearTable;
 use crate::dedup::Geometry;
+use crate::sizing::growth::{self, Growth};
 use crate::{MemcachedConfig, RedisConfig, RedisPassword};
 
 pub use crate::sizing::DEFAULT_WINDOW;
@@ -124,42 +125,49 @@ section! {
             flag("probability", rank: 10, value_name: "P", value: FlagValue::Probability,
                  conflicts: &["buckets"], replaces: &["buckets", "memory"]);
         /// Distinct messages per second, for sizing and the reported catch probability.
+        /// Without it (and without --buckets or --memory), the in-process table sizes itself
+        /// for --probability at the rate it meets.
         rate: f64, only(&TABLE), flag("rate", rank: 11, value_name: "MSG/S", value: FlagValue::Rate);
+        /// The most a table sizing itself (--probability without --rate) may take, all its
+        /// generations together, such as 256MiB (default: a quarter of the machine's memory,
+        /// at most 1GiB).
+        max_memory: String, only(&MEMORY),
+            flag("max-memory", rank: 12, value_name: "SIZE");
         /// How late a copy may arrive and still be caught (default {default}).
         window: Dur, default(DefaultValue::Duration(DEFAULT_WINDOW)), only(&TABLE),
-            flag("window", rank: 12, value_name: "DURATION", value: FlagValue::Duration);
+            flag("window", rank: 13, value_name: "DURATION", value: FlagValue::Duration);
         /// Memcached server host:port (repeatable, or comma-separated).
         memcached_addresses: Vec<String>, only(&MEMCACHED),
             flag("memcached-address", rank: 2, value_name: "ADDR", value: FlagValue::List { delimiter: Some(',') });
         /// Prefix of the shared store's keys; consumers with the same one share a table.
-        namespace: String, only(&SHARED), flag("namespace", rank: 13, value_name: "PREFIX");
+        namespace: String, only(&SHARED), flag("namespace", rank: 14, value_name: "PREFIX");
         /// How long a shared store's claim stays in flight without renewal (default msg-timeout + 5s).
         lease: Dur, only(&SHARED),
-            flag("lease", rank: 14, value_name: "DURATION", value: FlagValue::Duration);
+            flag("lease", rank: 15, value_name: "DURATION", value: FlagValue::Duration);
         /// Bound on each Memcached network step or Redis operation (default {default}).
         timeout: Dur, default(DefaultValue::Duration(Duration::from_millis(500))), only(&SHARED),
-            flag("store-timeout", rank: 15, value_name: "DURATION", value: FlagValue::Duration);
+            flag("store-timeout", rank: 16, value_name: "DURATION", value: FlagValue::Duration);
         /// Keep the in-process table in this file between runs (snapshots).
         table_file: PathBuf, only(&MEMORY),
-            flag("table-file", rank: 19, value_name: "FILE", value: FlagValue::Path);
+            flag("table-file", rank: 20, value_name: "FILE", value: FlagValue::Path);
         /// How often the table file is written (default {default}): what a kill -9 can forget.
         snapshot_interval: Dur, default(DefaultValue::Duration(DEFAULT_SNAPSHOT_INTERVAL)),
-            flag("snapshot-interval", rank: 20, value_name: "DURATION", value: FlagValue::Duration);
+            flag("snapshot-interval", rank: 21, value_name: "DURATION", value: FlagValue::Duration);
         /// A table file of another size: `resize` (kept as the previous generation), `error`,
         /// or `recreate` (moved aside, start empty; also for other mismatches and damage)
         /// (default {default}).
         table_file_on_mismatch: OnMismatch, default(DefaultValue::Text("resize")),
-            flag("table-file-on-mismatch", rank: 21, value_name: "POLICY", value: FlagValue::Names(&ON_MISMATCH));
+            flag("table-file-on-mismatch", rank: 22, value_name: "POLICY", value: FlagValue::Names(&ON_MISMATCH));
         /// Each commit waits until its journal record is on disk: a machine crash then loses
         /// nothing answered (a kill -9 loses nothing either way).
-        journal_fsync: bool, flag("journal-fsync", rank: 22, value: FlagValue::Switch);
+        journal_fsync: bool, flag("journal-fsync", rank: 23, value: FlagValue::Switch);
         /// With a shared store (Memcached, Redis): a local table of this size (such as 16MiB)
         /// holding the digests this process committed, answered without a round trip; `off` for
         /// none (default: a quarter of the table's slots, 1MiB to 64MiB).
-        near_table: String, only(&SHARED), flag("near-table", rank: 16, value_name: "SIZE");
+        near_table: String, only(&SHARED), flag("near-table", rank: 17, value_name: "SIZE");
         /// With two Memcached servers or more: after one has failed this long, its sets go to the
         /// next server until it answers again; `off` never ejects (default {default}).
-        eject_after: String, default(DefaultValue::Text("10s")), only(&MEMCACHED), flag("eject-after", rank: 17, value_name: "DURATION|off");
+        eject_after: String, default(DefaultValue::Text("10s")), only(&MEMCACHED), flag("eject-after", rank: 18, value_name: "DURATION|off");
         /// Redis URL (repeatable): `redis://[user:password@]host:port[/db]`, or `rediss://` for
         /// TLS; several only with --redis-cluster.
         redis_urls: Vec<String>, only(&REDIS),
@@ -177,7 +185,7 @@ section! {
         /// in the store (default {default}); the fleet's rate covers 6 of them and is reported after 7.
         /// The same in every consumer of the table.
         fleet_interval: Dur, default(DefaultValue::Duration(crate::DEFAULT_FLEET_INTERVAL)), only(&SHARED),
-            flag("fleet-interval", rank: 18, value_name: "DURATION", value: FlagValue::Duration);
+            flag("fleet-interval", rank: 19, value_name: "DURATION", value: FlagValue::Duration);
     }
     extra {
         /// The Redis password from the environment ([`RedisConfig::PASSWORD_ENV`]), set by the
@@ -270,15 +278,31 @@ impl RawStore {
         }))
     }
 
+    /// The store, the window, and how the in-process table sizes itself when it does;
+    /// `timed`: whether `max_age` puts a time beside each slot.
     pub(super) fn validate(
         &self,
         msg_timeout: Duration,
-    ) -> Result<(StoreSettings, Duration), ConfigError> {
+        timed: bool,
+    ) -> Result<(StoreSettings, Duration, Option<Growth>), ConfigError> {
         let window = self.window.map_or(DEFAULT_WINDOW, |d| d.0);
         if window.is_zero() {
             return Err(invalid("store.window", "\"0s\"", "must be more than 0"));
         }
-        let geometry = self.geometry(window)?;
+        let growth = self.growth(window, timed)?;
+        let geometry = match growth {
+            Some(growth) => {
+                let ways = self.ways.unwrap_or(8);
+                growth.initial(ways).map_err(|reason| {
+                    invalid(
+                        "store.max_memory",
+                        quote(self.max_memory.as_deref()),
+                        reason,
+                    )
+                })?
+            }
+            None => self.geometry(window)?,
+        };
         let store = match self.kind.unwrap_or(StoreKind::Memory) {
             StoreKind::Memory => StoreSettings::Memory(geometry),
             StoreKind::None => StoreSettings::None,
@@ -287,7 +311,40 @@ impl RawStore {
             }
             StoreKind::Redis => StoreSettings::Redis(self.redis(msg_timeout)?, geometry),
         };
-        Ok((store, window))
+        Ok((store, window, growth))
+    }
+
+    /// How the in-process table sizes itself: with `store.probability` and no `store.rate`
+    /// (nor `store.buckets` or `store.memory`), within `store.max_memory`.
+    fn growth(&self, window: Duration, timed: bool) -> Result<Option<Growth>, ConfigError> {
+        let in_process = matches!(self.kind, None | Some(StoreKind::Memory));
+        let (Some(probability), None, None, None, true) = (
+            self.probability,
+            self.rate,
+            self.buckets,
+            &self.memory,
+            in_process,
+        ) else {
+            return Ok(None);
+        };
+        if !(probability > 0.0 && probability < 1.0) {
+            return Err(invalid(
+                "store.probability",
+                probability.to_string(),
+                crate::sizing::SizingError::Probability(probability).to_string(),
+            ));
+        }
+        let max_bytes = match &self.max_memory {
+            Some(text) => crate::units::parse_bytes(text)
+                .map_err(|reason| invalid("store.max_memory", quote(Some(text)), reason))?,
+            None => growth::default_max_bytes(crate::dedup::table::machine_memory_bytes()),
+        };
+        Ok(Some(Growth {
+            probability,
+            window,
+            max_bytes,
+            slot_bytes: Geometry::SLOT_BYTES * if timed { 2 } else { 1 },
+        }))
     }
 
     /// Refuses an in-process table larger than this machine's memory, under the setting that

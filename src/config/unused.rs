@@ -50,6 +50,14 @@ pub(super) fn check(raw: &RawConfig) -> Result<(), ConfigError> {
         t.table_file.is_some(),
         Wording::default().key("store.table_file"),
     )?;
+    needs(
+        &[("store.max_memory", t.max_memory.is_some())],
+        t.probability.is_some() && t.rate.is_none() && t.buckets.is_none() && t.memory.is_none(),
+        Wording::default()
+            .key("store.probability")
+            .text(" without ")
+            .key("store.rate"),
+    )?;
     check_kinds(&raw.dedupe, kind_of)?;
     needs(
         &[(

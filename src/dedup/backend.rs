@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use crate::dedup::generational::Generations;
 use crate::dedup::journal::Journal;
+use crate::dedup::local::LocalTable;
 use crate::dedup::memcached::MemcachedStore;
 use crate::dedup::near::{NearStats, NearTable};
 use crate::dedup::redis::RedisStore;
@@ -23,11 +24,12 @@ use crate::error::StoreError;
 /// A store chosen at run time (`store.kind = "memory" | "memcached" | "redis" | "none"`).
 #[derive(Debug)]
 pub enum Backend {
-    /// The in-process, lock-free table.
-    Memory(Table),
+    /// The in-process, lock-free table; one that sizes itself is behind a read-write lock
+    /// (see [`LocalTable`]).
+    Memory(LocalTable),
     /// The in-process table kept in a file: each commit and erase is also appended to the
     /// file's journal before the message is answered.
-    Journalled(Table, Arc<Journal>),
+    Journalled(LocalTable, Arc<Journal>),
     /// The table shared through Memcached, following the store's descriptor across resizes,
     /// with a near-table in front when configured.
     Memcached(Generations<MemcachedStore>, Option<NearTable>),
@@ -53,7 +55,9 @@ impl Backend {
     /// periodic report: only the in-process table (a scan of its slots) answers.
     pub fn occupancy(&self) -> Option<f64> {
         match self {
-            Backend::Memory(table) | Backend::Journalled(table, _) => Some(table.occupancy()),
+            Backend::Memory(table) | Backend::Journalled(table, _) => {
+                Some(table.with(Table::occupancy))
+            }
             Backend::Memcached(..) | Backend::Redis(..) | Backend::None(_) => None,
         }
     }
@@ -62,7 +66,9 @@ impl Backend {
     /// `None` for other stores.
     pub fn resizing(&self) -> Option<Option<crate::Resizing>> {
         match self {
-            Backend::Memory(table) | Backend::Journalled(table, _) => Some(table.resizing()),
+            Backend::Memory(table) | Backend::Journalled(table, _) => {
+                Some(table.with(Table::resizing))
+            }
             Backend::Memcached(..) | Backend::Redis(..) | Backend::None(_) => None,
         }
     }
@@ -102,7 +108,9 @@ impl Backend {
 impl Store for Backend {
     async fn claim(&self, digest: Digest) -> Result<Claim, StoreError> {
         match self {
-            Backend::Memory(table) | Backend::Journalled(table, _) => Ok(table.claim(digest)),
+            Backend::Memory(table) | Backend::Journalled(table, _) => {
+                Ok(table.with(|t| t.claim(digest)))
+            }
             Backend::Memcached(_, Some(near)) if near.committed(digest) => Ok(Claim::Duplicate),
             Backend::Memcached(store, _) => Box::pin(store.claim(digest)).await,
             Backend::Redis(_, Some(near)) if near.committed(digest) => Ok(Claim::Duplicate),
@@ -114,7 +122,7 @@ impl Store for Backend {
     async fn claim_many(&self, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
         match self {
             Backend::Memory(table) | Backend::Journalled(table, _) => {
-                Store::claim_many(table, digests).await
+                answers(table.with(|t| each(|c| t.claim_many_into(digests, c))))
             }
             Backend::Memcached(store, near) => {
                 claim_many_behind(store, near.as_ref(), digests, false).await
@@ -128,11 +136,13 @@ impl Store for Backend {
 
     async fn claim_done_many(&self, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
         match self {
-            Backend::Memory(table) => Store::claim_done_many(table, digests).await,
+            Backend::Memory(table) => {
+                answers(table.with(|t| each(|c| t.claim_done_many_into(digests, c))))
+            }
             Backend::Journalled(table, journal) => {
                 // Each new entry is a commit in the journal, so that a restart keeps it; one
                 // wait for the burst's records when commits are synced.
-                let claims = Store::claim_done_many(table, digests).await;
+                let claims = answers(table.with(|t| each(|c| t.claim_done_many_into(digests, c))));
                 let mut any = false;
                 for (&digest, claim) in digests.iter().zip(&claims) {
                     if claim == &Ok(Claim::New) {
@@ -157,9 +167,9 @@ impl Store for Backend {
 
     async fn commit(&self, digest: Digest) -> Result<bool, StoreError> {
         match self {
-            Backend::Memory(table) => Ok(table.commit(digest)),
+            Backend::Memory(table) => Ok(table.with(|t| t.commit(digest))),
             Backend::Journalled(table, journal) => {
-                let held = table.commit(digest);
+                let held = table.with(|t| t.commit(digest));
                 if held {
                     journal.commit(digest);
                     if journal.syncs() {
@@ -185,10 +195,16 @@ impl Store for Backend {
 
     async fn commit_many(&self, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
         match self {
-            Backend::Memory(table) => Store::commit_many(table, digests).await,
+            Backend::Memory(table) => {
+                table.with(|t| digests.iter().map(|&d| Ok(t.commit(d))).collect())
+            }
             Backend::Journalled(table, journal) => {
                 // A burst's records, then one wait for all of them when commits are synced.
-                let held = journal_each(digests, |d| table.commit(d), |d| journal.commit(d));
+                let held = journal_each(
+                    digests,
+                    |d| table.with(|t| t.commit(d)),
+                    |d| journal.commit(d),
+                );
                 if journal.syncs() {
                     Box::pin(journal.synced()).await;
                 }
@@ -208,9 +224,15 @@ impl Store for Backend {
 
     async fn erase_many(&self, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
         match self {
-            Backend::Memory(table) => Store::erase_many(table, digests).await,
+            Backend::Memory(table) => {
+                table.with(|t| digests.iter().map(|&d| Ok(t.erase(d))).collect())
+            }
             Backend::Journalled(table, journal) => {
-                let held = journal_each(digests, |d| table.erase(d), |d| journal.erase(d));
+                let held = journal_each(
+                    digests,
+                    |d| table.with(|t| t.erase(d)),
+                    |d| journal.erase(d),
+                );
                 if journal.syncs() {
                     Box::pin(journal.synced()).await;
                 }
@@ -230,9 +252,9 @@ impl Store for Backend {
 
     async fn erase(&self, digest: Digest) -> Result<bool, StoreError> {
         match self {
-            Backend::Memory(table) => Ok(table.erase(digest)),
+            Backend::Memory(table) => Ok(table.with(|t| t.erase(digest))),
             Backend::Journalled(table, journal) => {
-                let held = table.erase(digest);
+                let held = table.with(|t| t.erase(digest));
                 if held {
                     journal.erase(digest);
                     if journal.syncs() {
@@ -255,7 +277,9 @@ impl Store for Backend {
 
     async fn renew(&self, digest: Digest) -> Result<bool, StoreError> {
         match self {
-            Backend::Memory(table) | Backend::Journalled(table, _) => Ok(table.contains(digest)),
+            Backend::Memory(table) | Backend::Journalled(table, _) => {
+                Ok(table.with(|t| t.contains(digest)))
+            }
             Backend::Memcached(store, _) => Box::pin(store.renew(digest)).await,
             Backend::Redis(store, _) => Box::pin(store.renew(digest)).await,
             Backend::None(_) => Ok(true),
@@ -264,12 +288,26 @@ impl Store for Backend {
 
     fn geometry(&self) -> Option<Geometry> {
         match self {
-            Backend::Memory(table) | Backend::Journalled(table, _) => Some(table.geometry()),
+            Backend::Memory(table) | Backend::Journalled(table, _) => {
+                Some(table.with(Table::geometry))
+            }
             Backend::Memcached(store, _) => store.geometry(),
             Backend::Redis(store, _) => store.geometry(),
             Backend::None(_) => None,
         }
     }
+}
+
+/// The claims `fill` writes into a new vector.
+fn each(fill: impl FnOnce(&mut Vec<Claim>)) -> Vec<Claim> {
+    let mut claims = Vec::new();
+    fill(&mut claims);
+    claims
+}
+
+/// The in-process table's claims as a store's answers.
+fn answers(claims: Vec<Claim>) -> Vec<Result<Claim, StoreError>> {
+    claims.into_iter().map(Ok).collect()
 }
 
 /// Makes the near-table, if any, remember digests delivered: their copies are caught here
@@ -389,7 +427,7 @@ mod tests {
 
     #[tokio::test]
     async fn memory_backend_answers_like_the_table() {
-        let backend = Backend::Memory(Table::with_slots(64, 8).unwrap());
+        let backend = Backend::Memory(Table::with_slots(64, 8).unwrap().into());
         let d = Digest::from_u128(42);
         assert_eq!(backend.claim(d).await, Ok(Claim::New));
         assert_eq!(backend.claim(d).await, Ok(Claim::InFlight));

@@ -23,6 +23,7 @@ pub mod fleet;
 pub mod generational;
 pub mod journal;
 mod json_key;
+pub mod local;
 #[cfg(feature = "memcached")]
 pub(crate) mod memcached;
 pub(crate) mod near;

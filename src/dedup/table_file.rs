@@ -198,6 +198,24 @@ impl TableFile {
         on_mismatch: OnMismatch,
         max_age: Option<(Duration, Arc<dyn Clock>)>,
     ) -> Result<(TableFile, Table, LoadReport), TableFileError> {
+        Self::open_sized(path, geometry, identity, on_mismatch, max_age, false)
+    }
+
+    /// [`TableFile::open`] for a table that sizes itself (`keep_shape`): a file's table of
+    /// another size but the same ways is taken at its own size (it grew to it), not resized
+    /// to `geometry`, which is only the size such a table starts at without a file.
+    ///
+    /// # Errors
+    ///
+    /// As [`TableFile::open`].
+    pub(crate) fn open_sized(
+        path: &Path,
+        geometry: Geometry,
+        identity: &str,
+        on_mismatch: OnMismatch,
+        max_age: Option<(Duration, Arc<dyn Clock>)>,
+        keep_shape: bool,
+    ) -> Result<(TableFile, Table, LoadReport), TableFileError> {
         let make = |geometry: Geometry| match &max_age {
             None => Table::new(geometry),
             Some((age, clock)) => Table::with_max_age(geometry, *age, clock.clone()),
@@ -209,7 +227,12 @@ impl TableFile {
             _lock: lock,
             saving: std::sync::Mutex::new(()),
         };
-        match file.load(geometry, on_mismatch == OnMismatch::Resize, &make) {
+        match file.load(
+            geometry,
+            on_mismatch == OnMismatch::Resize,
+            keep_shape,
+            &make,
+        ) {
             Ok(loaded) => Ok((file, loaded.0, loaded.1)),
             Err(error @ (TableFileError::Mismatch { .. } | TableFileError::Corrupt { .. }))
                 if on_mismatch == OnMismatch::Recreate =>
@@ -248,11 +271,13 @@ impl TableFile {
 
     /// Loads the file into tables made by `make`: a table of `requested` shape when there is
     /// no file; otherwise the file's generations at their own shapes, resized to `requested`
-    /// when the file's current generation has another shape and `resize` allows it.
+    /// when the file's current generation has another shape and `resize` allows it (with
+    /// `keep_shape`, only when it has other ways).
     fn load(
         &self,
         requested: Geometry,
         resize: bool,
+        keep_shape: bool,
         make: &dyn Fn(Geometry) -> Result<Table, crate::error::TableError>,
     ) -> Result<(Table, LoadReport), TableFileError> {
         let io = |cause| TableFileError::Io {
@@ -280,7 +305,8 @@ impl TableFile {
         }
         file.read_exact(&mut header).map_err(io)?;
         let header = Header::parse(&header).map_err(corrupt)?;
-        let differs = self.differences(&header, requested, resize);
+        let keep_shape = keep_shape && header.ways == requested.ways();
+        let differs = self.differences(&header, requested, resize || keep_shape);
         if !differs.is_empty() {
             return Err(TableFileError::Mismatch {
                 path: self.path.clone(),
@@ -340,7 +366,7 @@ impl TableFile {
             inserts: header.inserts,
         };
         let mut table = Table::with_previous(current, generations, state);
-        if shapes[0] != requested {
+        if shapes[0] != requested && !keep_shape {
             report.resized_from = Some(shapes[0]);
             table = table.resize(requested)?;
         }

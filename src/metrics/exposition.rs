@@ -49,6 +49,13 @@ impl Scrape {
     fn of(m: &Metrics, table: &TableView) -> Scrape {
         let mut counters = sidecar_counters(m);
         store_counters(table, &mut counters);
+        if table.resizing.is_some() {
+            counters.push((
+                "nsq_dedupe_table_resizes",
+                "Times the in-process table sized itself: a new generation for the rate it meets.",
+                get(&m.table_resizes),
+            ));
+        }
         let mut gauges = rate_gauges(m);
         table_gauges(m, table, &mut gauges);
         if let Some(own) = m.handler_figures() {

@@ -140,6 +140,9 @@ pub struct Metrics {
     pub nsqd_connections: AtomicU64,
     /// Whether the store's last operation failed.
     pub store_failing: AtomicBool,
+    /// New generations the in-process table took to size itself (`store.probability`
+    /// without `store.rate`).
+    pub table_resizes: AtomicU64,
     /// The distinct rate now and its peak over the window, sampled by [`sample_rate`](Metrics::sample_rate).
     pub rates: RateTracker,
     /// The handler's own figures, if it has any (the serve sink's consumers), read at each
@@ -201,6 +204,7 @@ impl Metrics {
             abandoned: AtomicU64::new(0),
             nsqd_connections: AtomicU64::new(0),
             store_failing: AtomicBool::new(false),
+            table_resizes: AtomicU64::new(0),
             rates: RateTracker::new(window),
             handler: OnceLock::new(),
         }

@@ -12,13 +12,14 @@
 //! - `store.rs` and `sink.rs` build the store, the sink and the dead-letter from their
 //!   settings.
 //! - `stop.rs` is the main loop, which returns why it stopped; `drain.rs` the graceful stop.
-//! - `status.rs` (the status line), `snapshot.rs` (the table file's saves) and `fleet.rs`
-//!   (the fleet's counts) are the background tasks; `endpoints.rs` serves `/metrics`, `/ping`
+//! - `status.rs` (the status line), `snapshot.rs` (the table file's saves), `grow.rs` (the
+//!   table that sizes itself) and `fleet.rs` (the fleet's counts) are the background tasks; `endpoints.rs` serves `/metrics`, `/ping`
 //!   and `/ready`.
 
 mod drain;
 mod endpoints;
 mod fleet;
+mod grow;
 mod sink;
 mod snapshot;
 mod status;
@@ -337,6 +338,15 @@ impl<H: Handler> Sidecar<H> {
             background.clone(),
         ));
         fleet::spawn(dedupe.store(), dedupe.metrics(), &background);
+        if let Some(growth) = settings.growth {
+            tokio::spawn(grow::grow_loop(
+                dedupe.clone(),
+                growth,
+                settings.status_interval,
+                settings.names.clone(),
+                background.clone(),
+            ));
+        }
         if let (Some(file), Some(settings)) = (&table_file, &settings.table_file) {
             tokio::spawn(snapshot::snapshot_loop(
                 file.clone(),

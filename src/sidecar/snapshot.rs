@@ -67,8 +67,11 @@ pub(super) async fn save_snapshot<H: Handler>(
     dedupe: Dedupe<Backend, H>,
 ) -> Result<SaveReport, RunError> {
     tokio::task::spawn_blocking(move || match dedupe.store() {
-        Backend::Memory(table) => file.save(table).map_err(RunError::from),
-        Backend::Journalled(table, journal) => journal.save(&file, table).map_err(RunError::from),
+        // The table cannot take a new generation while it is written (see `LocalTable`).
+        Backend::Memory(table) => table.with(|t| file.save(t)).map_err(RunError::from),
+        Backend::Journalled(table, journal) => table
+            .with(|t| journal.save(&file, t))
+            .map_err(RunError::from),
         _ => unreachable!("a table file goes with the in-process table"),
     })
     .await

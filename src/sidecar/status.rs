@@ -96,6 +96,12 @@ pub(super) fn log_status<H: Handler>(dedupe: &Dedupe<Backend, H>, target: Target
     let (Some(small), Some(geometry)) = (m.too_small(&view), view.geometry) else {
         return;
     };
+    if let Backend::Memory(table) | Backend::Journalled(table, _) = dedupe.store() {
+        if table.is_growable() {
+            // It grows for the rate it meets, and warns itself when it cannot (`grow`).
+            return;
+        }
+    }
     let memory = match dedupe.store() {
         // `--memory` sizes the in-process table only.
         // Whole MiB, rounded up, so the flag's value is at least the size.

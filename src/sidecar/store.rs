@@ -15,7 +15,7 @@ use crate::dedup::near::NearTable;
 use crate::dedup::table_file::TableFile;
 use crate::dedup::Geometry;
 use crate::error::StoreError;
-use crate::{MemcachedConfig, MemcachedStore, NoStore, RedisConfig, RedisStore, Table};
+use crate::{LocalTable, MemcachedConfig, MemcachedStore, NoStore, RedisConfig, RedisStore, Table};
 
 /// The sidecar's store, as [`Settings`] ask for it.
 pub(super) struct Opened {
@@ -39,8 +39,13 @@ pub(super) async fn open(settings: &Settings) -> Result<Opened, RunError> {
             answered: true,
         });
     }
-    let (backend, answered) =
-        open_store(&settings.store, settings.near_table, settings.max_age).await?;
+    let (backend, answered) = open_store(
+        &settings.store,
+        settings.near_table,
+        settings.max_age,
+        settings.growth.is_some(),
+    )
+    .await?;
     Ok(Opened {
         backend,
         table_file: None,
@@ -59,15 +64,17 @@ pub async fn build_store(
     near_table: Option<Geometry>,
     max_age: Option<Duration>,
 ) -> Result<Backend, RunError> {
-    Ok(open_store(store, near_table, max_age).await?.0)
+    Ok(open_store(store, near_table, max_age, false).await?.0)
 }
 
-/// [`build_store`], and whether a shared store answered at start (`false`: it is down or
-/// silent, and the service is not ready until it answers).
+/// [`build_store`] (with an in-process table that can grow when `growable`), and whether a
+/// shared store answered at start (`false`: it is down or silent, and the service is not
+/// ready until it answers).
 async fn open_store(
     store: &StoreSettings,
     near_table: Option<Geometry>,
     max_age: Option<Duration>,
+    growable: bool,
 ) -> Result<(Backend, bool), RunError> {
     let near = match (store, near_table) {
         (StoreSettings::Memcached(..) | StoreSettings::Redis(..), Some(geometry)) => {
@@ -77,10 +84,13 @@ async fn open_store(
     };
     Ok(match store {
         StoreSettings::Memory(geometry) => (
-            Backend::Memory(match timing(max_age) {
-                None => Table::new(*geometry)?,
-                Some((age, clock)) => Table::with_max_age(*geometry, age, clock)?,
-            }),
+            Backend::Memory(local(
+                match timing(max_age) {
+                    None => Table::new(*geometry)?,
+                    Some((age, clock)) => Table::with_max_age(*geometry, age, clock)?,
+                },
+                growable,
+            )),
             true,
         ),
         StoreSettings::None => (Backend::None(NoStore), true),
@@ -199,12 +209,13 @@ fn open_table_file(
     file: &TableFileSettings,
 ) -> Result<(Backend, Arc<TableFile>), RunError> {
     let identity = format!("{} {}", settings.keyer.key(), settings.keyer.algorithm());
-    let (opened, table, report) = TableFile::open(
+    let (opened, table, report) = TableFile::open_sized(
         &file.path,
         geometry,
         &identity,
         file.on_mismatch,
         timing(settings.max_age),
+        settings.growth.is_some(),
     )?;
     if let Some(reason) = &report.recreated {
         let names = &settings.names;
@@ -230,9 +241,18 @@ fn open_table_file(
         "Table loaded from its file."
     );
     Ok((
-        Backend::Journalled(table, Arc::new(journal)),
+        Backend::Journalled(local(table, settings.growth.is_some()), Arc::new(journal)),
         Arc::new(opened),
     ))
+}
+
+/// The in-process table as the store holds it: growable when it sizes itself.
+fn local(table: Table, growable: bool) -> LocalTable {
+    if growable {
+        LocalTable::growable(table)
+    } else {
+        LocalTable::fixed(table)
+    }
 }
 
 /// `max_age` with the clock tables read it by.

@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures::future::join_all;
 
 use super::conn::{self, Write, Written};
-use super::set::{apply, encode, Op, Outcome, SetState};
+use super::set::{apply, encode_into, Op, Outcome, SetState};
 use super::{is_connection_error, unavailable, MemcachedStore, Server};
 use crate::dedup::Digest;
 use crate::error::StoreError;
@@ -347,9 +347,10 @@ impl MemcachedStore {
         for (i, (p, read)) in reads.into_iter().enumerate() {
             let cached = i < from_known;
             first_try[p] = false;
-            let (mut entries, cas) = match read {
-                Some((value, cas)) => (self.decode_counted(Some(&value)), Some(cas)),
-                None => (SetState::empty(self.ways()), None),
+            // The value read is decoded, then its buffer takes the new value.
+            let (mut entries, cas, mut value) = match read {
+                Some((value, cas)) => (self.decode_counted(Some(&value)), Some(cas), value),
+                None => (SetState::empty(self.ways()), None, Vec::new()),
             };
             let set_ops = batch.ops_of(&chunk[p]);
             let first = staged.len();
@@ -372,9 +373,10 @@ impl MemcachedStore {
                     && set_ops.iter().all(|&index| {
                         matches!(batch.ops[index].0, Op::ClaimDone | Op::Commit | Op::Erase)
                     });
+                encode_into(&entries, self.value_version(), &mut value);
                 planned.push(Planned {
                     set: p,
-                    value: encode(&entries, self.value_version()),
+                    value,
                     cas,
                     quiet,
                     outcomes,

@@ -255,10 +255,11 @@ impl PipeConn {
         }
     }
 
-    /// Writes `bytes` and flushes them.
+    /// Writes `bytes` straight to the socket: a pipeline is gathered in one buffer already,
+    /// so it goes out without a copy into the stream's write buffer (which every write
+    /// leaves empty, flushed).
     async fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
-        self.stream.write_all(bytes).await?;
-        self.stream.flush().await
+        self.stream.get_mut().write_all(bytes).await
     }
 
     /// Adds `delta` to the counter `key` (made with `delta` and a lifetime of `ttl_secs` if it
@@ -271,14 +272,25 @@ impl PipeConn {
         ttl_secs: u64,
         counters: &[String],
     ) -> io::Result<Vec<u64>> {
-        let add = format!("ma {key} N{ttl_secs} J{delta} D{delta}\r\n");
-        self.stream.write_all(add.as_bytes()).await?;
+        let mut out = std::mem::take(&mut self.out);
+        out.clear();
+        out.extend_from_slice(b"ma ");
+        out.extend_from_slice(key.as_bytes());
+        out.extend_from_slice(b" N");
+        put_decimal(&mut out, ttl_secs);
+        out.extend_from_slice(b" J");
+        put_decimal(&mut out, delta);
+        out.extend_from_slice(b" D");
+        put_decimal(&mut out, delta);
+        out.extend_from_slice(b"\r\n");
         for counter in counters {
-            self.stream.write_all(b"mg ").await?;
-            self.stream.write_all(counter.as_bytes()).await?;
-            self.stream.write_all(b" v\r\n").await?;
+            out.extend_from_slice(b"mg ");
+            out.extend_from_slice(counter.as_bytes());
+            out.extend_from_slice(b" v\r\n");
         }
-        self.stream.flush().await?;
+        let sent = self.send(&out).await;
+        self.out = out;
+        sent?;
         self.read_line().await?;
         if !self.line.starts_with(b"HD") {
             return Err(self.unexpected("ma"));

@@ -39,7 +39,7 @@
 //!
 //! # Atomicity
 //!
-//! The set model (`set`: entries, [`apply`], [`encode`], [`decode`]) is pure and tested
+//! The set model (`set`: entries, [`apply`], [`encode_into`], [`decode`]) is pure and tested
 //! without I/O; settings are in `config`, connections in `conn` and `pool`, which server
 //! takes a set (and around an ejected one) in `routing`.
 //!

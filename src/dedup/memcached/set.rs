@@ -58,21 +58,39 @@ pub(super) struct LeaseFacts {
     pub(super) max_age_ms: Option<u64>,
 }
 
+/// The most ways a set has ([`Geometry::SUPPORTED_WAYS`](crate::dedup::Geometry::SUPPORTED_WAYS)).
+const MAX_WAYS: usize = 8;
+
 /// One set: `ways` slots and the cursor of the next eviction, as in the in-process table.
+///
+/// The slots live in the value itself, not on the heap: a set is decoded, changed and encoded
+/// for every operation, so it allocates nothing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct SetState {
     /// The slot a new digest replaces when no slot is empty.
     pub(super) cursor: usize,
-    /// Exactly `ways` slots.
-    pub(super) slots: Vec<Option<Entry>>,
+    /// How many of `room` are the set's slots; those after them stay empty.
+    ways: usize,
+    room: [Option<Entry>; MAX_WAYS],
 }
 
 impl SetState {
+    /// A set of `ways` empty slots (at most [`MAX_WAYS`]; more are cut to that).
     pub(super) fn empty(ways: usize) -> Self {
         SetState {
             cursor: 0,
-            slots: vec![None; ways],
+            ways: ways.min(MAX_WAYS),
+            room: [None; MAX_WAYS],
         }
+    }
+
+    /// Exactly `ways` slots.
+    pub(super) fn slots(&self) -> &[Option<Entry>] {
+        &self.room[..self.ways]
+    }
+
+    fn slots_mut(&mut self) -> &mut [Option<Entry>] {
+        &mut self.room[..self.ways]
     }
 }
 
@@ -90,7 +108,7 @@ pub(super) fn apply(
     facts: LeaseFacts,
 ) -> (Outcome, bool) {
     let found = set
-        .slots
+        .slots()
         .iter()
         .position(|slot| slot.is_some_and(|entry| entry.digest == digest));
     // What a claim writes into its entry: in flight with this owner's lease, or, for a
@@ -102,8 +120,8 @@ pub(super) fn apply(
     let Some(i) = found else {
         return match op {
             Op::Claim | Op::ClaimDone => {
-                let ways = set.slots.len();
-                let victim = match set.slots.iter().position(Option::is_none) {
+                let ways = set.ways;
+                let victim = match set.slots().iter().position(Option::is_none) {
                     Some(empty) => empty,
                     None => {
                         let victim = set.cursor % ways;
@@ -111,7 +129,7 @@ pub(super) fn apply(
                         victim
                     }
                 };
-                set.slots[victim] = Some(Entry {
+                set.slots_mut()[victim] = Some(Entry {
                     digest,
                     state: claimed,
                     lease_until_ms: claimed_until_ms,
@@ -122,7 +140,7 @@ pub(super) fn apply(
             Op::Commit | Op::Erase | Op::Renew => (Outcome::Held(false), false),
         };
     };
-    let slot = &mut set.slots[i];
+    let slot = &mut set.slots_mut()[i];
     let Some(entry) = slot.as_mut() else {
         // `found` only points at occupied slots.
         return (Outcome::Held(false), false);
@@ -183,14 +201,23 @@ fn done_time(facts: LeaseFacts) -> u64 {
 
 /// Encodes a set (see the module docs for the layout) in format `version`
 /// ([`FORMAT_VERSION`] or [`FORMAT_VERSION_TIMED`]).
+#[cfg(test)]
 pub(super) fn encode(set: &SetState, version: u8) -> Vec<u8> {
-    let count = set.slots.iter().flatten().count();
-    let mut out = Vec::with_capacity(HEADER_BYTES + count * ENTRY_BYTES);
+    let mut out = Vec::new();
+    encode_into(set, version, &mut out);
+    out
+}
+
+/// [`encode`] into `out`, replacing what it held (and reusing its allocation).
+pub(super) fn encode_into(set: &SetState, version: u8, out: &mut Vec<u8>) {
+    let count = set.slots().iter().flatten().count();
+    out.clear();
+    out.reserve(HEADER_BYTES + count * ENTRY_BYTES);
     out.push(version);
     // At most 8 ways, so the cursor, the count and a slot index each fit in a byte.
     out.push(set.cursor as u8);
     out.push(count as u8);
-    for (index, slot) in set.slots.iter().enumerate() {
+    for (index, slot) in set.slots().iter().enumerate() {
         if let Some(entry) = slot {
             out.push(index as u8);
             out.extend_from_slice(&entry.digest.to_bytes());
@@ -199,7 +226,6 @@ pub(super) fn encode(set: &SetState, version: u8) -> Vec<u8> {
             out.extend_from_slice(&entry.owner.to_be_bytes());
         }
     }
-    out
 }
 
 /// Why a value could not be decoded.
@@ -234,14 +260,12 @@ pub(super) fn decode(value: &[u8], ways: usize) -> Result<SetState, DecodeError>
     if rest.len() != usize::from(*count) * ENTRY_BYTES {
         return Err(DecodeError::Length);
     }
-    let mut set = SetState {
-        cursor: usize::from(*cursor),
-        slots: vec![None; ways],
-    };
+    let mut set = SetState::empty(ways);
+    set.cursor = usize::from(*cursor);
     for raw in rest.chunks_exact(ENTRY_BYTES) {
         let index = raw[0];
         let slot = set
-            .slots
+            .slots_mut()
             .get_mut(usize::from(index))
             .filter(|slot| slot.is_none())
             .ok_or(DecodeError::Slot(index))?;
@@ -291,11 +315,14 @@ mod tests {
     }
 
     fn set_of(cursor: usize, slots: Vec<Option<Entry>>) -> SetState {
-        SetState { cursor, slots }
+        let mut set = SetState::empty(slots.len());
+        set.cursor = cursor;
+        set.slots_mut().copy_from_slice(&slots);
+        set
     }
 
     fn digests(set: &SetState) -> Vec<Option<u128>> {
-        set.slots
+        set.slots()
             .iter()
             .map(|slot| slot.map(|e| e.digest.as_u128()))
             .collect()
@@ -411,7 +438,7 @@ mod tests {
         apply(&mut set, Op::Claim, d, timed(1_000));
         apply(&mut set, Op::Commit, d, timed(1_000));
         assert_eq!(
-            set.slots[0].unwrap().lease_until_ms,
+            set.slots()[0].unwrap().lease_until_ms,
             1_000,
             "the commit time"
         );
@@ -423,7 +450,11 @@ mod tests {
             apply(&mut set, Op::Claim, d, timed(11_001)),
             (Outcome::Claim(Claim::New), true)
         );
-        assert_eq!(set.slots[0].unwrap().state, State::InFlight, "in its slot");
+        assert_eq!(
+            set.slots()[0].unwrap().state,
+            State::InFlight,
+            "in its slot"
+        );
         // Format 2 round-trips the time; format 1's done entries (time 0) never expire.
         let bytes = encode(&set, FORMAT_VERSION_TIMED);
         assert_eq!(bytes[0], FORMAT_VERSION_TIMED);
@@ -472,7 +503,7 @@ mod tests {
             apply(&mut set, Op::Claim, d(10), facts(100, other)),
             (Outcome::Claim(Claim::New), true)
         );
-        assert_eq!(set.slots[0].unwrap().owner, other);
+        assert_eq!(set.slots()[0].unwrap().owner, other);
         assert_eq!(
             apply(&mut set, Op::Commit, d(10), facts(110, me)),
             (Outcome::Held(false), false)
@@ -504,7 +535,7 @@ mod tests {
             apply(&mut set, Op::Renew, d(12), facts(250, me)),
             (Outcome::Held(true), true)
         );
-        assert_eq!(set.slots[1].unwrap().lease_until_ms, 350);
+        assert_eq!(set.slots()[1].unwrap().lease_until_ms, 350);
         assert_eq!(
             apply(&mut set, Op::Renew, d(10), facts(250, other)),
             (Outcome::Held(false), false),

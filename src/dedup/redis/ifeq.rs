@@ -92,6 +92,8 @@ pub(super) struct Ifeq {
     known: Mutex<HashMap<u64, Vec<u8>, IdHasher>>,
     /// Writes whose compare failed: another client had changed the set.
     conflicts: AtomicU64,
+    /// The last answer the log said ([`SUPPORTED`] or [`REFUSED`]), or [`UNKNOWN`].
+    said: AtomicU8,
 }
 
 impl Ifeq {
@@ -182,6 +184,20 @@ impl RedisStore {
             }
         };
         ifeq.support.store(support, Ordering::Relaxed);
+        // Said once at connect, and again only if a failover brings a server that answers
+        // otherwise; a probe without an answer (an outage) says nothing.
+        if support != UNKNOWN && ifeq.said.swap(support, Ordering::Relaxed) != support {
+            match support {
+                SUPPORTED => tracing::info!(
+                    "The Redis store writes each set with SET … IFEQ: its servers have it."
+                ),
+                REFUSED => tracing::info!(
+                    "The Redis store writes through its script: a server has no SET … IFEQ \
+                     (Valkey 8.1 and later have it)."
+                ),
+                _ => {}
+            }
+        }
     }
 
     /// Runs `op` on each digest this way (see the module docs): the answers in the order of

@@ -50,7 +50,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::Table;
-use crate::dedup::{Claim, Digest};
+use crate::dedup::{Claim, Digest, Geometry};
 
 /// Previous generations a table keeps at most: a resize while this many are held drops the
 /// oldest. (Each resize within one turnover adds one; a table file's header lists them.)
@@ -220,38 +220,57 @@ impl Table {
     ///
     /// As [`Table::new`] for the new generation; the memory of the previous ones stays in use
     /// until they retire.
-    pub fn resize(
-        mut self,
-        geometry: crate::dedup::Geometry,
+    pub fn resize(mut self, geometry: Geometry) -> Result<Table, crate::error::TableError> {
+        let current = self.next_generation(geometry)?;
+        self.push_generation(current);
+        Ok(self)
+    }
+
+    /// An empty table of `geometry` with this one's `max_age`: the next generation of a
+    /// resize (see [`Table::push_generation`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Table::new`].
+    pub(crate) fn next_generation(
+        &self,
+        geometry: Geometry,
     ) -> Result<Table, crate::error::TableError> {
-        let mut current = match &self.timed {
-            None => Table::new(geometry)?,
+        match &self.timed {
+            None => Table::new(geometry),
             Some(times) => Table::with_max_age(
                 geometry,
                 std::time::Duration::from_secs(times.max_age_s()),
                 times.clock(),
-            )?,
-        };
-        let mut tables = match self.older.take() {
-            Some(older) if older.live.load(Ordering::Relaxed) => older.tables,
-            // Retired ones are freed here.
-            _ => Vec::new(),
-        };
-        tables.insert(0, self);
-        tables.truncate(MAX_PREVIOUS);
+            ),
+        }
+    }
+
+    /// Makes `current` (made by [`Table::next_generation`], never used) this table's current
+    /// generation, and this table's generations its previous ones, read-only until they
+    /// retire: [`Table::resize`] in place, for a table behind a lock.
+    pub(crate) fn push_generation(&mut self, mut current: Table) {
         let resized_at_s = match &current.timed {
             Some(times) => times.now_s(),
             None => unix_now_s(),
         };
-        current.older = Some(Box::new(Older::new(
+        std::mem::swap(self, &mut current);
+        // `self` is the new generation now, and `current` the table that was.
+        let mut tables = match current.older.take() {
+            Some(older) if older.live.load(Ordering::Relaxed) => older.tables,
+            // Retired ones are freed here.
+            _ => Vec::new(),
+        };
+        tables.insert(0, current);
+        tables.truncate(MAX_PREVIOUS);
+        self.older = Some(Box::new(Older::new(
             tables,
-            current.slots(),
+            self.slots(),
             ResizeState {
                 resized_at_s,
                 inserts: 0,
             },
         )));
-        Ok(current)
     }
 
     /// `current` with `previous` (newest first) behind it, as a table file kept them.
@@ -285,6 +304,16 @@ impl Table {
             }
             _ => (&[], None),
         }
+    }
+
+    /// Bytes the table's generations hold (their slots, and their times with `max_age`): the
+    /// current one's, and the previous ones' until they retire.
+    pub fn held_bytes(&self) -> u64 {
+        let per_slot = Geometry::SLOT_BYTES * if self.timed.is_some() { 2 } else { 1 };
+        let previous = self.older.as_ref().map_or(0, |older| {
+            older.live().iter().map(|table| table.slots()).sum::<u64>()
+        });
+        (self.slots() + previous) * per_slot
     }
 
     /// Where a resize stands, while previous generations are held.

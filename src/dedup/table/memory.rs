@@ -52,7 +52,7 @@ pub(crate) fn check_fits(geometry: Geometry, timed: bool) -> Result<(), TableErr
 }
 
 /// The machine's physical memory (`MemTotal` of `/proc/meminfo`), for error messages.
-pub(super) fn machine_memory_bytes() -> Option<u64> {
+pub(crate) fn machine_memory_bytes() -> Option<u64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
     let kib = meminfo
         .lines()

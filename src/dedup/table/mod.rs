@@ -75,8 +75,8 @@ use std::time::Duration;
 
 pub use generations::Resizing;
 pub(crate) use generations::{ResizeState, MAX_PREVIOUS};
-pub(crate) use memory::check_fits;
-use memory::{advise_huge_pages, machine_memory_bytes, release_pages, zeroed_slots};
+use memory::{advise_huge_pages, release_pages, zeroed_slots};
+pub(crate) use memory::{check_fits, machine_memory_bytes};
 use set::{find, fingerprint, insert, update, verdict};
 
 use crate::dedup::clock::Clock;

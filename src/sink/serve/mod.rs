@@ -217,7 +217,7 @@ impl ServeSink {
         if let Some(http) = http {
             tokio::spawn(http::serve(http, shared.clone()));
         }
-        tracing::info!(%tcp_address, http_address = ?http_address, topic = %shared.config.topic, channel = %shared.config.channel, "Serving consumers.");
+        tracing::info!(%tcp_address, http_address = http_address.map(tracing::field::display), topic = %shared.config.topic, channel = %shared.config.channel, "Serving consumers.");
         Ok(ServeSink {
             shared,
             _stop: cancel.drop_guard(),
