@@ -97,6 +97,8 @@ pub use dedup::backend::Backend;
 pub use dedup::digest::{DigestAlgorithm, DigestKey, KeySpec, Keyer};
 #[cfg(any(feature = "memcached", feature = "redis"))]
 pub use dedup::fleet::{FleetCounters, DEFAULT_FLEET_INTERVAL, FLEET_BUCKETS};
+#[cfg(any(feature = "memcached", feature = "redis"))]
+pub use dedup::generational::{Descriptor, Generation, Generations, Resized, Shape};
 pub use dedup::local::LocalTable;
 #[cfg(feature = "memcached")]
 pub use dedup::memcached::{MemcachedConfig, MemcachedStore};

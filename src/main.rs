@@ -23,7 +23,7 @@ fn main() -> ExitCode {
             return bad_value_status(from_env.is_run, true);
         }
     };
-    let is_service = matches!(cli.command, Command::Run(_));
+    let is_service = matches!(cli.command, Command::Run(_) | Command::Resize(_));
     let log_level_variable = cli.from_env.variable("--log-level");
     if let Err(err) = start_logging(&cli.log, log_level_variable) {
         report(&err);
@@ -63,7 +63,8 @@ fn bad_value_status(is_run: bool, from_env: bool) -> ExitCode {
 /// (stdout for the stdout sink, stderr for its log): `EX_CONFIG` of sysexits.h. Starting again
 /// unchanged fails the same way, so the systemd unit lists it, with clap's 2 for a command
 /// line it cannot parse, in `RestartPreventExitStatus=` instead of retrying every few seconds.
-/// Any other error is 1, as is every error of the other commands.
+/// `resize`, which takes `run`'s store settings, exits with it for the same errors. Any other
+/// error is 1, as is every error of the other commands.
 const EXIT_CONFIG: u8 = 78;
 
 /// Whether `err` is one of `run`'s setting errors (see [`EXIT_CONFIG`]).
@@ -71,6 +72,16 @@ fn is_setting_error(err: &anyhow::Error) -> bool {
     err.downcast_ref::<nsq_dedupe::config::ConfigError>()
         .is_some()
         || err.downcast_ref::<cmd::run::SettingError>().is_some()
+        || err.downcast_ref::<cmd::resize::NotShared>().is_some()
+        || err
+            .downcast_ref::<nsq_dedupe::error::StoreError>()
+            .is_some_and(|error| {
+                matches!(
+                    error,
+                    nsq_dedupe::error::StoreError::Config(_)
+                        | nsq_dedupe::error::StoreError::Refused { .. }
+                )
+            })
         || err
             .downcast_ref::<cmd::std_streams::ClosedAtStart>()
             .is_some()
@@ -144,6 +155,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Filter(args) => cmd::filter::run(&args),
         Command::Run(args) => cmd::run::run(&args, &cli.from_env, &cli.aliases),
+        Command::Resize(args) => {
+            require(Stream::Stdout, "`resize` writes what it changed")?;
+            cmd::resize::run(&args, &cli.from_env, &cli.aliases)
+        }
         Command::Completions { shell } => {
             require(Stream::Stdout, "`completions` writes the script")?;
             cmd::completions::run(shell, Cli::definition())

@@ -85,6 +85,7 @@ fn manpage_dir_writes_a_page_per_command_with_every_flag() {
             "nsq-dedupe-completions.1",
             "nsq-dedupe-filter.1",
             "nsq-dedupe-manpage.1",
+            "nsq-dedupe-resize.1",
             "nsq-dedupe-run.1",
             "nsq-dedupe-size.1",
             "nsq-dedupe.1",

@@ -10,13 +10,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use nsq_dedupe::config::{RawConfig, SinkKind, StoreKind};
+use nsq_dedupe::config::{RawConfig, SinkKind, StoreKind, StoreSettings};
 use nsq_dedupe::error::StoreError;
 use nsq_dedupe::metrics::get;
 use nsq_dedupe::nsq::Message;
 use nsq_dedupe::pipeline::{Dedupe, Outcome};
 use nsq_dedupe::sink::{Handler, HandlerError, Sink};
-use nsq_dedupe::{Claim, Digest, Geometry, KeySpec, Keyer, Metrics, Store, Table};
+use nsq_dedupe::{
+    Claim, Descriptor, Digest, Generation, Geometry, KeySpec, Keyer, Metrics, RedisStore, Shape,
+    Store, Table,
+};
 
 use crate::batch::{bodies, consumer, drained, policy, take};
 use crate::nsq::TOPIC;
@@ -283,7 +286,7 @@ async fn a_final_handler_that_fails_behind_a_near_table_gets_the_message_again()
     let handler = Taking::new(true);
     handler.fail_once.lock().unwrap().push(Bytes::from("b"));
     let dedupe = Dedupe::new(
-        nsq_dedupe::Backend::Memcached(store, Some(near)),
+        nsq_dedupe::Backend::Memcached(nsq_dedupe::Generations::new(store), Some(near)),
         Keyer::new(KeySpec::Body, Default::default()),
         handler.clone(),
         policy(),
@@ -416,6 +419,29 @@ async fn one_write_per_unique_message_into_the_null_sink(
     }
 }
 
+/// The table's descriptor as the first consumer of a namespace writes it, once: its key and
+/// value, for the shared store `raw` names at [`BUCKETS`]. Written before a run whose store
+/// writes are counted, so that the count is of the messages' writes alone.
+fn descriptor(raw: &mut RawConfig) -> (String, String) {
+    raw.store.buckets = Some(BUCKETS);
+    let (key, format, geometry) = match raw.validate_store().unwrap() {
+        StoreSettings::Redis(config, geometry) => {
+            let store = RedisStore::new_lazy(config, geometry).unwrap();
+            (store.descriptor_key(), store.format(), geometry)
+        }
+        StoreSettings::Memcached(config, geometry) => {
+            let store = nsq_dedupe::MemcachedStore::new_lazy(config, geometry).unwrap();
+            (store.descriptor_key(), store.format(), geometry)
+        }
+        other => panic!("not a shared store: {other:?}"),
+    };
+    let table = Descriptor {
+        current: Shape { format, geometry },
+        previous: None,
+    };
+    (key, table.encode())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_memcached_the_null_sink_costs_one_write_per_unique_message() {
     let memcached = MemcachedServer::start();
@@ -424,6 +450,13 @@ async fn with_memcached_the_null_sink_costs_one_write_per_unique_message() {
             raw.store.kind = Some(StoreKind::Memcached);
             raw.store.memcached_addresses = Some(vec![memcached.addr()]);
             raw.store.namespace = Some(namespace.to_owned());
+            let (key, value) = descriptor(raw);
+            let mut conn = std::net::TcpStream::connect(memcached.addr()).unwrap();
+            let set = format!("set {key} 0 0 {}\r\n{value}\r\n", value.len());
+            std::io::Write::write_all(&mut conn, set.as_bytes()).unwrap();
+            let mut answer = [0u8; 8];
+            std::io::Read::read_exact(&mut conn, &mut answer).unwrap();
+            assert_eq!(&answer, b"STORED\r\n");
         },
         // Every `ms` memcached was sent, stored or not.
         || crate::memcached::stat(&memcached.addr(), "cmd_set"),
@@ -440,6 +473,8 @@ async fn with_redis_the_null_sink_costs_one_write_per_unique_message() {
             raw.store.kind = Some(StoreKind::Redis);
             raw.store.redis_urls = Some(vec![redis.url()]);
             raw.store.namespace = Some(namespace.to_owned());
+            let (key, value) = descriptor(raw);
+            redis.cli(&["SET", &key, &value]);
         },
         // Calls of the commands that write a Redis set (from the store's script, too).
         || {

@@ -114,6 +114,7 @@ fn package_installs_the_binary_unit_config_every_man_page_and_completions() {
                     "nsq-dedupe-completions.1.gz",
                     "nsq-dedupe-filter.1.gz",
                     "nsq-dedupe-manpage.1.gz",
+                    "nsq-dedupe-resize.1.gz",
                     "nsq-dedupe-run.1.gz",
                     "nsq-dedupe-size.1.gz",
                     "nsq-dedupe.1.gz",

@@ -43,6 +43,7 @@ mod secrets;
 mod self_sizing;
 mod serve;
 mod serve_run;
+mod shared_resize;
 mod sidecar;
 mod sidecar_config;
 mod sidecar_delivery;

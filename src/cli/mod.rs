@@ -20,7 +20,7 @@ pub(crate) use aliases::TypedAliases;
 pub(crate) use env::{EnvError, FromEnv};
 pub(crate) use filter::{Digest, FilterArgs, MissingKey};
 pub(crate) use parse::MAX_WINDOW_MESSAGES;
-pub(crate) use run::RunArgs;
+pub(crate) use run::{ResizeArgs, RunArgs};
 pub(crate) use size::SizeArgs;
 
 /// What `--version` prints after the name: the crate's version and the commit it was built
@@ -165,6 +165,14 @@ pub(crate) enum Command {
     /// --shutdown-grace to finish, the rest are requeued, exit status 0; a second signal exits
     /// at once.
     Run(Box<RunArgs>),
+    /// Change the size of a shared store's table for the whole fleet, without forgetting.
+    ///
+    /// Takes `run`'s store flags (or `--config`'s `[store]`) with the new size (--buckets,
+    /// --memory, or --probability with --rate and --window). The store's descriptor key
+    /// (`<namespace>:table`) then names the new size and keeps the old one as the previous
+    /// generation, which claims still read until it no longer counts; running sidecars follow
+    /// within one --fleet-interval. Redis (one server or a cluster) and Memcached.
+    Resize(Box<ResizeArgs>),
     /// Print a shell completion script, e.g. `nsq-dedupe completions bash > /etc/bash_completion.d/nsq-dedupe`.
     Completions {
         /// The shell.

@@ -8,6 +8,7 @@ pub(crate) mod manpage;
 mod measured_rate;
 mod nsqd_stats;
 pub(crate) mod output;
+pub(crate) mod resize;
 pub(crate) mod run;
 pub(crate) mod size;
 pub(crate) mod std_streams;

@@ -454,6 +454,29 @@ impl RawConfig {
             .map_err(|error| error.naming_flags(&self.flags))
     }
 
+    /// Checks the store's settings alone (`[store]` and its flags, the lease from
+    /// `source.msg_timeout`) as [`RawConfig::validate`] checks them: for a command that opens
+    /// the store and nothing else (`nsq-dedupe resize`).
+    ///
+    /// # Errors
+    ///
+    /// The first problem found, naming its flag (when a flag set it) or its key.
+    pub fn validate_store(&self) -> Result<StoreSettings, ConfigError> {
+        let msg_timeout = self
+            .source
+            .msg_timeout
+            .map_or(source::DEFAULT_MSG_TIMEOUT, |d| d.0);
+        let timed = self
+            .dedupe
+            .max_age_duration()
+            .map_err(|error| error.naming_flags(&self.flags))?
+            .is_some();
+        self.store
+            .validate(msg_timeout, timed)
+            .map(|(store, _, _)| store)
+            .map_err(|error| error.naming_flags(&self.flags))
+    }
+
     fn validate_sections(&self) -> Result<Settings, ConfigError> {
         unused::check(self)?;
         let mut source = self.source.validate().map_err(|error| {

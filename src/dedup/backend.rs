@@ -11,6 +11,7 @@
 
 use std::sync::Arc;
 
+use crate::dedup::generational::Generations;
 use crate::dedup::journal::Journal;
 use crate::dedup::local::LocalTable;
 use crate::dedup::memcached::MemcachedStore;
@@ -29,11 +30,12 @@ pub enum Backend {
     /// The in-process table kept in a file: each commit and erase is also appended to the
     /// file's journal before the message is answered.
     Journalled(LocalTable, Arc<Journal>),
-    /// The table shared through Memcached, with a near-table in front when configured.
-    Memcached(MemcachedStore, Option<NearTable>),
-    /// The table shared through Redis or a Redis Cluster, with a near-table in front when
-    /// configured.
-    Redis(RedisStore, Option<NearTable>),
+    /// The table shared through Memcached, following the store's descriptor across resizes,
+    /// with a near-table in front when configured.
+    Memcached(Generations<MemcachedStore>, Option<NearTable>),
+    /// The table shared through Redis or a Redis Cluster, following the store's descriptor
+    /// across resizes, with a near-table in front when configured.
+    Redis(Generations<RedisStore>, Option<NearTable>),
     /// No de-duplication: every claim is [`Claim::New`].
     None(NoStore),
 }
@@ -74,7 +76,8 @@ impl Backend {
     /// Shared-store servers ejected and taken back so far, for a store of several servers.
     pub fn ejections(&self) -> Option<(u64, u64)> {
         match self {
-            Backend::Memcached(store, _) if store.config().servers.len() > 1 => {
+            Backend::Memcached(store, _) if store.current().config().servers.len() > 1 => {
+                let store = store.current();
                 Some((store.ejections(), store.returns()))
             }
             _ => None,
@@ -85,7 +88,8 @@ impl Backend {
     /// again after a node failed or the cluster was failing over.
     pub fn cluster_retries(&self) -> Option<(u64, u64)> {
         match self {
-            Backend::Redis(store, _) if store.config().cluster => {
+            Backend::Redis(store, _) if store.current().config().cluster => {
+                let store = store.current();
                 Some((store.redirects(), store.retries()))
             }
             _ => None,

@@ -19,6 +19,8 @@ pub mod clock;
 pub(crate) mod digest;
 #[cfg(any(feature = "memcached", feature = "redis"))]
 pub mod fleet;
+#[cfg(any(feature = "memcached", feature = "redis"))]
+pub mod generational;
 pub mod journal;
 mod json_key;
 pub mod local;

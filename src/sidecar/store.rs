@@ -9,6 +9,7 @@ use super::RunError;
 use crate::config::{Named, Settings, StoreSettings, TableFileSettings};
 use crate::dedup::backend::Backend;
 use crate::dedup::clock::{Clock, CoarseClock};
+use crate::dedup::generational::{Generation, Generations};
 use crate::dedup::journal::Journal;
 use crate::dedup::near::NearTable;
 use crate::dedup::table_file::TableFile;
@@ -95,11 +96,17 @@ async fn open_store(
         StoreSettings::None => (Backend::None(NoStore), true),
         StoreSettings::Memcached(config, geometry) => {
             let (opened, answered) = open_shared(config, *geometry).await?;
-            (Backend::Memcached(opened, near), answered)
+            (
+                Backend::Memcached(following(opened, answered).await, near),
+                answered,
+            )
         }
         StoreSettings::Redis(config, geometry) => {
             let (opened, answered) = open_shared(config, *geometry).await?;
-            (Backend::Redis(opened, near), answered)
+            (
+                Backend::Redis(following(opened, answered).await, near),
+                answered,
+            )
         }
     })
 }
@@ -180,6 +187,19 @@ async fn open_shared<C: SharedConfig>(
         }
     }
     Ok((config.clone().lazy(geometry)?, false))
+}
+
+/// A shared store's table as its descriptor names it (see
+/// [`generational`](crate::dedup::generational)): read at once when the store `answered` at
+/// start, else at the first share of the fleet's counters.
+async fn following<S: Generation>(opened: S, answered: bool) -> Generations<S> {
+    let generations = Generations::new(opened);
+    if answered {
+        if let Err(error) = generations.follow().await {
+            tracing::warn!(%error, "Reading the table's descriptor failed; using the size given until it can be read.");
+        }
+    }
+    generations
 }
 
 /// Opens the in-process table from its file and replays its journal.

@@ -58,19 +58,52 @@ impl RunArgs {
         self.source.apply(&mut raw.source, &mut recorder);
         self.nsq.apply(raw, &mut recorder);
         self.dedupe.apply(&mut raw.dedupe, &mut recorder);
-        self.store.apply(&mut raw.store, &mut recorder);
-        // The password itself is never a flag (a command line is visible to every user of
-        // the machine); the environment may carry it.
-        if let Ok(password) = std::env::var(nsq_dedupe::RedisConfig::PASSWORD_ENV) {
-            if !password.is_empty() {
-                raw.store.redis_password = Some(nsq_dedupe::RedisPassword::new(password));
-            }
-        }
+        apply_store(&self.store, &mut raw.store, &mut recorder);
         self.sink.apply(&mut raw.sink, &mut recorder);
         self.metrics.apply(&mut raw.metrics, &mut recorder);
         self.shutdown.apply(&mut raw.shutdown, &mut recorder);
         self.dead_letter
             .apply_optional(&mut raw.dead_letter, &mut recorder);
+        raw.flags = flags;
+    }
+}
+
+/// Lays the store's flags over the file's `[store]`, and the Redis password from the
+/// environment: the password itself is never a flag (a command line is visible to every user
+/// of the machine).
+fn apply_store(
+    flags: &SectionFlags<RawStore>,
+    store: &mut RawStore,
+    recorder: &mut FlagRecorder<'_>,
+) {
+    flags.apply(store, recorder);
+    if let Ok(password) = std::env::var(nsq_dedupe::RedisConfig::PASSWORD_ENV) {
+        if !password.is_empty() {
+            store.redis_password = Some(nsq_dedupe::RedisPassword::new(password));
+        }
+    }
+}
+
+/// Flags of `nsq-dedupe resize`: `run`'s store flags, with the table's new size.
+#[derive(Debug, Args)]
+pub(crate) struct ResizeArgs {
+    /// TOML config file: its `[store]` section names the store (see config/).
+    #[arg(long, short = 'c', value_name = "FILE", env = "NSQ_DEDUPE_CONFIG")]
+    pub(crate) config: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) store: SectionFlags<RawStore>,
+}
+
+impl ResizeArgs {
+    /// Lays the store's flags over the file's, as [`RunArgs::apply`] does.
+    pub(crate) fn apply(&self, raw: &mut RawConfig, from_env: &FromEnv, aliases: &TypedAliases) {
+        let mut flags = std::mem::take(&mut raw.flags);
+        let mut recorder = FlagRecorder {
+            flags: &mut flags,
+            from_env,
+            aliases,
+        };
+        apply_store(&self.store, &mut raw.store, &mut recorder);
         raw.flags = flags;
     }
 }

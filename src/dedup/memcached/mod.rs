@@ -143,6 +143,7 @@ mod coalesce;
 mod config;
 mod conn;
 mod fleet;
+mod generation;
 mod health;
 mod pool;
 mod routing;

@@ -222,7 +222,7 @@ impl RedisStore {
     }
 
     /// What a decision made at `now` needs to know.
-    fn facts(&self, now: u64) -> Facts {
+    pub(super) fn facts(&self, now: u64) -> Facts {
         let config = &self.inner.config;
         Facts {
             now_ms: now,

@@ -95,6 +95,7 @@ mod conn;
 mod create;
 mod entry;
 mod fleet;
+mod generation;
 mod hints;
 mod ifeq;
 mod refusal;

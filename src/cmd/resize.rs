@@ -1,0 +1,89 @@
+//! `nsq-dedupe resize`: sets the size of a shared store's table for every consumer of it,
+//! through the store's descriptor (see `nsq_dedupe::generational`).
+
+use anyhow::Context as _;
+
+use crate::cli::{FromEnv, ResizeArgs, TypedAliases};
+use nsq_dedupe::config::{RawConfig, StoreSettings};
+use nsq_dedupe::dedup::generational::resize;
+use nsq_dedupe::{Descriptor, Geometry, MemcachedStore, RedisStore};
+
+/// Builds the store's settings from `--config`, the flags and the environment, and writes
+/// the new size into the store's descriptor; prints what changed.
+pub(crate) fn run(
+    args: &ResizeArgs,
+    from_env: &FromEnv,
+    aliases: &TypedAliases,
+) -> anyhow::Result<()> {
+    let mut raw = match &args.config {
+        Some(path) => RawConfig::from_file(path)?,
+        None => RawConfig::default(),
+    };
+    args.apply(&mut raw, from_env, aliases);
+    let store = raw.validate_store()?;
+    let namespace = match &store {
+        StoreSettings::Redis(config, _) => config.namespace.clone(),
+        StoreSettings::Memcached(config, _) => config.namespace.clone(),
+        StoreSettings::Memory(_) => return Err(NotShared("memory").into()),
+        StoreSettings::None => return Err(NotShared("none").into()),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let resized = runtime.block_on(async move {
+        anyhow::Ok(match store {
+            StoreSettings::Redis(config, geometry) => {
+                resize(&RedisStore::connect(config, geometry).await?, geometry).await?
+            }
+            StoreSettings::Memcached(config, geometry) => {
+                resize(&MemcachedStore::connect(config, geometry).await?, geometry).await?
+            }
+            StoreSettings::Memory(_) => return Err(NotShared("memory").into()),
+            StoreSettings::None => return Err(NotShared("none").into()),
+        })
+    });
+    let resized =
+        resized.with_context(|| format!("resizing the table of namespace {namespace:?}"))?;
+    crate::cmd::output::write_stdout(report(&namespace, resized.before, resized.after).as_bytes())?;
+    Ok(())
+}
+
+/// What `resize` prints.
+fn report(namespace: &str, before: Option<Descriptor>, after: Descriptor) -> String {
+    let size = |geometry: Geometry| {
+        format!(
+            "{} buckets ({} sets of {} ways)",
+            geometry.slots(),
+            geometry.sets(),
+            geometry.ways()
+        )
+    };
+    match (before, after.previous) {
+        (Some(before), _) if before == after => format!(
+            "The table of namespace {namespace:?} is already {}: nothing changed.\n",
+            size(after.current.geometry)
+        ),
+        (Some(before), Some(_)) => format!(
+            "The table of namespace {namespace:?} is now {}; it was {}, which claims read \
+             until it has turned over (or `max_age` has passed). Running consumers follow \
+             within one fleet interval.\n",
+            size(after.current.geometry),
+            size(before.current.geometry)
+        ),
+        _ => format!(
+            "The table of namespace {namespace:?} had no descriptor: it is now {}.\n",
+            size(after.current.geometry)
+        ),
+    }
+}
+
+/// `resize` was given a store without a shared table.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "`resize` changes the size of a table shared through Redis or Memcached, and the store \
+     given is {0:?}: pass `--store redis` with `--redis-url`, or `--store memcached` with \
+     `--memcached-address` (or set `store.kind` in the config file); an in-process table \
+     takes its size from `--buckets` at start"
+)]
+pub(crate) struct NotShared(&'static str);

@@ -1,0 +1,669 @@
+//! Generations of a shared store's table: a fleet resizes its table together, without
+//! forgetting what the previous size held.
+//!
+//! A shared store's keys name the table's shape (`<prefix>:v<format>:<sets>x<ways>:<set>`),
+//! and an entry cannot move to a table of another shape (its set comes from the digest, and
+//! the set count differs). So, as the in-process table does (`table/generations.rs`), a resize
+//! starts a new *generation*: the new shape's keys take every new entry, and the previous
+//! shape's keys stay behind them, read-only, until they no longer count.
+//!
+//! - **The descriptor.** A small key in the namespace, `<prefix>:table`, names the current
+//!   shape, the previous one if any and when the switch happened ([`Descriptor`]). A store
+//!   without one is created at the size given (the descriptor written only if absent); a
+//!   consumer given another size follows the descriptor's table and says so once.
+//!   `nsq-dedupe resize` replaces it with a compare-and-set, and every consumer reads it again
+//!   at each share of the fleet's counters (`store.fleet_interval`), so a fleet follows a
+//!   resize within one interval. A descriptor of another key format (another version's) is
+//!   not followed: the consumer keeps the size given and logs why.
+//! - **A claim** goes to the current shape's keys and, while a previous shape counts, looks the
+//!   digest up in the previous shape's set in the same round trip (one extra read). Found done
+//!   there, it is a duplicate; found in flight, it is in flight; either way the entry the
+//!   claim wrote in the current table is erased again, so that it neither hides the
+//!   previous entry's outcome nor outlives it. Nothing inserts into the previous shape once
+//!   every consumer follows, so its entries change only by their owners' commits and erases.
+//! - **Commit, erase and renew** go to the current shape, and those it does not hold (answered
+//!   `false`) to the previous one: a message claimed before the switch is committed, or
+//!   erased, where its entry is. Each generation has its own owner id, so the other
+//!   generation's entry of the same digest is never touched.
+//! - **When the previous shape goes.** With `max_age`, once `max_age` has passed since the
+//!   switch (every done entry of the previous shape has expired); without it, once this
+//!   consumer has made as many new entries in the current shape as it has slots (the fleet
+//!   has then made at least as many, and a table of the new size would have turned over).
+//!   Each consumer decides for itself, at its fleet interval; a consumer started later counts
+//!   from its start, which keeps the previous shape read longer, never shorter.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use crate::dedup::fleet::FleetCounters;
+use crate::dedup::shared::now_ms;
+use crate::dedup::{Claim, Digest, Geometry, Store};
+use crate::error::StoreError;
+
+/// The name of the descriptor's key after the namespace's prefix: `<prefix>:table`.
+pub const DESCRIPTOR_SUFFIX: &str = "table";
+
+/// What a shared store offers for generations: its table at another shape on the same
+/// servers, a read-only look-up, and its descriptor key.
+pub trait Generation: Store + FleetCounters + Clone + Sized + 'static {
+    /// The key format's version, part of the namespace (`v<format>`).
+    fn format(&self) -> u8;
+
+    /// The table's shape.
+    fn table(&self) -> Geometry;
+
+    /// `max_age`, when done entries expire.
+    fn max_age(&self) -> Option<Duration>;
+
+    /// The same servers and settings, for a table of shape `geometry`, opened without
+    /// contacting them; its owner id is its own.
+    ///
+    /// # Errors
+    ///
+    /// As the store's lazy constructor.
+    fn reshaped(&self, geometry: Geometry) -> Result<Self, StoreError>;
+
+    /// What a claim of each digest would answer, without writing: [`Claim::New`] for a digest
+    /// the table does not hold (or holds expired), else what it holds it as.
+    fn look_up_many(
+        &self,
+        digests: &[Digest],
+    ) -> impl Future<Output = Vec<Result<Claim, StoreError>>> + Send;
+
+    /// The descriptor key's value, and with `replace = Some((expected, new))` writes `new`
+    /// if the key holds `expected` (`None`: nothing), in one atomic step. Answers what the key
+    /// held before: the write happened if that is `expected`.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the server does not answer.
+    fn descriptor(
+        &self,
+        replace: Option<(Option<&str>, &str)>,
+    ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send;
+
+    /// The descriptor's key, for messages.
+    fn descriptor_key(&self) -> String;
+}
+
+/// A table's shape in the store: its key format and geometry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    /// The key format's version.
+    pub format: u8,
+    /// The geometry.
+    pub geometry: Geometry,
+}
+
+impl std::fmt::Display for Shape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}:{}x{}",
+            self.format,
+            self.geometry.sets(),
+            self.geometry.ways()
+        )
+    }
+}
+
+impl Shape {
+    fn parse(text: &str) -> Option<Shape> {
+        let (format, geometry) = text.split_once(':')?;
+        let (sets, ways) = geometry.split_once('x')?;
+        let (sets, ways): (u64, u32) = (sets.parse().ok()?, ways.parse().ok()?);
+        let geometry = Geometry::new(sets.checked_mul(u64::from(ways))?, ways).ok()?;
+        (geometry.sets() == sets).then_some(Shape {
+            format: format.parse().ok()?,
+            geometry,
+        })
+    }
+}
+
+/// The descriptor key's value: `v1 current=<format>:<sets>x<ways>`, then, after a resize,
+/// ` previous=<format>:<sets>x<ways> since=<Unix ms of the switch>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Descriptor {
+    /// The shape claims write to.
+    pub current: Shape,
+    /// The shape before the last resize, and when the switch happened (Unix ms).
+    pub previous: Option<(Shape, u64)>,
+}
+
+impl Descriptor {
+    /// The value as stored.
+    pub fn encode(&self) -> String {
+        match self.previous {
+            None => format!("v1 current={}", self.current),
+            Some((shape, since)) => {
+                format!("v1 current={} previous={shape} since={since}", self.current)
+            }
+        }
+    }
+
+    /// Reads a stored value.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError::Protocol`] naming `key` when it holds something else.
+    pub fn parse(key: &str, text: &str) -> Result<Descriptor, StoreError> {
+        let mut words = text.split(' ');
+        let mut current = None;
+        let mut previous = None;
+        let mut since = None;
+        let ok = words.next() == Some("v1")
+            && words.all(|word| match word.split_once('=') {
+                Some(("current", shape)) => {
+                    current = Shape::parse(shape);
+                    current.is_some()
+                }
+                Some(("previous", shape)) => {
+                    previous = Shape::parse(shape);
+                    previous.is_some()
+                }
+                Some(("since", ms)) => {
+                    since = ms.parse::<u64>().ok();
+                    since.is_some()
+                }
+                _ => false,
+            });
+        match (ok, current, previous, since) {
+            (true, Some(current), None, None) => Ok(Descriptor {
+                current,
+                previous: None,
+            }),
+            (true, Some(current), Some(previous), Some(since)) => Ok(Descriptor {
+                current,
+                previous: Some((previous, since)),
+            }),
+            _ => Err(StoreError::Protocol(format!(
+                "the table's descriptor `{key}` holds {text:?}, which is not a descriptor \
+                 (`v1 current=<format>:<sets>x<ways>[ previous=... since=<ms>]`); delete it \
+                 to start a table at the size given"
+            ))),
+        }
+    }
+}
+
+/// A shared store whose table follows its descriptor (see the module docs): the generation
+/// claims write to, and the previous one while it counts.
+///
+/// Cloning is cheap and shares the generations.
+#[derive(Clone)]
+pub struct Generations<S> {
+    shared: Arc<Shared<S>>,
+}
+
+struct Shared<S> {
+    /// The shape this consumer was given.
+    given: Shape,
+    /// The generations in use; replaced whole when the descriptor changes.
+    state: RwLock<Arc<State<S>>>,
+    /// Whether the difference between the size given and the store's was logged.
+    warned: AtomicBool,
+    /// The switch time of a previous generation this consumer retired: not read again.
+    retired_since: AtomicU64,
+}
+
+struct State<S> {
+    current: S,
+    shape: Shape,
+    previous: Option<Previous<S>>,
+}
+
+struct Previous<S> {
+    store: S,
+    shape: Shape,
+    since_ms: u64,
+    /// New entries this consumer made in the current generation while this one counted.
+    new_entries: AtomicU64,
+}
+
+impl<S: Generation + std::fmt::Debug> std::fmt::Debug for Generations<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.state();
+        f.debug_struct("Generations")
+            .field("current", &state.current)
+            .field("previous", &state.previous.as_ref().map(|p| p.shape))
+            .finish()
+    }
+}
+
+impl<S: Generation> Generations<S> {
+    /// A table of one generation, `store`'s; [`Generations::follow`] reads the descriptor.
+    pub fn new(store: S) -> Self {
+        let shape = shape_of(&store);
+        Generations {
+            shared: Arc::new(Shared {
+                given: shape,
+                state: RwLock::new(Arc::new(State {
+                    current: store,
+                    shape,
+                    previous: None,
+                })),
+                warned: AtomicBool::new(false),
+                retired_since: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The store of the current generation.
+    pub fn current(&self) -> S {
+        self.state().current.clone()
+    }
+
+    /// The shape of the previous generation while it is read, and when the switch happened.
+    pub fn previous(&self) -> Option<(Shape, u64)> {
+        self.state()
+            .previous
+            .as_ref()
+            .map(|previous| (previous.shape, previous.since_ms))
+    }
+
+    fn state(&self) -> Arc<State<S>> {
+        // A poisoned lock still holds a whole state: it is only ever replaced whole.
+        match self.shared.state.read() {
+            Ok(state) => state.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn replace(&self, state: State<S>) {
+        let state = Arc::new(state);
+        match self.shared.state.write() {
+            Ok(mut held) => *held = state,
+            Err(poisoned) => *poisoned.into_inner() = state,
+        }
+    }
+
+    /// Reads the descriptor (writing it, with the shape in use, where the store has none) and
+    /// follows it: the current generation becomes the descriptor's, the previous one is read
+    /// while it counts (see the module docs).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store does not answer, or its descriptor cannot be read; the
+    /// generations in use stay as they were.
+    pub async fn follow(&self) -> Result<(), StoreError> {
+        let state = self.state();
+        let descriptor = match state.current.descriptor(None).await? {
+            Some(text) => Descriptor::parse(&state.current.descriptor_key(), &text)?,
+            None => {
+                let first = Descriptor {
+                    current: state.shape,
+                    previous: None,
+                };
+                let encoded = first.encode();
+                match state
+                    .current
+                    .descriptor(Some((None, encoded.as_str())))
+                    .await?
+                {
+                    None => first,
+                    Some(text) => Descriptor::parse(&state.current.descriptor_key(), &text)?,
+                }
+            }
+        };
+        self.apply(&state, descriptor)
+    }
+
+    fn apply(&self, state: &State<S>, descriptor: Descriptor) -> Result<(), StoreError> {
+        let given = self.shared.given;
+        if descriptor.current.format != given.format {
+            return Err(StoreError::Protocol(format!(
+                "the table's descriptor `{}` names a table of key format {}, and this version \
+                 reads and writes key format {}: upgrade every consumer of the table to one \
+                 version",
+                state.current.descriptor_key(),
+                descriptor.current.format,
+                given.format
+            )));
+        }
+        // A previous table of another key format is not ours to read.
+        let descriptor = Descriptor {
+            previous: descriptor
+                .previous
+                .filter(|(shape, _)| shape.format == given.format),
+            ..descriptor
+        };
+        if descriptor.current != given && !self.shared.warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                descriptor = %state.current.descriptor_key(),
+                given_buckets = given.geometry.slots(),
+                store_buckets = descriptor.current.geometry.slots(),
+                "The store's table has another size than the one given: following the store's \
+                 ({} buckets, not {}). `nsq-dedupe resize` changes the store's size.",
+                descriptor.current.geometry.slots(),
+                given.geometry.slots(),
+            );
+        }
+        let previous = descriptor
+            .previous
+            .filter(|&(shape, since)| shape != descriptor.current && !self.retired(state, since));
+        let same_current = descriptor.current == state.shape;
+        let same_previous = previous == state.previous.as_ref().map(|p| (p.shape, p.since_ms));
+        if same_current && same_previous {
+            return Ok(());
+        }
+        // Reuse the generations already open (their stores keep their in-flight claims).
+        let open = |shape: Shape| -> Result<S, StoreError> {
+            if shape == state.shape {
+                return Ok(state.current.clone());
+            }
+            match &state.previous {
+                Some(previous) if previous.shape == shape => Ok(previous.store.clone()),
+                _ => state.current.reshaped(shape.geometry),
+            }
+        };
+        let current = open(descriptor.current)?;
+        let previous = match previous {
+            None => None,
+            Some((shape, since_ms)) => Some(Previous {
+                store: open(shape)?,
+                shape,
+                since_ms,
+                new_entries: AtomicU64::new(match &state.previous {
+                    Some(p) if p.shape == shape && p.since_ms == since_ms => {
+                        p.new_entries.load(Ordering::Relaxed)
+                    }
+                    _ => 0,
+                }),
+            }),
+        };
+        if !same_current {
+            tracing::info!(
+                descriptor = %state.current.descriptor_key(),
+                from_buckets = state.shape.geometry.slots(),
+                to_buckets = descriptor.current.geometry.slots(),
+                previous_read = previous.is_some(),
+                "Following the store's table to its new size."
+            );
+        } else if previous.is_none() {
+            tracing::info!(
+                descriptor = %state.current.descriptor_key(),
+                "The table's previous size is no longer read."
+            );
+        }
+        self.replace(State {
+            current,
+            shape: descriptor.current,
+            previous,
+        });
+        Ok(())
+    }
+
+    /// Whether the previous generation of the switch at `since` no longer counts.
+    fn retired(&self, state: &State<S>, since: u64) -> bool {
+        if self.shared.retired_since.load(Ordering::Relaxed) == since {
+            return true;
+        }
+        let aged = state
+            .current
+            .max_age()
+            .is_some_and(|age| now_ms().saturating_sub(since) >= duration_ms(age));
+        let turned_over = state.previous.as_ref().is_some_and(|previous| {
+            previous.since_ms == since
+                && previous.new_entries.load(Ordering::Relaxed) >= state.shape.geometry.slots()
+        });
+        if aged || turned_over {
+            self.shared.retired_since.store(since, Ordering::Relaxed);
+        }
+        aged || turned_over
+    }
+
+    async fn claims(&self, done: bool, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
+        let state = self.state();
+        let claim = async {
+            if done {
+                state.current.claim_done_many(digests).await
+            } else {
+                state.current.claim_many(digests).await
+            }
+        };
+        let Some(previous) = &state.previous else {
+            return claim.await;
+        };
+        let (mut claims, seen) =
+            futures_util::future::join(claim, previous.store.look_up_many(digests)).await;
+        let mut undo = Vec::new();
+        let mut new = 0u64;
+        for ((claim, seen), &digest) in claims.iter_mut().zip(seen).zip(digests) {
+            if *claim != Ok(Claim::New) {
+                continue;
+            }
+            match seen {
+                Ok(Claim::New) => new += 1,
+                // Seen before the resize, or not known whether: the new entry goes again.
+                found => {
+                    *claim = found;
+                    undo.push(digest);
+                }
+            }
+        }
+        previous.new_entries.fetch_add(new, Ordering::Relaxed);
+        if !undo.is_empty() {
+            for answer in state.current.erase_many(&undo).await {
+                if let Err(error) = answer {
+                    // Its lease ends it: until then a copy is in flight, then claimed anew.
+                    tracing::debug!(%error, "Erasing a claim the previous table answered failed.");
+                }
+            }
+        }
+        claims
+    }
+
+    async fn held(&self, op: Held, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
+        let state = self.state();
+        let mut answers = op.run(&state.current, digests).await;
+        let Some(previous) = &state.previous else {
+            return answers;
+        };
+        let rest: Vec<usize> = (0..digests.len())
+            .filter(|&i| answers[i] == Ok(false))
+            .collect();
+        if rest.is_empty() {
+            return answers;
+        }
+        let again: Vec<Digest> = rest.iter().map(|&i| digests[i]).collect();
+        for (&i, answer) in rest.iter().zip(op.run(&previous.store, &again).await) {
+            answers[i] = answer;
+        }
+        answers
+    }
+}
+
+/// Commit, erase or renew.
+#[derive(Clone, Copy)]
+enum Held {
+    Commit,
+    Erase,
+    Renew,
+}
+
+impl Held {
+    async fn run<S: Store>(self, store: &S, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
+        match self {
+            Held::Commit => store.commit_many(digests).await,
+            Held::Erase => store.erase_many(digests).await,
+            Held::Renew => {
+                let mut answers = Vec::with_capacity(digests.len());
+                for &digest in digests {
+                    answers.push(store.renew(digest).await);
+                }
+                answers
+            }
+        }
+    }
+}
+
+fn shape_of<S: Generation>(store: &S) -> Shape {
+    Shape {
+        format: store.format(),
+        geometry: store.table(),
+    }
+}
+
+fn duration_ms(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The outcome of [`resize`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resized {
+    /// The descriptor before (`None`: the store had none).
+    pub before: Option<Descriptor>,
+    /// The descriptor written (equal to `before` when the table had the size already).
+    pub after: Descriptor,
+}
+
+/// Sets the table of `store`'s namespace to `geometry`: replaces the descriptor with a
+/// compare-and-set, the current shape becoming the previous one (a store without a
+/// descriptor gets one naming `geometry` alone). A table already of that shape is left as it
+/// is.
+///
+/// # Errors
+///
+/// [`StoreError`] when the store does not answer, its descriptor cannot be read, or other
+/// writers kept changing it.
+pub async fn resize<S: Generation>(store: &S, geometry: Geometry) -> Result<Resized, StoreError> {
+    let key = store.descriptor_key();
+    let target = Shape {
+        format: store.format(),
+        geometry,
+    };
+    const ATTEMPTS: u32 = 8;
+    for _ in 0..ATTEMPTS {
+        let text = store.descriptor(None).await?;
+        let before = text
+            .as_deref()
+            .map(|text| Descriptor::parse(&key, text))
+            .transpose()?;
+        let after = match before {
+            Some(before) if before.current == target => {
+                return Ok(Resized {
+                    before: Some(before),
+                    after: before,
+                })
+            }
+            Some(before) => Descriptor {
+                current: target,
+                previous: Some((before.current, now_ms())),
+            },
+            None => Descriptor {
+                current: target,
+                previous: None,
+            },
+        };
+        let encoded = after.encode();
+        let held = store
+            .descriptor(Some((text.as_deref(), encoded.as_str())))
+            .await?;
+        if held == text {
+            return Ok(Resized { before, after });
+        }
+    }
+    Err(StoreError::Contended { attempts: ATTEMPTS })
+}
+
+impl<S: Generation> Store for Generations<S> {
+    async fn claim(&self, digest: Digest) -> Result<Claim, StoreError> {
+        self.claims(false, &[digest])
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(StoreError::Protocol("no answer to a claim".into())))
+    }
+
+    async fn claim_many(&self, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
+        self.claims(false, digests).await
+    }
+
+    async fn claim_done_many(&self, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
+        self.claims(true, digests).await
+    }
+
+    async fn commit(&self, digest: Digest) -> Result<bool, StoreError> {
+        one(self.held(Held::Commit, &[digest]).await)
+    }
+
+    async fn commit_many(&self, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
+        self.held(Held::Commit, digests).await
+    }
+
+    async fn erase(&self, digest: Digest) -> Result<bool, StoreError> {
+        one(self.held(Held::Erase, &[digest]).await)
+    }
+
+    async fn erase_many(&self, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
+        self.held(Held::Erase, digests).await
+    }
+
+    async fn renew(&self, digest: Digest) -> Result<bool, StoreError> {
+        one(self.held(Held::Renew, &[digest]).await)
+    }
+
+    fn geometry(&self) -> Option<Geometry> {
+        Some(self.state().shape.geometry)
+    }
+}
+
+fn one(mut answers: Vec<Result<bool, StoreError>>) -> Result<bool, StoreError> {
+    answers
+        .pop()
+        .unwrap_or_else(|| Err(StoreError::Protocol("no answer".into())))
+}
+
+/// The fleet's counters are the current generation's; each share first reads the
+/// descriptor again, which is how a running consumer follows a resize.
+impl<S: Generation> FleetCounters for Generations<S> {
+    fn fleet_interval(&self) -> Duration {
+        self.state().current.fleet_interval()
+    }
+
+    async fn share_distinct(&self, distinct: u64) -> Result<f64, StoreError> {
+        if let Err(error) = self.follow().await {
+            tracing::warn!(%error, "Reading the table's descriptor failed; the table stays as it was.");
+        }
+        self.current().share_distinct(distinct).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptors_read_back_as_written_and_refuse_other_values() {
+        let shape = |sets: u64| Shape {
+            format: 2,
+            geometry: Geometry::new(sets * 4, 4).unwrap(),
+        };
+        let one = Descriptor {
+            current: shape(65_536),
+            previous: None,
+        };
+        assert_eq!(one.encode(), "v1 current=2:65536x4");
+        let two = Descriptor {
+            current: shape(262_144),
+            previous: Some((shape(65_536), 1_700_000_000_000)),
+        };
+        assert_eq!(
+            two.encode(),
+            "v1 current=2:262144x4 previous=2:65536x4 since=1700000000000"
+        );
+        for descriptor in [one, two] {
+            assert_eq!(Descriptor::parse("k", &descriptor.encode()), Ok(descriptor));
+        }
+        for bad in [
+            "",
+            "v2 current=2:65536x4",
+            "v1 current=2:65536x3",
+            "v1 current=2:65536x4 previous=2:4x4",
+            "v1 current=2:0x4",
+        ] {
+            let error = Descriptor::parse("ns:table", bad).unwrap_err().to_string();
+            assert!(error.contains("`ns:table`"), "{error}");
+        }
+    }
+}

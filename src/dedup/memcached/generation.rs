@@ -1,0 +1,164 @@
+//! The Memcached side of a table's generations (the rules are in
+//! [`crate::dedup::generational`]): the descriptor item `<prefix>:table`, read with its CAS
+//! token and replaced by a compare-and-swap (an add where it does not exist), and a claim's
+//! read-only look-up in a previous shape's set, one read of the set's item decided as a
+//! claim would decide it.
+//!
+//! The descriptor has no expiry; memcached may still evict it under memory pressure, as any
+//! item, but every consumer reads it at each fleet interval, which keeps it recently used.
+
+use std::time::Duration;
+
+use futures_util::future::join_all;
+
+use super::conn::{Read, Write, Written};
+use super::set::{self, Op, Outcome};
+use super::{unavailable, MemcachedStore};
+use crate::dedup::generational::{Generation, DESCRIPTOR_SUFFIX};
+use crate::dedup::shared::KEY_VERSION;
+use crate::dedup::{Claim, Digest, Geometry};
+use crate::error::StoreError;
+
+/// How many times a replace of the descriptor that lost its compare-and-swap to a write of
+/// the very value it expected is tried again.
+const SWAP_TRIES: usize = 4;
+
+impl MemcachedStore {
+    /// Reads `keys`, all of server `server`, in one round trip, with their CAS tokens.
+    async fn read_items(&self, server: usize, keys: &[&str]) -> Result<Vec<Read>, StoreError> {
+        let server = &self.inner.servers[server];
+        let timeout = self.inner.config.timeout;
+        let mut conn = self.pipe(server).await?;
+        let read = tokio::time::timeout(timeout, conn.get_many(keys))
+            .await
+            .map_err(|_| StoreError::Timeout(timeout))?
+            .map_err(|error| unavailable(server, &error))?;
+        conn.set_healthy(true);
+        Ok(read)
+    }
+
+    /// Writes `write` to server `server`.
+    async fn write_item(&self, server: usize, write: Write<'_>) -> Result<Written, StoreError> {
+        let server = &self.inner.servers[server];
+        let timeout = self.inner.config.timeout;
+        let mut conn = self.pipe(server).await?;
+        let written = tokio::time::timeout(timeout, conn.set_many(&[write]))
+            .await
+            .map_err(|_| StoreError::Timeout(timeout))?
+            .map_err(|error| unavailable(server, &error))?;
+        conn.set_healthy(true);
+        written
+            .into_iter()
+            .next()
+            .ok_or_else(|| StoreError::Protocol("no answer to a write".into()))
+    }
+}
+
+fn text(key: &str, read: Option<&(Vec<u8>, u64)>) -> Result<Option<String>, StoreError> {
+    read.map(|(value, _)| {
+        String::from_utf8(value.clone())
+            .map_err(|_| StoreError::Protocol(format!("`{key}` does not hold text")))
+    })
+    .transpose()
+}
+
+impl Generation for MemcachedStore {
+    fn format(&self) -> u8 {
+        KEY_VERSION
+    }
+
+    fn table(&self) -> Geometry {
+        self.inner.geometry
+    }
+
+    fn max_age(&self) -> Option<Duration> {
+        self.inner.config.max_age
+    }
+
+    fn reshaped(&self, geometry: Geometry) -> Result<Self, StoreError> {
+        MemcachedStore::new_lazy(self.inner.config.clone(), geometry)
+    }
+
+    async fn look_up_many(&self, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
+        let keys: Vec<String> = digests.iter().map(|&d| self.item_key(d)).collect();
+        let mut by_server: Vec<(usize, Vec<usize>)> = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            let server = self.route(key);
+            match by_server.iter_mut().find(|(s, _)| *s == server) {
+                Some((_, items)) => items.push(i),
+                None => by_server.push((server, vec![i])),
+            }
+        }
+        let reads = join_all(by_server.iter().map(|(server, items)| {
+            let keys: Vec<&str> = items.iter().map(|&i| keys[i].as_str()).collect();
+            async move { self.read_items(*server, &keys).await }
+        }))
+        .await;
+        let facts = self.lease_facts();
+        let mut answers: Vec<Result<Claim, StoreError>> =
+            vec![Err(StoreError::Protocol("no answer".into())); digests.len()];
+        for ((_, items), read) in by_server.iter().zip(reads) {
+            match read {
+                Err(error) => {
+                    for &i in items {
+                        answers[i] = Err(error.clone());
+                    }
+                }
+                Ok(values) => {
+                    for (&i, value) in items.iter().zip(values) {
+                        // Decided as a claim would decide, on a copy never written back.
+                        let mut set = self.decode_counted(value.as_ref().map(|(v, _)| &v[..]));
+                        answers[i] = match set::apply(&mut set, Op::Claim, digests[i], facts).0 {
+                            Outcome::Claim(claim) => Ok(claim),
+                            Outcome::Held(_) => {
+                                Err(StoreError::Protocol("a claim answered held".into()))
+                            }
+                        };
+                    }
+                }
+            }
+        }
+        answers
+    }
+
+    async fn descriptor(
+        &self,
+        replace: Option<(Option<&str>, &str)>,
+    ) -> Result<Option<String>, StoreError> {
+        let key = self.descriptor_key();
+        let server = self.route(&key);
+        for _ in 0..SWAP_TRIES {
+            let read = self.read_items(server, &[&key]).await?.pop().flatten();
+            let held = text(&key, read.as_ref())?;
+            let Some((expected, new)) = replace else {
+                return Ok(held);
+            };
+            if held.as_deref() != expected {
+                return Ok(held);
+            }
+            let write = Write {
+                key: &key,
+                value: new.as_bytes(),
+                cas: read.map(|(_, cas)| cas),
+                quiet: false,
+            };
+            if let Written::Stored(_) = self.write_item(server, write).await? {
+                return Ok(held);
+            }
+            // Another writer got there first: what it wrote is the answer, unless it wrote
+            // the value expected again.
+            let read = self.read_items(server, &[&key]).await?.pop().flatten();
+            let now = text(&key, read.as_ref())?;
+            if now.as_deref() != expected {
+                return Ok(now);
+            }
+        }
+        Err(StoreError::Contended {
+            attempts: SWAP_TRIES as u32,
+        })
+    }
+
+    fn descriptor_key(&self) -> String {
+        format!("{}:{DESCRIPTOR_SUFFIX}", self.inner.config.namespace)
+    }
+}

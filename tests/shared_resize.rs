@@ -1,0 +1,534 @@
+//! A fleet resizes the table it shares in Redis or Memcached without forgetting:
+//! `nsq-dedupe resize` writes the store's descriptor, a sidecar restarted with the new size and one left running
+//! with the old flag both follow it, and the messages taken before the resize stay seen; a
+//! sidecar killed during a resize loses nothing. Then the store's own claims, commits and
+//! erases across a resize.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use bytes::Bytes;
+use nsq_dedupe::dedup::generational::resize;
+use nsq_dedupe::{
+    Claim, Digest, Generation, Generations, Geometry, MemcachedConfig, MemcachedStore, RedisConfig,
+    RedisStore, Store,
+};
+
+use crate::sidecar::{drained, payload, sidecar_binary, spawn_sidecar, ChildGuard, CHANNEL, TOPIC};
+use crate::support::broker::{Broker, BrokerConfig};
+use crate::support::memcached::MemcachedServer;
+use crate::support::redis::{Flavor, RedisCluster, RedisServer};
+use crate::util::wait_until_or;
+
+const OUT: &str = "events.unique";
+const OLD_BUCKETS: u64 = 262_144;
+const NEW_BUCKETS: u64 = 1_048_576;
+
+/// The shared store of a test.
+enum Shared {
+    Redis(RedisServer),
+    Memcached(MemcachedServer),
+}
+
+impl Shared {
+    fn redis() -> Shared {
+        Shared::Redis(RedisServer::start())
+    }
+
+    fn memcached() -> Shared {
+        Shared::Memcached(MemcachedServer::start())
+    }
+
+    /// Its `[store]` keys.
+    fn toml(&self) -> String {
+        match self {
+            Shared::Redis(redis) => format!("kind = \"redis\"\nredis_urls = [\"{}\"]", redis.url()),
+            Shared::Memcached(memcached) => format!(
+                "kind = \"memcached\"\nmemcached_addresses = [\"{}\"]",
+                memcached.addr()
+            ),
+        }
+    }
+
+    /// Its flags.
+    fn flags(&self) -> Vec<String> {
+        match self {
+            Shared::Redis(redis) => vec![
+                "--store".into(),
+                "redis".into(),
+                "--redis-url".into(),
+                redis.url(),
+            ],
+            Shared::Memcached(memcached) => vec![
+                "--store".into(),
+                "memcached".into(),
+                "--memcached-address".into(),
+                memcached.addr(),
+            ],
+        }
+    }
+}
+
+/// A sidecar's config file: the broker's topic into its `events.unique`, through the table
+/// in the shared store at `buckets`; the descriptor is read every 200 ms.
+fn config(dir: &Path, name: &str, broker: &Broker, shared: &Shared, buckets: u64) -> PathBuf {
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+[source]
+nsqd_tcp_addresses = ["{addr}"]
+topic = "{TOPIC}"
+channel = "{CHANNEL}"
+max_in_flight = 20
+msg_timeout = "1s"
+heartbeat_interval = "1s"
+backoff = "10ms"
+max_backoff = "200ms"
+
+[dedupe]
+in_flight_requeue_delay = "200ms"
+
+[store]
+{store}
+namespace = "resize"
+buckets = {buckets}
+lease = "1500ms"
+fleet_interval = "200ms"
+
+[sink]
+kind = "nsq"
+destination_nsqd_tcp_addresses = ["{addr}"]
+destination_topic = "{OUT}"
+
+[metrics]
+address = "off"
+
+[shutdown]
+grace = "2s"
+"#,
+            addr = broker.tcp_addr(),
+            store = shared.toml(),
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// `nsq-dedupe resize` of the test's namespace to `buckets`; its stdout.
+fn resize_command(shared: &Shared, buckets: u64) -> String {
+    let out = Command::new(sidecar_binary())
+        .args(["resize", "--namespace", "resize"])
+        .args(shared.flags())
+        .args(["--buckets", &buckets.to_string()])
+        .stdin(Stdio::null())
+        .output()
+        .expect("the nsq-dedupe binary runs");
+    assert!(
+        out.status.success(),
+        "resize failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// How many times each body came out.
+fn delivered(broker: &Broker) -> HashMap<Bytes, usize> {
+    let mut counts = HashMap::new();
+    for body in broker.messages_on(OUT) {
+        *counts.entry(body).or_insert(0) += 1;
+    }
+    counts
+}
+
+async fn wait_out(broker: &Broker, n: usize, logs: &[&Path]) {
+    wait_until_or(
+        &format!("{n} bodies out and the channel drained"),
+        Duration::from_secs(60),
+        || broker.messages_on(OUT).len() >= n && drained(broker),
+        || {
+            let text: Vec<String> = logs
+                .iter()
+                .map(|log| std::fs::read_to_string(log).unwrap_or_default())
+                .collect();
+            format!(
+                "{} out; logs:\n{}",
+                broker.messages_on(OUT).len(),
+                text.join("\n")
+            )
+        },
+    )
+    .await;
+}
+
+/// Stops a sidecar with SIGTERM (a graceful stop, as a rolling restart does).
+fn stop(guard: &mut ChildGuard) {
+    let mut child = guard.0.take().unwrap();
+    let pid = i32::try_from(child.id()).unwrap();
+    // SAFETY: kill(2) with a pid of our own child and a valid signal touches no memory.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    child.wait().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_resized_one_sidecar_at_a_time_forgets_nothing_in_redis() {
+    a_fleet_resized_one_sidecar_at_a_time_forgets_nothing(Shared::redis()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_resized_one_sidecar_at_a_time_forgets_nothing_in_memcached() {
+    a_fleet_resized_one_sidecar_at_a_time_forgets_nothing(Shared::memcached()).await;
+}
+
+async fn a_fleet_resized_one_sidecar_at_a_time_forgets_nothing(shared: Shared) {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let old = config(dir.path(), "old", &broker, &shared, OLD_BUCKETS);
+    let new = config(dir.path(), "new", &broker, &shared, NEW_BUCKETS);
+    let (log_a, log_b) = (dir.path().join("a.log"), dir.path().join("b.log"));
+    let logs = [log_a.as_path(), log_b.as_path()];
+    let a = ChildGuard(Some(spawn_sidecar(&old, &log_a)));
+    let mut b = ChildGuard(Some(spawn_sidecar(&old, &log_b)));
+    const N: usize = 5_000;
+    broker.publish_many(TOPIC, (0..N).map(payload));
+    wait_out(&broker, N, &logs).await;
+    assert_eq!(delivered(&broker).len(), N, "each of the first {N} once");
+
+    let said = resize_command(&shared, NEW_BUCKETS);
+    assert!(
+        said.contains("is now 1048576 buckets") && said.contains("it was 262144 buckets"),
+        "{said}"
+    );
+    // One sidecar restarted with the new size; the other keeps running with its old flag.
+    stop(&mut b);
+    b = ChildGuard(Some(spawn_sidecar(&new, &log_b)));
+    let log_text = |log: &Path| std::fs::read_to_string(log).unwrap_or_default();
+    wait_until_or(
+        "the sidecar left running follows the resize",
+        Duration::from_secs(10),
+        || log_text(&log_a).contains("Following the store's table to its new size."),
+        || log_text(&log_a),
+    )
+    .await;
+    let warned = log_text(&log_a);
+    assert!(
+        warned.contains("1048576 buckets, not 262144") && warned.contains("`nsq-dedupe resize`"),
+        "the sidecar given the old size says it follows the store's: {warned}"
+    );
+
+    broker.publish_many(TOPIC, (0..N).map(payload));
+    broker.publish_many(TOPIC, (N..N + 2_000).map(payload));
+    wait_out(&broker, N + 2_000, &logs).await;
+    let counts = delivered(&broker);
+    let again: Vec<_> = counts.iter().filter(|(_, &n)| n > 1).collect();
+    assert_eq!(
+        again.len(),
+        0,
+        "of the first {N} sent again after the resize, none delivered a second time"
+    );
+    assert_eq!(
+        counts.len(),
+        N + 2_000,
+        "each of the 2,000 new ones delivered"
+    );
+    drop((a, b));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_restarted_with_another_size_follows_the_stores_table_in_redis() {
+    a_sidecar_restarted_with_another_size_follows_the_stores_table(Shared::redis()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_restarted_with_another_size_follows_the_stores_table_in_memcached() {
+    a_sidecar_restarted_with_another_size_follows_the_stores_table(Shared::memcached()).await;
+}
+
+async fn a_sidecar_restarted_with_another_size_follows_the_stores_table(shared: Shared) {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let old = config(dir.path(), "old", &broker, &shared, OLD_BUCKETS);
+    let new = config(dir.path(), "new", &broker, &shared, NEW_BUCKETS);
+    let log = dir.path().join("sidecar.log");
+    let mut sidecar = ChildGuard(Some(spawn_sidecar(&old, &log)));
+    const N: usize = 2_000;
+    broker.publish_many(TOPIC, (0..N).map(payload));
+    wait_out(&broker, N, &[&log]).await;
+    // Restarted with another size and no `resize`: the store's table stays the one in use.
+    stop(&mut sidecar);
+    let started = std::fs::read_to_string(&log).unwrap().len();
+    sidecar = ChildGuard(Some(spawn_sidecar(&new, &log)));
+    broker.publish_many(TOPIC, (0..N).map(payload));
+    broker.publish_many(TOPIC, (N..N + 500).map(payload));
+    wait_out(&broker, N + 500, &[&log]).await;
+    let counts = delivered(&broker);
+    assert_eq!(
+        counts.values().filter(|&&n| n > 1).count(),
+        0,
+        "of the {N} sent again, none delivered a second time"
+    );
+    assert_eq!(counts.len(), N + 500);
+    let said = std::fs::read_to_string(&log).unwrap()[started..].to_owned();
+    assert_eq!(
+        said.matches("`nsq-dedupe resize`").count(),
+        1,
+        "the size given and the store's are named once: {said}"
+    );
+    assert!(said.contains("262144 buckets, not 1048576"), "{said}");
+    drop(sidecar);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_killed_during_a_resize_loses_nothing_in_redis() {
+    a_sidecar_killed_during_a_resize_loses_nothing(Shared::redis()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_killed_during_a_resize_loses_nothing_in_memcached() {
+    a_sidecar_killed_during_a_resize_loses_nothing(Shared::memcached()).await;
+}
+
+async fn a_sidecar_killed_during_a_resize_loses_nothing(shared: Shared) {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let old = config(dir.path(), "old", &broker, &shared, OLD_BUCKETS);
+    let new = config(dir.path(), "new", &broker, &shared, NEW_BUCKETS);
+    let (log_a, log_b) = (dir.path().join("a.log"), dir.path().join("b.log"));
+    let logs = [log_a.as_path(), log_b.as_path()];
+    let mut a = ChildGuard(Some(spawn_sidecar(&old, &log_a)));
+    let b = ChildGuard(Some(spawn_sidecar(&old, &log_b)));
+    const N: usize = 6_000;
+    broker.publish_many(TOPIC, (0..N).map(payload));
+    wait_until_or(
+        "the first 1,000 out",
+        Duration::from_secs(30),
+        || broker.messages_on(OUT).len() >= 1_000,
+        String::new,
+    )
+    .await;
+    resize_command(&shared, NEW_BUCKETS);
+    // SIGKILL while its claims of the old size are in flight: nothing is answered.
+    let mut killed = a.0.take().unwrap();
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    assert!(
+        broker.messages_on(OUT).len() < N,
+        "the whole stream was done before the kill; nothing was tested"
+    );
+    a = ChildGuard(Some(spawn_sidecar(&new, &log_a)));
+    wait_out(&broker, N, &logs).await;
+    let out: HashSet<Bytes> = broker.messages_on(OUT).into_iter().collect();
+    let missing = (0..N).filter(|&i| !out.contains(&payload(i))).count();
+    assert_eq!(
+        missing, 0,
+        "every payload delivered after the kill and the resize"
+    );
+    drop((a, b));
+}
+
+fn digest(i: u64) -> Digest {
+    Digest::from_u128(xxhash_rust::xxh3::xxh3_128(&i.to_le_bytes()))
+}
+
+fn store_config(urls: Vec<String>, cluster: bool) -> RedisConfig {
+    RedisConfig {
+        urls,
+        cluster,
+        namespace: "generations".into(),
+        ..RedisConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_commits_and_erases_keep_their_answers_across_a_resize() {
+    let redis = RedisServer::start();
+    across_a_resize(store_config(vec![redis.url()], false), false).await;
+}
+
+/// The same in Memcached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_across_a_resize_in_memcached() {
+    let memcached = MemcachedServer::start();
+    let config = MemcachedConfig {
+        servers: vec![memcached.addr()],
+        namespace: "generations".into(),
+        ..MemcachedConfig::default()
+    };
+    let open = |geometry| MemcachedStore::connect(config.clone(), geometry);
+    claims_across(open(small()).await.unwrap(), open(large()).await.unwrap()).await;
+}
+
+/// The same on Valkey 8.1, whose operations are decided in the client and written with
+/// `SET … IFEQ`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_across_a_resize_on_valkey_with_ifeq() {
+    let valkey = RedisServer::of(Flavor::Valkey, &[]);
+    across_a_resize(store_config(vec![valkey.url()], false), true).await;
+}
+
+/// The same on a Redis Cluster: the descriptor and each set are keys of their own slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_across_a_resize_on_a_redis_cluster() {
+    let cluster = RedisCluster::start();
+    across_a_resize(store_config(cluster.urls(), true), false).await;
+}
+
+/// A descriptor of another key format (written by another version) is not followed: the
+/// consumer keeps the size it was given and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_descriptor_of_another_key_format_is_not_followed() {
+    let redis = RedisServer::start();
+    redis.cli(&["SET", "generations:table", "v1 current=9:16384x4"]);
+    let config = store_config(vec![redis.url()], false);
+    let store = Generations::new(RedisStore::connect(config, small()).await.unwrap());
+    assert_eq!(
+        store.follow().await.unwrap_err().to_string(),
+        "store protocol error: the table's descriptor `generations:table` names a table of key \
+         format 9, and this version reads and writes key format 2: upgrade every consumer of \
+         the table to one version"
+    );
+    assert_eq!(store.geometry(), Some(small()));
+}
+
+/// Claims, commits and erases made before a resize, by a consumer that follows it, seen by
+/// a consumer started with the new size.
+async fn across_a_resize(config: RedisConfig, ifeq: bool) {
+    let before = RedisStore::connect(config.clone(), small()).await.unwrap();
+    assert_eq!(before.uses_ifeq(), ifeq);
+    let after = RedisStore::connect(config, large()).await.unwrap();
+    claims_across(before, after).await;
+}
+
+/// The table before the store-level resize.
+fn small() -> Geometry {
+    Geometry::new(4_096, 4).unwrap()
+}
+
+/// The table after it.
+fn large() -> Geometry {
+    Geometry::new(16_384, 4).unwrap()
+}
+
+/// `before`, a store of the [`small`] table, claims, commits and erases, and follows a
+/// resize to the [`large`] one; `after`, a store of the large table, sees its answers.
+async fn claims_across<S: Generation>(before: S, after: S) {
+    let (small, large) = (small(), large());
+    let before = Generations::new(before);
+    before.follow().await.unwrap();
+    let (done, held, failed) = (digest(1), digest(2), digest(3));
+    let claims = before.claim_many(&[done, held, failed]).await;
+    assert_eq!(claims, vec![Ok(Claim::New); 3]);
+    assert_eq!(before.commit(done).await, Ok(true));
+
+    let resized = resize(&before.current(), large).await.unwrap();
+    assert_eq!(resized.after.current.geometry, large);
+    // A consumer started with the new size, and the one that made the claims following.
+    let after = Generations::new(after);
+    after.follow().await.unwrap();
+    before.follow().await.unwrap();
+    assert_eq!(
+        before.geometry(),
+        Some(large),
+        "the running consumer follows"
+    );
+    assert_eq!(
+        after.previous().map(|(shape, _)| shape.geometry),
+        Some(small)
+    );
+
+    // Committed before the resize: a copy. In flight: in flight, and left to its claim.
+    let (fresh, other) = (digest(4), digest(5));
+    let claims = after.claim_many(&[done, held, failed, fresh]).await;
+    assert_eq!(
+        claims,
+        vec![
+            Ok(Claim::Duplicate),
+            Ok(Claim::InFlight),
+            Ok(Claim::InFlight),
+            Ok(Claim::New)
+        ]
+    );
+    // The claims made before the resize commit and erase where they were made.
+    assert_eq!(before.commit(held).await, Ok(true));
+    assert_eq!(before.erase(failed).await, Ok(true));
+    assert_eq!(after.claim(held).await, Ok(Claim::Duplicate));
+    // A failed message's retry passes, and is not taken for a copy.
+    assert_eq!(after.claim(failed).await, Ok(Claim::New));
+    assert_eq!(after.commit(failed).await, Ok(true));
+    assert_eq!(before.claim(failed).await, Ok(Claim::Duplicate));
+    // New claims live in the new table, for both consumers.
+    assert_eq!(after.commit(fresh).await, Ok(true));
+    assert_eq!(before.claim(fresh).await, Ok(Claim::Duplicate));
+    assert_eq!(before.claim(other).await, Ok(Claim::New));
+    assert_eq!(after.claim(other).await, Ok(Claim::InFlight));
+    assert_eq!(before.erase(other).await, Ok(true));
+    assert_eq!(after.claim(other).await, Ok(Claim::New));
+}
+
+/// Runs `nsq-dedupe resize` with `args`; its exit status and stderr.
+fn resize_fails(args: &[&str]) -> (i32, String) {
+    let out = Command::new(sidecar_binary())
+        .arg("resize")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("the nsq-dedupe binary runs");
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    (
+        out.status.code().expect("exited, not killed by a signal"),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+/// `resize` of a store that keeps no shared table is a setting to change (78), and says
+/// which; a descriptor that holds something else is named, with what to do, and left alone.
+#[test]
+fn resize_refuses_a_store_without_a_shared_table_and_a_descriptor_it_cannot_read() {
+    assert_eq!(
+        resize_fails(&["--buckets", "1048576"]),
+        (
+            78,
+            "error: `resize` changes the size of a table shared through Redis or Memcached, \
+             and the store given is \"memory\": pass `--store redis` with `--redis-url`, or \
+             `--store memcached` with `--memcached-address` (or set `store.kind` in the config \
+             file); an in-process table takes its size from `--buckets` at start\n"
+                .into()
+        )
+    );
+    let redis = RedisServer::start();
+    redis.cli(&["SET", "resize:table", "junk"]);
+    let url = redis.url();
+    let args = [
+        "--store",
+        "redis",
+        "--redis-url",
+        &url,
+        "--namespace",
+        "resize",
+    ];
+    let (status, said) = resize_fails(&[&args[..], &["--buckets", "1048576"]].concat());
+    // The error, after whatever the store logged when it connected.
+    let error = said
+        .lines()
+        .filter(|line| line.starts_with("error: "))
+        .map(|line| format!("{line}\n"))
+        .collect::<String>();
+    assert_eq!(
+        (status, error.as_str()),
+        (
+            1,
+            "error: resizing the table of namespace \"resize\": store protocol error: the \
+             table's descriptor `resize:table` holds \"junk\", which is not a descriptor \
+             (`v1 current=<format>:<sets>x<ways>[ previous=... since=<ms>]`); delete it to \
+             start a table at the size given\n"
+        )
+    );
+    assert_eq!(redis.cli(&["GET", "resize:table"]).trim(), "junk");
+}
