@@ -164,6 +164,40 @@ async fn wait_out(broker: &Broker, n: usize, logs: &[&Path]) {
     .await;
 }
 
+/// Two sidecars `a` and `b` sharing `shared`'s table at [`OLD_BUCKETS`], each logging to its
+/// own file, on a fresh broker; `new` is the same configuration at [`NEW_BUCKETS`].
+struct Fleet {
+    broker: Broker,
+    /// Holds the configurations and the logs.
+    dir: tempfile::TempDir,
+    new: PathBuf,
+    log_a: PathBuf,
+    log_b: PathBuf,
+    a: ChildGuard,
+    b: ChildGuard,
+}
+
+impl Fleet {
+    async fn start(shared: &Shared) -> Fleet {
+        let broker = Broker::start(BrokerConfig::default()).await;
+        let dir = tempfile::tempdir().unwrap();
+        let old = config(dir.path(), "old", &broker, shared, OLD_BUCKETS);
+        let new = config(dir.path(), "new", &broker, shared, NEW_BUCKETS);
+        let (log_a, log_b) = (dir.path().join("a.log"), dir.path().join("b.log"));
+        let a = ChildGuard(Some(spawn_sidecar(&old, &log_a)));
+        let b = ChildGuard(Some(spawn_sidecar(&old, &log_b)));
+        Fleet {
+            broker,
+            dir,
+            new,
+            log_a,
+            log_b,
+            a,
+            b,
+        }
+    }
+}
+
 /// Stops a sidecar with SIGTERM (a graceful stop, as a rolling restart does).
 fn stop(guard: &mut ChildGuard) {
     let mut child = guard.0.take().unwrap();
@@ -184,14 +218,16 @@ async fn a_fleet_resized_one_sidecar_at_a_time_forgets_nothing_in_memcached() {
 }
 
 async fn a_fleet_resized_one_sidecar_at_a_time_forgets_nothing(shared: Shared) {
-    let broker = Broker::start(BrokerConfig::default()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let old = config(dir.path(), "old", &broker, &shared, OLD_BUCKETS);
-    let new = config(dir.path(), "new", &broker, &shared, NEW_BUCKETS);
-    let (log_a, log_b) = (dir.path().join("a.log"), dir.path().join("b.log"));
+    let Fleet {
+        broker,
+        dir: _dir,
+        new,
+        log_a,
+        log_b,
+        a,
+        mut b,
+    } = Fleet::start(&shared).await;
     let logs = [log_a.as_path(), log_b.as_path()];
-    let a = ChildGuard(Some(spawn_sidecar(&old, &log_a)));
-    let mut b = ChildGuard(Some(spawn_sidecar(&old, &log_b)));
     const N: usize = 5_000;
     broker.publish_many(TOPIC, (0..N).map(payload));
     wait_out(&broker, N, &logs).await;
@@ -292,14 +328,16 @@ async fn a_sidecar_killed_during_a_resize_loses_nothing_in_memcached() {
 }
 
 async fn a_sidecar_killed_during_a_resize_loses_nothing(shared: Shared) {
-    let broker = Broker::start(BrokerConfig::default()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let old = config(dir.path(), "old", &broker, &shared, OLD_BUCKETS);
-    let new = config(dir.path(), "new", &broker, &shared, NEW_BUCKETS);
-    let (log_a, log_b) = (dir.path().join("a.log"), dir.path().join("b.log"));
+    let Fleet {
+        broker,
+        dir: _dir,
+        new,
+        log_a,
+        log_b,
+        mut a,
+        b,
+    } = Fleet::start(&shared).await;
     let logs = [log_a.as_path(), log_b.as_path()];
-    let mut a = ChildGuard(Some(spawn_sidecar(&old, &log_a)));
-    let b = ChildGuard(Some(spawn_sidecar(&old, &log_b)));
     const N: usize = 6_000;
     broker.publish_many(TOPIC, (0..N).map(payload));
     wait_until_or(
