@@ -41,7 +41,7 @@ use crate::error::StoreError;
 use crate::metrics::Metrics;
 use crate::nsq::{Consumer, ShutdownReport};
 use crate::pipeline::Dedupe;
-use crate::sink::{Handler, Sink};
+use crate::sink::{BuiltIn, Handler, Sink, Watch};
 use crate::wording::{FlagOrigins, Named, Wording};
 use status::Target;
 use stop::Refusal;
@@ -220,6 +220,8 @@ pub struct Sidecar<H> {
     metrics_listener: Option<TcpListener>,
     /// Completes if the dead-letter's nsqd refuses this client for good.
     dead_letter_refused: Option<Refusal>,
+    /// What the run watches of the sink: its output closed or a server's refusal for good.
+    sink_watch: Watch,
     /// The in-process table's file, locked while this sidecar lives.
     table_file: Option<Arc<TableFile>>,
     /// What the start-up log names as the sink: the configured one, or the caller's handler.
@@ -237,7 +239,8 @@ impl Sidecar<Sink> {
         sink::warn_if_exposed(&settings.sink, &settings.names);
         let sink = build_sink(&settings.sink, &settings.producer).await?;
         let sink_name = settings.sink.to_string();
-        let mut sidecar = Self::with_handler(settings, sink).await?;
+        let watch = sink.watch();
+        let mut sidecar = Self::watching(settings, sink, watch).await?;
         sidecar.sink_name = sink_name;
         Ok(sidecar)
     }
@@ -251,13 +254,19 @@ impl<H: Handler> Sidecar<H> {
     ///
     /// [`RunError`] naming what could not be built.
     pub async fn with_handler(settings: Settings, handler: H) -> Result<Self, RunError> {
+        Self::watching(settings, handler, Watch::default()).await
+    }
+
+    /// The sidecar of `handler`, whose figures, closed output and refusals are `watch`'s: a
+    /// built-in sink's own, nothing for a library user's handler.
+    async fn watching(settings: Settings, handler: H, mut watch: Watch) -> Result<Self, RunError> {
         let store = store::open(&settings).await?;
         let dead_letter =
             sink::build_dead_letter(settings.dead_letter.as_ref(), &settings.producer)?;
         let dead_letter_refused = dead_letter.as_ref().map(|d| Box::pin(d.refused()) as _);
         let metrics_listener = endpoints::bind(settings.metrics_address).await?;
         let metrics = Arc::new(Metrics::with_window(settings.window));
-        if let Some(own) = handler.own_metrics() {
+        if let Some(own) = watch.metrics.take() {
             metrics.watch_handler(own);
         }
         // A shared store that did not answer at start is failing until it does: `/ready`
@@ -280,6 +289,7 @@ impl<H: Handler> Sidecar<H> {
             dedupe,
             metrics_listener,
             dead_letter_refused,
+            sink_watch: watch,
             table_file: store.table_file,
             sink_name: "the program's own handler".to_owned(),
         })
@@ -315,6 +325,7 @@ impl<H: Handler> Sidecar<H> {
             dedupe,
             metrics_listener,
             dead_letter_refused,
+            sink_watch,
             table_file,
             sink_name,
         } = self;
@@ -360,6 +371,7 @@ impl<H: Handler> Sidecar<H> {
             &mut consumer,
             &dedupe,
             &tracker,
+            sink_watch,
             dead_letter_refused,
             shutdown,
         )
