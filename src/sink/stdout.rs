@@ -68,14 +68,14 @@ impl StdoutSink {
     pub fn closed(&self) -> impl Future<Output = io::Error> + Send + 'static {
         let mut closed = self.closed.clone();
         async move {
-            let error = match closed.wait_for(Option::is_some).await {
-                Ok(error) => error.clone(),
-                // The writer thread is gone without a broken pipe: nothing more will be written.
-                Err(_) => None,
-            };
-            match error {
-                Some(error) => io::Error::new(error.kind(), error.to_string()),
-                None => io::Error::new(io::ErrorKind::BrokenPipe, "the stdout writer has stopped"),
+            // The writer thread gone without a broken pipe: nothing more will be written.
+            let stopped =
+                || io::Error::new(io::ErrorKind::BrokenPipe, "the stdout writer has stopped");
+            match closed.wait_for(Option::is_some).await {
+                Ok(error) => error.as_ref().map_or_else(stopped, |error| {
+                    io::Error::new(error.kind(), error.to_string())
+                }),
+                Err(_) => stopped(),
             }
         }
     }
