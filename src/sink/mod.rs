@@ -267,7 +267,7 @@ where
 
 /// The sidecar's sinks, chosen by `sink.kind`. An enum, so the hot path calls it without
 /// boxing; each call goes to the sink's own [`Handler`] (and, for what only the sidecar asks,
-/// its [`BuiltIn`]) through [`each_sink!`], the one place the sinks are listed for dispatch.
+/// its `BuiltIn`) through `each_sink!`, the one place the sinks are listed for dispatch.
 #[derive(Debug)]
 pub enum Sink {
     /// One record per line on standard output.
