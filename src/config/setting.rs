@@ -370,7 +370,6 @@ pub fn check_kinds<S: Section>(
     match unused {
         Some((setting, only)) => Err(ConfigError::Unused {
             key: setting.key,
-            flag: None,
             needs: only.needs(),
             instead: None,
         }),

@@ -42,7 +42,7 @@ use crate::metrics::Metrics;
 use crate::nsq::{Consumer, ShutdownReport};
 use crate::pipeline::Dedupe;
 use crate::sink::{BuiltIn, Handler, Sink, Watch};
-use crate::wording::{FlagOrigins, Named, Wording};
+use crate::wording::{Named, Wording};
 use status::Target;
 use stop::Refusal;
 
@@ -124,37 +124,6 @@ impl From<crate::error::TableError> for RunError {
 }
 
 impl RunError {
-    /// The settings the message (and its causes') names, said as the user gave them (see
-    /// [`Wording::naming`]). A refusal's cause is shared, so the named one is a copy.
-    #[must_use]
-    pub fn naming(self, names: &FlagOrigins) -> RunError {
-        match self {
-            RunError::Store(error) => RunError::Store(error.naming(names)),
-            RunError::Table { source, choose } => RunError::Table {
-                source,
-                choose: choose.naming(names),
-            },
-            RunError::Nsq(error) => RunError::Nsq(error.naming(names)),
-            RunError::DeadLetter(error) => RunError::DeadLetter(error.naming(names)),
-            RunError::Refused(error) => RunError::Refused(naming_shared(error, names)),
-            RunError::TableFile(error) => RunError::TableFile(error.naming(names)),
-            RunError::FileSink { setting, reason } => RunError::FileSink {
-                setting: setting.naming(names),
-                reason,
-            },
-            RunError::Metrics {
-                addr,
-                source,
-                setting,
-            } => RunError::Metrics {
-                addr,
-                source,
-                setting: setting.naming(names),
-            },
-            other => other,
-        }
-    }
-
     /// The metrics address `addr` could not be bound.
     pub(crate) fn metrics(addr: SocketAddr, source: std::io::Error) -> RunError {
         RunError::Metrics {
@@ -191,15 +160,6 @@ impl RunError {
             RunError::Serve(error) => !matches!(error, crate::sink::serve::ServeError::Bind { .. }),
             _ => false,
         }
-    }
-}
-
-/// [`crate::nsq::Error::naming`] of a shared error: a refusal named in a copy, any other
-/// error as it is.
-fn naming_shared(error: Arc<crate::nsq::Error>, names: &FlagOrigins) -> Arc<crate::nsq::Error> {
-    match error.refusal_copy() {
-        Some(copy) => Arc::new(copy.naming(names)),
-        None => error,
     }
 }
 
@@ -421,6 +381,7 @@ pub async fn run(settings: Settings, shutdown: impl Future) -> Result<RunReport,
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wording::FlagOrigins;
 
     /// `--memory` given, the other settings of the table and the metrics address not.
     fn names(file: bool) -> FlagOrigins {
@@ -448,11 +409,11 @@ mod tests {
             )
         );
         assert_eq!(
-            table().naming(&names(false)).to_string(),
+            names(false).show(table()).to_string(),
             format!("{choose} `--buckets`, `--memory` or `--probability`")
         );
         assert_eq!(
-            table().naming(&names(true)).to_string(),
+            names(true).show(table()).to_string(),
             format!("{choose} `store.buckets` (`--buckets`), `--memory` or `store.probability`")
         );
         let metrics = || {
@@ -470,17 +431,17 @@ mod tests {
             change("`--metrics-address` / `metrics.address`")
         );
         assert_eq!(
-            metrics().naming(&names(false)).to_string(),
+            names(false).show(metrics()).to_string(),
             change("`--metrics-address`")
         );
         assert_eq!(
-            metrics().naming(&names(true)).to_string(),
+            names(true).show(metrics()).to_string(),
             change("`--metrics-address` / `metrics.address`")
         );
     }
 
     #[test]
-    fn a_shared_refusal_is_named_in_a_copy() {
+    fn a_shared_refusal_is_shown_in_the_users_words_where_it_is_shown() {
         let cause = Arc::new(crate::nsq::Error::Refused {
             addr: "127.0.0.1:4150".into(),
             command: "IDENTIFY",
@@ -490,10 +451,10 @@ mod tests {
                 Named::key("source.msg_timeout"),
             ),
         });
-        let named = RunError::Refused(cause.clone()).naming(&names(false));
-        let named = std::error::Error::source(&named).expect("the refusal is the cause");
+        let error = RunError::Refused(cause.clone());
+        let shown = std::error::Error::source(&error).expect("the refusal is the cause");
         assert_eq!(
-            named.to_string(),
+            names(false).show(shown).to_string(),
             "nsqd 127.0.0.1:4150 refused IDENTIFY: E_BAD_BODY; set `--msg-timeout`"
         );
         assert_eq!(
