@@ -36,6 +36,8 @@ use futures::{FutureExt, Stream, StreamExt};
 
 pub(crate) use built_in::{BuiltIn, Watch, Watched};
 
+/// The HTTP client settings of [`HttpSinkConfig`] and the errors of [`HttpSink::new`].
+pub use crate::http::{HttpClientConfig, HttpError};
 pub use dead_letter::{DeadLetter, DeadLetterError, DeadLetterRecord};
 pub use file::{
     FileSink, FileSinkConfig, DEFAULT_DATETIME_FORMAT, DEFAULT_FILENAME_FORMAT, DEFAULT_GZIP_LEVEL,
