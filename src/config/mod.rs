@@ -430,7 +430,8 @@ impl RawConfig {
     /// # Errors
     ///
     /// The first problem found, naming its key; shown in the user's words
-    /// ([`FlagOrigins::show`] of [`RawConfig::flags`]), its flag when a flag set it.
+    /// ([`FlagOrigins::show`] of the flags that gave the settings), its flag when a flag set
+    /// it.
     pub fn validate(&self) -> Result<Settings, ConfigError> {
         self.validate_sections()
     }
