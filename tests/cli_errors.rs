@@ -995,18 +995,12 @@ fn a_store_rule_names_its_settings_as_the_user_gave_them() {
         run_refused(&[], &[&nsqd[..], &["--store", "redis"], &urls].concat()),
         (78, refused("`--redis-url`", "`--redis-cluster`"))
     );
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("store.toml");
-    std::fs::write(
-        &config,
-        "[store]\nkind = \"redis\"\nredis_urls = [\"redis://127.0.0.1:1\", \"redis://127.0.0.1:2\"]\n",
-    )
-    .unwrap();
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let store = "[store]\nkind = \"redis\"\nredis_urls = [\"redis://127.0.0.1:1\", \"redis://127.0.0.1:2\"]\n";
+    std::fs::write(file.path(), store).unwrap();
+    let config = ["--config", file.path().to_str().unwrap()];
     assert_eq!(
-        run_refused(
-            &[],
-            &[&nsqd[..], &["--config", config.to_str().unwrap()]].concat()
-        ),
+        run_refused(&[], &[&nsqd[..], &config].concat()),
         (78, refused("`store.redis_urls`", "`store.redis_cluster`"))
     );
 }
