@@ -973,6 +973,38 @@ pub(crate) fn run_refused(env: &[(&str, &str)], args: &[&str]) -> (i32, String) 
     )
 }
 
+/// A store's own rule, checked with the settings, names the settings as the user gave them,
+/// as every other setting error does: by the flags typed, and by the keys in a config file.
+#[test]
+fn a_store_rule_names_its_settings_as_the_user_gave_them() {
+    let nsqd = ["--topic", "t", "--nsqd-tcp-address", "127.0.0.1:1"];
+    let urls = [
+        "--redis-url",
+        "redis://127.0.0.1:1",
+        "--redis-url",
+        "redis://127.0.0.1:2",
+    ];
+    let refused = |setting: &str, cluster: &str| {
+        format!(
+            "error: invalid store configuration: {setting} has 2 URLs but {cluster} is off: \
+             give one server, or turn the cluster on to use them as seed nodes of a Redis \
+             Cluster\n"
+        )
+    };
+    assert_eq!(
+        run_refused(&[], &[&nsqd[..], &["--store", "redis"], &urls].concat()),
+        (78, refused("`--redis-url`", "`--redis-cluster`"))
+    );
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let store = "[store]\nkind = \"redis\"\nredis_urls = [\"redis://127.0.0.1:1\", \"redis://127.0.0.1:2\"]\n";
+    std::fs::write(file.path(), store).unwrap();
+    let config = ["--config", file.path().to_str().unwrap()];
+    assert_eq!(
+        run_refused(&[], &[&nsqd[..], &config].concat()),
+        (78, refused("`store.redis_urls`", "`store.redis_cluster`"))
+    );
+}
+
 #[test]
 fn comma_separated_addresses_are_several_addresses() {
     // The second address is wrong: it is named alone, so the value was split. From the

@@ -3,9 +3,11 @@
 
 use std::io::{self, IsTerminal, Write};
 use std::process::ExitCode;
+use std::sync::OnceLock;
 
 use crate::cli::{self, Cli, Command};
 use crate::cmd::{self, output};
+use crate::wording::FlagOrigins;
 
 /// Every subcommand ends quietly when its output or its error output goes away: nothing here
 /// writes with `print!`, which panics on a closed pipe. A closed stdout (`nsq-dedupe filter |
@@ -83,9 +85,25 @@ fn is_setting_error(err: &anyhow::Error) -> bool {
             .is_some()
 }
 
-/// Prints the error chain on stderr, if stderr is still there.
+/// How the user gave each setting of the command, once it has read them: [`report`] says the
+/// settings an error names so (`--post`, `NSQ_DEDUPE_POST` or `sink.post`). Errors hold
+/// keys; this is the one place the binary's errors are put in the user's words.
+static NAMES: OnceLock<FlagOrigins> = OnceLock::new();
+
+/// Records how the user gave each setting, for [`report`]; called once, by a command that
+/// reads `run`'s settings (`run`, `resize`).
+pub(crate) fn name_settings_as(names: FlagOrigins) {
+    let _ = NAMES.set(names);
+}
+
+/// Prints the error chain on stderr, if stderr is still there, with the settings it names as
+/// the user gave them.
 fn report(err: &anyhow::Error) {
-    let _ = writeln!(io::stderr().lock(), "error: {err:#}");
+    let mut stderr = io::stderr().lock();
+    let _ = match NAMES.get() {
+        Some(names) => writeln!(stderr, "error: {}", names.show(format_args!("{err:#}"))),
+        None => writeln!(stderr, "error: {err:#}"),
+    };
 }
 
 /// Logs to stderr at `--log-level` (else RUST_LOG, else info), as text or JSON lines;

@@ -39,7 +39,7 @@ pub(crate) fn run(args: &FilterArgs) -> Result<()> {
         (Ok(()), Some(file)) => file
             .save(&table)
             .map(drop)
-            .map_err(|error| anyhow::anyhow!("{}", error.naming(&table_file_flags()))),
+            .map_err(|error| anyhow::anyhow!("{}", table_file_flags().show(error))),
         _ => Ok(()),
     };
     if args.stats {
@@ -133,10 +133,11 @@ fn open_table(
             )
             .map_err(|error| match error {
                 TableFileError::Table(error) => refused(error, flag),
-                error => anyhow::anyhow!("{}", error.naming(&table_file_flags())),
+                error => anyhow::anyhow!("{}", table_file_flags().show(error)),
             })?;
             if let Some(reason) = report.recreated {
-                let reason = reason.naming(&table_file_flags());
+                let names = table_file_flags();
+                let reason = names.show(reason);
                 tracing::error!(table_file = %path.display(), %reason, "Starting with an empty table (`--table-file-on-mismatch recreate`).");
             }
             if let Some(from) = report.resized_from {

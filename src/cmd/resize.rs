@@ -20,6 +20,7 @@ pub(crate) fn run(
         None => RawConfig::default(),
     };
     args.apply(&mut raw, from_env, aliases);
+    crate::cmd::entry::name_settings_as(raw.flags.clone());
     let store = raw.validate_store()?;
     let namespace = match &store {
         StoreSettings::Redis(config, _) => config.namespace.clone(),

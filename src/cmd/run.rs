@@ -27,6 +27,7 @@ pub(crate) fn run(
         None => RawConfig::default(),
     };
     args.apply(&mut raw, from_env, aliases);
+    crate::cmd::entry::name_settings_as(raw.flags.clone());
     let settings = raw.validate()?;
     // Before anything is consumed. A service's log is how it tells of failing sinks and
     // stores; `2>/dev/null` runs it without one on purpose.
@@ -38,7 +39,6 @@ pub(crate) fn run(
         )?;
     }
     tracing::info!(version = crate::cli::VERSION, "Starting nsq-dedupe.");
-    let names = settings.names.clone();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -50,15 +50,13 @@ pub(crate) fn run(
         sidecar.run(stop).await?;
         anyhow::Ok(())
     });
-    // The service's errors carry the settings they name; say them as the user gave them. A
-    // closed output keeps its cause, and a setting error its kind, which `main` looks for.
+    // A closed output keeps its cause, and a setting error its kind, which `main` looks for.
     result.map_err(|error| {
         if crate::cmd::output::is_broken_pipe(&error) {
             return error;
         }
         match error.downcast::<RunError>() {
             Ok(error) => {
-                let error = error.naming(&names);
                 if error.is_setting() {
                     SettingError(error).into()
                 } else {

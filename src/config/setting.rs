@@ -377,7 +377,6 @@ pub(crate) fn check_kinds<S: Section>(
     match unused {
         Some((setting, only)) => Err(ConfigError::Unused {
             key: setting.key,
-            flag: None,
             needs: only.needs(),
             instead: None,
         }),

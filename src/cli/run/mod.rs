@@ -189,8 +189,8 @@ mod tests {
         let raw = applied(&["--buckets", "18446744073709551615"]);
         assert_eq!(raw.store.buckets, Some(u64::MAX));
         assert!(raw
-            .validate()
-            .unwrap_err()
+            .flags
+            .show(raw.validate().unwrap_err())
             .to_string()
             .starts_with("invalid `--buckets` = 18446744073709551615: "));
     }
@@ -342,10 +342,8 @@ mod tests {
                 topic: "d".into()
             })
         );
-        let error = applied(&["--dead-letter-nsqd-tcp-address", "127.0.0.1:5"])
-            .validate()
-            .unwrap_err()
-            .to_string();
+        let raw = applied(&["--dead-letter-nsqd-tcp-address", "127.0.0.1:5"]);
+        let error = raw.flags.show(raw.validate().unwrap_err()).to_string();
         assert_eq!(
             error,
             "`dead_letter.topic` is required with `dead_letter.kind = \"nsq\"`: set it in the \
@@ -398,7 +396,8 @@ mod tests {
         assert_eq!(config.urls, ["redis://h:1/2"]);
         assert_eq!(config.password, Some(crate::RedisPassword::new("in-url")));
         let bad = ["--store", "redis", "--redis-url", "http://user:hunter2@h:1"];
-        let error = applied(&bad).validate().unwrap_err().to_string();
+        let raw = applied(&bad);
+        let error = raw.flags.show(raw.validate().unwrap_err()).to_string();
         assert!(
             error.contains("--redis-url") || error.contains("redis_urls"),
             "{error}"
