@@ -92,7 +92,8 @@ impl Shared {
 }
 
 /// A sidecar's config file: the broker's topic into its `events.unique`, through the table
-/// in the shared store at `buckets`; the descriptor is read every 200 ms.
+/// in the shared store at `buckets`; the descriptor is read every 200 ms, the status line
+/// logged every second.
 fn config(dir: &Path, name: &str, broker: &Broker, shared: &Shared, buckets: u64) -> PathBuf {
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(
@@ -126,6 +127,7 @@ destination_topic = "{OUT}"
 
 [metrics]
 address = "off"
+status_interval = "1s"
 
 [shutdown]
 grace = "2s"
@@ -287,6 +289,15 @@ async fn a_fleet_resized_one_sidecar_at_a_time_forgets_nothing(shared: Shared) {
         warned.contains("1048576 buckets, not 262144") && warned.contains("`nsq-dedupe resize`"),
         "the sidecar given the old size says it follows the store's: {warned}"
     );
+    // Its status line shows the previous table it still reads.
+    let followed = warned.len();
+    wait_until_or(
+        "a status line that shows the previous table",
+        Duration::from_secs(10),
+        || log_text(&log_a)[followed..].contains("previous_slots=262144"),
+        || log_text(&log_a)[followed..].to_owned(),
+    )
+    .await;
 
     broker.publish_many(TOPIC, (0..N).map(payload));
     broker.publish_many(TOPIC, (N..N + 2_000).map(payload));
@@ -442,6 +453,45 @@ async fn a_sidecar_killed_during_a_resize_loses_nothing(shared: Shared) {
         "of the second batch sent again, none delivered again"
     );
     drop((a, b));
+}
+
+/// A shared table too small for the rate: the warning names `nsq-dedupe resize`, which
+/// changes the size of every consumer's table without forgetting, and says that the target
+/// is the default one when none was given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_table_too_small_names_nsq_dedupe_resize() {
+    let shared = Shared::redis();
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let small = config(dir.path(), "small", &broker, &shared, 4_096);
+    let log = dir.path().join("sidecar.log");
+    let sidecar = ChildGuard(Some(spawn_sidecar(&small, &log)));
+    const N: usize = 2_000;
+    broker.publish_many(TOPIC, (0..N).map(payload));
+    wait_out(&broker, N, &[&log]).await;
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_until_or(
+        "a warning that the table is too small",
+        Duration::from_secs(10),
+        || log_text().contains("The table is too small for the recent rate"),
+        log_text,
+    )
+    .await;
+    let text = log_text();
+    let warning = text
+        .lines()
+        .find(|line| line.contains("The table is too small for the recent rate"))
+        .unwrap();
+    assert!(
+        warning.contains("below the default target 0.99 (no --probability was given); `nsq-dedupe resize --buckets ")
+            && warning.contains(
+                "(with --ways 8 and the store's flags) resizes the table of every consumer to \
+                 meet it, without forgetting what it holds."
+            )
+            && !warning.contains("--memory"),
+        "{warning}"
+    );
+    drop(sidecar);
 }
 
 fn digest(i: u64) -> Digest {
