@@ -220,6 +220,20 @@ impl Fleet {
     }
 }
 
+/// The lines of `logs` above INFO, for a failure's message.
+fn warnings(logs: &[&Path]) -> String {
+    logs.iter()
+        .flat_map(|log| {
+            std::fs::read_to_string(log)
+                .unwrap_or_default()
+                .lines()
+                .filter(|line| line.contains(" WARN ") || line.contains(" ERROR "))
+                .map(|line| format!("{}: {line}\n", log.display()))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
 /// Stops a sidecar with SIGTERM (a graceful stop, as a rolling restart does).
 fn stop(guard: &mut ChildGuard) {
     let mut child = guard.0.take().unwrap();
@@ -307,7 +321,9 @@ async fn a_fleet_resized_one_sidecar_at_a_time_forgets_nothing(shared: Shared) {
     assert_eq!(
         again.len(),
         0,
-        "of the first {N} sent again after the resize, none delivered a second time"
+        "of the first {N} sent again after the resize, none delivered a second time; \
+         warnings:\n{}",
+        warnings(&logs)
     );
     assert_eq!(
         counts.len(),
@@ -428,7 +444,8 @@ async fn a_sidecar_killed_during_a_resize_loses_nothing(shared: Shared) {
         again(0..N, &counts),
         0,
         "of the {N} taken before the resize and sent again after the kill, none delivered \
-         a second time"
+         a second time; warnings:\n{}",
+        warnings(&logs)
     );
     // Those the killed sidecar had sent out but not committed go again (at most one
     // `max_in_flight` of them); the rest were committed, in one generation or the other.
