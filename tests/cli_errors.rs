@@ -48,7 +48,9 @@ fn machine_memory() -> String {
         .and_then(|rest| rest.trim().strip_suffix("kB"))
         .and_then(|kib| kib.trim().parse().ok())
         .expect("MemTotal in kB");
-    nsq_dedupe::units::format_bytes(kib * 1024)
+    // Binary units with one decimal, as the refusal prints them: any test machine has
+    // between 1 GiB and 1 TiB.
+    format!("{:.1} GiB", kib as f64 / (1024.0 * 1024.0))
 }
 
 /// A table larger than the machine is a setting to change, not a failure to retry: `run`

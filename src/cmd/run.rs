@@ -6,8 +6,8 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::cli::{FromEnv, RunArgs, TypedAliases};
 use crate::cmd::std_streams::{require, Stream};
-use nsq_dedupe::config::{RawConfig, SinkSettings};
-use nsq_dedupe::sidecar::RunError;
+use crate::config::{RawConfig, SinkSettings};
+use crate::sidecar::RunError;
 
 /// Builds the settings from `--config`, the flags and the environment (`from_env` tells
 /// which flags took their value from it, `aliases` which were typed by an alias), and runs
@@ -46,7 +46,7 @@ pub(crate) fn run(
     let result = runtime.block_on(async move {
         // Before anything connects: a signal from then on starts a graceful stop.
         let stop = signals();
-        let sidecar = nsq_dedupe::Sidecar::new(settings).await?;
+        let sidecar = crate::Sidecar::new(settings).await?;
         sidecar.run(stop).await?;
         anyhow::Ok(())
     });

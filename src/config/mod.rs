@@ -117,7 +117,7 @@ mod dedupe;
 mod nsq_opts;
 mod output_name;
 mod service;
-pub mod setting;
+pub(crate) mod setting;
 mod sink;
 mod source;
 mod store;
@@ -135,21 +135,27 @@ use crate::dedup::Geometry;
 use crate::nsq::ConsumerConfig;
 use crate::pipeline::Policy;
 
-pub use crate::wording::{FlagOrigins, Named, Wording};
+pub(crate) use crate::wording::{FlagOrigins, Named, Wording};
 pub use builder::SettingsBuilder;
 pub use dead_letter::{DeadLetterKind, DeadLetterSettings, RawDeadLetter};
-pub use dedupe::{read_digest_key, RawDedupe};
-pub use nsq_opts::{option_key, RawNsqOpts, OPTION_NAMES};
+#[cfg(feature = "cli")]
+pub(crate) use dedupe::read_digest_key;
+pub use dedupe::RawDedupe;
+pub use nsq_opts::RawNsqOpts;
+#[cfg(feature = "cli")]
+pub(crate) use nsq_opts::{option_key, OPTION_NAMES};
 pub use service::{RawMetrics, RawShutdown};
 pub use sink::{OneOrMany, RawSink, SinkKind, SinkSettings};
 pub use source::RawSource;
 pub use store::{RawStore, StoreKind, StoreSettings, TableFileSettings, DEFAULT_WINDOW};
 
+#[cfg(test)]
 use setting::Section as _;
 
 /// The settings of every section defined by its table, in the order of `run --help`: what the
 /// flags, the guide's flag table and the man page are checked against.
-pub const SECTIONS: [&[setting::Setting]; 8] = [
+#[cfg(test)]
+pub(crate) const SECTIONS: [&[setting::Setting]; 8] = [
     RawSource::SETTINGS,
     RawNsqOpts::SETTINGS,
     RawDedupe::SETTINGS,
@@ -371,7 +377,7 @@ pub struct RawConfig {
     pub producer_opt: RawNsqOpts,
     /// Which keys flags set (not part of the file).
     #[serde(skip)]
-    pub flags: FlagOrigins,
+    pub(crate) flags: FlagOrigins,
 }
 
 /// Everything `run` needs, checked.
@@ -391,10 +397,10 @@ pub struct Settings {
     pub table_file: Option<TableFileSettings>,
     /// How the in-process table sizes itself, when it does (`store.probability` without
     /// `store.rate` or a size); `store` is then its first generation.
-    pub growth: Option<crate::sizing::growth::Growth>,
+    pub(crate) growth: Option<crate::sizing::growth::Growth>,
     /// The catch probability the table should keep, `store.probability`, if given; else the
-    /// sidecar expects [`DEFAULT_TARGET_PROBABILITY`](crate::metrics::DEFAULT_TARGET_PROBABILITY)
-    /// and says it is the default. Below it, the sidecar warns and suggests a size.
+    /// sidecar expects the default target and says it is the default. Below it, the sidecar
+    /// warns and suggests a size.
     pub target_probability: Option<f64>,
     /// The near-table in front of a shared store, if any (on by default).
     pub near_table: Option<crate::Geometry>,
@@ -413,7 +419,7 @@ pub struct Settings {
     /// How long in-flight handlers may finish at shutdown.
     pub grace: Duration,
     /// Which flags gave which settings, to name them as the user gave them.
-    pub names: FlagOrigins,
+    pub(crate) names: FlagOrigins,
 }
 
 impl RawConfig {

@@ -165,11 +165,11 @@ section! {
         /// Directory files are written in until closed (default: the output dir).
         work_dir: PathBuf, only(&FILE),
             flag("work-dir", heading: FILE_HEADING, value_name: "DIR", value: FlagValue::Path);
-        /// File name with <TOPIC>, <HOST>, <REV>, <DATETIME>, <PID> (default
+        /// File name with `<TOPIC>`, `<HOST>`, `<REV>`, `<DATETIME>`, `<PID>` (default
         /// {default}).
         filename_format: String, default(DefaultValue::Text(crate::sink::DEFAULT_FILENAME_FORMAT)), only(&FILE),
             flag("filename-format", heading: FILE_HEADING, value_name: "FORMAT");
-        /// <DATETIME> as strftime, UTC (default {default}: a file per hour).
+        /// `<DATETIME>` as strftime, UTC (default {default}: a file per hour).
         datetime_format: String, default(DefaultValue::Text(crate::sink::DEFAULT_DATETIME_FORMAT)), only(&FILE),
             flag("datetime-format", heading: FILE_HEADING, value_name: "FORMAT");
         /// Close a file after this long.
@@ -187,7 +187,7 @@ section! {
         /// free); longer means fewer fsyncs and later FINs.
         sync_interval: Dur, default(DefaultValue::Duration(Duration::ZERO)), only(&FILE),
             flag("sync-interval", heading: FILE_HEADING, value_name: "DURATION", value: FlagValue::Duration);
-        /// <HOST> in file names (default: the short host name).
+        /// `<HOST>` in file names (default: the short host name).
         host_identifier: String, only(&FILE),
             flag("host-identifier", heading: FILE_HEADING, value_name: "NAME");
         /// Remove files that got no record instead of keeping them.

@@ -46,7 +46,7 @@ use crate::wording::{FlagOrigins, Named, Wording};
 use status::Target;
 use stop::Refusal;
 
-pub use sink::build_sink;
+pub(crate) use sink::build_sink;
 pub use store::build_store;
 
 /// Why the service could not start or stopped with an error.

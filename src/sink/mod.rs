@@ -29,6 +29,8 @@ use std::future::Future;
 use bytes::Bytes;
 use futures::{FutureExt, Stream};
 
+/// The HTTP client settings of [`HttpSinkConfig`] and the errors of [`HttpSink::new`].
+pub use crate::http::{HttpClientConfig, HttpError};
 pub use dead_letter::{DeadLetter, DeadLetterError, DeadLetterRecord};
 pub use file::{
     FileSink, FileSinkConfig, DEFAULT_DATETIME_FORMAT, DEFAULT_FILENAME_FORMAT, DEFAULT_GZIP_LEVEL,
