@@ -13,7 +13,9 @@
 //!   consumer given another size follows the descriptor's table and says so once.
 //!   `nsq-dedupe resize` replaces it with a compare-and-set, and every consumer reads it again
 //!   at each share of the fleet's counters (`store.fleet_interval`), so a fleet follows a
-//!   resize within one interval. A descriptor of another key format (another version's) is
+//!   resize within one interval. Until the store has answered one read of the descriptor
+//!   (down at start), claims read it first and fail, as in an outage, while it does not
+//!   answer: a consumer that does not know the size claims nowhere. A descriptor of another key format (another version's) is
 //!   not followed: the consumer keeps the size given and logs why.
 //! - **A claim** goes to the current shape's keys and, while a previous shape counts, looks the
 //!   digest up in the previous shape's set in the same round trip (one extra read). Found done
@@ -205,6 +207,9 @@ struct Shared<S> {
     warned: AtomicBool,
     /// The switch time of a previous generation this consumer retired: not read again.
     retired_since: AtomicU64,
+    /// Whether the store has answered a read of the descriptor. Until it has, the table's
+    /// size is not known, and claims fail as in an outage (see [`Generations::follow`]).
+    read: AtomicBool,
 }
 
 struct State<S> {
@@ -245,6 +250,7 @@ impl<S: Generation> Generations<S> {
                 })),
                 warned: AtomicBool::new(false),
                 retired_since: AtomicU64::new(0),
+                read: AtomicBool::new(false),
             }),
         }
     }
@@ -285,6 +291,11 @@ impl<S: Generation> Generations<S> {
         })
     }
 
+    /// Whether the store has answered a read of the descriptor (see [`Generations::follow`]).
+    pub(crate) fn descriptor_read(&self) -> bool {
+        self.shared.read.load(Ordering::Relaxed)
+    }
+
     fn state(&self) -> Arc<State<S>> {
         // A poisoned lock still holds a whole state: it is only ever replaced whole.
         match self.shared.state.read() {
@@ -305,30 +316,40 @@ impl<S: Generation> Generations<S> {
     /// follows it: the current generation becomes the descriptor's, the previous one is read
     /// while it counts (see the module docs).
     ///
+    /// Until the store has answered a read of the descriptor, claims read it first, and fail
+    /// with the store's error while it does not answer: a consumer that does not know the
+    /// table's size yet would claim in a table that may not hold what the fleet saw, so its
+    /// messages follow `on_store_error` as in an outage, until the store answers. A descriptor
+    /// the store answered and this consumer cannot follow (another key format, another value)
+    /// leaves the table at the size given, and the error says why.
+    ///
     /// # Errors
     ///
     /// [`StoreError`] when the store does not answer, or its descriptor cannot be read; the
     /// generations in use stay as they were.
     pub async fn follow(&self) -> Result<(), StoreError> {
         let state = self.state();
-        let descriptor = match state.current.descriptor(None).await? {
-            Some(text) => Descriptor::parse(&state.current.descriptor_key(), &text)?,
+        let key = state.current.descriptor_key();
+        let text = match state.current.descriptor(None).await? {
+            Some(text) => text,
             None => {
                 let first = Descriptor {
                     current: state.shape,
                     previous: None,
-                };
-                let encoded = first.encode();
+                }
+                .encode();
                 match state
                     .current
-                    .descriptor(Some((None, encoded.as_str())))
+                    .descriptor(Some((None, first.as_str())))
                     .await?
                 {
                     None => first,
-                    Some(text) => Descriptor::parse(&state.current.descriptor_key(), &text)?,
+                    Some(text) => text,
                 }
             }
         };
+        self.shared.read.store(true, Ordering::Relaxed);
+        let descriptor = Descriptor::parse(&key, &text)?;
         self.apply(&state, descriptor)
     }
 
@@ -437,6 +458,14 @@ impl<S: Generation> Generations<S> {
     }
 
     async fn claims(&self, done: bool, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
+        if !self.shared.read.load(Ordering::Relaxed) {
+            if let Err(error) = self.follow().await {
+                if !self.shared.read.load(Ordering::Relaxed) {
+                    return vec![Err(error); digests.len()];
+                }
+                tracing::warn!(%error, "The table's descriptor cannot be followed; the table stays at the size given.");
+            }
+        }
         let state = self.state();
         let claim = async {
             if done {
