@@ -747,3 +747,42 @@ async fn a_consumer_that_could_not_read_the_descriptor_at_start_claims_nothing_u
     );
     assert_eq!(late.geometry(), Some(large()));
 }
+
+/// Two consumers decide to grow the table they share at once: one compare-and-set wins,
+/// the other follows the winner instead of growing on top of it, and what was claimed
+/// before stays seen by both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_consumers_growing_at_once_follow_the_one_whose_growth_won() {
+    let redis = RedisServer::start();
+    let config = store_config(vec![redis.url()], false);
+    let open = || async {
+        let store = Generations::new(RedisStore::connect(config.clone(), small()).await.unwrap());
+        store.follow().await.unwrap();
+        store
+    };
+    let (first, second) = (open().await, open().await);
+    let done = digest(1);
+    assert_eq!(first.claim(done).await, Ok(Claim::New));
+    assert_eq!(first.commit(done).await, Ok(true));
+
+    assert_eq!(first.grow(large()).await, Ok(true), "the first growth wins");
+    let medium = Geometry::new(8_192, 4).unwrap();
+    assert_eq!(
+        second.grow(medium).await,
+        Ok(false),
+        "decided on the table before the first growth: it lost"
+    );
+    for consumer in [&first, &second] {
+        assert_eq!(consumer.geometry(), Some(large()), "both follow the winner");
+        assert_eq!(
+            consumer.previous().map(|(shape, _)| shape.geometry),
+            Some(small())
+        );
+        assert_eq!(consumer.claim(done).await, Ok(Claim::Duplicate));
+    }
+    let descriptor = redis.cli(&["GET", "generations:table"]);
+    assert!(
+        descriptor.starts_with("v1 current=2:4096x4 previous=2:1024x4 since="),
+        "{descriptor}"
+    );
+}

@@ -619,6 +619,64 @@ pub async fn resize<S: Generation>(store: &S, geometry: Geometry) -> Result<Resi
     Err(StoreError::Contended { attempts: ATTEMPTS })
 }
 
+/// Grows the table of `store`'s namespace from `from` to `to` if no one changed it since
+/// this consumer decided: one compare-and-set of the descriptor, whose current shape must
+/// still be `from` (see [`Generations::grow`]). Answers whether this write made the change.
+///
+/// # Errors
+///
+/// [`StoreError`] when the store does not answer or its descriptor cannot be read.
+async fn grow_once<S: Generation>(
+    store: &S,
+    from: Shape,
+    to: Geometry,
+) -> Result<bool, StoreError> {
+    let key = store.descriptor_key();
+    let Some(text) = store.descriptor(None).await? else {
+        // A descriptor deleted under a running fleet: the next follow writes it again.
+        return Ok(false);
+    };
+    let before = Descriptor::parse(&key, &text)?;
+    if before.current != from {
+        return Ok(false);
+    }
+    let after = Descriptor {
+        current: Shape {
+            format: from.format,
+            geometry: to,
+        },
+        previous: Some((from, now_ms())),
+    }
+    .encode();
+    let held = store
+        .descriptor(Some((Some(text.as_str()), after.as_str())))
+        .await?;
+    Ok(held.as_deref() == Some(text.as_str()))
+}
+
+impl<S: Generation> Generations<S> {
+    /// Makes this consumer's decision to grow the table to `to` the fleet's: replaces the
+    /// descriptor with a compare-and-set (as `nsq-dedupe resize` does) if its current shape
+    /// is still the one this consumer claims in, then follows the descriptor, whoever wrote
+    /// it. A consumer that lost the race to another's growth (or a resize) follows the
+    /// winner and does not grow on top of it: the next decision sees the new size. Answers
+    /// whether this consumer's write made the change.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store does not answer or its descriptor cannot be read or
+    /// followed; the generations in use stay as they were.
+    pub async fn grow(&self, to: Geometry) -> Result<bool, StoreError> {
+        let state = self.state();
+        if to == state.shape.geometry {
+            return Ok(false);
+        }
+        let grew = grow_once(&state.current, state.shape, to).await?;
+        self.follow().await?;
+        Ok(grew)
+    }
+}
+
 impl<S: Generation> Store for Generations<S> {
     async fn claim(&self, digest: Digest) -> Result<Claim, StoreError> {
         self.claims(false, &[digest])

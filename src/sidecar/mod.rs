@@ -20,6 +20,7 @@ mod drain;
 mod endpoints;
 mod fleet;
 mod grow;
+mod grow_shared;
 mod sink;
 mod snapshot;
 mod status;
