@@ -12,7 +12,9 @@
 //! previous one. So a consumer does not grow the table again until the previous generation
 //! has been read for one window since its switch, when every entry it holds that a copy
 //! within the window could match has also been looked up there; until then a table that
-//! falls short keeps catching what it can.
+//! falls short keeps catching what it can. For the same reason a growth waits until the table
+//! has fallen short for [`RISE_SPAN`], so that it is sized from a rate measured after a rise,
+//! not half-way through it.
 //! Whichever consumer decides first makes its decision the fleet's by a compare-and-set of the
 //! table's descriptor ([`Generations::grow`]); the others follow it, and decide again on the
 //! new size. `store.max_memory` bounds the table's generations together, counted as an
@@ -70,6 +72,7 @@ pub(super) async fn grow_loop<S: Generation, H: Handler>(
     let mut recent = RecentRate::over(RISE_SPAN);
     let mut share = RecentRate::over(table.fleet_interval() * FLEET_BUCKETS as u32);
     let mut warned: Option<Instant> = None;
+    let mut short_since: Option<Instant> = None;
     let mut tick = tick();
     loop {
         tokio::select! {
@@ -99,8 +102,16 @@ pub(super) async fn grow_loop<S: Generation, H: Handler>(
             now_ms().saturating_sub(since_ms)
                 < u64::try_from(growth.window.as_millis()).unwrap_or(u64::MAX)
         });
-        match growth.decide(geometry, held(&table), rate) {
+        let decision = growth.decide(geometry, held(&table), rate);
+        if !matches!(decision, Decision::Grow { .. }) {
+            short_since = None;
+        }
+        match decision {
             Decision::Grow { .. } if previous_young => {}
+            // A shortfall seen for less than a span: the rate of a rise under way, measured
+            // partly before it, would size a growth too small to last a window.
+            Decision::Grow { .. }
+                if now.duration_since(*short_since.get_or_insert(now)) < RISE_SPAN => {}
             Decision::Keep => {}
             Decision::Grow {
                 geometry: next,

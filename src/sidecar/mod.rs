@@ -300,6 +300,7 @@ impl<H: Handler> Sidecar<H> {
                 .target_probability
                 .unwrap_or(crate::metrics::DEFAULT_TARGET_PROBABILITY),
             given: settings.target_probability.is_some(),
+            sizes_itself: settings.growth.is_some(),
         };
         log_started(&settings, &dedupe, &sink_name);
         if let Some(listener) = metrics_listener {
