@@ -4,9 +4,14 @@
 //!
 //! The fleet's rate is the larger of the one the store's counters give (see
 //! [`crate::dedup::fleet`], learnt every `store.fleet_interval`) and this consumer's own over
-//! the last half second ([`RISE_SPAN`]) scaled by its share of the fleet (the counters' rate over this consumer's
-//! own over the counters' span): the counters are a minute's average (at the default
-//! interval), so a sudden rise shows first in each consumer's own rate.
+//! the last half second ([`RISE_SPAN`]) scaled by its share of the fleet (the counters' rate
+//! over this consumer's own over the counters' span): the counters are a minute's average
+//! (at the default interval), so a sudden rise shows first in each consumer's own rate.
+//!
+//! Whichever consumer decides first makes its decision the fleet's by a compare-and-set of the
+//! table's descriptor ([`Generations::grow`]); the others follow it, and decide again on the
+//! new size. `store.max_memory` bounds the table's generations together, counted as an
+//! in-process table of the same buckets: one ceiling for the fleet's one table.
 //!
 //! The store keeps two generations, not more: a growth drops the generation before the
 //! previous one. So a consumer does not grow the table again until the previous generation
@@ -15,10 +20,6 @@
 //! falls short keeps catching what it can. For the same reason a growth waits until the table
 //! has fallen short for [`RISE_SPAN`], so that it is sized from a rate measured after a rise,
 //! not half-way through it.
-//! Whichever consumer decides first makes its decision the fleet's by a compare-and-set of the
-//! table's descriptor ([`Generations::grow`]); the others follow it, and decide again on the
-//! new size. `store.max_memory` bounds the table's generations together, counted as an
-//! in-process table of the same buckets: one ceiling for the fleet's one table.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
