@@ -15,8 +15,9 @@
 //!   at each share of the fleet's counters (`store.fleet_interval`), so a fleet follows a
 //!   resize within one interval. Until the store has answered one read of the descriptor
 //!   (down at start), claims read it first and fail, as in an outage, while it does not
-//!   answer: a consumer that does not know the size claims nowhere. A descriptor of another key format (another version's) is
-//!   not followed: the consumer keeps the size given and logs why.
+//!   answer: a consumer that does not know the size claims nowhere. A descriptor of another
+//!   key format (another version's) is not followed: the consumer keeps the size given and
+//!   logs why.
 //! - **A claim** goes to the current shape's keys and, while a previous shape counts, looks the
 //!   digest up in the previous shape's set in the same round trip (one extra read). Found done
 //!   there, it is a duplicate; found in flight, it is in flight; either way the entry the
