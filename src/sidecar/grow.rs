@@ -39,28 +39,6 @@ pub(super) async fn grow_loop<H: Handler>(
 ) {
     let table = match dedupe.store() {
         Backend::Memory(table) | Backend::Journalled(table, _) if table.is_growable() => table,
-        Backend::Redis(table, _) => {
-            return super::grow_shared::grow_loop(
-                table.clone(),
-                dedupe,
-                growth,
-                warn_every,
-                names,
-                stop,
-            )
-            .await
-        }
-        Backend::Memcached(table, _) => {
-            return super::grow_shared::grow_loop(
-                table.clone(),
-                dedupe,
-                growth,
-                warn_every,
-                names,
-                stop,
-            )
-            .await
-        }
         _ => return,
     };
     let metrics = dedupe.metrics();
