@@ -224,6 +224,12 @@ pub trait Handler: Send + Sync + 'static {
         None
     }
 
+    /// Told once, when the sidecar starts its graceful stop, before it waits for the records
+    /// with the handler: a handler that takes work from outside stops taking it, and may hand
+    /// back the records it can never finish (the serve sink closes its port, and with no
+    /// consumer connected answers its waiting records as requeued). Defaults to: nothing.
+    fn stopping(&self) {}
+
     /// Writes out anything buffered; called once at shutdown.
     fn flush(&self) -> impl Future<Output = Result<(), HandlerError>> + Send {
         async { Ok(()) }
@@ -373,6 +379,12 @@ impl Handler for Sink {
         match self {
             Sink::Serve(sink) => sink.own_metrics(),
             _ => None,
+        }
+    }
+
+    fn stopping(&self) {
+        if let Sink::Serve(sink) = self {
+            sink.stopping();
         }
     }
 
