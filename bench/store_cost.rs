@@ -49,10 +49,6 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 /// Clock ticks per second of `/proc/<pid>/stat` (Linux's `USER_HZ`).
 const TICKS_PER_SECOND: f64 = 100.0;
 
-/// The stores' time limit per operation: what is measured is the server's CPU, so a machine
-/// busy with other work must not fail a case.
-const BENCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
 /// Ways of every table measured: the sidecar's default.
 const WAYS: u32 = 8;
 
@@ -332,7 +328,7 @@ async fn redis_server_cases(
             RedisConfig {
                 urls: vec![url.clone()],
                 namespace: namespace.into(),
-                timeout: BENCH_TIMEOUT,
+                timeout: servers::BENCH_TIMEOUT,
                 ..RedisConfig::default()
             },
             Geometry::new(slots, WAYS).expect("a valid geometry"),
@@ -480,7 +476,7 @@ async fn redis_cluster_cases(settings: &Settings) -> Result<(), String> {
                     urls: urls.clone(),
                     cluster: true,
                     namespace: namespace.into(),
-                    timeout: BENCH_TIMEOUT,
+                    timeout: servers::BENCH_TIMEOUT,
                     ..RedisConfig::default()
                 },
                 Geometry::new(slots, WAYS).expect("a valid geometry"),
@@ -533,7 +529,7 @@ async fn memcached_cases(settings: &Settings) -> Result<(), String> {
                 MemcachedConfig {
                     servers: vec![addr.clone()],
                     namespace: namespace.into(),
-                    timeout: BENCH_TIMEOUT,
+                    timeout: servers::BENCH_TIMEOUT,
                     ..MemcachedConfig::default()
                 },
                 Geometry::new(slots, WAYS).expect("a valid geometry"),

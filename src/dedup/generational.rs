@@ -43,7 +43,7 @@ use crate::dedup::{Claim, Digest, Geometry, Store};
 use crate::error::StoreError;
 
 /// The name of the descriptor's key after the namespace's prefix: `<prefix>:table`.
-pub const DESCRIPTOR_SUFFIX: &str = "table";
+pub(crate) const DESCRIPTOR_SUFFIX: &str = "table";
 
 /// What a shared store offers for generations: its table at another shape on the same
 /// servers, a read-only look-up, and its descriptor key.
