@@ -232,18 +232,30 @@ impl Held {
         digests: &[Digest],
         mut each: impl FnMut(&mut Originals, usize, Digest),
     ) {
-        let mut shards: u32 = 0;
+        // The digests' places grouped by shard (a counting sort): one pass to count, one to
+        // place, one to visit.
+        let mut starts = [0usize; SHARDS + 1];
         for &digest in digests {
-            shards |= 1 << shard_of(digest);
+            starts[shard_of(digest) + 1] += 1;
         }
-        while shards != 0 {
-            let shard = shards.trailing_zeros() as usize;
-            shards &= shards - 1;
+        for shard in 0..SHARDS {
+            starts[shard + 1] += starts[shard];
+        }
+        let mut next = starts;
+        let mut places = vec![0; digests.len()];
+        for (i, &digest) in digests.iter().enumerate() {
+            let shard = shard_of(digest);
+            places[next[shard]] = i;
+            next[shard] += 1;
+        }
+        for shard in 0..SHARDS {
+            let group = &places[starts[shard]..starts[shard + 1]];
+            if group.is_empty() {
+                continue;
+            }
             let mut map = self.lock(shard);
-            for (i, &digest) in digests.iter().enumerate() {
-                if shard_of(digest) == shard {
-                    each(&mut map, i, digest);
-                }
+            for &i in group {
+                each(&mut map, i, digests[i]);
             }
         }
     }
