@@ -373,10 +373,10 @@ pub struct Settings {
     /// How the in-process table sizes itself, when it does (`store.probability` without
     /// `store.rate` or a size); `store` is then its first generation.
     pub(crate) growth: Option<crate::sizing::growth::Growth>,
-    /// The catch probability the table should keep: `store.probability`, else
-    /// the default target. Below it, the
-    /// sidecar warns and suggests a size.
-    pub target_probability: f64,
+    /// The catch probability the table should keep, `store.probability`, if given; else the
+    /// sidecar expects the default target and says it is the default. Below it, the sidecar
+    /// warns and suggests a size.
+    pub target_probability: Option<f64>,
     /// The near-table in front of a shared store, if any (on by default).
     pub near_table: Option<crate::Geometry>,
     /// Done entries older than this count as not seen, if set.
@@ -519,10 +519,7 @@ impl RawConfig {
             store,
             table_file,
             growth,
-            target_probability: self
-                .store
-                .probability
-                .unwrap_or(crate::metrics::DEFAULT_TARGET_PROBABILITY),
+            target_probability: self.store.probability,
             near_table,
             max_age,
             window,

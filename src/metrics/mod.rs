@@ -249,8 +249,8 @@ pub struct TableView {
     pub geometry: Option<Geometry>,
     /// Fraction of slots in use, if the store can tell.
     pub occupancy: Option<f64>,
-    /// For the in-process table: where a resize stands (`None` with one generation). `None`
-    /// for other stores.
+    /// For a table of generations, in-process or shared: where a resize stands (`None` with
+    /// one generation). `None` without a table.
     pub resizing: Option<Option<crate::Resizing>>,
     /// The window the table was sized for.
     pub window: Duration,

@@ -295,7 +295,10 @@ impl<H: Handler> Sidecar<H> {
         let _stop_background = background.clone().drop_guard();
         let target = Target {
             window: settings.window,
-            probability: settings.target_probability,
+            probability: settings
+                .target_probability
+                .unwrap_or(crate::metrics::DEFAULT_TARGET_PROBABILITY),
+            given: settings.target_probability.is_some(),
         };
         log_started(&settings, &dedupe, &sink_name);
         if let Some(listener) = metrics_listener {
