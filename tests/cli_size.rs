@@ -159,6 +159,37 @@ fn bad_input_names_the_flag_and_the_accepted_form() {
 }
 
 #[test]
+fn a_max_age_shorter_than_the_window_gives_the_probability_it_leaves() {
+    // A copy a whole window late is past max age: the probability printed is the one it has,
+    // 0, not the table's alone, which is given beside it.
+    let out = bin()
+        .args([
+            "size",
+            "--window",
+            "1h",
+            "--rate",
+            "100",
+            "--probability",
+            "0.99",
+        ])
+        .args(["--max-age", "30m"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let out = String::from_utf8(out).unwrap();
+    assert!(
+        out.contains(
+            "Probability:  0 that a copy arriving a whole window late is caught: max age 30m is \
+             shorter than the window, and such a copy passes whatever the table holds (the table \
+             alone would catch it with probability 0.990000)\n"
+        ),
+        "{out}"
+    );
+}
+
+#[test]
 fn max_age_cuts_the_curve_and_suggests_the_table_it_makes_enough() {
     let out = bin()
         .args(["size", "--json", "--buckets", "1000000", "--rate", "100"])

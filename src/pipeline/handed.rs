@@ -74,7 +74,11 @@ impl<'a> Handed<'a> {
     pub(super) fn take(&mut self, mut part: Part) -> Answered {
         // Stable: of two results for one record in a part, the first is kept.
         part.sort_by_key(|(place, _)| *place);
-        let mut answered = Answered::default();
+        let mut answered = Answered {
+            places: Vec::with_capacity(part.len()),
+            records: Vec::with_capacity(part.len()),
+            results: Vec::with_capacity(part.len()),
+        };
         let mut ignored = 0;
         for (place, result) in part {
             match self.unanswered.get_mut(place).and_then(Option::take) {
