@@ -57,13 +57,20 @@ pub trait Generation: Store + FleetCounters + Clone + Sized + 'static {
     /// `max_age`, when done entries expire.
     fn max_age(&self) -> Option<Duration>;
 
-    /// The same servers and settings, for a table of shape `geometry`, opened without
-    /// contacting them; its owner id is its own.
+    /// Whether this store reads and writes tables of key format `format`: its own, and
+    /// earlier layouts that a table moves from (read as a previous generation).
+    fn reads_format(&self, format: u8) -> bool {
+        format == self.format()
+    }
+
+    /// The same servers and settings, for a table of shape `shape` (a key format that
+    /// [`reads_format`](Generation::reads_format)), opened without contacting them; its owner
+    /// id is its own.
     ///
     /// # Errors
     ///
     /// As the store's lazy constructor.
-    fn reshaped(&self, geometry: Geometry) -> Result<Self, StoreError>;
+    fn reshaped(&self, shape: Shape) -> Result<Self, StoreError>;
 
     /// What a claim of each digest would answer, without writing: [`Claim::New`] for a digest
     /// the table does not hold (or holds expired), else what it holds it as.
@@ -311,7 +318,7 @@ impl<S: Generation> Generations<S> {
 
     fn apply(&self, state: &State<S>, descriptor: Descriptor) -> Result<(), StoreError> {
         let given = self.shared.given;
-        if descriptor.current.format != given.format {
+        if !state.current.reads_format(descriptor.current.format) {
             return Err(StoreError::Protocol(format!(
                 "the table's descriptor `{}` names a table of key format {}, and this version \
                  reads and writes key format {}: upgrade every consumer of the table to one \
@@ -321,14 +328,26 @@ impl<S: Generation> Generations<S> {
                 given.format
             )));
         }
-        // A previous table of another key format is not ours to read.
+        // A previous table of a key format we do not read is not ours to read.
         let descriptor = Descriptor {
             previous: descriptor
                 .previous
-                .filter(|(shape, _)| shape.format == given.format),
+                .filter(|(shape, _)| state.current.reads_format(shape.format)),
             ..descriptor
         };
-        if descriptor.current != given && !self.shared.warned.swap(true, Ordering::Relaxed) {
+        if descriptor.current.format != given.format
+            && !self.shared.warned.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                descriptor = %state.current.descriptor_key(),
+                store_format = descriptor.current.format,
+                given_format = given.format,
+                "The store's table has an earlier layout (key format {}): following it. \
+                 `nsq-dedupe resize` moves it to key format {} without forgetting.",
+                descriptor.current.format,
+                given.format,
+            );
+        } else if descriptor.current != given && !self.shared.warned.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 descriptor = %state.current.descriptor_key(),
                 given_buckets = given.geometry.slots(),
@@ -354,7 +373,7 @@ impl<S: Generation> Generations<S> {
             }
             match &state.previous {
                 Some(previous) if previous.shape == shape => Ok(previous.store.clone()),
-                _ => state.current.reshaped(shape.geometry),
+                _ => state.current.reshaped(shape),
             }
         };
         let current = open(descriptor.current)?;
@@ -377,8 +396,10 @@ impl<S: Generation> Generations<S> {
                 descriptor = %state.current.descriptor_key(),
                 from_buckets = state.shape.geometry.slots(),
                 to_buckets = descriptor.current.geometry.slots(),
+                from_format = state.shape.format,
+                to_format = descriptor.current.format,
                 previous_read = previous.is_some(),
-                "Following the store's table to its new size."
+                "Following the store's table to its new size or layout."
             );
         } else if previous.is_none() {
             tracing::info!(
@@ -415,16 +436,17 @@ impl<S: Generation> Generations<S> {
 
     async fn claims(&self, done: bool, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
         let state = self.state();
-        let claim = async {
-            if done {
+        let Some(previous) = &state.previous else {
+            return if done {
                 state.current.claim_done_many(digests).await
             } else {
                 state.current.claim_many(digests).await
-            }
+            };
         };
-        let Some(previous) = &state.previous else {
-            return claim.await;
-        };
+        // While a previous generation is read, even a claim done at once is claimed in flight
+        // first: a done entry is final (nobody may erase it), and the previous generation may
+        // answer that the claim must be undone. The new ones are committed after.
+        let claim = state.current.claim_many(digests);
         let (mut claims, seen) =
             futures_util::future::join(claim, previous.store.look_up_many(digests)).await;
         let mut undo = Vec::new();
@@ -443,12 +465,38 @@ impl<S: Generation> Generations<S> {
             }
         }
         previous.new_entries.fetch_add(new, Ordering::Relaxed);
-        if !undo.is_empty() {
-            for answer in state.current.erase_many(&undo).await {
-                if let Err(error) = answer {
-                    // Its lease ends it: until then a copy is in flight, then claimed anew.
-                    tracing::debug!(%error, "Erasing a claim the previous table answered failed.");
+        let done: Vec<Digest> = if done {
+            let mut seen = std::collections::HashSet::new();
+            digests
+                .iter()
+                .zip(&claims)
+                .filter(|(d, claim)| **claim == Ok(Claim::New) && seen.insert(**d))
+                .map(|(&d, _)| d)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let (erased, committed) = futures_util::future::join(
+            async {
+                if undo.is_empty() {
+                    Vec::new()
+                } else {
+                    state.current.erase_many(&undo).await
                 }
+            },
+            async {
+                if done.is_empty() {
+                    Vec::new()
+                } else {
+                    state.current.commit_many(&done).await
+                }
+            },
+        )
+        .await;
+        for answer in erased.into_iter().chain(committed) {
+            if let Err(error) = answer {
+                // Its lease ends it: until then a copy is in flight, then claimed anew.
+                tracing::debug!(%error, "Erasing or committing a claim across generations failed.");
             }
         }
         claims

@@ -12,10 +12,10 @@ use std::time::Duration;
 use futures_util::future::join_all;
 
 use super::conn::{Read, Write, Written};
-use super::set::{self, Op, Outcome};
+use super::layout::{COMPACT_FORMAT, SETS_FORMAT};
+use super::set::{Op, Outcome};
 use super::{unavailable, MemcachedStore};
-use crate::dedup::generational::{Generation, DESCRIPTOR_SUFFIX};
-use crate::dedup::shared::KEY_VERSION;
+use crate::dedup::generational::{Generation, Shape, DESCRIPTOR_SUFFIX};
 use crate::dedup::{Claim, Digest, Geometry};
 use crate::error::StoreError;
 
@@ -64,7 +64,12 @@ fn text(key: &str, read: Option<&(Vec<u8>, u64)>) -> Result<Option<String>, Stor
 
 impl Generation for MemcachedStore {
     fn format(&self) -> u8 {
-        KEY_VERSION
+        self.inner.layout.format()
+    }
+
+    /// Its own format, and format 1 (an item per set), which a table moves from.
+    fn reads_format(&self, format: u8) -> bool {
+        format == SETS_FORMAT || format == COMPACT_FORMAT
     }
 
     fn table(&self) -> Geometry {
@@ -75,8 +80,8 @@ impl Generation for MemcachedStore {
         self.inner.config.max_age
     }
 
-    fn reshaped(&self, geometry: Geometry) -> Result<Self, StoreError> {
-        MemcachedStore::new_lazy(self.inner.config.clone(), geometry)
+    fn reshaped(&self, shape: Shape) -> Result<Self, StoreError> {
+        MemcachedStore::new_lazy_in(self.inner.config.clone(), shape.geometry, shape.format)
     }
 
     async fn look_up_many(&self, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
@@ -107,8 +112,10 @@ impl Generation for MemcachedStore {
                 Ok(values) => {
                     for (&i, value) in items.iter().zip(values) {
                         // Decided as a claim would decide, on a copy never written back.
-                        let mut set = self.decode_counted(value.as_ref().map(|(v, _)| &v[..]));
-                        answers[i] = match set::apply(&mut set, Op::Claim, digests[i], facts).0 {
+                        let item = self.item_of(digests[i]);
+                        let mut unit =
+                            self.decode_counted(value.as_ref().map(|(v, _)| &v[..]), item);
+                        answers[i] = match self.apply(&mut unit, Op::Claim, digests[i], facts).0 {
                             Outcome::Claim(claim) => Ok(claim),
                             Outcome::Held(_) => {
                                 Err(StoreError::Protocol("a claim answered held".into()))

@@ -177,7 +177,8 @@ pub(super) fn apply(
             entry.lease_until_ms = done_time(facts);
             (Outcome::Held(true), true)
         }
-        (Op::Erase, _) if mine => {
+        // A done entry is final: erase is for a claim whose processing failed.
+        (Op::Erase, State::InFlight) if mine => {
             *slot = None;
             (Outcome::Held(true), true)
         }
@@ -418,10 +419,10 @@ mod tests {
                 apply(&mut one_step, Op::ClaimDone, e, at(1_050)),
                 (Outcome::Claim(Claim::InFlight), false)
             );
-            // Its claimer may erase it, as a committed one.
+            // Done, it is final: not even its claimer erases it.
             assert_eq!(
                 apply(&mut one_step, Op::Erase, d, at(1_600)),
-                (Outcome::Held(true), true)
+                (Outcome::Held(false), false)
             );
         }
     }
