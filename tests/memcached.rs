@@ -42,6 +42,7 @@ impl Memcached {
 impl Harness for Memcached {
     type Store = MemcachedStore;
     const OWNERS: bool = true;
+    const COMMITTED_IS_FINAL: bool = true;
 
     async fn connect(&self, spec: &Spec) -> MemcachedStore {
         let defaults = MemcachedConfig::default();

@@ -436,17 +436,16 @@ impl<S: Generation> Generations<S> {
 
     async fn claims(&self, done: bool, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
         let state = self.state();
-        let Some(previous) = &state.previous else {
-            return if done {
+        let claim = async {
+            if done {
                 state.current.claim_done_many(digests).await
             } else {
                 state.current.claim_many(digests).await
-            };
+            }
         };
-        // While a previous generation is read, even a claim done at once is claimed in flight
-        // first: a done entry is final (nobody may erase it), and the previous generation may
-        // answer that the claim must be undone. The new ones are committed after.
-        let claim = state.current.claim_many(digests);
+        let Some(previous) = &state.previous else {
+            return claim.await;
+        };
         let (mut claims, seen) =
             futures_util::future::join(claim, previous.store.look_up_many(digests)).await;
         let mut undo = Vec::new();
@@ -465,38 +464,12 @@ impl<S: Generation> Generations<S> {
             }
         }
         previous.new_entries.fetch_add(new, Ordering::Relaxed);
-        let done: Vec<Digest> = if done {
-            let mut seen = std::collections::HashSet::new();
-            digests
-                .iter()
-                .zip(&claims)
-                .filter(|(d, claim)| **claim == Ok(Claim::New) && seen.insert(**d))
-                .map(|(&d, _)| d)
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let (erased, committed) = futures_util::future::join(
-            async {
-                if undo.is_empty() {
-                    Vec::new()
-                } else {
-                    state.current.erase_many(&undo).await
+        if !undo.is_empty() {
+            for answer in state.current.erase_many(&undo).await {
+                if let Err(error) = answer {
+                    // Its lease ends it: until then a copy is in flight, then claimed anew.
+                    tracing::debug!(%error, "Erasing a claim the previous table answered failed.");
                 }
-            },
-            async {
-                if done.is_empty() {
-                    Vec::new()
-                } else {
-                    state.current.commit_many(&done).await
-                }
-            },
-        )
-        .await;
-        for answer in erased.into_iter().chain(committed) {
-            if let Err(error) = answer {
-                // Its lease ends it: until then a copy is in flight, then claimed anew.
-                tracing::debug!(%error, "Erasing or committing a claim across generations failed.");
             }
         }
         claims

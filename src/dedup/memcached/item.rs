@@ -17,22 +17,28 @@
 //!                    is stored as 1)
 //!              u32   (timed only) done: the Unix second of its commit, 0 = never expires;
 //!                    in flight: 0
-//! then       m records of the entries in flight, 17 bytes each
+//! then       m records of the entries in flight (and of those claimed done at once, while
+//!            their lease lasts), 17 bytes each
 //!              u8    slot (set × w + way)
-//!              u64   lease expiry, milliseconds since the Unix epoch
+//!              u64   lease expiry, milliseconds since the Unix epoch; its top bit set for
+//!                    an entry claimed done at once
 //!              u64   owner: the random id of the store instance that claimed it
 //! ```
 //!
-//! A slot with a record is in flight; a slot without one is done. So a done entry costs 8 bytes
-//! (12 timed), and an entry in flight 17 more while it is in flight. The set is picked by the
+//! A slot with a record of an entry in flight is in flight; any other is done. So a done entry
+//! costs 8 bytes (12 timed), and an entry in flight 17 more while it is in flight. The set is picked by the
 //! digest's high half ([`Geometry::set_of`](crate::dedup::Geometry::set_of)), the fingerprint
 //! is the low half: two digests of one set are told apart by 64 bits, so a message is taken
 //! for another one with a chance of about `ways` in 2^64 a claim.
 //!
 //! Two rules differ from the 34-byte entries of format 1 (see `set.rs`), both for the bytes a
-//! done entry would otherwise keep: a done entry has no owner, so it is final (an erase answers
-//! `false` for it, whoever asks; erase is for a claim whose processing failed), and its time is
-//! a whole second, so `max_age` is counted up to a second long, never short.
+//! done entry would otherwise keep. A committed entry has no owner, so it is final: an erase
+//! answers `false` for it, whoever asks (erase is for a claim whose processing failed). An
+//! entry claimed done at once keeps its claimer's record until its lease ends, so that a
+//! handler that declared its message final and failed all the same can erase it for the
+//! retry; after that it is final too, and the record goes with the item's next write. And a
+//! done entry's time is a whole second, so `max_age` is counted up to a second long, never
+//! short.
 
 use crate::dedup::{Claim, Digest};
 
@@ -80,13 +86,17 @@ struct Slot {
     done_s: u32,
 }
 
-/// The lease of an entry in flight.
+/// The lease of an entry in flight, or of one claimed done at once (`done`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Flight {
     slot: u8,
     lease_until_ms: u64,
     owner: u64,
+    done: bool,
 }
+
+/// The top bit of a record's lease field: the entry was claimed done at once.
+const DONE_BIT: u64 = 1 << 63;
 
 /// One item: its sets' cursors, slots and in-flight leases.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,12 +136,13 @@ impl ItemState {
         }
     }
 
-    fn fly(&mut self, slot: usize, facts: LeaseFacts) {
+    fn fly(&mut self, slot: usize, facts: LeaseFacts, done: bool) {
         let flight = Flight {
             // Below MAX_SLOTS, so a byte.
             slot: slot as u8,
-            lease_until_ms: facts.lease_until_ms,
+            lease_until_ms: facts.lease_until_ms & !DONE_BIT,
             owner: facts.owner,
+            done,
         };
         match self.flight(slot) {
             Some(i) => self.flights[i] = flight,
@@ -189,14 +200,14 @@ pub(super) fn apply(
                 // The entry pushed out takes its lease with it.
                 item.land(at);
                 claim_into(item, at, op, print, facts);
+                prune(item, facts.now_ms);
                 (Outcome::Claim(Claim::New), true)
             }
             Op::Commit | Op::Erase | Op::Renew => (Outcome::Held(false), false),
         };
     };
-    match item.flight(at) {
-        Some(i) => {
-            let flight = item.flights[i];
+    let (outcome, changed) = match item.flight(at).map(|i| (i, item.flights[i])) {
+        Some((i, flight)) if !flight.done => {
             let mine = flight.owner == facts.owner;
             match op {
                 Op::Claim | Op::ClaimDone if flight.lease_until_ms > facts.now_ms => {
@@ -219,50 +230,65 @@ pub(super) fn apply(
                     (Outcome::Held(true), true)
                 }
                 Op::Renew if mine => {
-                    item.flights[i].lease_until_ms = facts.lease_until_ms;
+                    item.flights[i].lease_until_ms = facts.lease_until_ms & !DONE_BIT;
                     (Outcome::Held(true), true)
                 }
                 Op::Commit | Op::Erase | Op::Renew => (Outcome::Held(false), false),
             }
         }
-        None => {
+        claimed_done => {
             let done_s = item.slots[at].done_s;
             // Whole seconds: counted from the end of the commit's second, so never short.
             let expired = done_s != 0
                 && facts.max_age_ms.is_some_and(|max| {
                     facts.now_ms.saturating_sub(u64::from(done_s) * 1_000) > max + 1_000
                 });
+            // Its claimer's, claimed done at once, while its lease lasts.
+            let erasable = claimed_done.is_some_and(|(_, flight)| {
+                flight.owner == facts.owner && flight.lease_until_ms > facts.now_ms
+            });
             match op {
                 Op::Claim | Op::ClaimDone if expired => {
                     // Committed longer ago than `max_age`: claim it anew, in its slot.
+                    item.land(at);
                     claim_into(item, at, op, print, facts);
                     (Outcome::Claim(Claim::New), true)
                 }
                 Op::Claim | Op::ClaimDone => (Outcome::Claim(Claim::Duplicate), false),
                 // A repeated commit is harmless, whoever sends it.
                 Op::Commit => (Outcome::Held(true), false),
-                // A done entry is final, and has no lease.
+                Op::Erase if erasable => {
+                    item.land(at);
+                    item.slots[at] = Slot::default();
+                    (Outcome::Held(true), true)
+                }
+                // Otherwise a done entry is final, and has no lease.
                 Op::Erase | Op::Renew => (Outcome::Held(false), false),
             }
         }
+    };
+    if changed {
+        prune(item, facts.now_ms);
     }
+    (outcome, changed)
+}
+
+/// Drops the records of entries claimed done whose lease ended by `now_ms`: they go with the
+/// item's next write.
+fn prune(item: &mut ItemState, now_ms: u64) {
+    item.flights
+        .retain(|f| !f.done || f.lease_until_ms > now_ms);
 }
 
 /// Writes the claim `op` of the entry `print` into slot `at`: in flight with this owner's
 /// lease, or done at once.
 fn claim_into(item: &mut ItemState, at: usize, op: Op, print: u64, facts: LeaseFacts) {
-    if op == Op::ClaimDone {
-        item.slots[at] = Slot {
-            fingerprint: print,
-            done_s: done_second(facts),
-        };
-    } else {
-        item.slots[at] = Slot {
-            fingerprint: print,
-            done_s: 0,
-        };
-        item.fly(at, facts);
-    }
+    let done = op == Op::ClaimDone;
+    item.slots[at] = Slot {
+        fingerprint: print,
+        done_s: if done { done_second(facts) } else { 0 },
+    };
+    item.fly(at, facts, done);
 }
 
 /// Encodes an item (see the module docs) in format `version` ([`COMPACT_UNTIMED`] or
@@ -286,7 +312,8 @@ pub(super) fn encode_into(item: &ItemState, version: u8, out: &mut Vec<u8>) {
     }
     for flight in &item.flights {
         out.push(flight.slot);
-        out.extend_from_slice(&flight.lease_until_ms.to_be_bytes());
+        let lease = flight.lease_until_ms | if flight.done { DONE_BIT } else { 0 };
+        out.extend_from_slice(&lease.to_be_bytes());
         out.extend_from_slice(&flight.owner.to_be_bytes());
     }
 }
@@ -352,10 +379,12 @@ pub(super) fn decode(value: &[u8], sets: usize, ways: usize) -> Result<ItemState
         if !held || item.flight(usize::from(slot)).is_some() {
             return Err(DecodeError::Slot(slot));
         }
+        let lease = u64::from_be_bytes(array(&raw[1..9]));
         item.flights.push(Flight {
             slot,
-            lease_until_ms: u64::from_be_bytes(array(&raw[1..9])),
+            lease_until_ms: lease & !DONE_BIT,
             owner: u64::from_be_bytes(array(&raw[9..17])),
+            done: lease & DONE_BIT != 0,
         });
     }
     Ok(item)

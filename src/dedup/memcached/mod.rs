@@ -20,9 +20,11 @@
 //!
 //! An entry is the digest's low half (its set is picked by the high half), 8 bytes, and with
 //! `max_age` the second of its commit, 4 more; an entry in flight has a record of its lease's
-//! expiry and owner (17 bytes) while it is in flight, and none once done. So a done entry is
-//! final: nobody may erase it, not even its claimer (erase is for a claim whose processing
-//! failed). The value's bytes are in `item.rs`.
+//! expiry and owner (17 bytes) while it is in flight, and none once committed. So a committed
+//! entry is final: nobody may erase it, not even its claimer (erase is for a claim whose
+//! processing failed). An entry claimed done at once keeps its record until its lease ends, so
+//! that its claimer can still erase it for a handler that failed all the same. The value's
+//! bytes are in `item.rs`.
 //!
 //! The earlier layout (key format 1, `set.rs`: an item per set, `<prefix>:v1:<sets>x<ways>:<set>`,
 //! 3 + 34 × entries bytes with the whole digest, state, time and owner of each entry) is
@@ -64,8 +66,8 @@
 //! - `commit` turns this owner's in-flight entry into done and returns `true`. Committing an
 //!   entry that is already done returns `true` without writing, whoever committed it (a
 //!   repeated commit is harmless); an entry held by another owner, or absent, gives `false`.
-//! - `erase` removes the entry only if this owner claimed it and it is still in flight: a done
-//!   entry is final.
+//! - `erase` removes the entry only if this owner claimed it and it is still in flight, or
+//!   claimed it done at once and its lease has not ended: a committed entry is final.
 //! - `renew` extends this owner's in-flight lease, even if it has lapsed, as long as nobody took
 //!   it over; a done entry has no lease to renew, so `false`.
 //!

@@ -177,8 +177,7 @@ pub(super) fn apply(
             entry.lease_until_ms = done_time(facts);
             (Outcome::Held(true), true)
         }
-        // A done entry is final: erase is for a claim whose processing failed.
-        (Op::Erase, State::InFlight) if mine => {
+        (Op::Erase, _) if mine => {
             *slot = None;
             (Outcome::Held(true), true)
         }
@@ -419,10 +418,10 @@ mod tests {
                 apply(&mut one_step, Op::ClaimDone, e, at(1_050)),
                 (Outcome::Claim(Claim::InFlight), false)
             );
-            // Done, it is final: not even its claimer erases it.
+            // Its claimer may erase it, as a committed one.
             assert_eq!(
                 apply(&mut one_step, Op::Erase, d, at(1_600)),
-                (Outcome::Held(false), false)
+                (Outcome::Held(true), true)
             );
         }
     }

@@ -187,8 +187,6 @@ local function update(key, value, at, base, stored)
   if op == 'm' then
     write(key, stored, offset + 17, DONE)
   elseif op == 'e' then
-    -- A done entry is final: erase is for a claim whose processing failed.
-    if state ~= 1 then return 0, false end
     call('SETRANGE', key, at_offset(offset + 1), ERASED)
   else
     if state ~= 1 then return 0, false end

@@ -202,10 +202,6 @@ pub(super) fn apply(stored: &mut Stored, op: Op, digest: Digest, facts: &Facts) 
     match op {
         Op::Commit => stored.write(facts, version, at + 17, &facts.done()),
         Op::Erase => {
-            // A done entry is final: erase is for a claim whose processing failed.
-            if state != 1 {
-                return (0, false);
-            }
             let mut erased = [0u8; ENTRY_BYTES - 1];
             erased[..16].copy_from_slice(&FREE);
             stored.set_range(at + 1, &erased);
@@ -358,20 +354,18 @@ mod tests {
                 &[entry(0, 1, 2, 0, ME), entry(1, 2, 1, 1_150, ME)]
             )
         );
-        // A done entry is final: not even its owner erases it.
-        assert_eq!(apply(&mut stored, Op::Erase, d(1), &me), (0, false));
         // An erase marks the slot, which the next new digest takes before the set grows.
-        assert_eq!(apply(&mut stored, Op::Erase, d(2), &me), (1, true));
-        let mut erased = vec![1u8];
+        assert_eq!(apply(&mut stored, Op::Erase, d(1), &me), (1, true));
+        let mut erased = vec![0u8];
         erased.extend_from_slice(&FREE);
         erased.extend_from_slice(&[0; 17]);
-        assert_eq!(stored, set([1, 0, 4], &[entry(0, 1, 2, 0, ME), erased]));
-        assert_eq!(apply(&mut stored, Op::Claim, d(3), &other), (4, true));
+        assert_eq!(stored, set([1, 0, 4], &[erased, entry(1, 2, 1, 1_150, ME)]));
+        assert_eq!(apply(&mut stored, Op::Claim, d(1), &other), (0, true));
         assert_eq!(
             stored,
             set(
                 [1, 0, 4],
-                &[entry(0, 1, 2, 0, ME), entry(1, 3, 1, 1_110, OTHER)]
+                &[entry(0, 1, 1, 1_110, OTHER), entry(1, 2, 1, 1_150, ME)]
             )
         );
     }
@@ -436,10 +430,6 @@ mod tests {
         // first write through it writes the whole header, an erase none.
         let mut stored = Stored(Some(zeros.clone()));
         assert_eq!(apply(&mut stored, Op::Claim, d(1), &at), (2, false));
-        let mut flying = set([1, 0, 2], &[entry(0, 1, 1, 5_000, OTHER)]).0.unwrap();
-        flying[..3].copy_from_slice(&[0, 0, 0]);
-        let mut stored = Stored(Some(flying));
-        assert_eq!(apply(&mut stored, Op::Claim, d(1), &at), (1, false));
         assert_eq!(
             apply(&mut stored, Op::Erase, d(1), &facts(1_000, OTHER, 2)),
             (1, true)

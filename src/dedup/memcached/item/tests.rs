@@ -84,11 +84,12 @@ fn claims_follow_leases_and_owners() {
 }
 
 #[test]
-fn a_done_entry_is_final() {
+fn a_committed_entry_is_final_and_one_claimed_done_is_its_claimers_while_its_lease_lasts() {
     let me = 1;
-    let mut item = ItemState::empty(1, 2);
+    let mut item = ItemState::empty(1, 4);
     run(&mut item, Op::Claim, 5, facts(0, me));
     run(&mut item, Op::Commit, 5, facts(10, me));
+    assert_eq!(item.in_flight(), 0, "a committed entry keeps no record");
     assert_eq!(
         run(&mut item, Op::Erase, 5, facts(20, me)),
         (Outcome::Held(false), false),
@@ -98,13 +99,41 @@ fn a_done_entry_is_final() {
         run(&mut item, Op::Renew, 5, facts(20, me)),
         (Outcome::Held(false), false)
     );
+    // Claimed done at once: a duplicate to all, erasable by its claimer until its lease ends.
     run(&mut item, Op::ClaimDone, 6, facts(30, me));
     assert_eq!(
-        run(&mut item, Op::Erase, 6, facts(40, me)),
+        run(&mut item, Op::Claim, 6, facts(40, 2)),
+        (Outcome::Claim(Claim::Duplicate), false)
+    );
+    assert_eq!(
+        run(&mut item, Op::Erase, 6, facts(40, 2)),
         (Outcome::Held(false), false)
     );
     assert_eq!(
-        run(&mut item, Op::Claim, 6, facts(50, 2)),
+        run(&mut item, Op::Renew, 6, facts(40, me)),
+        (Outcome::Held(false), false),
+        "no lease to renew"
+    );
+    assert_eq!(
+        run(&mut item, Op::Erase, 6, facts(129, me)),
+        (Outcome::Held(true), true)
+    );
+    assert_eq!(
+        run(&mut item, Op::Claim, 6, facts(130, 2)),
+        (Outcome::Claim(Claim::New), true),
+        "erased: its retry is new"
+    );
+    // After its lease (until 300) it is final, and the item's next write drops its record.
+    run(&mut item, Op::ClaimDone, 7, facts(200, me));
+    assert_eq!(item.in_flight(), 2);
+    assert_eq!(
+        run(&mut item, Op::Erase, 7, facts(300, me)),
+        (Outcome::Held(false), false)
+    );
+    run(&mut item, Op::Claim, 8, facts(300, me));
+    assert_eq!(item.in_flight(), 2, "6 and 8 in flight, 7's record gone");
+    assert_eq!(
+        run(&mut item, Op::Claim, 7, facts(310, 2)),
         (Outcome::Claim(Claim::Duplicate), false)
     );
 }
@@ -180,17 +209,18 @@ fn values_round_trip_and_refuse_what_they_are_not() {
     apply(&mut item, 0, Op::Claim, d(1), facts(0, me));
     apply(&mut item, 2, Op::ClaimDone, d(2), facts(0, me));
     apply(&mut item, 2, Op::Claim, d(3), facts(0, me));
-    // Pushes out the done 2: three in flight.
+    // Pushes out the done 2, and its record: three in flight.
     apply(&mut item, 2, Op::Claim, d(4), facts(0, me));
     assert_eq!(item.in_flight(), 3);
+    apply(&mut item, 1, Op::ClaimDone, d(5), facts(0, me));
     let mut bytes = Vec::new();
     encode_into(&item, COMPACT_UNTIMED, &mut bytes);
-    assert_eq!(bytes.len(), value_bytes(3, 2, 3, false));
-    assert_eq!(bytes.len(), 4 + 3 + 6 * 8 + 3 * 17);
+    assert_eq!(bytes.len(), value_bytes(3, 2, 4, false));
+    assert_eq!(bytes.len(), 4 + 3 + 6 * 8 + 4 * 17);
     assert_eq!(decode(&bytes, 3, 2), Ok(item.clone()));
     let mut timed = Vec::new();
     encode_into(&item, COMPACT_TIMED, &mut timed);
-    assert_eq!(timed.len(), 4 + 3 + 6 * 12 + 3 * 17);
+    assert_eq!(timed.len(), 4 + 3 + 6 * 12 + 4 * 17);
     assert_eq!(decode(&timed, 3, 2), Ok(item.clone()));
     assert_eq!(decode(&bytes, 2, 2), Err(DecodeError::Shape));
     assert_eq!(decode(&bytes, 3, 4), Err(DecodeError::Shape));
@@ -207,7 +237,7 @@ fn values_round_trip_and_refuse_what_they_are_not() {
     assert_eq!(decode(&cursor, 3, 2), Err(DecodeError::Slot(2)));
     // A record of an empty slot (slot 1 holds nothing).
     let mut record = bytes.clone();
-    let first_record = bytes.len() - 3 * FLIGHT_BYTES;
+    let first_record = bytes.len() - 4 * FLIGHT_BYTES;
     record[first_record] = 1;
     assert_eq!(decode(&record, 3, 2), Err(DecodeError::Slot(1)));
 }
