@@ -13,7 +13,7 @@ use bytes::Bytes;
 use nsq_dedupe::dedup::generational::resize;
 use nsq_dedupe::{
     Claim, Digest, Generation, Generations, Geometry, MemcachedConfig, MemcachedStore, RedisConfig,
-    RedisStore, Store,
+    RedisStore, Shape, Store,
 };
 
 use crate::sidecar::{drained, payload, sidecar_binary, spawn_sidecar, ChildGuard, CHANNEL, TOPIC};
@@ -521,6 +521,54 @@ async fn claims_across_a_resize_in_memcached() {
     };
     let open = |geometry| MemcachedStore::connect(config.clone(), geometry);
     claims_across(open(small()).await.unwrap(), open(large()).await.unwrap()).await;
+}
+
+/// A namespace in which a version before descriptors kept a Memcached table (the earlier
+/// layout, and no descriptor): the first consumer of this version reads it as the previous
+/// generation, so the messages taken there stay seen; a namespace that holds nothing has no
+/// previous generation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_kept_without_a_descriptor_is_read_as_the_previous_generation_in_memcached() {
+    let memcached = MemcachedServer::start();
+    let config = |namespace: &str| MemcachedConfig {
+        servers: vec![memcached.addr()],
+        namespace: namespace.into(),
+        ..MemcachedConfig::default()
+    };
+    let geometry = large();
+    let fresh = MemcachedStore::connect(config("earlier"), geometry)
+        .await
+        .unwrap();
+    let earlier_shape = Shape {
+        format: 1,
+        geometry,
+    };
+    let earlier = fresh.reshaped(earlier_shape).unwrap();
+    let seen: Vec<Digest> = (0..500).map(digest).collect();
+    assert_eq!(
+        earlier.claim_done_many(&seen).await,
+        vec![Ok(Claim::New); 500]
+    );
+    let store = Generations::new(fresh);
+    store.follow().await.unwrap();
+    assert_eq!(
+        store.previous().map(|(shape, _)| shape),
+        Some(earlier_shape)
+    );
+    assert_eq!(
+        store.claim_many(&seen).await,
+        vec![Ok(Claim::Duplicate); 500],
+        "taken by the earlier version: copies"
+    );
+    assert_eq!(store.claim(digest(5_000)).await, Ok(Claim::New));
+
+    let empty = Generations::new(
+        MemcachedStore::connect(config("nothing"), geometry)
+            .await
+            .unwrap(),
+    );
+    empty.follow().await.unwrap();
+    assert_eq!(empty.previous(), None);
 }
 
 /// The same on Valkey 8.1, whose operations are decided in the client and written with

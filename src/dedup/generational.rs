@@ -9,7 +9,9 @@
 //!
 //! - **The descriptor.** A small key in the namespace, `<prefix>:table`, names the current
 //!   shape, the previous one if any and when the switch happened ([`Descriptor`]). A store
-//!   without one is created at the size given (the descriptor written only if absent); a
+//!   without one is created at the size given (the descriptor written only if absent; a
+//!   table of an earlier layout found there, [`Generation::earlier_table`], becomes its
+//!   previous shape); a
 //!   consumer given another size follows the descriptor's table and says so once.
 //!   `nsq-dedupe resize` replaces it with a compare-and-set, and every consumer reads it again
 //!   at each share of the fleet's counters (`store.fleet_interval`), so a fleet follows a
@@ -78,6 +80,17 @@ pub trait Generation: Store + FleetCounters + Clone + Sized + 'static {
         &self,
         digests: &[Digest],
     ) -> impl Future<Output = Vec<Result<Claim, StoreError>>> + Send;
+
+    /// The shape of a table of an earlier layout that the store holds in this namespace
+    /// without a descriptor (written by a version before descriptors), to be read as the
+    /// previous generation of the table a first descriptor names; `None` when there is none.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store does not answer.
+    fn earlier_table(&self) -> impl Future<Output = Result<Option<Shape>, StoreError>> + Send {
+        std::future::ready(Ok(None))
+    }
 
     /// The descriptor key's value, and with `replace = Some((expected, new))` writes `new`
     /// if the key holds `expected` (`None`: nothing), in one atomic step. Answers what the key
@@ -298,9 +311,15 @@ impl<S: Generation> Generations<S> {
         let descriptor = match state.current.descriptor(None).await? {
             Some(text) => Descriptor::parse(&state.current.descriptor_key(), &text)?,
             None => {
+                // A table that an earlier version kept without a descriptor is read as the
+                // previous generation, so that an upgraded fleet forgets nothing.
                 let first = Descriptor {
                     current: state.shape,
-                    previous: None,
+                    previous: state
+                        .current
+                        .earlier_table()
+                        .await?
+                        .map(|shape| (shape, now_ms())),
                 };
                 let encoded = first.encode();
                 match state

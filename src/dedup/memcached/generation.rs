@@ -23,6 +23,10 @@ use crate::error::StoreError;
 /// the very value it expected is tried again.
 const SWAP_TRIES: usize = 4;
 
+/// Sets of the earlier layout read to find whether a namespace without a descriptor holds a
+/// table of it.
+const PROBED_SETS: u64 = 64;
+
 impl MemcachedStore {
     /// Reads `keys`, all of server `server`, in one round trip, with their CAS tokens.
     async fn read_items(&self, server: usize, keys: &[&str]) -> Result<Vec<Read>, StoreError> {
@@ -78,6 +82,43 @@ impl Generation for MemcachedStore {
 
     fn max_age(&self) -> Option<Duration> {
         self.inner.config.max_age
+    }
+
+    /// The table of the earlier layout (key format 1) at this store's geometry, when an item
+    /// of it is found among [`PROBED_SETS`] sets spread over the table (one read per server):
+    /// a table that versions before descriptors kept. A table whose probed sets are all
+    /// absent holds little (most of its sets are empty) and is not read.
+    async fn earlier_table(&self) -> Result<Option<Shape>, StoreError> {
+        if self.inner.layout.format() != COMPACT_FORMAT {
+            return Ok(None);
+        }
+        let geometry = self.inner.geometry;
+        let earlier =
+            MemcachedStore::new_lazy_in(self.inner.config.clone(), geometry, SETS_FORMAT)?;
+        let sets = geometry.sets();
+        let mut keys: Vec<String> = (0..PROBED_SETS)
+            .map(|i| earlier.key_of_set(i * sets / PROBED_SETS))
+            .collect();
+        keys.dedup();
+        let mut by_server: Vec<Vec<&str>> = vec![Vec::new(); self.inner.servers.len()];
+        for key in &keys {
+            by_server[earlier.route(key)].push(key);
+        }
+        for (server, keys) in by_server.iter().enumerate() {
+            if !keys.is_empty()
+                && earlier
+                    .read_items(server, keys)
+                    .await?
+                    .iter()
+                    .any(Option::is_some)
+            {
+                return Ok(Some(Shape {
+                    format: SETS_FORMAT,
+                    geometry,
+                }));
+            }
+        }
+        Ok(None)
     }
 
     fn reshaped(&self, shape: Shape) -> Result<Self, StoreError> {
