@@ -619,6 +619,31 @@ fn reads_served(addr: &str) -> u64 {
     stat(addr, "cmd_get")
 }
 
+/// `size`'s estimate of a table's memory in Memcached (`sizing::memcached_bytes_estimate`)
+/// is within a tenth of what memcached counts for it (`stats` `bytes`) once every item is
+/// written, as a sidecar writes them: claims then commits.
+#[tokio::test]
+async fn the_memory_estimate_is_within_a_tenth_of_what_memcached_counts() {
+    let server = MemcachedServer::start();
+    let geometry = Geometry::new(4_096 * 8, 8).unwrap();
+    let store = store_at(&server.addr(), &unique_namespace("memory"), geometry).await;
+    let before = stat(&server.addr(), "bytes");
+    let digests: Vec<Digest> = (0..geometry.slots()).map(digest).collect();
+    for burst in digests.chunks(256) {
+        assert_eq!(
+            claimed(store.claim_many(burst).await).unwrap(),
+            vec![Claim::New; burst.len()]
+        );
+        assert_eq!(store.commit_many(burst).await, vec![Ok(true); burst.len()]);
+    }
+    let measured = stat(&server.addr(), "bytes") - before;
+    let estimate = nsq_dedupe::sizing::memcached_bytes_estimate(geometry);
+    assert!(
+        estimate.abs_diff(measured) * 10 <= measured,
+        "estimated {estimate} bytes, memcached counts {measured}"
+    );
+}
+
 /// The counter `name` of memcached's `stats` at `addr`.
 pub(crate) fn stat(addr: &str, name: &str) -> u64 {
     use std::io::{BufRead, BufReader, Write};
