@@ -78,7 +78,7 @@ impl Layout {
     pub(super) fn empty(self, item: u64, geometry: Geometry) -> Unit {
         let ways = geometry.ways() as usize;
         match self {
-            Layout::Sets => Unit::Set(SetState::empty(ways)),
+            Layout::Sets => Unit::Set(Box::new(SetState::empty(ways))),
             Layout::Items { .. } => {
                 Unit::Item(ItemState::empty(self.sets_in(item, geometry), ways))
             }
@@ -90,7 +90,9 @@ impl Layout {
     pub(super) fn decode(self, value: &[u8], item: u64, geometry: Geometry) -> Option<Unit> {
         let ways = geometry.ways() as usize;
         match self {
-            Layout::Sets => set::decode(value, ways).ok().map(Unit::Set),
+            Layout::Sets => set::decode(value, ways)
+                .ok()
+                .map(|set| Unit::Set(Box::new(set))),
             Layout::Items { .. } => item::decode(value, self.sets_in(item, geometry), ways)
                 .ok()
                 .map(Unit::Item),
@@ -113,7 +115,9 @@ impl Layout {
 /// One item's value, decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Unit {
-    Set(SetState),
+    /// Boxed: the earlier layout's set holds its slots in place (400 bytes), and is read only
+    /// as a previous generation.
+    Set(Box<SetState>),
     Item(ItemState),
 }
 
