@@ -27,6 +27,7 @@
 //! | 0.9  | 34,168,399 slots (273 MB) | 6,185,416 slots (49 MB) |
 //! | 0.99 | 358,196,986 slots (2.9 GB) | 9,910,168 slots (79 MB) |
 
+use crate::dedup::shared::MEMCACHED_SLOTS_PER_ITEM;
 use crate::dedup::Geometry;
 
 pub mod growth;
@@ -40,10 +41,6 @@ pub const DEFAULT_WINDOW: std::time::Duration = std::time::Duration::from_secs(3
 /// (up to a quarter more, by default) comes on top. An estimate; the density benchmark
 /// measures it (`bench/store-density.sh`).
 const MEMCACHED_ITEM_OVERHEAD_BYTES: u64 = 90;
-
-/// Slots a Memcached item holds in the compact layout unless configured otherwise
-/// (`MemcachedConfig::slots_per_item`): whole sets, as many as fit.
-pub const MEMCACHED_SLOTS_PER_ITEM: u32 = 64;
 
 /// Bytes one entry takes in a compact Memcached item (its fingerprint; entries in flight take
 /// 17 more while they are, and a timed table, with `max_age`, 4 more each).
@@ -208,7 +205,7 @@ fn check_probability(probability: f64) -> Result<(), SizingError> {
 
 /// Estimated Memcached memory for a full table of this shape in the compact layout (as its
 /// `bytes` statistic counts it, without slab rounding): an item per
-/// [`MEMCACHED_SLOTS_PER_ITEM`] slots (whole sets), each its overhead, a cursor per set and
+/// `MemcachedConfig::slots_per_item` slots (64 by default) (whole sets), each its overhead, a cursor per set and
 /// 8 bytes per entry, no entry in flight and no `max_age`.
 pub fn memcached_bytes_estimate(geometry: Geometry) -> u64 {
     let ways = u64::from(geometry.ways());

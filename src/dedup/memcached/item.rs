@@ -207,70 +207,89 @@ pub(super) fn apply(
         };
     };
     let (outcome, changed) = match item.flight(at).map(|i| (i, item.flights[i])) {
-        Some((i, flight)) if !flight.done => {
-            let mine = flight.owner == facts.owner;
-            match op {
-                Op::Claim | Op::ClaimDone if flight.lease_until_ms > facts.now_ms => {
-                    (Outcome::Claim(Claim::InFlight), false)
-                }
-                Op::Claim | Op::ClaimDone => {
-                    // The owner let the lease lapse: take the entry over, in its slot.
-                    item.land(at);
-                    claim_into(item, at, op, print, facts);
-                    (Outcome::Claim(Claim::New), true)
-                }
-                Op::Commit if mine => {
-                    item.land(at);
-                    item.slots[at].done_s = done_second(facts);
-                    (Outcome::Held(true), true)
-                }
-                Op::Erase if mine => {
-                    item.land(at);
-                    item.slots[at] = Slot::default();
-                    (Outcome::Held(true), true)
-                }
-                Op::Renew if mine => {
-                    item.flights[i].lease_until_ms = facts.lease_until_ms & !DONE_BIT;
-                    (Outcome::Held(true), true)
-                }
-                Op::Commit | Op::Erase | Op::Renew => (Outcome::Held(false), false),
-            }
-        }
-        claimed_done => {
-            let done_s = item.slots[at].done_s;
-            // Whole seconds: counted from the end of the commit's second, so never short.
-            let expired = done_s != 0
-                && facts.max_age_ms.is_some_and(|max| {
-                    facts.now_ms.saturating_sub(u64::from(done_s) * 1_000) > max + 1_000
-                });
-            // Its claimer's, claimed done at once, while its lease lasts.
-            let erasable = claimed_done.is_some_and(|(_, flight)| {
-                flight.owner == facts.owner && flight.lease_until_ms > facts.now_ms
-            });
-            match op {
-                Op::Claim | Op::ClaimDone if expired => {
-                    // Committed longer ago than `max_age`: claim it anew, in its slot.
-                    item.land(at);
-                    claim_into(item, at, op, print, facts);
-                    (Outcome::Claim(Claim::New), true)
-                }
-                Op::Claim | Op::ClaimDone => (Outcome::Claim(Claim::Duplicate), false),
-                // A repeated commit is harmless, whoever sends it.
-                Op::Commit => (Outcome::Held(true), false),
-                Op::Erase if erasable => {
-                    item.land(at);
-                    item.slots[at] = Slot::default();
-                    (Outcome::Held(true), true)
-                }
-                // Otherwise a done entry is final, and has no lease.
-                Op::Erase | Op::Renew => (Outcome::Held(false), false),
-            }
-        }
+        Some((i, flight)) if !flight.done => in_flight(item, (at, i, flight), op, print, facts),
+        claimed_done => done(item, at, claimed_done.map(|(_, f)| f), op, print, facts),
     };
     if changed {
         prune(item, facts.now_ms);
     }
     (outcome, changed)
+}
+
+/// [`apply`] to the entry in flight in slot `at`, whose record is `flights[i]`, `flight`.
+fn in_flight(
+    item: &mut ItemState,
+    (at, i, flight): (usize, usize, Flight),
+    op: Op,
+    print: u64,
+    facts: LeaseFacts,
+) -> (Outcome, bool) {
+    let mine = flight.owner == facts.owner;
+    match op {
+        Op::Claim | Op::ClaimDone if flight.lease_until_ms > facts.now_ms => {
+            (Outcome::Claim(Claim::InFlight), false)
+        }
+        Op::Claim | Op::ClaimDone => {
+            // The owner let the lease lapse: take the entry over, in its slot.
+            item.land(at);
+            claim_into(item, at, op, print, facts);
+            (Outcome::Claim(Claim::New), true)
+        }
+        Op::Commit if mine => {
+            item.land(at);
+            item.slots[at].done_s = done_second(facts);
+            (Outcome::Held(true), true)
+        }
+        Op::Erase if mine => {
+            item.land(at);
+            item.slots[at] = Slot::default();
+            (Outcome::Held(true), true)
+        }
+        Op::Renew if mine => {
+            item.flights[i].lease_until_ms = facts.lease_until_ms & !DONE_BIT;
+            (Outcome::Held(true), true)
+        }
+        Op::Commit | Op::Erase | Op::Renew => (Outcome::Held(false), false),
+    }
+}
+
+/// [`apply`] to the done entry in slot `at`; `claimed_done` is its record when it was claimed
+/// done at once and the record is still there.
+fn done(
+    item: &mut ItemState,
+    at: usize,
+    claimed_done: Option<Flight>,
+    op: Op,
+    print: u64,
+    facts: LeaseFacts,
+) -> (Outcome, bool) {
+    let done_s = item.slots[at].done_s;
+    // Whole seconds: counted from the end of the commit's second, so never short.
+    let expired = done_s != 0
+        && facts.max_age_ms.is_some_and(|max| {
+            facts.now_ms.saturating_sub(u64::from(done_s) * 1_000) > max + 1_000
+        });
+    // Its claimer's, claimed done at once, while its lease lasts.
+    let erasable = claimed_done
+        .is_some_and(|flight| flight.owner == facts.owner && flight.lease_until_ms > facts.now_ms);
+    match op {
+        Op::Claim | Op::ClaimDone if expired => {
+            // Committed longer ago than `max_age`: claim it anew, in its slot.
+            item.land(at);
+            claim_into(item, at, op, print, facts);
+            (Outcome::Claim(Claim::New), true)
+        }
+        Op::Claim | Op::ClaimDone => (Outcome::Claim(Claim::Duplicate), false),
+        // A repeated commit is harmless, whoever sends it.
+        Op::Commit => (Outcome::Held(true), false),
+        Op::Erase if erasable => {
+            item.land(at);
+            item.slots[at] = Slot::default();
+            (Outcome::Held(true), true)
+        }
+        // Otherwise a done entry is final, and has no lease.
+        Op::Erase | Op::Renew => (Outcome::Held(false), false),
+    }
 }
 
 /// Drops the records of entries claimed done whose lease ended by `now_ms`: they go with the
