@@ -94,6 +94,7 @@ fn claims(c: &mut Criterion) {
     let config = MemcachedConfig {
         servers: vec![server.addr.clone()],
         namespace: "bench".into(),
+        timeout: crate::servers::BENCH_TIMEOUT,
         ..MemcachedConfig::default()
     };
     let uncoalesced = runtime

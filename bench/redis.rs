@@ -81,6 +81,7 @@ fn claims(c: &mut Criterion) {
             RedisConfig {
                 urls: vec![format!("redis://{}", server.addr)],
                 namespace: "bench".into(),
+                timeout: crate::servers::BENCH_TIMEOUT,
                 ..RedisConfig::default()
             },
             geometry,

@@ -13,6 +13,12 @@
 //! - `one-shot empty` and `one-shot full`: the same two tables, each burst claimed done at
 //!   once (`claim_done_many`, no commit), as the sidecar sends them for a sink that cannot
 //!   fail once it took a message (`--sink null`);
+//! - `resizing`: a claim and a commit of every message during a resize: a table of the full
+//!   table's size, filled first, resized (`nsq-dedupe resize`'s descriptor) to the empty
+//!   case's size, so that every claim also looks its digest up in the previous generation;
+//! - `after resize`: the same table once its previous generation retired (no look-up);
+//!   both are also given as a ratio to `ours empty`, the same table without a resize, and
+//!   `resizing` to `ours full`, a table in use that a resize would relieve;
 //! - `naive` again: the figure compared against is the mean of its two runs, so that a drift of
 //!   the shared machine's load does not favour either side.
 //!
@@ -41,18 +47,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use nsq_dedupe::dedup::generational::resize;
 use nsq_dedupe::{
-    Claim, Digest, Geometry, MemcachedConfig, MemcachedStore, RedisConfig, RedisStore, Store,
+    Claim, Digest, Generation, Generations, Geometry, MemcachedConfig, MemcachedStore, RedisConfig,
+    RedisStore, Store,
 };
 use servers::{Program, RedisCluster, Server};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 /// Clock ticks per second of `/proc/<pid>/stat` (Linux's `USER_HZ`).
 const TICKS_PER_SECOND: f64 = 100.0;
-
-/// The stores' time limit per operation: what is measured is the server's CPU, so a machine
-/// busy with other work must not fail a case.
-const BENCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Ways of every table measured: the sidecar's default.
 const WAYS: u32 = 8;
@@ -340,7 +344,7 @@ async fn redis_server_cases(
             RedisConfig {
                 urls: vec![url.clone()],
                 namespace: namespace.into(),
-                timeout: BENCH_TIMEOUT,
+                timeout: servers::BENCH_TIMEOUT,
                 ..RedisConfig::default()
             },
             Geometry::new(slots, WAYS).expect("a valid geometry"),
@@ -488,7 +492,7 @@ async fn redis_cluster_cases(settings: &Settings) -> Result<(), String> {
                     urls: urls.clone(),
                     cluster: true,
                     namespace: namespace.into(),
-                    timeout: BENCH_TIMEOUT,
+                    timeout: servers::BENCH_TIMEOUT,
                     ..RedisConfig::default()
                 },
                 Geometry::new(slots, WAYS).expect("a valid geometry"),
@@ -502,7 +506,7 @@ async fn redis_cluster_cases(settings: &Settings) -> Result<(), String> {
 async fn memcached_cases(settings: &Settings) -> Result<(), String> {
     // Every case's items stay (memcached's `flush_all` keeps its hash table's size), so the
     // table is made at start for all of them: no case pays for growing it.
-    let server = Server::memcached_holding(6 * settings.messages)?;
+    let server = Server::memcached_holding(8 * settings.messages)?;
     let addr = server.addr.clone();
     let naive_addr = addr.clone();
     let naive = move |burst: Vec<Digest>| {
@@ -541,7 +545,7 @@ async fn memcached_cases(settings: &Settings) -> Result<(), String> {
                 MemcachedConfig {
                     servers: vec![addr.clone()],
                     namespace: namespace.into(),
-                    timeout: BENCH_TIMEOUT,
+                    timeout: servers::BENCH_TIMEOUT,
                     slots_per_item: settings.slots_per_item,
                     ..MemcachedConfig::default()
                 },
@@ -608,7 +612,7 @@ where
     EF: std::future::Future<Output = Result<(), String>>,
     C: Fn(&str, u64) -> CF,
     CF: std::future::Future<Output = Result<S, String>>,
-    S: Store + Clone + Send + Sync + 'static,
+    S: Generation + Send + Sync,
 {
     let n = settings.messages;
     // Digests of each case start far apart, so no case meets another's.
@@ -658,8 +662,18 @@ where
         );
         cases.push((format!("{label} full"), full.await));
     }
+    let (resizing, after) = resize_cases(settings, server, &empty, &connect, big).await?;
+    cases.push(("resizing".to_owned(), resizing));
+    cases.push(("after resize".to_owned(), after));
     empty().await?;
     let naive_again = measure(server, settings, n, Digests::starting_at(4 << 40), naive).await;
+    let per = |label: &str, i: usize| {
+        cases
+            .iter()
+            .find(|(case, _)| case == label)
+            .map(|(_, (ticks, _))| per_message(ticks[i], n))
+            .expect("a case measured")
+    };
     for (i, name) in server.names(name).iter().enumerate() {
         let case = |(ticks, wall): &(Vec<u64>, f64)| (ticks[i], *wall);
         let baseline = (per_message(naive_first.0[i], n) + per_message(naive_again.0[i], n)) / 2.0;
@@ -668,8 +682,87 @@ where
             report(name, label, n, case(measured), Some(baseline));
         }
         report(name, "naive again", n, case(&naive_again), None);
+        let (empty, full) = (per("ours empty", i), per("ours full", i));
+        println!(
+            "{name:<14} resize: {:.2}x during, {:.2}x after (server cost per message, to ours \
+             empty); {:.2}x during, to ours full",
+            per("resizing", i) / empty,
+            per("after resize", i) / empty,
+            per("resizing", i) / full,
+        );
     }
     Ok(())
+}
+
+/// The resize cases: a table of `settings.full_slots` filled, then resized to `big` slots
+/// through the descriptor as `nsq-dedupe resize` does; claims and commits of fresh digests
+/// through generations that read the previous table, then through generations whose
+/// previous table retired. Each case's server cost.
+async fn resize_cases<E, EF, C, CF, S>(
+    settings: &Settings,
+    server: &impl Measured,
+    empty: &E,
+    connect: &C,
+    big: u64,
+) -> Result<((Vec<u64>, f64), (Vec<u64>, f64)), String>
+where
+    E: Fn() -> EF,
+    EF: std::future::Future<Output = Result<(), String>>,
+    C: Fn(&str, u64) -> CF,
+    CF: std::future::Future<Output = Result<S, String>>,
+    S: Generation + Send + Sync,
+{
+    const NAMESPACE: &str = "resize";
+    empty().await?;
+    let small = connect(NAMESPACE, settings.full_slots).await?;
+    // Its descriptor, as a consumer writes it at start.
+    Generations::new(small.clone())
+        .follow()
+        .await
+        .map_err(|e| format!("the table's descriptor: {e}"))?;
+    ours(
+        server,
+        settings,
+        (vec![small.clone()], Writes::ClaimCommit),
+        settings.full_slots * 4,
+        Digests::starting_at(10 << 40),
+    )
+    .await;
+    resize(&small, Geometry::new(big, WAYS).expect("a valid geometry"))
+        .await
+        .map_err(|e| format!("resize: {e}"))?;
+    let (mut during, mut retired) = (Vec::new(), Vec::new());
+    for _ in 0..settings.consumers {
+        let generations = Generations::new(connect(NAMESPACE, big).await?);
+        generations
+            .follow()
+            .await
+            .map_err(|e| format!("following the resize: {e}"))?;
+        if generations.previous().is_none() {
+            return Err("the resize left no previous generation to read".into());
+        }
+        during.push(generations);
+        // Before it reads the descriptor: one generation, as once the previous one retired.
+        retired.push(Generations::new(connect(NAMESPACE, big).await?));
+    }
+    let n = settings.messages;
+    let resizing = ours(
+        server,
+        settings,
+        (during, Writes::ClaimCommit),
+        n,
+        Digests::starting_at(11 << 40),
+    )
+    .await;
+    let after = ours(
+        server,
+        settings,
+        (retired, Writes::ClaimCommit),
+        n,
+        Digests::starting_at(12 << 40),
+    )
+    .await;
+    Ok((resizing, after))
 }
 
 fn main() {

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use crate::wording::{FlagOrigins, Wording};
+use crate::wording::Wording;
 
 /// Building a table with an impossible shape.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -128,20 +128,4 @@ pub enum StoreError {
         /// What it answered, and the setting to correct.
         detail: Wording,
     },
-}
-
-impl StoreError {
-    /// The settings the message names, said as the user gave them (see
-    /// [`Wording::naming`]).
-    #[must_use]
-    pub fn naming(mut self, names: &FlagOrigins) -> StoreError {
-        if let StoreError::Config(wording)
-        | StoreError::Refused {
-            detail: wording, ..
-        } = &mut self
-        {
-            *wording = std::mem::take(wording).naming(names);
-        }
-        self
-    }
 }

@@ -6,8 +6,8 @@
 //! output, and with one when another input follows, so that it is never glued to the next
 //! input's first record.
 //!
-//! Input is read in blocks of [`BLOCK_BYTES`]; record boundaries are found with `memchr`; the
-//! records of a block are digested and decided in batches of [`BATCH_RECORDS`], whose table
+//! Input is read in blocks of `BLOCK_BYTES`; record boundaries are found with `memchr`; the
+//! records of a block are digested and decided in batches of `BATCH_RECORDS`, whose table
 //! sets are requested from memory while earlier ones are decided
 //! ([`Table::contains_and_add_many_into`]), so that the waits for memory overlap instead of
 //! coming one record at a time. Memory is the table plus one block, or one record when a
@@ -64,10 +64,10 @@ pub enum FilterError {
 pub const MAX_RECORD_BYTES: usize = 64 << 20;
 
 /// Bytes read from the input at a time.
-pub const BLOCK_BYTES: usize = 1 << 20;
+pub(crate) const BLOCK_BYTES: usize = 1 << 20;
 
 /// Records decided together: enough for the table's prefetching to overlap many waits.
-pub const BATCH_RECORDS: usize = 256;
+pub(crate) const BATCH_RECORDS: usize = 256;
 
 /// Reads records from `input`, writes the ones not seen before to `output`, and counts into
 /// `stats` (which may carry counts from earlier inputs).

@@ -3,7 +3,7 @@
 
 /// `%XX` escapes decoded (user info may escape `:`, `@` and `/`); anything else, a `%` without
 /// two hexadecimal digits included, is kept as it is.
-pub fn decode(text: &str) -> String {
+pub(crate) fn decode(text: &str) -> String {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -28,7 +28,8 @@ pub fn decode(text: &str) -> String {
 }
 
 /// `text` as a query value: unreserved characters as they are, every other byte `%XX`.
-pub fn encode_query(text: &str) -> String {
+#[cfg(feature = "nsq")]
+pub(crate) fn encode_query(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for b in text.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'~') {

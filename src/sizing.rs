@@ -30,7 +30,8 @@
 use crate::dedup::shared::MEMCACHED_SLOTS_PER_ITEM;
 use crate::dedup::Geometry;
 
-pub mod growth;
+#[cfg(feature = "sidecar")]
+pub(crate) mod growth;
 
 /// The window the catch probability is reported for when none is configured: one hour.
 pub const DEFAULT_WINDOW: std::time::Duration = std::time::Duration::from_secs(3600);

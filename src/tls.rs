@@ -1,7 +1,7 @@
 //! TLS client settings shared by the NSQ connections and the HTTP client: which certificates
 //! to trust (the system's roots plus a CA file), an optional client certificate, the lowest
 //! protocol version, and the opt-out from verification; and the server side of the serve
-//! endpoint ([`server_config`]). Built on rustls with the ring provider.
+//! endpoint (`server_config`). Built on rustls with the ring provider.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -112,7 +112,7 @@ pub(crate) fn provider() -> Arc<CryptoProvider> {
 /// # Errors
 ///
 /// A file that cannot be read or used, or a certificate without its key.
-pub fn client_config(settings: &TlsSettings) -> Result<rustls::ClientConfig, TlsFileError> {
+pub(crate) fn client_config(settings: &TlsSettings) -> Result<rustls::ClientConfig, TlsFileError> {
     let provider = provider();
     let versions: &[&rustls::SupportedProtocolVersion] = match settings.min_version {
         TlsVersion::Tls12 => &[&rustls::version::TLS13, &rustls::version::TLS12],
@@ -157,7 +157,8 @@ pub fn client_config(settings: &TlsSettings) -> Result<rustls::ClientConfig, Tls
 /// # Errors
 ///
 /// A file that cannot be read or used, or a key that does not fit the certificate.
-pub fn server_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, TlsFileError> {
+#[cfg(feature = "sidecar")]
+pub(crate) fn server_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, TlsFileError> {
     let chain = read_certs("server certificate", cert)?;
     let key_der = PrivateKeyDer::from_pem_file(key)
         .map_err(|error| file_error("server key", key, pem_error(error)))?;

@@ -1,5 +1,9 @@
 //! Sizes, durations and counts as people write and read them: `64MiB`, `1h30m`, `34,168,399`.
 
+// The lower layers print sizes only (`format_bytes`), the sidecar reads and prints sizes and
+// durations, and the binary also prints counts (`format_count`).
+#![cfg_attr(not(feature = "cli"), allow(dead_code))]
+
 use std::time::Duration;
 
 /// Parses a duration such as `500ms`, `30s`, `5m`, `1h`, `2d`, `1w` or `1h30m`.
@@ -7,7 +11,7 @@ use std::time::Duration;
 /// # Errors
 ///
 /// A message stating the accepted form (the caller names the value, once).
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let error =
         || "expected a duration such as 30s, 5m, 1h or 2d (units ms, s, m, h, d, w)".to_owned();
     let mut rest = text.trim();
@@ -49,7 +53,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 /// # Errors
 ///
 /// A message stating the accepted form (the caller names the value, once).
-pub fn parse_bytes(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_bytes(text: &str) -> Result<u64, String> {
     let error = || "expected a size such as 64MiB, 1GiB, 500MB or 4096 (bytes)".to_owned();
     let trimmed = text.trim();
     let split = trimmed
@@ -81,7 +85,7 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
 }
 
 /// Formats a byte count with a binary unit: `47.4 MiB`.
-pub fn format_bytes(bytes: u64) -> String {
+pub(crate) fn format_bytes(bytes: u64) -> String {
     const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
     let mut value = bytes as f64;
     let mut unit = 0;
@@ -97,7 +101,7 @@ pub fn format_bytes(bytes: u64) -> String {
 }
 
 /// Formats a duration compactly: `1s`, `10m`, `1h30m`, `2d`.
-pub fn format_duration(duration: Duration) -> String {
+pub(crate) fn format_duration(duration: Duration) -> String {
     let mut seconds = duration.as_secs();
     if seconds == 0 {
         return format!("{}ms", duration.as_millis());
@@ -113,7 +117,7 @@ pub fn format_duration(duration: Duration) -> String {
 }
 
 /// Formats a count with thousands separators: `34,168,399`.
-pub fn format_count(count: u64) -> String {
+pub(crate) fn format_count(count: u64) -> String {
     let digits = count.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, c) in digits.chars().enumerate() {

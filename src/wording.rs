@@ -3,18 +3,21 @@
 //! environment variable (`NSQ_DEDUPE_POST`) or its file key (`sink.post`).
 //!
 //! Whoever words a message names settings by their keys (a validator, a store refusing its
-//! settings, nsqd's refusal turned into advice); [`Wording::naming`] then records, from the
-//! [`FlagOrigins`], which flag or variable gave each setting, and the message is written from
-//! those fields when it is shown. A library user who never names them sees the keys.
+//! settings, nsqd's refusal turned into advice); where the message is shown,
+//! [`FlagOrigins::show`] writes each setting as the user gave it, from which flag or variable
+//! gave it (`shown.rs`). A library user who never shows them so sees the keys.
 //!
 //! This module depends on nothing else of the crate, so that every layer (the stores, the NSQ
 //! client, the config) can word its errors with it. `flag_origins.rs` holds [`FlagOrigins`].
 
 mod flag_origins;
+mod shown;
 
 use std::fmt;
 
 pub use flag_origins::FlagOrigins;
+pub(crate) use shown::in_effect;
+pub use shown::Shown;
 
 /// One setting a message names, perhaps with a value: `` `sink.kind = "http"` ``.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,18 +27,13 @@ pub struct Named {
     pub key: &'static str,
     /// The value as the file writes it (`"http"`, `true`, `6`), if the message gives one.
     pub value: Option<String>,
-    /// The flag or environment variable the user gives the setting by, if not by its key.
-    pub given_as: Option<&'static str>,
 }
 
 impl Named {
-    /// The setting `key`, named by its key until [`Named::naming`] says otherwise.
+    /// The setting `key`, named by its key unless shown in the user's words
+    /// ([`FlagOrigins::show`]).
     pub fn key(key: &'static str) -> Named {
-        Named {
-            key,
-            value: None,
-            given_as: None,
-        }
+        Named { key, value: None }
     }
 
     /// The setting `key` set to `value`, written as the file writes it (`"http"`, `6`).
@@ -46,22 +44,21 @@ impl Named {
         }
     }
 
-    /// The setting whose flag is `flag`, named by that flag until [`Named::naming`] says
-    /// otherwise (by the environment variable that gave it).
+    /// The setting whose flag is `flag`, named by that flag, or shown in the user's words by
+    /// the environment variable that gave it.
     pub fn flag(flag: &'static str) -> Named {
         Named::key(flag)
     }
 
-    /// Named as the user gives it: by the flag or variable that set it, or, with no config
-    /// file, by the flag that sets it; a setting named by its flag, by the variable that gave
-    /// its value.
-    pub fn naming(self, names: &FlagOrigins) -> Named {
-        Named {
-            given_as: names
+    /// The flag or environment variable the user gave the setting by, if the message is
+    /// shown in their words: the flag or variable that set it, or, with no config file, the
+    /// flag that sets it; a setting named by its flag, the variable that gave its value.
+    fn given_as(&self) -> Option<&'static str> {
+        in_effect(|names| {
+            names
                 .naming(self.key)
-                .or_else(|| names.given_by_flag(self.key)),
-            ..self
-        }
+                .or_else(|| names.given_by_flag(self.key))
+        })
     }
 }
 
@@ -71,7 +68,7 @@ impl fmt::Display for Named {
     /// a flag that carries the option's name; a switch set `true` by the flag alone.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let value = self.value.as_deref();
-        match (self.given_as, value) {
+        match (self.given_as(), value) {
             (None, None) => write!(f, "`{}`", self.key),
             (None, Some(value)) => write!(f, "`{} = {value}`", self.key),
             (Some(name), None | Some("true")) => write!(f, "`{name}`"),
@@ -102,25 +99,6 @@ enum Part {
         /// `(second)`, else `/ second`.
         brackets: bool,
     },
-}
-
-impl Part {
-    /// Each setting named as the user gives it.
-    fn naming(self, names: &FlagOrigins) -> Part {
-        match self {
-            Part::Setting(named) => Part::Setting(named.naming(names)),
-            Part::Both {
-                first,
-                second,
-                brackets,
-            } => Part::Both {
-                first: first.naming(names),
-                second: second.naming(names),
-                brackets,
-            },
-            text => text,
-        }
-    }
 }
 
 /// A message, or part of one, that names settings: text and [`Named`] settings in order.
@@ -155,7 +133,7 @@ impl Wording {
     }
 
     /// `self`, then one setting named two ways: `` `first` (`second`) ``, such as
-    /// `` `--topic` (`source.topic`) ``; once named, said once if both ways come out the same.
+    /// `` `--topic` (`source.topic`) ``; said once if both ways come out the same.
     #[must_use]
     pub fn both(mut self, first: Named, second: Named) -> Wording {
         self.0.push(Part::Both {
@@ -166,8 +144,8 @@ impl Wording {
         self
     }
 
-    /// `self`, then one setting named two ways: `` `first` / `second` ``; once named, said
-    /// once if both ways come out the same.
+    /// `self`, then one setting named two ways: `` `first` / `second` ``; said once if both
+    /// ways come out the same.
     #[must_use]
     pub fn either(mut self, first: Named, second: Named) -> Wording {
         self.0.push(Part::Both {
@@ -183,12 +161,6 @@ impl Wording {
     pub fn then(mut self, other: Wording) -> Wording {
         self.0.extend(other.0);
         self
-    }
-
-    /// Each setting named as the user gives it (see [`Named::naming`]).
-    #[must_use]
-    pub fn naming(self, names: &FlagOrigins) -> Wording {
-        Wording(self.0.into_iter().map(|part| part.naming(names)).collect())
     }
 
     /// The settings named, in order.
@@ -266,7 +238,7 @@ mod tests {
             .text(", ")
             .key("dedupe.key");
         assert_eq!(
-            wording.naming(&names).to_string(),
+            names.show(&wording).to_string(),
             "`--backoff`, `--store memcached`, `--consumer-opt deflate_level,6`, `dedupe.key`"
         );
         // A flag's value from its environment variable is named by the variable.
@@ -278,7 +250,7 @@ mod tests {
             .text(" or ")
             .set("sink.gzip", "true");
         assert_eq!(
-            wording.clone().naming(&names).to_string(),
+            names.show(&wording.clone()).to_string(),
             "set `NSQ_DEDUPE_SINK=http` or `--gzip`"
         );
         // A flag typed by its alias is named by the alias, by its key and by its flag.
@@ -288,7 +260,7 @@ mod tests {
             .set("sink.http_concurrency", "0")
             .text(" or ")
             .setting(Named::flag("--http-concurrency"));
-        assert_eq!(wording.naming(&names).to_string(), "set `--n 0` or `--n`");
+        assert_eq!(names.show(&wording).to_string(), "set `--n 0` or `--n`");
         // With a config file, a setting no flag gave keeps its key.
         names.with_file();
         let wording = Wording::default()
@@ -296,7 +268,7 @@ mod tests {
             .text(", ")
             .key("source.backoff");
         assert_eq!(
-            wording.naming(&names).to_string(),
+            names.show(&wording).to_string(),
             "`store.kind = \"redis\"`, `--backoff`"
         );
     }
@@ -325,7 +297,7 @@ mod tests {
         names.record("store.kind", "--store", false);
         // Without a config file, every setting is its flag.
         assert_eq!(
-            msg_timeout().naming(&names).to_string(),
+            names.show(&msg_timeout()).to_string(),
             "set `--msg-timeout`, `--sink http`, `--sink`"
         );
         // A flag's value from its environment variable is named by the variable, as a key
@@ -335,7 +307,7 @@ mod tests {
         names.record("sink.kind", "--sink", true);
         names.record_variable("sink.kind", "NSQ_DEDUPE_SINK");
         assert_eq!(
-            msg_timeout().naming(&names).to_string(),
+            names.show(&msg_timeout()).to_string(),
             "set `NSQ_DEDUPE_MSG_TIMEOUT`, `NSQ_DEDUPE_SINK=http`, `NSQ_DEDUPE_SINK`"
         );
         // With a config file, a setting no flag gave keeps its key beside its flag.
@@ -345,7 +317,7 @@ mod tests {
             .text(", ")
             .both(Named::flag("--store"), Named::key("store.kind"));
         assert_eq!(
-            store.naming(&names).to_string(),
+            names.show(&store).to_string(),
             "`store.kind` / `--store`, `--store` (`store.kind`)"
         );
     }

@@ -48,7 +48,9 @@ fn machine_memory() -> String {
         .and_then(|rest| rest.trim().strip_suffix("kB"))
         .and_then(|kib| kib.trim().parse().ok())
         .expect("MemTotal in kB");
-    nsq_dedupe::units::format_bytes(kib * 1024)
+    // Binary units with one decimal, as the refusal prints them: any test machine has
+    // between 1 GiB and 1 TiB.
+    format!("{:.1} GiB", kib as f64 / (1024.0 * 1024.0))
 }
 
 /// A table larger than the machine is a setting to change, not a failure to retry: `run`
@@ -969,6 +971,38 @@ pub(crate) fn run_refused(env: &[(&str, &str)], args: &[&str]) -> (i32, String) 
         finished.code().expect("exited, not killed by a signal"),
         finished.stderr,
     )
+}
+
+/// A store's own rule, checked with the settings, names the settings as the user gave them,
+/// as every other setting error does: by the flags typed, and by the keys in a config file.
+#[test]
+fn a_store_rule_names_its_settings_as_the_user_gave_them() {
+    let nsqd = ["--topic", "t", "--nsqd-tcp-address", "127.0.0.1:1"];
+    let urls = [
+        "--redis-url",
+        "redis://127.0.0.1:1",
+        "--redis-url",
+        "redis://127.0.0.1:2",
+    ];
+    let refused = |setting: &str, cluster: &str| {
+        format!(
+            "error: invalid store configuration: {setting} has 2 URLs but {cluster} is off: \
+             give one server, or turn the cluster on to use them as seed nodes of a Redis \
+             Cluster\n"
+        )
+    };
+    assert_eq!(
+        run_refused(&[], &[&nsqd[..], &["--store", "redis"], &urls].concat()),
+        (78, refused("`--redis-url`", "`--redis-cluster`"))
+    );
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let store = "[store]\nkind = \"redis\"\nredis_urls = [\"redis://127.0.0.1:1\", \"redis://127.0.0.1:2\"]\n";
+    std::fs::write(file.path(), store).unwrap();
+    let config = ["--config", file.path().to_str().unwrap()];
+    assert_eq!(
+        run_refused(&[], &[&nsqd[..], &config].concat()),
+        (78, refused("`store.redis_urls`", "`store.redis_cluster`"))
+    );
 }
 
 #[test]

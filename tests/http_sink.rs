@@ -10,9 +10,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use hyper::header::{HeaderName, HeaderValue};
 use hyper::Uri;
-use nsq_dedupe::http::{HttpClient, HttpClientConfig};
 use nsq_dedupe::sink::{
-    with_content_type, BatchFormat, Handler, HandlerError, HttpMode, HttpSink, HttpSinkConfig,
+    with_content_type, BatchFormat, Handler, HandlerError, HttpClientConfig, HttpMode, HttpSink,
+    HttpSinkConfig,
 };
 
 use crate::support::http::{Answer, ConnectingWatch, HttpServer, SmallServer};
@@ -764,25 +764,25 @@ async fn throughput() {
             let server = HttpServer::start(Answer::default()).await;
             let target = url(&server, "/");
             let sink = Arc::new(HttpSink::new(&HttpSinkConfig::new(vec![target.clone()])).unwrap());
-            let client = HttpClient::new(&HttpClientConfig::default()).unwrap();
-            let headers = with_content_type("application/octet-stream", Vec::new()).unwrap();
+            let client =
+                hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                    .build_http::<http_body_util::Full<Bytes>>();
             let semaphore = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
             let started = std::time::Instant::now();
             let tasks: Vec<_> = bodies
                 .into_iter()
                 .map(|body| {
-                    let (sink, client, headers, target) = (
-                        sink.clone(),
-                        client.clone(),
-                        headers.clone(),
-                        target.clone(),
-                    );
+                    let (sink, client, target) = (sink.clone(), client.clone(), target.clone());
                     let semaphore = semaphore.clone();
                     tokio::spawn(async move {
                         let _in_flight = semaphore.acquire().await.unwrap();
                         if pooled {
-                            client
-                                .send(hyper::Method::POST, &target, &headers, body)
+                            let request = hyper::Request::post(target)
+                                .header(hyper::header::CONTENT_TYPE, "application/octet-stream")
+                                .body(http_body_util::Full::new(body))
+                                .unwrap();
+                            let answer = client.request(request).await.unwrap();
+                            http_body_util::BodyExt::collect(answer.into_body())
                                 .await
                                 .unwrap();
                         } else {

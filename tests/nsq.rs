@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use nsq_dedupe::nsq::{
-    lookupd, Consumer, ConsumerConfig, ConsumerEvent, Error, Message, Producer, ProducerConfig,
+    Consumer, ConsumerConfig, ConsumerEvent, Error, Message, Producer, ProducerConfig,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -347,36 +347,6 @@ async fn lookupd_failure_keeps_current_connections() {
         (1, 0),
         "the connection was kept"
     );
-}
-
-#[tokio::test]
-async fn lookupd_client_reads_producers_and_unknown_topics() {
-    let lookupd = Lookupd::start().await;
-    let nsqd: SocketAddr = "127.0.0.1:4150".parse().unwrap();
-    lookupd.set_producers("t", &[nsqd]);
-    let t = nsq_dedupe::http::HttpClient::new(&nsq_dedupe::http::HttpClientConfig {
-        request_timeout: Duration::from_secs(2),
-        ..Default::default()
-    })
-    .unwrap();
-    let plain = lookupd.http_addr().to_string();
-    let url = format!("http://{}", lookupd.http_addr());
-    assert_eq!(
-        lookupd::lookup(&t, &plain, "t").await.unwrap(),
-        vec!["127.0.0.1:4150".to_string()]
-    );
-    assert_eq!(
-        lookupd::lookup(&t, &url, "t").await.unwrap(),
-        vec!["127.0.0.1:4150".to_string()]
-    );
-    assert!(lookupd::lookup(&t, &url, "unknown")
-        .await
-        .unwrap()
-        .is_empty());
-    drop(lookupd);
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let err = lookupd::lookup(&t, &url, "t").await.unwrap_err();
-    assert!(matches!(err, Error::Lookupd { .. }), "{err}");
 }
 
 #[tokio::test]

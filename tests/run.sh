@@ -73,6 +73,8 @@ cargo test --no-default-features --lib "$@"
 cargo test --no-default-features --doc "$@"
 # The README's crates per feature, against cargo tree.
 bash tests/crate-counts.sh
+# The library's public items against docs/public-api.txt.
+bash tests/public-api.sh
 # The systemd unit, verified against the binary the tests built (the package's other parts are
 # checked by the tests above; pkg/build-deb.sh checks a built package).
 bash pkg/check.sh

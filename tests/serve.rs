@@ -34,10 +34,6 @@ impl Handler for Served {
         self.0.handle(body).await
     }
 
-    async fn handle_deliveries(&self, deliveries: Vec<Delivery>) -> Vec<Result<(), HandlerError>> {
-        self.0.handle_deliveries(deliveries).await
-    }
-
     fn handle_in_parts(&self, deliveries: Vec<Delivery>) -> impl Stream<Item = Part> + Send {
         self.0.handle_in_parts(deliveries)
     }

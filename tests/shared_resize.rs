@@ -4,7 +4,7 @@
 //! sidecar killed during a resize loses nothing. Then the store's own claims, commits and
 //! erases across a resize.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -30,11 +30,17 @@ const NEW_BUCKETS: u64 = 1_048_576;
 enum Shared {
     Redis(RedisServer),
     Memcached(MemcachedServer),
+    /// A cluster of three masters with a replica each, its nodes given as seeds.
+    Cluster(RedisCluster),
 }
 
 impl Shared {
     fn redis() -> Shared {
         Shared::Redis(RedisServer::start())
+    }
+
+    fn cluster(flavor: Flavor) -> Shared {
+        Shared::Cluster(RedisCluster::of(flavor, Duration::from_secs(1)))
     }
 
     fn memcached() -> Shared {
@@ -48,6 +54,10 @@ impl Shared {
             Shared::Memcached(memcached) => format!(
                 "kind = \"memcached\"\nmemcached_addresses = [\"{}\"]",
                 memcached.addr()
+            ),
+            Shared::Cluster(cluster) => format!(
+                "kind = \"redis\"\nredis_cluster = true\nredis_urls = {:?}",
+                cluster.urls()
             ),
         }
     }
@@ -67,12 +77,23 @@ impl Shared {
                 "--memcached-address".into(),
                 memcached.addr(),
             ],
+            Shared::Cluster(cluster) => ["--store", "redis", "--redis-cluster"]
+                .into_iter()
+                .map(String::from)
+                .chain(
+                    cluster
+                        .urls()
+                        .into_iter()
+                        .flat_map(|url| ["--redis-url".to_owned(), url]),
+                )
+                .collect(),
         }
     }
 }
 
 /// A sidecar's config file: the broker's topic into its `events.unique`, through the table
-/// in the shared store at `buckets`; the descriptor is read every 200 ms.
+/// in the shared store at `buckets`; the descriptor is read every 200 ms, the status line
+/// logged every second.
 fn config(dir: &Path, name: &str, broker: &Broker, shared: &Shared, buckets: u64) -> PathBuf {
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(
@@ -106,6 +127,7 @@ destination_topic = "{OUT}"
 
 [metrics]
 address = "off"
+status_interval = "1s"
 
 [shutdown]
 grace = "2s"
@@ -198,6 +220,20 @@ impl Fleet {
     }
 }
 
+/// The lines of `logs` above INFO, for a failure's message.
+fn warnings(logs: &[&Path]) -> String {
+    logs.iter()
+        .flat_map(|log| {
+            std::fs::read_to_string(log)
+                .unwrap_or_default()
+                .lines()
+                .filter(|line| line.contains(" WARN ") || line.contains(" ERROR "))
+                .map(|line| format!("{}: {line}\n", log.display()))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
 /// Stops a sidecar with SIGTERM (a graceful stop, as a rolling restart does).
 fn stop(guard: &mut ChildGuard) {
     let mut child = guard.0.take().unwrap();
@@ -215,6 +251,19 @@ async fn a_fleet_resized_one_sidecar_at_a_time_forgets_nothing_in_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_resized_one_sidecar_at_a_time_forgets_nothing_in_memcached() {
     a_fleet_resized_one_sidecar_at_a_time_forgets_nothing(Shared::memcached()).await;
+}
+
+/// The same on a Redis Cluster: the descriptor and each set are keys of their own slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_resized_one_sidecar_at_a_time_forgets_nothing_in_a_redis_cluster() {
+    a_fleet_resized_one_sidecar_at_a_time_forgets_nothing(Shared::cluster(Flavor::Redis)).await;
+}
+
+/// The same on a cluster of Valkey 8.1, whose operations are decided in the client and
+/// written with `SET … IFEQ`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_resized_one_sidecar_at_a_time_forgets_nothing_in_a_valkey_cluster() {
+    a_fleet_resized_one_sidecar_at_a_time_forgets_nothing(Shared::cluster(Flavor::Valkey)).await;
 }
 
 async fn a_fleet_resized_one_sidecar_at_a_time_forgets_nothing(shared: Shared) {
@@ -254,6 +303,15 @@ async fn a_fleet_resized_one_sidecar_at_a_time_forgets_nothing(shared: Shared) {
         warned.contains("1048576 buckets, not 262144") && warned.contains("`nsq-dedupe resize`"),
         "the sidecar given the old size says it follows the store's: {warned}"
     );
+    // Its status line shows the previous table it still reads.
+    let followed = warned.len();
+    wait_until_or(
+        "a status line that shows the previous table",
+        Duration::from_secs(10),
+        || log_text(&log_a)[followed..].contains("previous_slots=262144"),
+        || log_text(&log_a)[followed..].to_owned(),
+    )
+    .await;
 
     broker.publish_many(TOPIC, (0..N).map(payload));
     broker.publish_many(TOPIC, (N..N + 2_000).map(payload));
@@ -263,7 +321,9 @@ async fn a_fleet_resized_one_sidecar_at_a_time_forgets_nothing(shared: Shared) {
     assert_eq!(
         again.len(),
         0,
-        "of the first {N} sent again after the resize, none delivered a second time"
+        "of the first {N} sent again after the resize, none delivered a second time; \
+         warnings:\n{}",
+        warnings(&logs)
     );
     assert_eq!(
         counts.len(),
@@ -451,6 +511,10 @@ async fn a_sidecar_killed_during_a_resize_loses_nothing_in_memcached() {
     a_sidecar_killed_during_a_resize_loses_nothing(Shared::memcached()).await;
 }
 
+/// The fleet takes `N` messages at the old size, then `M` more; `resize` lands while the
+/// second batch is under way, and one sidecar is killed with SIGKILL as it does, its claims
+/// of the old size in flight. Copies of everything published afterwards, the killed
+/// sidecar restarted with the new size, are caught where the old generation holds them.
 async fn a_sidecar_killed_during_a_resize_loses_nothing(shared: Shared) {
     let Fleet {
         broker,
@@ -462,12 +526,15 @@ async fn a_sidecar_killed_during_a_resize_loses_nothing(shared: Shared) {
         b,
     } = Fleet::start(&shared).await;
     let logs = [log_a.as_path(), log_b.as_path()];
-    const N: usize = 6_000;
+    const N: usize = 5_000;
+    const M: usize = 6_000;
     broker.publish_many(TOPIC, (0..N).map(payload));
+    wait_out(&broker, N, &logs).await;
+    broker.publish_many(TOPIC, (N..N + M).map(payload));
     wait_until_or(
-        "the first 1,000 out",
+        "1,000 of the second batch out",
         Duration::from_secs(30),
-        || broker.messages_on(OUT).len() >= 1_000,
+        || broker.messages_on(OUT).len() >= N + 1_000,
         String::new,
     )
     .await;
@@ -477,18 +544,95 @@ async fn a_sidecar_killed_during_a_resize_loses_nothing(shared: Shared) {
     killed.kill().unwrap();
     killed.wait().unwrap();
     assert!(
-        broker.messages_on(OUT).len() < N,
+        broker.messages_on(OUT).len() < N + M,
         "the whole stream was done before the kill; nothing was tested"
     );
     a = ChildGuard(Some(spawn_sidecar(&new, &log_a)));
-    wait_out(&broker, N, &logs).await;
-    let out: HashSet<Bytes> = broker.messages_on(OUT).into_iter().collect();
-    let missing = (0..N).filter(|&i| !out.contains(&payload(i))).count();
+    // Copies of the first batch, which only the old generation holds.
+    broker.publish_many(TOPIC, (0..N).map(payload));
+    wait_out(&broker, N + M, &logs).await;
+    let counts = delivered(&broker);
+    let missing = (0..N + M)
+        .filter(|&i| !counts.contains_key(&payload(i)))
+        .count();
     assert_eq!(
         missing, 0,
         "every payload delivered after the kill and the resize"
     );
+    let again = |range: std::ops::Range<usize>, counts: &HashMap<Bytes, usize>| {
+        range
+            .filter(|&i| counts.get(&payload(i)).is_some_and(|&n| n > 1))
+            .count()
+    };
+    assert_eq!(
+        again(0..N, &counts),
+        0,
+        "of the {N} taken before the resize and sent again after the kill, none delivered \
+         a second time; warnings:\n{}",
+        warnings(&logs)
+    );
+    // Those the killed sidecar had sent out but not committed go again (at most one
+    // `max_in_flight` of them); the rest were committed, in one generation or the other.
+    let redelivered = again(N..N + M, &counts);
+    assert!(redelivered <= 20, "{redelivered} delivered twice");
+    broker.publish_many(TOPIC, (N..N + M).map(payload));
+    wait_until_or(
+        "the copies of the second batch answered",
+        Duration::from_secs(60),
+        || drained(&broker),
+        String::new,
+    )
+    .await;
+    let total = |counts: &HashMap<Bytes, usize>| {
+        (N..N + M)
+            .map(|i| counts.get(&payload(i)).copied().unwrap_or(0))
+            .sum::<usize>()
+    };
+    assert_eq!(
+        total(&delivered(&broker)),
+        total(&counts),
+        "of the second batch sent again, none delivered again"
+    );
     drop((a, b));
+}
+
+/// A shared table too small for the rate: the warning names `nsq-dedupe resize`, which
+/// changes the size of every consumer's table without forgetting, and says that the target
+/// is the default one when none was given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_table_too_small_names_nsq_dedupe_resize() {
+    let shared = Shared::redis();
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let small = config(dir.path(), "small", &broker, &shared, 4_096);
+    let log = dir.path().join("sidecar.log");
+    let sidecar = ChildGuard(Some(spawn_sidecar(&small, &log)));
+    const N: usize = 2_000;
+    broker.publish_many(TOPIC, (0..N).map(payload));
+    wait_out(&broker, N, &[&log]).await;
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_until_or(
+        "a warning that the table is too small",
+        Duration::from_secs(10),
+        || log_text().contains("The table is too small for the recent rate"),
+        log_text,
+    )
+    .await;
+    let text = log_text();
+    let warning = text
+        .lines()
+        .find(|line| line.contains("The table is too small for the recent rate"))
+        .unwrap();
+    assert!(
+        warning.contains("below the default target 0.99 (no --probability was given); `nsq-dedupe resize --buckets ")
+            && warning.contains(
+                "(with --ways 8 and the store's flags) resizes the table of every consumer to \
+                 meet it, without forgetting what it holds."
+            )
+            && !warning.contains("--memory"),
+        "{warning}"
+    );
+    drop(sidecar);
 }
 
 fn digest(i: u64) -> Digest {

@@ -74,10 +74,14 @@ async fn a_table_too_small_for_the_rate_warns_and_names_the_size_that_would_do()
         .lines()
         .find(|l| l.contains("The table is too small for the recent rate"))
         .unwrap_or_else(|| panic!("no warning in\n{log}"));
+    // No `--probability` was given: the target is the default one, and said to be.
     assert!(
-        warning.contains("below the target 0.99; --buckets ")
+        warning.contains("below the default target 0.99 (no --probability was given); --buckets ")
             && warning.contains(" or --memory ")
-            && warning.contains("(with --ways 8) would meet it."),
+            && warning.contains(
+                "(with --ways 8) would meet it, or --probability 0.99 --window 1h with no \
+                 --rate, --buckets or --memory lets the table size itself."
+            ),
         "{warning}"
     );
     let suggested: u64 = warning

@@ -2,9 +2,9 @@
 
 use std::path::PathBuf;
 
+use crate::dedup::table_file::OnMismatch;
+use crate::{DigestAlgorithm, KeySpec};
 use clap::{Args, ValueEnum};
-use nsq_dedupe::dedup::table_file::OnMismatch;
-use nsq_dedupe::{DigestAlgorithm, KeySpec};
 
 /// `--digest`: an algorithm, or keyed BLAKE3, whose key comes from `--digest-key-file`.
 #[derive(Debug, Clone, Copy)]
@@ -21,7 +21,7 @@ fn parse_digest(text: &str) -> Result<Digest, String> {
         _ => text
             .parse()
             .map(Digest::Plain)
-            .map_err(|e: nsq_dedupe::error::SpecError| e.to_string()),
+            .map_err(|e: crate::error::SpecError| e.to_string()),
     }
 }
 

@@ -39,7 +39,7 @@ pub(crate) fn parse_buckets(text: &str) -> Result<u64, String> {
 }
 
 pub(crate) fn parse_memory(text: &str) -> Result<u64, String> {
-    nsq_dedupe::units::parse_bytes(text)
+    crate::units::parse_bytes(text)
 }
 
 /// A size as typed (checked, kept as text for the config's `store.memory`).
@@ -106,7 +106,7 @@ pub(crate) fn parse_attempts(text: &str) -> Result<u16, String> {
 }
 
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
-    let duration = nsq_dedupe::units::parse_duration(text)?;
+    let duration = crate::units::parse_duration(text)?;
     match duration {
         d if d.is_zero() => Err("expected a duration greater than 0".to_owned()),
         d => Ok(d),
@@ -115,7 +115,7 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
 
 pub(crate) fn parse_ways(text: &str) -> Result<u32, String> {
     match text.parse::<u32>() {
-        Ok(ways) if nsq_dedupe::Geometry::SUPPORTED_WAYS.contains(&ways) => Ok(ways),
+        Ok(ways) if crate::Geometry::SUPPORTED_WAYS.contains(&ways) => Ok(ways),
         _ => Err("expected 1, 2, 4 or 8".to_owned()),
     }
 }

@@ -1,8 +1,8 @@
 //! Flags that give a table's size and shape, shared by `size` and `filter`.
 
+use crate::Geometry;
 use anyhow::Context as _;
 use clap::Args;
-use nsq_dedupe::Geometry;
 
 use super::parse::{parse_buckets, parse_memory, parse_ways};
 

@@ -15,9 +15,9 @@ use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use nsq_dedupe::sizing;
-use nsq_dedupe::units::{format_bytes, format_count, format_duration};
-use nsq_dedupe::Geometry;
+use crate::sizing;
+use crate::units::{format_bytes, format_count, format_duration};
+use crate::Geometry;
 
 /// Picture size in pixels.
 const SIZE: (u32, u32) = (800, 480);

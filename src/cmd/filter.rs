@@ -10,14 +10,14 @@ use crate::cmd::std_streams::{require, Stream};
 use std::sync::Arc;
 use std::time::Duration;
 
-use nsq_dedupe::dedup::clock::{Clock, CoarseClock};
-use nsq_dedupe::dedup::table_file::{TableFile, TableFileError};
-use nsq_dedupe::error::TableError;
-use nsq_dedupe::filter::{filter_records, FilterStats};
-use nsq_dedupe::sizing;
-use nsq_dedupe::units::{format_bytes, format_count};
-use nsq_dedupe::wording::FlagOrigins;
-use nsq_dedupe::{DigestAlgorithm, Geometry, Keyer, Table};
+use crate::dedup::clock::{Clock, CoarseClock};
+use crate::dedup::table_file::{TableFile, TableFileError};
+use crate::error::TableError;
+use crate::filter::{filter_records, FilterStats};
+use crate::sizing;
+use crate::units::{format_bytes, format_count};
+use crate::wording::FlagOrigins;
+use crate::{DigestAlgorithm, Geometry, Keyer, Table};
 
 /// Read and write buffers: large enough that system calls are not the cost per record.
 const BUFFER_BYTES: usize = 256 * 1024;
@@ -39,7 +39,7 @@ pub(crate) fn run(args: &FilterArgs) -> Result<()> {
         (Ok(()), Some(file)) => file
             .save(&table)
             .map(drop)
-            .map_err(|error| anyhow::anyhow!("{}", error.naming(&table_file_flags()))),
+            .map_err(|error| anyhow::anyhow!("{}", table_file_flags().show(error))),
         _ => Ok(()),
     };
     if args.stats {
@@ -87,7 +87,7 @@ fn digest(args: &FilterArgs) -> Result<DigestAlgorithm> {
     Ok(match (args.digest, &args.digest_key_file) {
         (None | Some(Digest::Blake3), Some(path)) => DigestAlgorithm::Blake3Keyed(
             // Named by the flag: `filter` has no config file.
-            nsq_dedupe::config::read_digest_key("--digest-key-file", path)?,
+            crate::config::read_digest_key("--digest-key-file", path)?,
         ),
         (Some(Digest::Plain(digest)), Some(_)) => anyhow::bail!(
             "invalid `--digest` = \"{digest}\": a digest key file selects keyed BLAKE3; set \
@@ -133,14 +133,15 @@ fn open_table(
             )
             .map_err(|error| match error {
                 TableFileError::Table(error) => refused(error, flag),
-                error => anyhow::anyhow!("{}", error.naming(&table_file_flags())),
+                error => anyhow::anyhow!("{}", table_file_flags().show(error)),
             })?;
             if let Some(reason) = report.recreated {
-                let reason = reason.naming(&table_file_flags());
+                let names = table_file_flags();
+                let reason = names.show(reason);
                 tracing::error!(table_file = %path.display(), %reason, "Starting with an empty table (`--table-file-on-mismatch recreate`).");
             }
             if let Some(from) = report.resized_from {
-                nsq_dedupe::dedup::table_file::log_resize(path, from, geometry);
+                crate::dedup::table_file::log_resize(path, from, geometry);
             }
             (table, Some(file))
         }

@@ -15,8 +15,8 @@ use serde_json::json;
 
 use super::nsqd_stats::{read_count, NsqdAddress, TopicCount};
 use crate::cli::SizeArgs;
-use nsq_dedupe::http::{HttpClient, HttpClientConfig};
-use nsq_dedupe::units::{format_count, format_duration};
+use crate::http::{HttpClient, HttpClientConfig};
+use crate::units::{format_count, format_duration};
 
 /// How long the counts are sampled for without `--sample`.
 const DEFAULT_SAMPLE: Duration = Duration::from_secs(10);

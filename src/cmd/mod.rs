@@ -3,6 +3,7 @@
 
 mod catch_plot;
 pub(crate) mod completions;
+pub(crate) mod entry;
 pub(crate) mod filter;
 pub(crate) mod manpage;
 mod measured_rate;

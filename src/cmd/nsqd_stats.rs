@@ -10,7 +10,7 @@ use hyper::header::{HeaderValue, ACCEPT};
 use hyper::{Method, Uri};
 use serde::Deserialize;
 
-use nsq_dedupe::http::{HttpClient, HttpError};
+use crate::http::{HttpClient, HttpError};
 
 /// nsqd's HTTP port when an address gives none (nsqd's `--http-address` default).
 const DEFAULT_HTTP_PORT: u16 = 4151;
@@ -90,7 +90,7 @@ impl NsqdAddress {
     /// The `/stats` URL for `topic` (every topic when `None`), without clients or memory.
     fn stats_url(&self, topic: Option<&str>) -> Uri {
         let topic = topic.map_or_else(String::new, |t| {
-            format!("&topic={}", nsq_dedupe::percent::encode_query(t))
+            format!("&topic={}", crate::percent::encode_query(t))
         });
         format!(
             "{}/stats?format=json&include_clients=false&include_mem=false{topic}",
@@ -232,7 +232,7 @@ async fn unanswered(address: &NsqdAddress, url: &Uri, error: &HttpError) -> anyh
 }
 
 fn describe(duration: Duration) -> String {
-    nsq_dedupe::units::format_duration(duration)
+    crate::units::format_duration(duration)
 }
 
 /// The start of an answer's body, quoted, for errors.

@@ -17,7 +17,7 @@ pub(crate) fn is_broken_pipe(err: &anyhow::Error) -> bool {
             .downcast_ref::<io::Error>()
             .is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe)
             || cause
-                .downcast_ref::<nsq_dedupe::filter::FilterError>()
-                .is_some_and(|f| matches!(f, nsq_dedupe::filter::FilterError::Io(io) if io.kind() == io::ErrorKind::BrokenPipe))
+                .downcast_ref::<crate::filter::FilterError>()
+                .is_some_and(|f| matches!(f, crate::filter::FilterError::Io(io) if io.kind() == io::ErrorKind::BrokenPipe))
     })
 }

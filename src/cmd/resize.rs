@@ -1,12 +1,12 @@
 //! `nsq-dedupe resize`: sets the size of a shared store's table for every consumer of it,
-//! through the store's descriptor (see `nsq_dedupe::generational`).
+//! through the store's descriptor (see `crate::dedup::generational`).
 
 use anyhow::Context as _;
 
 use crate::cli::{FromEnv, ResizeArgs, TypedAliases};
-use nsq_dedupe::config::{RawConfig, StoreSettings};
-use nsq_dedupe::dedup::generational::resize;
-use nsq_dedupe::{Descriptor, MemcachedStore, RedisStore, Shape};
+use crate::config::{RawConfig, StoreSettings};
+use crate::dedup::generational::resize;
+use crate::{Descriptor, MemcachedStore, RedisStore, Shape};
 
 /// Builds the store's settings from `--config`, the flags and the environment, and writes
 /// the new size into the store's descriptor; prints what changed.
@@ -20,6 +20,7 @@ pub(crate) fn run(
         None => RawConfig::default(),
     };
     args.apply(&mut raw, from_env, aliases);
+    crate::cmd::entry::name_settings_as(raw.flags.clone());
     let store = raw.validate_store()?;
     let namespace = match &store {
         StoreSettings::Redis(config, _) => config.namespace.clone(),

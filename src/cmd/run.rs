@@ -6,8 +6,8 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::cli::{FromEnv, RunArgs, TypedAliases};
 use crate::cmd::std_streams::{require, Stream};
-use nsq_dedupe::config::{RawConfig, SinkSettings};
-use nsq_dedupe::sidecar::RunError;
+use crate::config::{RawConfig, SinkSettings};
+use crate::sidecar::RunError;
 
 /// Builds the settings from `--config`, the flags and the environment (`from_env` tells
 /// which flags took their value from it, `aliases` which were typed by an alias), and runs
@@ -27,6 +27,7 @@ pub(crate) fn run(
         None => RawConfig::default(),
     };
     args.apply(&mut raw, from_env, aliases);
+    crate::cmd::entry::name_settings_as(raw.flags.clone());
     let settings = raw.validate()?;
     // Before anything is consumed. A service's log is how it tells of failing sinks and
     // stores; `2>/dev/null` runs it without one on purpose.
@@ -38,7 +39,6 @@ pub(crate) fn run(
         )?;
     }
     tracing::info!(version = crate::cli::VERSION, "Starting nsq-dedupe.");
-    let names = settings.names.clone();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -46,19 +46,17 @@ pub(crate) fn run(
     let result = runtime.block_on(async move {
         // Before anything connects: a signal from then on starts a graceful stop.
         let stop = signals();
-        let sidecar = nsq_dedupe::Sidecar::new(settings).await?;
+        let sidecar = crate::Sidecar::new(settings).await?;
         sidecar.run(stop).await?;
         anyhow::Ok(())
     });
-    // The service's errors carry the settings they name; say them as the user gave them. A
-    // closed output keeps its cause, and a setting error its kind, which `main` looks for.
+    // A closed output keeps its cause, and a setting error its kind, which `main` looks for.
     result.map_err(|error| {
         if crate::cmd::output::is_broken_pipe(&error) {
             return error;
         }
         match error.downcast::<RunError>() {
             Ok(error) => {
-                let error = error.naming(&names);
                 if error.is_setting() {
                     SettingError(error).into()
                 } else {

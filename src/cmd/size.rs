@@ -1,4 +1,4 @@
-//! `nsq-dedupe size`: the sizing calculator. The maths is in `nsq_dedupe::sizing`; this module
+//! `nsq-dedupe size`: the sizing calculator. The maths is in `crate::sizing`; this module
 //! checks which two quantities were given, solves the third and formats the answer.
 
 use std::fmt::Write as _;
@@ -10,9 +10,9 @@ use serde_json::json;
 
 use super::format_probability;
 use crate::cli::{SizeArgs, MAX_WINDOW_MESSAGES};
-use nsq_dedupe::sizing;
-use nsq_dedupe::units::{format_bytes, format_count, format_duration};
-use nsq_dedupe::Geometry;
+use crate::sizing;
+use crate::units::{format_bytes, format_count, format_duration};
+use crate::Geometry;
 
 /// A solved sizing question: the table, the window and the probability at the window.
 #[derive(Debug)]

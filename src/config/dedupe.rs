@@ -114,7 +114,7 @@ impl RawDedupe {
 /// # Errors
 ///
 /// The file cannot be read or is not a key; the message names the file, never its contents.
-pub fn read_digest_key(key: &'static str, path: &Path) -> Result<DigestKey, ConfigError> {
+pub(crate) fn read_digest_key(key: &'static str, path: &Path) -> Result<DigestKey, ConfigError> {
     let contents = std::fs::read(path).map_err(|error| {
         invalid(
             key,

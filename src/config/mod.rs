@@ -117,7 +117,7 @@ mod dedupe;
 mod nsq_opts;
 mod output_name;
 mod service;
-pub mod setting;
+pub(crate) mod setting;
 mod sink;
 mod source;
 mod store;
@@ -135,21 +135,27 @@ use crate::dedup::Geometry;
 use crate::nsq::ConsumerConfig;
 use crate::pipeline::Policy;
 
-pub use crate::wording::{FlagOrigins, Named, Wording};
+pub(crate) use crate::wording::{FlagOrigins, Named, Wording};
 pub use builder::SettingsBuilder;
 pub use dead_letter::{DeadLetterKind, DeadLetterSettings, RawDeadLetter};
-pub use dedupe::{read_digest_key, RawDedupe};
-pub use nsq_opts::{option_key, RawNsqOpts, OPTION_NAMES};
+#[cfg(feature = "cli")]
+pub(crate) use dedupe::read_digest_key;
+pub use dedupe::RawDedupe;
+pub use nsq_opts::RawNsqOpts;
+#[cfg(feature = "cli")]
+pub(crate) use nsq_opts::{option_key, OPTION_NAMES};
 pub use service::{RawMetrics, RawShutdown};
 pub use sink::{OneOrMany, RawSink, SinkKind, SinkSettings};
 pub use source::RawSource;
 pub use store::{RawStore, StoreKind, StoreSettings, TableFileSettings, DEFAULT_WINDOW};
 
+#[cfg(test)]
 use setting::Section as _;
 
 /// The settings of every section defined by its table, in the order of `run --help`: what the
 /// flags, the guide's flag table and the man page are checked against.
-pub const SECTIONS: [&[setting::Setting]; 8] = [
+#[cfg(test)]
+pub(crate) const SECTIONS: [&[setting::Setting]; 8] = [
     RawSource::SETTINGS,
     RawNsqOpts::SETTINGS,
     RawDedupe::SETTINGS,
@@ -183,12 +189,11 @@ pub enum ConfigError {
         message: String,
     },
     /// A value is out of range or inconsistent with another.
-    #[error("invalid `{}` = {value}: {reason}", flag.unwrap_or(key))]
+    #[error("invalid `{}` = {value}: {reason}", given_by(key).unwrap_or(key))]
     Invalid {
-        /// The key, as `section.name`.
+        /// The key, as `section.name`; shown in the user's words, the flag the value came
+        /// from, if it came from one.
         key: &'static str,
-        /// The flag the value came from, if it came from one.
-        flag: Option<&'static str>,
         /// The value given.
         value: String,
         /// What is wrong and what is accepted.
@@ -211,27 +216,25 @@ pub enum ConfigError {
     /// A value that another one needs is missing.
     #[error(
         "`{key}` is required with {with}: set it in the config file{}",
-        flag.map_or_else(String::new, |flag| format!(" or pass `{flag}`"))
+        flag_of(key).map_or_else(String::new, |flag| format!(" or pass `{flag}`"))
     )]
     Required {
-        /// The missing key, as `section.name`.
+        /// The missing key, as `section.name`; shown in the user's words, also the flag
+        /// that sets it, if one does.
         key: &'static str,
         /// The setting that needs it.
         with: Wording,
-        /// The flag that sets the missing key, if there is one.
-        flag: Option<&'static str>,
     },
     /// A setting was given that the other settings leave unused.
     #[error(
         "`{}` is used only with {needs}: remove it, or {}",
-        flag.unwrap_or(key),
+        named(key).unwrap_or(key),
         instead.as_ref().map_or_else(|| "set that too".to_owned(), ToString::to_string)
     )]
     Unused {
-        /// The key, as `section.name`.
+        /// The key, as `section.name`; shown in the user's words, the flag that gave it (or,
+        /// with no config file, that sets it).
         key: &'static str,
-        /// The flag that gave it, if one did.
-        flag: Option<&'static str>,
         /// What it needs.
         needs: Wording,
         /// What to give instead of the setting that chose another kind (`use --x instead of
@@ -247,41 +250,6 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
-    /// Names the flag instead of the key when the value came from a flag, and records how the
-    /// user gave each other setting the message names, to name it so when it is shown.
-    fn naming_flags(self, flags: &FlagOrigins) -> Self {
-        match self {
-            ConfigError::Invalid {
-                key,
-                flag: None,
-                value,
-                reason,
-            } => ConfigError::Invalid {
-                key,
-                flag: flags.flag_for(key),
-                value,
-                reason: reason.naming(flags),
-            },
-            ConfigError::Unused {
-                key,
-                needs,
-                instead,
-                ..
-            } => ConfigError::Unused {
-                key,
-                flag: flags.naming(key),
-                needs: needs.naming(flags),
-                instead: instead.map(|instead| instead.naming(flags)),
-            },
-            ConfigError::Required { key, with, .. } => ConfigError::Required {
-                key,
-                with: with.naming(flags),
-                flag: flags.flag_of(key),
-            },
-            other => other,
-        }
-    }
-
     /// The one missing setting of `missing`, or all of them in one error.
     pub(super) fn all_missing(mut missing: Vec<ConfigError>) -> Self {
         match missing.len() {
@@ -291,12 +259,25 @@ impl ConfigError {
     }
 
     pub(super) fn required(key: &'static str, with: Wording) -> Self {
-        ConfigError::Required {
-            key,
-            with,
-            flag: None,
-        }
+        ConfigError::Required { key, with }
     }
+}
+
+/// The flag or variable that gave `key`, if a flag did and the error is shown in the user's
+/// words ([`FlagOrigins::show`]).
+fn given_by(key: &str) -> Option<&'static str> {
+    crate::wording::in_effect(|names| names.flag_for(key))
+}
+
+/// How the user gave `key`, or with no config file the flag that sets it, if the error is
+/// shown in the user's words.
+fn named(key: &str) -> Option<&'static str> {
+    crate::wording::in_effect(|names| names.naming(key))
+}
+
+/// The flag that sets `key`, if one does and the error is shown in the user's words.
+fn flag_of(key: &str) -> Option<&'static str> {
+    crate::wording::in_effect(|names| names.flag_of(key))
 }
 
 fn flag_list(flags: &[&str]) -> String {
@@ -371,7 +352,7 @@ pub struct RawConfig {
     pub producer_opt: RawNsqOpts,
     /// Which keys flags set (not part of the file).
     #[serde(skip)]
-    pub flags: FlagOrigins,
+    pub(crate) flags: FlagOrigins,
 }
 
 /// Everything `run` needs, checked.
@@ -391,11 +372,11 @@ pub struct Settings {
     pub table_file: Option<TableFileSettings>,
     /// How the in-process table sizes itself, when it does (`store.probability` without
     /// `store.rate` or a size); `store` is then its first generation.
-    pub growth: Option<crate::sizing::growth::Growth>,
-    /// The catch probability the table should keep: `store.probability`, else
-    /// [`DEFAULT_TARGET_PROBABILITY`](crate::metrics::DEFAULT_TARGET_PROBABILITY). Below it, the
-    /// sidecar warns and suggests a size.
-    pub target_probability: f64,
+    pub(crate) growth: Option<crate::sizing::growth::Growth>,
+    /// The catch probability the table should keep, `store.probability`, if given; else the
+    /// sidecar expects the default target and says it is the default. Below it, the sidecar
+    /// warns and suggests a size.
+    pub target_probability: Option<f64>,
     /// The near-table in front of a shared store, if any (on by default).
     pub near_table: Option<crate::Geometry>,
     /// Done entries older than this count as not seen, if set.
@@ -413,7 +394,7 @@ pub struct Settings {
     /// How long in-flight handlers may finish at shutdown.
     pub grace: Duration,
     /// Which flags gave which settings, to name them as the user gave them.
-    pub names: FlagOrigins,
+    pub(crate) names: FlagOrigins,
 }
 
 impl RawConfig {
@@ -448,10 +429,11 @@ impl RawConfig {
     ///
     /// # Errors
     ///
-    /// The first problem found, naming its flag (when a flag set it) or its key.
+    /// The first problem found, naming its key; shown in the user's words
+    /// ([`FlagOrigins::show`] of the flags that gave the settings), its flag when a flag set
+    /// it.
     pub fn validate(&self) -> Result<Settings, ConfigError> {
         self.validate_sections()
-            .map_err(|error| error.naming_flags(&self.flags))
     }
 
     /// Checks the store's settings alone (`[store]` and its flags, the lease from
@@ -460,21 +442,16 @@ impl RawConfig {
     ///
     /// # Errors
     ///
-    /// The first problem found, naming its flag (when a flag set it) or its key.
+    /// The first problem found, as [`RawConfig::validate`] names it.
     pub fn validate_store(&self) -> Result<StoreSettings, ConfigError> {
         let msg_timeout = self
             .source
             .msg_timeout
             .map_or(source::DEFAULT_MSG_TIMEOUT, |d| d.0);
-        let timed = self
-            .dedupe
-            .max_age_duration()
-            .map_err(|error| error.naming_flags(&self.flags))?
-            .is_some();
+        let timed = self.dedupe.max_age_duration()?.is_some();
         self.store
             .validate(msg_timeout, timed)
             .map(|(store, _, _)| store)
-            .map_err(|error| error.naming_flags(&self.flags))
     }
 
     fn validate_sections(&self) -> Result<Settings, ConfigError> {
@@ -542,10 +519,7 @@ impl RawConfig {
             store,
             table_file,
             growth,
-            target_probability: self
-                .store
-                .probability
-                .unwrap_or(crate::metrics::DEFAULT_TARGET_PROBABILITY),
+            target_probability: self.store.probability,
             near_table,
             max_age,
             window,
@@ -573,7 +547,6 @@ impl Settings {
 fn invalid(key: &'static str, value: impl Into<String>, reason: impl Into<Wording>) -> ConfigError {
     ConfigError::Invalid {
         key,
-        flag: None,
         value: value.into(),
         reason: reason.into(),
     }

@@ -69,7 +69,8 @@ pub(super) enum Side {
 macro_rules! option_keys {
     ($($name:literal),* $(,)?) => {
         /// Every option's name, as `KEY` of `--consumer-opt KEY,VALUE`.
-        pub const OPTION_NAMES: &[&str] = &[$($name),*];
+        #[cfg(feature = "cli")]
+        pub(crate) const OPTION_NAMES: &[&str] = &[$($name),*];
 
         /// The config key of option `name` on `side`.
         pub(super) fn key(side: Side, name: &str) -> &'static str {
@@ -105,7 +106,8 @@ option_keys!(
 
 /// The config key of go-nsq option `name` of the consumer (`consumer_opt.name`) or of the
 /// producers (`producer_opt.name`).
-pub fn option_key(consumer: bool, name: &str) -> &'static str {
+#[cfg(feature = "cli")]
+pub(crate) fn option_key(consumer: bool, name: &str) -> &'static str {
     key(
         if consumer {
             Side::Consumer

@@ -20,6 +20,10 @@
 //! A setting that belongs to some kinds only ([`Only`], such as `sink.post` to
 //! `sink.kind = "http"`) is refused by [`check_kinds`] when given with another kind.
 
+// The binary's flags, help and man page (behind `cli`) read what the configuration itself
+// does not: a setting's flag, help and heading, and a section's overlay of flags.
+#![cfg_attr(not(feature = "cli"), allow(dead_code))]
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -28,7 +32,7 @@ use super::{ConfigError, Wording};
 
 /// One setting of a section.
 #[derive(Debug, Clone, Copy)]
-pub struct Setting {
+pub(crate) struct Setting {
     /// The config key, `section.name`.
     pub key: &'static str,
     /// The field's name in its section.
@@ -67,7 +71,7 @@ pub struct Setting {
 /// help shows it where the doc says `{default}`, or names it before `(default)` (`requeue it
 /// (default) or finish it`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DefaultValue {
+pub(crate) enum DefaultValue {
     /// A duration, written as the file would (`10s`; `0` for none).
     Duration(Duration),
     /// A whole number.
@@ -79,7 +83,8 @@ pub enum DefaultValue {
 
 impl DefaultValue {
     /// The default as the file writes it.
-    pub fn to_toml(self) -> toml::Value {
+    #[cfg(test)]
+    pub(crate) fn to_toml(self) -> toml::Value {
         match self {
             DefaultValue::Duration(d) => toml::Value::String(crate::units::format_duration(d)),
             DefaultValue::Number(n) => {
@@ -103,7 +108,7 @@ impl std::fmt::Display for DefaultValue {
 
 impl Setting {
     /// The base the [`section!`] macro fills in.
-    pub const BASE: Setting = Setting {
+    pub(crate) const BASE: Setting = Setting {
         key: "",
         name: "",
         flag: None,
@@ -122,7 +127,7 @@ impl Setting {
 
     /// The help shown for the flag: its doc lines joined, with the default where the doc says
     /// `{default}`, then the key.
-    pub fn help_text(&self) -> String {
+    pub(crate) fn help_text(&self) -> String {
         let doc: Vec<&str> = self.help.iter().map(|line| line.trim()).collect();
         let doc = doc.join(" ");
         let doc = match self.default {
@@ -145,7 +150,7 @@ impl Setting {
 
 /// How a flag's text becomes the key's value, as the file would write it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FlagValue {
+pub(crate) enum FlagValue {
     /// Text as typed.
     Text,
     /// A file or directory.
@@ -186,7 +191,7 @@ pub enum FlagValue {
 
 /// The kinds a setting is used with: the values of the section's `kind` key.
 #[derive(Debug, Clone, Copy)]
-pub struct Only {
+pub(crate) struct Only {
     /// The key that names the kind, such as `sink.kind`.
     pub kind: &'static str,
     /// The kinds that use the setting.
@@ -197,7 +202,7 @@ pub struct Only {
 
 impl Only {
     /// The settings of one kind: `key = "kind"`.
-    pub const fn one(key: &'static str, kinds: &'static [&'static str; 1]) -> Only {
+    pub(crate) const fn one(key: &'static str, kinds: &'static [&'static str; 1]) -> Only {
         Only {
             kind: key,
             kinds,
@@ -206,7 +211,7 @@ impl Only {
     }
 
     /// The settings of several kinds, `what` they are: `a shared table`.
-    pub const fn any(
+    pub(crate) const fn any(
         key: &'static str,
         kinds: &'static [&'static str],
         what: &'static str,
@@ -220,7 +225,7 @@ impl Only {
 
     /// What the setting needs, as the user would set it in the file:
     /// `` `sink.kind = "http"` `` or `` a shared table, `store.kind = "memcached"` or … ``.
-    pub fn needs(&self) -> Wording {
+    pub(crate) fn needs(&self) -> Wording {
         let mut needs = Wording::default();
         if !self.what.is_empty() {
             needs = needs.text(format!("{}, ", self.what));
@@ -240,7 +245,9 @@ impl Only {
 }
 
 /// The names of a table of named values, such as `SinkKind::NAMES`.
-pub const fn names<T: Copy, const N: usize>(table: &[(&'static str, T); N]) -> [&'static str; N] {
+pub(crate) const fn names<T: Copy, const N: usize>(
+    table: &[(&'static str, T); N],
+) -> [&'static str; N] {
     let mut names = [""; N];
     let mut i = 0;
     while i < N {
@@ -255,7 +262,7 @@ pub const fn names<T: Copy, const N: usize>(table: &[(&'static str, T); N]) -> [
 /// # Panics
 ///
 /// If the table leaves `value` out: each table lists every value of its type.
-pub fn name_of<T: PartialEq>(table: &[(&'static str, T)], value: T) -> &'static str {
+pub(crate) fn name_of<T: PartialEq>(table: &[(&'static str, T)], value: T) -> &'static str {
     table
         .iter()
         .find(|(_, named)| *named == value)
@@ -264,7 +271,7 @@ pub fn name_of<T: PartialEq>(table: &[(&'static str, T)], value: T) -> &'static 
 }
 
 /// A config section made by [`section!`]: its settings, and a way to set one from a flag.
-pub trait Section {
+pub(crate) trait Section {
     /// The heading the section's flags are listed under in `--help`, unless their own says
     /// otherwise.
     const HEADING: &'static str;
@@ -287,7 +294,7 @@ pub trait Section {
 }
 
 /// How a flag's value lays over the file's: it replaces it, but for a table, which it adds to.
-pub trait Overlay: serde::de::DeserializeOwned {
+pub(crate) trait Overlay: serde::de::DeserializeOwned {
     /// Lays `value` over `current`.
     ///
     /// # Errors
@@ -358,7 +365,7 @@ impl Overlay for BTreeMap<String, String> {
 /// # Errors
 ///
 /// [`ConfigError::Unused`] naming the setting and the kinds that use it.
-pub fn check_kinds<S: Section>(
+pub(crate) fn check_kinds<S: Section>(
     section: &S,
     kind_of: impl Fn(&str) -> &'static str,
 ) -> Result<(), ConfigError> {
@@ -370,7 +377,6 @@ pub fn check_kinds<S: Section>(
     match unused {
         Some((setting, only)) => Err(ConfigError::Unused {
             key: setting.key,
-            flag: None,
             needs: only.needs(),
             instead: None,
         }),

@@ -1,5 +1,6 @@
-//! `[sink]`: where unique messages go, validated into [`SinkSettings`]; the serve sink's
-//! settings are validated in `serve`.
+//! `[sink]`: where unique messages go, validated into [`SinkSettings`]. The section's keys are
+//! listed here, one table for every sink; each sink's keys are validated into its own
+//! settings in a module of its name (`file`, `http`, `nsq`, `serve`).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -9,16 +10,16 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::setting::{names, section, DefaultValue, FlagValue, Only};
-use super::{check_host_port, check_name, invalid, output_name, quote, ConfigError, Dur};
-use crate::http::{check_url, HttpClientConfig};
-use crate::redact;
+use super::{ConfigError, Dur};
 use crate::sink::serve as serve_defaults;
 use crate::sink::{
-    with_content_type, BatchFormat, HttpMode, HttpSinkConfig, DEFAULT_BATCH_TIMEOUT,
-    DEFAULT_CONCURRENCY, DEFAULT_CONTENT_TYPE, DEFAULT_IDEMPOTENCY_HEADER,
+    BatchFormat, HttpMode, HttpSinkConfig, DEFAULT_BATCH_TIMEOUT, DEFAULT_CONCURRENCY,
+    DEFAULT_CONTENT_TYPE, DEFAULT_IDEMPOTENCY_HEADER,
 };
-use hyper::header::{HeaderName, HeaderValue};
 
+mod file;
+mod http;
+mod nsq;
 mod serve;
 
 /// One URL or several: `post = "http://a/"` or `post = ["http://a/", "http://b/"]`.
@@ -165,11 +166,11 @@ section! {
         /// Directory files are written in until closed (default: the output dir).
         work_dir: PathBuf, only(&FILE),
             flag("work-dir", heading: FILE_HEADING, value_name: "DIR", value: FlagValue::Path);
-        /// File name with <TOPIC>, <HOST>, <REV>, <DATETIME>, <PID> (default
+        /// File name with `<TOPIC>`, `<HOST>`, `<REV>`, `<DATETIME>`, `<PID>` (default
         /// {default}).
         filename_format: String, default(DefaultValue::Text(crate::sink::DEFAULT_FILENAME_FORMAT)), only(&FILE),
             flag("filename-format", heading: FILE_HEADING, value_name: "FORMAT");
-        /// <DATETIME> as strftime, UTC (default {default}: a file per hour).
+        /// `<DATETIME>` as strftime, UTC (default {default}: a file per hour).
         datetime_format: String, default(DefaultValue::Text(crate::sink::DEFAULT_DATETIME_FORMAT)), only(&FILE),
             flag("datetime-format", heading: FILE_HEADING, value_name: "FORMAT");
         /// Close a file after this long.
@@ -187,7 +188,7 @@ section! {
         /// free); longer means fewer fsyncs and later FINs.
         sync_interval: Dur, default(DefaultValue::Duration(Duration::ZERO)), only(&FILE),
             flag("sync-interval", heading: FILE_HEADING, value_name: "DURATION", value: FlagValue::Duration);
-        /// <HOST> in file names (default: the short host name).
+        /// `<HOST>` in file names (default: the short host name).
         host_identifier: String, only(&FILE),
             flag("host-identifier", heading: FILE_HEADING, value_name: "NAME");
         /// Remove files that got no record instead of keeping them.
@@ -234,8 +235,8 @@ section! {
 }
 
 /// The validated sink. `Debug` and `Display` never show a secret: URLs lose their user info
-/// and query values, headers their values (`crate::redact`).
-#[derive(Clone, PartialEq)]
+/// and query values, headers their values (`crate::redact`), in each sink's settings.
+#[derive(Debug, Clone, PartialEq)]
 pub enum SinkSettings {
     /// Standard output.
     Stdout,
@@ -256,26 +257,6 @@ pub enum SinkSettings {
     Serve(crate::sink::serve::ServeConfig),
 }
 
-impl fmt::Debug for SinkSettings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SinkSettings::Stdout => f.write_str("Stdout"),
-            SinkSettings::Null => f.write_str("Null"),
-            SinkSettings::Nsq {
-                nsqd_tcp_addresses,
-                topic,
-            } => f
-                .debug_struct("Nsq")
-                .field("nsqd_tcp_addresses", nsqd_tcp_addresses)
-                .field("topic", topic)
-                .finish(),
-            SinkSettings::Http(config) => f.debug_tuple("Http").field(config).finish(),
-            SinkSettings::File(config) => f.debug_tuple("File").field(config).finish(),
-            SinkSettings::Serve(config) => f.debug_tuple("Serve").field(config).finish(),
-        }
-    }
-}
-
 /// One line a person reads, e.g. `http POST https://host/path (2 URLs, round-robin)`,
 /// `nsq PUB events.unique to 10.0.0.1:4150` or
 /// `file dir=/var/archive format=<TOPIC>.<HOST><REV>.<DATETIME>.log`; never a secret.
@@ -288,285 +269,24 @@ impl fmt::Display for SinkSettings {
                 nsqd_tcp_addresses,
                 topic,
             } => write!(f, "nsq PUB {topic} to {}", nsqd_tcp_addresses.join(",")),
-            SinkSettings::Http(HttpSinkConfig {
-                urls,
-                mode,
-                headers,
-                ..
-            }) => {
-                let first = urls.first().map(|url| redact::url(&url.to_string()));
-                write!(f, "http POST {}", first.unwrap_or_default())?;
-                let mode = HttpMode::NAMES
-                    .iter()
-                    .find(|(_, m)| m == mode)
-                    .map_or("", |(name, _)| name);
-                let mut notes = Vec::new();
-                if urls.len() > 1 {
-                    notes.push(format!("{} URLs, {mode}", urls.len()));
-                }
-                let names: Vec<&str> = headers.iter().map(|(name, _)| name.as_str()).collect();
-                if !names.is_empty() {
-                    notes.push(format!("headers {}", names.join(", ")));
-                }
-                if !notes.is_empty() {
-                    write!(f, " ({})", notes.join("; "))?;
-                }
-                Ok(())
-            }
+            SinkSettings::Http(config) => http::summary(config, f),
             SinkSettings::Serve(config) => serve::summary(config, f),
-            SinkSettings::File(config) => {
-                write!(
-                    f,
-                    "file dir={} format={}",
-                    config.output_dir.display(),
-                    config.filename_format
-                )?;
-                if let Some(work) = &config.work_dir {
-                    write!(f, " work_dir={}", work.display())?;
-                }
-                if let Some(level) = config.gzip_level {
-                    write!(f, " gzip={level}")?;
-                }
-                Ok(())
-            }
+            SinkSettings::File(config) => file::summary(config, f),
         }
     }
 }
 
 impl RawSink {
-    /// The file sink's settings: `nsq_to_file`'s, for the consumed `topic`.
-    fn file(&self, topic: &str) -> Result<SinkSettings, ConfigError> {
-        let output_dir = self.output_dir.clone().ok_or(ConfigError::Missing {
-            key: "sink.output_dir",
-            flags: &["--output-dir"],
-        })?;
-        let mut config = crate::sink::FileSinkConfig::new(output_dir, topic.to_owned());
-        config.work_dir = self.work_dir.clone();
-        if let Some(format) = &self.filename_format {
-            config.filename_format = format.clone();
-        }
-        if let Some(format) = &self.datetime_format {
-            config.datetime_format = format.clone();
-        }
-        config.rotate_interval = match self.rotate_interval {
-            Some(Dur(d)) if d.is_zero() => None,
-            Some(Dur(d)) => Some(d),
-            None => None,
-        };
-        if let Some(text) = &self.rotate_size {
-            let bytes = crate::units::parse_bytes(text)
-                .map_err(|reason| invalid("sink.rotate_size", quote(Some(text)), reason))?;
-            config.rotate_size = (bytes > 0).then_some(bytes);
-        }
-        if self.gzip == Some(true) || self.gzip_level.is_some() {
-            config.gzip_level = Some(self.gzip_level.unwrap_or(crate::sink::DEFAULT_GZIP_LEVEL));
-        }
-        if let Some(Dur(d)) = self.sync_interval {
-            config.sync_interval = d;
-        }
-        if let Some(host) = &self.host_identifier {
-            config.host_identifier = host.clone();
-        }
-        config.skip_empty_files = self.skip_empty_files.unwrap_or(false);
-        config.validate().map_err(|(key, reason)| {
-            let value = match key {
-                "sink.output_dir" => quote(Some(&config.output_dir.display().to_string())),
-                "sink.work_dir" => quote(
-                    config
-                        .work_dir
-                        .as_ref()
-                        .map(|d| d.display().to_string())
-                        .as_deref(),
-                ),
-                "sink.filename_format" => quote(Some(&config.filename_format)),
-                "sink.datetime_format" => quote(Some(&config.datetime_format)),
-                "sink.host_identifier" => quote(Some(&config.host_identifier)),
-                _ => config.gzip_level.unwrap_or_default().to_string(),
-            };
-            invalid(key, value, reason)
-        })?;
-        output_name::check_file_sink(&config.filename_format, config.gzip_level.is_some())?;
-        Ok(SinkSettings::File(config))
-    }
-
     /// The sink's settings; `topic` and `channel` are the consumed ones.
     pub(super) fn validate(&self, topic: &str, channel: &str) -> Result<SinkSettings, ConfigError> {
         match self.kind.unwrap_or(SinkKind::Stdout) {
             SinkKind::Stdout => Ok(SinkSettings::Stdout),
             SinkKind::Serve => Ok(SinkSettings::Serve(serve::validate(self, topic, channel)?)),
             SinkKind::Null => Ok(SinkSettings::Null),
-            SinkKind::File => self.file(topic),
-            SinkKind::Nsq => self.nsq(),
-            SinkKind::Http => self.http(),
+            SinkKind::File => Ok(SinkSettings::File(file::validate(self, topic)?)),
+            SinkKind::Nsq => nsq::validate(self),
+            SinkKind::Http => Ok(SinkSettings::Http(http::validate(self)?)),
         }
-    }
-
-    /// The nsq sink: its nsqd addresses and topic, both named at once when both are missing.
-    fn nsq(&self) -> Result<SinkSettings, ConfigError> {
-        let addrs = self
-            .destination_nsqd_tcp_addresses
-            .clone()
-            .unwrap_or_default();
-        let (Some(topic), false) = (self.destination_topic.clone(), addrs.is_empty()) else {
-            let mut missing = Vec::new();
-            if addrs.is_empty() {
-                missing.push(ConfigError::Missing {
-                    key: "sink.destination_nsqd_tcp_addresses",
-                    flags: &["--destination-nsqd-tcp-address"],
-                });
-            }
-            if self.destination_topic.is_none() {
-                missing.push(ConfigError::Missing {
-                    key: "sink.destination_topic",
-                    flags: &["--destination-topic"],
-                });
-            }
-            return Err(ConfigError::all_missing(missing));
-        };
-        for a in &addrs {
-            check_host_port("sink.destination_nsqd_tcp_addresses", a)?;
-        }
-        check_name("sink.destination_topic", "topic", &topic)?;
-        Ok(SinkSettings::Nsq {
-            nsqd_tcp_addresses: addrs,
-            topic,
-        })
-    }
-
-    /// The http sink: its URLs, headers, client, concurrency and batches.
-    fn http(&self) -> Result<SinkSettings, ConfigError> {
-        let posts = self
-            .post
-            .as_ref()
-            .map(OneOrMany::to_vec)
-            .unwrap_or_default();
-        if posts.is_empty() {
-            return Err(ConfigError::Missing {
-                key: "sink.post",
-                flags: &["--post"],
-            });
-        }
-        let urls = posts
-            .iter()
-            .map(|post| {
-                check_url(post)
-                    .map_err(|reason| invalid("sink.post", quote(Some(&redact::url(post))), reason))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let headers = self.http_headers()?;
-        let defaults = HttpClientConfig::default();
-        if let Some(path) = &self.http_client_tls_root_ca_file {
-            std::fs::File::open(path).map_err(|error| {
-                invalid(
-                    "sink.http_client_tls_root_ca_file",
-                    quote(path.to_str()),
-                    format!("cannot be read: {error}"),
-                )
-            })?;
-        }
-        let mut config = HttpSinkConfig::new(urls);
-        config.idempotency_header = self.idempotency_header_name()?;
-        config.concurrency = positive_count(
-            "sink.http_concurrency",
-            self.http_concurrency,
-            config.concurrency,
-        )?;
-        config.batch_size = positive_count(
-            "sink.http_batch_size",
-            self.http_batch_size,
-            config.batch_size,
-        )?;
-        config.batch_timeout = positive(
-            "sink.http_batch_timeout",
-            self.http_batch_timeout,
-            config.batch_timeout,
-        )?;
-        config.batch_format = self.http_batch_format.unwrap_or_default();
-        config.mode = self.mode.unwrap_or_default();
-        config.headers = headers;
-        config.client = HttpClientConfig {
-            connect_timeout: positive(
-                "sink.http_client_connect_timeout",
-                self.http_client_connect_timeout,
-                defaults.connect_timeout,
-            )?,
-            request_timeout: positive(
-                "sink.http_client_request_timeout",
-                self.http_client_request_timeout,
-                defaults.request_timeout,
-            )?,
-            root_ca_file: self.http_client_tls_root_ca_file.clone(),
-            ..defaults
-        };
-        Ok(SinkSettings::Http(config))
-    }
-
-    /// The http sink's headers, with its `Content-Type` first unless they set one. A header's
-    /// value is never shown: it may hold a credential.
-    fn http_headers(&self) -> Result<Vec<(HeaderName, HeaderValue)>, ConfigError> {
-        let mut headers = Vec::new();
-        for (name, value) in self.headers.clone().unwrap_or_default() {
-            let parsed = (
-                HeaderName::from_bytes(name.as_bytes()),
-                HeaderValue::from_str(&value),
-            );
-            let (Ok(name), Ok(value)) = parsed else {
-                return Err(invalid(
-                    "sink.headers",
-                    format!("{name:?} = {:?}", redact::REDACTED),
-                    "header names are letters, digits, '-' and '_'; values have no line breaks",
-                ));
-            };
-            headers.push((name, value));
-        }
-        let content_type = self.content_type.as_deref().unwrap_or(DEFAULT_CONTENT_TYPE);
-        with_content_type(content_type, headers)
-            .map_err(|reason| invalid("sink.content_type", quote(Some(content_type)), reason))
-    }
-
-    /// The header each request carries its idempotency key in, or none (`"off"`).
-    fn idempotency_header_name(&self) -> Result<Option<HeaderName>, ConfigError> {
-        match self.http_idempotency_header.as_deref() {
-            Some("off") => Ok(None),
-            name => {
-                let name = name.unwrap_or(DEFAULT_IDEMPOTENCY_HEADER);
-                HeaderName::from_bytes(name.as_bytes())
-                    .map(Some)
-                    .map_err(|_| {
-                        invalid(
-                            "sink.http_idempotency_header",
-                            quote(Some(name)),
-                            "expected a header name (letters, digits, '-' and '_') or \"off\"",
-                        )
-                    })
-            }
-        }
-    }
-}
-
-/// A duration that must be more than 0, else `default`.
-fn positive(
-    key: &'static str,
-    value: Option<Dur>,
-    default: Duration,
-) -> Result<Duration, ConfigError> {
-    match value {
-        Some(Dur(d)) if d.is_zero() => Err(invalid(key, "\"0s\"", "must be more than 0")),
-        Some(Dur(d)) => Ok(d),
-        None => Ok(default),
-    }
-}
-
-/// A count that must be at least 1, else `default`.
-fn positive_count(
-    key: &'static str,
-    value: Option<usize>,
-    default: usize,
-) -> Result<usize, ConfigError> {
-    match value {
-        Some(0) => Err(invalid(key, "0", "must be at least 1")),
-        Some(n) => Ok(n),
-        None => Ok(default),
     }
 }
 

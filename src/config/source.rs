@@ -84,7 +84,6 @@ impl Source {
         consumer.validate().map_err(|error| match error {
             crate::nsq::Error::Config { field, reason } => ConfigError::Invalid {
                 key: super::nsq_opts::key(super::nsq_opts::Side::Consumer, field),
-                flag: None,
                 value: match field {
                     "output_buffer_size" => identity.output_buffer_size.unwrap_or(0).to_string(),
                     _ => String::new(),
@@ -182,7 +181,6 @@ impl RawSource {
         consumer.validate().map_err(|error| match error {
             crate::nsq::Error::Config { field, reason } => ConfigError::Invalid {
                 key: source_key(field),
-                flag: None,
                 value: self.value_of(field),
                 reason: reason.into(),
             },

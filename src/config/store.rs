@@ -184,7 +184,7 @@ section! {
         /// With Memcached or Redis: how often this consumer adds its distinct count to the fleet's counters
         /// in the store (default {default}); the fleet's rate covers 6 of them and is reported after 7.
         /// The same in every consumer of the table.
-        fleet_interval: Dur, default(DefaultValue::Duration(crate::DEFAULT_FLEET_INTERVAL)), only(&SHARED),
+        fleet_interval: Dur, default(DefaultValue::Duration(crate::dedup::fleet::DEFAULT_FLEET_INTERVAL)), only(&SHARED),
             flag("fleet-interval", rank: 19, value_name: "DURATION", value: FlagValue::Duration);
     }
     extra {

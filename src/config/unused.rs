@@ -90,7 +90,7 @@ pub(super) fn check(raw: &RawConfig) -> Result<(), ConfigError> {
 /// with `--dead-letter-file`) needs the flag of its own kind instead, which no file key sets:
 /// names that flag, and the one to give it in place of.
 fn dead_letter_flag_instead(error: ConfigError, flags: &FlagOrigins) -> ConfigError {
-    let ConfigError::Unused { key, flag, .. } = error else {
+    let ConfigError::Unused { key, .. } = error else {
         return error;
     };
     let settings = RawDeadLetter::SETTINGS;
@@ -111,7 +111,6 @@ fn dead_letter_flag_instead(error: ConfigError, flags: &FlagOrigins) -> ConfigEr
     match (chosen, wanted) {
         (Some(chosen), Some((name, wanted))) => ConfigError::Unused {
             key,
-            flag,
             needs: Wording::from(format!("a dead-letter {name} ("))
                 .setting(Named::flag(wanted))
                 .text(")"),
@@ -135,7 +134,6 @@ fn needs(
     match settings.iter().find(|(_, given)| *given) {
         Some(&(key, _)) if !used => Err(ConfigError::Unused {
             key,
-            flag: None,
             needs: needed,
             instead: None,
         }),

@@ -62,14 +62,16 @@ impl Backend {
         }
     }
 
-    /// For the in-process table: where a resize stands, `Some(None)` with one generation;
-    /// `None` for other stores.
+    /// For a table of generations (in-process or shared): where a resize stands, `Some(None)`
+    /// with one generation; `None` without a table.
     pub fn resizing(&self) -> Option<Option<crate::Resizing>> {
         match self {
             Backend::Memory(table) | Backend::Journalled(table, _) => {
                 Some(table.with(Table::resizing))
             }
-            Backend::Memcached(..) | Backend::Redis(..) | Backend::None(_) => None,
+            Backend::Memcached(store, _) => Some(store.resizing()),
+            Backend::Redis(store, _) => Some(store.resizing()),
+            Backend::None(_) => None,
         }
     }
 

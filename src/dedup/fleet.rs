@@ -2,11 +2,11 @@
 //!
 //! A table shared by several consumers fills at the sum of their distinct rates, and each one
 //! sees only its own share. So each consumer adds its count of distinct messages, once per
-//! bucket of `fleet_interval` (default [`DEFAULT_FLEET_INTERVAL`]), to a counter in the store
+//! bucket of `fleet_interval` (default `DEFAULT_FLEET_INTERVAL`), to a counter in the store
 //! (`<namespace>:fleet:<bucket>` in Memcached, `{<namespace>:fleet}:<bucket>` in Redis, where
 //! the bucket is the Unix time divided by the bucket's length), and reads the counters of the
 //! last [`FLEET_BUCKETS`] whole buckets in the same round trip: their sum over their span is
-//! the fleet's rate. Each consumer adds in the middle of a bucket ([`until_next_share`]), so
+//! the fleet's rate. Each consumer adds in the middle of a bucket (`until_next_share`), so
 //! every whole bucket holds exactly one count of each. The fleet is every consumer with the
 //! same namespace and table shape, which is every consumer of the same table. Buckets go by
 //! wall clocks, so keep them in sync (NTP); each counter expires after three minutes (or
@@ -22,7 +22,7 @@ use crate::error::StoreError;
 
 /// How often each consumer adds its count, and the length of one counter's bucket, unless
 /// `store.fleet_interval` says otherwise.
-pub const DEFAULT_FLEET_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_FLEET_INTERVAL: Duration = Duration::from_secs(10);
 
 /// How many whole buckets the fleet's rate is measured over (a minute at the default); a
 /// consumer reports the fleet's rate once it has shared one more than this.
@@ -70,7 +70,7 @@ pub(crate) fn check_fleet_interval(interval: Duration) -> Result<(), &'static st
 
 /// How long until the middle of the next bucket of `interval`: when to share next, so that
 /// each bucket gets one count of every consumer, clear of its edges.
-pub fn until_next_share(interval: Duration) -> Duration {
+pub(crate) fn until_next_share(interval: Duration) -> Duration {
     let length = bucket_millis(interval);
     let now = now_ms();
     let middle = (now / length + 1) * length + length / 2;

@@ -45,7 +45,7 @@ use crate::dedup::{Claim, Digest, Geometry, Store};
 use crate::error::StoreError;
 
 /// The name of the descriptor's key after the namespace's prefix: `<prefix>:table`.
-pub const DESCRIPTOR_SUFFIX: &str = "table";
+pub(crate) const DESCRIPTOR_SUFFIX: &str = "table";
 
 /// What a shared store offers for generations: its table at another shape on the same
 /// servers, a read-only look-up, and its descriptor key.
@@ -280,6 +280,29 @@ impl<S: Generation> Generations<S> {
             .previous
             .as_ref()
             .map(|previous| (previous.shape, previous.since_ms))
+    }
+
+    /// Where a resize stands while the previous generation is read, as the in-process
+    /// table's generations say it ([`crate::Resizing`]): the new entries this consumer
+    /// makes before it retires the previous one, and with `max_age`, the seconds left.
+    pub fn resizing(&self) -> Option<crate::Resizing> {
+        let state = self.state();
+        let previous = state.previous.as_ref()?;
+        let since_s = previous.since_ms / 1000;
+        Some(crate::Resizing {
+            generations: 2,
+            previous_slots: previous.shape.geometry.slots(),
+            inserts_left: state
+                .shape
+                .geometry
+                .slots()
+                .saturating_sub(previous.new_entries.load(Ordering::Relaxed)),
+            seconds_left: state.current.max_age().map(|age| {
+                since_s
+                    .saturating_add(age.as_secs())
+                    .saturating_sub(now_ms() / 1000)
+            }),
+        })
     }
 
     fn state(&self) -> Arc<State<S>> {

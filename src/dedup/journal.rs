@@ -344,7 +344,7 @@ impl Journal {
 }
 
 /// The journal beside table file `path`: `PATH.journal`.
-pub fn journal_path(path: &Path) -> PathBuf {
+pub(crate) fn journal_path(path: &Path) -> PathBuf {
     path.with_file_name(format!(
         "{}.journal",
         path.file_name()

@@ -42,7 +42,7 @@ impl LocalTable {
     }
 
     /// A table that can take new generations while it serves claims
-    /// ([`push_generation`](LocalTable::push_generation)).
+    /// (`push_generation`).
     pub fn growable(table: Table) -> Self {
         LocalTable(Inner::Growable(RwLock::new(table)))
     }

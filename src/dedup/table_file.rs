@@ -168,7 +168,8 @@ pub struct TableFile {
 
 /// Logs that the table file at `path`, whose table had shape `from`, was resized to `to` (see
 /// [`LoadReport::resized_from`]).
-pub fn log_resize(path: &Path, from: Geometry, to: Geometry) {
+#[cfg(feature = "sidecar")]
+pub(crate) fn log_resize(path: &Path, from: Geometry, to: Geometry) {
     tracing::info!(
         table_file = %path.display(),
         from_slots = from.slots(),

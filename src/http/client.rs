@@ -18,7 +18,7 @@ use hyper_util::rt::TokioExecutor;
 /// answers are far smaller.
 pub(super) const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 
-/// Settings of an [`HttpClient`].
+/// Settings of the crate's HTTP client: time limits, TLS and connection counts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpClientConfig {
     /// Bound on opening a connection (TCP and, for `https://`, the TLS handshake is within the
@@ -71,7 +71,7 @@ pub enum HttpError {
 /// A pooled keep-alive HTTP/1.1 client for `http://` and `https://` URLs. Cheap to clone;
 /// clones share the pool.
 #[derive(Clone)]
-pub struct HttpClient {
+pub(crate) struct HttpClient {
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     request_timeout: Duration,
 }
@@ -94,7 +94,7 @@ impl HttpClient {
     /// # Panics
     ///
     /// Outside a Tokio runtime (the pool's reaper is spawned on it).
-    pub fn new(config: &HttpClientConfig) -> Result<Self, HttpError> {
+    pub(crate) fn new(config: &HttpClientConfig) -> Result<Self, HttpError> {
         let tls = tls_config(config)?;
         let mut http = HttpConnector::new();
         http.enforce_http(false);
@@ -121,7 +121,7 @@ impl HttpClient {
     ///
     /// [`HttpError::Request`] when no answer could be had, [`HttpError::Timeout`] past the
     /// request bound.
-    pub async fn send(
+    pub(crate) async fn send(
         &self,
         method: Method,
         url: &Uri,
@@ -208,7 +208,8 @@ pub(super) fn chain(error: &dyn std::error::Error) -> String {
 /// # Errors
 ///
 /// What is wrong with it.
-pub fn check_url(text: &str) -> Result<Uri, String> {
+#[cfg(feature = "sidecar")]
+pub(crate) fn check_url(text: &str) -> Result<Uri, String> {
     let uri: Uri = text
         .parse()
         .map_err(|error| format!("not a URL ({error})"))?;

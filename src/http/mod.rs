@@ -10,14 +10,26 @@
 //!   connections (more while connects are fast and requests wait, half on a stalled connect).
 //! - `server`: `serve`, answers `GET`/`HEAD` of a few fixed paths.
 
+// Without the sidecar (the `nsq` layer alone), nothing re-exports the client's settings and
+// errors: the http sink does (`sink::HttpClientConfig`, `sink::HttpError`).
+#![cfg_attr(not(feature = "sidecar"), allow(unreachable_pub))]
+
 mod basic_auth;
 mod client;
+#[cfg(feature = "sidecar")]
 mod limit;
+#[cfg(feature = "sidecar")]
 mod pool;
 #[cfg(feature = "sidecar")]
 pub(crate) mod server;
 
-pub use client::{check_url, HttpClient, HttpClientConfig, HttpError};
-pub use pool::{BoundedClient, HttpAnswer};
+#[cfg(feature = "sidecar")]
+pub(crate) use client::check_url;
+pub(crate) use client::HttpClient;
+pub use client::HttpClientConfig;
+#[cfg(feature = "sidecar")]
+pub use client::HttpError;
+#[cfg(feature = "sidecar")]
+pub(crate) use pool::BoundedClient;
 #[cfg(feature = "sidecar")]
 pub(crate) use server::serve;

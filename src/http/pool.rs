@@ -35,20 +35,18 @@ use tokio_rustls::TlsConnector;
 use super::client::{chain, tls_config, HttpClientConfig, HttpError, MAX_BODY_BYTES};
 use super::limit::ConnectionLimit;
 
-/// An answer: its status, headers and body.
+/// An answer: its status and headers (its body is read and dropped).
 #[derive(Debug, Clone)]
-pub struct HttpAnswer {
+pub(crate) struct HttpAnswer {
     /// The status.
     pub status: StatusCode,
     /// The headers.
     pub headers: HeaderMap,
-    /// The body.
-    pub body: Bytes,
 }
 
 /// The pools of one client, one per endpoint, sharing a TLS configuration. `Debug` shows no
 /// secret.
-pub struct BoundedClient {
+pub(crate) struct BoundedClient {
     targets: Vec<Target>,
 }
 
@@ -85,7 +83,7 @@ impl BoundedClient {
     /// # Panics
     ///
     /// When `max_connections` is 0.
-    pub fn new(
+    pub(crate) fn new(
         urls: &[Uri],
         config: &HttpClientConfig,
         max_connections: usize,
@@ -148,7 +146,7 @@ impl BoundedClient {
     /// # Panics
     ///
     /// When `url` is not one of the client's.
-    pub async fn send(
+    pub(crate) async fn send(
         &self,
         method: Method,
         url: &Uri,
@@ -378,16 +376,16 @@ impl EndpointPool {
             match sender.try_send_request(request).await {
                 Ok(response) => {
                     let (parts, body) = response.into_parts();
-                    let body = Limited::new(body, MAX_BODY_BYTES)
+                    // The body is read to its end, so the connection can carry the next
+                    // request; no sink reads it.
+                    Limited::new(body, MAX_BODY_BYTES)
                         .collect()
                         .await
-                        .map_err(|error| failed(format!("reading the answer: {error}")))?
-                        .to_bytes();
+                        .map_err(|error| failed(format!("reading the answer: {error}")))?;
                     self.put_idle(sender);
                     return Ok(HttpAnswer {
                         status: parts.status,
                         headers: parts.headers,
-                        body,
                     });
                 }
                 Err(mut error) => match error.take_message() {

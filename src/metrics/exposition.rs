@@ -336,7 +336,7 @@ fn table_gauges(m: &Metrics, table: &TableView, gauges: &mut Vec<GaugeCopy>) {
         ));
         gauges.push((
             "nsq_dedupe_table_previous_inserts_left",
-            "New entries the table takes before the previous generations retire.",
+            "New entries the table takes (a shared table: this consumer makes) before the previous generations retire.",
             resizing.inserts_left as f64,
         ));
         if let Some(seconds) = resizing.seconds_left {
@@ -565,9 +565,9 @@ mod tests {
         ] {
             assert!(text.contains(line), "no {line:?} in\n{text}");
         }
-        // A shared store has no generations to show.
-        let shared = page_resizing(&m, false, None);
-        assert!(!shared.contains("generations"), "{shared}");
+        // A store without a table (`--store none`) has no generations to show.
+        let none = page_resizing(&m, false, None);
+        assert!(!none.contains("generations"), "{none}");
         assert!(!page(&m, false).contains("nsq_dedupe_table_previous"));
     }
 

@@ -144,7 +144,7 @@ pub struct Metrics {
     /// without `store.rate`).
     pub table_resizes: AtomicU64,
     /// The distinct rate now and its peak over the window, sampled by [`sample_rate`](Metrics::sample_rate).
-    pub rates: RateTracker,
+    pub(crate) rates: RateTracker,
     /// The handler's own figures, if it has any (the serve sink's consumers), read at each
     /// scrape; set once by [`watch_handler`](Metrics::watch_handler).
     handler: OnceLock<Arc<dyn HandlerMetrics>>,
@@ -249,15 +249,15 @@ pub struct TableView {
     pub geometry: Option<Geometry>,
     /// Fraction of slots in use, if the store can tell.
     pub occupancy: Option<f64>,
-    /// For the in-process table: where a resize stands (`None` with one generation). `None`
-    /// for other stores.
+    /// For a table of generations, in-process or shared: where a resize stands (`None` with
+    /// one generation). `None` without a table.
     pub resizing: Option<Option<crate::Resizing>>,
     /// The window the table was sized for.
     pub window: Duration,
     /// What the near-table in front of Memcached answered, if there is one.
     pub near: Option<crate::dedup::near::NearStats>,
-    /// The catch probability the table should keep (`store.probability`, else
-    /// [`DEFAULT_TARGET_PROBABILITY`]).
+    /// The catch probability the table should keep (`store.probability`, else the
+    /// default target).
     pub target: f64,
     /// Servers of a shared store ejected and taken back so far, with several servers.
     pub ejections: Option<(u64, u64)>,
@@ -267,7 +267,8 @@ pub struct TableView {
 }
 
 /// The catch probability a table is expected to keep when `store.probability` is not given.
-pub const DEFAULT_TARGET_PROBABILITY: f64 = 0.99;
+#[cfg(feature = "sidecar")]
+pub(crate) const DEFAULT_TARGET_PROBABILITY: f64 = 0.99;
 
 /// A table too small for the rate it sees: what it catches and what would do.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -21,7 +21,7 @@ pub(crate) const PEAK_BUCKETS: u32 = 60;
 
 /// Samples of a count, giving its recent rate and that rate's peak over a window.
 #[derive(Debug)]
-pub struct RateTracker {
+pub(crate) struct RateTracker {
     window: Duration,
     state: Mutex<State>,
 }
@@ -39,7 +39,7 @@ struct State {
 
 impl RateTracker {
     /// A tracker whose peak covers `window`.
-    pub fn new(window: Duration) -> Self {
+    pub(crate) fn new(window: Duration) -> Self {
         RateTracker {
             window,
             state: Mutex::new(State::default()),
@@ -47,7 +47,7 @@ impl RateTracker {
     }
 
     /// Records that the count was `count` at `now` (non-decreasing in both).
-    pub fn sample(&self, now: Instant, count: u64) {
+    pub(crate) fn sample(&self, now: Instant, count: u64) {
         // A plain mutex: one sample a second and a few readers, never held across an await.
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.samples.push_back((now, count));
@@ -67,7 +67,8 @@ impl RateTracker {
     }
 
     /// Records the fleet's rate, as learnt at `now` from the shared store.
-    pub fn note_fleet(&self, now: Instant, rate: f64) {
+    #[cfg(feature = "sidecar")]
+    pub(crate) fn note_fleet(&self, now: Instant, rate: f64) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if state.fleet.is_none() {
             // Our own rates so far were a share of the fleet's: not its peak.
@@ -78,7 +79,7 @@ impl RateTracker {
     }
 
     /// The fleet's rate, once the shared store told it.
-    pub fn fleet(&self) -> Option<f64> {
+    pub(crate) fn fleet(&self) -> Option<f64> {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).fleet
     }
 
@@ -98,12 +99,12 @@ impl RateTracker {
     }
 
     /// The rate over the last [`RECENT_SPAN`]; `None` before two samples.
-    pub fn recent(&self) -> Option<f64> {
+    pub(crate) fn recent(&self) -> Option<f64> {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).recent
     }
 
     /// The highest recent rate in the last window; `None` before two samples.
-    pub fn peak(&self) -> Option<f64> {
+    pub(crate) fn peak(&self) -> Option<f64> {
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.peaks.iter().map(|(_, p)| *p).reduce(f64::max)
     }

@@ -12,7 +12,7 @@
 //! - the [`Consumer`] itself is the receiving end of the message channel.
 //!
 //! RDY accounting is conservative: a connection whose RDY was lowered keeps counting with its
-//! old value for [`RDY_SETTLE`](super::RDY_SETTLE) (so nsqd has applied the decrease before another connection is
+//! old value for [`RDY_SETTLE`](super::rdy::RDY_SETTLE) (so nsqd has applied the decrease before another connection is
 //! raised) and with its in-flight count for as long as messages are unanswered.
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use super::frame::{error_code, is_non_fatal_error, FrameError};
-use crate::wording::{FlagOrigins, Wording};
+use crate::wording::Wording;
 
 /// Errors from the NSQ consumer, producer, connections and lookupd queries.
 #[derive(Debug, thiserror::Error)]
@@ -122,16 +122,6 @@ impl Error {
     /// Whether retrying with the same settings can never succeed.
     pub fn is_permanent(&self) -> bool {
         matches!(self, Error::Refused { .. })
-    }
-
-    /// The settings a refusal's advice names, said as the user gave them (see
-    /// [`Wording::naming`]); any other error as it is.
-    #[must_use]
-    pub fn naming(mut self, names: &FlagOrigins) -> Error {
-        if let Error::Refused { advice, .. } = &mut self {
-            *advice = std::mem::take(advice).naming(names);
-        }
-        self
     }
 
     /// A copy of a refusal (errors holding I/O causes are not `Clone`); `None` for any other

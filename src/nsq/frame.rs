@@ -25,23 +25,23 @@ use crate::decimal::put_decimal;
 pub const MAGIC_V2: &[u8; 4] = b"  V2";
 
 /// Frame type of a response (`OK`, `CLOSE_WAIT`, `_heartbeat_`, IDENTIFY's JSON).
-pub const FRAME_TYPE_RESPONSE: u32 = 0;
+pub(crate) const FRAME_TYPE_RESPONSE: u32 = 0;
 /// Frame type of an error (`E_INVALID ...`, `E_FIN_FAILED ...`).
-pub const FRAME_TYPE_ERROR: u32 = 1;
+pub(crate) const FRAME_TYPE_ERROR: u32 = 1;
 /// Frame type of a message.
-pub const FRAME_TYPE_MESSAGE: u32 = 2;
+pub(crate) const FRAME_TYPE_MESSAGE: u32 = 2;
 
 /// Bytes before the body in a message frame's data: timestamp (8), attempts (2), ID (16).
-pub const MESSAGE_HEADER_LEN: usize = 26;
+pub(crate) const MESSAGE_HEADER_LEN: usize = 26;
 
 /// The largest frame accepted unless configured otherwise: nsqd's default `--max-msg-size`
 /// (1 MiB) plus headroom for the header.
 ///
 /// Defaults to: `1_048_576 + 1024` bytes.
-pub const DEFAULT_MAX_FRAME_SIZE: usize = 1_048_576 + 1024;
+pub(crate) const DEFAULT_MAX_FRAME_SIZE: usize = 1_048_576 + 1024;
 
 /// The response nsqd sends every heartbeat interval; the client answers `NOP`.
-pub const HEARTBEAT: &[u8] = b"_heartbeat_";
+pub(crate) const HEARTBEAT: &[u8] = b"_heartbeat_";
 
 /// A message ID as nsqd writes it: 16 ASCII bytes (hexadecimal in practice).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -390,7 +390,7 @@ impl Encoder<&Command> for FrameCodec {
 }
 
 /// The code at the start of an error frame's text, such as `E_FIN_FAILED`.
-pub fn error_code(text: &[u8]) -> &[u8] {
+pub(crate) fn error_code(text: &[u8]) -> &[u8] {
     let end = text.iter().position(|&b| b == b' ').unwrap_or(text.len());
     &text[..end]
 }
@@ -398,7 +398,7 @@ pub fn error_code(text: &[u8]) -> &[u8] {
 /// Whether an error frame leaves the connection open: nsqd closes it after every other error.
 ///
 /// Matches on the code prefix only; nsqd appends detail such as the message ID.
-pub fn is_non_fatal_error(text: &[u8]) -> bool {
+pub(crate) fn is_non_fatal_error(text: &[u8]) -> bool {
     matches!(
         error_code(text),
         b"E_FIN_FAILED"
@@ -411,7 +411,8 @@ pub fn is_non_fatal_error(text: &[u8]) -> bool {
 }
 
 /// Encodes a frame as nsqd would; used by tests and benchmarks to build input.
-pub fn encode_frame(frame_type: u32, data: &[u8], dst: &mut BytesMut) {
+#[cfg(feature = "sidecar")]
+pub(crate) fn encode_frame(frame_type: u32, data: &[u8], dst: &mut BytesMut) {
     dst.reserve(8 + data.len());
     dst.put_u32(4 + data.len() as u32);
     dst.put_u32(frame_type);

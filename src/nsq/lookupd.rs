@@ -29,7 +29,7 @@ struct Producer {
 /// # Errors
 ///
 /// [`Error::Config`] for an empty address or an `https://` one.
-pub fn parse_address(addr: &str) -> Result<String, Error> {
+pub(crate) fn parse_address(addr: &str) -> Result<String, Error> {
     let bad = |reason: &str| Error::Config {
         field: "lookupd_http_addresses",
         reason: format!("{addr:?}: {reason}"),
@@ -71,7 +71,11 @@ pub fn parse_address(addr: &str) -> Result<String, Error> {
 ///
 /// [`Error::Lookupd`] for connection failures, timeouts, non-200 answers other than
 /// `TOPIC_NOT_FOUND`, oversized or malformed responses; [`Error::Config`] for a bad address.
-pub async fn lookup(client: &HttpClient, addr: &str, topic: &str) -> Result<Vec<String>, Error> {
+pub(crate) async fn lookup(
+    client: &HttpClient,
+    addr: &str,
+    topic: &str,
+) -> Result<Vec<String>, Error> {
     let authority = parse_address(addr)?;
     let fail = |reason: String| Error::Lookupd {
         addr: addr.to_string(),
@@ -153,5 +157,65 @@ mod tests {
         assert_eq!(new.producers.len(), 1);
         let old: LookupBody = serde_json::from_str(r#"{"status_code":200,"status_txt":"OK","data":{"producers":[{"broadcast_address":"h","tcp_port":1}]}}"#).unwrap();
         assert_eq!(old.data.unwrap().producers[0].tcp_port, 1);
+    }
+
+    /// A stand-in for nsqlookupd's `/lookup`: topic `t` is on 127.0.0.1:4150, any other topic
+    /// is unknown (404, as nsqlookupd answers). One request per connection.
+    async fn lookupd() -> tokio::net::TcpListener {
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap()
+    }
+
+    async fn answer(listener: tokio::net::TcpListener) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            let mut request = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => request.extend_from_slice(&buf[..n]),
+                }
+            }
+            let head = String::from_utf8_lossy(&request);
+            let (status, body) = if head.starts_with("GET /lookup?topic=t ") {
+                (
+                    "200 OK",
+                    r#"{"channels":[],"producers":[{"broadcast_address":"127.0.0.1","tcp_port":4150,"http_port":4151}]}"#,
+                )
+            } else {
+                ("404 Not Found", r#"{"message":"TOPIC_NOT_FOUND"}"#)
+            };
+            let answer = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(answer.as_bytes()).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn reads_producers_and_unknown_topics_and_names_a_lookupd_that_is_down() {
+        let listener = lookupd().await;
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(answer(listener));
+        let client = HttpClient::new(&crate::http::HttpClientConfig {
+            request_timeout: std::time::Duration::from_secs(2),
+            ..Default::default()
+        })
+        .unwrap();
+        let plain = addr.to_string();
+        let url = format!("http://{addr}");
+        let producers = vec!["127.0.0.1:4150".to_owned()];
+        assert_eq!(lookup(&client, &plain, "t").await.unwrap(), producers);
+        assert_eq!(lookup(&client, &url, "t").await.unwrap(), producers);
+        assert!(lookup(&client, &url, "unknown").await.unwrap().is_empty());
+        server.abort();
+        let _ = server.await;
+        let err = lookup(&client, &url, "t").await.unwrap_err();
+        assert!(matches!(err, Error::Lookupd { .. }), "{err}");
+        assert!(err.to_string().contains(&url), "{err}");
     }
 }

@@ -20,7 +20,7 @@
 //!   the tasks share), `events` (events, counters, shutdown report), `delegate` (what a message
 //!   calls back through), `names` (nsqd's name rule) and `jitter`.
 //! - [`Producer`]: PUB, MPUB and DPUB with answers matched in order.
-//! - [`lookupd`]: `GET /lookup?topic=` over plain HTTP/1.1.
+//! - `lookupd`: `GET /lookup?topic=` over plain HTTP/1.1.
 //! - [`Error`]: the error type.
 
 mod config;
@@ -34,7 +34,7 @@ mod events;
 pub mod frame;
 mod identify;
 mod jitter;
-pub mod lookupd;
+pub(crate) mod lookupd;
 mod message;
 mod names;
 mod producer;
@@ -58,7 +58,8 @@ pub use message::{Answer, Message};
 #[cfg(feature = "sidecar")]
 pub(crate) use names::is_valid_name;
 pub use producer::{Producer, ProducerConfig};
-pub use rdy::RDY_SETTLE;
 pub use refusal::Role;
 pub use secret::AuthSecret;
-pub use transport::{Compression, Transport, DEFAULT_DEFLATE_LEVEL};
+#[cfg(feature = "sidecar")]
+pub(crate) use transport::DEFAULT_DEFLATE_LEVEL;
+pub use transport::{Compression, Transport};

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 /// How long a lowered RDY keeps counting at its old value before its budget is given to
 /// another connection. Loopback and LAN deliver the lower RDY well within this.
-pub const RDY_SETTLE: Duration = Duration::from_millis(50);
+pub(super) const RDY_SETTLE: Duration = Duration::from_millis(50);
 
 /// Where the consumer is in go-nsq's handler-failure backoff.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -59,7 +59,8 @@ pub enum Compression {
 }
 
 /// The deflate level when none is given (go-nsq's and nsqd's default).
-pub const DEFAULT_DEFLATE_LEVEL: u32 = 6;
+#[cfg(feature = "sidecar")]
+pub(crate) const DEFAULT_DEFLATE_LEVEL: u32 = 6;
 
 /// A [`Transport`] with its files read: ready to open connections.
 #[derive(Clone)]

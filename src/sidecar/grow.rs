@@ -42,7 +42,8 @@ pub(super) async fn grow_loop<H: Handler>(
         _ => return,
     };
     let metrics = dedupe.metrics();
-    let ceiling = Named::key("store.max_memory").naming(&names);
+    let ceiling = Named::key("store.max_memory");
+    let ceiling = names.show(&ceiling);
     let geometry = table.with(Table::geometry);
     tracing::info!(
         buckets = geometry.slots(),

@@ -41,12 +41,12 @@ use crate::error::StoreError;
 use crate::metrics::Metrics;
 use crate::nsq::{Consumer, ShutdownReport};
 use crate::pipeline::Dedupe;
-use crate::sink::{Handler, Sink};
-use crate::wording::{FlagOrigins, Named, Wording};
+use crate::sink::{BuiltIn, Handler, Sink, Watch};
+use crate::wording::{Named, Wording};
 use status::Target;
 use stop::Refusal;
 
-pub use sink::build_sink;
+pub(crate) use sink::build_sink;
 pub use store::build_store;
 
 /// Why the service could not start or stopped with an error.
@@ -124,37 +124,6 @@ impl From<crate::error::TableError> for RunError {
 }
 
 impl RunError {
-    /// The settings the message (and its causes') names, said as the user gave them (see
-    /// [`Wording::naming`]). A refusal's cause is shared, so the named one is a copy.
-    #[must_use]
-    pub fn naming(self, names: &FlagOrigins) -> RunError {
-        match self {
-            RunError::Store(error) => RunError::Store(error.naming(names)),
-            RunError::Table { source, choose } => RunError::Table {
-                source,
-                choose: choose.naming(names),
-            },
-            RunError::Nsq(error) => RunError::Nsq(error.naming(names)),
-            RunError::DeadLetter(error) => RunError::DeadLetter(error.naming(names)),
-            RunError::Refused(error) => RunError::Refused(naming_shared(error, names)),
-            RunError::TableFile(error) => RunError::TableFile(error.naming(names)),
-            RunError::FileSink { setting, reason } => RunError::FileSink {
-                setting: setting.naming(names),
-                reason,
-            },
-            RunError::Metrics {
-                addr,
-                source,
-                setting,
-            } => RunError::Metrics {
-                addr,
-                source,
-                setting: setting.naming(names),
-            },
-            other => other,
-        }
-    }
-
     /// The metrics address `addr` could not be bound.
     pub(crate) fn metrics(addr: SocketAddr, source: std::io::Error) -> RunError {
         RunError::Metrics {
@@ -194,15 +163,6 @@ impl RunError {
     }
 }
 
-/// [`crate::nsq::Error::naming`] of a shared error: a refusal named in a copy, any other
-/// error as it is.
-fn naming_shared(error: Arc<crate::nsq::Error>, names: &FlagOrigins) -> Arc<crate::nsq::Error> {
-    match error.refusal_copy() {
-        Some(copy) => Arc::new(copy.naming(names)),
-        None => error,
-    }
-}
-
 /// What a run did, for callers and tests.
 #[derive(Debug, Clone)]
 pub struct RunReport {
@@ -220,6 +180,8 @@ pub struct Sidecar<H> {
     metrics_listener: Option<TcpListener>,
     /// Completes if the dead-letter's nsqd refuses this client for good.
     dead_letter_refused: Option<Refusal>,
+    /// What the run watches of the sink: its output closed or a server's refusal for good.
+    sink_watch: Watch,
     /// The in-process table's file, locked while this sidecar lives.
     table_file: Option<Arc<TableFile>>,
     /// What the start-up log names as the sink: the configured one, or the caller's handler.
@@ -237,7 +199,8 @@ impl Sidecar<Sink> {
         sink::warn_if_exposed(&settings.sink, &settings.names);
         let sink = build_sink(&settings.sink, &settings.producer).await?;
         let sink_name = settings.sink.to_string();
-        let mut sidecar = Self::with_handler(settings, sink).await?;
+        let watch = sink.watch();
+        let mut sidecar = Self::watching(settings, sink, watch).await?;
         sidecar.sink_name = sink_name;
         Ok(sidecar)
     }
@@ -251,13 +214,19 @@ impl<H: Handler> Sidecar<H> {
     ///
     /// [`RunError`] naming what could not be built.
     pub async fn with_handler(settings: Settings, handler: H) -> Result<Self, RunError> {
+        Self::watching(settings, handler, Watch::default()).await
+    }
+
+    /// The sidecar of `handler`, whose figures, closed output and refusals are `watch`'s: a
+    /// built-in sink's own, nothing for a library user's handler.
+    async fn watching(settings: Settings, handler: H, mut watch: Watch) -> Result<Self, RunError> {
         let store = store::open(&settings).await?;
         let dead_letter =
             sink::build_dead_letter(settings.dead_letter.as_ref(), &settings.producer)?;
         let dead_letter_refused = dead_letter.as_ref().map(|d| Box::pin(d.refused()) as _);
         let metrics_listener = endpoints::bind(settings.metrics_address).await?;
         let metrics = Arc::new(Metrics::with_window(settings.window));
-        if let Some(own) = handler.own_metrics() {
+        if let Some(own) = watch.metrics.take() {
             metrics.watch_handler(own);
         }
         // A shared store that did not answer at start is failing until it does: `/ready`
@@ -280,6 +249,7 @@ impl<H: Handler> Sidecar<H> {
             dedupe,
             metrics_listener,
             dead_letter_refused,
+            sink_watch: watch,
             table_file: store.table_file,
             sink_name: "the program's own handler".to_owned(),
         })
@@ -315,6 +285,7 @@ impl<H: Handler> Sidecar<H> {
             dedupe,
             metrics_listener,
             dead_letter_refused,
+            sink_watch,
             table_file,
             sink_name,
         } = self;
@@ -324,7 +295,10 @@ impl<H: Handler> Sidecar<H> {
         let _stop_background = background.clone().drop_guard();
         let target = Target {
             window: settings.window,
-            probability: settings.target_probability,
+            probability: settings
+                .target_probability
+                .unwrap_or(crate::metrics::DEFAULT_TARGET_PROBABILITY),
+            given: settings.target_probability.is_some(),
         };
         log_started(&settings, &dedupe, &sink_name);
         if let Some(listener) = metrics_listener {
@@ -360,6 +334,7 @@ impl<H: Handler> Sidecar<H> {
             &mut consumer,
             &dedupe,
             &tracker,
+            sink_watch,
             dead_letter_refused,
             shutdown,
         )
@@ -409,6 +384,7 @@ pub async fn run(settings: Settings, shutdown: impl Future) -> Result<RunReport,
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wording::FlagOrigins;
 
     /// `--memory` given, the other settings of the table and the metrics address not.
     fn names(file: bool) -> FlagOrigins {
@@ -436,11 +412,11 @@ mod tests {
             )
         );
         assert_eq!(
-            table().naming(&names(false)).to_string(),
+            names(false).show(table()).to_string(),
             format!("{choose} `--buckets`, `--memory` or `--probability`")
         );
         assert_eq!(
-            table().naming(&names(true)).to_string(),
+            names(true).show(table()).to_string(),
             format!("{choose} `store.buckets` (`--buckets`), `--memory` or `store.probability`")
         );
         let metrics = || {
@@ -458,17 +434,17 @@ mod tests {
             change("`--metrics-address` / `metrics.address`")
         );
         assert_eq!(
-            metrics().naming(&names(false)).to_string(),
+            names(false).show(metrics()).to_string(),
             change("`--metrics-address`")
         );
         assert_eq!(
-            metrics().naming(&names(true)).to_string(),
+            names(true).show(metrics()).to_string(),
             change("`--metrics-address` / `metrics.address`")
         );
     }
 
     #[test]
-    fn a_shared_refusal_is_named_in_a_copy() {
+    fn a_shared_refusal_is_shown_in_the_users_words_where_it_is_shown() {
         let cause = Arc::new(crate::nsq::Error::Refused {
             addr: "127.0.0.1:4150".into(),
             command: "IDENTIFY",
@@ -478,10 +454,10 @@ mod tests {
                 Named::key("source.msg_timeout"),
             ),
         });
-        let named = RunError::Refused(cause.clone()).naming(&names(false));
-        let named = std::error::Error::source(&named).expect("the refusal is the cause");
+        let error = RunError::Refused(cause.clone());
+        let shown = std::error::Error::source(&error).expect("the refusal is the cause");
         assert_eq!(
-            named.to_string(),
+            names(false).show(shown).to_string(),
             "nsqd 127.0.0.1:4150 refused IDENTIFY: E_BAD_BODY; set `--msg-timeout`"
         );
         assert_eq!(

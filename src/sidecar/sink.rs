@@ -12,7 +12,10 @@ use crate::sink::{DeadLetter, FileSink, HttpSink, NsqSink, Sink, StdoutSink};
 ///
 /// [`RunError::Nsq`] for an unusable producer configuration, [`RunError::Http`] for an
 /// unusable CA file, [`RunError::Serve`] for a serve port that cannot be bound.
-pub async fn build_sink(sink: &SinkSettings, producer: &Transport) -> Result<Sink, RunError> {
+pub(crate) async fn build_sink(
+    sink: &SinkSettings,
+    producer: &Transport,
+) -> Result<Sink, RunError> {
     Ok(match sink {
         SinkSettings::Serve(config) => Sink::Serve(ServeSink::start(config.clone()).await?),
         SinkSettings::Stdout => Sink::Stdout(StdoutSink::default()),

@@ -17,6 +17,9 @@ use crate::Store;
 pub(super) struct Target {
     pub(super) window: Duration,
     pub(super) probability: f64,
+    /// Whether the user gave the probability (`store.probability`); else it is the default,
+    /// and the warning says so rather than name a target nobody set.
+    pub(super) given: bool,
 }
 
 /// What the store says of its table now, for the status line and the metrics page.
@@ -102,26 +105,36 @@ pub(super) fn log_status<H: Handler>(dedupe: &Dedupe<Backend, H>, target: Target
             return;
         }
     }
-    let memory = match dedupe.store() {
-        // `--memory` sizes the in-process table only.
+    let (window, probability) = (target.window, target.probability);
+    let below = if target.given {
+        format!("the target {probability}")
+    } else {
+        format!("the default target {probability} (no --probability was given)")
+    };
+    let (buckets, ways) = (small.suggested.slots(), geometry.ways());
+    let remedy = match dedupe.store() {
         // Whole MiB, rounded up, so the flag's value is at least the size.
         Backend::Memory(_) | Backend::Journalled(..) => format!(
-            " or --memory {}MiB",
-            small.suggested.memory_bytes().div_ceil(1 << 20)
+            "--buckets {buckets} or --memory {}MiB (with --ways {ways}) would meet it, or \
+             --probability {probability} --window {} with no --rate, --buckets or --memory lets \
+             the table size itself",
+            small.suggested.memory_bytes().div_ceil(1 << 20),
+            crate::units::format_duration(window),
         ),
-        _ => String::new(),
+        _ => format!(
+            "`nsq-dedupe resize --buckets {buckets}` (with --ways {ways} and the store's flags) \
+             resizes the table of every consumer to meet it, without forgetting what it holds"
+        ),
     };
-    let (window, target) = (target.window, target.probability);
     tracing::warn!(
         catch_probability = format_args!("{:.6}", small.probability),
-        target,
+        target = probability,
+        target_given = target.given,
         distinct_rate = format_args!("{:.1}", small.rate),
         window = %crate::units::format_duration(window),
         buckets = geometry.slots(),
-        suggested_buckets = small.suggested.slots(),
-        "The table is too small for the recent rate: a copy one window late is caught with probability {:.4}, below the target {target}; --buckets {}{memory} (with --ways {}) would meet it.",
+        suggested_buckets = buckets,
+        "The table is too small for the recent rate: a copy one window late is caught with probability {:.4}, below {below}; {remedy}.",
         small.probability,
-        small.suggested.slots(),
-        geometry.ways(),
     );
 }

@@ -2,7 +2,6 @@
 //! something stops the run, and says what did.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use tokio_util::task::TaskTracker;
@@ -11,10 +10,10 @@ use super::{RunError, RunReport};
 use crate::dedup::backend::Backend;
 use crate::nsq::Consumer;
 use crate::pipeline::Dedupe;
-use crate::sink::Handler;
+use crate::sink::{Handler, Watch, Watched};
 
 /// A future that completes with a refusal no retry changes.
-pub(super) type Refusal = Pin<Box<dyn Future<Output = Arc<crate::nsq::Error>> + Send>>;
+pub(super) type Refusal = Watched<Arc<crate::nsq::Error>>;
 
 /// Why the run loop stopped taking messages.
 #[derive(Debug)]
@@ -43,23 +42,27 @@ impl Stop {
 }
 
 /// Takes bursts from `consumer`, each processed in a task of `tracker`, until `shutdown`
-/// completes, an nsqd refuses this client, the sink's output closes or the consumer ends.
+/// completes, an nsqd refuses this client, the sink's output closes (what `sink` watches) or
+/// the consumer ends.
 pub(super) async fn consume<H: Handler>(
     consumer: &mut Consumer,
     dedupe: &Dedupe<Backend, H>,
     tracker: &TaskTracker,
+    sink: Watch,
     dead_letter_refused: Option<Refusal>,
     shutdown: impl Future,
 ) -> Stop {
     tokio::pin!(shutdown);
-    let sink_closed = dedupe.handler().closed();
-    tokio::pin!(sink_closed);
+    let mut sink_closed = sink
+        .closed
+        .unwrap_or_else(|| Box::pin(std::future::pending()));
     let nsqd_refused = consumer.refused();
     tokio::pin!(nsqd_refused);
     // A producer's refusal (the nsq sink's or dead-letter's nsqd) stops the run as the
     // consumer's does: a misconfiguration must be seen, not retried for ever.
-    let sink_refused = dedupe.handler().refused();
-    tokio::pin!(sink_refused);
+    let mut sink_refused = sink
+        .refused
+        .unwrap_or_else(|| Box::pin(std::future::pending()));
     let mut dead_letter_refused =
         dead_letter_refused.unwrap_or_else(|| Box::pin(std::future::pending()));
     loop {

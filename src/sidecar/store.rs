@@ -219,8 +219,9 @@ fn open_table_file(
     )?;
     if let Some(reason) = &report.recreated {
         let names = &settings.names;
-        let reason = reason.clone().naming(names);
-        let setting = Named::set("store.table_file_on_mismatch", "\"recreate\"").naming(names);
+        let reason = names.show(reason);
+        let setting = Named::set("store.table_file_on_mismatch", "\"recreate\"");
+        let setting = names.show(&setting);
         tracing::error!(table_file = %file.path.display(), %reason, "Starting with an empty table ({setting}).");
     }
     if let Some(from) = report.resized_from {

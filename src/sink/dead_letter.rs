@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use bytes::Bytes;
 
 use crate::nsq::{Producer, ProducerConfig};
-use crate::wording::{FlagOrigins, Named};
+use crate::wording::Named;
 
 /// What is written to a file dead-letter: one JSON object per line.
 ///
@@ -57,27 +57,6 @@ pub enum DeadLetterError {
 }
 
 impl DeadLetterError {
-    /// The settings the message names, said as the user gave them (see
-    /// [`crate::wording::Wording::naming`]).
-    #[must_use]
-    pub fn naming(self, names: &FlagOrigins) -> DeadLetterError {
-        match self {
-            DeadLetterError::File {
-                path,
-                cause,
-                setting,
-            } => DeadLetterError::File {
-                path,
-                cause,
-                setting: setting.naming(names),
-            },
-            DeadLetterError::Nsq { topic, cause } => DeadLetterError::Nsq {
-                topic,
-                cause: cause.naming(names),
-            },
-        }
-    }
-
     /// Appending to `path` failed with `cause`.
     fn file(path: PathBuf, cause: std::io::Error) -> DeadLetterError {
         DeadLetterError::File {

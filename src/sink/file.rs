@@ -32,7 +32,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 
 use super::batcher::{Batcher, Flush, Results, Settings};
-use super::{Handler, HandlerError};
+use super::{BuiltIn, Handler, HandlerError};
 
 /// `nsq_to_file`'s default file name.
 pub const DEFAULT_FILENAME_FORMAT: &str = "<TOPIC>.<HOST><REV>.<DATETIME>.log";
@@ -210,6 +210,8 @@ impl Handler for FileSink {
         self.batcher.close().await
     }
 }
+
+impl BuiltIn for FileSink {}
 
 /// The file being written.
 struct Open {

@@ -13,22 +13,31 @@
 //! each message on their own) answers them in parts ([`Handler::handle_in_parts`]), and the
 //! pipeline settles each part as it comes.
 //!
-//! Each sink has its own module here and takes the trait from this one; [`serve`], the serve
-//! sink, is public (the crate's `serve`) for its settings, stats and errors.
+//! Each sink has its own module here and takes the traits from this one: [`Handler`], and
+//! `BuiltIn` for what only the sidecar asks of its own sinks (their figures for `/metrics`, an
+//! output closed or a server's refusal for good). The [`Sink`] enum lists the sinks once, in
+//! its variants and its dispatch. [`serve`], the serve sink, is public (the crate's `serve`)
+//! for its settings, stats and errors.
 
 mod batcher;
+mod built_in;
 mod dead_letter;
 mod file;
 mod http;
 mod nsq;
+mod null;
 pub mod serve;
 mod stdout;
 
 use std::future::Future;
 
 use bytes::Bytes;
-use futures::{FutureExt, Stream};
+use futures::{FutureExt, Stream, StreamExt};
 
+pub(crate) use built_in::{BuiltIn, Watch, Watched};
+
+/// The HTTP client settings of [`HttpSinkConfig`] and the errors of [`HttpSink::new`].
+pub use crate::http::{HttpClientConfig, HttpError};
 pub use dead_letter::{DeadLetter, DeadLetterError, DeadLetterRecord};
 pub use file::{
     FileSink, FileSinkConfig, DEFAULT_DATETIME_FORMAT, DEFAULT_FILENAME_FORMAT, DEFAULT_GZIP_LEVEL,
@@ -38,6 +47,7 @@ pub use http::{
     DEFAULT_CONCURRENCY, DEFAULT_CONTENT_TYPE, DEFAULT_IDEMPOTENCY_HEADER,
 };
 pub use nsq::NsqSink;
+use null::NullSink;
 pub use stdout::StdoutSink;
 
 /// Why a handler did not take a message.
@@ -152,32 +162,25 @@ pub trait Handler: Send + Sync + 'static {
     }
 
     /// Takes the records of a burst with their messages' attempts and timestamps, and answers
-    /// them all at once; what the pipeline calls through
-    /// [`handle_in_parts`](Handler::handle_in_parts) unless a handler answers in parts. Only
-    /// a handler that passes messages on as NSQ messages (the serve sink) needs more than the
-    /// bodies.
+    /// them in parts, each as soon as it is known: each item of the stream is a [`Part`], the
+    /// results of some records with their places in `deliveries`. What the pipeline calls. It
+    /// settles each part as it comes (commits or erases the claims, answers the copies held
+    /// beside the records, FINs or REQs their messages) and keeps alive only the records not
+    /// answered yet, so a record answered early is not held back by a slow one of the same
+    /// burst. Once every record is answered the stream is no longer polled; a record still
+    /// without a result when the stream ends fails with [`HandlerError::Retry`], and a second
+    /// result for a record is ignored. Only a handler whose records are answered at different
+    /// times (the serve sink, whose consumers answer each message on their own) or that
+    /// passes messages on with their attempts and timestamps needs more than
+    /// [`handle_batch`](Handler::handle_batch).
     ///
-    /// Defaults to: [`handle_batch`](Handler::handle_batch) of the bodies.
-    fn handle_deliveries(
-        &self,
-        deliveries: Vec<Delivery>,
-    ) -> impl Future<Output = Vec<Result<(), HandlerError>>> + Send {
-        self.handle_batch(deliveries.into_iter().map(|d| d.body).collect())
-    }
-
-    /// Takes the records of a burst as [`handle_deliveries`](Handler::handle_deliveries)
-    /// does, and answers them in parts, each as soon as it is known: each item of the stream
-    /// is a [`Part`], the results of some records with their places in `deliveries`. What the
-    /// pipeline calls. It settles each part as it comes (commits or erases the claims, answers
-    /// the copies held beside the records, FINs or REQs their messages) and keeps alive only
-    /// the records not answered yet, so a record answered early is not held back by a slow
-    /// one of the same burst. Once every record is answered the stream is no longer polled;
-    /// a record still without a result when the stream ends fails with
-    /// [`HandlerError::Retry`], and a second result for a record is ignored.
-    ///
-    /// Defaults to: [`handle_deliveries`](Handler::handle_deliveries), answered in one part.
+    /// Defaults to: [`handle_batch`](Handler::handle_batch) of the bodies, answered in one part.
     fn handle_in_parts(&self, deliveries: Vec<Delivery>) -> impl Stream<Item = Part> + Send {
-        in_one_part(deliveries.len(), self.handle_deliveries(deliveries))
+        let count = deliveries.len();
+        in_one_part(
+            count,
+            self.handle_batch(deliveries.into_iter().map(|d| d.body).collect()),
+        )
     }
 
     /// Whether [`handle_batch`](Handler::handle_batch) is the handler's own, made for
@@ -218,29 +221,9 @@ pub trait Handler: Send + Sync + 'static {
         true
     }
 
-    /// The handler's own figures for `/metrics`, if it has any (the serve sink's consumers
-    /// and their answers). Defaults to: none.
-    fn own_metrics(&self) -> Option<std::sync::Arc<dyn crate::metrics::HandlerMetrics>> {
-        None
-    }
-
     /// Writes out anything buffered; called once at shutdown.
     fn flush(&self) -> impl Future<Output = Result<(), HandlerError>> + Send {
         async { Ok(()) }
-    }
-
-    /// Completes, with the reason, once the handler can never take a message again (its
-    /// output was closed for good, as a stdout whose reader went away). The sidecar then stops
-    /// gracefully, requeueing what it holds. Defaults to: never.
-    fn closed(&self) -> impl Future<Output = std::io::Error> + Send {
-        std::future::pending()
-    }
-
-    /// Completes, with the refusal, once a server refused the handler in a way no retry
-    /// changes (an nsqd refusing AUTH or TLS). The sidecar then stops gracefully and exits
-    /// with the error, which names the setting to change. Defaults to: never.
-    fn refused(&self) -> impl Future<Output = std::sync::Arc<crate::nsq::Error>> + Send + 'static {
-        std::future::pending()
     }
 }
 
@@ -285,7 +268,8 @@ where
 }
 
 /// The sidecar's sinks, chosen by `sink.kind`. An enum, so the hot path calls it without
-/// boxing.
+/// boxing; each call goes to the sink's own [`Handler`] (and, for what only the sidecar asks,
+/// its `BuiltIn`) through `each_sink!`, the one place the sinks are listed for dispatch.
 #[derive(Debug)]
 pub enum Sink {
     /// One record per line on standard output.
@@ -302,107 +286,59 @@ pub enum Sink {
     Null,
 }
 
+/// `$call` with `$sink` bound to the sink `$self` holds, whichever it is.
+macro_rules! each_sink {
+    ($self:expr, $sink:ident => $call:expr) => {
+        match $self {
+            Sink::Stdout($sink) => $call,
+            Sink::Nsq($sink) => $call,
+            Sink::Http($sink) => $call,
+            Sink::File($sink) => $call,
+            Sink::Serve($sink) => $call,
+            Sink::Null => {
+                let $sink = &NullSink;
+                $call
+            }
+        }
+    };
+}
+
 impl Handler for Sink {
     async fn handle(&self, body: Bytes) -> Result<(), HandlerError> {
         // Boxed: these futures are up to kilobytes, and an enum's future is as large as its
         // largest arm, which every message's task would carry. Next to a write or a network
         // round trip the allocation is free.
-        match self {
-            Sink::Stdout(sink) => Box::pin(sink.handle(body)).await,
-            Sink::Nsq(sink) => Box::pin(sink.handle(body)).await,
-            Sink::Http(sink) => Box::pin(sink.handle(body)).await,
-            Sink::File(sink) => Box::pin(sink.handle(body)).await,
-            Sink::Serve(sink) => Box::pin(sink.handle(body)).await,
-            Sink::Null => Ok(()),
-        }
+        each_sink!(self, sink => Box::pin(sink.handle(body)).await)
     }
 
     async fn handle_batch(&self, bodies: Vec<Bytes>) -> Vec<Result<(), HandlerError>> {
-        match self {
-            Sink::Stdout(sink) => sink.handle_batch(bodies).await,
-            Sink::Nsq(sink) => sink.handle_batch(bodies).await,
-            Sink::Http(sink) => sink.handle_batch(bodies).await,
-            Sink::File(sink) => sink.handle_batch(bodies).await,
-            Sink::Serve(sink) => sink.handle_batch(bodies).await,
-            Sink::Null => vec![Ok(()); bodies.len()],
-        }
+        each_sink!(self, sink => sink.handle_batch(bodies).await)
     }
 
-    async fn handle_deliveries(&self, deliveries: Vec<Delivery>) -> Vec<Result<(), HandlerError>> {
-        match self {
-            Sink::Serve(sink) => Box::pin(sink.handle_deliveries(deliveries)).await,
-            _ => {
-                self.handle_batch(deliveries.into_iter().map(|d| d.body).collect())
-                    .await
-            }
-        }
-    }
-
+    /// Boxed, one stream per burst: each sink's stream is of its own type.
     fn handle_in_parts(&self, deliveries: Vec<Delivery>) -> impl Stream<Item = Part> + Send {
-        match self {
-            Sink::Serve(sink) => futures::future::Either::Left(sink.handle_in_parts(deliveries)),
-            _ => futures::future::Either::Right(in_one_part(
-                deliveries.len(),
-                self.handle_deliveries(deliveries),
-            )),
-        }
+        each_sink!(self, sink => sink.handle_in_parts(deliveries).boxed())
     }
 
     fn handles_batches(&self) -> bool {
-        match self {
-            Sink::Stdout(sink) => sink.handles_batches(),
-            Sink::Nsq(sink) => sink.handles_batches(),
-            Sink::Http(sink) => sink.handles_batches(),
-            Sink::File(sink) => sink.handles_batches(),
-            Sink::Serve(sink) => sink.handles_batches(),
-            Sink::Null => true,
-        }
+        each_sink!(self, sink => sink.handles_batches())
+    }
+
+    fn accepts_for_good(&self) -> bool {
+        each_sink!(self, sink => sink.accepts_for_good())
     }
 
     fn backs_off(&self) -> bool {
-        !matches!(self, Sink::Serve(_))
-    }
-
-    /// Only the null sink: it discards every record at once and never fails. Every other
-    /// sink can fail after it took a record (a write, a publish, a consumer's REQ).
-    fn accepts_for_good(&self) -> bool {
-        matches!(self, Sink::Null)
-    }
-
-    fn own_metrics(&self) -> Option<std::sync::Arc<dyn crate::metrics::HandlerMetrics>> {
-        match self {
-            Sink::Serve(sink) => sink.own_metrics(),
-            _ => None,
-        }
+        each_sink!(self, sink => sink.backs_off())
     }
 
     async fn flush(&self) -> Result<(), HandlerError> {
-        match self {
-            Sink::Stdout(sink) => sink.flush().await,
-            Sink::File(sink) => sink.flush().await,
-            Sink::Nsq(_) | Sink::Http(_) | Sink::Serve(_) | Sink::Null => Ok(()),
-        }
+        each_sink!(self, sink => sink.flush().await)
     }
+}
 
-    async fn closed(&self) -> std::io::Error {
-        match self {
-            Sink::Stdout(sink) => sink.closed().await,
-            Sink::Nsq(_) | Sink::Http(_) | Sink::File(_) | Sink::Serve(_) | Sink::Null => {
-                std::future::pending().await
-            }
-        }
-    }
-
-    fn refused(&self) -> impl Future<Output = std::sync::Arc<crate::nsq::Error>> + Send + 'static {
-        let refused = match self {
-            Sink::Nsq(sink) => Some(sink.refused()),
-            Sink::Stdout(_) | Sink::Http(_) | Sink::File(_) | Sink::Serve(_) | Sink::Null => None,
-        };
-        async move {
-            match refused {
-                Some(refused) => refused.await,
-                None => std::future::pending().await,
-            }
-        }
+impl BuiltIn for Sink {
+    fn watch(&self) -> Watch {
+        each_sink!(self, sink => sink.watch())
     }
 }

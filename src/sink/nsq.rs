@@ -21,7 +21,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::batcher::{Batcher, Results, Settings};
-use super::{Handler, HandlerError};
+use super::{BuiltIn, Handler, HandlerError, Watch};
 use crate::nsq::{Producer, ProducerConfig};
 
 /// The largest record sent: nsqd's default `--max-msg-size`.
@@ -171,6 +171,15 @@ impl Handler for NsqSink {
             }
         }
         results
+    }
+}
+
+impl BuiltIn for NsqSink {
+    fn watch(&self) -> Watch {
+        Watch {
+            refused: Some(Box::pin(self.refused())),
+            ..Watch::default()
+        }
     }
 }
 

@@ -12,7 +12,7 @@
 //! A thread rather than a task: writing to a pipe blocks, and a blocked write must not hold a
 //! runtime worker. A write error fails every record of its batch (their messages are
 //! requeued); a closed stdout (`EPIPE`, the reader went away) also closes the sink, and the
-//! sidecar stops (see [`Handler::closed`]).
+//! sidecar stops (see [`StdoutSink::closed`]).
 
 use std::future::Future;
 use std::io::{self, Write};
@@ -22,7 +22,7 @@ use bytes::Bytes;
 use tokio::sync::watch;
 
 use super::batcher::{Batcher, Flush, Results, Settings};
-use super::{Handler, HandlerError};
+use super::{BuiltIn, Handler, HandlerError, Watch};
 
 /// The most records one write carries (a request of more is written alone); a bound on the
 /// buffer, not a wait.
@@ -61,6 +61,23 @@ impl StdoutSink {
             writer,
         );
         StdoutSink { batcher, closed }
+    }
+
+    /// Completes, with the reason, once stdout is closed for good (its reader went away): the
+    /// sink can never write again. Never completes while the sink can still write.
+    pub fn closed(&self) -> impl Future<Output = io::Error> + Send + 'static {
+        let mut closed = self.closed.clone();
+        async move {
+            // The writer thread gone without a broken pipe: nothing more will be written.
+            let stopped =
+                || io::Error::new(io::ErrorKind::BrokenPipe, "the stdout writer has stopped");
+            match closed.wait_for(Option::is_some).await {
+                Ok(error) => error.as_ref().map_or_else(stopped, |error| {
+                    io::Error::new(error.kind(), error.to_string())
+                }),
+                Err(_) => stopped(),
+            }
+        }
     }
 }
 
@@ -116,17 +133,13 @@ impl Handler for StdoutSink {
     async fn handle_batch(&self, bodies: Vec<Bytes>) -> Vec<Result<(), HandlerError>> {
         self.batcher.submit(bodies).await
     }
+}
 
-    async fn closed(&self) -> io::Error {
-        let mut closed = self.closed.clone();
-        let error = match closed.wait_for(Option::is_some).await {
-            Ok(error) => error.clone(),
-            // The writer thread is gone without a broken pipe: nothing more will be written.
-            Err(_) => None,
-        };
-        match error {
-            Some(error) => io::Error::new(error.kind(), error.to_string()),
-            None => io::Error::new(io::ErrorKind::BrokenPipe, "the stdout writer has stopped"),
+impl BuiltIn for StdoutSink {
+    fn watch(&self) -> Watch {
+        Watch {
+            closed: Some(Box::pin(self.closed())),
+            ..Watch::default()
         }
     }
 }

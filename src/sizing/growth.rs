@@ -26,21 +26,21 @@ use crate::dedup::Geometry;
 use crate::sizing;
 
 /// Distinct messages a window that a table sizing itself starts with room for.
-pub const INITIAL_ENTRIES: f64 = 1024.0;
+pub(crate) const INITIAL_ENTRIES: f64 = 1024.0;
 
 /// How many times the observed rate a new generation is sized for.
-pub const HEADROOM: f64 = 2.0;
+pub(crate) const HEADROOM: f64 = 2.0;
 
 /// The ceiling of a table sizing itself when none is given: a quarter of the machine's
 /// memory, at most 1 GiB.
-pub fn default_max_bytes(machine_bytes: Option<u64>) -> u64 {
+pub(crate) fn default_max_bytes(machine_bytes: Option<u64>) -> u64 {
     const GIB: u64 = 1 << 30;
     machine_bytes.map_or(GIB, |bytes| (bytes / 4).min(GIB))
 }
 
 /// What a table sizing itself keeps to.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Growth {
+pub(crate) struct Growth {
     /// The catch probability a whole window late (`store.probability`).
     pub probability: f64,
     /// The window (`store.window`).
@@ -53,7 +53,7 @@ pub struct Growth {
 
 /// What to do with the table now.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// It meets the probability at the rate it sees.
     Keep,
     /// Start a generation of this shape.
@@ -81,7 +81,7 @@ impl Growth {
     ///
     /// A reason naming what is wrong when not one set fits under `max_bytes`, or the
     /// probability is out of range.
-    pub fn initial(&self, ways: u32) -> Result<Geometry, String> {
+    pub(crate) fn initial(&self, ways: u32) -> Result<Geometry, String> {
         let wanted = sizing::slots_for(self.probability, ways, INITIAL_ENTRIES)
             .map_err(|error| error.to_string())?;
         let room = self.fit(ways, self.max_bytes).ok_or_else(|| {
@@ -99,7 +99,7 @@ impl Growth {
 
     /// Whether a table of `current` shape, whose generations take `held_bytes` together,
     /// should grow, seeing `rate` distinct messages a second.
-    pub fn decide(&self, current: Geometry, held_bytes: u64, rate: f64) -> Decision {
+    pub(crate) fn decide(&self, current: Geometry, held_bytes: u64, rate: f64) -> Decision {
         if !(rate > 0.0 && rate.is_finite()) {
             return Decision::Keep;
         }

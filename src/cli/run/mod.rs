@@ -1,7 +1,7 @@
 //! Flags of `nsq-dedupe run`: `--config`, and a group of flags per config section, laid over
 //! the file's [`RawConfig`] so that a flag given wins over the file's key.
 //!
-//! Each group is made from its section's table of settings (`nsq_dedupe::config::setting`) by
+//! Each group is made from its section's table of settings (`crate::config::setting`) by
 //! `section`; `nsq_opts` adds `--consumer-opt` and `--producer-opt KEY,VALUE`. Laying a group
 //! records which key each flag set, and whether it came from the environment or an alias, so
 //! that errors name what the user typed.
@@ -11,11 +11,11 @@ mod section;
 
 use std::path::PathBuf;
 
-use clap::Args;
-use nsq_dedupe::config::{
+use crate::config::{
     FlagOrigins, RawConfig, RawDeadLetter, RawDedupe, RawMetrics, RawShutdown, RawSink, RawSource,
     RawStore,
 };
+use clap::Args;
 use section::SectionFlags;
 
 use crate::cli::{FromEnv, TypedAliases};
@@ -77,9 +77,9 @@ fn apply_store(
     recorder: &mut FlagRecorder<'_>,
 ) {
     flags.apply(store, recorder);
-    if let Ok(password) = std::env::var(nsq_dedupe::RedisConfig::PASSWORD_ENV) {
+    if let Ok(password) = std::env::var(crate::RedisConfig::PASSWORD_ENV) {
         if !password.is_empty() {
-            store.redis_password = Some(nsq_dedupe::RedisPassword::new(password));
+            store.redis_password = Some(crate::RedisPassword::new(password));
         }
     }
 }
@@ -147,13 +147,13 @@ impl FlagRecorder<'_> {
 mod tests {
     use std::time::Duration;
 
+    use crate::config::{DeadLetterSettings, RawConfig, StoreSettings};
+    use crate::pipeline::{InFlightPolicy, StoreErrorPolicy};
     use clap::Parser as _;
-    use nsq_dedupe::config::{DeadLetterSettings, RawConfig, StoreSettings};
-    use nsq_dedupe::pipeline::{InFlightPolicy, StoreErrorPolicy};
 
     use crate::cli::{Cli, Command};
 
-    fn settings(flags: &[&str]) -> nsq_dedupe::Settings {
+    fn settings(flags: &[&str]) -> crate::Settings {
         settings_over(RawConfig::default(), flags)
     }
 
@@ -189,14 +189,14 @@ mod tests {
         let raw = applied(&["--buckets", "18446744073709551615"]);
         assert_eq!(raw.store.buckets, Some(u64::MAX));
         assert!(raw
-            .validate()
-            .unwrap_err()
+            .flags
+            .show(raw.validate().unwrap_err())
             .to_string()
             .starts_with("invalid `--buckets` = 18446744073709551615: "));
     }
 
     /// The settings of `run` with `flags` laid over the config file `file`.
-    fn settings_over(file: RawConfig, flags: &[&str]) -> nsq_dedupe::Settings {
+    fn settings_over(file: RawConfig, flags: &[&str]) -> crate::Settings {
         applied_over(file, flags).validate().unwrap()
     }
 
@@ -342,10 +342,8 @@ mod tests {
                 topic: "d".into()
             })
         );
-        let error = applied(&["--dead-letter-nsqd-tcp-address", "127.0.0.1:5"])
-            .validate()
-            .unwrap_err()
-            .to_string();
+        let raw = applied(&["--dead-letter-nsqd-tcp-address", "127.0.0.1:5"]);
+        let error = raw.flags.show(raw.validate().unwrap_err()).to_string();
         assert_eq!(
             error,
             "`dead_letter.topic` is required with `dead_letter.kind = \"nsq\"`: set it in the \
@@ -386,7 +384,7 @@ mod tests {
         assert_eq!(config.namespace, "orders");
         assert_eq!(
             config.password,
-            Some(nsq_dedupe::RedisPassword::new("from-the-file"))
+            Some(crate::RedisPassword::new("from-the-file"))
         );
         assert!(!format!("{config:?}").contains("from-the-file"));
 
@@ -396,12 +394,10 @@ mod tests {
             panic!("{:?}", s.store)
         };
         assert_eq!(config.urls, ["redis://h:1/2"]);
-        assert_eq!(
-            config.password,
-            Some(nsq_dedupe::RedisPassword::new("in-url"))
-        );
+        assert_eq!(config.password, Some(crate::RedisPassword::new("in-url")));
         let bad = ["--store", "redis", "--redis-url", "http://user:hunter2@h:1"];
-        let error = applied(&bad).validate().unwrap_err().to_string();
+        let raw = applied(&bad);
+        let error = raw.flags.show(raw.validate().unwrap_err()).to_string();
         assert!(
             error.contains("--redis-url") || error.contains("redis_urls"),
             "{error}"

@@ -8,8 +8,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::config::{Dur, RawConfig, RawNsqOpts, OPTION_NAMES};
 use clap::Args;
-use nsq_dedupe::config::{Dur, RawConfig, RawNsqOpts, OPTION_NAMES};
 
 use super::section::SectionFlags;
 use super::FlagRecorder;
@@ -112,9 +112,7 @@ fn parse_opt(text: &str, consumer: bool) -> Result<NsqOpt, String> {
             | "heartbeat_interval"
             | "lookupd_poll_interval" => {
                 // The file's rule for a duration, as for the named flags.
-                Value::Duration(
-                    nsq_dedupe::units::parse_duration(v).map_err(|e| format!("{key}: {e}"))?,
-                )
+                Value::Duration(crate::units::parse_duration(v).map_err(|e| format!("{key}: {e}"))?)
             }
             _ => Value::Count(
                 v.parse()
@@ -216,11 +214,11 @@ fn set_opt(opts: &mut RawNsqOpts, opt: &NsqOpt) {
 }
 
 fn consumer_key(name: &str) -> &'static str {
-    nsq_dedupe::config::option_key(true, name)
+    crate::config::option_key(true, name)
 }
 
 fn producer_key(name: &str) -> &'static str {
-    nsq_dedupe::config::option_key(false, name)
+    crate::config::option_key(false, name)
 }
 
 #[cfg(test)]

@@ -4,9 +4,9 @@
 
 use std::marker::PhantomData;
 
+use crate::config::setting::{FlagValue, Section, Setting};
 use clap::builder::{PathBufValueParser, PossibleValuesParser, TypedValueParser as _};
 use clap::{Arg, ArgAction, ArgMatches, Args, Command, FromArgMatches};
-use nsq_dedupe::config::setting::{FlagValue, Section, Setting};
 
 use super::FlagRecorder;
 use crate::cli::parse::{
@@ -170,7 +170,7 @@ fn arg<S: Section>(setting: &Setting, flag: &'static str) -> Arg {
         // The file's rule for a duration; whether 0 means something is the setting's, checked
         // for the flag and the file alike.
         FlagValue::Duration => arg.value_parser(|value: &str| {
-            nsq_dedupe::units::parse_duration(value).map(|_| text_value(value.into()))
+            crate::units::parse_duration(value).map(|_| text_value(value.into()))
         }),
         FlagValue::Count => {
             arg.value_parser(|value: &str| value.parse::<usize>().map(|n| whole_number(n as u64)))
@@ -271,7 +271,7 @@ fn parse_header(text: &str) -> Result<(String, String), String> {
 
 #[cfg(test)]
 mod tests {
-    use nsq_dedupe::config::SECTIONS;
+    use crate::config::SECTIONS;
 
     /// The rows of the guide's table of `run`'s flags: (flags cell, keys cell, default cell).
     fn guide_rows() -> Vec<(String, String, String)> {

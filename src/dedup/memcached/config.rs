@@ -61,7 +61,7 @@ pub struct MemcachedConfig {
     /// How often this consumer adds its distinct count to the fleet's counters, and the
     /// length of one counter: the fleet's rate is measured over six of them and reported after
     /// seven (see [`fleet`](crate::dedup::fleet)). Every consumer of the table needs the
-    /// same. Defaults to: [`DEFAULT_FLEET_INTERVAL`](crate::dedup::fleet::DEFAULT_FLEET_INTERVAL), 10 s.
+    /// same. Defaults to: 10 s.
     pub fleet_interval: Duration,
     /// Slots one memcached item holds in the compact layout (key format 2): whole sets of
     /// the table, as many as fit (one at least). More slots spread an item's own overhead

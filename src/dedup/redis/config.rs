@@ -77,7 +77,7 @@ pub struct RedisConfig {
     /// How often this consumer adds its distinct count to the fleet's counters, and the
     /// length of one counter, as for Memcached (see [`fleet`](crate::dedup::fleet)). Every
     /// consumer of the table needs the same. Defaults to:
-    /// [`DEFAULT_FLEET_INTERVAL`](crate::dedup::fleet::DEFAULT_FLEET_INTERVAL), 10 s.
+    /// 10 s.
     pub fleet_interval: Duration,
 }
 

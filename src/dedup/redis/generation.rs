@@ -1,7 +1,8 @@
 //! The Redis side of a table's generations (the rules are in
 //! [`crate::dedup::generational`]): the descriptor key `<prefix>:table`, read and replaced
 //! by one script run (a compare-and-set Redis runs whole), and a claim's read-only look-up in
-//! a previous shape's set, one read of the set's key decided as a claim would decide it.
+//! a previous shape's set, one read of the set's key (a pipelined `GET`) decided as a claim
+//! would decide it.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -60,6 +61,90 @@ impl RedisStore {
     }
 }
 
+impl RedisStore {
+    /// The value of each of `sets` (sorted, distinct), read-only: a pipeline of `GET`s per
+    /// node (a claim's extra cost during a resize is these reads, no script run), and any
+    /// the pipeline did not read (a slot that moved, a node that failed) read again one by
+    /// one, each following redirections and failovers within the time limit.
+    async fn read_previous_sets(&self, sets: &[u64]) -> Vec<Result<Option<Vec<u8>>, StoreError>> {
+        let inner = &*self.inner;
+        let keys: Vec<String> = sets.iter().map(|&set| self.key_of_set(set)).collect();
+        let runs = self.runs_of_keys(&keys);
+        let deadline = inner.link.deadline();
+        let mut read: Vec<Option<Result<Option<Vec<u8>>, StoreError>>> = vec![None; sets.len()];
+        let piped = join_all(runs.iter().map(|run| {
+            let keys = &keys;
+            async move {
+                let mut pipe = redis::Pipeline::with_capacity(run.len());
+                for &i in run {
+                    pipe.cmd("GET").arg(keys[i].as_str());
+                }
+                let slot = key_slot(keys[run[0]].as_bytes());
+                inner.link.pipeline(slot, &pipe, run.len(), deadline).await
+            }
+        }))
+        .await;
+        for (run, values) in runs.iter().zip(piped) {
+            let Ok(values) = values else { continue };
+            if values.len() != run.len() {
+                continue;
+            }
+            for (&i, value) in run.iter().zip(values) {
+                match value {
+                    Value::Nil => read[i] = Some(Ok(None)),
+                    Value::BulkString(bytes) => read[i] = Some(Ok(Some(bytes))),
+                    // An error reply: read again below.
+                    _ => {}
+                }
+            }
+        }
+        let keys = &keys;
+        let again = join_all(
+            read.iter()
+                .enumerate()
+                .filter(|(_, value)| value.is_none())
+                .map(|(i, _)| async move { (i, self.read_or_swap(&keys[i], None).await) }),
+        )
+        .await;
+        for (i, value) in again {
+            read[i] = Some(value);
+        }
+        read.into_iter()
+            .map(|value| {
+                value.unwrap_or_else(|| Err(StoreError::Protocol("a set not read".into())))
+            })
+            .collect()
+    }
+
+    /// The indices of `keys` in pipelines of at most 256: standalone, in order; in a
+    /// cluster, grouped by the master of their slot in the slot map as last read.
+    fn runs_of_keys(&self, keys: &[String]) -> Vec<Vec<usize>> {
+        const MAX_RUN: usize = 256;
+        let inner = &*self.inner;
+        let mut groups: Vec<(Option<String>, Vec<usize>)> = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            let master = if inner.config.cluster {
+                inner.link.master_of(key_slot(key.as_bytes()))
+            } else {
+                None
+            };
+            match groups.iter_mut().find(|(m, _)| *m == master) {
+                Some((_, group)) => group.push(i),
+                None => groups.push((master, vec![i])),
+            }
+        }
+        groups
+            .into_iter()
+            .flat_map(|(_, group)| {
+                group
+                    .chunks(MAX_RUN)
+                    .map(<[usize]>::to_vec)
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+}
+
 impl Generation for RedisStore {
     fn format(&self) -> u8 {
         REDIS_KEY_VERSION
@@ -78,17 +163,14 @@ impl Generation for RedisStore {
     }
 
     async fn look_up_many(&self, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
+        let geometry = self.inner.geometry;
         let mut sets: Vec<u64> = digests
             .iter()
-            .map(|&digest| self.inner.geometry.set_of(digest))
+            .map(|&digest| geometry.set_of(digest))
             .collect();
         sets.sort_unstable();
         sets.dedup();
-        let read = join_all(
-            sets.iter()
-                .map(|&set| async move { self.read_or_swap(&self.key_of_set(set), None).await }),
-        )
-        .await;
+        let read = self.read_previous_sets(&sets).await;
         let facts = self.facts(now_ms());
         digests
             .iter()

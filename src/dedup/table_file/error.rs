@@ -4,7 +4,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::wording::{FlagOrigins, Named, Wording};
+use crate::wording::{Named, Wording};
 
 /// Why a table file could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -83,23 +83,6 @@ pub enum TableFileError {
 }
 
 impl TableFileError {
-    /// The settings the message names, said as the user gave them (see
-    /// [`Wording::naming`]).
-    #[must_use]
-    pub fn naming(mut self, names: &FlagOrigins) -> TableFileError {
-        if let TableFileError::NoDirectory { setting, .. }
-        | TableFileError::Mismatch {
-            recreate: setting, ..
-        }
-        | TableFileError::Corrupt {
-            recreate: setting, ..
-        } = &mut self
-        {
-            *setting = setting.clone().naming(names);
-        }
-        self
-    }
-
     /// The message of a file that `recreate` starts fresh over, with the setting as a field.
     pub(super) fn recreatable(&self) -> Option<Wording> {
         match self {

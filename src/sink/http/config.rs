@@ -15,7 +15,7 @@ pub const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
 
 /// The most requests in flight, and connections open, per endpoint when none is configured:
 /// `nsq_to_http`'s `--n`. The pool opens them as the load needs and the endpoint takes them
-/// ([`crate::http::BoundedClient`]).
+/// (`crate::http::BoundedClient`).
 pub const DEFAULT_CONCURRENCY: usize = 100;
 
 /// The header carrying each request's idempotency key, the IETF httpapi draft's name.

@@ -28,7 +28,7 @@ pub use config::{
     DEFAULT_CONCURRENCY, DEFAULT_CONTENT_TYPE, DEFAULT_IDEMPOTENCY_HEADER,
 };
 
-use super::{Handler, HandlerError};
+use super::{BuiltIn, Handler, HandlerError};
 use crate::http::{BoundedClient, HttpError};
 use batch::BatchPoster;
 
@@ -109,6 +109,8 @@ impl Handler for HttpSink {
         true
     }
 }
+
+impl BuiltIn for HttpSink {}
 
 /// Sends request bodies to the URLs by the mode, and judges the answers.
 struct Poster {

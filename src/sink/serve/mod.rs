@@ -70,7 +70,7 @@ pub use config::{
 };
 pub use dispatch::{ConsumerInfo, ConsumerStats, DispatchStats, ServeCounters};
 
-use super::{Delivery, Handler, HandlerError, Part};
+use super::{BuiltIn, Delivery, Handler, HandlerError, Part, Watch};
 use dispatch::Dispatcher;
 
 /// Why the serve endpoint cannot start.
@@ -281,16 +281,6 @@ impl Handler for ServeSink {
             .unwrap_or_else(|| Err(HandlerError::Retry("the record got no answer".into())))
     }
 
-    /// A burst's records queued for consumers under one lock; each is answered by its own
-    /// consumer, and the results come once the last one is.
-    async fn handle_deliveries(&self, deliveries: Vec<Delivery>) -> Vec<Result<(), HandlerError>> {
-        self.shared
-            .dispatcher
-            .submit_many(deliveries)
-            .in_order()
-            .await
-    }
-
     /// A burst's records queued for consumers under one lock; each consumer's run of answers
     /// (the FINs and REQs of one read from it) is one part, and wakes the call once.
     fn handle_in_parts(&self, deliveries: Vec<Delivery>) -> impl Stream<Item = Part> + Send {
@@ -308,8 +298,13 @@ impl Handler for ServeSink {
     fn backs_off(&self) -> bool {
         false
     }
+}
 
-    fn own_metrics(&self) -> Option<Arc<dyn crate::metrics::HandlerMetrics>> {
-        Some(Arc::new(metrics::ServeMetrics(self.shared.clone())))
+impl BuiltIn for ServeSink {
+    fn watch(&self) -> Watch {
+        Watch {
+            metrics: Some(Arc::new(metrics::ServeMetrics(self.shared.clone()))),
+            ..Watch::default()
+        }
     }
 }
