@@ -85,7 +85,7 @@ impl Generation for MemcachedStore {
     }
 
     /// The table of the earlier layout (key format 1) at this store's geometry, when an item
-    /// of it is found among [`PROBED_SETS`] sets spread over the table (one read per server):
+    /// of it is found among 64 sets spread over the table (`PROBED_SETS`, one read per server):
     /// a table that versions before descriptors kept. A table whose probed sets are all
     /// absent holds little (most of its sets are empty) and is not read.
     async fn earlier_table(&self) -> Result<Option<Shape>, StoreError> {
