@@ -26,7 +26,7 @@ fn classic_table_for_an_hour_at_a_thousand_per_second() {
         String::from_utf8(out).unwrap(),
         "\
 Table:        34,168,399 buckets (one bucket per set, the classic table)
-Memory:       260.7 MiB in-process; about 4.4 GiB in Memcached, 4.9 GiB in Redis
+Memory:       260.7 MiB in-process; about 341.1 MiB in Memcached, 4.9 GiB in Redis
 Window:       1h at 1000 msg/s = 3,600,000 distinct messages
 Probability:  0.900000 that a copy arriving a whole window late is caught
 

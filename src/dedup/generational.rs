@@ -9,7 +9,9 @@
 //!
 //! - **The descriptor.** A small key in the namespace, `<prefix>:table`, names the current
 //!   shape, the previous one if any and when the switch happened ([`Descriptor`]). A store
-//!   without one is created at the size given (the descriptor written only if absent); a
+//!   without one is created at the size given (the descriptor written only if absent; a
+//!   table of an earlier layout found there, [`Generation::earlier_table`], becomes its
+//!   previous shape); a
 //!   consumer given another size follows the descriptor's table and says so once.
 //!   `nsq-dedupe resize` replaces it with a compare-and-set, and every consumer reads it again
 //!   at each share of the fleet's counters (`store.fleet_interval`), so a fleet follows a
@@ -57,13 +59,20 @@ pub trait Generation: Store + FleetCounters + Clone + Sized + 'static {
     /// `max_age`, when done entries expire.
     fn max_age(&self) -> Option<Duration>;
 
-    /// The same servers and settings, for a table of shape `geometry`, opened without
-    /// contacting them; its owner id is its own.
+    /// Whether this store reads and writes tables of key format `format`: its own, and
+    /// earlier layouts that a table moves from (read as a previous generation).
+    fn reads_format(&self, format: u8) -> bool {
+        format == self.format()
+    }
+
+    /// The same servers and settings, for a table of shape `shape` (a key format that
+    /// [`reads_format`](Generation::reads_format)), opened without contacting them; its owner
+    /// id is its own.
     ///
     /// # Errors
     ///
     /// As the store's lazy constructor.
-    fn reshaped(&self, geometry: Geometry) -> Result<Self, StoreError>;
+    fn reshaped(&self, shape: Shape) -> Result<Self, StoreError>;
 
     /// What a claim of each digest would answer, without writing: [`Claim::New`] for a digest
     /// the table does not hold (or holds expired), else what it holds it as.
@@ -71,6 +80,17 @@ pub trait Generation: Store + FleetCounters + Clone + Sized + 'static {
         &self,
         digests: &[Digest],
     ) -> impl Future<Output = Vec<Result<Claim, StoreError>>> + Send;
+
+    /// The shape of a table of an earlier layout that the store holds in this namespace
+    /// without a descriptor (written by a version before descriptors), to be read as the
+    /// previous generation of the table a first descriptor names; `None` when there is none.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store does not answer.
+    fn earlier_table(&self) -> impl Future<Output = Result<Option<Shape>, StoreError>> + Send {
+        std::future::ready(Ok(None))
+    }
 
     /// The descriptor key's value, and with `replace = Some((expected, new))` writes `new`
     /// if the key holds `expected` (`None`: nothing), in one atomic step. Answers what the key
@@ -314,9 +334,15 @@ impl<S: Generation> Generations<S> {
         let descriptor = match state.current.descriptor(None).await? {
             Some(text) => Descriptor::parse(&state.current.descriptor_key(), &text)?,
             None => {
+                // A table that an earlier version kept without a descriptor is read as the
+                // previous generation, so that an upgraded fleet forgets nothing.
                 let first = Descriptor {
                     current: state.shape,
-                    previous: None,
+                    previous: state
+                        .current
+                        .earlier_table()
+                        .await?
+                        .map(|shape| (shape, now_ms())),
                 };
                 let encoded = first.encode();
                 match state
@@ -334,7 +360,7 @@ impl<S: Generation> Generations<S> {
 
     fn apply(&self, state: &State<S>, descriptor: Descriptor) -> Result<(), StoreError> {
         let given = self.shared.given;
-        if descriptor.current.format != given.format {
+        if !state.current.reads_format(descriptor.current.format) {
             return Err(StoreError::Protocol(format!(
                 "the table's descriptor `{}` names a table of key format {}, and this version \
                  reads and writes key format {}: upgrade every consumer of the table to one \
@@ -344,14 +370,26 @@ impl<S: Generation> Generations<S> {
                 given.format
             )));
         }
-        // A previous table of another key format is not ours to read.
+        // A previous table of a key format we do not read is not ours to read.
         let descriptor = Descriptor {
             previous: descriptor
                 .previous
-                .filter(|(shape, _)| shape.format == given.format),
+                .filter(|(shape, _)| state.current.reads_format(shape.format)),
             ..descriptor
         };
-        if descriptor.current != given && !self.shared.warned.swap(true, Ordering::Relaxed) {
+        if descriptor.current.format != given.format
+            && !self.shared.warned.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                descriptor = %state.current.descriptor_key(),
+                store_format = descriptor.current.format,
+                given_format = given.format,
+                "The store's table has an earlier layout (key format {}): following it. \
+                 `nsq-dedupe resize` moves it to key format {} without forgetting.",
+                descriptor.current.format,
+                given.format,
+            );
+        } else if descriptor.current != given && !self.shared.warned.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 descriptor = %state.current.descriptor_key(),
                 given_buckets = given.geometry.slots(),
@@ -377,7 +415,7 @@ impl<S: Generation> Generations<S> {
             }
             match &state.previous {
                 Some(previous) if previous.shape == shape => Ok(previous.store.clone()),
-                _ => state.current.reshaped(shape.geometry),
+                _ => state.current.reshaped(shape),
             }
         };
         let current = open(descriptor.current)?;
@@ -400,8 +438,10 @@ impl<S: Generation> Generations<S> {
                 descriptor = %state.current.descriptor_key(),
                 from_buckets = state.shape.geometry.slots(),
                 to_buckets = descriptor.current.geometry.slots(),
+                from_format = state.shape.format,
+                to_format = descriptor.current.format,
                 previous_read = previous.is_some(),
-                "Following the store's table to its new size."
+                "Following the store's table to its new size or layout."
             );
         } else if previous.is_none() {
             tracing::info!(
