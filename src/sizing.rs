@@ -27,7 +27,6 @@
 //! | 0.9  | 34,168,399 slots (273 MB) | 6,185,416 slots (49 MB) |
 //! | 0.99 | 358,196,986 slots (2.9 GB) | 9,910,168 slots (79 MB) |
 
-use crate::dedup::shared::MEMCACHED_SLOTS_PER_ITEM;
 use crate::dedup::Geometry;
 
 #[cfg(feature = "sidecar")]
@@ -203,6 +202,11 @@ fn check_probability(probability: f64) -> Result<(), SizingError> {
         Err(SizingError::Probability(probability))
     }
 }
+
+/// Slots a Memcached item holds in the compact layout unless configured otherwise
+/// (`MemcachedConfig::slots_per_item`): whole sets, as many as fit. Here, with the layout's
+/// other sizes, because `size` estimates the memory of a table with it in every build.
+pub(crate) const MEMCACHED_SLOTS_PER_ITEM: u32 = 64;
 
 /// Estimated Memcached memory for a full table of this shape in the compact layout (as its
 /// `bytes` statistic counts it, without slab rounding): an item per

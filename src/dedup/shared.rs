@@ -15,11 +15,6 @@ use crate::wording::Wording;
 #[cfg(feature = "redis")]
 pub(crate) const REDIS_KEY_VERSION: u8 = 2;
 
-/// Slots a Memcached item holds in the compact layout unless configured otherwise
-/// (`MemcachedConfig::slots_per_item`): whole sets, as many as fit. `size` estimates the
-/// memory of a table with it.
-pub(crate) const MEMCACHED_SLOTS_PER_ITEM: u32 = 64;
-
 /// The value format of 34-byte entries (Redis, and Memcached's earlier layout) written without
 /// `max_age`: a done entry's time field is 0. Every version of nsq-dedupe reads it.
 pub(crate) const FORMAT_VERSION: u8 = 1;
