@@ -203,18 +203,13 @@ fn check_probability(probability: f64) -> Result<(), SizingError> {
     }
 }
 
-/// Slots a Memcached item holds in the compact layout unless configured otherwise
-/// (`MemcachedConfig::slots_per_item`): whole sets, as many as fit. Here, with the layout's
-/// other sizes, because `size` estimates the memory of a table with it in every build.
-pub(crate) const MEMCACHED_SLOTS_PER_ITEM: u32 = 64;
-
 /// Estimated Memcached memory for a full table of this shape in the compact layout (as its
 /// `bytes` statistic counts it, without slab rounding): an item per
 /// `MemcachedConfig::slots_per_item` slots (64 by default) (whole sets), each its overhead, a cursor per set and
 /// 8 bytes per entry, no entry in flight and no `max_age`.
 pub fn memcached_bytes_estimate(geometry: Geometry) -> u64 {
     let ways = u64::from(geometry.ways());
-    let sets_per_item = (u64::from(MEMCACHED_SLOTS_PER_ITEM) / ways).max(1);
+    let sets_per_item = (u64::from(crate::dedup::MEMCACHED_SLOTS_PER_ITEM) / ways).max(1);
     let items = geometry.sets().div_ceil(sets_per_item);
     items * (MEMCACHED_ITEM_OVERHEAD_BYTES + MEMCACHED_ITEM_HEADER_BYTES)
         + geometry.sets() * (1 + MEMCACHED_ENTRY_BYTES * ways)

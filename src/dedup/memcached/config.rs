@@ -85,7 +85,7 @@ impl Default for MemcachedConfig {
             coalesce: true,
             eject_after: Some(Duration::from_secs(10)),
             fleet_interval: crate::dedup::fleet::DEFAULT_FLEET_INTERVAL,
-            slots_per_item: crate::sizing::MEMCACHED_SLOTS_PER_ITEM,
+            slots_per_item: crate::dedup::MEMCACHED_SLOTS_PER_ITEM,
         }
     }
 }
