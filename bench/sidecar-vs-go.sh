@@ -23,6 +23,7 @@ Scenarios (baseline first, then ours):
               (a memcached on a free port, shared by the runs; its CPU is shown too)
   redis       ours --store none --sink null   vs  ours --store redis --sink null (--store-sink)
               (a redis-server on a free port, no persistence, shared by the runs; its CPU too)
+              Each store run meets a full table of its own (see --store-buckets)
   table       ours --store none --sink null   vs  ours --store memory --sink null (the in-process
               table: what deduplication costs)
   table-file  ours --sink null                vs  ours --sink null --table-file FILE (new file each run)
@@ -44,6 +45,14 @@ Options:
   --store-sink SINK    the sink of ours in the memcached and redis scenarios (default null: a
                        sink that cannot fail, so one write a message; stdout, to /dev/null: a
                        claim and a commit a message, as for every sink that can fail)
+  --store-buckets S    the table of the memcached and redis runs: S slots (--buckets; default
+                       1048576, 131,072 sets of 8 ways). Each store run gets its own namespace,
+                       on a server emptied first (flush_all, FLUSHALL), filled before the run
+                       with --store-fill distinct messages of another topic drained by the same
+                       build with the same flags and --sink null (one write each), so that
+                       every run meets the same full table, whatever its place in the order
+  --store-fill F       messages written to each store run's table before it (default: S, which
+                       leaves 1 set in 3,000 empty and most at their 8 ways; 0: an empty table)
   --ours-post-path P   path ours POSTs to in http/https (default /pub; e.g. /mpub with batches)
   --base-bin PATH      the baseline is this other build of the sidecar, run with the same flags
                        as ours (--ours-args included), in place of the Go tool or of the
@@ -108,6 +117,8 @@ ours_args=""
 base_args=""
 post_path=/pub
 store_sink=null
+store_buckets=1048576
+store_fill=""
 base_bin=""
 timeout=""
 keep=0
@@ -125,6 +136,8 @@ while [ $# -gt 0 ]; do
         null|stdout) store_sink=$2; shift 2 ;;
         *) echo "sidecar-vs-go.sh: --store-sink takes null or stdout, not '${2:-}'" >&2; exit 2 ;;
       esac ;;
+    --store-buckets) store_buckets=${2:?"$1 needs a number"}; shift 2 ;;
+    --store-fill) store_fill=${2:?"$1 needs a number"}; shift 2 ;;
     --ours-post-path) post_path=${2:?"$1 needs a path"}; shift 2 ;;
     --base-bin) base_bin=${2:?"$1 needs a path"}; shift 2 ;;
     --timeout) timeout=${2:?"$1 needs seconds"}; shift 2 ;;
@@ -135,7 +148,12 @@ while [ $# -gt 0 ]; do
        exit 2 ;;
   esac
 done
-for pair in "messages:${messages:-1}" "pairs:$pairs" "max-in-flight:$max_in_flight" "timeout:${timeout:-1}"; do
+if ! [[ ${store_fill:-0} =~ ^[0-9]+$ ]]; then
+  echo "sidecar-vs-go.sh: --store-fill must be a whole number of messages (0 for an empty table), got '$store_fill'" >&2
+  exit 2
+fi
+for pair in "messages:${messages:-1}" "pairs:$pairs" "max-in-flight:$max_in_flight" "timeout:${timeout:-1}" \
+  "store-buckets:$store_buckets"; do
   if ! [[ ${pair#*:} =~ ^[1-9][0-9]*$ ]]; then
     echo "sidecar-vs-go.sh: --${pair%%:*} must be a positive whole number, got '${pair#*:}'" >&2
     exit 2
@@ -174,6 +192,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/sidecar-vs-go.XXXXXX")
 
 export BENCH_MESSAGES=$messages BENCH_PAIRS=$pairs BENCH_MAX_IN_FLIGHT=$max_in_flight \
   BENCH_OURS_ARGS=$ours_args BENCH_BASE_ARGS=$base_args BENCH_POST_PATH=$post_path BENCH_STORE_SINK=$store_sink \
+  BENCH_STORE_BUCKETS=$store_buckets BENCH_STORE_FILL=${store_fill:-$store_buckets} \
   BENCH_TIMEOUT=$timeout BENCH_BASE_BIN=$base_bin BENCH_WORK=$work BENCH_KEEP=$keep BENCH_OURS=$ours BENCH_NSQ_BIN=$nsq_bin_dir
 # The helpers shared with the other end-to-end benchmarks.
 export PYTHONPATH="$here/bench${PYTHONPATH:+:$PYTHONPATH}"
@@ -190,6 +209,8 @@ OURS_ARGS = shlex.split(os.environ["BENCH_OURS_ARGS"])
 BASE_ARGS = shlex.split(os.environ["BENCH_BASE_ARGS"])
 POST_PATH = os.environ["BENCH_POST_PATH"]
 STORE_SINK = os.environ["BENCH_STORE_SINK"]
+STORE_BUCKETS = os.environ["BENCH_STORE_BUCKETS"]
+STORE_FILL = int(os.environ["BENCH_STORE_FILL"])
 BASE_BIN = os.environ["BENCH_BASE_BIN"]
 TIMEOUT_GIVEN = float(os.environ["BENCH_TIMEOUT"] or 0)
 WORK = os.environ["BENCH_WORK"]
@@ -202,8 +223,8 @@ spawn, stop, free_port, cpu_seconds, peak_rss_mib, tail, connections = (
 nb.exit_on_signals()
 
 
-def Nsqd(name, tls=None):
-    return nb.Nsqd(NSQ, WORK, name, N + CHUNK, tls)
+def Nsqd(name, tls=None, fill=0):
+    return nb.Nsqd(NSQ, WORK, name, max(N, fill) + CHUNK, tls)
 
 
 def make_certs():
@@ -239,6 +260,55 @@ def tail_cmd(port, topic):
     """nsq_tail at the end of a serve or serve-relay chain, on any nsqd-speaking port."""
     return [f"{NSQ}/nsq_tail", f"--nsqd-tcp-address=127.0.0.1:{port}", f"--topic={topic}",
             "--channel=c", f"--max-in-flight={MIF}"]
+
+
+def store_table(r):
+    """The table of store run `r`: a namespace of its own, of --store-buckets slots."""
+    return ["--namespace", f"bench-{os.getpid()}-{r}", "--buckets", STORE_BUCKETS]
+
+
+def store_table_text():
+    return (f"a table of {int(STORE_BUCKETS):,} slots " +
+            (f"filled with {STORE_FILL:,} messages first" if STORE_FILL else "empty") + " each run")
+
+
+def empty_store(addr, command, ok):
+    """Empties the benchmark's own store server at `addr` (`command` answered `ok`), so
+    that the entries of earlier runs take none of its memory."""
+    host, port = addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(command)
+        answer = b""
+        while not answer.endswith(b"\r\n"):
+            chunk = s.recv(64)
+            if not chunk:
+                break
+            answer += chunk
+    if answer != ok:
+        raise SystemExit(f"{addr} answered {command.strip()!r} with {answer!r}")
+
+
+def fill_store(d, argv, name, r, label):
+    """Fills the table of the store run `argv` before it: STORE_FILL distinct messages of
+    another topic on the same nsqd, drained by the same build with the same flags (namespace,
+    buckets and --ours-args included) and --sink null, a write each."""
+    topic = f"fill{r}"
+    d.fill(topic, "c", f"{topic}p{os.getpid()}", STORE_FILL)
+    argv = list(argv)
+    argv[argv.index("--topic") + 1] = topic
+    argv[argv.index("--sink") + 1] = "null"
+    log = os.path.join(WORK, f"{name}-{r}-{label}.fill.log")
+    p = spawn(argv, log)
+    try:
+        t0 = time.monotonic()
+        while not d.drained(topic, "c", STORE_FILL)[1]:
+            if p.poll() is not None:
+                raise SystemExit(f"the fill of run {r} exited with {p.returncode}:\n  {shlex.join(argv)}\n{tail(log)}")
+            if time.monotonic() - t0 > 60 + STORE_FILL / 500:
+                raise SystemExit(f"the fill of run {r} did not drain {STORE_FILL} messages in time:\n{tail(log)}")
+            time.sleep(0.05)
+    finally:
+        stop(p)
 
 
 # Scenarios whose consumer is a chain ending in nsq_tail, whose output lines are counted.
@@ -281,17 +351,17 @@ def scenario(name, memcached_addr, redis_addr=None):
                  "ours --sink http to nsqd's HTTPS /pub against nsq_to_http --n=100 to its plain HTTP /pub")
         return (title, "nsq_to_http", "ours", cmd, True)
     if name == "memcached":
-        return (f"ours --store memcached (server {memcached_addr}) --sink {STORE_SINK} against ours --store none --sink null",
+        return (f"ours --store memcached (server {memcached_addr}) --sink {STORE_SINK}, {store_table_text()} against ours --store none --sink null",
                 "no-store", "memcached",
                 lambda side, d, r: ours_cmd(d, ["--sink", "null", "--store", "none"] + BASE_ARGS) if side == "base"
                 else ours_cmd(d, ["--sink", STORE_SINK, "--store", "memcached", "--memcached-address",
-                                  memcached_addr, "--namespace", f"bench-{os.getpid()}"] + OURS_ARGS), False)
+                                  memcached_addr] + store_table(r) + OURS_ARGS), False)
     if name == "redis":
-        return (f"ours --store redis (server {redis_addr}) --sink {STORE_SINK} against ours --store none --sink null",
+        return (f"ours --store redis (server {redis_addr}) --sink {STORE_SINK}, {store_table_text()} against ours --store none --sink null",
                 "no-store", "redis",
                 lambda side, d, r: ours_cmd(d, ["--sink", "null", "--store", "none"] + BASE_ARGS) if side == "base"
                 else ours_cmd(d, ["--sink", STORE_SINK, "--store", "redis", "--redis-url",
-                                  f"redis://{redis_addr}", "--namespace", f"bench-{os.getpid()}"] + OURS_ARGS), False)
+                                  f"redis://{redis_addr}"] + store_table(r) + OURS_ARGS), False)
     if name == "table":
         return ("ours --store memory (the in-process table) against ours --store none, both --sink null",
                 "no-store", "table",
@@ -365,9 +435,10 @@ def distinct_bodies(path, tag):
         return len({line for line in f if line.startswith(head)})
 
 
-def one_run(name, r, side, label, cmd, check_out, memcached):
+def one_run(name, r, side, label, cmd, check_out, memcached, store_addr=None):
     tls = make_certs() if name == "https" else None
-    d = Nsqd(f"{name}-{r}-{label}", tls)
+    stored = name in ("memcached", "redis") and (side == "ours" or BASE_BIN)
+    d = Nsqd(f"{name}-{r}-{label}", tls, STORE_FILL if stored else 0)
     d.topic = f"bench{r}"
     chained = name in CHAINS
     procs = []
@@ -377,6 +448,10 @@ def one_run(name, r, side, label, cmd, check_out, memcached):
         tag = f"{name}{r}p{os.getpid()}"
         d.fill(d.topic, "c", tag, N)
         argvs = cmd(side, d, r) if chained else [cmd(side, d, r)]
+        if stored:
+            empty_store(*store_addr)
+            if STORE_FILL:
+                fill_store(d, argvs[0], name, r, label)
         # The relay's second topic: its channel exists before the first message reaches it.
         relayed = chained and any("--destination-topic" in a for a in argvs)
         if relayed:
@@ -537,7 +612,9 @@ def main():
                 run_no += 1
                 label = base_label if side == "base" else ours_label
                 x = one_run(name, run_no, side, label, cmd, check_out,
-                            memcached if name == "memcached" else redis if name == "redis" else None)
+                            memcached if name == "memcached" else redis if name == "redis" else None,
+                            (memcached_addr, b"flush_all\r\n", b"OK\r\n") if name == "memcached"
+                            else (redis_addr, b"FLUSHALL\r\n", b"+OK\r\n") if name == "redis" else None)
                 results.append(x)
                 line = (f"{run_no:>3}  {label:<11} {x['wall']:>7.2f} {fmt_int(N / x['wall']):>9} "
                         f"{x['cpu'] / N * 1e6:>10.2f} {x['exit_cpu'] / N * 1e6:>7.2f} {x['rss']:>8.1f} "

@@ -6,7 +6,7 @@ set -euo pipefail
 usage() {
   cat <<'USAGE'
 Usage: bench/store-cost.sh [--messages N] [--burst B] [--tasks T] [--full-slots S]
-                           [--consumers C] [--instructions]
+                           [--consumers C] [--slots-per-item S] [--instructions]
                            [redis] [redis-cluster] [valkey] [memcached]
 
 Starts its own redis-server, Redis Cluster (three masters, no replicas), valkey-server and
@@ -26,6 +26,7 @@ with the ratio ours/naive and the messages per second one server core would serv
 valkey runs these cases twice on one Valkey 8.1 server: as the store runs there (claims and
 commits decided in the client and written with SET … IFEQ), then with the store forced
 through the set script (valkey-script), as on Redis 7.0.
+--slots-per-item S: the slots of a Memcached item (default 64; 8 is an item per 8-way set).
 --consumers C: C stores of each table (C owners, a fleet's consumers) take the bursts in
 turn, so that a set is often written last by another store than the one that meets it (the
 stores keep the sets they wrote last, and such a kept value is then out of date).

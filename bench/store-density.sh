@@ -5,7 +5,8 @@ set -euo pipefail
 
 usage() {
   cat <<'USAGE'
-Usage: bench/store-density.sh [--messages N] [--probability P] [redis] [valkey] [memcached]
+Usage: bench/store-density.sh [--messages N] [--probability P] [--slots-per-item S]
+                              [redis] [valkey] [memcached]
 
 Starts its own redis-server, valkey-server and memcached on free loopback ports and prints, for each, the
 bytes of the server's memory per remembered message:
@@ -18,6 +19,7 @@ bytes of the server's memory per remembered message:
   ratio      ours / naive
   size est.  what `size` prints for the table, divided by N
 Memory is Redis's `used_memory` (INFO memory) and Memcached's `bytes` (stats).
+--slots-per-item S: the slots of a Memcached item (default 64).
 Defaults: N = 300,000, P = 0.99, every store.
 
 Needs redis-server, Valkey 8.1 (as tests/run.sh fetches it) and memcached (or

@@ -34,10 +34,11 @@
 //! Every answer is checked: each fresh digest must be claimed new and its commit held, each
 //! naive write stored. Run through `bench/store-cost.sh` (see `--help` there), or
 //! `cargo bench --bench store_cost -- [--messages N] [--burst B] [--tasks T]
-//! [--full-slots S] [--consumers C] [--instructions] [redis] [redis-cluster] [valkey]
-//! [memcached]`. With `--consumers C`, C stores of one table (C owners, as a fleet's
-//! consumers) take the bursts in turn, so a set is often written last by another than the
-//! one that meets it.
+//! [--full-slots S] [--consumers C] [--slots-per-item S] [--instructions] [redis]
+//! [redis-cluster] [valkey] [memcached]`. `--slots-per-item` sets the slots of a Memcached
+//! item (`MemcachedConfig::slots_per_item`). With `--consumers C`, C stores of one table (C
+//! owners, as a fleet's consumers) take the bursts in turn, so a set is often written last by
+//! another than the one that meets it.
 
 #[path = "servers.rs"]
 mod servers;
@@ -73,6 +74,8 @@ struct Settings {
     /// Stores of one table (each its own owner, as consumers of a fleet are) that take the
     /// bursts in turn.
     consumers: u64,
+    /// Slots a Memcached item holds (`MemcachedConfig::slots_per_item`).
+    slots_per_item: u32,
     stores: Vec<String>,
 }
 
@@ -85,6 +88,7 @@ impl Settings {
             full_slots: 65_536,
             instructions: false,
             consumers: 1,
+            slots_per_item: MemcachedConfig::default().slots_per_item,
             stores: Vec::new(),
         };
         let mut args = std::env::args().skip(1);
@@ -113,12 +117,16 @@ impl Settings {
                 "--full-slots" => settings.full_slots = number("--full-slots")?,
                 "--instructions" => settings.instructions = true,
                 "--consumers" => settings.consumers = number("--consumers")?,
+                "--slots-per-item" => {
+                    settings.slots_per_item = u32::try_from(number("--slots-per-item")?)
+                        .map_err(|_| "--slots-per-item is at most 255".to_owned())?;
+                }
                 "redis" | "redis-cluster" | "valkey" | "memcached" => settings.stores.push(arg),
                 other => {
                     return Err(format!(
                         "unknown argument {other:?}: give --messages, --burst, --tasks, \
-                         --full-slots, --consumers, --instructions, redis, redis-cluster, valkey \
-                         or memcached"
+                         --full-slots, --consumers, --slots-per-item, --instructions, redis, \
+                         redis-cluster, valkey or memcached"
                     ))
                 }
             }
@@ -538,6 +546,7 @@ async fn memcached_cases(settings: &Settings) -> Result<(), String> {
                     servers: vec![addr.clone()],
                     namespace: namespace.into(),
                     timeout: servers::BENCH_TIMEOUT,
+                    slots_per_item: settings.slots_per_item,
                     ..MemcachedConfig::default()
                 },
                 Geometry::new(slots, WAYS).expect("a valid geometry"),

@@ -17,7 +17,8 @@
 //! fresh server for each.
 //!
 //! Run through `bench/store-density.sh` (see `--help` there), or `cargo bench --bench
-//! store_density -- [--messages N] [--probability P] [redis] [valkey] [memcached]`.
+//! store_density -- [--messages N] [--probability P] [--slots-per-item S] [redis] [valkey]
+//! [memcached]`.
 
 // Shared with the CPU benchmark, whose cluster and CPU readings this one does not use.
 #[allow(dead_code)]
@@ -46,6 +47,8 @@ struct Settings {
     /// Distinct messages the table is sized to remember.
     messages: u64,
     probability: f64,
+    /// Slots a Memcached item holds (`MemcachedConfig::slots_per_item`).
+    slots_per_item: u32,
     stores: Vec<String>,
 }
 
@@ -54,6 +57,7 @@ impl Settings {
         let mut settings = Settings {
             messages: 300_000,
             probability: 0.99,
+            slots_per_item: MemcachedConfig::default().slots_per_item,
             stores: Vec::new(),
         };
         // `cargo test --all-targets` runs this binary without `--bench`, which `cargo bench`
@@ -77,6 +81,12 @@ impl Settings {
                     settings.probability = v
                         .parse()
                         .map_err(|_| format!("--probability: {v:?} is not a number"))?;
+                }
+                "--slots-per-item" => {
+                    let v = value("--slots-per-item")?;
+                    settings.slots_per_item = v
+                        .parse()
+                        .map_err(|_| format!("--slots-per-item: {v:?} is not a whole number"))?;
                 }
                 "redis" | "valkey" | "memcached" => settings.stores.push(arg),
                 other => return Err(format!("unknown argument {other:?}: see --help")),
@@ -234,6 +244,7 @@ async fn memcached_case(settings: &Settings) -> Result<(), String> {
             MemcachedConfig {
                 servers: vec![server.addr.clone()],
                 timeout: TIMEOUT,
+                slots_per_item: settings.slots_per_item,
                 ..MemcachedConfig::default()
             },
             geometry,

@@ -1,5 +1,5 @@
-//! The sidecar as an nsqd for its consumers, until `--sink serve` has its flags: consumes a
-//! topic from one or more nsqd, drops the copies (keyed on the JSON field `id`, or the whole
+//! The serve sink in your own program (`nsq-dedupe run --sink serve` does the same from the
+//! command line): consumes a topic from one or more nsqd, drops the copies (keyed on the JSON field `id`, or the whole
 //! body without one) and serves the rest to any NSQ client.
 //!
 //! ```sh

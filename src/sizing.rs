@@ -14,8 +14,9 @@
 //!
 //! # Memory
 //!
-//! The in-process table takes 8 bytes per slot ([`Geometry::SLOT_BYTES`]). In Memcached each
-//! set is one item; [`memcached_bytes_estimate`] adds memcached's per-item overhead. In Redis
+//! The in-process table takes 8 bytes per slot ([`Geometry::SLOT_BYTES`]). In Memcached an
+//! item holds 64 slots (whole sets) of 8 bytes; [`memcached_bytes_estimate`] adds memcached's
+//! per-item overhead. In Redis
 //! each set is one string key; [`redis_bytes_estimate`] uses what `MEMORY USAGE` reports for a
 //! full set.
 //!
@@ -34,13 +35,19 @@ pub(crate) mod growth;
 /// The window the catch probability is reported for when none is configured: one hour.
 pub const DEFAULT_WINDOW: std::time::Duration = std::time::Duration::from_secs(3600);
 
-/// Memcached's per-item overhead: the item header with its CAS value (56 bytes), plus the key
-/// (`<namespace>:<set>`, about 40 bytes) and slab rounding (about 10%). An estimate, not a
-/// measurement.
-const MEMCACHED_ITEM_OVERHEAD_BYTES: u64 = 104;
+/// Memcached's per-item overhead as its `bytes` statistic counts it: the item header with
+/// its CAS value (56 bytes), the value's line end, and the key
+/// (`<namespace>:v2:<sets>x<ways>g<sets per item>:<item>`, about 32 bytes). Slab rounding
+/// (up to a quarter more, by default) comes on top. An estimate; the density benchmark
+/// measures it (`bench/store-density.sh`).
+const MEMCACHED_ITEM_OVERHEAD_BYTES: u64 = 90;
 
-/// Bytes one entry takes in a Memcached item's value (digest, state, lease, age, owner).
-const MEMCACHED_ENTRY_BYTES: u64 = 34;
+/// Bytes one entry takes in a compact Memcached item (its fingerprint; entries in flight take
+/// 17 more while they are, and a timed table, with `max_age`, 4 more each).
+const MEMCACHED_ENTRY_BYTES: u64 = 8;
+
+/// Bytes of an item's value besides its entries: the header (4) and a cursor per set.
+const MEMCACHED_ITEM_HEADER_BYTES: u64 = 4;
 
 /// Redis's bytes per key outside `MEMORY USAGE`: its slot in the main dictionary (410 bytes
 /// per 8-way set measured as `used_memory` over 100,000 keys, 392 by `MEMORY USAGE`).
@@ -196,10 +203,16 @@ fn check_probability(probability: f64) -> Result<(), SizingError> {
     }
 }
 
-/// Estimated Memcached memory for a table of this shape: one item per set.
+/// Estimated Memcached memory for a full table of this shape in the compact layout (as its
+/// `bytes` statistic counts it, without slab rounding): an item per
+/// `MemcachedConfig::slots_per_item` slots (64 by default) (whole sets), each its overhead, a cursor per set and
+/// 8 bytes per entry, no entry in flight and no `max_age`.
 pub fn memcached_bytes_estimate(geometry: Geometry) -> u64 {
-    geometry.sets()
-        * (MEMCACHED_ITEM_OVERHEAD_BYTES + MEMCACHED_ENTRY_BYTES * u64::from(geometry.ways()))
+    let ways = u64::from(geometry.ways());
+    let sets_per_item = (u64::from(crate::dedup::MEMCACHED_SLOTS_PER_ITEM) / ways).max(1);
+    let items = geometry.sets().div_ceil(sets_per_item);
+    items * (MEMCACHED_ITEM_OVERHEAD_BYTES + MEMCACHED_ITEM_HEADER_BYTES)
+        + geometry.sets() * (1 + MEMCACHED_ENTRY_BYTES * ways)
 }
 
 /// Bytes one full set of `ways` ways takes in Redis: what Redis 7.0 (64-bit, jemalloc)

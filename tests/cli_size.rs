@@ -26,7 +26,7 @@ fn classic_table_for_an_hour_at_a_thousand_per_second() {
         String::from_utf8(out).unwrap(),
         "\
 Table:        34,168,399 buckets (one bucket per set, the classic table)
-Memory:       260.7 MiB in-process; about 4.4 GiB in Memcached, 4.9 GiB in Redis
+Memory:       260.7 MiB in-process; about 341.1 MiB in Memcached, 4.9 GiB in Redis
 Window:       1h at 1000 msg/s = 3,600,000 distinct messages
 Probability:  0.900000 that a copy arriving a whole window late is caught
 
@@ -156,6 +156,37 @@ fn bad_input_names_the_flag_and_the_accepted_form() {
             .stdout("")
             .stderr(predicate::str::contains(*message));
     }
+}
+
+#[test]
+fn a_max_age_shorter_than_the_window_gives_the_probability_it_leaves() {
+    // A copy a whole window late is past max age: the probability printed is the one it has,
+    // 0, not the table's alone, which is given beside it.
+    let out = bin()
+        .args([
+            "size",
+            "--window",
+            "1h",
+            "--rate",
+            "100",
+            "--probability",
+            "0.99",
+        ])
+        .args(["--max-age", "30m"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let out = String::from_utf8(out).unwrap();
+    assert!(
+        out.contains(
+            "Probability:  0 that a copy arriving a whole window late is caught: max age 30m is \
+             shorter than the window, and such a copy passes whatever the table holds (the table \
+             alone would catch it with probability 0.990000)\n"
+        ),
+        "{out}"
+    );
 }
 
 #[test]

@@ -411,10 +411,14 @@ async fn one_write_per_unique_message_into_the_null_sink(
         let mut raw = raw_config(&[broker.tcp_addr()]);
         store(&mut raw, &crate::store_contract::unique_namespace(sink));
         let written = writes_of_a_run(raw, &broker, to, &writes).await;
-        assert_eq!(
-            written,
-            per_message * N as u64,
-            "{sink} sink: {what} for {N} unique messages and {N} copies"
+        // At most that many: a Memcached item holds several sets, and the operations of one
+        // burst on one item are one write (with 120 messages in 16,384 items, two of a burst
+        // share one now and then).
+        let most = per_message * N as u64;
+        assert!(
+            (most - most / 20..=most).contains(&written),
+            "{sink} sink: {what} for {N} unique messages and {N} copies: {written}, not {most} \
+             (or up to 5% fewer)"
         );
     }
 }

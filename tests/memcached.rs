@@ -42,6 +42,7 @@ impl Memcached {
 impl Harness for Memcached {
     type Store = MemcachedStore;
     const OWNERS: bool = true;
+    const COMMITTED_IS_FINAL: bool = true;
 
     async fn connect(&self, spec: &Spec) -> MemcachedStore {
         let defaults = MemcachedConfig::default();
@@ -170,11 +171,20 @@ async fn get_then_set_loses_updates_in_the_same_scenario() {
 async fn unreadable_value_is_counted_and_replaced() {
     let server = MemcachedServer::start();
     let namespace = unique_namespace("garbage");
-    let geometry = Geometry::new(64, 4).unwrap();
+    let geometry = Geometry::new(1024, 4).unwrap();
     let store = MemcachedStore::connect(config(&[server.addr()], &namespace), geometry)
         .await
         .unwrap();
-    let (d, e) = (digest(20), digest(21));
+    // Digests of four items: each garbage replaces one item only.
+    let mut items = std::collections::HashSet::new();
+    let apart: Vec<Digest> = (20..)
+        .map(digest)
+        .filter(|x| items.insert(store.item_key(*x)))
+        .take(4)
+        .collect();
+    let [d, e, f, g] = apart[..] else {
+        unreachable!()
+    };
     let mut raw = raw_client(&server.addr()).await;
     raw.set(store.item_key(d), "not a set".as_bytes(), None, None)
         .await
@@ -195,8 +205,7 @@ async fn unreadable_value_is_counted_and_replaced() {
         2,
         "a foreign format version is unreadable too"
     );
-    // A value far larger than any set is skipped, not loaded, and replaced as well.
-    let f = digest(22);
+    // A value far larger than any item is skipped, not loaded, and replaced as well.
     let huge = vec![b'x'; 200_000];
     raw.set(store.item_key(f), huge.as_slice(), None, None)
         .await
@@ -216,13 +225,21 @@ async fn unreadable_value_is_counted_and_replaced() {
     )
     .await
     .unwrap();
-    let g = digest(23);
-    raw.set(single.item_key(g), "\u{1}\u{0}\u{9}".as_bytes(), None, None)
-        .await
-        .unwrap();
+    raw.set(
+        single.item_key(g),
+        "\u{3}\u{9}\u{4}\u{0}".as_bytes(),
+        None,
+        None,
+    )
+    .await
+    .unwrap();
     assert_eq!(single.claim(g).await.unwrap(), Claim::New);
     assert_eq!(single.claim(g).await.unwrap(), Claim::InFlight);
-    assert_eq!(single.unreadable_values(), 1, "9 entries do not fit 4 ways");
+    assert_eq!(
+        single.unreadable_values(),
+        1,
+        "an item of 9 sets is not one of this table's (16 sets of 4 ways)"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -401,14 +418,14 @@ async fn a_dead_server_is_ejected_after_the_bound_and_taken_back_when_it_answers
     let mut settings = config(&servers, &unique_namespace("eject"));
     settings.timeout = Duration::from_millis(300);
     settings.eject_after = Some(Duration::from_secs(1));
-    let geometry = Geometry::new(256 * 4, 4).unwrap();
+    let geometry = Geometry::new(16_384 * 4, 4).unwrap();
     let store = MemcachedStore::connect(settings, geometry).await.unwrap();
     let home = |d: &Digest| store.server_of(&store.item_key(*d));
     let on_two: Vec<Digest> = (0..5000).map(digest).filter(|d| home(d) == 1).collect();
-    let mut sets = std::collections::HashSet::new();
+    let mut items = std::collections::HashSet::new();
     let on_two: Vec<Digest> = on_two
         .into_iter()
-        .filter(|d| sets.insert(store.item_key(*d)))
+        .filter(|d| items.insert(store.item_key(*d)))
         .take(40)
         .collect();
     assert_eq!(on_two.len(), 40);
@@ -600,6 +617,31 @@ async fn a_burst_fails_only_the_digests_of_a_dead_server() {
 /// How many reads (`get`, `mg`, ...) `memcached` at `addr` has answered so far.
 fn reads_served(addr: &str) -> u64 {
     stat(addr, "cmd_get")
+}
+
+/// `size`'s estimate of a table's memory in Memcached (`sizing::memcached_bytes_estimate`)
+/// is within a tenth of what memcached counts for it (`stats` `bytes`) once every item is
+/// written, as a sidecar writes them: claims then commits.
+#[tokio::test]
+async fn the_memory_estimate_is_within_a_tenth_of_what_memcached_counts() {
+    let server = MemcachedServer::start();
+    let geometry = Geometry::new(4_096 * 8, 8).unwrap();
+    let store = store_at(&server.addr(), &unique_namespace("memory"), geometry).await;
+    let before = stat(&server.addr(), "bytes");
+    let digests: Vec<Digest> = (0..geometry.slots()).map(digest).collect();
+    for burst in digests.chunks(256) {
+        assert_eq!(
+            claimed(store.claim_many(burst).await).unwrap(),
+            vec![Claim::New; burst.len()]
+        );
+        assert_eq!(store.commit_many(burst).await, vec![Ok(true); burst.len()]);
+    }
+    let measured = stat(&server.addr(), "bytes") - before;
+    let estimate = nsq_dedupe::sizing::memcached_bytes_estimate(geometry);
+    assert!(
+        estimate.abs_diff(measured) * 10 <= measured,
+        "estimated {estimate} bytes, memcached counts {measured}"
+    );
 }
 
 /// The counter `name` of memcached's `stats` at `addr`.
@@ -901,8 +943,11 @@ async fn a_quiet_claim_done_on_a_set_that_exists_is_read_and_decided() {
     let mut expected = vec![Claim::InFlight, Claim::InFlight];
     expected.extend([Claim::New; 61]);
     assert_eq!(claimed(claims).unwrap(), expected);
+    // The two items that exist are read (a full item's value and its lines); the writes of
+    // the others are not answered.
+    let reads = 2 * (a.full_item_value_bytes() + 2 * 17 + 40);
     assert!(
-        bytes < 300,
+        bytes < 300 + reads,
         "the 61 new sets' writes were quiet ({bytes} bytes answered)"
     );
     assert!(b.commit(held[0]).await.unwrap(), "a kept b's entry");

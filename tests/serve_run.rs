@@ -326,3 +326,35 @@ async fn the_served_ports_are_logged_as_addresses() {
     assert!(http.ip().is_loopback() && http.port() != 0, "{http}");
     served.stop();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serve_sidecar_stopped_with_no_consumer_hands_its_messages_back_at_once() {
+    let a = Broker::start(BrokerConfig::default()).await;
+    const N: usize = 50;
+    a.publish_many(TOPIC, (0..N).map(payload));
+    // A grace longer than the stop is given: records no consumer can take must not wait it out.
+    let served = Served::start(&[&a], &["--shutdown-grace", "60s"]);
+    wait_until_or(
+        "the sidecar holds every message",
+        Duration::from_secs(30),
+        || a.depth(TOPIC, CHANNEL) == (0, 0, N),
+        || {
+            format!(
+                "{:?}; the binary's log:\n{}",
+                a.depth(TOPIC, CHANNEL),
+                served.child.stderr()
+            )
+        },
+    )
+    .await;
+    let port = served.tcp;
+    let stopped =
+        tokio::task::block_in_place(|| served.child.stop_within("TERM", Duration::from_secs(10)));
+    assert!(stopped.status.success(), "{}", stopped.stderr);
+    // The port is free at once for a restart, and nothing is lost: every message is back
+    // upstream, none finished.
+    std::net::TcpListener::bind(port).expect("the served port is free once the sidecar stopped");
+    let (queued, deferred, in_flight) = a.depth(TOPIC, CHANNEL);
+    assert_eq!((queued + deferred, in_flight), (N, 0), "{}", stopped.stderr);
+    assert!(a.finished(TOPIC, CHANNEL).is_empty());
+}

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use nsq_dedupe::dedup::generational::resize;
 use nsq_dedupe::{
     Claim, Digest, Generation, Generations, Geometry, MemcachedConfig, MemcachedStore, RedisConfig,
-    RedisStore, Store,
+    RedisStore, Shape, Store,
 };
 
 use crate::sidecar::{drained, payload, sidecar_binary, spawn_sidecar, ChildGuard, CHANNEL, TOPIC};
@@ -294,7 +294,7 @@ async fn a_fleet_resized_one_sidecar_at_a_time_forgets_nothing(shared: Shared) {
     wait_until_or(
         "the sidecar left running follows the resize",
         Duration::from_secs(10),
-        || log_text(&log_a).contains("Following the store's table to its new size."),
+        || log_text(&log_a).contains("Following the store's table to its new size or layout."),
         || log_text(&log_a),
     )
     .await;
@@ -331,6 +331,130 @@ async fn a_fleet_resized_one_sidecar_at_a_time_forgets_nothing(shared: Shared) {
         "each of the 2,000 new ones delivered"
     );
     drop((a, b));
+}
+
+/// A fleet on a Memcached table of the earlier layout (key format 1, an item per set, as
+/// earlier versions keep it) moves to the compact layout with `nsq-dedupe resize` at the same
+/// size, while it runs, and forgets nothing: the messages taken in the earlier layout are not
+/// delivered again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_moves_to_the_compact_layout_without_forgetting_in_memcached() {
+    let shared = Shared::memcached();
+    let Shared::Memcached(server) = &shared else {
+        unreachable!()
+    };
+    let Fleet {
+        broker,
+        dir: _dir,
+        log_a,
+        log_b,
+        a,
+        b,
+        ..
+    } = Fleet::start(&shared).await;
+    let logs = [log_a.as_path(), log_b.as_path()];
+    // The fleet's descriptor made that of a table of the earlier layout, as an earlier
+    // version's fleet has it.
+    let mut descriptor = None;
+    wait_until_or(
+        "the fleet's descriptor written",
+        Duration::from_secs(10),
+        || {
+            descriptor = memcached_text(&server.addr(), "resize:table");
+            descriptor.is_some()
+        },
+        String::new,
+    )
+    .await;
+    let descriptor = descriptor.unwrap();
+    assert!(descriptor.starts_with("v1 current=2:"), "{descriptor}");
+    memcached_set(
+        &server.addr(),
+        "resize:table",
+        &descriptor.replace("current=2:", "current=1:"),
+    );
+    let log_text = |log: &Path| std::fs::read_to_string(log).unwrap_or_default();
+    let followed = |log: &Path, times: usize| {
+        log_text(log)
+            .matches("Following the store's table to its new size or layout.")
+            .count()
+            >= times
+    };
+    wait_until_or(
+        "the fleet follows the table of the earlier layout",
+        Duration::from_secs(10),
+        || followed(&log_a, 1) && followed(&log_b, 1),
+        || log_text(&log_a),
+    )
+    .await;
+    assert!(
+        log_text(&log_a).contains("earlier layout (key format 1)"),
+        "{}",
+        log_text(&log_a)
+    );
+    const N: usize = 5_000;
+    broker.publish_many(TOPIC, (0..N).map(payload));
+    wait_out(&broker, N, &logs).await;
+    assert_eq!(delivered(&broker).len(), N, "each of the first {N} once");
+
+    let said = resize_command(&shared, OLD_BUCKETS);
+    assert!(
+        said.contains("key format 2); it was 262144 buckets (32768 sets of 8 ways, key format 1)"),
+        "{said}"
+    );
+    wait_until_or(
+        "the fleet follows the move to the compact layout",
+        Duration::from_secs(10),
+        || followed(&log_a, 2) && followed(&log_b, 2),
+        || log_text(&log_a),
+    )
+    .await;
+    broker.publish_many(TOPIC, (0..N).map(payload));
+    broker.publish_many(TOPIC, (N..N + 2_000).map(payload));
+    wait_out(&broker, N + 2_000, &logs).await;
+    let counts = delivered(&broker);
+    assert_eq!(
+        counts.values().filter(|&&n| n > 1).count(),
+        0,
+        "of the first {N} sent again after the move, none delivered a second time"
+    );
+    assert_eq!(
+        counts.len(),
+        N + 2_000,
+        "each of the 2,000 new ones delivered"
+    );
+    drop((a, b));
+}
+
+/// The text memcached at `addr` holds under `key`, if any (meta protocol).
+fn memcached_text(addr: &str, key: &str) -> Option<String> {
+    use std::io::{BufRead, BufReader, Write};
+    let stream = std::net::TcpStream::connect(addr).unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    (&stream)
+        .write_all(format!("mg {key} v\r\n").as_bytes())
+        .unwrap();
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    if line.starts_with("EN") {
+        return None;
+    }
+    let mut value = String::new();
+    reader.read_line(&mut value).unwrap();
+    Some(value.trim_end().to_owned())
+}
+
+/// Sets `key` to `value` in memcached at `addr`.
+fn memcached_set(addr: &str, key: &str, value: &str) {
+    use std::io::{BufRead, BufReader, Write};
+    let stream = std::net::TcpStream::connect(addr).unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    (&stream)
+        .write_all(format!("ms {key} {}\r\n{value}\r\n", value.len()).as_bytes())
+        .unwrap();
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    assert_eq!(line, "HD\r\n");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -541,6 +665,54 @@ async fn claims_across_a_resize_in_memcached() {
     };
     let open = |geometry| MemcachedStore::connect(config.clone(), geometry);
     claims_across(open(small()).await.unwrap(), open(large()).await.unwrap()).await;
+}
+
+/// A namespace in which a version before descriptors kept a Memcached table (the earlier
+/// layout, and no descriptor): the first consumer of this version reads it as the previous
+/// generation, so the messages taken there stay seen; a namespace that holds nothing has no
+/// previous generation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_kept_without_a_descriptor_is_read_as_the_previous_generation_in_memcached() {
+    let memcached = MemcachedServer::start();
+    let config = |namespace: &str| MemcachedConfig {
+        servers: vec![memcached.addr()],
+        namespace: namespace.into(),
+        ..MemcachedConfig::default()
+    };
+    let geometry = large();
+    let fresh = MemcachedStore::connect(config("earlier"), geometry)
+        .await
+        .unwrap();
+    let earlier_shape = Shape {
+        format: 1,
+        geometry,
+    };
+    let earlier = fresh.reshaped(earlier_shape).unwrap();
+    let seen: Vec<Digest> = (0..500).map(digest).collect();
+    assert_eq!(
+        earlier.claim_done_many(&seen).await,
+        vec![Ok(Claim::New); 500]
+    );
+    let store = Generations::new(fresh);
+    store.follow().await.unwrap();
+    assert_eq!(
+        store.previous().map(|(shape, _)| shape),
+        Some(earlier_shape)
+    );
+    assert_eq!(
+        store.claim_many(&seen).await,
+        vec![Ok(Claim::Duplicate); 500],
+        "taken by the earlier version: copies"
+    );
+    assert_eq!(store.claim(digest(5_000)).await, Ok(Claim::New));
+
+    let empty = Generations::new(
+        MemcachedStore::connect(config("nothing"), geometry)
+            .await
+            .unwrap(),
+    );
+    empty.follow().await.unwrap();
+    assert_eq!(empty.previous(), None);
 }
 
 /// The same on Valkey 8.1, whose operations are decided in the client and written with

@@ -6,7 +6,7 @@ use anyhow::Context as _;
 use crate::cli::{FromEnv, ResizeArgs, TypedAliases};
 use crate::config::{RawConfig, StoreSettings};
 use crate::dedup::generational::resize;
-use crate::{Descriptor, Geometry, MemcachedStore, RedisStore};
+use crate::{Descriptor, MemcachedStore, RedisStore, Shape};
 
 /// Builds the store's settings from `--config`, the flags and the environment, and writes
 /// the new size into the store's descriptor; prints what changed.
@@ -52,9 +52,17 @@ pub(crate) fn run(
 
 /// What `resize` prints.
 fn report(namespace: &str, before: Option<Descriptor>, after: Descriptor) -> String {
-    let size = |geometry: Geometry| {
+    // The layout is named where it changed (a store's key format: see docs/design.md).
+    let relaid = before.is_some_and(|before| before.current.format != after.current.format);
+    let size = |shape: Shape| {
+        let geometry = shape.geometry;
+        let layout = if relaid {
+            format!(", key format {}", shape.format)
+        } else {
+            String::new()
+        };
         format!(
-            "{} buckets ({} sets of {} ways)",
+            "{} buckets ({} sets of {} ways{layout})",
             geometry.slots(),
             geometry.sets(),
             geometry.ways()
@@ -63,18 +71,18 @@ fn report(namespace: &str, before: Option<Descriptor>, after: Descriptor) -> Str
     match (before, after.previous) {
         (Some(before), _) if before == after => format!(
             "The table of namespace {namespace:?} is already {}: nothing changed.\n",
-            size(after.current.geometry)
+            size(after.current)
         ),
         (Some(before), Some(_)) => format!(
             "The table of namespace {namespace:?} is now {}; it was {}, which claims read \
              until it has turned over (or `max_age` has passed). Running consumers follow \
              within one fleet interval.\n",
-            size(after.current.geometry),
-            size(before.current.geometry)
+            size(after.current),
+            size(before.current)
         ),
         _ => format!(
             "The table of namespace {namespace:?} had no descriptor: it is now {}.\n",
-            size(after.current.geometry)
+            size(after.current)
         ),
     }
 }

@@ -253,17 +253,24 @@ fn to_text(answer: &Answer) -> String {
         }
         _ => String::new(),
     };
-    let _ = writeln!(
-        out,
-        "Probability:  {} that a copy arriving a whole window late is caught{target}",
-        format_probability(answer.probability)
-    );
-    if let (Some(max_age), Some(window)) = (&answer.max_age, answer.window_seconds()) {
-        if max_age.seconds < window {
+    // A copy a whole window late is past a shorter max age: its probability is 0, and the
+    // table's own is said beside it.
+    match (&answer.max_age, answer.window_seconds()) {
+        (Some(max_age), Some(window)) if max_age.seconds < window => {
             let _ = writeln!(
                 out,
-                "              but max age {} is shorter than the window: such a copy passes",
-                describe_seconds(max_age.seconds)
+                "Probability:  0 that a copy arriving a whole window late is caught: max age {} \
+                 is shorter than the window, and such a copy passes whatever the table holds \
+                 (the table alone would catch it with probability {}){target}",
+                describe_seconds(max_age.seconds),
+                format_probability(answer.probability)
+            );
+        }
+        _ => {
+            let _ = writeln!(
+                out,
+                "Probability:  {} that a copy arriving a whole window late is caught{target}",
+                format_probability(answer.probability)
             );
         }
     }

@@ -9,7 +9,9 @@
 //!
 //! - **The descriptor.** A small key in the namespace, `<prefix>:table`, names the current
 //!   shape, the previous one if any and when the switch happened ([`Descriptor`]). A store
-//!   without one is created at the size given (the descriptor written only if absent); a
+//!   without one is created at the size given (the descriptor written only if absent; a
+//!   table of an earlier layout found there, [`Generation::earlier_table`], becomes its
+//!   previous shape); a
 //!   consumer given another size follows the descriptor's table and says so once.
 //!   `nsq-dedupe resize` replaces it with a compare-and-set, and every consumer reads it again
 //!   at each share of the fleet's counters (`store.fleet_interval`), so a fleet follows a
@@ -45,6 +47,10 @@ use crate::dedup::shared::now_ms;
 use crate::dedup::{Claim, Digest, Geometry, Store};
 use crate::error::StoreError;
 
+mod descriptor;
+
+pub use descriptor::{Descriptor, Shape};
+
 /// The name of the descriptor's key after the namespace's prefix: `<prefix>:table`.
 pub(crate) const DESCRIPTOR_SUFFIX: &str = "table";
 
@@ -60,13 +66,20 @@ pub trait Generation: Store + FleetCounters + Clone + Sized + 'static {
     /// `max_age`, when done entries expire.
     fn max_age(&self) -> Option<Duration>;
 
-    /// The same servers and settings, for a table of shape `geometry`, opened without
-    /// contacting them; its owner id is its own.
+    /// Whether this store reads and writes tables of key format `format`: its own, and
+    /// earlier layouts that a table moves from (read as a previous generation).
+    fn reads_format(&self, format: u8) -> bool {
+        format == self.format()
+    }
+
+    /// The same servers and settings, for a table of shape `shape` (a key format that
+    /// [`reads_format`](Generation::reads_format)), opened without contacting them; its owner
+    /// id is its own.
     ///
     /// # Errors
     ///
     /// As the store's lazy constructor.
-    fn reshaped(&self, geometry: Geometry) -> Result<Self, StoreError>;
+    fn reshaped(&self, shape: Shape) -> Result<Self, StoreError>;
 
     /// What a claim of each digest would answer, without writing: [`Claim::New`] for a digest
     /// the table does not hold (or holds expired), else what it holds it as.
@@ -74,6 +87,17 @@ pub trait Generation: Store + FleetCounters + Clone + Sized + 'static {
         &self,
         digests: &[Digest],
     ) -> impl Future<Output = Vec<Result<Claim, StoreError>>> + Send;
+
+    /// The shape of a table of an earlier layout that the store holds in this namespace
+    /// without a descriptor (written by a version before descriptors), to be read as the
+    /// previous generation of the table a first descriptor names; `None` when there is none.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store does not answer.
+    fn earlier_table(&self) -> impl Future<Output = Result<Option<Shape>, StoreError>> + Send {
+        std::future::ready(Ok(None))
+    }
 
     /// The descriptor key's value, and with `replace = Some((expected, new))` writes `new`
     /// if the key holds `expected` (`None`: nothing), in one atomic step. Answers what the key
@@ -89,105 +113,6 @@ pub trait Generation: Store + FleetCounters + Clone + Sized + 'static {
 
     /// The descriptor's key, for messages.
     fn descriptor_key(&self) -> String;
-}
-
-/// A table's shape in the store: its key format and geometry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Shape {
-    /// The key format's version.
-    pub format: u8,
-    /// The geometry.
-    pub geometry: Geometry,
-}
-
-impl std::fmt::Display for Shape {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{}:{}x{}",
-            self.format,
-            self.geometry.sets(),
-            self.geometry.ways()
-        )
-    }
-}
-
-impl Shape {
-    fn parse(text: &str) -> Option<Shape> {
-        let (format, geometry) = text.split_once(':')?;
-        let (sets, ways) = geometry.split_once('x')?;
-        let (sets, ways): (u64, u32) = (sets.parse().ok()?, ways.parse().ok()?);
-        let geometry = Geometry::new(sets.checked_mul(u64::from(ways))?, ways).ok()?;
-        (geometry.sets() == sets).then_some(Shape {
-            format: format.parse().ok()?,
-            geometry,
-        })
-    }
-}
-
-/// The descriptor key's value: `v1 current=<format>:<sets>x<ways>`, then, after a resize,
-/// ` previous=<format>:<sets>x<ways> since=<Unix ms of the switch>`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Descriptor {
-    /// The shape claims write to.
-    pub current: Shape,
-    /// The shape before the last resize, and when the switch happened (Unix ms).
-    pub previous: Option<(Shape, u64)>,
-}
-
-impl Descriptor {
-    /// The value as stored.
-    pub fn encode(&self) -> String {
-        match self.previous {
-            None => format!("v1 current={}", self.current),
-            Some((shape, since)) => {
-                format!("v1 current={} previous={shape} since={since}", self.current)
-            }
-        }
-    }
-
-    /// Reads a stored value.
-    ///
-    /// # Errors
-    ///
-    /// A [`StoreError::Protocol`] naming `key` when it holds something else.
-    pub fn parse(key: &str, text: &str) -> Result<Descriptor, StoreError> {
-        let mut words = text.split(' ');
-        let mut current = None;
-        let mut previous = None;
-        let mut since = None;
-        let ok = words.next() == Some("v1")
-            && words.all(|word| match word.split_once('=') {
-                Some(("current", shape)) => {
-                    current = Shape::parse(shape);
-                    current.is_some()
-                }
-                Some(("previous", shape)) => {
-                    previous = Shape::parse(shape);
-                    previous.is_some()
-                }
-                Some(("since", ms)) => {
-                    since = ms.parse::<u64>().ok();
-                    since.is_some()
-                }
-                _ => false,
-            });
-        match (ok, current, previous, since) {
-            (true, Some(current), None, None) => Ok(Descriptor {
-                current,
-                previous: None,
-            }),
-            (true, Some(current), Some(previous), Some(since)) => Ok(Descriptor {
-                current,
-                previous: Some((previous, since)),
-            }),
-            _ => Err(StoreError::Protocol(format!(
-                "the table's descriptor `{key}` holds {text:?}, which is not a descriptor \
-                 (`v1 current=<format>:<sets>x<ways>[ previous=... since=<ms>]`); delete it \
-                 to start a table at the size given"
-            ))),
-        }
-    }
 }
 
 /// A shared store whose table follows its descriptor (see the module docs): the generation
@@ -334,9 +259,15 @@ impl<S: Generation> Generations<S> {
         let text = match state.current.descriptor(None).await? {
             Some(text) => text,
             None => {
+                // A table that an earlier version kept without a descriptor is read as the
+                // previous generation, so that an upgraded fleet forgets nothing.
                 let first = Descriptor {
                     current: state.shape,
-                    previous: None,
+                    previous: state
+                        .current
+                        .earlier_table()
+                        .await?
+                        .map(|shape| (shape, now_ms())),
                 }
                 .encode();
                 match state
@@ -356,7 +287,7 @@ impl<S: Generation> Generations<S> {
 
     fn apply(&self, state: &State<S>, descriptor: Descriptor) -> Result<(), StoreError> {
         let given = self.shared.given;
-        if descriptor.current.format != given.format {
+        if !state.current.reads_format(descriptor.current.format) {
             return Err(StoreError::Protocol(format!(
                 "the table's descriptor `{}` names a table of key format {}, and this version \
                  reads and writes key format {}: upgrade every consumer of the table to one \
@@ -366,14 +297,26 @@ impl<S: Generation> Generations<S> {
                 given.format
             )));
         }
-        // A previous table of another key format is not ours to read.
+        // A previous table of a key format we do not read is not ours to read.
         let descriptor = Descriptor {
             previous: descriptor
                 .previous
-                .filter(|(shape, _)| shape.format == given.format),
+                .filter(|(shape, _)| state.current.reads_format(shape.format)),
             ..descriptor
         };
-        if descriptor.current != given && !self.shared.warned.swap(true, Ordering::Relaxed) {
+        if descriptor.current.format != given.format
+            && !self.shared.warned.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                descriptor = %state.current.descriptor_key(),
+                store_format = descriptor.current.format,
+                given_format = given.format,
+                "The store's table has an earlier layout (key format {}): following it. \
+                 `nsq-dedupe resize` moves it to key format {} without forgetting.",
+                descriptor.current.format,
+                given.format,
+            );
+        } else if descriptor.current != given && !self.shared.warned.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 descriptor = %state.current.descriptor_key(),
                 given_buckets = given.geometry.slots(),
@@ -399,7 +342,7 @@ impl<S: Generation> Generations<S> {
             }
             match &state.previous {
                 Some(previous) if previous.shape == shape => Ok(previous.store.clone()),
-                _ => state.current.reshaped(shape.geometry),
+                _ => state.current.reshaped(shape),
             }
         };
         let current = open(descriptor.current)?;
@@ -422,8 +365,10 @@ impl<S: Generation> Generations<S> {
                 descriptor = %state.current.descriptor_key(),
                 from_buckets = state.shape.geometry.slots(),
                 to_buckets = descriptor.current.geometry.slots(),
+                from_format = state.shape.format,
+                to_format = descriptor.current.format,
                 previous_read = previous.is_some(),
-                "Following the store's table to its new size."
+                "Following the store's table to its new size or layout."
             );
         } else if previous.is_none() {
             tracing::info!(
@@ -741,40 +686,4 @@ impl<S: Generation> FleetCounters for Generations<S> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn descriptors_read_back_as_written_and_refuse_other_values() {
-        let shape = |sets: u64| Shape {
-            format: 2,
-            geometry: Geometry::new(sets * 4, 4).unwrap(),
-        };
-        let one = Descriptor {
-            current: shape(65_536),
-            previous: None,
-        };
-        assert_eq!(one.encode(), "v1 current=2:65536x4");
-        let two = Descriptor {
-            current: shape(262_144),
-            previous: Some((shape(65_536), 1_700_000_000_000)),
-        };
-        assert_eq!(
-            two.encode(),
-            "v1 current=2:262144x4 previous=2:65536x4 since=1700000000000"
-        );
-        for descriptor in [one, two] {
-            assert_eq!(Descriptor::parse("k", &descriptor.encode()), Ok(descriptor));
-        }
-        for bad in [
-            "",
-            "v2 current=2:65536x4",
-            "v1 current=2:65536x3",
-            "v1 current=2:65536x4 previous=2:4x4",
-            "v1 current=2:0x4",
-        ] {
-            let error = Descriptor::parse("ns:table", bad).unwrap_err().to_string();
-            assert!(error.contains("`ns:table`"), "{error}");
-        }
-    }
-}
+mod tests;

@@ -1,6 +1,7 @@
 //! What the shared stores (Memcached and Redis) have in common: the versions in their keys and
 //! set values, the namespace rule, lease owners and the wall clock that leases and `max_age`
-//! are measured by. Both keep a set as the same 34-byte entries, so these are written once.
+//! are measured by. Redis, and Memcached's earlier layout, keep a set as the same 34-byte
+//! entries, so their value formats are written once.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -8,19 +9,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::error::StoreError;
 use crate::wording::Wording;
 
-/// The Memcached key format's version, part of the namespace: values of every format below live
-/// under it.
-#[cfg(feature = "memcached")]
-pub(crate) const KEY_VERSION: u8 = 1;
-
 /// The Redis key format's version, part of the namespace. Since version 2 a Redis set keeps
 /// every entry at a fixed offset (see `redis/set.lua`), so its values are no longer the
 /// Memcached store's, and the sets of version 1 are never read as version 2's, nor the reverse.
 #[cfg(feature = "redis")]
 pub(crate) const REDIS_KEY_VERSION: u8 = 2;
 
-/// The value format written without `max_age`: a done entry's time field is 0. Every
-/// version of nsq-dedupe reads it.
+/// The value format of 34-byte entries (Redis, and Memcached's earlier layout) written without
+/// `max_age`: a done entry's time field is 0. Every version of nsq-dedupe reads it.
 pub(crate) const FORMAT_VERSION: u8 = 1;
 
 /// The value format written with `max_age`: a done entry's time field is the time of its

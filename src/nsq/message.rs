@@ -281,3 +281,32 @@ impl fmt::Debug for Message {
             .finish()
     }
 }
+
+#[cfg(test)]
+impl Message {
+    /// A message with ID `id` of a connection that is not open, for the unit tests of code
+    /// that keeps messages: answering it fails, and dropping it does nothing.
+    pub(crate) fn for_test(id: u8) -> Message {
+        struct Nobody;
+        impl MessageDelegate for Nobody {
+            fn default_requeue_delay(&self, _: u16) -> Duration {
+                Duration::ZERO
+            }
+            fn clamp_requeue_delay(&self, delay: Duration) -> Duration {
+                delay
+            }
+            fn on_finished(&self) {}
+            fn on_requeued(&self, _: bool) {}
+            fn on_touched(&self) {}
+            fn on_parked(&self) {}
+        }
+        let (conn, _) = ConnHandle::new("test".into());
+        let raw = RawMessage {
+            timestamp_ns: 0,
+            attempts: 1,
+            id: MessageId([id; 16]),
+            body: Bytes::new(),
+        };
+        Message::new(raw, conn, Arc::new(Nobody))
+    }
+}

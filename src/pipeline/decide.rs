@@ -194,6 +194,10 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
         let holding = owner.is_some();
         let mut unheld = Vec::new();
         let mut failed: Option<(StoreError, usize)> = None;
+        // The new digests, opened together once every claim is applied: until then, the
+        // claim of each still counts among its entry's claimers, so that no `leave` of a copy
+        // in the same burst ends the entry meanwhile.
+        let mut opened = Vec::new();
         let decisions = claimed.into_iter().zip(claims).zip(digests);
         for (((index, message), claim), digest) in decisions {
             if holding && !matches!(claim, Ok(Claim::New)) {
@@ -202,8 +206,8 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
             match claim {
                 Ok(Claim::New) => {
                     inc(&inner.metrics.unique);
-                    if let Some(owner) = owner {
-                        inner.held.open(digest, owner);
+                    if owner.is_some() {
+                        opened.push(digest);
                     }
                     decided.deliver.push(Record {
                         index,
@@ -245,6 +249,9 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
                     }
                 }
             }
+        }
+        if let Some(owner) = owner.filter(|_| !opened.is_empty()) {
+            inner.held.open_many(&opened, owner);
         }
         if let Some((error, count)) = failed {
             self.store_errors("claim", &error, count);

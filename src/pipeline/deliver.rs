@@ -152,8 +152,8 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
         if !handed.any_open() {
             return again;
         }
-        for (&place, result) in answered.places.iter().zip(&answered.results) {
-            let copies = handed.close(place);
+        let closed = handed.close_many(&answered.places);
+        for (copies, result) in closed.into_iter().zip(&answered.results) {
             match result {
                 Ok(()) => finished.extend(copies.into_iter().map(|c| (c, Answer::Finish))),
                 Err(_) => again.extend(copies),

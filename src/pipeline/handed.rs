@@ -74,7 +74,11 @@ impl<'a> Handed<'a> {
     pub(super) fn take(&mut self, mut part: Part) -> Answered {
         // Stable: of two results for one record in a part, the first is kept.
         part.sort_by_key(|(place, _)| *place);
-        let mut answered = Answered::default();
+        let mut answered = Answered {
+            places: Vec::with_capacity(part.len()),
+            records: Vec::with_capacity(part.len()),
+            results: Vec::with_capacity(part.len()),
+        };
         let mut ignored = 0;
         for (place, result) in part {
             match self.unanswered.get_mut(place).and_then(Option::take) {
@@ -113,9 +117,8 @@ impl<'a> Handed<'a> {
 
     /// Closes every digest still open: the copies held beside their records.
     pub(super) fn close_all(&mut self) -> Vec<Message> {
-        (0..self.open.len())
-            .flat_map(|place| self.close(place))
-            .collect()
+        let places: Vec<usize> = (0..self.open.len()).collect();
+        self.close_many(&places).into_iter().flatten().collect()
     }
 
     /// Whether any record still has its digest open in `held`.
@@ -123,16 +126,28 @@ impl<'a> Handed<'a> {
         self.opened > 0
     }
 
-    /// Closes the digest the record at `place` opened, its record settled: the copies held
-    /// beside it, for the caller to answer.
-    pub(super) fn close(&mut self, place: usize) -> Vec<Message> {
-        match self.open.get_mut(place).and_then(Option::take) {
-            Some((digest, owner)) => {
-                self.opened -= 1;
-                self.held.close(digest, owner)
+    /// Closes the digests the records at `places` opened, their records settled: the copies
+    /// held beside each, in the order of `places`, for the caller to answer.
+    pub(super) fn close_many(&mut self, places: &[usize]) -> Vec<Vec<Message>> {
+        let mut at = Vec::with_capacity(places.len());
+        let mut opened = Vec::with_capacity(places.len());
+        for (i, &place) in places.iter().enumerate() {
+            if let Some(open) = self.open.get_mut(place).and_then(Option::take) {
+                at.push(i);
+                opened.push(open);
             }
-            None => Vec::new(),
         }
+        let mut copies: Vec<Vec<Message>> = std::iter::repeat_with(Vec::new)
+            .take(places.len())
+            .collect();
+        if opened.is_empty() {
+            return copies;
+        }
+        self.opened -= opened.len();
+        for (i, held) in at.into_iter().zip(self.held.close_many(&opened)) {
+            copies[i] = held;
+        }
+        copies
     }
 
     /// `count` records are answered: counted out of `handling`.

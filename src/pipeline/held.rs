@@ -36,6 +36,11 @@ use crate::nsq::Message;
 /// Shards of the map, so that bursts settling at once rarely wait for each other's lock.
 const SHARDS: usize = 16;
 
+/// The shard of `digest`: its low bits, as random as any hash of them.
+fn shard_of(digest: Digest) -> usize {
+    digest.as_u128() as usize % SHARDS
+}
+
 /// Who opened a digest: one claim call of one burst.
 pub(super) type Owner = u64;
 
@@ -93,18 +98,19 @@ impl Held {
     pub(super) fn join(&self, digests: &[Digest]) -> Owner {
         // Relaxed: a unique number, nothing else is ordered by it.
         let owner = self.owners.fetch_add(1, Ordering::Relaxed) + 1;
-        for &digest in digests {
-            self.shard(digest).entry(digest).or_default().claimers += 1;
-        }
+        self.each_by_shard(digests, |shard, _, digest| {
+            shard.entry(digest).or_default().claimers += 1;
+        });
         owner
     }
 
-    /// `owner`'s claim of `digest` was new: copies wait on it until `owner` closes it.
-    pub(super) fn open(&self, digest: Digest, owner: Owner) {
-        let mut shard = self.shard(digest);
-        let original = shard.entry(digest).or_default();
-        original.claimers = original.claimers.saturating_sub(1);
-        original.owner = Some(owner);
+    /// `owner`'s claims of `digests` were new: copies wait on each until `owner` closes it.
+    pub(super) fn open_many(&self, digests: &[Digest], owner: Owner) {
+        self.each_by_shard(digests, |shard, _, digest| {
+            let original = shard.entry(digest).or_default();
+            original.claimers = original.claimers.saturating_sub(1);
+            original.owner = Some(owner);
+        });
     }
 
     /// A claim of `digest` was not new. When it was the last on its way and none was new,
@@ -165,18 +171,27 @@ impl Held {
         (touched, failed)
     }
 
-    /// Ends `owner`'s time with `digest`, its original settled: the copies held on it, which
-    /// the caller answers now. Nothing if the entry is not `owner`'s.
-    pub(super) fn close(&self, digest: Digest, owner: Owner) -> Vec<Message> {
-        let mut shard = self.shard(digest);
-        let copies = match shard.get(&digest) {
-            Some(original) if original.owner == Some(owner) => {
-                shard.remove(&digest).map(|o| o.copies).unwrap_or_default()
+    /// Ends each owner's time with its digest, their originals settled: the copies held on
+    /// each, in the order of `opened`, which the caller answers now. Nothing for an entry
+    /// that is not that owner's.
+    pub(super) fn close_many(&self, opened: &[(Digest, Owner)]) -> Vec<Vec<Message>> {
+        let mut copies: Vec<Vec<Message>> = std::iter::repeat_with(Vec::new)
+            .take(opened.len())
+            .collect();
+        let digests: Vec<Digest> = opened.iter().map(|&(digest, _)| digest).collect();
+        let mut any = false;
+        self.each_by_shard(&digests, |shard, i, digest| {
+            if let Some(original) = shard.get(&digest) {
+                if original.owner == Some(opened[i].1) {
+                    copies[i] = shard.remove(&digest).map(|o| o.copies).unwrap_or_default();
+                    any |= !copies[i].is_empty();
+                }
             }
-            _ => return Vec::new(),
-        };
-        drop(shard);
-        self.release(copies)
+        });
+        if any {
+            copies = copies.into_iter().map(|c| self.release(c)).collect();
+        }
+        copies
     }
 
     /// Copies leaving the map: counted out and taken back from their set-aside.
@@ -197,9 +212,105 @@ impl Held {
     }
 
     fn shard(&self, digest: Digest) -> MutexGuard<'_, Originals> {
-        // The low bits of a digest are as random as any hash of them.
-        let shard = &self.shards[digest.as_u128() as usize % SHARDS];
+        self.lock(shard_of(digest))
+    }
+
+    fn lock(&self, shard: usize) -> MutexGuard<'_, Originals> {
         // A panic cannot leave a map half-written: a poisoned lock is still usable.
-        shard.lock().unwrap_or_else(PoisonError::into_inner)
+        self.shards[shard]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Calls `each(map, i, digests[i])` for every digest of a burst with its shard's map,
+    /// locking each shard once (not once per digest): the lookups under one lock are then
+    /// independent of each other, so the processor overlaps their cache misses (a burst's
+    /// entries were last touched a store round trip ago), which a lock taken and released
+    /// between them, a full barrier each, would serialise.
+    fn each_by_shard(
+        &self,
+        digests: &[Digest],
+        mut each: impl FnMut(&mut Originals, usize, Digest),
+    ) {
+        // The digests' places grouped by shard (a counting sort): one pass to count, one to
+        // place, one to visit.
+        let mut starts = [0usize; SHARDS + 1];
+        for &digest in digests {
+            starts[shard_of(digest) + 1] += 1;
+        }
+        for shard in 0..SHARDS {
+            starts[shard + 1] += starts[shard];
+        }
+        let mut next = starts;
+        let mut places = vec![0; digests.len()];
+        for (i, &digest) in digests.iter().enumerate() {
+            let shard = shard_of(digest);
+            places[next[shard]] = i;
+            next[shard] += 1;
+        }
+        for shard in 0..SHARDS {
+            let group = &places[starts[shard]..starts[shard + 1]];
+            if group.is_empty() {
+                continue;
+            }
+            let mut map = self.lock(shard);
+            for &i in group {
+                each(&mut map, i, digests[i]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Held, SHARDS};
+    use crate::dedup::Digest;
+    use crate::nsq::Message;
+
+    /// Digests in every shard, several in some, so that a burst's digests are visited out of
+    /// their order.
+    fn digests(count: u8) -> Vec<Digest> {
+        (0..count)
+            .map(|i| Digest::from_u128(u128::from(i) * 7 % SHARDS as u128 + (u128::from(i) << 64)))
+            .collect()
+    }
+
+    fn ids(copies: &[Message]) -> Vec<u8> {
+        copies.iter().map(|c| c.id().0[0]).collect()
+    }
+
+    #[test]
+    fn close_many_gives_each_original_its_own_copies_in_the_order_asked() {
+        let held = Held::new(100);
+        let digests = digests(40);
+        let owner = held.join(&digests);
+        held.open_many(&digests, owner);
+        // One copy on every third original, with the original's number as its ID.
+        for (i, &digest) in digests.iter().enumerate().filter(|(i, _)| i % 3 == 0) {
+            assert!(held.hold(digest, Message::for_test(i as u8)).is_ok());
+        }
+        assert_eq!(held.len(), 14);
+        // Closed in another order than opened, the first by another owner (not its own).
+        let mut closing: Vec<_> = digests.iter().rev().map(|&d| (d, owner)).collect();
+        closing[0].1 = owner + 1;
+        let copies = held.close_many(&closing);
+        assert_eq!(copies.len(), 40);
+        for (k, copies) in copies.iter().enumerate() {
+            let i = 39 - k;
+            let expected: Vec<u8> = if i % 3 == 0 && k != 0 {
+                vec![i as u8]
+            } else {
+                vec![]
+            };
+            assert_eq!(ids(copies), expected, "the copies of original {i}");
+        }
+        assert_eq!(
+            held.len(),
+            1,
+            "the copy of the original closed by another owner stays"
+        );
+        let copies = held.close_many(&[(digests[39], owner)]);
+        assert_eq!(ids(&copies[0]), vec![39], "its own owner closes it");
+        assert_eq!(held.len(), 0);
     }
 }

@@ -1,7 +1,9 @@
 //! The graceful stop: once the run loop stopped taking messages, bring every message to a
 //! safe state (answered, or requeued), write out what the sink buffers and save the table.
 //!
-//! The order is what keeps nothing lost: the consumer closes first (no new messages, the
+//! The order is what keeps nothing lost: the handler is told first (the serve sink closes
+//! its port, and hands back what no consumer can take, so that is requeued at once rather
+//! than at the end of the grace period); the consumer closes next (no new messages, the
 //! running handlers' answers still taken within the grace period); only then are the
 //! handlers still running abandoned (their claims erased, their messages requeued by the
 //! consumer already); the sink is flushed once no handler writes to it; and the table is saved
@@ -30,6 +32,9 @@ const ABANDON_LIMIT: Duration = Duration::from_secs(2);
 pub(super) trait Steps {
     /// Records still with the handler.
     fn handling(&self) -> usize;
+    /// Tells the handler the stop began ([`Handler::stopping`]): the serve sink closes its
+    /// port and, with no consumer, hands back at once what it holds.
+    fn stop_handler(&self);
     /// Stops the source: the consumer sends CLS, REQs what it received but never handed
     /// out, waits up to `grace` for the running handlers' answers and REQs what is left.
     fn close_source(&mut self, grace: Duration) -> impl Future<Output = ShutdownReport> + Send;
@@ -53,6 +58,7 @@ pub(super) trait Steps {
 /// [`RunError::TableFile`] if the table cannot be saved to its file.
 pub(super) async fn drain(steps: &mut impl Steps, grace: Duration) -> Result<RunReport, RunError> {
     tracing::info!(grace = ?grace, records = steps.handling(), "Shutting down: no new messages; waiting for the records with the handler.");
+    steps.stop_handler();
     let report = steps.close_source(grace).await;
     let abandoned = steps.handling();
     if abandoned > 0 {
@@ -103,6 +109,10 @@ pub(super) struct Running<H> {
 impl<H: Handler> Steps for Running<H> {
     fn handling(&self) -> usize {
         self.dedupe.handling()
+    }
+
+    fn stop_handler(&self) {
+        self.dedupe.handler().stopping();
     }
 
     async fn close_source(&mut self, grace: Duration) -> ShutdownReport {
@@ -172,6 +182,9 @@ mod tests {
         fn handling(&self) -> usize {
             *self.handling.lock().unwrap()
         }
+        fn stop_handler(&self) {
+            self.note("stop handler");
+        }
         async fn close_source(&mut self, grace: Duration) -> ShutdownReport {
             assert_eq!(grace, Duration::from_secs(7));
             self.note("close source");
@@ -215,7 +228,8 @@ mod tests {
         }
     }
 
-    const ORDER: [&str; 6] = [
+    const ORDER: [&str; 7] = [
+        "stop handler",
         "close source",
         "abandon handlers",
         "wait for handlers",
@@ -273,6 +287,6 @@ mod tests {
         };
         let error = drained(&mut steps).expect_err("the save failed");
         assert!(matches!(error, RunError::FileSink { .. }), "{error:?}");
-        assert_eq!(steps.steps(), ORDER[..5]);
+        assert_eq!(steps.steps(), ORDER[..6]);
     }
 }

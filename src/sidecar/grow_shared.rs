@@ -31,7 +31,7 @@ use crate::dedup::backend::Backend;
 use crate::dedup::fleet::{FleetCounters, FLEET_BUCKETS};
 use crate::dedup::generational::{Generation, Generations};
 use crate::dedup::shared::now_ms;
-use crate::dedup::Store;
+use crate::dedup::{Geometry, Store};
 use crate::metrics::get;
 use crate::pipeline::Dedupe;
 use crate::sink::Handler;
@@ -86,11 +86,7 @@ pub(super) async fn grow_loop<S: Generation, H: Handler>(
         else {
             continue;
         };
-        let rate = match metrics.rates.fleet() {
-            Some(fleet) if own_long > 0.0 => fleet.max(own * (fleet / own_long).max(1.0)),
-            Some(fleet) => fleet.max(own),
-            None => own,
-        };
+        let rate = rise_rate(metrics.rates.fleet(), own, own_long);
         let Some(geometry) = table.geometry() else {
             return;
         };
@@ -145,20 +141,43 @@ pub(super) async fn grow_loop<S: Generation, H: Handler>(
             } => {
                 if warned.is_none_or(|at| now.duration_since(at) >= warn_every) {
                     warned = Some(now);
-                    tracing::warn!(
-                        catch_probability = format_args!("{probability:.6}"),
-                        target = growth.probability,
-                        distinct_rate = format_args!("{rate:.1}"),
-                        window = %format_duration(growth.window),
-                        buckets = geometry.slots(),
-                        needed_buckets = needed.slots(),
-                        max_memory = %format_bytes(growth.max_bytes),
-                        "The shared table is too small for the fleet's recent rate and cannot grow past {ceiling}: a copy one window late is caught with probability {probability:.4}, below the target {}; a table of {} buckets would meet it.",
-                        growth.probability,
-                        needed.slots(),
-                    );
+                    warn_at_ceiling(&growth, &ceiling, rate, geometry, probability, needed);
                 }
             }
         }
     }
+}
+
+/// The rate a growth is sized for: the fleet's, or this consumer's rate over the last
+/// [`RISE_SPAN`] times its share of the fleet (`own_long`, its rate over the fleet's span),
+/// whichever is higher, so that a rise shows before the fleet's counters have seen it.
+fn rise_rate(fleet: Option<f64>, own: f64, own_long: f64) -> f64 {
+    match fleet {
+        Some(fleet) if own_long > 0.0 => fleet.max(own * (fleet / own_long).max(1.0)),
+        Some(fleet) => fleet.max(own),
+        None => own,
+    }
+}
+
+/// The WARN of a shared table that needs more than its ceiling (`store.max_memory`).
+fn warn_at_ceiling(
+    growth: &Growth,
+    ceiling: &dyn std::fmt::Display,
+    rate: f64,
+    geometry: Geometry,
+    probability: f64,
+    needed: Geometry,
+) {
+    tracing::warn!(
+        catch_probability = format_args!("{probability:.6}"),
+        target = growth.probability,
+        distinct_rate = format_args!("{rate:.1}"),
+        window = %format_duration(growth.window),
+        buckets = geometry.slots(),
+        needed_buckets = needed.slots(),
+        max_memory = %format_bytes(growth.max_bytes),
+        "The shared table is too small for the fleet's recent rate and cannot grow past {ceiling}: a copy one window late is caught with probability {probability:.4}, below the target {}; a table of {} buckets would meet it.",
+        growth.probability,
+        needed.slots(),
+    );
 }

@@ -221,6 +221,12 @@ pub trait Handler: Send + Sync + 'static {
         true
     }
 
+    /// Told once, when the sidecar starts its graceful stop, before it waits for the records
+    /// with the handler: a handler that takes work from outside stops taking it, and may hand
+    /// back the records it can never finish (the serve sink closes its port, and with no
+    /// consumer connected answers its waiting records as requeued). Defaults to: nothing.
+    fn stopping(&self) {}
+
     /// Writes out anything buffered; called once at shutdown.
     fn flush(&self) -> impl Future<Output = Result<(), HandlerError>> + Send {
         async { Ok(()) }
@@ -330,6 +336,10 @@ impl Handler for Sink {
 
     fn backs_off(&self) -> bool {
         each_sink!(self, sink => sink.backs_off())
+    }
+
+    fn stopping(&self) {
+        each_sink!(self, sink => sink.stopping())
     }
 
     async fn flush(&self) -> Result<(), HandlerError> {

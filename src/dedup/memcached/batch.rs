@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures::future::join_all;
 
 use super::conn::{self, Write, Written};
-use super::set::{apply, encode_into, Op, Outcome, SetState};
+use super::set::{Op, Outcome};
 use super::{is_connection_error, unavailable, MemcachedStore, Server};
 use crate::dedup::Digest;
 use crate::error::StoreError;
@@ -68,7 +68,8 @@ impl MemcachedStore {
         let mut keys = String::with_capacity(ops.len() * (inner.namespace.len() + 12));
         let mut set_of_op = Vec::with_capacity(ops.len());
         for (_, digest) in ops {
-            let set = inner.geometry.set_of(*digest);
+            // The unit of a batch is an item (a set in format 1, several in format 2).
+            let set = self.item_of(*digest);
             let (server, slot) = *set_index.entry(set).or_insert_with(|| {
                 let start = keys.len();
                 self.push_key_of_set(&mut keys, set);
@@ -348,16 +349,17 @@ impl MemcachedStore {
             let cached = i < from_known;
             first_try[p] = false;
             // The value read is decoded, then its buffer takes the new value.
+            let item = chunk[p].set;
             let (mut entries, cas, mut value) = match read {
-                Some((value, cas)) => (self.decode_counted(Some(&value)), Some(cas), value),
-                None => (SetState::empty(self.ways()), None, Vec::new()),
+                Some((value, cas)) => (self.decode_counted(Some(&value), item), Some(cas), value),
+                None => (self.decode_counted(None, item), None, Vec::new()),
             };
             let set_ops = batch.ops_of(&chunk[p]);
             let first = staged.len();
             let mut changed = false;
             for &index in set_ops {
                 let (op, digest) = batch.ops[index];
-                let (outcome, did) = apply(&mut entries, op, digest, facts);
+                let (outcome, did) = self.apply(&mut entries, op, digest, facts);
                 changed |= did;
                 staged.push((index, outcome));
             }
@@ -373,7 +375,7 @@ impl MemcachedStore {
                     && set_ops.iter().all(|&index| {
                         matches!(batch.ops[index].0, Op::ClaimDone | Op::Commit | Op::Erase)
                     });
-                encode_into(&entries, self.value_version(), &mut value);
+                self.encode_into(&entries, &mut value);
                 planned.push(Planned {
                     set: p,
                     value,

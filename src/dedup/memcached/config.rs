@@ -63,6 +63,13 @@ pub struct MemcachedConfig {
     /// seven (see [`fleet`](crate::dedup::fleet)). Every consumer of the table needs the
     /// same. Defaults to: 10 s.
     pub fleet_interval: Duration,
+    /// Slots one memcached item holds in the compact layout (key format 2): whole sets of
+    /// the table, as many as fit (one at least). More slots spread an item's own overhead
+    /// (its header and key, about 80 bytes) over more entries, and make each claim and commit
+    /// write a larger value; see the trade-off in docs/design.md. A part of the table's
+    /// layout, as its geometry is: every consumer of a table needs the same (it is in the
+    /// item keys, so consumers that differ share nothing). From 1 to 255. Defaults to: 64.
+    pub slots_per_item: u32,
 }
 
 impl Default for MemcachedConfig {
@@ -78,6 +85,7 @@ impl Default for MemcachedConfig {
             coalesce: true,
             eject_after: Some(Duration::from_secs(10)),
             fleet_interval: crate::dedup::fleet::DEFAULT_FLEET_INTERVAL,
+            slots_per_item: crate::dedup::MEMCACHED_SLOTS_PER_ITEM,
         }
     }
 }
@@ -120,6 +128,16 @@ impl MemcachedConfig {
         if self.max_cas_retries == 0 {
             return invalid("`max_cas_retries` (MemcachedConfig) must be at least 1".into());
         }
+        if !(1..=super::item::MAX_SLOTS as u32).contains(&self.slots_per_item) {
+            return invalid(
+                format!(
+                    "`slots_per_item` (MemcachedConfig) must be from 1 to {}, got {}",
+                    super::item::MAX_SLOTS,
+                    self.slots_per_item
+                )
+                .into(),
+            );
+        }
         Ok(())
     }
 }
@@ -151,5 +169,13 @@ mod tests {
             ..Default::default()
         })
         .contains("`max_cas_retries`"));
+        assert_eq!(
+            bad(MemcachedConfig {
+                slots_per_item: 256,
+                ..Default::default()
+            }),
+            "invalid store configuration: `slots_per_item` (MemcachedConfig) must be from 1 \
+             to 255, got 256"
+        );
     }
 }

@@ -12,16 +12,20 @@ use std::time::Duration;
 use futures_util::future::join_all;
 
 use super::conn::{Read, Write, Written};
-use super::set::{self, Op, Outcome};
+use super::layout::{COMPACT_FORMAT, SETS_FORMAT};
+use super::set::{Op, Outcome};
 use super::{unavailable, MemcachedStore};
-use crate::dedup::generational::{Generation, DESCRIPTOR_SUFFIX};
-use crate::dedup::shared::KEY_VERSION;
+use crate::dedup::generational::{Generation, Shape, DESCRIPTOR_SUFFIX};
 use crate::dedup::{Claim, Digest, Geometry};
 use crate::error::StoreError;
 
 /// How many times a replace of the descriptor that lost its compare-and-swap to a write of
 /// the very value it expected is tried again.
 const SWAP_TRIES: usize = 4;
+
+/// Sets of the earlier layout read to find whether a namespace without a descriptor holds a
+/// table of it.
+const PROBED_SETS: u64 = 64;
 
 impl MemcachedStore {
     /// Reads `keys`, all of server `server`, in one round trip, with their CAS tokens.
@@ -64,7 +68,12 @@ fn text(key: &str, read: Option<&(Vec<u8>, u64)>) -> Result<Option<String>, Stor
 
 impl Generation for MemcachedStore {
     fn format(&self) -> u8 {
-        KEY_VERSION
+        self.inner.layout.format()
+    }
+
+    /// Its own format, and format 1 (an item per set), which a table moves from.
+    fn reads_format(&self, format: u8) -> bool {
+        format == SETS_FORMAT || format == COMPACT_FORMAT
     }
 
     fn table(&self) -> Geometry {
@@ -75,8 +84,45 @@ impl Generation for MemcachedStore {
         self.inner.config.max_age
     }
 
-    fn reshaped(&self, geometry: Geometry) -> Result<Self, StoreError> {
-        MemcachedStore::new_lazy(self.inner.config.clone(), geometry)
+    /// The table of the earlier layout (key format 1) at this store's geometry, when an item
+    /// of it is found among 64 sets spread over the table (`PROBED_SETS`, one read per server):
+    /// a table that versions before descriptors kept. A table whose probed sets are all
+    /// absent holds little (most of its sets are empty) and is not read.
+    async fn earlier_table(&self) -> Result<Option<Shape>, StoreError> {
+        if self.inner.layout.format() != COMPACT_FORMAT {
+            return Ok(None);
+        }
+        let geometry = self.inner.geometry;
+        let earlier =
+            MemcachedStore::new_lazy_in(self.inner.config.clone(), geometry, SETS_FORMAT)?;
+        let sets = geometry.sets();
+        let mut keys: Vec<String> = (0..PROBED_SETS)
+            .map(|i| earlier.key_of_set(i * sets / PROBED_SETS))
+            .collect();
+        keys.dedup();
+        let mut by_server: Vec<Vec<&str>> = vec![Vec::new(); self.inner.servers.len()];
+        for key in &keys {
+            by_server[earlier.route(key)].push(key);
+        }
+        for (server, keys) in by_server.iter().enumerate() {
+            if !keys.is_empty()
+                && earlier
+                    .read_items(server, keys)
+                    .await?
+                    .iter()
+                    .any(Option::is_some)
+            {
+                return Ok(Some(Shape {
+                    format: SETS_FORMAT,
+                    geometry,
+                }));
+            }
+        }
+        Ok(None)
+    }
+
+    fn reshaped(&self, shape: Shape) -> Result<Self, StoreError> {
+        MemcachedStore::new_lazy_in(self.inner.config.clone(), shape.geometry, shape.format)
     }
 
     async fn look_up_many(&self, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
@@ -107,8 +153,10 @@ impl Generation for MemcachedStore {
                 Ok(values) => {
                     for (&i, value) in items.iter().zip(values) {
                         // Decided as a claim would decide, on a copy never written back.
-                        let mut set = self.decode_counted(value.as_ref().map(|(v, _)| &v[..]));
-                        answers[i] = match set::apply(&mut set, Op::Claim, digests[i], facts).0 {
+                        let item = self.item_of(digests[i]);
+                        let mut unit =
+                            self.decode_counted(value.as_ref().map(|(v, _)| &v[..]), item);
+                        answers[i] = match self.apply(&mut unit, Op::Claim, digests[i], facts).0 {
                             Outcome::Claim(claim) => Ok(claim),
                             Outcome::Held(_) => {
                                 Err(StoreError::Protocol("a claim answered held".into()))

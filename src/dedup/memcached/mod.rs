@@ -1,47 +1,51 @@
 //! The Memcached-backed table: one de-duplication memory shared by many consumers.
 //!
 //! [`MemcachedStore`] keeps the same table as the in-process [`Table`](crate::Table), with the
-//! same [`Geometry`] and the same digest-to-set mapping ([`Geometry::set_of`]), but each set is
-//! one memcached item, so every consumer process that connects to the same servers with the
-//! same namespace and geometry shares it.
+//! same [`Geometry`] and the same digest-to-set mapping ([`Geometry::set_of`]), but its sets are
+//! memcached items, several sets an item, so every consumer process that connects to the same
+//! servers with the same namespace and geometry shares it.
 //!
 //! # Items
 //!
-//! The item of set `s` is `<namespace>:<s>`, where the namespace is
-//! `<prefix>:v<format>:<sets>x<ways>`: tables of different shapes or formats never read each
-//! other's items. Keys are routed to one of several servers by rendezvous hashing on xxh3 (see
+//! The table's sets are kept in items, several consecutive sets an item (the layout, key
+//! format 2, `item.rs`): item `i` holds sets `i × g` to `i × g + g - 1`, where `g` is as many
+//! whole sets as fit [`MemcachedConfig::slots_per_item`] slots (64 by default: 8 sets of 8
+//! ways). Its key is `<namespace>:<i>`, where the namespace is
+//! `<prefix>:v<format>:<sets>x<ways>g<g>`: tables of different shapes or layouts never read
+//! each other's items. Keys are routed to one of several servers by rendezvous hashing on xxh3 (see
 //! [`MemcachedStore::server_of`]), which is stable across processes, runs and Rust releases and
 //! moves only the keys of a server that is added or removed. Moved sets start empty on their
 //! new server: their digests are forgotten once (as after a memcached restart), and their
 //! in-flight claims with them, so change the server list when traffic is quiet.
 //!
-//! The value (format version 1) is compact binary, big-endian:
+//! An entry is the digest's low half (its set is picked by the high half), 8 bytes, and with
+//! `max_age` the second of its commit, 4 more; an entry in flight has a record of its lease's
+//! expiry and owner (17 bytes) while it is in flight, and none once committed. So a committed
+//! entry is final: nobody may erase it, not even its claimer (erase is for a claim whose
+//! processing failed). An entry claimed done at once keeps its record until its lease ends, so
+//! that its claimer can still erase it for a handler that failed all the same. The value's
+//! bytes are in `item.rs`.
 //!
-//! ```text
-//! offset 0   u8    format version (1)
-//! offset 1   u8    cursor: the slot the next eviction replaces (below `ways`)
-//! offset 2   u8    entry count n (at most `ways`)
-//! offset 3   n entries of 34 bytes, one per occupied slot:
-//!            u8    slot index (below `ways`, each at most once)
-//!            u128  digest (all 128 bits, so a hit is exact)
-//!            u8    state: 1 = in flight, 2 = done
-//!            u64   lease expiry, milliseconds since the Unix epoch (0 once done)
-//!            u64   owner: the random id of the store instance that claimed it
-//! ```
+//! The earlier layout (key format 1, `set.rs`: an item per set, `<prefix>:v1:<sets>x<ways>:<set>`,
+//! 3 + 34 × entries bytes with the whole digest, state, time and owner of each entry) is
+//! still read and written where a table's descriptor names it (see `layout` and
+//! [`generational`](crate::dedup::generational)): a fleet on it follows it, and
+//! `nsq-dedupe resize` moves the fleet to format 2 with the earlier table read as the previous
+//! generation, so nothing is forgotten.
 //!
-//! A set of 8 ways is at most 275 bytes. Replacement is the in-process table's, slot for slot:
-//! a new digest takes the first empty slot, else the slot at the cursor, and the cursor moves
-//! on by one; so slots fill in order and are replaced in the same order (FIFO), a duplicate hit
-//! changes nothing, a lease takeover keeps the entry's slot, and a slot emptied by `erase` is
-//! refilled first and keeps its place in the rotation. A value that cannot be decoded
-//! (truncated, a foreign format version, a bad state, cursor or slot) is treated as an empty
-//! set and counted ([`MemcachedStore::unreadable_values`]); the next write replaces it.
+//! Replacement is the in-process table's in each set, slot for slot: a new digest takes the
+//! first empty slot, else the slot at the cursor, and the cursor moves on by one; so slots
+//! fill in order and are replaced in the same order (FIFO), a duplicate hit changes nothing, a
+//! lease takeover keeps the entry's slot, and a slot emptied by `erase` is refilled first and
+//! keeps its place in the rotation. A value that cannot be decoded (truncated, a foreign
+//! format, another shape, a bad cursor or record) is treated as an empty item and counted
+//! ([`MemcachedStore::unreadable_values`]); the next write replaces it.
 //!
 //! # Atomicity
 //!
-//! The set model (`set`: entries, [`apply`], [`encode_into`], [`decode`]) is pure and tested
-//! without I/O; settings are in `config`, connections in `conn` and `pool`, which server
-//! takes a set (and around an ejected one) in `routing`.
+//! The item model (`item`, and `set` for the earlier layout: entries, `apply`, `encode_into`,
+//! `decode`) is pure and tested without I/O; settings are in `config`, connections in `conn`
+//! and `pool`, which server takes an item (and around an ejected one) in `routing`.
 //!
 //! Every operation reads the item with its CAS token, decides, and writes with
 //! compare-and-swap (`ms ... C<token>`), or add-if-absent (`ms ... ME`) when the item did not
@@ -62,7 +66,8 @@
 //! - `commit` turns this owner's in-flight entry into done and returns `true`. Committing an
 //!   entry that is already done returns `true` without writing, whoever committed it (a
 //!   repeated commit is harmless); an entry held by another owner, or absent, gives `false`.
-//! - `erase` removes the entry only if this owner claimed (or committed) it.
+//! - `erase` removes the entry only if this owner claimed it and it is still in flight, or
+//!   claimed it done at once and its lease has not ended: a committed entry is final.
 //! - `renew` extends this owner's in-flight lease, even if it has lapsed, as long as nobody took
 //!   it over; a done entry has no lease to renew, so `false`.
 //!
@@ -88,11 +93,13 @@
 //! # Memory
 //!
 //! Items are stored without expiry; memcached's LRU is what eventually removes the items of a
-//! namespace nobody uses any more. A set's item takes its value (3 + 34 × entries bytes), its
-//! key and memcached's item header (about 50 bytes), so give memcached at least
-//! `sets × (ways × 34 + 120)` bytes, with headroom for its slab rounding. If memcached evicts a
-//! set's item anyway, that set is forgotten: its done entries as if pushed out, and its in-flight
-//! claims too, so a redelivery of one of those may be processed twice.
+//! namespace nobody uses any more. A full item of `g` sets of `w` ways takes its value
+//! (4 + g + 8 × g × w bytes, 12 per entry with `max_age`, and 17 per entry in flight), its key
+//! and memcached's item header (about 90 bytes with the key): at 64 slots an item, about
+//! 9.5 bytes a slot, which [`sizing::memcached_bytes_estimate`](crate::sizing::memcached_bytes_estimate)
+//! estimates for `size`. Give memcached that, with headroom for its slab rounding. If
+//! memcached evicts an item anyway, its sets are forgotten: their done entries as if pushed
+//! out, and their in-flight claims too, so a redelivery of one of those may be processed twice.
 //!
 //! # Client and pipelining
 //!
@@ -101,7 +108,7 @@
 //! compare-and-swaps (`ms <key> <len> C<token> c` / `ME c`, or quiet, below) in the next, and
 //! sets that lost a race are read and written again. Each write answers the item's new CAS
 //! token (but a quiet one, below), and the store keeps the value it wrote with it, for up to
-//! 16,384 sets (`KNOWN_SETS`, about 5 MB at 8 ways): an operation on such a set (a commit after this store's own claim, most of all)
+//! 16,384 items (`KNOWN_SETS`, about 9 MB at 64 slots): an operation on such an item (a commit after this store's own claim, most of all)
 //! is decided on that value and written with that token at once, one command instead of a read
 //! and a write. If another writer changed the set in between, the write fails and the set is
 //! read and decided again; a decision that writes nothing (a duplicate, say) is not verified by
@@ -133,7 +140,8 @@
 //! reached the server before the error stands as an in-flight entry that expires with its
 //! lease.
 //!
-//! Files: `set.rs` is the pure model of a set's value, `batch.rs` runs a batch's pipelines,
+//! Files: `item.rs` is the pure model of an item's value, `set.rs` that of the earlier
+//! layout's, `layout.rs` picks one by the key format, `batch.rs` runs a batch's pipelines,
 //! `coalesce.rs` gathers single operations into batches, `conn.rs` and `pool.rs` are the
 //! connections, `routing.rs` and `health.rs` pick a set's server and eject a failing one,
 //! `fleet.rs` shares the fleet's counts, and `config.rs` holds the settings.
@@ -145,6 +153,8 @@ mod conn;
 mod fleet;
 mod generation;
 mod health;
+mod item;
+mod layout;
 mod pool;
 mod routing;
 mod set;
@@ -156,10 +166,11 @@ use tokio::sync::mpsc;
 use self::coalesce::Request;
 use self::conn::PipeConn;
 use self::health::Health;
+use self::layout::{Layout, Unit, COMPACT_FORMAT};
 use self::pool::Pool;
-use self::set::{decode, LeaseFacts, Op, Outcome, SetState};
+use self::set::{LeaseFacts, Op, Outcome};
 use crate::decimal::put_decimal;
-use crate::dedup::shared::{now_ms, random_owner, value_version, KEY_VERSION};
+use crate::dedup::shared::{now_ms, random_owner};
 use crate::dedup::{Claim, Digest, Geometry, Store};
 use crate::error::StoreError;
 use crate::wording::Wording;
@@ -177,7 +188,9 @@ pub struct MemcachedStore {
 struct Inner {
     config: MemcachedConfig,
     geometry: Geometry,
-    /// `<prefix>:v<format>:<sets>x<ways>`.
+    /// How the sets are kept in items: the key format's.
+    layout: Layout,
+    /// `<prefix>:v<format>:<sets>x<ways>`, and in format 2 `g<sets per item>` after it.
     namespace: String,
     /// This instance's owner id, written into its claims.
     owner: u64,
@@ -278,13 +291,36 @@ impl MemcachedStore {
     ///
     /// [`StoreError::Config`] for an invalid `config`.
     pub fn new_lazy(config: MemcachedConfig, geometry: Geometry) -> Result<Self, StoreError> {
+        Self::new_lazy_in(config, geometry, COMPACT_FORMAT)
+    }
+
+    /// [`MemcachedStore::new_lazy`] for a table of key format `format` (see `layout`).
+    fn new_lazy_in(
+        config: MemcachedConfig,
+        geometry: Geometry,
+        format: u8,
+    ) -> Result<Self, StoreError> {
         config.validate()?;
-        let namespace = format!(
-            "{}:v{KEY_VERSION}:{}x{}",
-            config.namespace,
-            geometry.sets(),
-            geometry.ways()
-        );
+        let layout =
+            Layout::of(format, geometry.ways(), config.slots_per_item).ok_or_else(|| {
+                StoreError::Protocol(format!(
+                    "a Memcached table of key format {format}, which this version does not read"
+                ))
+            })?;
+        let namespace = match layout {
+            Layout::Sets => format!(
+                "{}:v{format}:{}x{}",
+                config.namespace,
+                geometry.sets(),
+                geometry.ways()
+            ),
+            Layout::Items { sets_per_item } => format!(
+                "{}:v{format}:{}x{}g{sets_per_item}",
+                config.namespace,
+                geometry.sets(),
+                geometry.ways()
+            ),
+        };
         let servers = config
             .servers
             .iter()
@@ -299,6 +335,7 @@ impl MemcachedStore {
             inner: std::sync::Arc::new(Inner {
                 config,
                 geometry,
+                layout,
                 namespace,
                 owner: random_owner(),
                 servers,
@@ -324,14 +361,37 @@ impl MemcachedStore {
         self.inner.owner
     }
 
-    /// The namespace: `<prefix>:v<format>:<sets>x<ways>`.
+    /// The namespace: `<prefix>:v<format>:<sets>x<ways>`, then `g<sets per item>` in the
+    /// compact layout (key format 2).
     pub fn namespace(&self) -> &str {
         &self.inner.namespace
     }
 
-    /// The memcached key of the set that `digest` belongs to.
+    /// The memcached key of the item that holds the set `digest` belongs to.
     pub fn item_key(&self, digest: Digest) -> String {
-        self.key_of_set(self.inner.geometry.set_of(digest))
+        self.key_of_set(self.item_of(digest))
+    }
+
+    /// The number of the item that holds the set of `digest`.
+    fn item_of(&self, digest: Digest) -> u64 {
+        self.inner
+            .layout
+            .item_of(self.inner.geometry.set_of(digest))
+    }
+
+    /// Bytes of one full item's value, no entry in flight (for the memory a table takes).
+    pub fn full_item_value_bytes(&self) -> u64 {
+        self.inner
+            .layout
+            .full_value_bytes(self.inner.geometry.ways(), self.inner.config.max_age)
+    }
+
+    /// How many items the table has.
+    pub fn items(&self) -> u64 {
+        self.inner
+            .geometry
+            .sets()
+            .div_ceil(self.inner.layout.sets_per_item())
     }
 
     /// How many stored values could not be decoded and were treated as empty sets.
@@ -405,24 +465,29 @@ impl MemcachedStore {
         }
     }
 
-    /// The value format this store writes (see [`value_version`]).
-    fn value_version(&self) -> u8 {
-        value_version(self.inner.config.max_age)
+    /// Item `item`'s value, decoded; absent, it is empty, and one that cannot be decoded is
+    /// counted and read as empty.
+    fn decode_counted(&self, value: Option<&[u8]>, item: u64) -> Unit {
+        let layout = self.inner.layout;
+        let geometry = self.inner.geometry;
+        let Some(value) = value else {
+            return layout.empty(item, geometry);
+        };
+        layout.decode(value, item, geometry).unwrap_or_else(|| {
+            self.inner.unreadable.fetch_add(1, Ordering::Relaxed);
+            layout.empty(item, geometry)
+        })
     }
 
-    fn ways(&self) -> usize {
-        self.inner.geometry.ways() as usize
+    /// Applies `op` for `digest` to the value of its item.
+    fn apply(&self, unit: &mut Unit, op: Op, digest: Digest, facts: LeaseFacts) -> (Outcome, bool) {
+        let set = self.inner.geometry.set_of(digest);
+        unit.apply(self.inner.layout, set, op, digest, facts)
     }
 
-    /// Decodes a set's value; one that cannot be decoded is counted and read as empty.
-    fn decode_counted(&self, value: Option<&[u8]>) -> SetState {
-        match decode(value.unwrap_or_default(), self.ways()) {
-            Ok(set) => set,
-            Err(_) => {
-                self.inner.unreadable.fetch_add(1, Ordering::Relaxed);
-                SetState::empty(self.ways())
-            }
-        }
+    /// Encodes an item's value as this store writes it.
+    fn encode_into(&self, unit: &Unit, out: &mut Vec<u8>) {
+        unit.encode_into(self.inner.config.max_age, out);
     }
 }
 
@@ -548,22 +613,29 @@ fn is_connection_error(err: &StoreError) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::set::encode;
     use super::*;
-    use crate::dedup::shared::FORMAT_VERSION;
 
     #[test]
     fn unreadable_value_counts_and_reads_as_empty() {
         let geometry = Geometry::new(8, 2).unwrap();
         let store = MemcachedStore::new_lazy(MemcachedConfig::default(), geometry).unwrap();
-        assert_eq!(
-            store.decode_counted(Some(b"\x01\x00\x05garbage")),
-            SetState::empty(2)
-        );
-        assert_eq!(
-            store.decode_counted(Some(&encode(&SetState::empty(2), FORMAT_VERSION))),
-            SetState::empty(2)
-        );
+        let empty = store.decode_counted(None, 0);
+        assert_eq!(store.decode_counted(Some(b"\x03\x00\x05garbage"), 0), empty);
+        let mut bytes = Vec::new();
+        store.encode_into(&empty, &mut bytes);
+        assert_eq!(store.decode_counted(Some(&bytes), 0), empty);
         assert_eq!(store.unreadable_values(), 1);
+    }
+
+    #[test]
+    fn items_hold_the_slots_asked_for() {
+        let geometry = Geometry::new(1_000 * 8, 8).unwrap();
+        let store = MemcachedStore::new_lazy(MemcachedConfig::default(), geometry).unwrap();
+        assert_eq!(store.namespace(), "nsq-dedupe:v2:1000x8g8");
+        assert_eq!(store.items(), 125);
+        assert_eq!(store.full_item_value_bytes(), 4 + 8 + 64 * 8);
+        let legacy = MemcachedStore::new_lazy_in(MemcachedConfig::default(), geometry, 1).unwrap();
+        assert_eq!(legacy.namespace(), "nsq-dedupe:v1:1000x8");
+        assert_eq!(legacy.items(), 1_000);
     }
 }

@@ -149,7 +149,9 @@ mod tests {
             ],
             ..MemcachedConfig::default()
         };
-        let store = MemcachedStore::new_lazy(config, Geometry::new(1024, 8).unwrap()).unwrap();
+        // Keys of format 1 (an item per set), whose names are those the values were computed for.
+        let store =
+            MemcachedStore::new_lazy_in(config, Geometry::new(1024, 8).unwrap(), 1).unwrap();
         let routes: Vec<usize> = (0..12)
             .map(|set| store.server_of(&store.key_of_set(set)))
             .collect();

@@ -13,7 +13,7 @@ use redis::Value;
 use super::slots::key_slot;
 use super::value::{self, Stored};
 use super::{Op, RedisStore};
-use crate::dedup::generational::{Generation, DESCRIPTOR_SUFFIX};
+use crate::dedup::generational::{Generation, Shape, DESCRIPTOR_SUFFIX};
 use crate::dedup::shared::{now_ms, REDIS_KEY_VERSION};
 use crate::dedup::{Claim, Digest, Geometry};
 use crate::error::StoreError;
@@ -158,8 +158,8 @@ impl Generation for RedisStore {
         self.inner.config.max_age
     }
 
-    fn reshaped(&self, geometry: Geometry) -> Result<Self, StoreError> {
-        RedisStore::new_lazy(self.inner.config.clone(), geometry)
+    fn reshaped(&self, shape: Shape) -> Result<Self, StoreError> {
+        RedisStore::new_lazy(self.inner.config.clone(), shape.geometry)
     }
 
     async fn look_up_many(&self, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {

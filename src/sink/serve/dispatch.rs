@@ -157,6 +157,9 @@ struct State {
     counters: ServeCounters,
     /// Handler calls answered under the lock: woken once it is released.
     wakers: Vec<Waker>,
+    /// The sidecar is stopping ([`Dispatcher::stop`]): records no consumer can take are
+    /// handed back at once.
+    stopping: bool,
 }
 
 /// Why a FIN, REQ or TOUCH was refused, in nsqd's words.
@@ -210,8 +213,20 @@ impl Dispatcher {
             );
             state.pump(Instant::now());
             state.wake_connections(None);
+            state.hand_back_if_unserved();
         });
         answers
+    }
+
+    /// The sidecar is stopping: from now on, whenever no consumer can take messages (none is
+    /// subscribed, or each sent CLS), the records waiting for one are handed back at once,
+    /// to be requeued upstream with no delay, rather than held until the shutdown grace
+    /// ends. Messages in flight to a consumer stay its own to answer.
+    pub(crate) fn stop(&self) {
+        self.with_state(|state| {
+            state.stopping = true;
+            state.hand_back_if_unserved();
+        });
     }
 
     /// A consumer subscribed: it gets messages once it sends RDY. `wake` tells its connection
@@ -267,6 +282,7 @@ impl Dispatcher {
             if let Some(slot) = state.slot_mut(client) {
                 slot.closing = true;
             }
+            state.hand_back_if_unserved();
         });
     }
 
@@ -330,6 +346,7 @@ impl Dispatcher {
             }
             state.pump(Instant::now());
             state.wake_connections(None);
+            state.hand_back_if_unserved();
         });
     }
 
@@ -389,6 +406,22 @@ impl State {
             .binary_search_by_key(&client, |s| s.client)
             .ok()?;
         Some(&mut self.slots[at])
+    }
+
+    /// While stopping with no consumer that can take messages, hands every waiting record
+    /// back: its claim is erased and its message requeued upstream with no delay.
+    fn hand_back_if_unserved(&mut self) {
+        if !self.stopping || self.slots.iter().any(|slot| !slot.closing) {
+            return;
+        }
+        for Waiting { reply, .. } in std::mem::take(&mut self.waiting) {
+            self.resolve(
+                reply,
+                Err(HandlerError::Requeued {
+                    after: Duration::ZERO,
+                }),
+            );
+        }
     }
 
     /// Answers a record; its call is woken once the lock is released, unless an answer of the
@@ -672,6 +705,34 @@ mod tests {
         d.close(1);
         let _more = d.submit_many((0..3).map(|_| delivery("y")).collect());
         assert_eq!((received(&d, 1).len(), received(&d, 2).len()), (0, 3));
+    }
+
+    #[tokio::test]
+    async fn once_stopping_records_no_consumer_can_take_are_handed_back_at_once() {
+        // Bounded: a record not handed back would wait for ever.
+        let handed_back = |answers: Answers| async {
+            let results = tokio::time::timeout(Duration::from_secs(5), answers.in_order())
+                .await
+                .expect("handed back within 5 s");
+            results
+                .iter()
+                .all(|r| matches!(r, Err(HandlerError::Requeued { after }) if after.is_zero()))
+        };
+        // No consumer: handed back when the stop begins, and so is what comes after.
+        let d = Dispatcher::new(Duration::from_secs(900));
+        let before = d.submit_many(vec![delivery("a"), delivery("b")]);
+        d.stop();
+        assert!(handed_back(before).await);
+        assert!(handed_back(d.submit_many(vec![delivery("c")])).await);
+        assert_eq!(d.stats().waiting, 0);
+        // A consumer connected keeps being served; what waits goes back once it leaves.
+        let d = Dispatcher::new(Duration::from_secs(900));
+        let _wake = consumer(&d, 1);
+        let waiting = d.submit_many(vec![delivery("d")]);
+        d.stop();
+        assert_eq!(d.stats().waiting, 1, "kept for the consumer");
+        d.remove(1);
+        assert!(handed_back(waiting).await);
     }
 
     #[tokio::test]

@@ -16,13 +16,14 @@ use crate::nsq::frame::{encode_frame, FRAME_TYPE_ERROR, MAGIC_V2};
 /// How long a new connection has to send its 4-byte magic.
 const MAGIC_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Accepts consumers until the endpoint stops.
+/// Accepts consumers until the endpoint stops or the sidecar starts to stop; the listener is
+/// closed on return.
 pub(crate) async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     let slots = Arc::new(Semaphore::new(shared.config.max_connections));
     let next_client = AtomicU64::new(1);
     loop {
         let (stream, remote) = tokio::select! {
-            () = shared.cancel.cancelled() => return,
+            () = shared.stop_accepting.cancelled() => return,
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(error) => {

@@ -109,6 +109,9 @@ pub(crate) struct Shared {
     pub(crate) tls: Option<tokio_rustls::TlsAcceptor>,
     /// Cancelled when the [`ServeSink`] is dropped: every task stops and closes its socket.
     pub(crate) cancel: tokio_util::sync::CancellationToken,
+    /// Cancelled when the sidecar starts to stop ([`ServeSink::stopping`]) or with `cancel`:
+    /// the TCP port is closed, so no new consumer comes and a restart can bind it.
+    pub(crate) stop_accepting: tokio_util::sync::CancellationToken,
     /// Consumers closed for missing two heartbeats.
     pub(crate) heartbeat_timeouts: AtomicU64,
     /// Connections refused at `max_connections`.
@@ -203,6 +206,7 @@ impl ServeSink {
             dispatcher: Dispatcher::new(config.max_msg_timeout),
             config,
             tls,
+            stop_accepting: cancel.child_token(),
             cancel: cancel.clone(),
             heartbeat_timeouts: AtomicU64::new(0),
             refused_connections: AtomicU64::new(0),
@@ -237,6 +241,15 @@ impl ServeSink {
     /// A snapshot of what waits, what is in flight, the counters and the consumers.
     pub fn stats(&self) -> DispatchStats {
         self.shared.dispatcher.stats()
+    }
+
+    /// The sidecar starts to stop: the TCP port is closed (the consumers connected keep being
+    /// served within the shutdown grace), and whenever no consumer can take messages the
+    /// records waiting for one are handed back at once, requeued upstream with no delay,
+    /// rather than held until the grace ends.
+    pub fn stop(&self) {
+        self.shared.stop_accepting.cancel();
+        self.shared.dispatcher.stop();
     }
 
     /// Consumers closed for missing two heartbeats.
@@ -292,6 +305,11 @@ impl Handler for ServeSink {
     /// message costs.
     fn handles_batches(&self) -> bool {
         true
+    }
+
+    /// Closes the port and hands back what no consumer can take ([`ServeSink::stop`]).
+    fn stopping(&self) {
+        self.stop();
     }
 
     /// A consumer's REQ, timeout or disconnection is its own; it backs off itself.

@@ -1,0 +1,420 @@
+//! The pure model of one item of the compact layout (key format 2): several consecutive sets
+//! of the table in one memcached value, each entry an 8-byte fingerprint (and, when done
+//! entries expire, the second of its commit), and a lease's owner and expiry kept only while
+//! its entry is in flight. How an operation changes an item ([`apply`]) and the value's bytes
+//! ([`encode_into`], [`decode`]); no I/O.
+//!
+//! The value, big-endian:
+//!
+//! ```text
+//! offset 0   u8    value format: 3 = untimed, 4 = timed (done entries carry their second)
+//! offset 1   u8    sets in this item, s (the last item of a table may have fewer)
+//! offset 2   u8    ways of each set, w
+//! offset 3   u8    in-flight records, m
+//! offset 4   s bytes: each set's cursor, the slot its next eviction replaces (below w)
+//! then       s × w slots, set after set, each
+//!              u64   fingerprint: the digest's low half (0 = an empty slot; a low half of 0
+//!                    is stored as 1)
+//!              u32   (timed only) done: the Unix second of its commit, 0 = never expires;
+//!                    in flight: 0
+//! then       m records of the entries in flight (and of those claimed done at once, while
+//!            their lease lasts), 17 bytes each
+//!              u8    slot (set × w + way)
+//!              u64   lease expiry, milliseconds since the Unix epoch; its top bit set for
+//!                    an entry claimed done at once
+//!              u64   owner: the random id of the store instance that claimed it
+//! ```
+//!
+//! A slot with a record of an entry in flight is in flight; any other is done. So a done entry
+//! costs 8 bytes (12 timed), and an entry in flight 17 more while it is in flight. The set is picked by the
+//! digest's high half ([`Geometry::set_of`](crate::dedup::Geometry::set_of)), the fingerprint
+//! is the low half: two digests of one set are told apart by 64 bits, so a message is taken
+//! for another one with a chance of about `ways` in 2^64 a claim.
+//!
+//! Two rules differ from the 34-byte entries of format 1 (see `set.rs`), both for the bytes a
+//! done entry would otherwise keep. A committed entry has no owner, so it is final: an erase
+//! answers `false` for it, whoever asks (erase is for a claim whose processing failed). An
+//! entry claimed done at once keeps its claimer's record until its lease ends, so that a
+//! handler that declared its message final and failed all the same can erase it for the
+//! retry; after that it is final too, and the record goes with the item's next write. And a
+//! done entry's time is a whole second, so `max_age` is counted up to a second long, never
+//! short.
+
+use crate::dedup::{Claim, Digest};
+
+use super::set::{LeaseFacts, Op, Outcome};
+
+/// The value format without times: done entries never expire.
+pub(super) const COMPACT_UNTIMED: u8 = 3;
+
+/// The value format with the second of each done entry's commit (written with `max_age`).
+pub(super) const COMPACT_TIMED: u8 = 4;
+
+/// Bytes before the cursors: format, sets, ways, in-flight records.
+const HEADER_BYTES: usize = 4;
+
+/// Bytes of one in-flight record: slot, lease expiry, owner.
+pub(super) const FLIGHT_BYTES: usize = 17;
+
+/// Bytes of one slot: a fingerprint, and in the timed format a second.
+pub(super) const fn slot_bytes(timed: bool) -> usize {
+    if timed {
+        12
+    } else {
+        8
+    }
+}
+
+/// The most slots an item has: a slot's number, and the count of records, are a byte.
+pub(super) const MAX_SLOTS: usize = 255;
+
+/// The value's length for an item of `sets` sets of `ways` ways and `flights` entries in
+/// flight.
+pub(super) const fn value_bytes(sets: usize, ways: usize, flights: usize, timed: bool) -> usize {
+    HEADER_BYTES + sets + sets * ways * slot_bytes(timed) + flights * FLIGHT_BYTES
+}
+
+/// The fingerprint a digest is held by in its set.
+pub(super) fn fingerprint(digest: Digest) -> u64 {
+    digest.lo().max(1)
+}
+
+/// One slot: the fingerprint of its entry (0: empty) and its commit's second (0: none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Slot {
+    fingerprint: u64,
+    done_s: u32,
+}
+
+/// The lease of an entry in flight, or of one claimed done at once (`done`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Flight {
+    slot: u8,
+    lease_until_ms: u64,
+    owner: u64,
+    done: bool,
+}
+
+/// The top bit of a record's lease field: the entry was claimed done at once.
+const DONE_BIT: u64 = 1 << 63;
+
+/// One item: its sets' cursors, slots and in-flight leases.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct ItemState {
+    ways: usize,
+    cursors: Vec<u8>,
+    slots: Vec<Slot>,
+    flights: Vec<Flight>,
+}
+
+impl ItemState {
+    /// An item of `sets` empty sets of `ways` ways (`sets × ways` at most [`MAX_SLOTS`]).
+    pub(super) fn empty(sets: usize, ways: usize) -> Self {
+        ItemState {
+            ways,
+            cursors: vec![0; sets],
+            slots: vec![Slot::default(); sets * ways],
+            flights: Vec::new(),
+        }
+    }
+
+    /// How many entries are in flight.
+    #[cfg(test)]
+    pub(super) fn in_flight(&self) -> usize {
+        self.flights.len()
+    }
+
+    fn flight(&self, slot: usize) -> Option<usize> {
+        self.flights
+            .iter()
+            .position(|f| usize::from(f.slot) == slot)
+    }
+
+    fn land(&mut self, slot: usize) {
+        if let Some(i) = self.flight(slot) {
+            self.flights.swap_remove(i);
+        }
+    }
+
+    fn fly(&mut self, slot: usize, facts: LeaseFacts, done: bool) {
+        let flight = Flight {
+            // Below MAX_SLOTS, so a byte.
+            slot: slot as u8,
+            lease_until_ms: facts.lease_until_ms & !DONE_BIT,
+            owner: facts.owner,
+            done,
+        };
+        match self.flight(slot) {
+            Some(i) => self.flights[i] = flight,
+            None => self.flights.push(flight),
+        }
+    }
+}
+
+/// The second stored for an entry made done now: its commit's when done entries expire
+/// (`max_age`), else 0.
+fn done_second(facts: LeaseFacts) -> u32 {
+    if facts.max_age_ms.is_some() {
+        u32::try_from(facts.now_ms / 1_000)
+            .unwrap_or(u32::MAX)
+            .max(1)
+    } else {
+        0
+    }
+}
+
+/// Applies `op` for `digest`, which belongs to set `set` of the item (its number within the
+/// item). Returns the answer and whether the item changed (and must be written).
+///
+/// Replacement within the set is the in-process table's, as in `set.rs`: a new digest takes
+/// the first empty slot, else the slot at the cursor, and the cursor moves on by one.
+pub(super) fn apply(
+    item: &mut ItemState,
+    set: usize,
+    op: Op,
+    digest: Digest,
+    facts: LeaseFacts,
+) -> (Outcome, bool) {
+    let ways = item.ways;
+    let first = set * ways;
+    let print = fingerprint(digest);
+    let found = item.slots[first..first + ways]
+        .iter()
+        .position(|slot| slot.fingerprint == print)
+        .map(|way| first + way);
+    let Some(at) = found else {
+        return match op {
+            Op::Claim | Op::ClaimDone => {
+                let way = match item.slots[first..first + ways]
+                    .iter()
+                    .position(|slot| slot.fingerprint == 0)
+                {
+                    Some(empty) => empty,
+                    None => {
+                        let victim = usize::from(item.cursors[set]) % ways;
+                        item.cursors[set] = ((victim + 1) % ways) as u8;
+                        victim
+                    }
+                };
+                let at = first + way;
+                // The entry pushed out takes its lease with it.
+                item.land(at);
+                claim_into(item, at, op, print, facts);
+                prune(item, facts.now_ms);
+                (Outcome::Claim(Claim::New), true)
+            }
+            Op::Commit | Op::Erase | Op::Renew => (Outcome::Held(false), false),
+        };
+    };
+    let (outcome, changed) = match item.flight(at).map(|i| (i, item.flights[i])) {
+        Some((i, flight)) if !flight.done => in_flight(item, (at, i, flight), op, print, facts),
+        claimed_done => done(item, at, claimed_done.map(|(_, f)| f), op, print, facts),
+    };
+    if changed {
+        prune(item, facts.now_ms);
+    }
+    (outcome, changed)
+}
+
+/// [`apply`] to the entry in flight in slot `at`, whose record is `flights[i]`, `flight`.
+fn in_flight(
+    item: &mut ItemState,
+    (at, i, flight): (usize, usize, Flight),
+    op: Op,
+    print: u64,
+    facts: LeaseFacts,
+) -> (Outcome, bool) {
+    let mine = flight.owner == facts.owner;
+    match op {
+        Op::Claim | Op::ClaimDone if flight.lease_until_ms > facts.now_ms => {
+            (Outcome::Claim(Claim::InFlight), false)
+        }
+        Op::Claim | Op::ClaimDone => {
+            // The owner let the lease lapse: take the entry over, in its slot.
+            item.land(at);
+            claim_into(item, at, op, print, facts);
+            (Outcome::Claim(Claim::New), true)
+        }
+        Op::Commit if mine => {
+            item.land(at);
+            item.slots[at].done_s = done_second(facts);
+            (Outcome::Held(true), true)
+        }
+        Op::Erase if mine => {
+            item.land(at);
+            item.slots[at] = Slot::default();
+            (Outcome::Held(true), true)
+        }
+        Op::Renew if mine => {
+            item.flights[i].lease_until_ms = facts.lease_until_ms & !DONE_BIT;
+            (Outcome::Held(true), true)
+        }
+        Op::Commit | Op::Erase | Op::Renew => (Outcome::Held(false), false),
+    }
+}
+
+/// [`apply`] to the done entry in slot `at`; `claimed_done` is its record when it was claimed
+/// done at once and the record is still there.
+fn done(
+    item: &mut ItemState,
+    at: usize,
+    claimed_done: Option<Flight>,
+    op: Op,
+    print: u64,
+    facts: LeaseFacts,
+) -> (Outcome, bool) {
+    let done_s = item.slots[at].done_s;
+    // Whole seconds: counted from the end of the commit's second, so never short.
+    let expired = done_s != 0
+        && facts.max_age_ms.is_some_and(|max| {
+            facts.now_ms.saturating_sub(u64::from(done_s) * 1_000) > max + 1_000
+        });
+    // Its claimer's, claimed done at once, while its lease lasts.
+    let erasable = claimed_done
+        .is_some_and(|flight| flight.owner == facts.owner && flight.lease_until_ms > facts.now_ms);
+    match op {
+        Op::Claim | Op::ClaimDone if expired => {
+            // Committed longer ago than `max_age`: claim it anew, in its slot.
+            item.land(at);
+            claim_into(item, at, op, print, facts);
+            (Outcome::Claim(Claim::New), true)
+        }
+        Op::Claim | Op::ClaimDone => (Outcome::Claim(Claim::Duplicate), false),
+        // A repeated commit is harmless, whoever sends it.
+        Op::Commit => (Outcome::Held(true), false),
+        Op::Erase if erasable => {
+            item.land(at);
+            item.slots[at] = Slot::default();
+            (Outcome::Held(true), true)
+        }
+        // Otherwise a done entry is final, and has no lease.
+        Op::Erase | Op::Renew => (Outcome::Held(false), false),
+    }
+}
+
+/// Drops the records of entries claimed done whose lease ended by `now_ms`: they go with the
+/// item's next write.
+fn prune(item: &mut ItemState, now_ms: u64) {
+    item.flights
+        .retain(|f| !f.done || f.lease_until_ms > now_ms);
+}
+
+/// Writes the claim `op` of the entry `print` into slot `at`: in flight with this owner's
+/// lease, or done at once.
+fn claim_into(item: &mut ItemState, at: usize, op: Op, print: u64, facts: LeaseFacts) {
+    let done = op == Op::ClaimDone;
+    item.slots[at] = Slot {
+        fingerprint: print,
+        done_s: if done { done_second(facts) } else { 0 },
+    };
+    item.fly(at, facts, done);
+}
+
+/// Encodes an item (see the module docs) in format `version` ([`COMPACT_UNTIMED`] or
+/// [`COMPACT_TIMED`]) into `out`, replacing what it held.
+pub(super) fn encode_into(item: &ItemState, version: u8, out: &mut Vec<u8>) {
+    let timed = version == COMPACT_TIMED;
+    let sets = item.cursors.len();
+    out.clear();
+    out.reserve(value_bytes(sets, item.ways, item.flights.len(), timed));
+    // At most MAX_SLOTS slots: the counts each fit in a byte.
+    out.push(version);
+    out.push(sets as u8);
+    out.push(item.ways as u8);
+    out.push(item.flights.len() as u8);
+    out.extend_from_slice(&item.cursors);
+    for slot in &item.slots {
+        out.extend_from_slice(&slot.fingerprint.to_be_bytes());
+        if timed {
+            out.extend_from_slice(&slot.done_s.to_be_bytes());
+        }
+    }
+    for flight in &item.flights {
+        out.push(flight.slot);
+        let lease = flight.lease_until_ms | if flight.done { DONE_BIT } else { 0 };
+        out.extend_from_slice(&lease.to_be_bytes());
+        out.extend_from_slice(&flight.owner.to_be_bytes());
+    }
+}
+
+/// Why a value could not be decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum DecodeError {
+    /// Shorter or longer than its counts say.
+    Length,
+    /// Written by another format.
+    Version(u8),
+    /// Another count of sets or ways than the table's item has.
+    Shape,
+    /// A cursor outside its set, or a record of an empty, foreign or repeated slot.
+    Slot(u8),
+}
+
+/// Decodes an item of `sets` sets of `ways` ways.
+pub(super) fn decode(value: &[u8], sets: usize, ways: usize) -> Result<ItemState, DecodeError> {
+    let [version, held_sets, held_ways, flights, rest @ ..] = value else {
+        return Err(DecodeError::Length);
+    };
+    let timed = match *version {
+        COMPACT_UNTIMED => false,
+        COMPACT_TIMED => true,
+        other => return Err(DecodeError::Version(other)),
+    };
+    if usize::from(*held_sets) != sets || usize::from(*held_ways) != ways {
+        return Err(DecodeError::Shape);
+    }
+    let flights = usize::from(*flights);
+    if value.len() != value_bytes(sets, ways, flights, timed) {
+        return Err(DecodeError::Length);
+    }
+    let (cursors, rest) = rest.split_at(sets);
+    if let Some(&bad) = cursors.iter().find(|&&c| usize::from(c) >= ways) {
+        return Err(DecodeError::Slot(bad));
+    }
+    let width = slot_bytes(timed);
+    let (slots, records) = rest.split_at(sets * ways * width);
+    let mut item = ItemState {
+        ways,
+        cursors: cursors.to_vec(),
+        slots: slots
+            .chunks_exact(width)
+            .map(|raw| Slot {
+                fingerprint: u64::from_be_bytes(array(&raw[..8])),
+                done_s: if timed {
+                    u32::from_be_bytes(array(&raw[8..12]))
+                } else {
+                    0
+                },
+            })
+            .collect(),
+        flights: Vec::with_capacity(flights + 1),
+    };
+    for raw in records.chunks_exact(FLIGHT_BYTES) {
+        let slot = raw[0];
+        let held = item
+            .slots
+            .get(usize::from(slot))
+            .is_some_and(|s| s.fingerprint != 0);
+        if !held || item.flight(usize::from(slot)).is_some() {
+            return Err(DecodeError::Slot(slot));
+        }
+        let lease = u64::from_be_bytes(array(&raw[1..9]));
+        item.flights.push(Flight {
+            slot,
+            lease_until_ms: lease & !DONE_BIT,
+            owner: u64::from_be_bytes(array(&raw[9..17])),
+            done: lease & DONE_BIT != 0,
+        });
+    }
+    Ok(item)
+}
+
+/// The bytes of a fixed-size field, whose length the callers' ranges make exact.
+fn array<const N: usize>(raw: &[u8]) -> [u8; N] {
+    let mut out = [0; N];
+    out.copy_from_slice(raw);
+    out
+}
+
+#[cfg(test)]
+mod tests;
