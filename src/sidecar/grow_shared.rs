@@ -118,16 +118,7 @@ pub(super) async fn grow_loop<S: Generation, H: Handler>(
                 Ok(true) => {
                     seen = table.geometry();
                     metrics.table_resizes.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(
-                        old_buckets = geometry.slots(),
-                        new_buckets = next.slots(),
-                        distinct_rate = format_args!("{rate:.1}"),
-                        catch_probability = format_args!("{probability:.6}"),
-                        capped,
-                        "The shared table grew: at {rate:.0} distinct messages a second across the fleet it evicted entries younger than the window ({}), catching a copy one window late with probability {probability:.4}, below the target {}.",
-                        format_duration(growth.window),
-                        growth.probability,
-                    );
+                    log_growth(&growth, rate, geometry, next, probability, capped);
                 }
                 // Another consumer grew it first: followed, counted at the next tick.
                 Ok(false) => {}
@@ -146,6 +137,27 @@ pub(super) async fn grow_loop<S: Generation, H: Handler>(
             }
         }
     }
+}
+
+/// The INFO of a growth this consumer made the fleet's.
+fn log_growth(
+    growth: &Growth,
+    rate: f64,
+    geometry: Geometry,
+    next: Geometry,
+    probability: f64,
+    capped: bool,
+) {
+    tracing::info!(
+        old_buckets = geometry.slots(),
+        new_buckets = next.slots(),
+        distinct_rate = format_args!("{rate:.1}"),
+        catch_probability = format_args!("{probability:.6}"),
+        capped,
+        "The shared table grew: at {rate:.0} distinct messages a second across the fleet it evicted entries younger than the window ({}), catching a copy one window late with probability {probability:.4}, below the target {}.",
+        format_duration(growth.window),
+        growth.probability,
+    );
 }
 
 /// The rate a growth is sized for: the fleet's, or this consumer's rate over the last
