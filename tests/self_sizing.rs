@@ -403,3 +403,129 @@ async fn a_restart_on_the_table_file_keeps_the_size_the_table_grew_to() {
         second.stderr
     );
 }
+
+/// Two sidecars sharing a Redis table that sizes itself: the fleet's rate rises tenfold, the
+/// table grows for it through the store's descriptor (the same one `nsq-dedupe resize`
+/// writes), both follow, and copies a window late are still caught; nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_table_grows_for_the_fleets_rate_and_copies_a_window_late_are_still_caught() {
+    let redis = crate::support::redis::RedisServer::start();
+    let descriptor = || redis.cli(&["GET", "selfsizing:table"]);
+    a_shared_table_grows(
+        |raw| {
+            raw.store.kind = Some(nsq_dedupe::config::StoreKind::Redis);
+            raw.store.redis_urls = Some(vec![redis.url()]);
+        },
+        descriptor,
+    )
+    .await;
+}
+
+/// The same in Memcached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_shared_in_memcached_grows_for_the_fleets_rate() {
+    let memcached = crate::support::memcached::MemcachedServer::start();
+    let addr = memcached.addr();
+    let descriptor = || memcached_get(&addr, "selfsizing:table");
+    a_shared_table_grows(
+        |raw| {
+            raw.store.kind = Some(nsq_dedupe::config::StoreKind::Memcached);
+            raw.store.memcached_addresses = Some(vec![addr.clone()]);
+        },
+        descriptor,
+    )
+    .await;
+}
+
+/// The value of `key` in the Memcached server at `addr`, as text ("" when it holds none).
+fn memcached_get(addr: &str, key: &str) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(stream, "get {key}\r\n").unwrap();
+    let mut reader = BufReader::new(stream);
+    let mut header = String::new();
+    reader.read_line(&mut header).unwrap();
+    if header.starts_with("END") {
+        return String::new();
+    }
+    let mut value = String::new();
+    reader.read_line(&mut value).unwrap();
+    value
+}
+
+/// Two sidecars sharing the table `store` configures, sizing itself; `descriptor` reads the
+/// store's descriptor.
+async fn a_shared_table_grows(
+    store: impl FnOnce(&mut nsq_dedupe::config::RawConfig),
+    descriptor: impl Fn() -> String,
+) {
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let mut raw = raw_config(&[broker.tcp_addr()]);
+    store(&mut raw);
+    raw.store.namespace = Some("selfsizing".to_owned());
+    raw.store.fleet_interval = Some(Dur(Duration::from_millis(200)));
+    raw.store.buckets = None;
+    raw.store.ways = None;
+    raw.store.probability = Some(0.99);
+    raw.store.window = Some(Dur(WINDOW));
+    raw.store.max_memory = Some("64MiB".to_owned());
+    let settings = raw.validate().unwrap();
+    let recorder = Recorder::default();
+    let a = Running::start(settings.clone(), recorder.clone()).await;
+    let b = Running::start(settings, recorder.clone()).await;
+    let addr = a.metrics_addr.unwrap();
+    let before = descriptor();
+
+    let sent = send(
+        &broker,
+        addr,
+        &[
+            Phase {
+                rate: 200.0,
+                length: Duration::from_secs(3),
+            },
+            Phase {
+                rate: 2000.0,
+                length: Duration::from_secs(4),
+            },
+        ],
+    )
+    .await;
+    let originals = sent.phases.last().unwrap().end;
+    wait_all_delivered(&recorder, &[&broker], originals, "").await;
+    let (page_a, page_b) = (scrape(addr), scrape(b.metrics_addr.unwrap()));
+    a.stop().await;
+    b.stop().await;
+    let after = descriptor();
+
+    let (slow, fast) = (&sent.phases[0], &sent.phases[1]);
+    let (slow_passed, fast_passed) = (passed(&recorder, slow), passed(&recorder, fast));
+    eprintln!(
+        "descriptor {before:?} then {after:?}; sizes seen by one sidecar (seconds after the \
+         rise, slots): {:?}; copies passed: {slow_passed} of {} before the rise, \
+         {fast_passed} of {} after",
+        sent.sizes,
+        slow.len(),
+        fast.len()
+    );
+    // Nothing lost: every original delivered.
+    assert_eq!(recorder.distinct_delivered(), originals);
+    assert_ne!(before.trim(), after.trim(), "the store's table grew");
+    assert!(
+        fast_passed * 50 <= fast.len(),
+        "{fast_passed} of {} copies passed after the rise; descriptor {after:?}; sizes {:?}",
+        fast.len(),
+        sent.sizes
+    );
+    // Both sidecars claim in the grown table, and count the resize.
+    let slots_a = metric(&page_a, "nsq_dedupe_table_slots").unwrap();
+    assert_eq!(Some(slots_a), metric(&page_b, "nsq_dedupe_table_slots"));
+    let current = after.split_whitespace().nth(1).unwrap_or_default();
+    assert!(
+        current.ends_with(&format!(":{}x8", slots_a as u64 / 8)),
+        "{after}"
+    );
+    for page in [&page_a, &page_b] {
+        assert!(metric(page, "nsq_dedupe_table_resizes_total").unwrap() >= 1.0);
+    }
+}

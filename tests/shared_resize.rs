@@ -886,3 +886,75 @@ fn resize_refuses_a_store_without_a_shared_table_and_a_descriptor_it_cannot_read
     );
     assert_eq!(redis.cli(&["GET", "resize:table"]).trim(), "junk");
 }
+
+/// A consumer whose store did not answer its first read of the descriptor (down at start)
+/// does not claim at the size it was given: its claims fail, as in an outage, until the
+/// store answers, then go to the table the descriptor names, where the fleet's messages are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_that_could_not_read_the_descriptor_at_start_claims_nothing_until_it_can() {
+    let mut redis = RedisServer::start();
+    let config = store_config(vec![redis.url()], false);
+    redis.kill();
+    let late = Generations::new(RedisStore::new_lazy(config.clone(), small()).unwrap());
+    assert!(late.follow().await.is_err(), "the store is down");
+    let done = digest(1);
+    assert!(
+        late.claim(done).await.is_err(),
+        "no claim while the table's size is unknown"
+    );
+
+    // The store comes back; the fleet resized its table, and a message is done in it.
+    redis.restart();
+    let fleet = RedisStore::connect(config, small()).await.unwrap();
+    resize(&fleet, large()).await.unwrap();
+    let fleet = Generations::new(fleet);
+    fleet.follow().await.unwrap();
+    assert_eq!(fleet.claim(done).await, Ok(Claim::New));
+    assert_eq!(fleet.commit(done).await, Ok(true));
+
+    assert_eq!(
+        late.claim(done).await,
+        Ok(Claim::Duplicate),
+        "a copy of the fleet's message is caught"
+    );
+    assert_eq!(late.geometry(), Some(large()));
+}
+
+/// Two consumers decide to grow the table they share at once: one compare-and-set wins,
+/// the other follows the winner instead of growing on top of it, and what was claimed
+/// before stays seen by both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_consumers_growing_at_once_follow_the_one_whose_growth_won() {
+    let redis = RedisServer::start();
+    let config = store_config(vec![redis.url()], false);
+    let open = || async {
+        let store = Generations::new(RedisStore::connect(config.clone(), small()).await.unwrap());
+        store.follow().await.unwrap();
+        store
+    };
+    let (first, second) = (open().await, open().await);
+    let done = digest(1);
+    assert_eq!(first.claim(done).await, Ok(Claim::New));
+    assert_eq!(first.commit(done).await, Ok(true));
+
+    assert_eq!(first.grow(large()).await, Ok(true), "the first growth wins");
+    let medium = Geometry::new(8_192, 4).unwrap();
+    assert_eq!(
+        second.grow(medium).await,
+        Ok(false),
+        "decided on the table before the first growth: it lost"
+    );
+    for consumer in [&first, &second] {
+        assert_eq!(consumer.geometry(), Some(large()), "both follow the winner");
+        assert_eq!(
+            consumer.previous().map(|(shape, _)| shape.geometry),
+            Some(small())
+        );
+        assert_eq!(consumer.claim(done).await, Ok(Claim::Duplicate));
+    }
+    let descriptor = redis.cli(&["GET", "generations:table"]);
+    assert!(
+        descriptor.starts_with("v1 current=2:4096x4 previous=2:1024x4 since="),
+        "{descriptor}"
+    );
+}

@@ -102,10 +102,10 @@ fn malformed_configs_are_rejected_with_the_key_named() {
         ("[store]\nmemory = \"lots\"\n", "invalid `store.memory` = \"lots\": expected a size such as 64MiB, 1GiB, 500MB or 4096 (bytes)"),
         ("[store]\nkind = \"memcached\"\nmemory = \"1MiB\"\n", "invalid `store.memory` = \"1MiB\": sizes the in-process table; size a shared table with `store.buckets` or `store.probability`"),
         // Without a rate, only the in-process table sizes itself.
-        ("[store]\nkind = \"memcached\"\nprobability = 0.9\nwindow = \"1h\"\n", "`store.rate` is required with `store.probability`: set it in the config file"),
         ("[store]\nprobability = 0.9\nmax_memory = \"lots\"\n", "invalid `store.max_memory` = \"lots\": expected a size such as 64MiB, 1GiB, 500MB or 4096 (bytes)"),
         ("[store]\nbuckets = 1000\nmax_memory = \"1MiB\"\n", "`store.max_memory` is used only with `store.probability` without `store.rate`: remove it, or set that too"),
-        ("[store]\nkind = \"redis\"\nmax_memory = \"1MiB\"\n", "`store.max_memory` is used only with the in-process table, `store.kind = \"memory\"`: remove it, or set that too"),
+        ("[store]\nkind = \"redis\"\nmax_memory = \"1MiB\"\n", "`store.max_memory` is used only with `store.probability` without `store.rate`: remove it, or set that too"),
+        ("[store]\nkind = \"none\"\nmax_memory = \"1MiB\"\n", "`store.max_memory` is used only with a table, `store.kind = \"memory\"`, `store.kind = \"memcached\"` or `store.kind = \"redis\"`: remove it, or set that too"),
         ("[store]\nprobability = 1.5\nrate = 10\nwindow = \"1h\"\n", "invalid `store.probability` = 1.5: `probability` must be between 0 and 1 exclusive (0 < p < 1), got 1.5"),
         ("[store]\nkind = \"memcached\"\nlease = \"5s\"\n", "invalid `store.lease` = 5s: must be at least `source.msg_timeout` (60s), or another delivery may take over a claim whose handler is still running"),
         ("[dedupe]\nkey = \"id\"\n", "invalid `dedupe.key` = \"id\": expected `body` or `json:<JSON pointer>` such as `json:/id`"),

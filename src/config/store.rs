@@ -125,13 +125,14 @@ section! {
             flag("probability", rank: 10, value_name: "P", value: FlagValue::Probability,
                  conflicts: &["buckets"], replaces: &["buckets", "memory"]);
         /// Distinct messages per second, for sizing and the reported catch probability.
-        /// Without it (and without --buckets or --memory), the in-process table sizes itself
-        /// for --probability at the rate it meets.
+        /// Without it (and without --buckets or --memory), the table sizes itself for
+        /// --probability at the rate it meets (a shared table, at the fleet's).
         rate: f64, only(&TABLE), flag("rate", rank: 11, value_name: "MSG/S", value: FlagValue::Rate);
         /// The most a table sizing itself (--probability without --rate) may take, all its
         /// generations together, such as 256MiB (default: a quarter of the machine's memory,
-        /// at most 1GiB).
-        max_memory: String, only(&MEMORY),
+        /// at most 1GiB; a shared table counts as an in-process one of its buckets, once for
+        /// the whole fleet).
+        max_memory: String, only(&TABLE),
             flag("max-memory", rank: 12, value_name: "SIZE");
         /// How late a copy may arrive and still be caught (default {default}).
         window: Dur, default(DefaultValue::Duration(DEFAULT_WINDOW)), only(&TABLE),
@@ -314,16 +315,16 @@ impl RawStore {
         Ok((store, window, growth))
     }
 
-    /// How the in-process table sizes itself: with `store.probability` and no `store.rate`
-    /// (nor `store.buckets` or `store.memory`), within `store.max_memory`.
+    /// How the table sizes itself (in process, or shared): with `store.probability` and no
+    /// `store.rate` (nor `store.buckets` or `store.memory`), within `store.max_memory`.
     fn growth(&self, window: Duration, timed: bool) -> Result<Option<Growth>, ConfigError> {
-        let in_process = matches!(self.kind, None | Some(StoreKind::Memory));
+        let table = !matches!(self.kind, Some(StoreKind::None));
         let (Some(probability), None, None, None, true) = (
             self.probability,
             self.rate,
             self.buckets,
             &self.memory,
-            in_process,
+            table,
         ) else {
             return Ok(None);
         };

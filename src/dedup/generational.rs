@@ -15,8 +15,11 @@
 //!   consumer given another size follows the descriptor's table and says so once.
 //!   `nsq-dedupe resize` replaces it with a compare-and-set, and every consumer reads it again
 //!   at each share of the fleet's counters (`store.fleet_interval`), so a fleet follows a
-//!   resize within one interval. A descriptor of another key format (another version's) is
-//!   not followed: the consumer keeps the size given and logs why.
+//!   resize within one interval. Until the store has answered one read of the descriptor
+//!   (down at start), claims read it first and fail, as in an outage, while it does not
+//!   answer: a consumer that does not know the size claims nowhere. A descriptor of another
+//!   key format (another version's) is not followed: the consumer keeps the size given and
+//!   logs why.
 //! - **A claim** goes to the current shape's keys and, while a previous shape counts, looks the
 //!   digest up in the previous shape's set in the same round trip (one extra read). Found done
 //!   there, it is a duplicate; found in flight, it is in flight; either way the entry the
@@ -43,6 +46,10 @@ use crate::dedup::fleet::FleetCounters;
 use crate::dedup::shared::now_ms;
 use crate::dedup::{Claim, Digest, Geometry, Store};
 use crate::error::StoreError;
+
+mod descriptor;
+
+pub use descriptor::{Descriptor, Shape};
 
 /// The name of the descriptor's key after the namespace's prefix: `<prefix>:table`.
 pub(crate) const DESCRIPTOR_SUFFIX: &str = "table";
@@ -108,105 +115,6 @@ pub trait Generation: Store + FleetCounters + Clone + Sized + 'static {
     fn descriptor_key(&self) -> String;
 }
 
-/// A table's shape in the store: its key format and geometry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Shape {
-    /// The key format's version.
-    pub format: u8,
-    /// The geometry.
-    pub geometry: Geometry,
-}
-
-impl std::fmt::Display for Shape {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{}:{}x{}",
-            self.format,
-            self.geometry.sets(),
-            self.geometry.ways()
-        )
-    }
-}
-
-impl Shape {
-    fn parse(text: &str) -> Option<Shape> {
-        let (format, geometry) = text.split_once(':')?;
-        let (sets, ways) = geometry.split_once('x')?;
-        let (sets, ways): (u64, u32) = (sets.parse().ok()?, ways.parse().ok()?);
-        let geometry = Geometry::new(sets.checked_mul(u64::from(ways))?, ways).ok()?;
-        (geometry.sets() == sets).then_some(Shape {
-            format: format.parse().ok()?,
-            geometry,
-        })
-    }
-}
-
-/// The descriptor key's value: `v1 current=<format>:<sets>x<ways>`, then, after a resize,
-/// ` previous=<format>:<sets>x<ways> since=<Unix ms of the switch>`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Descriptor {
-    /// The shape claims write to.
-    pub current: Shape,
-    /// The shape before the last resize, and when the switch happened (Unix ms).
-    pub previous: Option<(Shape, u64)>,
-}
-
-impl Descriptor {
-    /// The value as stored.
-    pub fn encode(&self) -> String {
-        match self.previous {
-            None => format!("v1 current={}", self.current),
-            Some((shape, since)) => {
-                format!("v1 current={} previous={shape} since={since}", self.current)
-            }
-        }
-    }
-
-    /// Reads a stored value.
-    ///
-    /// # Errors
-    ///
-    /// A [`StoreError::Protocol`] naming `key` when it holds something else.
-    pub fn parse(key: &str, text: &str) -> Result<Descriptor, StoreError> {
-        let mut words = text.split(' ');
-        let mut current = None;
-        let mut previous = None;
-        let mut since = None;
-        let ok = words.next() == Some("v1")
-            && words.all(|word| match word.split_once('=') {
-                Some(("current", shape)) => {
-                    current = Shape::parse(shape);
-                    current.is_some()
-                }
-                Some(("previous", shape)) => {
-                    previous = Shape::parse(shape);
-                    previous.is_some()
-                }
-                Some(("since", ms)) => {
-                    since = ms.parse::<u64>().ok();
-                    since.is_some()
-                }
-                _ => false,
-            });
-        match (ok, current, previous, since) {
-            (true, Some(current), None, None) => Ok(Descriptor {
-                current,
-                previous: None,
-            }),
-            (true, Some(current), Some(previous), Some(since)) => Ok(Descriptor {
-                current,
-                previous: Some((previous, since)),
-            }),
-            _ => Err(StoreError::Protocol(format!(
-                "the table's descriptor `{key}` holds {text:?}, which is not a descriptor \
-                 (`v1 current=<format>:<sets>x<ways>[ previous=... since=<ms>]`); delete it \
-                 to start a table at the size given"
-            ))),
-        }
-    }
-}
-
 /// A shared store whose table follows its descriptor (see the module docs): the generation
 /// claims write to, and the previous one while it counts.
 ///
@@ -225,6 +133,9 @@ struct Shared<S> {
     warned: AtomicBool,
     /// The switch time of a previous generation this consumer retired: not read again.
     retired_since: AtomicU64,
+    /// Whether the store has answered a read of the descriptor. Until it has, the table's
+    /// size is not known, and claims fail as in an outage (see [`Generations::follow`]).
+    read: AtomicBool,
 }
 
 struct State<S> {
@@ -265,6 +176,7 @@ impl<S: Generation> Generations<S> {
                 })),
                 warned: AtomicBool::new(false),
                 retired_since: AtomicU64::new(0),
+                read: AtomicBool::new(false),
             }),
         }
     }
@@ -305,6 +217,11 @@ impl<S: Generation> Generations<S> {
         })
     }
 
+    /// Whether the store has answered a read of the descriptor (see [`Generations::follow`]).
+    pub(crate) fn descriptor_read(&self) -> bool {
+        self.shared.read.load(Ordering::Relaxed)
+    }
+
     fn state(&self) -> Arc<State<S>> {
         // A poisoned lock still holds a whole state: it is only ever replaced whole.
         match self.shared.state.read() {
@@ -325,14 +242,22 @@ impl<S: Generation> Generations<S> {
     /// follows it: the current generation becomes the descriptor's, the previous one is read
     /// while it counts (see the module docs).
     ///
+    /// Until the store has answered a read of the descriptor, claims read it first, and fail
+    /// with the store's error while it does not answer: a consumer that does not know the
+    /// table's size yet would claim in a table that may not hold what the fleet saw, so its
+    /// messages follow `on_store_error` as in an outage, until the store answers. A descriptor
+    /// the store answered and this consumer cannot follow (another key format, another value)
+    /// leaves the table at the size given, and the error says why.
+    ///
     /// # Errors
     ///
     /// [`StoreError`] when the store does not answer, or its descriptor cannot be read; the
     /// generations in use stay as they were.
     pub async fn follow(&self) -> Result<(), StoreError> {
         let state = self.state();
-        let descriptor = match state.current.descriptor(None).await? {
-            Some(text) => Descriptor::parse(&state.current.descriptor_key(), &text)?,
+        let key = state.current.descriptor_key();
+        let text = match state.current.descriptor(None).await? {
+            Some(text) => text,
             None => {
                 // A table that an earlier version kept without a descriptor is read as the
                 // previous generation, so that an upgraded fleet forgets nothing.
@@ -343,18 +268,20 @@ impl<S: Generation> Generations<S> {
                         .earlier_table()
                         .await?
                         .map(|shape| (shape, now_ms())),
-                };
-                let encoded = first.encode();
+                }
+                .encode();
                 match state
                     .current
-                    .descriptor(Some((None, encoded.as_str())))
+                    .descriptor(Some((None, first.as_str())))
                     .await?
                 {
                     None => first,
-                    Some(text) => Descriptor::parse(&state.current.descriptor_key(), &text)?,
+                    Some(text) => text,
                 }
             }
         };
+        self.shared.read.store(true, Ordering::Relaxed);
+        let descriptor = Descriptor::parse(&key, &text)?;
         self.apply(&state, descriptor)
     }
 
@@ -477,6 +404,14 @@ impl<S: Generation> Generations<S> {
     }
 
     async fn claims(&self, done: bool, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
+        if !self.shared.read.load(Ordering::Relaxed) {
+            if let Err(error) = self.follow().await {
+                if !self.shared.read.load(Ordering::Relaxed) {
+                    return vec![Err(error); digests.len()];
+                }
+                tracing::warn!(%error, "The table's descriptor cannot be followed; the table stays at the size given.");
+            }
+        }
         let state = self.state();
         let claim = async {
             if done {
@@ -630,6 +565,64 @@ pub async fn resize<S: Generation>(store: &S, geometry: Geometry) -> Result<Resi
     Err(StoreError::Contended { attempts: ATTEMPTS })
 }
 
+/// Grows the table of `store`'s namespace from `from` to `to` if no one changed it since
+/// this consumer decided: one compare-and-set of the descriptor, whose current shape must
+/// still be `from` (see [`Generations::grow`]). Answers whether this write made the change.
+///
+/// # Errors
+///
+/// [`StoreError`] when the store does not answer or its descriptor cannot be read.
+async fn grow_once<S: Generation>(
+    store: &S,
+    from: Shape,
+    to: Geometry,
+) -> Result<bool, StoreError> {
+    let key = store.descriptor_key();
+    let Some(text) = store.descriptor(None).await? else {
+        // A descriptor deleted under a running fleet: the next follow writes it again.
+        return Ok(false);
+    };
+    let before = Descriptor::parse(&key, &text)?;
+    if before.current != from {
+        return Ok(false);
+    }
+    let after = Descriptor {
+        current: Shape {
+            format: from.format,
+            geometry: to,
+        },
+        previous: Some((from, now_ms())),
+    }
+    .encode();
+    let held = store
+        .descriptor(Some((Some(text.as_str()), after.as_str())))
+        .await?;
+    Ok(held.as_deref() == Some(text.as_str()))
+}
+
+impl<S: Generation> Generations<S> {
+    /// Makes this consumer's decision to grow the table to `to` the fleet's: replaces the
+    /// descriptor with a compare-and-set (as `nsq-dedupe resize` does) if its current shape
+    /// is still the one this consumer claims in, then follows the descriptor, whoever wrote
+    /// it. A consumer that lost the race to another's growth (or a resize) follows the
+    /// winner and does not grow on top of it: the next decision sees the new size. Answers
+    /// whether this consumer's write made the change.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store does not answer or its descriptor cannot be read or
+    /// followed; the generations in use stay as they were.
+    pub async fn grow(&self, to: Geometry) -> Result<bool, StoreError> {
+        let state = self.state();
+        if to == state.shape.geometry {
+            return Ok(false);
+        }
+        let grew = grow_once(&state.current, state.shape, to).await?;
+        self.follow().await?;
+        Ok(grew)
+    }
+}
+
 impl<S: Generation> Store for Generations<S> {
     async fn claim(&self, digest: Digest) -> Result<Claim, StoreError> {
         self.claims(false, &[digest])
@@ -693,40 +686,4 @@ impl<S: Generation> FleetCounters for Generations<S> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn descriptors_read_back_as_written_and_refuse_other_values() {
-        let shape = |sets: u64| Shape {
-            format: 2,
-            geometry: Geometry::new(sets * 4, 4).unwrap(),
-        };
-        let one = Descriptor {
-            current: shape(65_536),
-            previous: None,
-        };
-        assert_eq!(one.encode(), "v1 current=2:65536x4");
-        let two = Descriptor {
-            current: shape(262_144),
-            previous: Some((shape(65_536), 1_700_000_000_000)),
-        };
-        assert_eq!(
-            two.encode(),
-            "v1 current=2:262144x4 previous=2:65536x4 since=1700000000000"
-        );
-        for descriptor in [one, two] {
-            assert_eq!(Descriptor::parse("k", &descriptor.encode()), Ok(descriptor));
-        }
-        for bad in [
-            "",
-            "v2 current=2:65536x4",
-            "v1 current=2:65536x3",
-            "v1 current=2:65536x4 previous=2:4x4",
-            "v1 current=2:0x4",
-        ] {
-            let error = Descriptor::parse("ns:table", bad).unwrap_err().to_string();
-            assert!(error.contains("`ns:table`"), "{error}");
-        }
-    }
-}
+mod tests;

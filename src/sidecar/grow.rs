@@ -53,26 +53,18 @@ pub(super) async fn grow_loop<H: Handler>(
         window = %format_duration(growth.window),
         "The table sizes itself: it grows for the distinct rate it meets, up to {ceiling}."
     );
-    let mut samples: VecDeque<(Instant, u64)> = VecDeque::new();
+    let mut recent = RecentRate::default();
     let mut warned: Option<Instant> = None;
-    let mut tick = tokio::time::interval(TICK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut tick = tick();
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
         let now = Instant::now();
-        samples.push_back((now, get(&metrics.unique)));
-        while samples.len() > 2 && now.duration_since(samples[1].0) >= SPAN {
-            samples.pop_front();
-        }
-        let (first, first_count) = samples[0];
-        let span = now.duration_since(first).as_secs_f64();
-        if span <= 0.0 {
+        let Some(rate) = recent.sample(now, get(&metrics.unique)) else {
             continue;
-        }
-        let rate = get(&metrics.unique).saturating_sub(first_count) as f64 / span;
+        };
         let (geometry, held) = table.with(|t| (t.geometry(), t.held_bytes()));
         match growth.decide(geometry, held, rate) {
             Decision::Keep => {}
@@ -119,6 +111,48 @@ pub(super) async fn grow_loop<H: Handler>(
                 }
             }
         }
+    }
+}
+
+/// A timer of [`TICK`]s that waits out the ticks it missed.
+pub(super) fn tick() -> tokio::time::Interval {
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick
+}
+
+/// This consumer's distinct rate over the last [`SPAN`] (or another span), from a count
+/// sampled every tick.
+pub(super) struct RecentRate {
+    samples: VecDeque<(Instant, u64)>,
+    span: Duration,
+}
+
+impl Default for RecentRate {
+    fn default() -> Self {
+        RecentRate::over(SPAN)
+    }
+}
+
+impl RecentRate {
+    /// The rate over the last `span`.
+    pub(super) fn over(span: Duration) -> Self {
+        RecentRate {
+            samples: VecDeque::new(),
+            span,
+        }
+    }
+
+    /// Notes `count` distinct messages so far at `now`; the rate since the oldest sample
+    /// kept, once two are more than an instant apart.
+    pub(super) fn sample(&mut self, now: Instant, count: u64) -> Option<f64> {
+        self.samples.push_back((now, count));
+        while self.samples.len() > 2 && now.duration_since(self.samples[1].0) >= self.span {
+            self.samples.pop_front();
+        }
+        let (first, first_count) = self.samples[0];
+        let span = now.duration_since(first).as_secs_f64();
+        (span > 0.0).then(|| count.saturating_sub(first_count) as f64 / span)
     }
 }
 

@@ -20,6 +20,7 @@ mod drain;
 mod endpoints;
 mod fleet;
 mod grow;
+mod grow_shared;
 mod sink;
 mod snapshot;
 mod status;
@@ -299,6 +300,7 @@ impl<H: Handler> Sidecar<H> {
                 .target_probability
                 .unwrap_or(crate::metrics::DEFAULT_TARGET_PROBABILITY),
             given: settings.target_probability.is_some(),
+            sizes_itself: settings.growth.is_some(),
         };
         log_started(&settings, &dedupe, &sink_name);
         if let Some(listener) = metrics_listener {
@@ -313,13 +315,32 @@ impl<H: Handler> Sidecar<H> {
         ));
         fleet::spawn(dedupe.store(), dedupe.metrics(), &background);
         if let Some(growth) = settings.growth {
-            tokio::spawn(grow::grow_loop(
-                dedupe.clone(),
-                growth,
-                settings.status_interval,
-                settings.names.clone(),
-                background.clone(),
-            ));
+            let (warn_every, names) = (settings.status_interval, settings.names.clone());
+            match dedupe.store() {
+                Backend::Redis(table, _) => tokio::spawn(grow_shared::grow_loop(
+                    table.clone(),
+                    dedupe.clone(),
+                    growth,
+                    warn_every,
+                    names,
+                    background.clone(),
+                )),
+                Backend::Memcached(table, _) => tokio::spawn(grow_shared::grow_loop(
+                    table.clone(),
+                    dedupe.clone(),
+                    growth,
+                    warn_every,
+                    names,
+                    background.clone(),
+                )),
+                _ => tokio::spawn(grow::grow_loop(
+                    dedupe.clone(),
+                    growth,
+                    warn_every,
+                    names,
+                    background.clone(),
+                )),
+            };
         }
         if let (Some(file), Some(settings)) = (&table_file, &settings.table_file) {
             tokio::spawn(snapshot::snapshot_loop(

@@ -20,6 +20,9 @@ pub(super) struct Target {
     /// Whether the user gave the probability (`store.probability`); else it is the default,
     /// and the warning says so rather than name a target nobody set.
     pub(super) given: bool,
+    /// Whether the table sizes itself (`store.probability` without `store.rate`): it grows,
+    /// and warns itself when it cannot, so the status line names no remedy.
+    pub(super) sizes_itself: bool,
 }
 
 /// What the store says of its table now, for the status line and the metrics page.
@@ -99,6 +102,9 @@ pub(super) fn log_status<H: Handler>(dedupe: &Dedupe<Backend, H>, target: Target
     let (Some(small), Some(geometry)) = (m.too_small(&view), view.geometry) else {
         return;
     };
+    if target.sizes_itself {
+        return;
+    }
     if let Backend::Memory(table) | Backend::Journalled(table, _) = dedupe.store() {
         if table.is_growable() {
             // It grows for the rate it meets, and warns itself when it cannot (`grow`).

@@ -191,12 +191,16 @@ async fn open_shared<C: SharedConfig>(
 
 /// A shared store's table as its descriptor names it (see
 /// [`generational`](crate::dedup::generational)): read at once when the store `answered` at
-/// start, else at the first share of the fleet's counters.
+/// start, else by the first claims, which fail until it is read.
 async fn following<S: Generation>(opened: S, answered: bool) -> Generations<S> {
     let generations = Generations::new(opened);
     if answered {
         if let Err(error) = generations.follow().await {
-            tracing::warn!(%error, "Reading the table's descriptor failed; using the size given until it can be read.");
+            if generations.descriptor_read() {
+                tracing::warn!(%error, "The table's descriptor cannot be followed; the table stays at the size given.");
+            } else {
+                tracing::warn!(%error, "Reading the table's descriptor failed; messages follow `dedupe.on_store_error` until it can be read.");
+            }
         }
     }
     generations

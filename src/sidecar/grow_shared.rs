@@ -1,0 +1,195 @@
+//! Grows a shared table that sizes itself (`store.probability` without `store.rate`, with
+//! Redis or Memcached): every tick, the rule of the in-process table ([`Growth::decide`]) on
+//! the fleet's distinct rate, and a new generation of the store's table when it falls short.
+//!
+//! The fleet's rate is the larger of the one the store's counters give (see
+//! [`crate::dedup::fleet`], learnt every `store.fleet_interval`) and this consumer's own over
+//! the last half second ([`RISE_SPAN`]) scaled by its share of the fleet (the counters' rate
+//! over this consumer's own over the counters' span): the counters are a minute's average
+//! (at the default interval), so a sudden rise shows first in each consumer's own rate.
+//!
+//! Whichever consumer decides first makes its decision the fleet's by a compare-and-set of the
+//! table's descriptor ([`Generations::grow`]); the others follow it, and decide again on the
+//! new size. `store.max_memory` bounds the table's generations together, counted as an
+//! in-process table of the same buckets: one ceiling for the fleet's one table.
+//!
+//! The store keeps two generations, not more: a growth drops the generation before the
+//! previous one. So a consumer does not grow the table again until the previous generation
+//! has been read for one window since its switch, when every entry it holds that a copy
+//! within the window could match has also been looked up there; until then a table that
+//! falls short keeps catching what it can. For the same reason a growth waits until the table
+//! has fallen short for [`RISE_SPAN`], so that it is sized from a rate measured after a rise,
+//! not half-way through it.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use super::grow::{tick, RecentRate};
+use crate::dedup::backend::Backend;
+use crate::dedup::fleet::{FleetCounters, FLEET_BUCKETS};
+use crate::dedup::generational::{Generation, Generations};
+use crate::dedup::shared::now_ms;
+use crate::dedup::{Geometry, Store};
+use crate::metrics::get;
+use crate::pipeline::Dedupe;
+use crate::sink::Handler;
+use crate::sizing::growth::{Decision, Growth};
+use crate::units::{format_bytes, format_duration};
+use crate::wording::{FlagOrigins, Named};
+
+/// The span of this consumer's own rate: half the in-process table's second, since a
+/// shared table grows at most once a window and its growth must see most of a rise.
+const RISE_SPAN: Duration = Duration::from_millis(500);
+
+/// Checks the shared table every tick until `stop`, growing it as [`Growth::decide`] says.
+pub(super) async fn grow_loop<S: Generation, H: Handler>(
+    table: Generations<S>,
+    dedupe: Dedupe<Backend, H>,
+    growth: Growth,
+    warn_every: Duration,
+    names: FlagOrigins,
+    stop: CancellationToken,
+) {
+    let metrics = dedupe.metrics();
+    let ceiling = Named::key("store.max_memory");
+    let ceiling = names.show(&ceiling);
+    let held = |table: &Generations<S>| {
+        let slots = table.geometry().map_or(0, |g| g.slots())
+            + table
+                .previous()
+                .map_or(0, |(shape, _)| shape.geometry.slots());
+        slots.saturating_mul(growth.slot_bytes)
+    };
+    let mut seen = table.geometry();
+    tracing::info!(
+        buckets = seen.map_or(0, |g| g.slots()),
+        max_memory = %format_bytes(growth.max_bytes),
+        target = growth.probability,
+        window = %format_duration(growth.window),
+        "The shared table sizes itself: it grows for the fleet's distinct rate, up to {ceiling}."
+    );
+    let mut recent = RecentRate::over(RISE_SPAN);
+    let mut share = RecentRate::over(table.fleet_interval() * FLEET_BUCKETS as u32);
+    let mut warned: Option<Instant> = None;
+    let mut short_since: Option<Instant> = None;
+    let mut tick = tick();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let now = Instant::now();
+        let count = get(&metrics.unique);
+        let (Some(own), Some(own_long)) = (recent.sample(now, count), share.sample(now, count))
+        else {
+            continue;
+        };
+        let rate = rise_rate(metrics.rates.fleet(), own, own_long);
+        let Some(geometry) = table.geometry() else {
+            return;
+        };
+        if seen != Some(geometry) {
+            // Another consumer's growth (or `nsq-dedupe resize`), followed.
+            seen = Some(geometry);
+            metrics.table_resizes.fetch_add(1, Ordering::Relaxed);
+        }
+        let previous_young = table.previous().is_some_and(|(_, since_ms)| {
+            now_ms().saturating_sub(since_ms)
+                < u64::try_from(growth.window.as_millis()).unwrap_or(u64::MAX)
+        });
+        let decision = growth.decide(geometry, held(&table), rate);
+        if !matches!(decision, Decision::Grow { .. }) {
+            short_since = None;
+        }
+        match decision {
+            Decision::Grow { .. } if previous_young => {}
+            // A shortfall seen for less than a span: the rate of a rise under way, measured
+            // partly before it, would size a growth too small to last a window.
+            Decision::Grow { .. }
+                if now.duration_since(*short_since.get_or_insert(now)) < RISE_SPAN => {}
+            Decision::Keep => {}
+            Decision::Grow {
+                geometry: next,
+                probability,
+                capped,
+            } => match table.grow(next).await {
+                Ok(true) => {
+                    seen = table.geometry();
+                    metrics.table_resizes.fetch_add(1, Ordering::Relaxed);
+                    log_growth(&growth, rate, geometry, next, probability, capped);
+                }
+                // Another consumer grew it first: followed, counted at the next tick.
+                Ok(false) => {}
+                Err(error) => {
+                    tracing::warn!(%error, buckets = next.slots(), "The shared table could not grow; trying again at the next check.");
+                }
+            },
+            Decision::AtCeiling {
+                probability,
+                needed,
+            } => {
+                if warned.is_none_or(|at| now.duration_since(at) >= warn_every) {
+                    warned = Some(now);
+                    warn_at_ceiling(&growth, &ceiling, rate, geometry, probability, needed);
+                }
+            }
+        }
+    }
+}
+
+/// The INFO of a growth this consumer made the fleet's.
+fn log_growth(
+    growth: &Growth,
+    rate: f64,
+    geometry: Geometry,
+    next: Geometry,
+    probability: f64,
+    capped: bool,
+) {
+    tracing::info!(
+        old_buckets = geometry.slots(),
+        new_buckets = next.slots(),
+        distinct_rate = format_args!("{rate:.1}"),
+        catch_probability = format_args!("{probability:.6}"),
+        capped,
+        "The shared table grew: at {rate:.0} distinct messages a second across the fleet it evicted entries younger than the window ({}), catching a copy one window late with probability {probability:.4}, below the target {}.",
+        format_duration(growth.window),
+        growth.probability,
+    );
+}
+
+/// The rate a growth is sized for: the fleet's, or this consumer's rate over the last
+/// [`RISE_SPAN`] times its share of the fleet (`own_long`, its rate over the fleet's span),
+/// whichever is higher, so that a rise shows before the fleet's counters have seen it.
+fn rise_rate(fleet: Option<f64>, own: f64, own_long: f64) -> f64 {
+    match fleet {
+        Some(fleet) if own_long > 0.0 => fleet.max(own * (fleet / own_long).max(1.0)),
+        Some(fleet) => fleet.max(own),
+        None => own,
+    }
+}
+
+/// The WARN of a shared table that needs more than its ceiling (`store.max_memory`).
+fn warn_at_ceiling(
+    growth: &Growth,
+    ceiling: &dyn std::fmt::Display,
+    rate: f64,
+    geometry: Geometry,
+    probability: f64,
+    needed: Geometry,
+) {
+    tracing::warn!(
+        catch_probability = format_args!("{probability:.6}"),
+        target = growth.probability,
+        distinct_rate = format_args!("{rate:.1}"),
+        window = %format_duration(growth.window),
+        buckets = geometry.slots(),
+        needed_buckets = needed.slots(),
+        max_memory = %format_bytes(growth.max_bytes),
+        "The shared table is too small for the fleet's recent rate and cannot grow past {ceiling}: a copy one window late is caught with probability {probability:.4}, below the target {}; a table of {} buckets would meet it.",
+        growth.probability,
+        needed.slots(),
+    );
+}
