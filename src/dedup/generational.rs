@@ -218,6 +218,7 @@ impl<S: Generation> Generations<S> {
     }
 
     /// Whether the store has answered a read of the descriptor (see [`Generations::follow`]).
+    #[cfg(feature = "sidecar")]
     pub(crate) fn descriptor_read(&self) -> bool {
         self.shared.read.load(Ordering::Relaxed)
     }
