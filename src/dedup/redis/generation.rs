@@ -116,32 +116,10 @@ impl RedisStore {
             .collect()
     }
 
-    /// The indices of `keys` in pipelines of at most 256: standalone, in order; in a
-    /// cluster, grouped by the master of their slot in the slot map as last read.
+    /// The indices of `keys` in pipelines of at most `MAX_RUN`, as a script's runs are made:
+    /// standalone, in order; in a cluster, grouped by the master of their slot.
     fn runs_of_keys(&self, keys: &[String]) -> Vec<Vec<usize>> {
-        const MAX_RUN: usize = 256;
-        let inner = &*self.inner;
-        let mut groups: Vec<(Option<String>, Vec<usize>)> = Vec::new();
-        for (i, key) in keys.iter().enumerate() {
-            let master = if inner.config.cluster {
-                inner.link.master_of(key_slot(key.as_bytes()))
-            } else {
-                None
-            };
-            match groups.iter_mut().find(|(m, _)| *m == master) {
-                Some((_, group)) => group.push(i),
-                None => groups.push((master, vec![i])),
-            }
-        }
-        groups
-            .into_iter()
-            .flat_map(|(_, group)| {
-                group
-                    .chunks(MAX_RUN)
-                    .map(<[usize]>::to_vec)
-                    .collect::<Vec<_>>()
-            })
-            .collect()
+        self.runs_by_slot(keys.len(), |i| key_slot(keys[i].as_bytes()))
     }
 }
 

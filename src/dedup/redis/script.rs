@@ -104,12 +104,26 @@ impl RedisStore {
     /// set's slot in the slot map as last read (in order of first appearance).
     pub(super) fn runs(&self, count: usize, digest: impl Fn(usize) -> Digest) -> Vec<Vec<usize>> {
         let inner = &*self.inner;
+        let mut key = String::with_capacity(inner.namespace.len() + 21);
+        self.runs_by_slot(count, |i| {
+            self.write_key(&mut key, inner.geometry.set_of(digest(i)));
+            key_slot(key.as_bytes())
+        })
+    }
+
+    /// The indices `0..count` in runs of at most [`MAX_RUN`]: standalone, in their order; in
+    /// a cluster, grouped by the master of slot `slot(i)` in the slot map as last read (in
+    /// order of first appearance). `slot` is asked only in a cluster.
+    pub(super) fn runs_by_slot(
+        &self,
+        count: usize,
+        mut slot: impl FnMut(usize) -> u16,
+    ) -> Vec<Vec<usize>> {
+        let inner = &*self.inner;
         let mut groups: Vec<(Option<String>, Vec<usize>)> = Vec::new();
         if inner.config.cluster {
-            let mut key = String::with_capacity(inner.namespace.len() + 21);
             for i in 0..count {
-                self.write_key(&mut key, inner.geometry.set_of(digest(i)));
-                let master = inner.link.master_of(key_slot(key.as_bytes()));
+                let master = inner.link.master_of(slot(i));
                 match groups.iter_mut().find(|(m, _)| *m == master) {
                     Some((_, group)) => group.push(i),
                     None => groups.push((master, vec![i])),
