@@ -72,12 +72,13 @@ pub(crate) struct Setting {
 /// (default) or finish it`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum DefaultValue {
-    /// A duration, written as the file would (`10s`; `0` for none).
+    /// A duration, written as the file would (`10s`, `2m`; `0` for none).
     Duration(Duration),
+    /// A duration written in whole seconds (`60s`), as the flag's own tools write it.
+    Seconds(Duration),
     /// A whole number.
     Number(u64),
-    /// Text as the file writes it in a string: a name, an address, or a duration in the
-    /// user's own unit (`60s`).
+    /// Text as the file writes it in a string: a name or an address.
     Text(&'static str),
 }
 
@@ -87,6 +88,7 @@ impl DefaultValue {
     pub(crate) fn to_toml(self) -> toml::Value {
         match self {
             DefaultValue::Duration(d) => toml::Value::String(crate::units::format_duration(d)),
+            DefaultValue::Seconds(d) => toml::Value::String(format!("{}s", d.as_secs())),
             DefaultValue::Number(n) => {
                 toml::Value::Integer(i64::try_from(n).expect("a default fits the file's integers"))
             }
@@ -100,6 +102,7 @@ impl std::fmt::Display for DefaultValue {
         match self {
             DefaultValue::Duration(d) if d.is_zero() => f.write_str("0"),
             DefaultValue::Duration(d) => f.write_str(&crate::units::format_duration(*d)),
+            DefaultValue::Seconds(d) => write!(f, "{}s", d.as_secs()),
             DefaultValue::Number(n) => write!(f, "{n}"),
             DefaultValue::Text(text) => f.write_str(text),
         }

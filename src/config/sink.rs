@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -133,10 +132,10 @@ section! {
         /// Content-Type of every POST (default {default}).
         content_type: String, default(DefaultValue::Text(DEFAULT_CONTENT_TYPE)), only(&HTTP), flag("content-type", value_name: "TYPE");
         /// Bound on connecting to an http sink URL (default {default}).
-        http_client_connect_timeout: Dur, default(DefaultValue::Duration(Duration::from_secs(2))), only(&HTTP),
+        http_client_connect_timeout: Dur, default(DefaultValue::Duration(crate::http::DEFAULT_CONNECT_TIMEOUT)), only(&HTTP),
             flag("http-client-connect-timeout", value_name: "DURATION", value: FlagValue::Duration);
         /// Bound on one POST, answer included (default {default}).
-        http_client_request_timeout: Dur, default(DefaultValue::Duration(Duration::from_secs(10))), only(&HTTP),
+        http_client_request_timeout: Dur, default(DefaultValue::Duration(crate::http::DEFAULT_REQUEST_TIMEOUT)), only(&HTTP),
             flag("http-client-request-timeout", value_name: "DURATION", value: FlagValue::Duration);
         /// PEM file of CA certificates trusted for https:// besides the system's.
         http_client_tls_root_ca_file: PathBuf, only(&HTTP),
@@ -150,7 +149,7 @@ section! {
         http_idempotency_header: String, default(DefaultValue::Text(DEFAULT_IDEMPOTENCY_HEADER)), only(&HTTP),
             flag("http-idempotency-header", value_name: "NAME|off");
         /// Records per POST (default {default}: each body as it is).
-        http_batch_size: usize, default(DefaultValue::Number(1)), only(&HTTP),
+        http_batch_size: usize, default(DefaultValue::Number(crate::sink::DEFAULT_BATCH_SIZE as u64)), only(&HTTP),
             flag("http-batch-size", value_name: "N", value: FlagValue::Count);
         /// How long a batch that is not full waits for more records (default {default}): a burst's
         /// full batches go at once, the rest joins the records that follow.
@@ -186,7 +185,7 @@ section! {
             flag("gzip-level", heading: FILE_HEADING, value_name: "N", value: FlagValue::Small);
         /// Gather records this long before each write and fsync (default {default}: as soon as the disk is
         /// free); longer means fewer fsyncs and later FINs.
-        sync_interval: Dur, default(DefaultValue::Duration(Duration::ZERO)), only(&FILE),
+        sync_interval: Dur, default(DefaultValue::Duration(crate::sink::DEFAULT_SYNC_INTERVAL)), only(&FILE),
             flag("sync-interval", heading: FILE_HEADING, value_name: "DURATION", value: FlagValue::Duration);
         /// `<HOST>` in file names (default: the short host name).
         host_identifier: String, only(&FILE),

@@ -146,7 +146,7 @@ section! {
         lease: Dur, only(&SHARED),
             flag("lease", rank: 15, value_name: "DURATION", value: FlagValue::Duration);
         /// Bound on each Memcached network step or Redis operation (default {default}).
-        timeout: Dur, default(DefaultValue::Duration(Duration::from_millis(500))), only(&SHARED),
+        timeout: Dur, default(DefaultValue::Duration(crate::dedup::shared::DEFAULT_TIMEOUT)), only(&SHARED),
             flag("store-timeout", rank: 16, value_name: "DURATION", value: FlagValue::Duration);
         /// Keep the in-process table in this file between runs (snapshots).
         table_file: PathBuf, only(&MEMORY),
@@ -168,7 +168,7 @@ section! {
         near_table: String, only(&SHARED), flag("near-table", rank: 17, value_name: "SIZE");
         /// With two Memcached servers or more: after one has failed this long, its sets go to the
         /// next server until it answers again; `off` never ejects (default {default}).
-        eject_after: String, default(DefaultValue::Text("10s")), only(&MEMCACHED), flag("eject-after", rank: 18, value_name: "DURATION|off");
+        eject_after: String, default(DefaultValue::Duration(crate::dedup::memcached::DEFAULT_EJECT_AFTER)), only(&MEMCACHED), flag("eject-after", rank: 18, value_name: "DURATION|off");
         /// Redis URL (repeatable): `redis://[user:password@]host:port[/db]`, or `rediss://` for
         /// TLS; several only with --redis-cluster.
         redis_urls: Vec<String>, only(&REDIS),

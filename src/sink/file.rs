@@ -40,6 +40,9 @@ pub const DEFAULT_FILENAME_FORMAT: &str = "<TOPIC>.<HOST><REV>.<DATETIME>.log";
 pub const DEFAULT_DATETIME_FORMAT: &str = "%Y-%m-%d_%H";
 /// The gzip level when none is given.
 pub const DEFAULT_GZIP_LEVEL: u32 = 6;
+/// How long records gather before each write when none is given: none, each write goes as
+/// soon as the disk is free.
+pub(crate) const DEFAULT_SYNC_INTERVAL: Duration = Duration::ZERO;
 
 /// The most records one batch carries (a request of more is written alone): a bound on the
 /// buffer, not a wait.
@@ -89,7 +92,7 @@ impl FileSinkConfig {
             rotate_interval: None,
             rotate_size: None,
             gzip_level: None,
-            sync_interval: Duration::ZERO,
+            sync_interval: DEFAULT_SYNC_INTERVAL,
             host_identifier: crate::nsq::short_hostname(),
             skip_empty_files: false,
         }

@@ -39,9 +39,11 @@ pub(crate) use built_in::{BuiltIn, Watch, Watched};
 /// The HTTP client settings of [`HttpSinkConfig`] and the errors of [`HttpSink::new`].
 pub use crate::http::{HttpClientConfig, HttpError};
 pub use dead_letter::{DeadLetter, DeadLetterError, DeadLetterRecord};
+pub(crate) use file::DEFAULT_SYNC_INTERVAL;
 pub use file::{
     FileSink, FileSinkConfig, DEFAULT_DATETIME_FORMAT, DEFAULT_FILENAME_FORMAT, DEFAULT_GZIP_LEVEL,
 };
+pub(crate) use http::DEFAULT_BATCH_SIZE;
 pub use http::{
     with_content_type, BatchFormat, HttpMode, HttpSink, HttpSinkConfig, DEFAULT_BATCH_TIMEOUT,
     DEFAULT_CONCURRENCY, DEFAULT_CONTENT_TYPE, DEFAULT_IDEMPOTENCY_HEADER,

@@ -23,6 +23,7 @@ use bytes::Bytes;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use hyper::{Method, StatusCode, Uri};
 
+pub(crate) use config::DEFAULT_BATCH_SIZE;
 pub use config::{
     with_content_type, BatchFormat, HttpMode, HttpSinkConfig, DEFAULT_BATCH_TIMEOUT,
     DEFAULT_CONCURRENCY, DEFAULT_CONTENT_TYPE, DEFAULT_IDEMPOTENCY_HEADER,
