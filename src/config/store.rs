@@ -328,13 +328,13 @@ impl RawStore {
         ) else {
             return Ok(None);
         };
-        if !(probability > 0.0 && probability < 1.0) {
-            return Err(invalid(
+        crate::sizing::check_probability(probability).map_err(|error| {
+            invalid(
                 "store.probability",
                 probability.to_string(),
-                crate::sizing::SizingError::Probability(probability).to_string(),
-            ));
-        }
+                error.to_string(),
+            )
+        })?;
         let max_bytes = match &self.max_memory {
             Some(text) => crate::units::parse_bytes(text)
                 .map_err(|reason| invalid("store.max_memory", quote(Some(text)), reason))?,
@@ -408,13 +408,8 @@ impl RawStore {
 
     fn geometry(&self, window: Duration) -> Result<Geometry, ConfigError> {
         let ways = self.ways.unwrap_or(8);
-        if !Geometry::SUPPORTED_WAYS.contains(&ways) {
-            return Err(invalid(
-                "store.ways",
-                ways.to_string(),
-                "expected 1, 2, 4 or 8",
-            ));
-        }
+        crate::sizing::check_ways(ways)
+            .map_err(|reason| invalid("store.ways", ways.to_string(), reason))?;
         if let Some(text) = &self.memory {
             let refuse = |reason: Wording| invalid("store.memory", quote(Some(text)), reason);
             if self.buckets.is_some() || self.probability.is_some() {
@@ -460,7 +455,7 @@ impl RawStore {
                     "store.rate",
                     Wording::default().key("store.probability"),
                 ))?;
-                if !(rate > 0.0 && rate.is_finite()) {
+                if !crate::sizing::is_rate(rate) {
                     return Err(invalid(
                         "store.rate",
                         rate.to_string(),
