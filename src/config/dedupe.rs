@@ -6,7 +6,6 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::setting::{names, section, DefaultValue, FlagValue, Only};
 use super::source::Source;
 use super::{invalid, quote, ConfigError, Dur, Wording};
 use crate::dedup::digest::{DigestAlgorithm, DigestKey, KeySpec, Keyer};
@@ -14,6 +13,10 @@ use crate::pipeline::{
     InFlightPolicy, Policy, StoreErrorPolicy, DEFAULT_IN_FLIGHT_REQUEUE_DELAY,
     DEFAULT_STORE_ERROR_REQUEUE_DELAY,
 };
+use crate::setting::{names, section, DefaultValue, FlagValue, Only};
+
+impl crate::setting::Overlay for InFlightPolicy {}
+impl crate::setting::Overlay for StoreErrorPolicy {}
 
 const IN_FLIGHT_POLICIES: [&str; 2] = names(&InFlightPolicy::NAMES);
 const STORE_ERROR_POLICIES: [&str; 2] = names(&StoreErrorPolicy::NAMES);

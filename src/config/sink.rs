@@ -8,8 +8,8 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::setting::{names, section, DefaultValue, FlagValue, Only};
 use super::{ConfigError, Dur};
+use crate::setting::{names, section, DefaultValue, FlagValue, Only};
 use crate::sink::serve as serve_defaults;
 use crate::sink::{
     BatchFormat, HttpMode, HttpSinkConfig, DEFAULT_BATCH_TIMEOUT, DEFAULT_CONCURRENCY,
@@ -30,6 +30,8 @@ pub enum OneOrMany {
     /// Several.
     Many(Vec<String>),
 }
+
+impl crate::setting::Overlay for OneOrMany {}
 
 impl OneOrMany {
     /// The values, in order.
@@ -71,6 +73,10 @@ pub enum SinkKind {
     Serve,
 }
 
+impl crate::setting::Overlay for SinkKind {}
+impl crate::setting::Overlay for HttpMode {}
+impl crate::setting::Overlay for BatchFormat {}
+
 impl SinkKind {
     /// Every kind with its name in the config file and on the command line.
     pub const NAMES: [(&'static str, SinkKind); 6] = [
@@ -84,7 +90,7 @@ impl SinkKind {
 
     /// The kind's name in the config file and on the command line.
     pub fn name(self) -> &'static str {
-        super::setting::name_of(&Self::NAMES, self)
+        crate::setting::name_of(&Self::NAMES, self)
     }
 }
 
@@ -292,7 +298,7 @@ impl RawSink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::setting::Section;
+    use crate::setting::Section;
 
     #[test]
     fn every_http_client_and_batch_setting_is_refused_without_the_http_sink() {

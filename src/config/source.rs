@@ -6,10 +6,10 @@
 
 use std::time::Duration;
 
-use super::setting::{section, DefaultValue, FlagValue};
 use super::{check_host_port, check_name, invalid, quote, ConfigError, Dur, Wording};
 use crate::nsq::{self, ConsumerConfig};
 use crate::pipeline::Policy;
+use crate::setting::{section, DefaultValue, FlagValue};
 
 /// The channel the sidecar consumes when none is given.
 pub(crate) const DEFAULT_CHANNEL: &str = "nsq-dedupe";

@@ -7,8 +7,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::setting::{names, section, DefaultValue, FlagValue, Only};
 use crate::dedup::table_file::OnMismatch;
+use crate::setting::{names, section, DefaultValue, FlagValue, Only};
 
 use super::{check_host_port, invalid, quote, ConfigError, Dur, Wording};
 use crate::dedup::near::NearTable;
@@ -63,10 +63,13 @@ pub enum StoreKind {
     None,
 }
 
+impl crate::setting::Overlay for StoreKind {}
+impl crate::setting::Overlay for OnMismatch {}
+
 impl StoreKind {
     /// The kind's name in the config file and on the command line.
     pub fn name(self) -> &'static str {
-        super::setting::name_of(&Self::NAMES, self)
+        crate::setting::name_of(&Self::NAMES, self)
     }
 
     /// Whether the table lives in a store shared by many consumers (and has a near-table in

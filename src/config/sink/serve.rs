@@ -8,9 +8,9 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use super::RawSink;
-use crate::config::service::resolve;
-use crate::config::setting::Section as _;
 use crate::config::{invalid, quote, ConfigError, Wording};
+use crate::setting::resolve;
+use crate::setting::Section as _;
 use crate::sink::serve::{ServeConfig, ServeError, ServeSecret, ServeTls, DEFAULT_HTTP_ADDRESS};
 
 /// The serve sink's settings, serving the consumed `topic` and `channel`.
