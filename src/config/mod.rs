@@ -102,21 +102,22 @@
 //! Each TOML section has its own module, with its raw form and the validation that turns it
 //! into what the component needs; the rules themselves (name syntax, table shapes, Memcached
 //! settings) belong to the components and are only called from here:
-//! `source` (`[source]`), `dedupe` (`[dedupe]`), `store` (`[store]`), `sink` (`[sink]`;
-//! `sink::serve` for the serve sink's settings), `dead_letter` (`[dead_letter]`), `service` (`[metrics]`, `[shutdown]`) and `nsq_opts` (`[consumer_opt]`,
-//! `[producer_opt]`). Rules shared by sections have their own: `unused` (a setting the others
+//! `source` (`[source]`), `dedupe` (`[dedupe]`), `store` (`[store]`), `dead_letter`
+//! (`[dead_letter]`), `service` (`[metrics]`, `[shutdown]`) and `nsq_opts` (`[consumer_opt]`,
+//! `[producer_opt]`). `[sink]` is the sinks' ([`crate::sink`]): each sink's keys, their
+//! validation and its build are in the sink's own module, and [`RawSink`] is made from the
+//! list of the sinks. Rules shared by sections have their own: `unused` (a setting the others
 //! leave unused) and `toml_error` (the parser's message, naming the key). What a section is
 //! made of (each setting defined once: key, flag, help and the kinds it belongs to, from which
 //! the binary makes its flags; [`ConfigError`], durations, addresses and output file names)
-//! is `crate::setting`'s, below this module and the sinks alike. Which flag gave which key, and messages that name settings, are
-//! [`crate::wording`]'s.
+//! is `crate::setting`'s, below this module and the sinks alike. Which flag gave which key,
+//! and messages that name settings, are [`crate::wording`]'s.
 
 mod builder;
 mod dead_letter;
 mod dedupe;
 mod nsq_opts;
 mod service;
-mod sink;
 mod source;
 mod store;
 mod toml_error;
@@ -134,6 +135,7 @@ use crate::nsq::ConsumerConfig;
 use crate::pipeline::Policy;
 
 pub use crate::setting::{ConfigError, Dur};
+pub use crate::sink::{OneOrMany, RawSink, SinkKind, SinkSettings};
 pub(crate) use crate::wording::{FlagOrigins, Named, Wording};
 pub use builder::SettingsBuilder;
 pub use dead_letter::{DeadLetterKind, DeadLetterSettings, RawDeadLetter};
@@ -144,7 +146,6 @@ pub use nsq_opts::RawNsqOpts;
 #[cfg(feature = "cli")]
 pub(crate) use nsq_opts::{option_key, OPTION_NAMES};
 pub use service::{RawMetrics, RawShutdown};
-pub use sink::{OneOrMany, RawSink, SinkKind, SinkSettings};
 pub use source::RawSource;
 pub use store::{RawStore, StoreKind, StoreSettings, TableFileSettings, DEFAULT_WINDOW};
 

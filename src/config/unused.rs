@@ -16,7 +16,7 @@ use crate::wording::{FlagOrigins, Named};
 ///
 /// [`ConfigError::Unused`] naming the setting and what it needs.
 pub(super) fn check(raw: &RawConfig) -> Result<(), ConfigError> {
-    let sink = raw.sink.kind.unwrap_or(SinkKind::Stdout);
+    let sink = raw.sink.kind.unwrap_or_default();
     let store = raw.store.kind.unwrap_or(StoreKind::Memory);
     let (t, d) = (&raw.store, &raw.dedupe);
     let kind_of = |key: &str| match key {

@@ -359,7 +359,7 @@ mod size_tests {
         let dedupe = super::Dedupe::new(
             store,
             crate::Keyer::new(crate::KeySpec::Body, Default::default()),
-            crate::sink::Sink::Null,
+            crate::sink::Sink::Null(crate::sink::NullSink),
             super::Policy::default(),
             None,
             Default::default(),

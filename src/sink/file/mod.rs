@@ -23,6 +23,8 @@
 //! file is not a gzip stream). So after a full disk every file in the output directory reads
 //! cleanly to its end.
 
+pub(super) mod settings;
+
 use std::fs::{File, OpenOptions};
 use std::future::Future;
 use std::io::{self, Write};
@@ -33,6 +35,7 @@ use bytes::Bytes;
 
 use super::batcher::{Batcher, Flush, Results, Settings};
 use super::{BuiltIn, Handler, HandlerError};
+pub(crate) use settings::sink_keys;
 
 /// `nsq_to_file`'s default file name.
 pub const DEFAULT_FILENAME_FORMAT: &str = "<TOPIC>.<HOST><REV>.<DATETIME>.log";
