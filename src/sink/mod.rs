@@ -300,6 +300,10 @@ pub(crate) enum BuildError {
     Serve(serve::ServeError),
 }
 
+// The sidecar's sinks, one line each: its variant, its name in the file and on the command
+// line, its room and type, and its settings' type (none for a sink without settings). The
+// first is the sink of a config without `sink.kind`. A new sink is its room and a line here
+// (see `room`).
 room::sinks! {
     /// One record per line on standard output.
     Stdout = "stdout", stdout::StdoutSink;
