@@ -19,9 +19,11 @@ Scenarios (baseline first, then ours):
   http        nsq_to_http --n=100 to nsqd's HTTP /pub  vs  ours --sink http to the same
   https       nsq_to_http --n=100 to nsqd's HTTP /pub  vs  ours --sink http to nsqd's HTTPS /pub
               (a CA and a certificate for 127.0.0.1 made with openssl)
-  memcached   ours --store none --sink null   vs  ours --store memcached --sink null (--store-sink)
+  memcached   ours --store none --sink null   vs  ours --store memcached --sink null (both
+                                                   --store-sink)
               (a memcached on a free port, shared by the runs; its CPU is shown too)
-  redis       ours --store none --sink null   vs  ours --store redis --sink null (--store-sink)
+  redis       ours --store none --sink null   vs  ours --store redis --sink null (both
+                                                   --store-sink)
               (a redis-server on a free port, no persistence, shared by the runs; its CPU too)
               Each store run meets a full table of its own (see --store-buckets)
   table       ours --store none --sink null   vs  ours --store memory --sink null (the in-process
@@ -42,7 +44,8 @@ Options:
   --ours-args "ARGS"   extra flags for every run of ours (shell words), e.g. "--ways 1"
   --base-args "ARGS"   extra flags for the Go tool (or for the ours-baseline of memcached, redis,
                        table, table-file and serve-relay)
-  --store-sink SINK    the sink of ours in the memcached and redis scenarios (default null: a
+  --store-sink SINK    the sink of ours in the memcached and redis scenarios, and of their
+                       no-store baseline, so the two differ by the store alone (default null: a
                        sink that cannot fail, so one write a message; stdout, to /dev/null: a
                        claim and a commit a message, as for every sink that can fail)
   --store-buckets S    the table of the memcached and redis runs: S slots (--buckets; default
@@ -351,15 +354,15 @@ def scenario(name, memcached_addr, redis_addr=None):
                  "ours --sink http to nsqd's HTTPS /pub against nsq_to_http --n=100 to its plain HTTP /pub")
         return (title, "nsq_to_http", "ours", cmd, True)
     if name == "memcached":
-        return (f"ours --store memcached (server {memcached_addr}) --sink {STORE_SINK}, {store_table_text()} against ours --store none --sink null",
+        return (f"ours --store memcached (server {memcached_addr}) --sink {STORE_SINK}, {store_table_text()} against ours --store none --sink {STORE_SINK}",
                 "no-store", "memcached",
-                lambda side, d, r: ours_cmd(d, ["--sink", "null", "--store", "none"] + BASE_ARGS) if side == "base"
+                lambda side, d, r: ours_cmd(d, ["--sink", STORE_SINK, "--store", "none"] + BASE_ARGS) if side == "base"
                 else ours_cmd(d, ["--sink", STORE_SINK, "--store", "memcached", "--memcached-address",
                                   memcached_addr] + store_table(r) + OURS_ARGS), False)
     if name == "redis":
-        return (f"ours --store redis (server {redis_addr}) --sink {STORE_SINK}, {store_table_text()} against ours --store none --sink null",
+        return (f"ours --store redis (server {redis_addr}) --sink {STORE_SINK}, {store_table_text()} against ours --store none --sink {STORE_SINK}",
                 "no-store", "redis",
-                lambda side, d, r: ours_cmd(d, ["--sink", "null", "--store", "none"] + BASE_ARGS) if side == "base"
+                lambda side, d, r: ours_cmd(d, ["--sink", STORE_SINK, "--store", "none"] + BASE_ARGS) if side == "base"
                 else ours_cmd(d, ["--sink", STORE_SINK, "--store", "redis", "--redis-url",
                                   f"redis://{redis_addr}"] + store_table(r) + OURS_ARGS), False)
     if name == "table":

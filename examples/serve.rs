@@ -1,6 +1,6 @@
 //! The serve sink in your own program (`nsq-dedupe run --sink serve` does the same from the
-//! command line): consumes a topic from one or more nsqd, drops the copies (keyed on the JSON field `id`, or the whole
-//! body without one) and serves the rest to any NSQ client.
+//! command line): consumes a topic from one or more nsqd, drops the copies (keyed on the JSON
+//! field `id`, or the whole body without one) and serves the rest to any NSQ client.
 //!
 //! ```sh
 //! cargo run --example serve -- events app 127.0.0.1:4250 127.0.0.1:4251 127.0.0.1:4150 127.0.0.1:5150

@@ -93,10 +93,10 @@ fn malformed_configs_are_rejected_with_the_key_named() {
     );
     // (the text after the minimal [source], or a whole file when it starts with [source]; the error)
     let cases: &[(&str, &str)] = &[
-        ("[source]\ntopic = \"t\"\n", "`source.nsqd_tcp_addresses` is required: set it in the config file or pass `--nsqd-tcp-address` or `--lookupd-http-address`"),
+        ("[source]\ntopic = \"t\"\n", "`source.nsqd_tcp_addresses` is required: set it in the config file or with `Settings::builder()`"),
         ("[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"localhost\"]\n", "invalid `source.nsqd_tcp_addresses` = \"localhost\": expected host:port such as 127.0.0.1:4150"),
-        ("[sink]\nkind = \"http\"\n", "`sink.post` is required: set it in the config file or pass `--post`"),
-        ("[sink]\nkind = \"nsq\"\ndestination_nsqd_tcp_addresses = [\"127.0.0.1:4150\"]\n", "`sink.destination_topic` is required: set it in the config file or pass `--destination-topic`"),
+        ("[sink]\nkind = \"http\"\n", "`sink.post` is required: set it in the config file or with `Settings::builder()`"),
+        ("[sink]\nkind = \"nsq\"\ndestination_nsqd_tcp_addresses = [\"127.0.0.1:4150\"]\n", "`sink.destination_topic` is required: set it in the config file or with `Settings::builder()`"),
         ("[store]\nbuckets = 1000\nprobability = 0.9\n", "invalid `store.probability` = 0.9: give either `store.buckets` or `store.probability` with `store.rate` and `store.window`, not both"),
         ("[store]\nmemory = \"1MiB\"\nbuckets = 1000\n", "invalid `store.memory` = \"1MiB\": give one of `store.buckets`, `store.memory` or `store.probability`, not two"),
         ("[store]\nmemory = \"lots\"\n", "invalid `store.memory` = \"lots\": expected a size such as 64MiB, 1GiB, 500MB or 4096 (bytes)"),

@@ -160,7 +160,7 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             error.to_string(),
-            "`source.topic` is required: set it in the config file or pass `--topic`"
+            "`source.topic` is required: set it in the config file or with `Settings::builder()`"
         );
         let error = Settings::builder()
             .source(|source| {

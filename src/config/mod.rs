@@ -415,7 +415,7 @@ mod tests {
         assert!(err("[store]\nbukets = 5\n").contains("unknown field `bukets`"));
         assert_eq!(
             err("[source]\nnsqd_tcp_addresses = [\"a:1\"]\n"),
-            "`source.topic` is required: set it in the config file or pass `--topic`"
+            "`source.topic` is required: set it in the config file or with `Settings::builder()`"
         );
         let e = err(
             "[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"a:1\"]\nmsg_timeout = \"soon\"\n",
@@ -452,8 +452,8 @@ mod tests {
         let e = err("[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"a:1\"]\n[dedupe]\ndigest = \"blake3\"\n");
         assert_eq!(
             e,
-            "`dedupe.digest_key_file` is required: set it in the config file or pass \
-             `--digest-key-file`"
+            "`dedupe.digest_key_file` is required: set it in the config file or with \
+             `Settings::builder()`"
         );
     }
 

@@ -106,7 +106,8 @@ pub struct Metrics {
     /// Handler calls that failed (retryable or not).
     pub handler_failures: AtomicU64,
     /// Records the handler's receiver asked to have later (a consumer's REQ through the serve
-    /// sink), requeued with its delay: not failures.
+    /// sink), requeued with its delay, and records a stopping sink handed back because no
+    /// consumer could take them: not failures.
     pub handler_requeues: AtomicU64,
     /// Handler call durations.
     pub handler_duration: Histogram,

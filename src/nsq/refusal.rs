@@ -22,16 +22,19 @@ pub enum Role {
 
 /// The go-nsq options a refusal names: the option, then the consumer's flag and key and the
 /// producer's flag and key for it.
+/// An option with no flag of its own is set with `--consumer-opt OPTION,…`.
 macro_rules! refused_options {
-    ($($option:literal by $flag:literal),* $(,)?) => {
+    ($($option:literal $(by $flag:literal)?),* $(,)?) => {
         const REFUSED_OPTIONS: &[[&str; 5]] = &[$([
             $option,
-            concat!("--", $flag),
+            refused_options!(@flag $option $($flag)?),
             concat!("consumer_opt.", $option),
             concat!("--producer-opt ", $option, ",…"),
             concat!("producer_opt.", $option),
         ]),*];
     };
+    (@flag $option:literal $flag:literal) => { concat!("--", $flag) };
+    (@flag $option:literal) => { concat!("--consumer-opt ", $option, ",…") };
 }
 
 refused_options!(
@@ -42,6 +45,9 @@ refused_options!(
     "tls_cert" by "tls-cert",
     "tls_key" by "tls-key",
     "tls_min_version" by "tls-min-version",
+    "output_buffer_timeout",
+    "output_buffer_size",
+    "sample_rate",
 );
 
 impl Role {
@@ -86,6 +92,22 @@ fn flag_and_key(flag: &'static str, key: &'static str) -> Wording {
     Wording::default().both(Named::flag(flag), Named::key(key))
 }
 
+/// The go-nsq options of IDENTIFY that nsqd checks against its own limits, named as nsqd's
+/// refusal names them (`output buffer timeout (…) is invalid`), with the range it accepts.
+const IDENTIFY_RULES: &[(&str, &str)] = &[
+    (
+        "output_buffer_timeout",
+        "between nsqd's --min-output-buffer-timeout and --max-output-buffer-timeout (25ms and \
+         30s unless nsqd was started with others)",
+    ),
+    (
+        "output_buffer_size",
+        "between 64 and nsqd's --max-output-buffer-size (64KiB unless nsqd was started with \
+         another), or -1 (off)",
+    ),
+    ("sample_rate", "between 0 (every message) and 99"),
+];
+
 /// What to change, for a refusal that no retry can change.
 fn advice(command: &str, code: &str, text: &str, role: Role) -> Option<Wording> {
     let secret = || role.setting("auth_secret");
@@ -109,7 +131,20 @@ fn advice(command: &str, code: &str, text: &str, role: Role) -> Option<Wording> 
                  with another)",
             )
         }
-        "E_BAD_BODY" | "E_IDENTIFY_FAILED" if command == "IDENTIFY" => {
+        "E_BAD_BODY" if command == "IDENTIFY" => {
+            if let Some((option, rule)) = IDENTIFY_RULES
+                .iter()
+                .find(|(option, _)| text.contains(&option.replace('_', " ")))
+            {
+                return Some(
+                    Wording::from("set ")
+                        .then(role.setting(option))
+                        .text(format!(" {rule}")),
+                );
+            }
+            "nsqd does not accept this client's IDENTIFY settings; retrying cannot help".into()
+        }
+        "E_IDENTIFY_FAILED" if command == "IDENTIFY" => {
             "nsqd does not accept this client's IDENTIFY settings; retrying cannot help".into()
         }
         "E_BAD_TOPIC" if role == Role::Producer => {
@@ -249,6 +284,23 @@ mod tests {
             "nsqd 127.0.0.1:4150 refused IDENTIFY: E_BAD_BODY IDENTIFY msg timeout (3600000) is \
              invalid; set `--msg-timeout` (`source.msg_timeout`) between 1s and nsqd's \
              --max-msg-timeout (15m unless nsqd was started with another)"
+        );
+        let error = classify(
+            "IDENTIFY",
+            broker(
+                "E_BAD_BODY",
+                "E_BAD_BODY IDENTIFY output buffer timeout (5) is invalid",
+            ),
+            Role::Consumer,
+        );
+        assert!(error.is_permanent());
+        assert_eq!(
+            error.to_string(),
+            "nsqd 127.0.0.1:4150 refused IDENTIFY: E_BAD_BODY IDENTIFY output buffer timeout (5) \
+             is invalid; set `--consumer-opt output_buffer_timeout,…` \
+             (`consumer_opt.output_buffer_timeout`) between nsqd's --min-output-buffer-timeout \
+             and --max-output-buffer-timeout (25ms and 30s unless nsqd was started with \
+             others)"
         );
         for (command, code, text) in [
             (

@@ -39,14 +39,12 @@ pub enum ConfigError {
         reason: Wording,
     },
     /// A required value is missing.
-    #[error(
-        "`{key}` is required: set it in the config file or pass {}",
-        flag_list(flags)
-    )]
+    #[error("`{key}` is required: set it in the config file or {}", or_pass(flags))]
     Missing {
         /// The key, as `section.name`.
         key: &'static str,
-        /// The flags that set it (any one of them).
+        /// The flags that set it (any one of them): named when the error is shown in the
+        /// user's words, as the binary shows it.
         flags: &'static [&'static str],
     },
     /// Several required values are missing: each is named.
@@ -119,12 +117,16 @@ fn flag_of(key: &str) -> Option<&'static str> {
     crate::wording::in_effect(|names| names.flag_of(key))
 }
 
-fn flag_list(flags: &[&str]) -> String {
-    flags
+/// "pass" one of `flags`, if the error is shown in the user's words (the binary's); a library
+/// user has no flags to pass, and sets the key with the settings builder instead.
+fn or_pass(flags: &[&str]) -> String {
+    let listed = flags
         .iter()
         .map(|flag| format!("`{flag}`"))
         .collect::<Vec<_>>()
-        .join(" or ")
+        .join(" or ");
+    crate::wording::in_effect(|_| Some(format!("pass {listed}")))
+        .unwrap_or_else(|| "with `Settings::builder()`".to_owned())
 }
 
 /// A value of `key` that is refused, and why.
