@@ -129,6 +129,9 @@ struct Shared<S> {
     given: Shape,
     /// The generations in use; replaced whole when the descriptor changes.
     state: RwLock<Arc<State<S>>>,
+    /// Whether this consumer was given no size, its table sizing itself: following the
+    /// store's size is then what it is meant to do, not a difference to warn of.
+    sizes_itself: bool,
     /// Whether the difference between the size given and the store's was logged.
     warned: AtomicBool,
     /// The switch time of a previous generation this consumer retired: not read again.
@@ -165,10 +168,22 @@ impl<S: Generation + std::fmt::Debug> std::fmt::Debug for Generations<S> {
 impl<S: Generation> Generations<S> {
     /// A table of one generation, `store`'s; [`Generations::follow`] reads the descriptor.
     pub fn new(store: S) -> Self {
+        Self::given(store, false)
+    }
+
+    /// A table of one generation, `store`'s, that sizes itself (no size was given): the
+    /// store's size, when it has another, is followed and said once at INFO, not warned of.
+    #[cfg(feature = "sidecar")]
+    pub(crate) fn sizing_itself(store: S) -> Self {
+        Self::given(store, true)
+    }
+
+    fn given(store: S, sizes_itself: bool) -> Self {
         let shape = shape_of(&store);
         Generations {
             shared: Arc::new(Shared {
                 given: shape,
+                sizes_itself,
                 state: RwLock::new(Arc::new(State {
                     current: store,
                     shape,
@@ -286,6 +301,36 @@ impl<S: Generation> Generations<S> {
         self.apply(&state, descriptor)
     }
 
+    /// Says once that the store's table has another size than the one given, which this
+    /// consumer follows: at INFO for a table that sizes itself (it was given no size), else a
+    /// WARN naming both sizes, that nothing is wrong, and how to give the store's size.
+    fn say_size_followed(&self, state: &State<S>, descriptor: &Descriptor) {
+        let (given, store) = (
+            self.shared.given.geometry.slots(),
+            descriptor.current.geometry.slots(),
+        );
+        let key = state.current.descriptor_key();
+        if self.shared.sizes_itself {
+            tracing::info!(descriptor = %key, store_buckets = store, "The table sizes itself and follows the store's table of {store} buckets.");
+            return;
+        }
+        let resized = matches!(descriptor.previous, Some((previous, _)) if previous.geometry.slots() == given);
+        let what = if resized {
+            format!("The store's table was resized from {given} to {store} buckets")
+        } else {
+            format!("The store's table has {store} buckets, not the {given} given here")
+        };
+        tracing::warn!(
+            descriptor = %key,
+            given_buckets = given,
+            store_buckets = store,
+            "{what}: this consumer follows the store's table, and nothing is wrong with its data. \
+             To stop this warning, give it the store's size ({store} buckets), or no size (a \
+             probability and a window without a rate: a table that sizes itself). `nsq-dedupe \
+             resize` changes the store's size."
+        );
+    }
+
     fn apply(&self, state: &State<S>, descriptor: Descriptor) -> Result<(), StoreError> {
         let given = self.shared.given;
         if !state.current.reads_format(descriptor.current.format) {
@@ -318,15 +363,7 @@ impl<S: Generation> Generations<S> {
                 given.format,
             );
         } else if descriptor.current != given && !self.shared.warned.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                descriptor = %state.current.descriptor_key(),
-                given_buckets = given.geometry.slots(),
-                store_buckets = descriptor.current.geometry.slots(),
-                "The store's table has another size than the one given: following the store's \
-                 ({} buckets, not {}). `nsq-dedupe resize` changes the store's size.",
-                descriptor.current.geometry.slots(),
-                given.geometry.slots(),
-            );
+            self.say_size_followed(state, &descriptor);
         }
         let previous = descriptor
             .previous
