@@ -48,6 +48,7 @@ const MEMCACHED_ITEM_OVERHEAD_BYTES: u64 = 90;
 const MEMCACHED_ENTRY_BYTES: u64 = 8;
 
 /// Bytes an entry's time adds in a compact Memcached item of a timed table (`max_age`).
+#[cfg(feature = "cli")]
 const MEMCACHED_TIME_BYTES: u64 = 4;
 
 /// Bytes of an item's value besides its entries: the header (4) and a cursor per set.
@@ -216,6 +217,7 @@ pub fn memcached_bytes_estimate(geometry: Geometry) -> u64 {
 }
 
 /// [`memcached_bytes_estimate`] for a table with `max_age`, whose entries carry a time.
+#[cfg(feature = "cli")]
 pub(crate) fn memcached_timed_bytes_estimate(geometry: Geometry) -> u64 {
     memcached_bytes(geometry, MEMCACHED_ENTRY_BYTES + MEMCACHED_TIME_BYTES)
 }

@@ -48,6 +48,7 @@ use crate::dedup::{Claim, Digest, Geometry, Store};
 use crate::error::StoreError;
 
 mod descriptor;
+mod notice;
 
 pub use descriptor::{Descriptor, Shape};
 
@@ -301,36 +302,6 @@ impl<S: Generation> Generations<S> {
         self.apply(&state, descriptor)
     }
 
-    /// Says once that the store's table has another size than the one given, which this
-    /// consumer follows: at INFO for a table that sizes itself (it was given no size), else a
-    /// WARN naming both sizes, that nothing is wrong, and how to give the store's size.
-    fn say_size_followed(&self, state: &State<S>, descriptor: &Descriptor) {
-        let (given, store) = (
-            self.shared.given.geometry.slots(),
-            descriptor.current.geometry.slots(),
-        );
-        let key = state.current.descriptor_key();
-        if self.shared.sizes_itself {
-            tracing::info!(descriptor = %key, store_buckets = store, "The table sizes itself and follows the store's table of {store} buckets.");
-            return;
-        }
-        let resized = matches!(descriptor.previous, Some((previous, _)) if previous.geometry.slots() == given);
-        let what = if resized {
-            format!("The store's table was resized from {given} to {store} buckets")
-        } else {
-            format!("The store's table has {store} buckets, not the {given} given here")
-        };
-        tracing::warn!(
-            descriptor = %key,
-            given_buckets = given,
-            store_buckets = store,
-            "{what}: this consumer follows the store's table, and nothing is wrong with its data. \
-             To stop this warning, give it the store's size ({store} buckets), or no size (a \
-             probability and a window without a rate: a table that sizes itself). `nsq-dedupe \
-             resize` changes the store's size."
-        );
-    }
-
     fn apply(&self, state: &State<S>, descriptor: Descriptor) -> Result<(), StoreError> {
         let given = self.shared.given;
         if !state.current.reads_format(descriptor.current.format) {
@@ -350,20 +321,13 @@ impl<S: Generation> Generations<S> {
                 .filter(|(shape, _)| state.current.reads_format(shape.format)),
             ..descriptor
         };
-        if descriptor.current.format != given.format
-            && !self.shared.warned.swap(true, Ordering::Relaxed)
-        {
-            tracing::warn!(
-                descriptor = %state.current.descriptor_key(),
-                store_format = descriptor.current.format,
-                given_format = given.format,
-                "The store's table has an earlier layout (key format {}): following it. \
-                 `nsq-dedupe resize` moves it to key format {} without forgetting.",
-                descriptor.current.format,
-                given.format,
+        if descriptor.current != given && !self.shared.warned.swap(true, Ordering::Relaxed) {
+            notice::following(
+                &state.current.descriptor_key(),
+                given,
+                &descriptor,
+                self.shared.sizes_itself,
             );
-        } else if descriptor.current != given && !self.shared.warned.swap(true, Ordering::Relaxed) {
-            self.say_size_followed(state, &descriptor);
         }
         let previous = descriptor
             .previous

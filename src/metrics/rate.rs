@@ -33,8 +33,6 @@ struct State {
     /// (start of the part, highest recent rate in it), oldest first.
     peaks: VecDeque<(Instant, f64)>,
     recent: Option<f64>,
-    /// The span the recent rate was measured over: [`RECENT_SPAN`], or less early on.
-    recent_span: Option<Duration>,
     /// The fleet's rate, once known, and the span the store's counters measured it over;
     /// the peak then follows it instead of our own.
     fleet: Option<(f64, Duration)>,
@@ -64,7 +62,6 @@ impl RateTracker {
         }
         let rate = count.saturating_sub(first_count) as f64 / span;
         state.recent = Some(rate);
-        state.recent_span = Some(now.duration_since(first));
         if state.fleet.is_none() {
             self.note_peak(&mut state, now, rate);
         }
@@ -90,10 +87,20 @@ impl RateTracker {
     }
 
     /// The span the rate in use was measured over: the fleet's counters' once known, else
-    /// this consumer's recent one; `None` before two samples.
+    /// this consumer's recent one ([`RECENT_SPAN`], or less early on); `None` before two
+    /// samples.
+    #[cfg(feature = "sidecar")]
     pub(crate) fn span(&self) -> Option<Duration> {
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.fleet.map(|(_, span)| span).or(state.recent_span)
+        if let Some((_, span)) = state.fleet {
+            return Some(span);
+        }
+        match (state.samples.front(), state.samples.back()) {
+            (Some(&(first, _)), Some(&(last, _))) if last > first => {
+                Some(last.duration_since(first))
+            }
+            _ => None,
+        }
     }
 
     fn note_peak(&self, state: &mut State, now: Instant, rate: f64) {
@@ -156,6 +163,7 @@ mod tests {
         assert_eq!(tracker.peak(), Some(100.0));
     }
 
+    #[cfg(feature = "sidecar")]
     #[test]
     fn the_span_of_the_rate_in_use_is_known() {
         let tracker = RateTracker::new(Duration::from_secs(3600));
@@ -170,10 +178,7 @@ mod tests {
             tracker.sample(at(s), 2000);
         }
         assert_eq!(tracker.span(), Some(RECENT_SPAN));
-        #[cfg(feature = "sidecar")]
-        {
-            tracker.note_fleet(at(200), 50.0, Duration::from_secs(12));
-            assert_eq!(tracker.span(), Some(Duration::from_secs(12)));
-        }
+        tracker.note_fleet(at(200), 50.0, Duration::from_secs(12));
+        assert_eq!(tracker.span(), Some(Duration::from_secs(12)));
     }
 }

@@ -145,6 +145,7 @@ impl Growth {
 
     /// The largest table of `ways` under the whole ceiling, as the table may grow to once
     /// its previous generations have retired.
+    #[cfg(feature = "cli")]
     pub(crate) fn ceiling_table(&self, ways: u32) -> Option<Geometry> {
         self.fit(ways, self.max_bytes)
     }
