@@ -63,7 +63,8 @@ fn the_often_quoted_size_catches_one_copy_in_ten_an_hour_late() {
         ));
 }
 
-fn json(args: &[&str]) -> serde_json::Value {
+/// `size ARGS --json`, parsed.
+pub(crate) fn json(args: &[&str]) -> serde_json::Value {
     let out = bin()
         .arg("size")
         .args(args)

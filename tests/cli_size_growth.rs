@@ -4,21 +4,12 @@
 
 use predicates::prelude::*;
 
+use crate::cli_size::json;
 use crate::util::bin;
 
 fn text(args: &[&str]) -> String {
     let out = bin().arg("size").args(args).assert().success();
     String::from_utf8(out.get_output().stdout.clone()).unwrap()
-}
-
-fn json(args: &[&str]) -> serde_json::Value {
-    let out = bin()
-        .arg("size")
-        .args(args)
-        .arg("--json")
-        .assert()
-        .success();
-    serde_json::from_slice(&out.get_output().stdout).expect("size --json prints JSON")
 }
 
 #[test]
