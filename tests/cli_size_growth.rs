@@ -54,6 +54,28 @@ Ceiling:      64.0 MiB in-process for every generation held at once (`--max-memo
 }
 
 #[test]
+fn a_ceiling_below_the_first_table_is_what_it_starts_at_and_says_so() {
+    let out = text(&["-p", "0.99", "--window", "30s", "--max-memory", "1KiB"]);
+    assert!(
+        out.starts_with(
+            "Table:        sizes itself (no rate and no size given): starts at 128 buckets (16 \
+             sets of 8 ways), all the ceiling holds (1,024 distinct messages a window would \
+             need 2,816 buckets)\n"
+        ),
+        "{out}"
+    );
+    // One way: the classic table, as a table of fixed size says it.
+    let out = text(&["-p", "0.99", "--window", "30s", "--ways", "1"]);
+    assert!(
+        out.starts_with(
+            "Table:        sizes itself (no rate and no size given): starts at 101,888 buckets \
+             (one bucket per set, the classic table), room for 1,024 distinct messages a window\n"
+        ),
+        "{out}"
+    );
+}
+
+#[test]
 fn without_max_memory_the_default_ceiling_is_named() {
     let out = text(&["-p", "0.99", "--window", "30s"]);
     assert!(

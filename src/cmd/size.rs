@@ -176,12 +176,20 @@ fn self_sizing_text(args: &SizeArgs, sizing: &SelfSizing) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "Table:        sizes itself (no rate and no size given): starts at {} ({} of {} ways), \
-         room for {} distinct messages a window",
+        "Table:        sizes itself (no rate and no size given): starts at {} ({}), {}",
         plural(start.slots(), "bucket", "buckets"),
-        plural(start.sets(), "set", "sets"),
-        start.ways(),
-        format_count(sizing.start_messages() as u64),
+        shape(start),
+        match sizing.wanted_start {
+            Some(wanted) if wanted.slots() > start.slots() => format!(
+                "all the ceiling holds ({} distinct messages a window would need {})",
+                format_count(sizing.start_messages() as u64),
+                plural(wanted.slots(), "bucket", "buckets"),
+            ),
+            _ => format!(
+                "room for {} distinct messages a window",
+                format_count(sizing.start_messages() as u64)
+            ),
+        },
     );
     let _ = writeln!(
         out,
@@ -393,11 +401,7 @@ fn delays(answer: &Answer) -> Vec<(Option<f64>, f64)> {
 fn to_text(answer: &Answer) -> String {
     let g = answer.geometry;
     let mut out = String::new();
-    let sets = if g.ways() == 1 {
-        "one bucket per set, the classic table".to_owned()
-    } else {
-        format!("{} of {} ways", plural(g.sets(), "set", "sets"), g.ways())
-    };
+    let sets = shape(g);
     let _ = writeln!(
         out,
         "Table:        {} ({sets})",
@@ -537,6 +541,15 @@ fn write_delays(out: &mut String, answer: &Answer) {
             out,
             "{delay:<delay_width$}{count:>count_width$}  {probability}"
         );
+    }
+}
+
+/// How a table's slots are grouped: "1,238,771 sets of 8 ways", or the classic table.
+fn shape(g: Geometry) -> String {
+    if g.ways() == 1 {
+        "one bucket per set, the classic table".to_owned()
+    } else {
+        format!("{} of {} ways", plural(g.sets(), "set", "sets"), g.ways())
     }
 }
 

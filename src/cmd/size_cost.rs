@@ -98,6 +98,8 @@ pub(super) struct SelfSizing {
     pub(super) growth: Growth,
     /// The first generation.
     pub(super) start: Geometry,
+    /// The first generation the target asks for, which the ceiling may cut.
+    pub(super) wanted_start: Option<Geometry>,
     pub(super) start_bytes: TableBytes,
     /// Whether the ceiling is the default one (no `--max-memory`).
     pub(super) default_ceiling: bool,
@@ -130,6 +132,7 @@ impl SelfSizing {
             slot_bytes: Geometry::SLOT_BYTES * if timed { 2 } else { 1 },
         };
         let start = growth.initial(ways)?;
+        let wanted_start = sizing::slots_for(probability, ways, INITIAL_ENTRIES).ok();
         let ceiling_table = growth.ceiling_table(ways);
         let ceiling_rate = ceiling_table
             .and_then(|table| sizing::window_for(table, probability).ok())
@@ -137,6 +140,7 @@ impl SelfSizing {
         Ok(SelfSizing {
             growth,
             start,
+            wanted_start,
             start_bytes: TableBytes::of(start, timed),
             default_ceiling: max_bytes.is_none(),
             ceiling_table,
