@@ -210,7 +210,7 @@ fn self_sizing_text(args: &SizeArgs, sizing: &SelfSizing) -> String {
     let _ = writeln!(
         out,
         "Growing:      every {}, the distinct rate of the last {} (for a shared table, the \
-         fleet's, or {} of this consumer's times its share of the fleet) is checked against the \
+         larger of the fleet's and this consumer's over {} times its share of the fleet) is checked against the \
          table; when a copy one window late would be caught with less than {target}, a new \
          generation takes the new messages, sized for {} times that rate.",
         format_duration(crate::sizing::growth::CHECK_EVERY),
