@@ -151,6 +151,12 @@ fn bad_input_names_the_flag_and_the_accepted_form() {
             "invalid value '12 parsecs' for '--memory <SIZE>': expected a size such as 64MiB",
         ),
     ];
+    refused(cases);
+}
+
+/// Runs `size` with each case's arguments: it fails, prints nothing on stdout, and its
+/// stderr says the case's message.
+pub(crate) fn refused(cases: &[(&[&str], &str)]) {
     for (args, message) in cases {
         bin()
             .arg("size")

@@ -2,9 +2,7 @@
 //! table that sizes itself (where it starts, how it grows, its ceiling), and the memory and
 //! probability of a table with `--max-age`; text and JSON give the same figures.
 
-use predicates::prelude::*;
-
-use crate::cli_size::json;
+use crate::cli_size::{json, refused};
 use crate::util::bin;
 
 fn text(args: &[&str]) -> String {
@@ -200,13 +198,5 @@ fn flags_that_do_not_fit_a_table_that_sizes_itself_are_refused_naming_them() {
              the table for it\n",
         ),
     ];
-    for (args, message) in cases {
-        bin()
-            .arg("size")
-            .args(*args)
-            .assert()
-            .failure()
-            .stdout("")
-            .stderr(predicate::str::contains(*message));
-    }
+    refused(cases);
 }
