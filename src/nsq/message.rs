@@ -112,7 +112,7 @@ impl Message {
         self.answered = true;
         let result = self.conn.answer(self.id, Command::Fin(self.id));
         if result.is_ok() {
-            self.consumer.on_finished();
+            self.consumer.on_finished(1);
         }
         result
     }
@@ -212,14 +212,19 @@ impl Message {
         results.resize_with(count, || Ok(()));
         for group in groups {
             let taken = group.conn.answer_many(group.commands);
+            // Counted once per group: the counters are shared by every core that answers.
+            let mut finished = 0;
             for ((index, answer), result) in group.answers.into_iter().zip(taken) {
                 if result.is_ok() {
                     match answer {
-                        Answer::Finish => group.consumer.on_finished(),
+                        Answer::Finish => finished += 1,
                         Answer::Requeue { backoff, .. } => group.consumer.on_requeued(backoff),
                     }
                 }
                 results[index] = result;
+            }
+            if finished > 0 {
+                group.consumer.on_finished(finished);
             }
         }
         results
@@ -295,7 +300,7 @@ impl Message {
             fn clamp_requeue_delay(&self, delay: Duration) -> Duration {
                 delay
             }
-            fn on_finished(&self) {}
+            fn on_finished(&self, _: u64) {}
             fn on_requeued(&self, _: bool) {}
             fn on_touched(&self) {}
             fn on_parked(&self) {}
