@@ -532,10 +532,11 @@ mod tests {
         task: tokio::task::JoinHandle<std::io::Result<()>>,
     }
 
-    /// A writer on a recorded wire, with `ids` in flight, after it wrote `RDY rdy`.
-    async fn writer(rdy: u32, ids: std::ops::Range<u8>) -> Running {
+    /// A writer on a recorded wire, with messages `a` to `z` in flight, after it wrote
+    /// `RDY rdy`.
+    async fn writer(rdy: u32) -> Running {
         let (handle, commands) = ConnHandle::new("nsqd".into());
-        for id in ids {
+        for id in b'a'..=b'z' {
             handle.track(MessageId([id; 16]));
         }
         let wire = Recorded::default();
@@ -588,7 +589,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn answers_of_several_calls_within_the_hold_go_out_in_one_write() {
-        let w = writer(2500, b'a'..b'z').await;
+        let w = writer(2500).await;
         fin(&w.handle, b"ab");
         settle().await;
         tokio::time::advance(Duration::from_millis(1)).await;
@@ -621,7 +622,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn answers_reaching_a_quarter_of_rdy_or_with_a_rdy_below_4_go_out_at_once() {
-        let w = writer(8, b'a'..b'z').await;
+        let w = writer(8).await;
         fin(&w.handle, b"a");
         settle().await;
         assert_eq!(w.wire.writes().len(), 1, "1 answer of a RDY of 8 waits");
@@ -639,7 +640,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn answers_held_when_the_connection_closes_are_written_before_it_shuts() {
-        let w = writer(2500, b'a'..b'z').await;
+        let w = writer(2500).await;
         fin(&w.handle, b"ab");
         settle().await;
         let single = MessageId([b'c'; 16]);

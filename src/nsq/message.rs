@@ -41,7 +41,8 @@ struct Group {
 /// Answer it exactly once with [`finish`](Message::finish) or [`requeue`](Message::requeue)
 /// (both consume it), from any task, after any amount of async work; [`touch`](Message::touch)
 /// it meanwhile if the work may outlast nsqd's `msg_timeout`. The answer is queued to the
-/// connection's writer at once and written as soon as that task runs.
+/// connection's writer at once and written within 4 ms, with the answers that follow it, so
+/// that nsqd refills its window in groups; when the connection closes, it is written first.
 ///
 /// A message dropped without an answer is requeued with the default delay and a warning, so
 /// nothing is left in flight unknowingly. If the connection it came from has closed, answers
