@@ -571,12 +571,23 @@ mod tests {
         }
     }
 
-    fn fin(handle: &ConnHandle, ids: &[u8]) {
+    /// Answers `ids` with FIN in one call, then lets the writer run.
+    async fn fin(handle: &ConnHandle, ids: &[u8]) {
         let answers = ids
             .iter()
             .map(|&id| (MessageId([id; 16]), Command::Fin(MessageId([id; 16]))))
             .collect();
         assert!(handle.answer_many(answers).iter().all(Result::is_ok));
+        settle().await;
+    }
+
+    impl Running {
+        /// Closes the connection and waits for the writer to end.
+        async fn close(self) -> Recorded {
+            self.close.cancel();
+            self.task.await.unwrap().unwrap();
+            self.wire
+        }
     }
 
     fn fins(ids: &[u8]) -> String {
@@ -590,14 +601,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn answers_of_several_calls_within_the_hold_go_out_in_one_write() {
         let w = writer(2500).await;
-        fin(&w.handle, b"ab");
-        settle().await;
+        fin(&w.handle, b"ab").await;
         tokio::time::advance(Duration::from_millis(1)).await;
-        fin(&w.handle, b"c");
-        settle().await;
+        fin(&w.handle, b"c").await;
         tokio::time::advance(Duration::from_millis(1)).await;
-        fin(&w.handle, b"de");
-        settle().await;
+        fin(&w.handle, b"de").await;
         assert_eq!(
             w.wire.writes().len(),
             1,
@@ -611,45 +619,37 @@ mod tests {
             "one write, within the hold"
         );
         // The next answers wait again, and a command that is not an answer takes them along.
-        fin(&w.handle, b"f");
-        settle().await;
+        fin(&w.handle, b"f").await;
         w.handle.send(Command::Nop).unwrap();
         settle().await;
         assert_eq!(w.wire.writes()[2..], [fins(b"f") + "NOP\n"]);
-        w.close.cancel();
-        w.task.await.unwrap().unwrap();
+        w.close().await;
     }
 
     #[tokio::test(start_paused = true)]
     async fn answers_reaching_a_quarter_of_rdy_or_with_a_rdy_below_4_go_out_at_once() {
         let w = writer(8).await;
-        fin(&w.handle, b"a");
-        settle().await;
+        fin(&w.handle, b"a").await;
         assert_eq!(w.wire.writes().len(), 1, "1 answer of a RDY of 8 waits");
-        fin(&w.handle, b"b");
-        settle().await;
+        fin(&w.handle, b"b").await;
         assert_eq!(w.wire.writes()[1..], [fins(b"ab")], "2 of 8 go out");
         w.handle.send(Command::Rdy(3)).unwrap();
         settle().await;
-        fin(&w.handle, b"c");
-        settle().await;
+        fin(&w.handle, b"c").await;
         assert_eq!(w.wire.writes()[2..], ["RDY 3\n".to_string(), fins(b"c")]);
-        w.close.cancel();
-        w.task.await.unwrap().unwrap();
+        w.close().await;
     }
 
     #[tokio::test(start_paused = true)]
     async fn answers_held_when_the_connection_closes_are_written_before_it_shuts() {
         let w = writer(2500).await;
-        fin(&w.handle, b"ab");
-        settle().await;
+        fin(&w.handle, b"ab").await;
         let single = MessageId([b'c'; 16]);
         w.handle.answer(single, Command::Fin(single)).unwrap();
         settle().await;
         assert_eq!(w.wire.writes().len(), 1, "held");
-        w.close.cancel();
-        w.task.await.unwrap().unwrap();
-        assert_eq!(w.wire.writes()[1..].concat(), fins(b"abc"), "none lost");
+        let wire = w.close().await;
+        assert_eq!(wire.writes()[1..].concat(), fins(b"abc"), "none lost");
     }
 
     /// Sequential nsqd-style IDs must spread over the low bits that pick a bucket.
