@@ -14,8 +14,9 @@
 //!
 //! # Memory
 //!
-//! The in-process table takes 8 bytes per slot ([`Geometry::SLOT_BYTES`]). In Memcached an
-//! item holds 64 slots (whole sets) of 8 bytes; [`memcached_bytes_estimate`] adds memcached's
+//! The in-process table takes 8 bytes per slot ([`Geometry::SLOT_BYTES`]), 16 with `max_age`
+//! (a time beside each). In Memcached an item holds 64 slots (whole sets) of 8 bytes (12 with
+//! `max_age`); [`memcached_bytes_estimate`] adds memcached's
 //! per-item overhead. In Redis
 //! each set is one string key; [`redis_bytes_estimate`] uses what `MEMORY USAGE` reports for a
 //! full set.
@@ -45,6 +46,10 @@ const MEMCACHED_ITEM_OVERHEAD_BYTES: u64 = 90;
 /// Bytes one entry takes in a compact Memcached item (its fingerprint; entries in flight take
 /// 17 more while they are, and a timed table, with `max_age`, 4 more each).
 const MEMCACHED_ENTRY_BYTES: u64 = 8;
+
+/// Bytes an entry's time adds in a compact Memcached item of a timed table (`max_age`).
+#[cfg(feature = "cli")]
+const MEMCACHED_TIME_BYTES: u64 = 4;
 
 /// Bytes of an item's value besides its entries: the header (4) and a cursor per set.
 const MEMCACHED_ITEM_HEADER_BYTES: u64 = 4;
@@ -235,11 +240,21 @@ pub(crate) const WAYS_EXPECTED: &str = "expected 1, 2, 4 or 8";
 /// `MemcachedConfig::slots_per_item` slots (64 by default) (whole sets), each its overhead, a cursor per set and
 /// 8 bytes per entry, no entry in flight and no `max_age`.
 pub fn memcached_bytes_estimate(geometry: Geometry) -> u64 {
+    memcached_bytes(geometry, MEMCACHED_ENTRY_BYTES)
+}
+
+/// [`memcached_bytes_estimate`] for a table with `max_age`, whose entries carry a time.
+#[cfg(feature = "cli")]
+pub(crate) fn memcached_timed_bytes_estimate(geometry: Geometry) -> u64 {
+    memcached_bytes(geometry, MEMCACHED_ENTRY_BYTES + MEMCACHED_TIME_BYTES)
+}
+
+fn memcached_bytes(geometry: Geometry, entry_bytes: u64) -> u64 {
     let ways = u64::from(geometry.ways());
     let sets_per_item = (u64::from(crate::dedup::MEMCACHED_SLOTS_PER_ITEM) / ways).max(1);
     let items = geometry.sets().div_ceil(sets_per_item);
     items * (MEMCACHED_ITEM_OVERHEAD_BYTES + MEMCACHED_ITEM_HEADER_BYTES)
-        + geometry.sets() * (1 + MEMCACHED_ENTRY_BYTES * ways)
+        + geometry.sets() * (1 + entry_bytes * ways)
 }
 
 /// Bytes one full set of `ways` ways takes in Redis: what Redis 7.0 (64-bit, jemalloc)

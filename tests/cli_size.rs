@@ -36,6 +36,9 @@ Delay           Messages later  Catch probability
 10m                    600,000  0.982593
 1h                   3,600,000  0.900000
 2h                   7,200,000  0.810000
+
+Resizing:     to twice this size (68,336,798 buckets, by `nsq-dedupe resize` or a table file of another size), this table stays, read-only, beside the new one: memory peaks at 782.1 MiB in-process; about 1023.4 MiB in Memcached, 14.7 GiB in Redis.
+              It is read until the new table has taken 68,336,798 new messages (18h58m57s at 1000 msg/s); each claim meanwhile reads it too, one look-up more (one set in process; one key, in the same round trip, in a shared store).
 "
     );
 }
@@ -60,7 +63,8 @@ fn the_often_quoted_size_catches_one_copy_in_ten_an_hour_late() {
         ));
 }
 
-fn json(args: &[&str]) -> serde_json::Value {
+/// `size ARGS --json`, parsed.
+pub(crate) fn json(args: &[&str]) -> serde_json::Value {
     let out = bin()
         .arg("size")
         .args(args)
@@ -126,7 +130,7 @@ fn bad_input_names_the_flag_and_the_accepted_form() {
             "invalid value 'an hour' for '--window <DURATION>': expected a duration such as 30s, 5m, 1h or 2d",
         ),
         (
-            &["-p", "0.9", "--window", "1h"],
+            &["--buckets", "1000", "--window", "1h"],
             "`--window 1h` needs `--rate` (distinct messages per second)",
         ),
         (&["-p", "0.9"], "give exactly two of `--probability`, the table size"),
@@ -147,6 +151,12 @@ fn bad_input_names_the_flag_and_the_accepted_form() {
             "invalid value '12 parsecs' for '--memory <SIZE>': expected a size such as 64MiB",
         ),
     ];
+    refused(cases);
+}
+
+/// Runs `size` with each case's arguments: it fails, prints nothing on stdout, and its
+/// stderr says the case's message.
+pub(crate) fn refused(cases: &[(&[&str], &str)]) {
     for (args, message) in cases {
         bin()
             .arg("size")

@@ -234,6 +234,12 @@ fn warnings(logs: &[&Path]) -> String {
         .collect()
 }
 
+/// Whether a line of `log` at `level` (such as `" WARN "`) says `message`.
+fn logged_at(log: &str, level: &str, message: &str) -> bool {
+    log.lines()
+        .any(|line| line.contains(level) && line.contains(message))
+}
+
 /// Stops a sidecar with SIGTERM (a graceful stop, as a rolling restart does).
 fn stop(guard: &mut ChildGuard) {
     let mut child = guard.0.take().unwrap();
@@ -300,7 +306,15 @@ async fn a_fleet_resized_one_sidecar_at_a_time_forgets_nothing(shared: Shared) {
     .await;
     let warned = log_text(&log_a);
     assert!(
-        warned.contains("1048576 buckets, not 262144") && warned.contains("`nsq-dedupe resize`"),
+        logged_at(
+            &warned,
+            " WARN ",
+            "The store's table was resized from 262144 to 1048576 buckets: this consumer \
+             follows the store's table, and nothing is wrong with its data. To stop this \
+             warning, give it the store's size (1048576 buckets), or no size (a probability and \
+             a window without a rate: a table that sizes itself). `nsq-dedupe resize` changes \
+             the store's size."
+        ),
         "the sidecar given the old size says it follows the store's: {warned}"
     );
     // Its status line shows the previous table it still reads.
@@ -497,7 +511,47 @@ async fn a_sidecar_restarted_with_another_size_follows_the_stores_table(shared: 
         1,
         "the size given and the store's are named once: {said}"
     );
-    assert!(said.contains("262144 buckets, not 1048576"), "{said}");
+    assert!(
+        logged_at(
+            &said,
+            " WARN ",
+            "The store's table has 262144 buckets, not the 1048576 given here: this consumer \
+             follows the store's table, and nothing is wrong with its data."
+        ),
+        "{said}"
+    );
+    drop(sidecar);
+}
+
+/// A sidecar that sizes itself (given no size) joining a table that has grown follows the
+/// store's size and says so once at INFO: no warning of a size it was never given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_that_sizes_itself_follows_a_grown_table_without_a_warning() {
+    let shared = Shared::redis();
+    let broker = Broker::start(BrokerConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    resize_command(&shared, NEW_BUCKETS);
+    let fixed = config(dir.path(), "fixed", &broker, &shared, NEW_BUCKETS);
+    let growing = dir.path().join("growing.toml");
+    let text = std::fs::read_to_string(&fixed).unwrap().replace(
+        &format!("buckets = {NEW_BUCKETS}\n"),
+        "probability = 0.99\nwindow = \"30s\"\n",
+    );
+    std::fs::write(&growing, text).unwrap();
+    let log = dir.path().join("sidecar.log");
+    let sidecar = ChildGuard(Some(spawn_sidecar(&growing, &log)));
+    const N: usize = 200;
+    broker.publish_many(TOPIC, (0..N).map(payload));
+    wait_out(&broker, N, &[&log]).await;
+    let said = std::fs::read_to_string(&log).unwrap();
+    let followed = "The table sizes itself and follows the store's table of 1048576 buckets.";
+    assert_eq!(said.matches(followed).count(), 1, "{said}");
+    assert!(logged_at(&said, " INFO ", followed), "{said}");
+    assert!(
+        !said.contains("nothing is wrong with its data"),
+        "no warning: {}",
+        warnings(&[&log])
+    );
     drop(sidecar);
 }
 

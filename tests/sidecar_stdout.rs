@@ -74,13 +74,26 @@ async fn a_table_too_small_for_the_rate_warns_and_names_the_size_that_would_do()
         .lines()
         .find(|l| l.contains("The table is too small for the recent rate"))
         .unwrap_or_else(|| panic!("no warning in\n{log}"));
+    // The rate the figures come from is named with its span: 2,000 messages in the few
+    // seconds since the start are not an hour of them.
+    assert!(
+        warning.contains(" distinct messages a second (this consumer's rate over the last ")
+            && warning.contains(
+                ") for a whole window (1h), a copy one window late is caught with probability "
+            )
+            && warning.contains(
+                "These figures take that rate as lasting the window: a burst shorter than it \
+                 asks for less."
+            ),
+        "{warning}"
+    );
     // No `--probability` was given: the target is the default one, and said to be.
     assert!(
         warning.contains("below the default target 0.99 (no --probability was given); --buckets ")
             && warning.contains(" or --memory ")
             && warning.contains(
                 "(with --ways 8) would meet it, or --probability 0.99 --window 1h with no \
-                 --rate, --buckets or --memory lets the table size itself."
+                 --rate, --buckets or --memory lets the table size itself. "
             ),
         "{warning}"
     );

@@ -15,6 +15,7 @@ mod cli_errors;
 mod cli_filter;
 mod cli_settings;
 mod cli_size;
+mod cli_size_growth;
 mod cli_size_nsqd;
 mod cli_start;
 mod closed_at_start;

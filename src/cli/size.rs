@@ -6,7 +6,8 @@ use clap::builder::{OsStringValueParser, TypedValueParser as _};
 use clap::Args;
 
 use super::parse::{
-    parse_copies, parse_duration, parse_messages, parse_probability, parse_rate, parse_svg_file,
+    parse_copies, parse_duration, parse_memory_text, parse_messages, parse_probability, parse_rate,
+    parse_svg_file,
 };
 use super::table::TableFlags;
 
@@ -68,7 +69,8 @@ pub(crate) struct SizeArgs {
         help_heading = "Measured rate"
     )]
     pub(crate) copies: Option<u32>,
-    /// How late a copy may arrive: 30s, 5m, 1h, 2d (needs --rate).
+    /// How late a copy may arrive: 30s, 5m, 1h, 2d (with --rate; with --probability alone,
+    /// the table that sizes itself is described).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, conflicts_with = "messages")]
     pub(crate) window: Option<Duration>,
     /// The window as a count of distinct messages.
@@ -79,6 +81,11 @@ pub(crate) struct SizeArgs {
     /// suggested.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub(crate) max_age: Option<Duration>,
+    /// The ceiling of a table that sizes itself (--probability and --window without --rate or
+    /// a size), as `run --max-memory`: such as 256MiB (default a quarter of this machine's
+    /// memory, at most 1GiB).
+    #[arg(long, value_name = "SIZE", value_parser = parse_memory_text)]
+    pub(crate) max_memory: Option<String>,
     /// Also draw the catch probability against the delay, for 1, 2, 4 and 8 ways in the same
     /// memory, as an SVG picture in this file (its name must end in .svg).
     #[arg(

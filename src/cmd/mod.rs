@@ -12,6 +12,7 @@ pub(crate) mod output;
 pub(crate) mod resize;
 pub(crate) mod run;
 pub(crate) mod size;
+mod size_cost;
 pub(crate) mod std_streams;
 
 /// A probability with six decimals, or as many more as it takes to tell it from 1 (or from 0):

@@ -5,10 +5,11 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use serde_json::json;
 
 use super::format_probability;
+use super::size_cost::{Resize, SelfSizing, TableBytes};
 use crate::cli::{SizeArgs, MAX_WINDOW_MESSAGES};
 use crate::sizing;
 use crate::units::{format_bytes, format_count, format_duration};
@@ -27,6 +28,24 @@ struct Answer {
     rate: Option<f64>,
     /// `--max-age` in whole seconds (at least 1), with the rate it needs.
     max_age: Option<MaxAge>,
+}
+
+impl Answer {
+    /// The table's memory in each store, with a time beside each entry under `--max-age`.
+    fn bytes(&self) -> TableBytes {
+        TableBytes::of(self.geometry, self.max_age.is_some())
+    }
+
+    /// What growing this table to twice its size costs.
+    fn resize(&self) -> Option<Resize> {
+        Resize::doubling(self.geometry, self.max_age.is_some(), self.rate)
+    }
+
+    /// The probability that a copy a whole window late is caught: the table's, or 0 when the
+    /// window is longer than `max_age`.
+    fn window_probability(&self) -> f64 {
+        self.catch_probability(self.window_seconds(), self.window_messages)
+    }
 }
 
 /// What `--max-age` changes: copies later than it pass, and the table it suggests.
@@ -63,7 +82,16 @@ impl Answer {
 }
 
 pub(crate) fn run(args: &SizeArgs) -> Result<()> {
-    let measured = if super::measured_rate::wanted(args)? {
+    let measure = super::measured_rate::wanted(args)?;
+    if let Some(sizing) = self_sizing(args, measure)? {
+        let out = if args.json {
+            serde_json::to_string_pretty(&self_sizing_json(args, &sizing))? + "\n"
+        } else {
+            self_sizing_text(args, &sizing)
+        };
+        return Ok(super::output::write_stdout(out.as_bytes())?);
+    }
+    let measured = if measure {
         // The other flags are checked first, so that a mistake in them costs no sample.
         solve(args, Some(1.0))?;
         Some(super::measured_rate::measure(args)?)
@@ -96,6 +124,161 @@ pub(crate) fn run(args: &SizeArgs) -> Result<()> {
     stdout.write_all(out.as_bytes())?;
     stdout.flush()?;
     Ok(())
+}
+
+/// The table that sizes itself which `args` describe: `--probability` and `--window` without
+/// a rate (given or measured), a size or a message count; `None` for any other question.
+fn self_sizing(args: &SizeArgs, measure: bool) -> Result<Option<SelfSizing>> {
+    let geometry = args.table.geometry()?;
+    let (Some(probability), Some(window), None, None, false) =
+        (args.probability, args.window, args.rate, geometry, measure)
+    else {
+        if let Some(text) = &args.max_memory {
+            bail!(
+                "`--max-memory {text}` is the ceiling of a table that sizes itself: give it with \
+                 `--probability` and `--window` alone (no `--rate`, `--buckets` or `--memory`), \
+                 or leave it out"
+            );
+        }
+        return Ok(None);
+    };
+    if args.plot.is_some() {
+        bail!(
+            "`--plot` draws a table for a known rate, and a table that sizes itself (`--probability` \
+             and `--window` without `--rate`) has none: give `--rate` to draw the table for it"
+        );
+    }
+    let max_bytes = args
+        .max_memory
+        .as_deref()
+        .map(crate::units::parse_bytes)
+        .transpose()
+        .map_err(|reason| anyhow!(reason))?;
+    SelfSizing::new(
+        probability,
+        window,
+        args.table.ways,
+        max_bytes,
+        args.max_age.is_some(),
+    )
+    .map(Some)
+    .map_err(|reason| match &args.max_memory {
+        Some(text) => anyhow!("`--max-memory {text}` {reason}: give a larger ceiling"),
+        None => anyhow!(
+            "the default ceiling of a table that sizes itself {reason}: give `--max-memory`"
+        ),
+    })
+}
+
+fn self_sizing_text(args: &SizeArgs, sizing: &SelfSizing) -> String {
+    let (start, growth) = (sizing.start, sizing.growth);
+    let target = format_probability(growth.probability);
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Table:        sizes itself (no rate and no size given): starts at {} ({}), {}",
+        plural(start.slots(), "bucket", "buckets"),
+        shape(start),
+        match sizing.wanted_start {
+            Some(wanted) if wanted.slots() > start.slots() => format!(
+                "all the ceiling holds ({} distinct messages a window would need {})",
+                format_count(sizing.start_messages() as u64),
+                plural(wanted.slots(), "bucket", "buckets"),
+            ),
+            _ => format!(
+                "room for {} distinct messages a window",
+                format_count(sizing.start_messages() as u64)
+            ),
+        },
+    );
+    let _ = writeln!(
+        out,
+        "Memory:       at the start, {}",
+        memory_text(sizing.start_bytes)
+    );
+    let _ = writeln!(
+        out,
+        "Window:       {} at the rate the table meets",
+        format_duration(growth.window)
+    );
+    let _ = writeln!(
+        out,
+        "Probability:  {target} that a copy arriving a whole window late is caught, the target \
+         it grows for"
+    );
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "Growing:      every {}, the distinct rate of the last {} (for a shared table, the \
+         larger of the fleet's and this consumer's over {} times its share of the fleet) is checked against the \
+         table; when a copy one window late would be caught with less than {target}, a new \
+         generation takes the new messages, sized for {} times that rate.",
+        format_duration(crate::sizing::growth::CHECK_EVERY),
+        format_duration(crate::sizing::growth::RATE_SPAN),
+        format_duration(crate::sizing::growth::SHARED_RATE_SPAN),
+        sizing.headroom(),
+    );
+    let _ = writeln!(out, "              {}", PREVIOUS_READ);
+    let default = if sizing.default_ceiling {
+        "the default: a quarter of this machine's memory, at most 1 GiB; `--max-memory` sets it"
+    } else {
+        "`--max-memory`"
+    };
+    let _ = writeln!(
+        out,
+        "Ceiling:      {} in-process for every generation held at once ({default}).",
+        format_bytes(growth.max_bytes)
+    );
+    if let (Some(table), Some(rate)) = (sizing.ceiling_table, sizing.ceiling_rate) {
+        let _ = writeln!(
+            out,
+            "              A table of all of it, {}, catches a copy one window late with \
+             probability {target} up to {} distinct messages a second.",
+            plural(table.slots(), "bucket", "buckets"),
+            format_count(rate.floor() as u64),
+        );
+    }
+    if let Some(max_age) = args.max_age {
+        let _ = writeln!(
+            out,
+            "Max age:      {}: the memory above counts a time beside every entry.",
+            format_duration(max_age)
+        );
+    }
+    out
+}
+
+fn self_sizing_json(args: &SizeArgs, sizing: &SelfSizing) -> serde_json::Value {
+    let mut value = json!({
+        "sizes_itself": true,
+        "buckets": sizing.start.slots(),
+        "ways": sizing.start.ways(),
+        "sets": sizing.start.sets(),
+        "target_probability": sizing.growth.probability,
+        "window_seconds": sizing.growth.window.as_secs_f64(),
+        "self_sizing": sizing.to_json(),
+    });
+    sizing.start_bytes.write_json(&mut value, "");
+    if let Some(max_age) = args.max_age {
+        value["max_age_seconds"] = json!(max_age.as_secs().max(1) as f64);
+    }
+    value
+}
+
+/// What a claim costs while a previous generation is read, and how long it is read.
+const PREVIOUS_READ: &str = "The previous generation stays, read-only, until the new one has \
+    taken as many new messages as it has buckets (or max age has passed): memory peaks at both \
+    generations, and each claim reads the previous one too, one look-up more (one set in \
+    process; one key, in the same round trip, in a shared store).";
+
+/// A table's memory in each store, as the Memory line says it.
+fn memory_text(bytes: TableBytes) -> String {
+    format!(
+        "{} in-process; about {} in Memcached, {} in Redis",
+        format_bytes(bytes.in_process),
+        format_bytes(bytes.memcached),
+        format_bytes(bytes.redis)
+    )
 }
 
 /// Solves the question `args` ask at `rate` distinct messages per second (`--rate`, or the
@@ -218,23 +401,13 @@ fn delays(answer: &Answer) -> Vec<(Option<f64>, f64)> {
 fn to_text(answer: &Answer) -> String {
     let g = answer.geometry;
     let mut out = String::new();
-    let sets = if g.ways() == 1 {
-        "one bucket per set, the classic table".to_owned()
-    } else {
-        format!("{} of {} ways", plural(g.sets(), "set", "sets"), g.ways())
-    };
+    let sets = shape(g);
     let _ = writeln!(
         out,
         "Table:        {} ({sets})",
         plural(g.slots(), "bucket", "buckets")
     );
-    let _ = writeln!(
-        out,
-        "Memory:       {} in-process; about {} in Memcached, {} in Redis",
-        format_bytes(g.memory_bytes()),
-        format_bytes(sizing::memcached_bytes_estimate(g)),
-        format_bytes(sizing::redis_bytes_estimate(g))
-    );
+    let _ = writeln!(out, "Memory:       {}", memory_text(answer.bytes()));
     let window = match (answer.window_seconds(), answer.rate) {
         (Some(seconds), Some(rate)) => format!(
             "{} at {rate} msg/s = {} distinct messages",
@@ -289,17 +462,54 @@ fn to_text(answer: &Answer) -> String {
             "              From {} ({} in-process) up, max age is what forgets: that table \
              catches a copy {} late with probability {}.",
             plural(s.slots(), "bucket", "buckets"),
-            format_bytes(s.memory_bytes() * 2),
+            format_bytes(TableBytes::of(s, true).in_process),
             describe_seconds(max_age.seconds),
             format_probability(max_age.suggested_probability)
         );
         let _ = writeln!(
             out,
-            "              With max age the in-process table takes twice its memory: a time \
-             beside every bucket."
+            "              With max age every entry carries a time, counted in the memory \
+             above: 16 bytes a bucket in process instead of 8, 12 an entry in Memcached \
+             instead of 8."
         );
     }
+    if let Some(resize) = answer.resize() {
+        write_resize(&mut out, answer, &resize);
+    }
     out
+}
+
+/// What growing the table to twice its size costs.
+fn write_resize(out: &mut String, answer: &Answer, resize: &Resize) {
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "Resizing:     to twice this size ({}, by `nsq-dedupe resize` or a table file of \
+         another size), this table stays, read-only, beside the new one: memory peaks at {}.",
+        plural(resize.to.slots(), "bucket", "buckets"),
+        memory_text(resize.peak)
+    );
+    let when = match (resize.retire_seconds, answer.rate) {
+        (Some(seconds), Some(rate)) => {
+            format!(
+                " ({} at {rate} msg/s)",
+                describe_seconds(seconds.round().max(1.0))
+            )
+        }
+        _ => String::new(),
+    };
+    let max_age = if answer.max_age.is_some() {
+        ", or max age has passed"
+    } else {
+        ""
+    };
+    let _ = writeln!(
+        out,
+        "              It is read until the new table has taken {} new messages{when}{max_age}; \
+         each claim meanwhile reads it too, one look-up more (one set in process; one key, in \
+         the same round trip, in a shared store).",
+        format_count(resize.retire_messages)
+    );
 }
 
 /// The table of catch probabilities by delay, its columns as wide as their widest figure.
@@ -331,6 +541,15 @@ fn write_delays(out: &mut String, answer: &Answer) {
             out,
             "{delay:<delay_width$}{count:>count_width$}  {probability}"
         );
+    }
+}
+
+/// How a table's slots are grouped: "1,238,771 sets of 8 ways", or the classic table.
+fn shape(g: Geometry) -> String {
+    if g.ways() == 1 {
+        "one bucket per set, the classic table".to_owned()
+    } else {
+        format!("{} of {} ways", plural(g.sets(), "set", "sets"), g.ways())
     }
 }
 
@@ -375,14 +594,16 @@ fn to_json(answer: &Answer) -> serde_json::Value {
         "buckets": g.slots(),
         "ways": g.ways(),
         "sets": g.sets(),
-        "probability": answer.probability,
+        "probability": answer.window_probability(),
+        "table_probability": answer.probability,
         "target_probability": answer.target,
         "window_messages": answer.window_messages,
-        "memory_bytes": g.memory_bytes(),
-        "memcached_bytes_estimate": sizing::memcached_bytes_estimate(g),
-        "redis_bytes_estimate": sizing::redis_bytes_estimate(g),
         "delays": delays,
     });
+    answer.bytes().write_json(&mut value, "");
+    if let Some(resize) = answer.resize() {
+        value["resize"] = resize.to_json();
+    }
     // Keys that need a rate are present only when one was given.
     if let (Some(rate), Some(seconds)) = (answer.rate, answer.window_seconds()) {
         value["rate"] = json!(rate);
@@ -392,7 +613,7 @@ fn to_json(answer: &Answer) -> serde_json::Value {
         value["max_age_seconds"] = json!(max_age.seconds);
         value["max_age_table"] = json!({
             "buckets": max_age.suggested.slots(),
-            "memory_bytes": max_age.suggested.memory_bytes() * 2,
+            "memory_bytes": TableBytes::of(max_age.suggested, true).in_process,
             "probability": max_age.suggested_probability,
         });
     }

@@ -48,6 +48,7 @@ use crate::dedup::{Claim, Digest, Geometry, Store};
 use crate::error::StoreError;
 
 mod descriptor;
+mod notice;
 
 pub use descriptor::{Descriptor, Shape};
 
@@ -129,6 +130,9 @@ struct Shared<S> {
     given: Shape,
     /// The generations in use; replaced whole when the descriptor changes.
     state: RwLock<Arc<State<S>>>,
+    /// Whether this consumer was given no size, its table sizing itself: following the
+    /// store's size is then what it is meant to do, not a difference to warn of.
+    sizes_itself: bool,
     /// Whether the difference between the size given and the store's was logged.
     warned: AtomicBool,
     /// The switch time of a previous generation this consumer retired: not read again.
@@ -165,10 +169,22 @@ impl<S: Generation + std::fmt::Debug> std::fmt::Debug for Generations<S> {
 impl<S: Generation> Generations<S> {
     /// A table of one generation, `store`'s; [`Generations::follow`] reads the descriptor.
     pub fn new(store: S) -> Self {
+        Self::given(store, false)
+    }
+
+    /// A table of one generation, `store`'s, that sizes itself (no size was given): the
+    /// store's size, when it has another, is followed and said once at INFO, not warned of.
+    #[cfg(feature = "sidecar")]
+    pub(crate) fn sizing_itself(store: S) -> Self {
+        Self::given(store, true)
+    }
+
+    fn given(store: S, sizes_itself: bool) -> Self {
         let shape = shape_of(&store);
         Generations {
             shared: Arc::new(Shared {
                 given: shape,
+                sizes_itself,
                 state: RwLock::new(Arc::new(State {
                     current: store,
                     shape,
@@ -305,27 +321,12 @@ impl<S: Generation> Generations<S> {
                 .filter(|(shape, _)| state.current.reads_format(shape.format)),
             ..descriptor
         };
-        if descriptor.current.format != given.format
-            && !self.shared.warned.swap(true, Ordering::Relaxed)
-        {
-            tracing::warn!(
-                descriptor = %state.current.descriptor_key(),
-                store_format = descriptor.current.format,
-                given_format = given.format,
-                "The store's table has an earlier layout (key format {}): following it. \
-                 `nsq-dedupe resize` moves it to key format {} without forgetting.",
-                descriptor.current.format,
-                given.format,
-            );
-        } else if descriptor.current != given && !self.shared.warned.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                descriptor = %state.current.descriptor_key(),
-                given_buckets = given.geometry.slots(),
-                store_buckets = descriptor.current.geometry.slots(),
-                "The store's table has another size than the one given: following the store's \
-                 ({} buckets, not {}). `nsq-dedupe resize` changes the store's size.",
-                descriptor.current.geometry.slots(),
-                given.geometry.slots(),
+        if descriptor.current != given && !self.shared.warned.swap(true, Ordering::Relaxed) {
+            notice::following(
+                &state.current.descriptor_key(),
+                given,
+                &descriptor,
+                self.shared.sizes_itself,
             );
         }
         let previous = descriptor

@@ -33,8 +33,9 @@ struct State {
     /// (start of the part, highest recent rate in it), oldest first.
     peaks: VecDeque<(Instant, f64)>,
     recent: Option<f64>,
-    /// The fleet's rate, once known; the peak then follows it instead of our own.
-    fleet: Option<f64>,
+    /// The fleet's rate, once known, and the span the store's counters measured it over;
+    /// the peak then follows it instead of our own.
+    fleet: Option<(f64, Duration)>,
 }
 
 impl RateTracker {
@@ -66,21 +67,40 @@ impl RateTracker {
         }
     }
 
-    /// Records the fleet's rate, as learnt at `now` from the shared store.
+    /// Records the fleet's rate over the last `span`, as learnt at `now` from the shared
+    /// store.
     #[cfg(feature = "sidecar")]
-    pub(crate) fn note_fleet(&self, now: Instant, rate: f64) {
+    pub(crate) fn note_fleet(&self, now: Instant, rate: f64, span: Duration) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if state.fleet.is_none() {
             // Our own rates so far were a share of the fleet's: not its peak.
             state.peaks.clear();
         }
-        state.fleet = Some(rate);
+        state.fleet = Some((rate, span));
         self.note_peak(&mut state, now, rate);
     }
 
     /// The fleet's rate, once the shared store told it.
     pub(crate) fn fleet(&self) -> Option<f64> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).fleet
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.fleet.map(|(rate, _)| rate)
+    }
+
+    /// The span the rate in use was measured over: the fleet's counters' once known, else
+    /// this consumer's recent one ([`RECENT_SPAN`], or less early on); `None` before two
+    /// samples.
+    #[cfg(feature = "sidecar")]
+    pub(crate) fn span(&self) -> Option<Duration> {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, span)) = state.fleet {
+            return Some(span);
+        }
+        match (state.samples.front(), state.samples.back()) {
+            (Some(&(first, _)), Some(&(last, _))) if last > first => {
+                Some(last.duration_since(first))
+            }
+            _ => None,
+        }
     }
 
     fn note_peak(&self, state: &mut State, now: Instant, rate: f64) {
@@ -141,5 +161,24 @@ mod tests {
             tracker.sample(at(s), total);
         }
         assert_eq!(tracker.peak(), Some(100.0));
+    }
+
+    #[cfg(feature = "sidecar")]
+    #[test]
+    fn the_span_of_the_rate_in_use_is_known() {
+        let tracker = RateTracker::new(Duration::from_secs(3600));
+        let start = Instant::now();
+        let at = |s: u64| start + Duration::from_secs(s);
+        assert_eq!(tracker.span(), None);
+        tracker.sample(at(0), 0);
+        tracker.sample(at(3), 2000);
+        // Early on, what was sampled.
+        assert_eq!(tracker.span(), Some(Duration::from_secs(3)));
+        for s in 4..=200 {
+            tracker.sample(at(s), 2000);
+        }
+        assert_eq!(tracker.span(), Some(RECENT_SPAN));
+        tracker.note_fleet(at(200), 50.0, Duration::from_secs(12));
+        assert_eq!(tracker.span(), Some(Duration::from_secs(12)));
     }
 }

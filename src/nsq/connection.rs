@@ -4,8 +4,10 @@
 //! negotiation, and the TLS, compression and AUTH nsqd agreed to) and returns a connection
 //! whose read half yields [`Frame`]s. The consumer then splits it: the read half stays in the
 //! connection's task and the write half goes to a writer task fed by a channel, so
-//! FIN/REQ/TOUCH from any task are written as soon as the writer runs, batched with whatever
-//! else is queued, never held back by a timer.
+//! FIN/REQ/TOUCH from any task are written by one task, batched with whatever else is
+//! queued. Answers (FIN, REQ) wait there up to [`ANSWER_HOLD`] for the answers that follow
+//! them, so that nsqd refills its window in groups (see [`Writer`]); every other command
+//! goes out at once, with what waits before it.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -324,6 +326,16 @@ pub(crate) enum Outgoing {
 }
 
 impl Outgoing {
+    /// How many messages it answers (FIN, REQ); `None` for any other command, which is
+    /// written at once.
+    fn answers(&self) -> Option<usize> {
+        match self {
+            Outgoing::One(Command::Fin(_) | Command::Req(..)) => Some(1),
+            Outgoing::One(_) => None,
+            Outgoing::Many(commands) => Some(commands.len()),
+        }
+    }
+
     fn encode(self, buf: &mut BytesMut) {
         match self {
             Outgoing::One(command) => command.encode(buf),
@@ -336,11 +348,23 @@ impl Outgoing {
     }
 }
 
+/// The longest answers (FIN, REQ) wait in the [`Writer`] for the answers that follow them.
+/// Tokio's timer counts whole milliseconds, so the wait is at most one more; far below any
+/// `msg_timeout` nsqd accepts (1 s at least).
+pub(crate) const ANSWER_HOLD: Duration = Duration::from_millis(3);
+
 /// The task that owns a connection's write half.
 ///
 /// It waits for one command, then takes everything else already queued (up to 64 KiB) and
-/// writes it in one go: acknowledgements go out as soon as the task runs, batched with their
-/// neighbours, without a flush timer.
+/// writes it in one go. Answers wait for more answers before they are written, up to
+/// [`ANSWER_HOLD`] after the first, while they number less than a quarter of the RDY last
+/// sent: nsqd sends a new message for each answer it reads, so answers that reach it one
+/// small group at a time come back as as many small bursts, each costing the consumer a
+/// wake-up, a hand-off and a write of answers (a consumer served by the serve sink answers a
+/// few dozen messages at a time). Held a moment, they come back as fewer, larger bursts,
+/// and nsqd keeps at least three quarters of its window to send into meanwhile; with a RDY
+/// below 4 (a consumer taking messages one at a time), answers go out at once. Any other
+/// command (RDY, NOP, TOUCH, CLS), and closing, end the wait: what waits goes out with it.
 pub(crate) struct Writer {
     pub(crate) write: WriteHalf,
     pub(crate) commands: mpsc::UnboundedReceiver<Outgoing>,
@@ -351,6 +375,37 @@ pub(crate) struct Writer {
 
 const WRITE_BATCH_BYTES: usize = 64 * 1024;
 
+/// What the [`Writer`] has taken since its last write.
+struct Batch {
+    buf: BytesMut,
+    /// Answers in `buf`.
+    answers: usize,
+    /// A command that is not an answer is in `buf`: write at once.
+    urgent: bool,
+    /// The last RDY written: answers wait while they number less than a quarter of it.
+    rdy: u32,
+}
+
+impl Batch {
+    fn take(&mut self, outgoing: Outgoing) {
+        match outgoing.answers() {
+            Some(answers) => self.answers += answers,
+            None => self.urgent = true,
+        }
+        if let Outgoing::One(Command::Rdy(count)) = outgoing {
+            self.rdy = count;
+        }
+        outgoing.encode(&mut self.buf);
+    }
+
+    /// Whether to write now rather than wait for more answers.
+    fn is_due(&self) -> bool {
+        self.urgent
+            || self.answers >= (self.rdy / 4) as usize
+            || self.buf.len() >= WRITE_BATCH_BYTES
+    }
+}
+
 impl Writer {
     /// Runs until closed or the socket fails.
     ///
@@ -358,7 +413,12 @@ impl Writer {
     ///
     /// The socket error that stopped it.
     pub(crate) async fn run(mut self) -> std::io::Result<()> {
-        let mut buf = BytesMut::with_capacity(WRITE_BATCH_BYTES);
+        let mut batch = Batch {
+            buf: BytesMut::with_capacity(WRITE_BATCH_BYTES),
+            answers: 0,
+            urgent: false,
+            rdy: 0,
+        };
         let result = loop {
             let first = tokio::select! {
                 biased;
@@ -366,35 +426,67 @@ impl Writer {
                 _ = self.close.cancelled() => None,
             };
             let Some(first) = first else { break Ok(()) };
-            first.encode(&mut buf);
-            while buf.len() < WRITE_BATCH_BYTES {
-                match self.commands.try_recv() {
-                    Ok(cmd) => cmd.encode(&mut buf),
-                    Err(_) => break,
-                }
+            batch.take(first);
+            self.take_queued(&mut batch);
+            if !batch.is_due() {
+                self.hold(&mut batch).await;
             }
+            let buf = &mut batch.buf;
             // The flush pushes TLS records and compressed blocks out (a no-op on plain TCP).
-            if let Err(e) = self.write.write_all(&buf).await {
+            if let Err(e) = self.write.write_all(buf).await {
                 break Err(e);
             }
             if let Err(e) = self.write.flush().await {
                 break Err(e);
             }
             buf.clear();
+            batch.answers = 0;
+            batch.urgent = false;
         };
-        // Close the queue first so nothing new arrives, then write what is already in it.
+        // Close the queue first so nothing new arrives, then write what is already in it,
+        // answers held at the close included.
         self.commands.close();
         if result.is_ok() {
             while let Ok(cmd) = self.commands.try_recv() {
-                cmd.encode(&mut buf);
+                batch.take(cmd);
             }
-            if !buf.is_empty() {
-                self.write.write_all(&buf).await?;
+            if !batch.buf.is_empty() {
+                self.write.write_all(&batch.buf).await?;
                 self.write.flush().await?;
             }
             let _ = self.write.shutdown().await;
         }
         result
+    }
+
+    /// Takes what is queued now, up to a write's worth.
+    fn take_queued(&mut self, batch: &mut Batch) {
+        while batch.buf.len() < WRITE_BATCH_BYTES {
+            match self.commands.try_recv() {
+                Ok(cmd) => batch.take(cmd),
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// Lets the answers in `batch` wait for more, up to [`ANSWER_HOLD`], until the batch is
+    /// due or the connection closes.
+    async fn hold(&mut self, batch: &mut Batch) {
+        let deadline = tokio::time::Instant::now() + ANSWER_HOLD;
+        while !batch.is_due() {
+            tokio::select! {
+                biased;
+                _ = self.close.cancelled() => return,
+                cmd = self.commands.recv() => match cmd {
+                    Some(cmd) => {
+                        batch.take(cmd);
+                        self.take_queued(batch);
+                    }
+                    None => return,
+                },
+                _ = tokio::time::sleep_until(deadline) => return,
+            }
+        }
     }
 }
 
@@ -402,6 +494,163 @@ impl Writer {
 mod tests {
     use super::*;
     use std::hash::BuildHasher;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    /// A write half that keeps each `write` call apart, as nsqd would read them off the wire.
+    #[derive(Clone, Default)]
+    struct Recorded(Arc<Mutex<Vec<String>>>);
+
+    impl Recorded {
+        fn writes(&self) -> Vec<String> {
+            self.0.lock().unwrap().clone()
+        }
+    }
+
+    impl tokio::io::AsyncWrite for Recorded {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            let text = String::from_utf8_lossy(buf).into_owned();
+            self.0.lock().unwrap().push(text);
+            Poll::Ready(Ok(buf.len()))
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    struct Running {
+        handle: Arc<ConnHandle>,
+        wire: Recorded,
+        close: CancellationToken,
+        task: tokio::task::JoinHandle<std::io::Result<()>>,
+    }
+
+    /// A writer on a recorded wire, with messages `a` to `z` in flight, after it wrote
+    /// `RDY rdy`.
+    async fn writer(rdy: u32) -> Running {
+        let (handle, commands) = ConnHandle::new("nsqd".into());
+        for id in b'a'..=b'z' {
+            handle.track(MessageId([id; 16]));
+        }
+        let wire = Recorded::default();
+        let close = CancellationToken::new();
+        let task = tokio::spawn(
+            Writer {
+                write: Box::new(wire.clone()),
+                commands,
+                close: close.clone(),
+            }
+            .run(),
+        );
+        handle.send(Command::Rdy(rdy)).unwrap();
+        settle().await;
+        assert_eq!(
+            wire.writes(),
+            vec![format!("RDY {rdy}\n")],
+            "RDY goes at once"
+        );
+        Running {
+            handle,
+            wire,
+            close,
+            task,
+        }
+    }
+
+    /// Lets the writer run what is ready, without moving the (paused) clock.
+    async fn settle() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Answers `ids` with FIN in one call, then lets the writer run.
+    async fn fin(handle: &ConnHandle, ids: &[u8]) {
+        let answers = ids
+            .iter()
+            .map(|&id| (MessageId([id; 16]), Command::Fin(MessageId([id; 16]))))
+            .collect();
+        assert!(handle.answer_many(answers).iter().all(Result::is_ok));
+        settle().await;
+    }
+
+    impl Running {
+        /// Closes the connection and waits for the writer to end.
+        async fn close(self) -> Recorded {
+            self.close.cancel();
+            self.task.await.unwrap().unwrap();
+            self.wire
+        }
+    }
+
+    fn fins(ids: &[u8]) -> String {
+        let mut buf = BytesMut::new();
+        for &id in ids {
+            Command::Fin(MessageId([id; 16])).encode(&mut buf);
+        }
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn answers_of_several_calls_within_the_hold_go_out_in_one_write() {
+        let w = writer(2500).await;
+        fin(&w.handle, b"ab").await;
+        tokio::time::advance(Duration::from_millis(1)).await;
+        fin(&w.handle, b"c").await;
+        tokio::time::advance(Duration::from_millis(1)).await;
+        fin(&w.handle, b"de").await;
+        assert_eq!(
+            w.wire.writes().len(),
+            1,
+            "answers wait for the ones after them"
+        );
+        tokio::time::advance(ANSWER_HOLD).await;
+        settle().await;
+        assert_eq!(
+            w.wire.writes()[1..],
+            [fins(b"abcde")],
+            "one write, within the hold"
+        );
+        // The next answers wait again, and a command that is not an answer takes them along.
+        fin(&w.handle, b"f").await;
+        w.handle.send(Command::Nop).unwrap();
+        settle().await;
+        assert_eq!(w.wire.writes()[2..], [fins(b"f") + "NOP\n"]);
+        w.close().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn answers_reaching_a_quarter_of_rdy_or_with_a_rdy_below_4_go_out_at_once() {
+        let w = writer(8).await;
+        fin(&w.handle, b"a").await;
+        assert_eq!(w.wire.writes().len(), 1, "1 answer of a RDY of 8 waits");
+        fin(&w.handle, b"b").await;
+        assert_eq!(w.wire.writes()[1..], [fins(b"ab")], "2 of 8 go out");
+        w.handle.send(Command::Rdy(3)).unwrap();
+        settle().await;
+        fin(&w.handle, b"c").await;
+        assert_eq!(w.wire.writes()[2..], ["RDY 3\n".to_string(), fins(b"c")]);
+        w.close().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn answers_held_when_the_connection_closes_are_written_before_it_shuts() {
+        let w = writer(2500).await;
+        fin(&w.handle, b"ab").await;
+        let single = MessageId([b'c'; 16]);
+        w.handle.answer(single, Command::Fin(single)).unwrap();
+        settle().await;
+        assert_eq!(w.wire.writes().len(), 1, "held");
+        let wire = w.close().await;
+        assert_eq!(wire.writes()[1..].concat(), fins(b"abc"), "none lost");
+    }
 
     /// Sequential nsqd-style IDs must spread over the low bits that pick a bucket.
     #[test]

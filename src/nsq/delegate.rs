@@ -9,8 +9,8 @@ pub(crate) trait MessageDelegate: Send + Sync {
     fn default_requeue_delay(&self, attempts: u16) -> Duration;
     /// An explicit requeue delay, capped as nsqd requires.
     fn clamp_requeue_delay(&self, delay: Duration) -> Duration;
-    /// A FIN was queued: a handler success.
-    fn on_finished(&self);
+    /// `count` FINs were queued: handler successes.
+    fn on_finished(&self, count: u64);
     /// A REQ was queued; `backoff` when it counts as a handler failure.
     fn on_requeued(&self, backoff: bool);
     /// A TOUCH was queued.

@@ -41,7 +41,8 @@ struct Group {
 /// Answer it exactly once with [`finish`](Message::finish) or [`requeue`](Message::requeue)
 /// (both consume it), from any task, after any amount of async work; [`touch`](Message::touch)
 /// it meanwhile if the work may outlast nsqd's `msg_timeout`. The answer is queued to the
-/// connection's writer at once and written as soon as that task runs.
+/// connection's writer at once and written within 4 ms, with the answers that follow it, so
+/// that nsqd refills its window in groups; when the connection closes, it is written first.
 ///
 /// A message dropped without an answer is requeued with the default delay and a warning, so
 /// nothing is left in flight unknowingly. If the connection it came from has closed, answers
@@ -112,7 +113,7 @@ impl Message {
         self.answered = true;
         let result = self.conn.answer(self.id, Command::Fin(self.id));
         if result.is_ok() {
-            self.consumer.on_finished();
+            self.consumer.on_finished(1);
         }
         result
     }
@@ -212,14 +213,19 @@ impl Message {
         results.resize_with(count, || Ok(()));
         for group in groups {
             let taken = group.conn.answer_many(group.commands);
+            // Counted once per group: the counters are shared by every core that answers.
+            let mut finished = 0;
             for ((index, answer), result) in group.answers.into_iter().zip(taken) {
                 if result.is_ok() {
                     match answer {
-                        Answer::Finish => group.consumer.on_finished(),
+                        Answer::Finish => finished += 1,
                         Answer::Requeue { backoff, .. } => group.consumer.on_requeued(backoff),
                     }
                 }
                 results[index] = result;
+            }
+            if finished > 0 {
+                group.consumer.on_finished(finished);
             }
         }
         results
@@ -295,7 +301,7 @@ impl Message {
             fn clamp_requeue_delay(&self, delay: Duration) -> Duration {
                 delay
             }
-            fn on_finished(&self) {}
+            fn on_finished(&self, _: u64) {}
             fn on_requeued(&self, _: bool) {}
             fn on_touched(&self) {}
             fn on_parked(&self) {}

@@ -243,6 +243,8 @@ impl Supervisor {
                     last_frame = Instant::now();
                     let mut frame = frame;
                     let mut burst = Vec::new();
+                    // Counted once per burst: the counter is shared by every core that answers.
+                    let mut received = 0;
                     // The first frame, then every frame that is ready without waiting.
                     let ended = loop {
                         let decoded = match frame {
@@ -250,6 +252,7 @@ impl Supervisor {
                             Some(Err(cause)) => break Some(Err(Error::Protocol { addr: addr.to_string(), cause })),
                             Some(Ok(decoded)) => decoded,
                         };
+                        received += u64::from(matches!(decoded, Frame::Message(_)));
                         if let Err(error) = self.on_frame(decoded, handle, &mut close_wait, &mut burst) {
                             break Some(Err(error));
                         }
@@ -261,6 +264,7 @@ impl Supervisor {
                             None => break None,
                         }
                     };
+                    self.shared.counters.messages_received.fetch_add(received, Ordering::Relaxed);
                     self.hand_out(burst);
                     if let Some(ended) = ended {
                         return ended;
@@ -324,7 +328,6 @@ impl Supervisor {
     ) -> Result<(), Error> {
         match frame {
             Frame::Message(raw) => {
-                inc(&self.shared.counters.messages_received);
                 handle.track(raw.id);
                 let max = self.config.max_attempts;
                 let attempts = raw.attempts;

@@ -44,7 +44,10 @@ async fn fleet_loop(
                 shares += 1;
                 // The first buckets read were written before this consumer counted in them.
                 if shares > FLEET_BUCKETS {
-                    metrics.rates.note_fleet(std::time::Instant::now(), rate);
+                    let span = store.fleet_interval() * FLEET_BUCKETS as u32;
+                    metrics
+                        .rates
+                        .note_fleet(std::time::Instant::now(), rate, span);
                 }
             }
             // Added to the next share instead.

@@ -1,5 +1,5 @@
 //! Grows the in-process table that sizes itself (`store.probability` without `store.rate`):
-//! every [`TICK`], the distinct rate of the last [`SPAN`] against the table's size
+//! every [`CHECK_EVERY`], the distinct rate of the last [`RATE_SPAN`] against the table's size
 //! ([`Growth::decide`]), and a new generation when it falls short; a warning, once per status
 //! interval, while `store.max_memory` leaves no room to grow.
 
@@ -13,23 +13,16 @@ use crate::dedup::backend::Backend;
 use crate::metrics::get;
 use crate::pipeline::Dedupe;
 use crate::sink::Handler;
-use crate::sizing::growth::{Decision, Growth};
+use crate::sizing::growth::{Decision, Growth, CHECK_EVERY, RATE_SPAN};
 use crate::units::{format_bytes, format_duration};
 use crate::wording::{FlagOrigins, Named};
 use crate::{LocalTable, Table};
-
-/// How often the table is checked.
-const TICK: Duration = Duration::from_millis(250);
-
-/// The span the rate is measured over: short, so that a sudden rise is met within a check or
-/// two (see `src/dedup/growth.rs`).
-const SPAN: Duration = Duration::from_secs(1);
 
 /// How long a new generation waits for the table's lock at most before the next check
 /// decides again (a snapshot being written holds it).
 const PUSH_PATIENCE: Duration = Duration::from_secs(5);
 
-/// Checks the table every [`TICK`] until `stop`, growing it as [`Growth::decide`] says.
+/// Checks the table every [`CHECK_EVERY`] until `stop`, growing it as [`Growth::decide`] says.
 pub(super) async fn grow_loop<H: Handler>(
     dedupe: Dedupe<Backend, H>,
     growth: Growth,
@@ -114,14 +107,14 @@ pub(super) async fn grow_loop<H: Handler>(
     }
 }
 
-/// A timer of [`TICK`]s that waits out the ticks it missed.
+/// A timer of [`CHECK_EVERY`]s that waits out the ticks it missed.
 pub(super) fn tick() -> tokio::time::Interval {
-    let mut tick = tokio::time::interval(TICK);
+    let mut tick = tokio::time::interval(CHECK_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick
 }
 
-/// This consumer's distinct rate over the last [`SPAN`] (or another span), from a count
+/// This consumer's distinct rate over the last [`RATE_SPAN`] (or another span), from a count
 /// sampled every tick.
 pub(super) struct RecentRate {
     samples: VecDeque<(Instant, u64)>,
@@ -130,7 +123,7 @@ pub(super) struct RecentRate {
 
 impl Default for RecentRate {
     fn default() -> Self {
-        RecentRate::over(SPAN)
+        RecentRate::over(RATE_SPAN)
     }
 }
 

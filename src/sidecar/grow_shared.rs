@@ -4,7 +4,7 @@
 //!
 //! The fleet's rate is the larger of the one the store's counters give (see
 //! [`crate::dedup::fleet`], learnt every `store.fleet_interval`) and this consumer's own over
-//! the last half second ([`RISE_SPAN`]) scaled by its share of the fleet (the counters' rate
+//! the last half second ([`SHARED_RATE_SPAN`]) scaled by its share of the fleet (the counters' rate
 //! over this consumer's own over the counters' span): the counters are a minute's average
 //! (at the default interval), so a sudden rise shows first in each consumer's own rate.
 //!
@@ -18,7 +18,7 @@
 //! has been read for one window since its switch, when every entry it holds that a copy
 //! within the window could match has also been looked up there; until then a table that
 //! falls short keeps catching what it can. For the same reason a growth waits until the table
-//! has fallen short for [`RISE_SPAN`], so that it is sized from a rate measured after a rise,
+//! has fallen short for [`SHARED_RATE_SPAN`], so that it is sized from a rate measured after a rise,
 //! not half-way through it.
 
 use std::sync::atomic::Ordering;
@@ -35,13 +35,9 @@ use crate::dedup::{Geometry, Store};
 use crate::metrics::get;
 use crate::pipeline::Dedupe;
 use crate::sink::Handler;
-use crate::sizing::growth::{Decision, Growth};
+use crate::sizing::growth::{Decision, Growth, SHARED_RATE_SPAN};
 use crate::units::{format_bytes, format_duration};
 use crate::wording::{FlagOrigins, Named};
-
-/// The span of this consumer's own rate: half the in-process table's second, since a
-/// shared table grows at most once a window and its growth must see most of a rise.
-const RISE_SPAN: Duration = Duration::from_millis(500);
 
 /// Checks the shared table every tick until `stop`, growing it as [`Growth::decide`] says.
 pub(super) async fn grow_loop<S: Generation, H: Handler>(
@@ -70,7 +66,7 @@ pub(super) async fn grow_loop<S: Generation, H: Handler>(
         window = %format_duration(growth.window),
         "The shared table sizes itself: it grows for the fleet's distinct rate, up to {ceiling}."
     );
-    let mut recent = RecentRate::over(RISE_SPAN);
+    let mut recent = RecentRate::over(SHARED_RATE_SPAN);
     let mut share = RecentRate::over(table.fleet_interval() * FLEET_BUCKETS as u32);
     let mut warned: Option<Instant> = None;
     let mut short_since: Option<Instant> = None;
@@ -108,7 +104,7 @@ pub(super) async fn grow_loop<S: Generation, H: Handler>(
             // A shortfall seen for less than a span: the rate of a rise under way, measured
             // partly before it, would size a growth too small to last a window.
             Decision::Grow { .. }
-                if now.duration_since(*short_since.get_or_insert(now)) < RISE_SPAN => {}
+                if now.duration_since(*short_since.get_or_insert(now)) < SHARED_RATE_SPAN => {}
             Decision::Keep => {}
             Decision::Grow {
                 geometry: next,
@@ -161,7 +157,7 @@ fn log_growth(
 }
 
 /// The rate a growth is sized for: the fleet's, or this consumer's rate over the last
-/// [`RISE_SPAN`] times its share of the fleet (`own_long`, its rate over the fleet's span),
+/// [`SHARED_RATE_SPAN`] times its share of the fleet (`own_long`, its rate over the fleet's span),
 /// whichever is higher, so that a rise shows before the fleet's counters have seen it.
 fn rise_rate(fleet: Option<f64>, own: f64, own_long: f64) -> f64 {
     match fleet {

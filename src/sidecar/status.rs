@@ -132,6 +132,17 @@ pub(super) fn log_status<H: Handler>(dedupe: &Dedupe<Backend, H>, target: Target
              resizes the table of every consumer to meet it, without forgetting what it holds"
         ),
     };
+    // Say which rate the figures come from: a burst shorter than the window is taken as if it
+    // lasted a whole window, and asks for a larger table than the window's messages need.
+    let whose = if m.rates.fleet().is_some() {
+        "the fleet's"
+    } else {
+        "this consumer's"
+    };
+    let span = m.rates.span().map_or_else(
+        || "since the start".to_owned(),
+        |span| format!("over the last {}", format_span(span)),
+    );
     tracing::warn!(
         catch_probability = format_args!("{:.6}", small.probability),
         target = probability,
@@ -140,7 +151,16 @@ pub(super) fn log_status<H: Handler>(dedupe: &Dedupe<Backend, H>, target: Target
         window = %crate::units::format_duration(window),
         buckets = geometry.slots(),
         suggested_buckets = buckets,
-        "The table is too small for the recent rate: a copy one window late is caught with probability {:.4}, below {below}; {remedy}.",
+        "The table is too small for the recent rate: at {:.1} distinct messages a second ({whose} rate {span}) for a whole window ({}), a copy one window late is caught with probability {:.4}, below {below}; {remedy}. These figures take that rate as lasting the window: a burst shorter than it asks for less.",
+        small.rate,
+        crate::units::format_duration(window),
         small.probability,
     );
+}
+
+/// A rate's span in whole seconds (at least one), as the too-small warning says it.
+fn format_span(span: std::time::Duration) -> String {
+    crate::units::format_duration(std::time::Duration::from_secs(
+        span.as_secs_f64().round().max(1.0) as u64,
+    ))
 }

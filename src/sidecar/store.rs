@@ -67,7 +67,7 @@ pub async fn build_store(
     Ok(open_store(store, near_table, max_age, false).await?.0)
 }
 
-/// [`build_store`] (with an in-process table that can grow when `growable`), and whether a
+/// [`build_store`] (with a table that sizes itself when `growable`), and whether a
 /// shared store answered at start (`false`: it is down or silent, and the service is not
 /// ready until it answers).
 async fn open_store(
@@ -97,14 +97,14 @@ async fn open_store(
         StoreSettings::Memcached(config, geometry) => {
             let (opened, answered) = open_shared(config, *geometry).await?;
             (
-                Backend::Memcached(following(opened, answered).await, near),
+                Backend::Memcached(following(opened, answered, growable).await, near),
                 answered,
             )
         }
         StoreSettings::Redis(config, geometry) => {
             let (opened, answered) = open_shared(config, *geometry).await?;
             (
-                Backend::Redis(following(opened, answered).await, near),
+                Backend::Redis(following(opened, answered, growable).await, near),
                 answered,
             )
         }
@@ -191,9 +191,14 @@ async fn open_shared<C: SharedConfig>(
 
 /// A shared store's table as its descriptor names it (see
 /// [`generational`](crate::dedup::generational)): read at once when the store `answered` at
-/// start, else by the first claims, which fail until it is read.
-async fn following<S: Generation>(opened: S, answered: bool) -> Generations<S> {
-    let generations = Generations::new(opened);
+/// start, else by the first claims, which fail until it is read. `sizes_itself` when no size
+/// was given: the store's size is then followed without a warning.
+async fn following<S: Generation>(opened: S, answered: bool, sizes_itself: bool) -> Generations<S> {
+    let generations = if sizes_itself {
+        Generations::sizing_itself(opened)
+    } else {
+        Generations::new(opened)
+    };
     if answered {
         if let Err(error) = generations.follow().await {
             if generations.descriptor_read() {

@@ -31,6 +31,18 @@ pub(crate) const INITIAL_ENTRIES: f64 = 1024.0;
 /// How many times the observed rate a new generation is sized for.
 pub(crate) const HEADROOM: f64 = 2.0;
 
+/// How often a table that sizes itself is checked.
+pub(crate) const CHECK_EVERY: Duration = Duration::from_millis(250);
+
+/// The span of the in-process table's rate: short, so that a sudden rise is met within a
+/// check or two.
+pub(crate) const RATE_SPAN: Duration = Duration::from_secs(1);
+
+/// The span of a shared table consumer's own rate: half the in-process table's, since a
+/// shared table grows at most once a window and its growth must see most of a rise (see
+/// `src/sidecar/grow_shared.rs`).
+pub(crate) const SHARED_RATE_SPAN: Duration = Duration::from_millis(500);
+
 /// The ceiling of a table sizing itself when none is given: a quarter of the machine's
 /// memory, at most 1 GiB.
 pub(crate) fn default_max_bytes(machine_bytes: Option<u64>) -> u64 {
@@ -129,6 +141,13 @@ impl Growth {
                 needed: needed.unwrap_or(current),
             },
         }
+    }
+
+    /// The largest table of `ways` under the whole ceiling, as the table may grow to once
+    /// its previous generations have retired.
+    #[cfg(feature = "cli")]
+    pub(crate) fn ceiling_table(&self, ways: u32) -> Option<Geometry> {
+        self.fit(ways, self.max_bytes)
     }
 
     /// The largest table of `ways` that takes at most `bytes`.

@@ -1,0 +1,46 @@
+//! What a consumer says, once, when it follows a store's table other than the one it was
+//! given: an earlier layout (WARN, naming `nsq-dedupe resize`, which moves it), another size
+//! given (WARN: both sizes, that nothing is wrong with its data, and how to stop the warning),
+//! or no size given, its table sizing itself (INFO: following the store's size is what it is
+//! meant to do).
+
+use super::{Descriptor, Shape};
+
+/// Says that this consumer, `given` a shape (or sizing itself), follows the store's table as
+/// `descriptor` (the store's, at the key `key`) names it.
+pub(super) fn following(key: &str, given: Shape, descriptor: &Descriptor, sizes_itself: bool) {
+    let current = descriptor.current;
+    if current.format != given.format {
+        tracing::warn!(
+            descriptor = %key,
+            store_format = current.format,
+            given_format = given.format,
+            "The store's table has an earlier layout (key format {}): following it. \
+             `nsq-dedupe resize` moves it to key format {} without forgetting.",
+            current.format,
+            given.format,
+        );
+        return;
+    }
+    let (given, store) = (given.geometry.slots(), current.geometry.slots());
+    if sizes_itself {
+        tracing::info!(descriptor = %key, store_buckets = store, "The table sizes itself and follows the store's table of {store} buckets.");
+        return;
+    }
+    let resized =
+        matches!(descriptor.previous, Some((previous, _)) if previous.geometry.slots() == given);
+    let what = if resized {
+        format!("The store's table was resized from {given} to {store} buckets")
+    } else {
+        format!("The store's table has {store} buckets, not the {given} given here")
+    };
+    tracing::warn!(
+        descriptor = %key,
+        given_buckets = given,
+        store_buckets = store,
+        "{what}: this consumer follows the store's table, and nothing is wrong with its data. \
+         To stop this warning, give it the store's size ({store} buckets), or no size (a \
+         probability and a window without a rate: a table that sizes itself). `nsq-dedupe \
+         resize` changes the store's size."
+    );
+}
