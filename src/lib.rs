@@ -87,6 +87,8 @@ pub mod pipeline;
 #[cfg(any(feature = "nsq", feature = "redis"))]
 pub(crate) mod redact;
 #[cfg(feature = "sidecar")]
+pub(crate) mod setting;
+#[cfg(feature = "sidecar")]
 pub mod sidecar;
 #[cfg(feature = "sidecar")]
 pub mod sink;

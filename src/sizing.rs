@@ -200,13 +200,40 @@ pub fn window_for(geometry: Geometry, probability: f64) -> Result<f64, SizingErr
     Ok(low)
 }
 
-fn check_probability(probability: f64) -> Result<(), SizingError> {
+/// The rule of a target probability, in a flag, the file or a call: strictly between 0 and 1.
+pub(crate) fn check_probability(probability: f64) -> Result<(), SizingError> {
     if probability > 0.0 && probability < 1.0 {
         Ok(())
     } else {
         Err(SizingError::Probability(probability))
     }
 }
+
+/// The rule of a rate of distinct messages per second, in a flag or the file: more than 0, and
+/// finite.
+#[cfg(feature = "sidecar")]
+pub(crate) fn is_rate(rate: f64) -> bool {
+    rate > 0.0 && rate.is_finite()
+}
+
+/// The rule of a table's ways, in a flag or the file: the associativities a set supports
+/// ([`Geometry::SUPPORTED_WAYS`]), with what is expected when refused.
+///
+/// # Errors
+///
+/// What the ways may be: `expected 1, 2, 4 or 8`.
+#[cfg(feature = "sidecar")]
+pub(crate) fn check_ways(ways: u32) -> Result<(), &'static str> {
+    if Geometry::SUPPORTED_WAYS.contains(&ways) {
+        Ok(())
+    } else {
+        Err(WAYS_EXPECTED)
+    }
+}
+
+/// What a table's ways may be, as an error says it.
+#[cfg(feature = "sidecar")]
+pub(crate) const WAYS_EXPECTED: &str = "expected 1, 2, 4 or 8";
 
 /// Estimated Memcached memory for a full table of this shape in the compact layout (as its
 /// `bytes` statistic counts it, without slab rounding): an item per

@@ -15,7 +15,7 @@ use nsq_dedupe::error::StoreError;
 use nsq_dedupe::metrics::get;
 use nsq_dedupe::nsq::Message;
 use nsq_dedupe::pipeline::{Dedupe, Outcome};
-use nsq_dedupe::sink::{Handler, HandlerError, Sink};
+use nsq_dedupe::sink::{Handler, HandlerError, NullSink, Sink};
 use nsq_dedupe::{
     Claim, Descriptor, Digest, Generation, Geometry, KeySpec, Keyer, Metrics, RedisStore, Shape,
     Store, Table,
@@ -309,7 +309,7 @@ async fn a_final_handler_that_fails_behind_a_near_table_gets_the_message_again()
 
 #[test]
 fn only_the_null_sink_accepts_for_good() {
-    assert!(Sink::Null.accepts_for_good());
+    assert!(Sink::Null(NullSink).accepts_for_good());
     let closure = |_: Bytes| async { Ok::<(), HandlerError>(()) };
     assert!(!closure.accepts_for_good(), "a handler may fail by default");
 }

@@ -24,9 +24,10 @@ pub(crate) fn named<T: Copy + Send + Sync + 'static>(
 /// for thirty years.
 pub(crate) const MAX_WINDOW_MESSAGES: f64 = 1e18;
 
+/// A probability, by the rule `store.probability` has in the file.
 pub(crate) fn parse_probability(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
-        Ok(p) if p > 0.0 && p < 1.0 => Ok(p),
+        Ok(p) if crate::sizing::check_probability(p).is_ok() => Ok(p),
         _ => Err("expected a probability between 0 and 1 exclusive, such as 0.99".to_owned()),
     }
 }
@@ -66,9 +67,10 @@ pub(crate) fn parse_svg_file(path: OsString) -> Result<PathBuf, String> {
     ))
 }
 
+/// Messages per second, by the rule `store.rate` has in the file.
 pub(crate) fn parse_rate(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
-        Ok(rate) if rate > 0.0 && rate.is_finite() => Ok(rate),
+        Ok(rate) if crate::sizing::is_rate(rate) => Ok(rate),
         _ => Err("expected messages per second greater than 0, such as 1000".to_owned()),
     }
 }
@@ -113,9 +115,12 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     }
 }
 
+/// Slots per set, by the rule `store.ways` has in the file.
 pub(crate) fn parse_ways(text: &str) -> Result<u32, String> {
-    match text.parse::<u32>() {
-        Ok(ways) if crate::Geometry::SUPPORTED_WAYS.contains(&ways) => Ok(ways),
-        _ => Err("expected 1, 2, 4 or 8".to_owned()),
-    }
+    let ways = text
+        .parse::<u32>()
+        .map_err(|_| crate::sizing::WAYS_EXPECTED)?;
+    crate::sizing::check_ways(ways)
+        .map(|()| ways)
+        .map_err(str::to_owned)
 }

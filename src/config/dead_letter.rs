@@ -11,9 +11,9 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::setting::{section, FlagValue, Only};
 use super::source::RawSource;
 use super::{check_host_port, check_name, output_name, ConfigError};
+use crate::setting::{section, FlagValue, Only};
 
 /// Where undeliverable messages go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -25,6 +25,8 @@ pub enum DeadLetterKind {
     File,
 }
 
+impl crate::setting::Overlay for DeadLetterKind {}
+
 impl DeadLetterKind {
     /// Each kind by its name in the config file.
     pub const NAMES: [(&'static str, DeadLetterKind); 2] =
@@ -32,7 +34,7 @@ impl DeadLetterKind {
 
     /// The kind's name in the config file.
     pub fn name(self) -> &'static str {
-        super::setting::name_of(&Self::NAMES, self)
+        crate::setting::name_of(&Self::NAMES, self)
     }
 }
 
@@ -46,7 +48,7 @@ section! {
     /// `[dead_letter]`. The file must name the kind; flags set it.
     pub struct RawDeadLetter in "dead_letter", heading "Service" {
         /// Where undeliverable messages go.
-        #[serde(deserialize_with = "super::setting::required")]
+        #[serde(deserialize_with = "crate::setting::required")]
         kind: DeadLetterKind;
         /// Append undeliverable messages to this file (JSON lines).
         path: PathBuf, only(&FILE),
@@ -91,7 +93,7 @@ where
         if error.to_string().trim_end() != missing {
             return error;
         }
-        let kinds: Vec<String> = <RawDeadLetter as super::setting::Section>::SETTINGS
+        let kinds: Vec<String> = <RawDeadLetter as crate::setting::Section>::SETTINGS
             .iter()
             .filter_map(|setting| {
                 let (key, kind) = setting.sets?;

@@ -6,11 +6,17 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::setting::{names, section, DefaultValue, FlagValue, Only};
 use super::source::Source;
 use super::{invalid, quote, ConfigError, Dur, Wording};
 use crate::dedup::digest::{DigestAlgorithm, DigestKey, KeySpec, Keyer};
-use crate::pipeline::{InFlightPolicy, Policy, StoreErrorPolicy};
+use crate::pipeline::{
+    InFlightPolicy, Policy, StoreErrorPolicy, DEFAULT_IN_FLIGHT_REQUEUE_DELAY,
+    DEFAULT_STORE_ERROR_REQUEUE_DELAY,
+};
+use crate::setting::{names, section, DefaultValue, FlagValue, Only};
+
+impl crate::setting::Overlay for InFlightPolicy {}
+impl crate::setting::Overlay for StoreErrorPolicy {}
 
 const IN_FLIGHT_POLICIES: [&str; 2] = names(&InFlightPolicy::NAMES);
 const STORE_ERROR_POLICIES: [&str; 2] = names(&StoreErrorPolicy::NAMES);
@@ -36,14 +42,14 @@ section! {
         on_in_flight: InFlightPolicy, default(DefaultValue::Text("requeue")),
             flag("on-in-flight", rank: 5, value_name: "POLICY", value: FlagValue::Names(&IN_FLIGHT_POLICIES));
         /// Requeue delay of such a copy (default {default}).
-        in_flight_requeue_delay: Dur, default(DefaultValue::Duration(Duration::from_secs(1))), only(&REQUEUE_IN_FLIGHT),
+        in_flight_requeue_delay: Dur, default(DefaultValue::Duration(DEFAULT_IN_FLIGHT_REQUEUE_DELAY)), only(&REQUEUE_IN_FLIGHT),
             flag("in-flight-requeue-delay", rank: 6, value_name: "DURATION", value: FlagValue::Duration);
         /// When the store fails: requeue the message (default) or process it without
         /// de-duplication.
         on_store_error: StoreErrorPolicy, default(DefaultValue::Text("requeue")),
             flag("on-store-error", rank: 7, value_name: "POLICY", value: FlagValue::Names(&STORE_ERROR_POLICIES));
         /// Requeue delay after a store error (default {default}).
-        store_error_requeue_delay: Dur, default(DefaultValue::Duration(Duration::from_secs(1))), only(&REQUEUE_ON_STORE_ERROR),
+        store_error_requeue_delay: Dur, default(DefaultValue::Duration(DEFAULT_STORE_ERROR_REQUEUE_DELAY)), only(&REQUEUE_ON_STORE_ERROR),
             flag("store-error-requeue-delay", rank: 8, value_name: "DURATION", value: FlagValue::Duration);
         /// Copies arriving longer after their original than this (such as 10m) pass again:
         /// for bodies that repeat on purpose. Off by default.

@@ -102,30 +102,29 @@
 //! Each TOML section has its own module, with its raw form and the validation that turns it
 //! into what the component needs; the rules themselves (name syntax, table shapes, Memcached
 //! settings) belong to the components and are only called from here:
-//! `source` (`[source]`), `dedupe` (`[dedupe]`), `store` (`[store]`), `sink` (`[sink]`;
-//! `sink::serve` for the serve sink's settings), `dead_letter` (`[dead_letter]`), `service` (`[metrics]`, `[shutdown]`) and `nsq_opts` (`[consumer_opt]`,
-//! `[producer_opt]`). Rules shared by sections have their own: `setting` (each setting defined
-//! once: key, flag, help and the kinds it belongs to, from which the binary makes its flags),
-//! `output_name` (an output file name must not ask for a compression the file will not have),
-//! `unused` (a setting the others leave unused) and `toml_error` (the parser's message, naming
-//! the key). Which flag gave which key, and messages that name settings, are
-//! [`crate::wording`]'s.
+//! `source` (`[source]`), `dedupe` (`[dedupe]`), `store` (`[store]`), `dead_letter`
+//! (`[dead_letter]`), `service` (`[metrics]`, `[shutdown]`) and `nsq_opts` (`[consumer_opt]`,
+//! `[producer_opt]`). `[sink]` is the sinks' ([`crate::sink`]): each sink's keys, their
+//! validation and its build are in the sink's own module, and [`RawSink`] is made from the
+//! list of the sinks. Rules shared by sections have their own: `unused` (a setting the others
+//! leave unused) and `toml_error` (the parser's message, naming the key). What a section is
+//! made of (each setting defined once: key, flag, help and the kinds it belongs to, from which
+//! the binary makes its flags; [`ConfigError`], durations, addresses and output file names)
+//! is `crate::setting`'s, below this module and the sinks alike. Which flag gave which key,
+//! and messages that name settings, are [`crate::wording`]'s.
 
 mod builder;
 mod dead_letter;
 mod dedupe;
 mod nsq_opts;
-mod output_name;
 mod service;
-pub(crate) mod setting;
-mod sink;
 mod source;
 mod store;
 mod toml_error;
 mod unused;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -135,6 +134,8 @@ use crate::dedup::Geometry;
 use crate::nsq::ConsumerConfig;
 use crate::pipeline::Policy;
 
+pub use crate::setting::{ConfigError, Dur};
+pub use crate::sink::{OneOrMany, RawSink, SinkKind, SinkSettings};
 pub(crate) use crate::wording::{FlagOrigins, Named, Wording};
 pub use builder::SettingsBuilder;
 pub use dead_letter::{DeadLetterKind, DeadLetterSettings, RawDeadLetter};
@@ -145,17 +146,17 @@ pub use nsq_opts::RawNsqOpts;
 #[cfg(feature = "cli")]
 pub(crate) use nsq_opts::{option_key, OPTION_NAMES};
 pub use service::{RawMetrics, RawShutdown};
-pub use sink::{OneOrMany, RawSink, SinkKind, SinkSettings};
 pub use source::RawSource;
 pub use store::{RawStore, StoreKind, StoreSettings, TableFileSettings, DEFAULT_WINDOW};
 
 #[cfg(test)]
-use setting::Section as _;
+use crate::setting::Section as _;
+use crate::setting::{check_host_port, check_name, invalid, output_name, quote, resolve};
 
 /// The settings of every section defined by its table, in the order of `run --help`: what the
 /// flags, the guide's flag table and the man page are checked against.
 #[cfg(test)]
-pub(crate) const SECTIONS: [&[setting::Setting]; 8] = [
+pub(crate) const SECTIONS: [&[crate::setting::Setting]; 8] = [
     RawSource::SETTINGS,
     RawNsqOpts::SETTINGS,
     RawDedupe::SETTINGS,
@@ -165,169 +166,6 @@ pub(crate) const SECTIONS: [&[setting::Setting]; 8] = [
     RawShutdown::SETTINGS,
     RawDeadLetter::SETTINGS,
 ];
-
-/// A configuration that cannot be used. Each message names what the user typed: the flag when
-/// the value came from a flag, else the config key.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// The file could not be read.
-    #[error("cannot read config file {path} (check `--config` / NSQ_DEDUPE_CONFIG)")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The file is not valid TOML for this schema (unknown key, wrong type, bad value).
-    #[error("invalid config file {path}: {message}")]
-    Parse {
-        /// The file (or `<string>`).
-        path: String,
-        /// The place (line, column and key) and the TOML parser's reason: no line of the
-        /// file, and no value where it may hold a secret.
-        message: String,
-    },
-    /// A value is out of range or inconsistent with another.
-    #[error("invalid `{}` = {value}: {reason}", given_by(key).unwrap_or(key))]
-    Invalid {
-        /// The key, as `section.name`; shown in the user's words, the flag the value came
-        /// from, if it came from one.
-        key: &'static str,
-        /// The value given.
-        value: String,
-        /// What is wrong and what is accepted.
-        reason: Wording,
-    },
-    /// A required value is missing.
-    #[error("`{key}` is required: set it in the config file or {}", or_pass(flags))]
-    Missing {
-        /// The key, as `section.name`.
-        key: &'static str,
-        /// The flags that set it (any one of them): named when the error is shown in the
-        /// user's words, as the binary shows it.
-        flags: &'static [&'static str],
-    },
-    /// Several required values are missing: each is named.
-    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
-    MissingAll(Vec<ConfigError>),
-    /// A value that another one needs is missing.
-    #[error(
-        "`{key}` is required with {with}: set it in the config file{}",
-        flag_of(key).map_or_else(String::new, |flag| format!(" or pass `{flag}`"))
-    )]
-    Required {
-        /// The missing key, as `section.name`; shown in the user's words, also the flag
-        /// that sets it, if one does.
-        key: &'static str,
-        /// The setting that needs it.
-        with: Wording,
-    },
-    /// A setting was given that the other settings leave unused.
-    #[error(
-        "`{}` is used only with {needs}: remove it, or {}",
-        named(key).unwrap_or(key),
-        instead.as_ref().map_or_else(|| "set that too".to_owned(), ToString::to_string)
-    )]
-    Unused {
-        /// The key, as `section.name`; shown in the user's words, the flag that gave it (or,
-        /// with no config file, that sets it).
-        key: &'static str,
-        /// What it needs.
-        needs: Wording,
-        /// What to give instead of the setting that chose another kind (`use --x instead of
-        /// --y`), when setting what it needs too would not do.
-        instead: Option<Wording>,
-    },
-    /// The NSQ consumer refused its settings for a reason no single key explains.
-    #[error("the NSQ consumer cannot start with these `[source]` settings")]
-    Consumer(#[source] crate::nsq::Error),
-    /// The shared table's settings are unusable; the store's message names the key.
-    #[error(transparent)]
-    Store(#[from] crate::error::StoreError),
-}
-
-impl ConfigError {
-    /// The one missing setting of `missing`, or all of them in one error.
-    pub(super) fn all_missing(mut missing: Vec<ConfigError>) -> Self {
-        match missing.len() {
-            1 => missing.remove(0),
-            _ => ConfigError::MissingAll(missing),
-        }
-    }
-
-    pub(super) fn required(key: &'static str, with: Wording) -> Self {
-        ConfigError::Required { key, with }
-    }
-}
-
-/// The flag or variable that gave `key`, if a flag did and the error is shown in the user's
-/// words ([`FlagOrigins::show`]).
-fn given_by(key: &str) -> Option<&'static str> {
-    crate::wording::in_effect(|names| names.flag_for(key))
-}
-
-/// How the user gave `key`, or with no config file the flag that sets it, if the error is
-/// shown in the user's words.
-fn named(key: &str) -> Option<&'static str> {
-    crate::wording::in_effect(|names| names.naming(key))
-}
-
-/// The flag that sets `key`, if one does and the error is shown in the user's words.
-fn flag_of(key: &str) -> Option<&'static str> {
-    crate::wording::in_effect(|names| names.flag_of(key))
-}
-
-/// "pass" one of `flags`, if the error is shown in the user's words (the binary's); a library
-/// user has no flags to pass, and sets the key with the settings builder instead.
-fn or_pass(flags: &[&str]) -> String {
-    let listed = flags
-        .iter()
-        .map(|flag| format!("`{flag}`"))
-        .collect::<Vec<_>>()
-        .join(" or ");
-    crate::wording::in_effect(|_| Some(format!("pass {listed}")))
-        .unwrap_or_else(|| "with `Settings::builder()`".to_owned())
-}
-
-impl From<Duration> for Dur {
-    fn from(duration: Duration) -> Self {
-        Dur(duration)
-    }
-}
-
-/// A duration written as `500ms`, `30s`, `5m`, `1h`, `1h30m`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Dur(pub Duration);
-
-impl<'de> Deserialize<'de> for Dur {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_str(DurVisitor)
-    }
-}
-
-/// Reads a [`Dur`] from a string. A value of another type (`msg_timeout = 30`) is refused with
-/// the form a duration takes, quotes included, rather than serde's bare "expected a string".
-struct DurVisitor;
-
-impl serde::de::Visitor<'_> for DurVisitor {
-    type Value = Dur;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("a duration in quotes, such as \"30s\", \"5m\", \"1h\" or \"2d\"")
-    }
-
-    fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Dur, E> {
-        // The value is named in the error (config errors quote no line of the file), in
-        // serde's words: `invalid value: string "10 parsecs", expected a duration such as …`.
-        crate::units::parse_duration(text)
-            .map(Dur)
-            .map_err(|reason| {
-                let expected = reason.strip_prefix("expected ").unwrap_or(&reason);
-                E::invalid_value(serde::de::Unexpected::Str(text), &expected)
-            })
-    }
-}
 
 /// The configuration as written: every key optional, unknown keys rejected.
 #[allow(missing_docs)]
@@ -543,44 +381,6 @@ impl Settings {
     /// As [`RawConfig::from_toml`] and [`RawConfig::validate`].
     pub fn from_toml(text: &str) -> Result<Settings, ConfigError> {
         RawConfig::from_toml(text, "<string>")?.validate()
-    }
-}
-
-fn invalid(key: &'static str, value: impl Into<String>, reason: impl Into<Wording>) -> ConfigError {
-    ConfigError::Invalid {
-        key,
-        value: value.into(),
-        reason: reason.into(),
-    }
-}
-
-fn quote(text: Option<&str>) -> String {
-    format!("{:?}", text.unwrap_or(""))
-}
-
-fn check_host_port(key: &'static str, addr: &str) -> Result<(), ConfigError> {
-    match addr.rsplit_once(':') {
-        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) => {
-            Ok(())
-        }
-        _ => Err(invalid(
-            key,
-            quote(Some(addr)),
-            "expected host:port such as 127.0.0.1:4150",
-        )),
-    }
-}
-
-/// Checks an NSQ topic or channel name (`what`) by nsqd's rule.
-fn check_name(key: &'static str, what: &str, name: &str) -> Result<(), ConfigError> {
-    if crate::nsq::is_valid_name(name) {
-        Ok(())
-    } else {
-        Err(invalid(
-            key,
-            quote(Some(name)),
-            format!("NSQ {what} names are 1 to 64 of letters, digits, '.', '_' and '-', optionally ending in #ephemeral"),
-        ))
     }
 }
 

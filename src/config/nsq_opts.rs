@@ -13,9 +13,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::setting::{section, DefaultValue, FlagValue, Section as _};
 use super::{invalid, ConfigError, Dur, Wording};
 use crate::nsq::{AuthSecret, Compression, Transport};
+use crate::setting::{section, DefaultValue, FlagValue, Section as _};
 use crate::tls::{TlsSettings, TlsVersion};
 
 section! {

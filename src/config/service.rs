@@ -1,10 +1,10 @@
 //! `[metrics]` and `[shutdown]`: how the service reports and stops.
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::setting::{section, DefaultValue, FlagValue};
-use super::{invalid, quote, ConfigError, Dur};
+use super::{invalid, resolve, ConfigError, Dur};
+use crate::setting::{section, DefaultValue, FlagValue};
 
 /// Where metrics are served when `metrics.address` is not given.
 pub(crate) const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9150";
@@ -68,38 +68,4 @@ pub(super) fn validate(
         status_interval,
         grace: shutdown.grace.map_or(DEFAULT_GRACE, |d| d.0),
     })
-}
-
-/// A listen address in the forms NSQ's tools and Prometheus exporters take to the first
-/// address it names: `127.0.0.1:9150`, `[::1]:9150`, `localhost:9150` (host names are
-/// resolved as any server does), and `:9150`, a port alone, which listens on every IPv4
-/// interface as `0.0.0.0:9150` does (`[::]:9150` for IPv6 as well).
-///
-/// `key` is the setting, `port` its default port (for the example) and `off` whether it may be
-/// "off".
-pub(super) fn resolve(
-    key: &'static str,
-    text: &str,
-    port: u16,
-    off: bool,
-) -> Result<SocketAddr, ConfigError> {
-    let expected = format!(
-        "expected host:port such as 127.0.0.1:{port}, localhost:{port} or :{port} (every IPv4 \
-         interface){}",
-        if off { ", or \"off\"" } else { "" }
-    );
-    let refuse = |reason: String| invalid(key, quote(Some(text)), reason);
-    let listen = match text.strip_prefix(':') {
-        Some(port) => {
-            let port: u16 = port.parse().map_err(|_| refuse(expected.clone()))?;
-            return Ok(SocketAddr::from(([0, 0, 0, 0], port)));
-        }
-        None => text.to_socket_addrs(),
-    };
-    let mut addrs: Vec<SocketAddr> = listen
-        .map_err(|error| refuse(format!("{error}; {expected}")))?
-        .collect();
-    // Prefer IPv4 loopback for `localhost`, where most scrapers look first.
-    addrs.sort_by_key(|addr| !addr.is_ipv4());
-    addrs.into_iter().next().ok_or_else(|| refuse(expected))
 }

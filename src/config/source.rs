@@ -6,10 +6,10 @@
 
 use std::time::Duration;
 
-use super::setting::{section, DefaultValue, FlagValue};
 use super::{check_host_port, check_name, invalid, quote, ConfigError, Dur, Wording};
-use crate::nsq::ConsumerConfig;
+use crate::nsq::{self, ConsumerConfig};
 use crate::pipeline::Policy;
+use crate::setting::{section, DefaultValue, FlagValue};
 
 /// The channel the sidecar consumes when none is given.
 pub(crate) const DEFAULT_CHANNEL: &str = "nsq-dedupe";
@@ -40,16 +40,16 @@ section! {
         /// nsqd's redelivery timeout for this consumer, such as 60s.
         msg_timeout: Dur, flag("msg-timeout", value_name: "DURATION", value: FlagValue::Duration);
         /// Deliveries before a failing message goes to the dead-letter (default {default}).
-        max_attempts: u16, default(DefaultValue::Number(5)), flag("max-attempts", value_name: "N", value: FlagValue::Attempts);
+        max_attempts: u16, default(DefaultValue::Number(nsq::DEFAULT_MAX_ATTEMPTS as u64)), flag("max-attempts", value_name: "N", value: FlagValue::Attempts);
         /// First requeue delay and consumer pause after a handler failure, doubling (default {default}).
-        backoff: Dur, default(DefaultValue::Duration(Duration::from_secs(1))), flag("backoff", value_name: "DURATION", value: FlagValue::Duration);
+        backoff: Dur, default(DefaultValue::Duration(nsq::DEFAULT_BACKOFF)), flag("backoff", value_name: "DURATION", value: FlagValue::Duration);
         /// Longest requeue delay and pause (default {default}).
-        max_backoff: Dur, default(DefaultValue::Duration(Duration::from_secs(120))), flag("max-backoff", value_name: "DURATION", value: FlagValue::Duration);
+        max_backoff: Dur, default(DefaultValue::Duration(nsq::DEFAULT_MAX_BACKOFF)), flag("max-backoff", value_name: "DURATION", value: FlagValue::Duration);
         /// Heartbeat interval asked of nsqd, 1s to 60s (default {default}).
-        heartbeat_interval: Dur, default(DefaultValue::Duration(Duration::from_secs(30))),
+        heartbeat_interval: Dur, default(DefaultValue::Duration(nsq::DEFAULT_HEARTBEAT_INTERVAL)),
             flag("heartbeat-interval", value_name: "DURATION", value: FlagValue::Duration);
         /// How often nsqlookupd is polled (default {default}).
-        lookupd_poll_interval: Dur, default(DefaultValue::Text("60s")),
+        lookupd_poll_interval: Dur, default(DefaultValue::Seconds(nsq::DEFAULT_LOOKUPD_POLL_INTERVAL)),
             flag("lookupd-poll-interval", value_name: "DURATION", value: FlagValue::Duration);
     }
 }

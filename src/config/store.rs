@@ -7,8 +7,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::setting::{names, section, DefaultValue, FlagValue, Only};
 use crate::dedup::table_file::OnMismatch;
+use crate::setting::{names, section, DefaultValue, FlagValue, Only};
 
 use super::{check_host_port, invalid, quote, ConfigError, Dur, Wording};
 use crate::dedup::near::NearTable;
@@ -63,10 +63,13 @@ pub enum StoreKind {
     None,
 }
 
+impl crate::setting::Overlay for StoreKind {}
+impl crate::setting::Overlay for OnMismatch {}
+
 impl StoreKind {
     /// The kind's name in the config file and on the command line.
     pub fn name(self) -> &'static str {
-        super::setting::name_of(&Self::NAMES, self)
+        crate::setting::name_of(&Self::NAMES, self)
     }
 
     /// Whether the table lives in a store shared by many consumers (and has a near-table in
@@ -146,7 +149,7 @@ section! {
         lease: Dur, only(&SHARED),
             flag("lease", rank: 15, value_name: "DURATION", value: FlagValue::Duration);
         /// Bound on each Memcached network step or Redis operation (default {default}).
-        timeout: Dur, default(DefaultValue::Duration(Duration::from_millis(500))), only(&SHARED),
+        timeout: Dur, default(DefaultValue::Duration(crate::dedup::shared::DEFAULT_TIMEOUT)), only(&SHARED),
             flag("store-timeout", rank: 16, value_name: "DURATION", value: FlagValue::Duration);
         /// Keep the in-process table in this file between runs (snapshots).
         table_file: PathBuf, only(&MEMORY),
@@ -168,7 +171,7 @@ section! {
         near_table: String, only(&SHARED), flag("near-table", rank: 17, value_name: "SIZE");
         /// With two Memcached servers or more: after one has failed this long, its sets go to the
         /// next server until it answers again; `off` never ejects (default {default}).
-        eject_after: String, default(DefaultValue::Text("10s")), only(&MEMCACHED), flag("eject-after", rank: 18, value_name: "DURATION|off");
+        eject_after: String, default(DefaultValue::Duration(crate::dedup::memcached::DEFAULT_EJECT_AFTER)), only(&MEMCACHED), flag("eject-after", rank: 18, value_name: "DURATION|off");
         /// Redis URL (repeatable): `redis://[user:password@]host:port[/db]`, or `rediss://` for
         /// TLS; several only with --redis-cluster.
         redis_urls: Vec<String>, only(&REDIS),
@@ -328,13 +331,13 @@ impl RawStore {
         ) else {
             return Ok(None);
         };
-        if !(probability > 0.0 && probability < 1.0) {
-            return Err(invalid(
+        crate::sizing::check_probability(probability).map_err(|error| {
+            invalid(
                 "store.probability",
                 probability.to_string(),
-                crate::sizing::SizingError::Probability(probability).to_string(),
-            ));
-        }
+                error.to_string(),
+            )
+        })?;
         let max_bytes = match &self.max_memory {
             Some(text) => crate::units::parse_bytes(text)
                 .map_err(|reason| invalid("store.max_memory", quote(Some(text)), reason))?,
@@ -408,13 +411,8 @@ impl RawStore {
 
     fn geometry(&self, window: Duration) -> Result<Geometry, ConfigError> {
         let ways = self.ways.unwrap_or(8);
-        if !Geometry::SUPPORTED_WAYS.contains(&ways) {
-            return Err(invalid(
-                "store.ways",
-                ways.to_string(),
-                "expected 1, 2, 4 or 8",
-            ));
-        }
+        crate::sizing::check_ways(ways)
+            .map_err(|reason| invalid("store.ways", ways.to_string(), reason))?;
         if let Some(text) = &self.memory {
             let refuse = |reason: Wording| invalid("store.memory", quote(Some(text)), reason);
             if self.buckets.is_some() || self.probability.is_some() {
@@ -460,7 +458,7 @@ impl RawStore {
                     "store.rate",
                     Wording::default().key("store.probability"),
                 ))?;
-                if !(rate > 0.0 && rate.is_finite()) {
+                if !crate::sizing::is_rate(rate) {
                     return Err(invalid(
                         "store.rate",
                         rate.to_string(),

@@ -5,9 +5,9 @@
 //! writes to stdout, a near-table meant for a shared store is never built. The rules are checked
 //! before any other, so the refusal names the setting the user typed first.
 
-use super::setting::{check_kinds, name_of, Section};
 use super::{ConfigError, DeadLetterKind, RawConfig, RawDeadLetter, SinkKind, StoreKind, Wording};
 use crate::pipeline::{InFlightPolicy, StoreErrorPolicy};
+use crate::setting::{check_kinds, name_of, Section};
 use crate::wording::{FlagOrigins, Named};
 
 /// Refuses the first setting given that the other settings leave unused.
@@ -16,7 +16,7 @@ use crate::wording::{FlagOrigins, Named};
 ///
 /// [`ConfigError::Unused`] naming the setting and what it needs.
 pub(super) fn check(raw: &RawConfig) -> Result<(), ConfigError> {
-    let sink = raw.sink.kind.unwrap_or(SinkKind::Stdout);
+    let sink = raw.sink.kind.unwrap_or_default();
     let store = raw.store.kind.unwrap_or(StoreKind::Memory);
     let (t, d) = (&raw.store, &raw.dedupe);
     let kind_of = |key: &str| match key {

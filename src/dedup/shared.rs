@@ -9,6 +9,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::error::StoreError;
 use crate::wording::Wording;
 
+/// The bound on each network step or operation of a shared store when none is given.
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_millis(500);
+
 /// The Redis key format's version, part of the namespace. Since version 2 a Redis set keeps
 /// every entry at a fixed offset (see `redis/set.lua`), so its values are no longer the
 /// Memcached store's, and the sets of version 1 are never read as version 2's, nor the reverse.

@@ -18,6 +18,12 @@ use hyper_util::rt::TokioExecutor;
 /// answers are far smaller.
 pub(super) const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 
+/// The bound on opening a connection when none is given.
+pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The bound on a whole request when none is given.
+pub(crate) const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Settings of the crate's HTTP client: time limits, TLS and connection counts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpClientConfig {
@@ -36,8 +42,8 @@ pub struct HttpClientConfig {
 impl Default for HttpClientConfig {
     fn default() -> Self {
         HttpClientConfig {
-            connect_timeout: Duration::from_secs(2),
-            request_timeout: Duration::from_secs(10),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
             root_ca_file: None,
             max_idle_per_host: 64,
         }

@@ -30,6 +30,8 @@ pub use client::HttpClientConfig;
 #[cfg(feature = "sidecar")]
 pub use client::HttpError;
 #[cfg(feature = "sidecar")]
+pub(crate) use client::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
+#[cfg(feature = "sidecar")]
 pub(crate) use pool::BoundedClient;
 #[cfg(feature = "sidecar")]
 pub(crate) use server::serve;

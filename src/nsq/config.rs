@@ -10,6 +10,21 @@ use super::lookupd;
 use super::names::is_valid_name;
 use super::transport::Transport;
 
+/// The heartbeat interval asked of nsqd when none is given: go-nsq's.
+pub(crate) const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Deliveries of a message before it counts as failing for good: go-nsq's.
+pub(crate) const DEFAULT_MAX_ATTEMPTS: u16 = 5;
+
+/// The first handler-failure backoff, doubled per failure: go-nsq's.
+pub(crate) const DEFAULT_BACKOFF: Duration = Duration::from_secs(1);
+
+/// The longest handler-failure backoff: go-nsq's.
+pub(crate) const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(120);
+
+/// How often nsqlookupd is polled: go-nsq's.
+pub(crate) const DEFAULT_LOOKUPD_POLL_INTERVAL: Duration = Duration::from_secs(60);
+
 /// Everything a [`Consumer`](super::Consumer) needs. Build it with [`ConsumerConfig::new`] and adjust fields.
 #[derive(Debug, Clone)]
 pub struct ConsumerConfig {
@@ -98,13 +113,13 @@ impl ConsumerConfig {
             lookupd_http_addresses: Vec::new(),
             max_in_flight: 1,
             msg_timeout: None,
-            heartbeat_interval: Duration::from_secs(30),
-            max_attempts: 5,
+            heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
             default_requeue_delay: Duration::from_secs(90),
             max_requeue_delay: Duration::from_secs(15 * 60),
-            backoff_multiplier: Duration::from_secs(1),
-            max_backoff: Duration::from_secs(120),
-            lookupd_poll_interval: Duration::from_secs(60),
+            backoff_multiplier: DEFAULT_BACKOFF,
+            max_backoff: DEFAULT_MAX_BACKOFF,
+            lookupd_poll_interval: DEFAULT_LOOKUPD_POLL_INTERVAL,
             lookupd_poll_jitter: 0.3,
             rdy_redistribute_interval: Duration::from_secs(5),
             max_frame_size: DEFAULT_MAX_FRAME_SIZE,

@@ -50,6 +50,11 @@ mod transport;
 #[cfg(feature = "sidecar")]
 pub(crate) use config::short_hostname;
 pub use config::ConsumerConfig;
+#[cfg(feature = "sidecar")]
+pub(crate) use config::{
+    DEFAULT_BACKOFF, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LOOKUPD_POLL_INTERVAL,
+    DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_BACKOFF,
+};
 pub use consumer::{ConnectionCount, Consumer};
 pub use error::Error;
 pub use events::{ConsumerEvent, ConsumerStats, ShutdownReport};

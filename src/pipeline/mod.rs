@@ -88,6 +88,7 @@ use store_error_log::StoreErrorLog;
 use unsettled::Unsettled;
 
 pub use policy::{InFlightPolicy, Policy, StoreErrorPolicy};
+pub(crate) use policy::{DEFAULT_IN_FLIGHT_REQUEUE_DELAY, DEFAULT_STORE_ERROR_REQUEUE_DELAY};
 
 /// What became of one message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -358,7 +359,7 @@ mod size_tests {
         let dedupe = super::Dedupe::new(
             store,
             crate::Keyer::new(crate::KeySpec::Body, Default::default()),
-            crate::sink::Sink::Null,
+            crate::sink::Sink::Null(crate::sink::NullSink),
             super::Policy::default(),
             None,
             Default::default(),

@@ -3,6 +3,15 @@
 
 use std::time::Duration;
 
+use crate::nsq::{DEFAULT_BACKOFF, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_BACKOFF};
+
+/// The REQ delay of a copy found in flight when none is given.
+pub(crate) const DEFAULT_IN_FLIGHT_REQUEUE_DELAY: Duration = Duration::from_secs(1);
+
+/// The REQ delay after a store error, before it is multiplied by the attempts, when none is
+/// given.
+pub(crate) const DEFAULT_STORE_ERROR_REQUEUE_DELAY: Duration = Duration::from_secs(1);
+
 /// What to do with a copy whose original is still being handled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -74,12 +83,13 @@ impl Default for Policy {
     fn default() -> Self {
         Policy {
             on_in_flight: InFlightPolicy::Requeue,
-            in_flight_requeue_delay: Duration::from_secs(1),
+            in_flight_requeue_delay: DEFAULT_IN_FLIGHT_REQUEUE_DELAY,
             on_store_error: StoreErrorPolicy::Requeue,
-            store_error_requeue_delay: Duration::from_secs(1),
-            backoff: Duration::from_secs(1),
-            max_backoff: Duration::from_secs(120),
-            max_attempts: 5,
+            store_error_requeue_delay: DEFAULT_STORE_ERROR_REQUEUE_DELAY,
+            // The sidecar's handler-failure backoff and attempts are go-nsq's.
+            backoff: DEFAULT_BACKOFF,
+            max_backoff: DEFAULT_MAX_BACKOFF,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
             keepalive: Duration::from_secs(30),
             max_held_copies: 1024,
         }

@@ -197,8 +197,7 @@ impl Sidecar<Sink> {
     ///
     /// [`RunError`] naming what could not be built.
     pub async fn new(settings: Settings) -> Result<Self, RunError> {
-        sink::warn_if_exposed(&settings.sink, &settings.names);
-        let sink = build_sink(&settings.sink, &settings.producer).await?;
+        let sink = build_sink(&settings.sink, &settings.producer, &settings.names).await?;
         let sink_name = settings.sink.to_string();
         let watch = sink.watch();
         let mut sidecar = Self::watching(settings, sink, watch).await?;

@@ -1,71 +1,36 @@
 //! Builds the sink and the dead-letter the settings ask for.
 
 use super::RunError;
-use crate::config::{DeadLetterSettings, FlagOrigins, SinkSettings};
-use crate::nsq::{ProducerConfig, Transport};
-use crate::sink::serve::ServeSink;
-use crate::sink::{DeadLetter, FileSink, HttpSink, NsqSink, Sink, StdoutSink};
+use crate::config::{DeadLetterSettings, SinkSettings};
+use crate::nsq::Transport;
+use crate::sink::{producer_config, Build, BuildError, DeadLetter, Sink};
+use crate::wording::{FlagOrigins, Named};
 
-/// Builds the sink the settings ask for; the serve sink starts serving (binds its ports).
+/// Builds the sink the settings ask for, with its room's build; the serve sink starts serving
+/// (binds its ports). `names` says which flags gave which settings, for a warning.
 ///
 /// # Errors
 ///
 /// [`RunError::Nsq`] for an unusable producer configuration, [`RunError::Http`] for an
-/// unusable CA file, [`RunError::Serve`] for a serve port that cannot be bound.
+/// unusable CA file, [`RunError::FileSink`] for the file sink's unusable directories or
+/// formats, [`RunError::Serve`] for a serve port that cannot be bound.
 pub(crate) async fn build_sink(
     sink: &SinkSettings,
     producer: &Transport,
+    names: &FlagOrigins,
 ) -> Result<Sink, RunError> {
-    Ok(match sink {
-        SinkSettings::Serve(config) => Sink::Serve(ServeSink::start(config.clone()).await?),
-        SinkSettings::Stdout => Sink::Stdout(StdoutSink::default()),
-        SinkSettings::File(config) => {
-            Sink::File(FileSink::new(config.clone()).map_err(|(key, reason)| {
-                RunError::FileSink {
-                    setting: crate::wording::Named::key(key),
-                    reason,
-                }
-            })?)
-        }
-        SinkSettings::Null => Sink::Null,
-        SinkSettings::Nsq {
-            nsqd_tcp_addresses,
-            topic,
-        } => Sink::Nsq(NsqSink::new(
-            producer_config(nsqd_tcp_addresses, producer),
-            topic.clone(),
-        )?),
-        SinkSettings::Http(config) => Sink::Http(HttpSink::new(config)?),
-    })
-}
-
-/// Warns when a served port is reachable beyond this machine while consumers need neither TLS
-/// nor the AUTH secret: anyone who reaches it can take (and FIN) the stream. Not refused: a
-/// private network may be all the protection wanted. The setting is named as the user gave it
-/// (`names`).
-pub(super) fn warn_if_exposed(sink: &SinkSettings, names: &FlagOrigins) {
-    let SinkSettings::Serve(config) = sink else {
-        return;
-    };
-    if config.tls.is_some() || config.auth_secret.is_some() {
-        return;
-    }
-    let addresses = [
-        ("sink.serve_tcp_address", Some(config.tcp_address)),
-        ("sink.serve_http_address", config.http_address),
-    ];
-    for (key, address) in addresses {
-        if let Some(address) = address.filter(|a| !a.ip().is_loopback()) {
-            tracing::warn!(
-                setting = %names.flag_for(key).unwrap_or(key),
-                %address,
-                "The serve sink listens beyond loopback without TLS or an AUTH secret: anyone \
-                 who reaches it can consume the stream. Give --serve-tls-cert and \
-                 --serve-tls-key, or --serve-auth-secret-file (`sink.serve_tls_cert`, \
-                 `sink.serve_tls_key`, `sink.serve_auth_secret_file`), or listen on 127.0.0.1."
-            );
-        }
-    }
+    let with = Build { producer, names };
+    crate::sink::build(sink, &with)
+        .await
+        .map_err(|error| match error {
+            BuildError::Nsq(error) => RunError::Nsq(error),
+            BuildError::Http(error) => RunError::Http(error),
+            BuildError::FileSink { key, reason } => RunError::FileSink {
+                setting: Named::key(key),
+                reason,
+            },
+            BuildError::Serve(error) => RunError::Serve(error),
+        })
 }
 
 /// Opens the dead-letter the settings ask for, if any.
@@ -84,11 +49,4 @@ pub(super) fn build_dead_letter(
             topic.clone(),
         )?),
     })
-}
-
-/// A producer's settings: the addresses, and the transport of `[producer_opt]`.
-fn producer_config(addresses: &[String], transport: &Transport) -> ProducerConfig {
-    let mut config = ProducerConfig::new(addresses.to_vec());
-    config.transport = transport.clone();
-    config
 }

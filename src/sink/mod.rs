@@ -13,11 +13,14 @@
 //! each message on their own) answers them in parts ([`Handler::handle_in_parts`]), and the
 //! pipeline settles each part as it comes.
 //!
-//! Each sink has its own module here and takes the traits from this one: [`Handler`], and
-//! `BuiltIn` for what only the sidecar asks of its own sinks (their figures for `/metrics`, an
-//! output closed or a server's refusal for good). The [`Sink`] enum lists the sinks once, in
-//! its variants and its dispatch. [`serve`], the serve sink, is public (the crate's `serve`)
-//! for its settings, stats and errors.
+//! Each sink has its own module here, its room, and takes the traits from this one:
+//! [`Handler`], and `BuiltIn` for what only the sidecar asks of its own sinks (their figures
+//! for `/metrics`, an output closed or a server's refusal for good). A room also holds the
+//! sink's keys of `[sink]`, their validation into its settings, its start-up summary and its
+//! build (`room`). The sinks are listed once, at the end of this file, a line each: the list
+//! makes [`SinkKind`], the [`Sink`] enum and its dispatch, [`SinkSettings`], the `[sink]`
+//! section ([`RawSink`]) and the build. [`serve`], the serve sink, is public (the crate's
+//! `serve`) for its settings, stats and errors.
 
 mod batcher;
 mod built_in;
@@ -26,6 +29,7 @@ mod file;
 mod http;
 mod nsq;
 mod null;
+mod room;
 pub mod serve;
 mod stdout;
 
@@ -35,6 +39,9 @@ use bytes::Bytes;
 use futures::{FutureExt, Stream, StreamExt};
 
 pub(crate) use built_in::{BuiltIn, Watch, Watched};
+pub(crate) use nsq::producer_config;
+pub(crate) use room::Build;
+use room::Room;
 
 /// The HTTP client settings of [`HttpSinkConfig`] and the errors of [`HttpSink::new`].
 pub use crate::http::{HttpClientConfig, HttpError};
@@ -43,11 +50,11 @@ pub use file::{
     FileSink, FileSinkConfig, DEFAULT_DATETIME_FORMAT, DEFAULT_FILENAME_FORMAT, DEFAULT_GZIP_LEVEL,
 };
 pub use http::{
-    with_content_type, BatchFormat, HttpMode, HttpSink, HttpSinkConfig, DEFAULT_BATCH_TIMEOUT,
-    DEFAULT_CONCURRENCY, DEFAULT_CONTENT_TYPE, DEFAULT_IDEMPOTENCY_HEADER,
+    with_content_type, BatchFormat, HttpMode, HttpSink, HttpSinkConfig, OneOrMany,
+    DEFAULT_BATCH_TIMEOUT, DEFAULT_CONCURRENCY, DEFAULT_CONTENT_TYPE, DEFAULT_IDEMPOTENCY_HEADER,
 };
-pub use nsq::NsqSink;
-use null::NullSink;
+pub use nsq::{NsqSink, NsqSinkConfig};
+pub use null::NullSink;
 pub use stdout::StdoutSink;
 
 /// Why a handler did not take a message.
@@ -273,82 +280,41 @@ where
     }
 }
 
-/// The sidecar's sinks, chosen by `sink.kind`. An enum, so the hot path calls it without
-/// boxing; each call goes to the sink's own [`Handler`] (and, for what only the sidecar asks,
-/// its `BuiltIn`) through `each_sink!`, the one place the sinks are listed for dispatch.
+/// Why a sink could not be built, by the kind of failure; the sidecar says which setting to
+/// change.
 #[derive(Debug)]
-pub enum Sink {
+pub(crate) enum BuildError {
+    /// The nsq sink's producer refused its settings.
+    Nsq(crate::nsq::Error),
+    /// The http sink's client could not be built (a CA file that cannot be used).
+    Http(HttpError),
+    /// The file sink's directories or formats are unusable: the key, and why.
+    FileSink {
+        /// The setting.
+        key: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The serve sink could not start (a port that cannot be bound, TLS files that cannot
+    /// be used).
+    Serve(serve::ServeError),
+}
+
+// The sidecar's sinks, one line each: its variant, its name in the file and on the command
+// line, its room and type, and its settings' type (none for a sink without settings). The
+// first is the sink of a config without `sink.kind`. A new sink is its room and a line here
+// (see `room`).
+room::sinks! {
     /// One record per line on standard output.
-    Stdout(StdoutSink),
+    Stdout = "stdout", stdout::StdoutSink;
     /// Publish to a topic on one or more nsqd.
-    Nsq(NsqSink),
-    /// POST to a URL.
-    Http(HttpSink),
+    Nsq = "nsq", nsq::NsqSink(NsqSinkConfig);
+    /// POST to one or more URLs.
+    Http = "http", http::HttpSink(HttpSinkConfig);
     /// Archive to files, as `nsq_to_file`.
-    File(FileSink),
-    /// Serve NSQ consumers as nsqd does; a consumer's FIN delivers.
-    Serve(serve::ServeSink),
+    File = "file", file::FileSink(FileSinkConfig);
     /// Accept and discard everything (benchmarks, dry runs).
-    Null,
-}
-
-/// `$call` with `$sink` bound to the sink `$self` holds, whichever it is.
-macro_rules! each_sink {
-    ($self:expr, $sink:ident => $call:expr) => {
-        match $self {
-            Sink::Stdout($sink) => $call,
-            Sink::Nsq($sink) => $call,
-            Sink::Http($sink) => $call,
-            Sink::File($sink) => $call,
-            Sink::Serve($sink) => $call,
-            Sink::Null => {
-                let $sink = &NullSink;
-                $call
-            }
-        }
-    };
-}
-
-impl Handler for Sink {
-    async fn handle(&self, body: Bytes) -> Result<(), HandlerError> {
-        // Boxed: these futures are up to kilobytes, and an enum's future is as large as its
-        // largest arm, which every message's task would carry. Next to a write or a network
-        // round trip the allocation is free.
-        each_sink!(self, sink => Box::pin(sink.handle(body)).await)
-    }
-
-    async fn handle_batch(&self, bodies: Vec<Bytes>) -> Vec<Result<(), HandlerError>> {
-        each_sink!(self, sink => sink.handle_batch(bodies).await)
-    }
-
-    /// Boxed, one stream per burst: each sink's stream is of its own type.
-    fn handle_in_parts(&self, deliveries: Vec<Delivery>) -> impl Stream<Item = Part> + Send {
-        each_sink!(self, sink => sink.handle_in_parts(deliveries).boxed())
-    }
-
-    fn handles_batches(&self) -> bool {
-        each_sink!(self, sink => sink.handles_batches())
-    }
-
-    fn accepts_for_good(&self) -> bool {
-        each_sink!(self, sink => sink.accepts_for_good())
-    }
-
-    fn backs_off(&self) -> bool {
-        each_sink!(self, sink => sink.backs_off())
-    }
-
-    fn stopping(&self) {
-        each_sink!(self, sink => sink.stopping())
-    }
-
-    async fn flush(&self) -> Result<(), HandlerError> {
-        each_sink!(self, sink => sink.flush().await)
-    }
-}
-
-impl BuiltIn for Sink {
-    fn watch(&self) -> Watch {
-        each_sink!(self, sink => sink.watch())
-    }
+    Null = "null", null::NullSink;
+    /// Serve NSQ consumers as nsqd does; a consumer's FIN delivers.
+    Serve = "serve", serve::ServeSink(serve::ServeConfig);
 }

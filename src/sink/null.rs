@@ -6,7 +6,7 @@ use super::{BuiltIn, Handler, HandlerError};
 
 /// Accepts and discards everything: the sink of `sink.kind = "null"` ([`super::Sink::Null`]).
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct NullSink;
+pub struct NullSink;
 
 impl Handler for NullSink {
     async fn handle(&self, _body: Bytes) -> Result<(), HandlerError> {
@@ -29,3 +29,8 @@ impl Handler for NullSink {
 }
 
 impl BuiltIn for NullSink {}
+
+/// The null sink has no keys of `[sink]` but `sink.kind`, and no settings.
+pub(crate) use super::room::no_sink_keys as sink_keys;
+
+super::room::room_without_settings!(NullSink, "null (records are discarded)", NullSink);

@@ -144,6 +144,11 @@ impl BuiltIn for StdoutSink {
     }
 }
 
+/// The stdout sink has no keys of `[sink]` but `sink.kind`, and no settings.
+pub(crate) use super::room::no_sink_keys as sink_keys;
+
+super::room::room_without_settings!(StdoutSink, "stdout", StdoutSink::default());
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,7 +4,7 @@
 
 use std::marker::PhantomData;
 
-use crate::config::setting::{FlagValue, Section, Setting};
+use crate::setting::{FlagValue, Section, Setting};
 use clap::builder::{PathBufValueParser, PossibleValuesParser, TypedValueParser as _};
 use clap::{Arg, ArgAction, ArgMatches, Args, Command, FromArgMatches};
 

@@ -3,9 +3,12 @@
 
 use std::time::Duration;
 
-use crate::dedup::shared::check_settings;
+use crate::dedup::shared::{check_settings, DEFAULT_TIMEOUT};
 use crate::error::StoreError;
 use crate::wording::Wording;
+
+/// How long a server may fail before its sets go to the next server, when not given.
+pub(crate) const DEFAULT_EJECT_AFTER: Duration = Duration::from_secs(10);
 
 /// Settings of a [`MemcachedStore`](super::MemcachedStore).
 ///
@@ -78,12 +81,12 @@ impl Default for MemcachedConfig {
             servers: vec!["127.0.0.1:11211".to_owned()],
             namespace: "nsq-dedupe".to_owned(),
             lease: Duration::from_secs(65),
-            timeout: Duration::from_millis(500),
+            timeout: DEFAULT_TIMEOUT,
             pool_size: 4,
             max_cas_retries: 16,
             max_age: None,
             coalesce: true,
-            eject_after: Some(Duration::from_secs(10)),
+            eject_after: Some(DEFAULT_EJECT_AFTER),
             fleet_interval: crate::dedup::fleet::DEFAULT_FLEET_INTERVAL,
             slots_per_item: crate::dedup::MEMCACHED_SLOTS_PER_ITEM,
         }

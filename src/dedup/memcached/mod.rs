@@ -175,6 +175,8 @@ use crate::dedup::{Claim, Digest, Geometry, Store};
 use crate::error::StoreError;
 use crate::wording::Wording;
 pub use config::MemcachedConfig;
+#[cfg(feature = "sidecar")]
+pub(crate) use config::DEFAULT_EJECT_AFTER;
 
 /// A set-associative de-duplication table kept in memcached and shared by every process that
 /// uses the same servers, namespace and geometry.

@@ -91,7 +91,7 @@ impl Default for RedisConfig {
             tls_root_ca_file: None,
             namespace: "nsq-dedupe".to_owned(),
             lease: Duration::from_secs(65),
-            timeout: Duration::from_millis(500),
+            timeout: crate::dedup::shared::DEFAULT_TIMEOUT,
             max_age: None,
             fleet_interval: crate::dedup::fleet::DEFAULT_FLEET_INTERVAL,
         }

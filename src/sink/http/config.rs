@@ -21,6 +21,9 @@ pub const DEFAULT_CONCURRENCY: usize = 100;
 /// The header carrying each request's idempotency key, the IETF httpapi draft's name.
 pub const DEFAULT_IDEMPOTENCY_HEADER: &str = "Idempotency-Key";
 
+/// Records per request when none is configured: each body POSTed as it is.
+pub(crate) const DEFAULT_BATCH_SIZE: usize = 1;
+
 /// How long a batch waits to fill before it is sent as it is.
 pub const DEFAULT_BATCH_TIMEOUT: Duration = Duration::from_millis(100);
 
@@ -126,7 +129,7 @@ impl HttpSinkConfig {
             client: HttpClientConfig::default(),
             concurrency: DEFAULT_CONCURRENCY,
             idempotency_header: Some(HeaderName::from_static("idempotency-key")),
-            batch_size: 1,
+            batch_size: DEFAULT_BATCH_SIZE,
             batch_timeout: DEFAULT_BATCH_TIMEOUT,
             batch_format: BatchFormat::default(),
         }

@@ -11,9 +11,12 @@
 //!
 //! - [`config`]: [`HttpSinkConfig`] and the defaults.
 //! - [`batch`]: gathering and framing batches.
+//! - `settings`: its keys of `[sink]`, validated into [`HttpSinkConfig`]; its summary and
+//!   build.
 
 mod batch;
 mod config;
+pub(super) mod settings;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -23,10 +26,13 @@ use bytes::Bytes;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use hyper::{Method, StatusCode, Uri};
 
+pub(crate) use config::DEFAULT_BATCH_SIZE;
 pub use config::{
     with_content_type, BatchFormat, HttpMode, HttpSinkConfig, DEFAULT_BATCH_TIMEOUT,
     DEFAULT_CONCURRENCY, DEFAULT_CONTENT_TYPE, DEFAULT_IDEMPOTENCY_HEADER,
 };
+pub(crate) use settings::sink_keys;
+pub use settings::OneOrMany;
 
 use super::{BuiltIn, Handler, HandlerError};
 use crate::http::{BoundedClient, HttpError};

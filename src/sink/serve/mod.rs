@@ -29,6 +29,8 @@
 //! - `auth`: the shared AUTH secret, compared in constant time.
 //! - `http`: `/ping`, `/lookup` as nsqlookupd answers it, and `/stats` as nsqd's.
 //! - `metrics`: the endpoint's figures on the sidecar's `/metrics` page.
+//! - `settings`: its keys of `[sink]`, validated into [`ServeConfig`]; its summary, and its
+//!   build, which warns of a port open beyond loopback without TLS or AUTH.
 //!
 //! Deviations from nsqd, each on purpose: the endpoint takes no messages (PUB, MPUB and DPUB
 //! are refused with `E_INVALID`); snappy, deflate and sampling are answered `false`/`0`;
@@ -53,6 +55,7 @@ mod http;
 mod identify;
 mod listener;
 mod metrics;
+pub(super) mod settings;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
@@ -72,6 +75,7 @@ pub use dispatch::{ConsumerInfo, ConsumerStats, DispatchStats, ServeCounters};
 
 use super::{BuiltIn, Delivery, Handler, HandlerError, Part, Watch};
 use dispatch::Dispatcher;
+pub(crate) use settings::sink_keys;
 
 /// Why the serve endpoint cannot start.
 #[derive(Debug, thiserror::Error)]

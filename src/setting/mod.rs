@@ -1,7 +1,12 @@
 //! Each setting of a config section defined once: its key, its flag, its help, how the flag's
-//! text is read and which kind of sink or store it belongs to.
+//! text is read and which kind of sink or store it belongs to; and what every section's
+//! validation uses: [`ConfigError`] (`error`), the values and rules sections share ([`Dur`],
+//! addresses and NSQ names, in `value`) and output file names (`output_name`).
 //!
-//! A section is written with [`section!`](crate::config::setting::section): one field per
+//! Below both `config` (the sections) and `sink` (each sink's keys of `[sink]`, in the sink's
+//! own room), so that the two can share it without using each other.
+//!
+//! A section is written with [`section!`](crate::setting::section): one field per
 //! setting, its `///` doc being the flag's help. The macro makes the raw serde struct (every
 //! key optional, unknown keys refused) and a table of [`Setting`]s from the same lines, so the
 //! command line (built from the table by the binary; the library knows nothing of clap), the
@@ -28,7 +33,16 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{ConfigError, Wording};
+use crate::wording::Wording;
+
+mod error;
+pub(crate) mod output_name;
+mod value;
+
+pub use error::ConfigError;
+pub(crate) use error::{invalid, quote};
+pub use value::Dur;
+pub(crate) use value::{check_host_port, check_name, resolve};
 
 /// One setting of a section.
 #[derive(Debug, Clone, Copy)]
@@ -72,12 +86,13 @@ pub(crate) struct Setting {
 /// (default) or finish it`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum DefaultValue {
-    /// A duration, written as the file would (`10s`; `0` for none).
+    /// A duration, written as the file would (`10s`, `2m`; `0` for none).
     Duration(Duration),
+    /// A duration written in whole seconds (`60s`), as the flag's own tools write it.
+    Seconds(Duration),
     /// A whole number.
     Number(u64),
-    /// Text as the file writes it in a string: a name, an address, or a duration in the
-    /// user's own unit (`60s`).
+    /// Text as the file writes it in a string: a name or an address.
     Text(&'static str),
 }
 
@@ -87,6 +102,7 @@ impl DefaultValue {
     pub(crate) fn to_toml(self) -> toml::Value {
         match self {
             DefaultValue::Duration(d) => toml::Value::String(crate::units::format_duration(d)),
+            DefaultValue::Seconds(d) => toml::Value::String(format!("{}s", d.as_secs())),
             DefaultValue::Number(n) => {
                 toml::Value::Integer(i64::try_from(n).expect("a default fits the file's integers"))
             }
@@ -100,6 +116,7 @@ impl std::fmt::Display for DefaultValue {
         match self {
             DefaultValue::Duration(d) if d.is_zero() => f.write_str("0"),
             DefaultValue::Duration(d) => f.write_str(&crate::units::format_duration(*d)),
+            DefaultValue::Seconds(d) => write!(f, "{}s", d.as_secs()),
             DefaultValue::Number(n) => write!(f, "{n}"),
             DefaultValue::Text(text) => f.write_str(text),
         }
@@ -312,19 +329,10 @@ impl Overlay for bool {}
 impl Overlay for u32 {}
 impl Overlay for f64 {}
 impl Overlay for Vec<String> {}
-impl Overlay for super::Dur {}
-impl Overlay for super::OneOrMany {}
+impl Overlay for Dur {}
 impl Overlay for u16 {}
 impl Overlay for u8 {}
 impl Overlay for i64 {}
-impl Overlay for super::SinkKind {}
-impl Overlay for super::StoreKind {}
-impl Overlay for super::DeadLetterKind {}
-impl Overlay for crate::dedup::table_file::OnMismatch {}
-impl Overlay for crate::pipeline::InFlightPolicy {}
-impl Overlay for crate::pipeline::StoreErrorPolicy {}
-impl Overlay for crate::sink::HttpMode {}
-impl Overlay for crate::sink::BatchFormat {}
 
 /// A whole number: a flag's count above TOML's largest integer comes as its digits.
 macro_rules! overlay_whole_number {
@@ -396,7 +404,7 @@ pub(crate) fn check_kinds<S: Section>(
 ///
 /// where `default(...)` (a [`DefaultValue`]), `only(...)` and `flag(...)` are optional, and
 /// `flag`'s options are [`Setting`]'s fields. A `#[serde(...)]` after the doc goes to the field, such as
-/// `#[serde(deserialize_with = "super::setting::required")]` for a key the file must give.
+/// `#[serde(deserialize_with = "crate::setting::required")]` for a key the file must give.
 /// Fields that are not settings (set by the program, never by the file) follow in an
 /// `extra { ... }` block.
 macro_rules! section {
@@ -435,17 +443,17 @@ macro_rules! section {
             )*
         }
 
-        impl $crate::config::setting::Section for $name {
+        impl $crate::setting::Section for $name {
             const HEADING: &'static str = $heading;
-            const SETTINGS: &'static [$crate::config::setting::Setting] = &[$(
-                $crate::config::setting::Setting {
+            const SETTINGS: &'static [$crate::setting::Setting] = &[$(
+                $crate::setting::Setting {
                     key: concat!($section, ".", stringify!($field)),
                     name: stringify!($field),
                     help: &[$($doc),*],
-                    only: $crate::config::setting::optional!($($only)?),
-                    default: $crate::config::setting::optional!($($default)?),
+                    only: $crate::setting::optional!($($only)?),
+                    default: $crate::setting::optional!($($default)?),
                     $( flag: Some(concat!("--", $flag)), $($opt: $val,)* )?
-                    ..$crate::config::setting::Setting::BASE
+                    ..$crate::setting::Setting::BASE
                 },
             )*];
 
@@ -465,7 +473,7 @@ macro_rules! section {
 
             fn lay(&mut self, name: &str, value: toml::Value) -> Result<(), toml::de::Error> {
                 match name {
-                    $( stringify!($field) => <$ty as $crate::config::setting::Overlay>::overlay(
+                    $( stringify!($field) => <$ty as $crate::setting::Overlay>::overlay(
                         &mut self.$field,
                         value,
                     ), )*

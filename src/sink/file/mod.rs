@@ -23,6 +23,8 @@
 //! file is not a gzip stream). So after a full disk every file in the output directory reads
 //! cleanly to its end.
 
+pub(super) mod settings;
+
 use std::fs::{File, OpenOptions};
 use std::future::Future;
 use std::io::{self, Write};
@@ -33,6 +35,7 @@ use bytes::Bytes;
 
 use super::batcher::{Batcher, Flush, Results, Settings};
 use super::{BuiltIn, Handler, HandlerError};
+pub(crate) use settings::sink_keys;
 
 /// `nsq_to_file`'s default file name.
 pub const DEFAULT_FILENAME_FORMAT: &str = "<TOPIC>.<HOST><REV>.<DATETIME>.log";
@@ -40,6 +43,9 @@ pub const DEFAULT_FILENAME_FORMAT: &str = "<TOPIC>.<HOST><REV>.<DATETIME>.log";
 pub const DEFAULT_DATETIME_FORMAT: &str = "%Y-%m-%d_%H";
 /// The gzip level when none is given.
 pub const DEFAULT_GZIP_LEVEL: u32 = 6;
+/// How long records gather before each write when none is given: none, each write goes as
+/// soon as the disk is free.
+pub(crate) const DEFAULT_SYNC_INTERVAL: Duration = Duration::ZERO;
 
 /// The most records one batch carries (a request of more is written alone): a bound on the
 /// buffer, not a wait.
@@ -89,7 +95,7 @@ impl FileSinkConfig {
             rotate_interval: None,
             rotate_size: None,
             gzip_level: None,
-            sync_interval: Duration::ZERO,
+            sync_interval: DEFAULT_SYNC_INTERVAL,
             host_identifier: crate::nsq::short_hostname(),
             skip_empty_files: false,
         }

@@ -16,6 +16,8 @@
 //! close the connection over it, failing every record batched with it, again and again. It is
 //! rejected to the dead-letter with that reason.
 
+mod settings;
+
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -23,6 +25,8 @@ use bytes::Bytes;
 use super::batcher::{Batcher, Results, Settings};
 use super::{BuiltIn, Handler, HandlerError, Watch};
 use crate::nsq::{Producer, ProducerConfig};
+pub use settings::NsqSinkConfig;
+pub(crate) use settings::{producer_config, sink_keys};
 
 /// The largest record sent: nsqd's default `--max-msg-size`.
 pub(crate) const MAX_RECORD_BYTES: usize = 1024 * 1024;

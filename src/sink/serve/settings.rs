@@ -1,17 +1,139 @@
-//! `[sink]`'s serve settings (`sink.kind = "serve"`, the sidecar as an nsqd for NSQ
-//! consumers) validated into the serve sink's [`ServeConfig`]. A setting not given keeps the
-//! serve sink's own default ([`ServeConfig::new`]); the ranges are the serve sink's rules
-//! ([`ServeConfig::validate`]), named here by the key the user typed.
+//! The serve sink's keys of `[sink]` (`sink.kind = "serve"`, the sidecar as an nsqd for NSQ
+//! consumers) validated into its [`ServeConfig`], its start-up summary and its build. A
+//! setting not given keeps the serve sink's own default ([`ServeConfig::new`]); the ranges are
+//! the serve sink's rules ([`ServeConfig::validate`]), named here by the key the user typed.
 
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::Path;
 
-use super::RawSink;
-use crate::config::service::resolve;
-use crate::config::setting::Section as _;
-use crate::config::{invalid, quote, ConfigError, Wording};
-use crate::sink::serve::{ServeConfig, ServeError, ServeSecret, ServeTls, DEFAULT_HTTP_ADDRESS};
+use super::{ServeConfig, ServeError, ServeSecret, ServeSink, ServeTls, DEFAULT_HTTP_ADDRESS};
+use crate::setting::{invalid, quote, resolve, ConfigError, Section as _};
+use crate::sink::room::{Build, Room};
+use crate::sink::{BuildError, RawSink};
+use crate::wording::{FlagOrigins, Wording};
+
+/// The serve sink's flags are listed under their own heading.
+pub(crate) const SERVE_HEADING: &str = "Serve sink (as nsqd, for NSQ consumers)";
+
+/// The serve sink's keys: the rows of `[sink]`'s table, for `sinks!`.
+macro_rules! sink_keys {
+    ($kind:literal [$($rest:tt)*] [$($rows:tt)*]) => {
+        $crate::sink::room::sink_section! { [$($rest)*] [$($rows)*
+            /// Where NSQ consumers connect, as to nsqd (default {default}).
+            serve_tcp_address: String,
+                default($crate::setting::DefaultValue::Text($crate::sink::serve::DEFAULT_TCP_ADDRESS)),
+                only(&$crate::setting::Only::one("sink.kind", &[$kind])),
+                flag("serve-tcp-address", heading: $crate::sink::serve::settings::SERVE_HEADING,
+                     value_name: "ADDR");
+            /// Where /ping, /lookup (as nsqlookupd) and /stats (as nsqd) answer, or off (default
+            /// {default}).
+            serve_http_address: String,
+                default($crate::setting::DefaultValue::Text($crate::sink::serve::DEFAULT_HTTP_ADDRESS)),
+                only(&$crate::setting::Only::one("sink.kind", &[$kind])),
+                flag("serve-http-address", heading: $crate::sink::serve::settings::SERVE_HEADING,
+                     value_name: "ADDR|off");
+            /// A served message not answered within this goes back upstream; a consumer may ask
+            /// for another in IDENTIFY (default {default}).
+            serve_msg_timeout: $crate::setting::Dur,
+                default($crate::setting::DefaultValue::Duration($crate::sink::serve::DEFAULT_MSG_TIMEOUT)),
+                only(&$crate::setting::Only::one("sink.kind", &[$kind])),
+                flag("serve-msg-timeout", heading: $crate::sink::serve::settings::SERVE_HEADING,
+                     value_name: "DURATION", value: $crate::setting::FlagValue::Duration);
+            /// The longest message timeout a consumer may ask for, and the longest a TOUCHed
+            /// message stays out (default {default}).
+            serve_max_msg_timeout: $crate::setting::Dur,
+                default($crate::setting::DefaultValue::Duration($crate::sink::serve::DEFAULT_MAX_MSG_TIMEOUT)),
+                only(&$crate::setting::Only::one("sink.kind", &[$kind])),
+                flag("serve-max-msg-timeout", heading: $crate::sink::serve::settings::SERVE_HEADING,
+                     value_name: "DURATION", value: $crate::setting::FlagValue::Duration);
+            /// Heartbeats to a consumer that asks for none in IDENTIFY; one that misses two is
+            /// closed (default {default}).
+            serve_heartbeat_interval: $crate::setting::Dur,
+                default($crate::setting::DefaultValue::Duration($crate::sink::serve::DEFAULT_HEARTBEAT_INTERVAL)),
+                only(&$crate::setting::Only::one("sink.kind", &[$kind])),
+                flag("serve-heartbeat-interval", heading: $crate::sink::serve::settings::SERVE_HEADING,
+                     value_name: "DURATION", value: $crate::setting::FlagValue::Duration);
+            /// The largest RDY a consumer may send (default {default}).
+            serve_max_rdy_count: u32,
+                default($crate::setting::DefaultValue::Number($crate::sink::serve::DEFAULT_MAX_RDY_COUNT as u64)),
+                only(&$crate::setting::Only::one("sink.kind", &[$kind])),
+                flag("serve-max-rdy-count", heading: $crate::sink::serve::settings::SERVE_HEADING,
+                     value_name: "N", value: $crate::setting::FlagValue::InFlight);
+            /// Consumers connected at once; more are closed at once (default {default}).
+            serve_max_connections: usize,
+                default($crate::setting::DefaultValue::Number($crate::sink::serve::DEFAULT_MAX_CONNECTIONS as u64)),
+                only(&$crate::setting::Only::one("sink.kind", &[$kind])),
+                flag("serve-max-connections", heading: $crate::sink::serve::settings::SERVE_HEADING,
+                     value_name: "N", value: $crate::setting::FlagValue::Count);
+            /// PEM certificate chain: TLS offered to consumers (IDENTIFY tls_v1); needs --serve-tls-key.
+            serve_tls_cert: std::path::PathBuf, only(&$crate::setting::Only::one("sink.kind", &[$kind])),
+                flag("serve-tls-cert", heading: $crate::sink::serve::settings::SERVE_HEADING,
+                     value_name: "FILE", value: $crate::setting::FlagValue::Path);
+            /// PEM private key of --serve-tls-cert.
+            serve_tls_key: std::path::PathBuf, only(&$crate::setting::Only::one("sink.kind", &[$kind])),
+                flag("serve-tls-key", heading: $crate::sink::serve::settings::SERVE_HEADING,
+                     value_name: "FILE", value: $crate::setting::FlagValue::Path);
+            /// Refuse every command but IDENTIFY before the TLS upgrade.
+            serve_tls_required: bool, only(&$crate::setting::Only::one("sink.kind", &[$kind])),
+                flag("serve-tls-required", heading: $crate::sink::serve::settings::SERVE_HEADING,
+                     value: $crate::setting::FlagValue::Switch);
+            /// File holding the secret consumers must send with AUTH before SUB.
+            serve_auth_secret_file: std::path::PathBuf,
+                only(&$crate::setting::Only::one("sink.kind", &[$kind])),
+                flag("serve-auth-secret-file", heading: $crate::sink::serve::settings::SERVE_HEADING,
+                     value_name: "FILE", value: $crate::setting::FlagValue::Path);
+        ] }
+    };
+}
+
+pub(crate) use sink_keys;
+
+impl Room for ServeSink {
+    type Settings = ServeConfig;
+
+    fn validate(raw: &RawSink, topic: &str, channel: &str) -> Result<ServeConfig, ConfigError> {
+        validate(raw, topic, channel)
+    }
+
+    fn summary(config: &ServeConfig, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        summary(config, f)
+    }
+
+    /// Warns of a port open beyond loopback without TLS or AUTH, then binds the ports.
+    async fn build(config: &ServeConfig, with: &Build<'_>) -> Result<ServeSink, BuildError> {
+        warn_if_exposed(config, with.names);
+        ServeSink::start(config.clone())
+            .await
+            .map_err(BuildError::Serve)
+    }
+}
+
+/// Warns when a served port is reachable beyond this machine while consumers need neither TLS
+/// nor the AUTH secret: anyone who reaches it can take (and FIN) the stream. Not refused: a
+/// private network may be all the protection wanted. The setting is named as the user gave it
+/// (`names`).
+fn warn_if_exposed(config: &ServeConfig, names: &FlagOrigins) {
+    if config.tls.is_some() || config.auth_secret.is_some() {
+        return;
+    }
+    let addresses = [
+        ("sink.serve_tcp_address", Some(config.tcp_address)),
+        ("sink.serve_http_address", config.http_address),
+    ];
+    for (key, address) in addresses {
+        if let Some(address) = address.filter(|a| !a.ip().is_loopback()) {
+            tracing::warn!(
+                setting = %names.flag_for(key).unwrap_or(key),
+                %address,
+                "The serve sink listens beyond loopback without TLS or an AUTH secret: anyone \
+                 who reaches it can consume the stream. Give --serve-tls-cert and \
+                 --serve-tls-key, or --serve-auth-secret-file (`sink.serve_tls_cert`, \
+                 `sink.serve_tls_key`, `sink.serve_auth_secret_file`), or listen on 127.0.0.1."
+            );
+        }
+    }
+}
 
 /// The serve sink's settings, serving the consumed `topic` and `channel`.
 ///
@@ -20,11 +142,7 @@ use crate::sink::serve::{ServeConfig, ServeError, ServeSecret, ServeTls, DEFAULT
 /// The first setting that is wrong, by its key: an address that is none, a duration or count
 /// out of range, a TLS file without its pair or unusable, an AUTH secret file that cannot be
 /// read or is empty.
-pub(super) fn validate(
-    raw: &RawSink,
-    topic: &str,
-    channel: &str,
-) -> Result<ServeConfig, ConfigError> {
+fn validate(raw: &RawSink, topic: &str, channel: &str) -> Result<ServeConfig, ConfigError> {
     let mut config = ServeConfig::new(topic, channel);
     if let Some(text) = &raw.serve_tcp_address {
         let port = config.tcp_address.port();
@@ -146,7 +264,7 @@ fn keys_in(reason: &str) -> Wording {
 }
 
 /// The startup line's summary: `serve events/app at 127.0.0.1:4250 (HTTP 127.0.0.1:4251)`.
-pub(super) fn summary(config: &ServeConfig, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+fn summary(config: &ServeConfig, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     write!(
         f,
         "serve {}/{} at {}",

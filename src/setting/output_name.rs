@@ -4,7 +4,8 @@
 //! the file sink writes plain lines, or gzip with `sink.gzip`; the dead-letter file and the
 //! table file are never compressed.
 
-use super::{invalid, quote, ConfigError, Wording};
+use super::{invalid, quote, ConfigError};
+use crate::wording::Wording;
 
 /// The endings of compressed files, with the compression each asks for; compared without
 /// regard to case.
@@ -38,7 +39,7 @@ fn compression(name: &str) -> Option<(&str, &'static str)> {
 
 /// Refuses `name`, the value of `key`, when it asks for a compression: `what` (such as "the
 /// dead-letter file") is `written` (such as "plain JSON lines").
-pub(super) fn check_uncompressed(
+pub(crate) fn check_uncompressed(
     key: &'static str,
     name: &str,
     what: &str,
@@ -57,7 +58,7 @@ pub(super) fn check_uncompressed(
 /// Refuses a file sink's `filename_format` that asks for a compression other than the one
 /// configured: `.gz` only with gzip, no other compression ever. The placeholders are left out,
 /// so that `<REV>` after the ending does not hide it.
-pub(super) fn check_file_sink(format: &str, gzip: bool) -> Result<(), ConfigError> {
+pub(crate) fn check_file_sink(format: &str, gzip: bool) -> Result<(), ConfigError> {
     let mut name = format.to_owned();
     for placeholder in ["<TOPIC>", "<HOST>", "<REV>", "<DATETIME>", "<PID>"] {
         name = name.replace(placeholder, "");
