@@ -69,10 +69,7 @@ impl MemcachedStore {
         &self,
         ops: &[(Op, Digest)],
         looks: &[(usize, &str)],
-    ) -> (
-        Vec<Result<Outcome, StoreError>>,
-        Vec<Result<Read, StoreError>>,
-    ) {
+    ) -> Gathered {
         let inner = &*self.inner;
         let mut looks_of: Vec<Vec<&str>> = vec![Vec::new(); inner.servers.len()];
         for &(server, key) in looks {
@@ -135,45 +132,7 @@ impl MemcachedStore {
             },
         ))
         .await;
-        let mut outcomes: Vec<Option<Result<Outcome, StoreError>>> = vec![None; ops.len()];
-        let mut failures: Vec<Option<StoreError>> = vec![None; inner.servers.len()];
-        let mut reads_of: Vec<std::vec::IntoIter<Read>> = Vec::with_capacity(failures.len());
-        for (server, result) in results.into_iter().enumerate() {
-            match result {
-                Ok((answers, reads)) => {
-                    for (index, outcome) in answers {
-                        outcomes[index] = Some(Ok(outcome));
-                    }
-                    reads_of.push(reads.into_iter());
-                }
-                Err(err) => {
-                    failures[server] = Some(err);
-                    reads_of.push(Vec::new().into_iter());
-                }
-            }
-        }
-        // Each server's reads, in the order of its looks.
-        let reads = looks
-            .iter()
-            .map(|&(server, _)| match &failures[server] {
-                Some(err) => Err(err.clone()),
-                None => reads_of[server].next().ok_or_else(|| {
-                    StoreError::Protocol("a read of a batch went unanswered".into())
-                }),
-            })
-            .collect();
-        let outcomes = outcomes
-            .into_iter()
-            .zip(server_of_op)
-            .map(|(outcome, server)| {
-                outcome.unwrap_or_else(|| {
-                    Err(failures[server].clone().unwrap_or_else(|| {
-                        StoreError::Protocol("an operation of a batch went unanswered".into())
-                    }))
-                })
-            })
-            .collect();
-        (outcomes, reads)
+        gather(results, ops.len(), server_of_op, looks)
     }
 
     /// [`Self::run_ops`] for the sets that live on `server`; a connection error empties the
@@ -218,8 +177,7 @@ impl MemcachedStore {
         let mut staged = Vec::new();
         let mut conn = self.pipe(server).await?;
         // The looks, until a round trip takes them, and their reads.
-        let mut lead = looks;
-        let mut looked = Vec::with_capacity(looks.len());
+        let (mut lead, mut looked) = (looks, Vec::with_capacity(looks.len()));
         for chunk in sets.chunks(MAX_PIPELINE_SETS) {
             let mut pending: Vec<usize> = (0..chunk.len()).collect();
             let mut first_try = vec![true; chunk.len()];
@@ -444,6 +402,64 @@ impl MemcachedStore {
         }
         (planned, undecided)
     }
+}
+
+/// A batch's outcome: each operation's, and each look's read.
+type Gathered = (
+    Vec<Result<Outcome, StoreError>>,
+    Vec<Result<Read, StoreError>>,
+);
+
+/// Each server's answers, and its reads of the looks, or its error.
+type ServerResult = Result<(Vec<(usize, Outcome)>, Vec<Read>), StoreError>;
+
+/// Each operation's outcome (`server_of_op` gives each one's server) and each look's read,
+/// from the servers' `results`: what a server that failed leaves unanswered takes its error.
+fn gather(
+    results: Vec<ServerResult>,
+    ops: usize,
+    server_of_op: Vec<usize>,
+    looks: &[(usize, &str)],
+) -> Gathered {
+    let mut outcomes: Vec<Option<Result<Outcome, StoreError>>> = vec![None; ops];
+    let mut failures: Vec<Option<StoreError>> = vec![None; results.len()];
+    let mut reads_of: Vec<std::vec::IntoIter<Read>> = Vec::with_capacity(failures.len());
+    for (server, result) in results.into_iter().enumerate() {
+        match result {
+            Ok((answers, reads)) => {
+                for (index, outcome) in answers {
+                    outcomes[index] = Some(Ok(outcome));
+                }
+                reads_of.push(reads.into_iter());
+            }
+            Err(err) => {
+                failures[server] = Some(err);
+                reads_of.push(Vec::new().into_iter());
+            }
+        }
+    }
+    // Each server's reads, in the order of its looks.
+    let reads = looks
+        .iter()
+        .map(|&(server, _)| match &failures[server] {
+            Some(err) => Err(err.clone()),
+            None => reads_of[server]
+                .next()
+                .ok_or_else(|| StoreError::Protocol("a read of a batch went unanswered".into())),
+        })
+        .collect();
+    let outcomes = outcomes
+        .into_iter()
+        .zip(server_of_op)
+        .map(|(outcome, server)| {
+            outcome.unwrap_or_else(|| {
+                Err(failures[server].clone().unwrap_or_else(|| {
+                    StoreError::Protocol("an operation of a batch went unanswered".into())
+                }))
+            })
+        })
+        .collect();
+    (outcomes, reads)
 }
 
 /// Operations' outcomes: (index in the batch, outcome).
