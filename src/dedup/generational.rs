@@ -49,8 +49,11 @@ use crate::error::StoreError;
 
 mod descriptor;
 mod notice;
+mod resize;
 
 pub use descriptor::{Descriptor, Shape};
+use resize::grow_once;
+pub use resize::{resize, Resized};
 
 /// The name of the descriptor's key after the namespace's prefix: `<prefix>:table`.
 pub(crate) const DESCRIPTOR_SUFFIX: &str = "table";
@@ -89,6 +92,29 @@ pub trait Generation: Store + FleetCounters + Clone + Sized + 'static {
         digests: &[Digest],
     ) -> impl Future<Output = Vec<Result<Claim, StoreError>>> + Send;
 
+    /// Claims `digests` in this table (each written done at once with `done`, as
+    /// [`Store::claim_done_many`]) and looks each up in `previous`, the table's previous
+    /// generation: each digest's claim and what [`look_up_many`](Generation::look_up_many)
+    /// answers for it. By default the two run side by side; a store may send both in one
+    /// round trip.
+    fn claim_looking_up(
+        &self,
+        previous: &Self,
+        digests: &[Digest],
+        done: bool,
+    ) -> impl Future<Output = LookedUp> + Send {
+        async move {
+            let claim = async {
+                if done {
+                    self.claim_done_many(digests).await
+                } else {
+                    self.claim_many(digests).await
+                }
+            };
+            futures_util::future::join(claim, previous.look_up_many(digests)).await
+        }
+    }
+
     /// The shape of a table of an earlier layout that the store holds in this namespace
     /// without a descriptor (written by a version before descriptors), to be read as the
     /// previous generation of the table a first descriptor names; `None` when there is none.
@@ -115,6 +141,13 @@ pub trait Generation: Store + FleetCounters + Clone + Sized + 'static {
     /// The descriptor's key, for messages.
     fn descriptor_key(&self) -> String;
 }
+
+/// Each digest's claim in the current generation, and what the previous one answers for it
+/// (see [`Generation::claim_looking_up`]).
+pub type LookedUp = (
+    Vec<Result<Claim, StoreError>>,
+    Vec<Result<Claim, StoreError>>,
+);
 
 /// A shared store whose table follows its descriptor (see the module docs): the generation
 /// claims write to, and the previous one while it counts.
@@ -415,18 +448,17 @@ impl<S: Generation> Generations<S> {
             }
         }
         let state = self.state();
-        let claim = async {
-            if done {
+        let Some(previous) = &state.previous else {
+            return if done {
                 state.current.claim_done_many(digests).await
             } else {
                 state.current.claim_many(digests).await
-            }
+            };
         };
-        let Some(previous) = &state.previous else {
-            return claim.await;
-        };
-        let (mut claims, seen) =
-            futures_util::future::join(claim, previous.store.look_up_many(digests)).await;
+        let (mut claims, seen) = state
+            .current
+            .claim_looking_up(&previous.store, digests, done)
+            .await;
         let mut undo = Vec::new();
         let mut new = 0u64;
         for ((claim, seen), &digest) in claims.iter_mut().zip(seen).zip(digests) {
@@ -507,99 +539,6 @@ fn shape_of<S: Generation>(store: &S) -> Shape {
 
 fn duration_ms(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// The outcome of [`resize`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Resized {
-    /// The descriptor before (`None`: the store had none).
-    pub before: Option<Descriptor>,
-    /// The descriptor written (equal to `before` when the table had the size already).
-    pub after: Descriptor,
-}
-
-/// Sets the table of `store`'s namespace to `geometry`: replaces the descriptor with a
-/// compare-and-set, the current shape becoming the previous one (a store without a
-/// descriptor gets one naming `geometry` alone). A table already of that shape is left as it
-/// is.
-///
-/// # Errors
-///
-/// [`StoreError`] when the store does not answer, its descriptor cannot be read, or other
-/// writers kept changing it.
-pub async fn resize<S: Generation>(store: &S, geometry: Geometry) -> Result<Resized, StoreError> {
-    let key = store.descriptor_key();
-    let target = Shape {
-        format: store.format(),
-        geometry,
-    };
-    const ATTEMPTS: u32 = 8;
-    for _ in 0..ATTEMPTS {
-        let text = store.descriptor(None).await?;
-        let before = text
-            .as_deref()
-            .map(|text| Descriptor::parse(&key, text))
-            .transpose()?;
-        let after = match before {
-            Some(before) if before.current == target => {
-                return Ok(Resized {
-                    before: Some(before),
-                    after: before,
-                })
-            }
-            Some(before) => Descriptor {
-                current: target,
-                previous: Some((before.current, now_ms())),
-            },
-            None => Descriptor {
-                current: target,
-                previous: None,
-            },
-        };
-        let encoded = after.encode();
-        let held = store
-            .descriptor(Some((text.as_deref(), encoded.as_str())))
-            .await?;
-        if held == text {
-            return Ok(Resized { before, after });
-        }
-    }
-    Err(StoreError::Contended { attempts: ATTEMPTS })
-}
-
-/// Grows the table of `store`'s namespace from `from` to `to` if no one changed it since
-/// this consumer decided: one compare-and-set of the descriptor, whose current shape must
-/// still be `from` (see [`Generations::grow`]). Answers whether this write made the change.
-///
-/// # Errors
-///
-/// [`StoreError`] when the store does not answer or its descriptor cannot be read.
-async fn grow_once<S: Generation>(
-    store: &S,
-    from: Shape,
-    to: Geometry,
-) -> Result<bool, StoreError> {
-    let key = store.descriptor_key();
-    let Some(text) = store.descriptor(None).await? else {
-        // A descriptor deleted under a running fleet: the next follow writes it again.
-        return Ok(false);
-    };
-    let before = Descriptor::parse(&key, &text)?;
-    if before.current != from {
-        return Ok(false);
-    }
-    let after = Descriptor {
-        current: Shape {
-            format: from.format,
-            geometry: to,
-        },
-        previous: Some((from, now_ms())),
-    }
-    .encode();
-    let held = store
-        .descriptor(Some((Some(text.as_str()), after.as_str())))
-        .await?;
-    Ok(held.as_deref() == Some(text.as_str()))
 }
 
 impl<S: Generation> Generations<S> {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 
-use super::conn::{self, Write, Written};
+use super::conn::{self, Read, Write, Written};
 use super::set::{Op, Outcome};
 use super::{is_connection_error, unavailable, MemcachedStore, Server};
 use crate::dedup::Digest;
@@ -58,7 +58,23 @@ impl MemcachedStore {
     /// set's operations in their order, then one write). Returns each operation's outcome;
     /// an operation fails only with the server of its set.
     pub(super) async fn run_ops(&self, ops: &[(Op, Digest)]) -> Vec<Result<Outcome, StoreError>> {
+        self.run_ops_reading(ops, &[]).await.0
+    }
+
+    /// [`Self::run_ops`], and reads the items `looks` (each a key and the index of the server
+    /// it lives on, of this store or another table on the same servers) in the first round
+    /// trip of their server's pipeline: no round trip of their own. Returns each operation's
+    /// outcome and each look's read; both fail only with their server.
+    pub(super) async fn run_ops_reading(
+        &self,
+        ops: &[(Op, Digest)],
+        looks: &[(usize, &str)],
+    ) -> Gathered {
         let inner = &*self.inner;
+        let mut looks_of: Vec<Vec<&str>> = vec![Vec::new(); inner.servers.len()];
+        for &(server, key) in looks {
+            looks_of[server].push(key);
+        }
         // set -> (server, position in that server's list)
         let mut set_index: HashMap<u64, (usize, usize), BuildSetHasher> =
             HashMap::with_capacity_and_hasher(ops.len(), BuildSetHasher::default());
@@ -106,39 +122,17 @@ impl MemcachedStore {
             order: &order,
             ops,
         };
-        let results = join_all(per_server.iter().zip(&inner.servers).map(
-            |(sets, server)| async move {
-                if sets.is_empty() {
-                    Ok(Vec::new())
+        let results = join_all(per_server.iter().zip(&inner.servers).zip(&looks_of).map(
+            |((sets, server), looks)| async move {
+                if sets.is_empty() && looks.is_empty() {
+                    Ok((Vec::new(), Vec::new()))
                 } else {
-                    self.run_sets_on(server, sets, batch).await
+                    self.run_sets_on(server, sets, batch, looks).await
                 }
             },
         ))
         .await;
-        let mut outcomes: Vec<Option<Result<Outcome, StoreError>>> = vec![None; ops.len()];
-        let mut failures: Vec<Option<StoreError>> = vec![None; inner.servers.len()];
-        for (server, result) in results.into_iter().enumerate() {
-            match result {
-                Ok(answers) => {
-                    for (index, outcome) in answers {
-                        outcomes[index] = Some(Ok(outcome));
-                    }
-                }
-                Err(err) => failures[server] = Some(err),
-            }
-        }
-        outcomes
-            .into_iter()
-            .zip(server_of_op)
-            .map(|(outcome, server)| {
-                outcome.unwrap_or_else(|| {
-                    Err(failures[server].clone().unwrap_or_else(|| {
-                        StoreError::Protocol("an operation of a batch went unanswered".into())
-                    }))
-                })
-            })
-            .collect()
+        gather(results, ops.len(), server_of_op, looks)
     }
 
     /// [`Self::run_ops`] for the sets that live on `server`; a connection error empties the
@@ -148,8 +142,9 @@ impl MemcachedStore {
         server: &Server,
         sets: &[SetOps],
         batch: Batch<'_>,
-    ) -> Result<Vec<(usize, Outcome)>, StoreError> {
-        let result = self.run_sets_pipelined(server, sets, batch).await;
+        looks: &[&str],
+    ) -> Result<(Vec<(usize, Outcome)>, Vec<Read>), StoreError> {
+        let result = self.run_sets_pipelined(server, sets, batch, looks).await;
         if result.as_ref().is_err_and(is_connection_error) {
             server.pipes.clear();
             // The server may have restarted (its CAS tokens start again from 1) or its sets
@@ -165,7 +160,8 @@ impl MemcachedStore {
         server: &Server,
         sets: &[SetOps],
         batch: Batch<'_>,
-    ) -> Result<Vec<(usize, Outcome)>, StoreError> {
+        looks: &[&str],
+    ) -> Result<(Vec<(usize, Outcome)>, Vec<Read>), StoreError> {
         let inner = &*self.inner;
         let timeout = inner.config.timeout;
         // An answer we cannot parse (including memcached's error lines) is a protocol error;
@@ -180,6 +176,8 @@ impl MemcachedStore {
         // The outcomes of a round's planned writes (see `Planned::outcomes`).
         let mut staged = Vec::new();
         let mut conn = self.pipe(server).await?;
+        // The looks, until a round trip takes them, and their reads.
+        let (mut lead, mut looked) = (looks, Vec::with_capacity(looks.len()));
         for chunk in sets.chunks(MAX_PIPELINE_SETS) {
             let mut pending: Vec<usize> = (0..chunk.len()).collect();
             let mut first_try = vec![true; chunk.len()];
@@ -198,7 +196,12 @@ impl MemcachedStore {
                 let reads = if pending_keys.is_empty() {
                     Vec::new()
                 } else {
-                    within(timeout, conn.get_many(&pending_keys), io_error).await?
+                    // The looks lead the first round trip.
+                    let lead = std::mem::take(&mut lead);
+                    let keys: Vec<&str> = lead.iter().chain(&pending_keys).copied().collect();
+                    let mut reads = within(timeout, conn.get_many(&keys), io_error).await?;
+                    looked.extend(reads.drain(..lead.len()));
+                    reads
                 };
                 let found = reads.iter().filter(|read| read.is_some()).count();
                 note_absent(&inner.absent, reads.len() - found, found);
@@ -227,7 +230,11 @@ impl MemcachedStore {
                 let written = if writes.is_empty() {
                     Vec::new()
                 } else {
-                    within(timeout, conn.set_many(&writes), io_error).await?
+                    let lead = std::mem::take(&mut lead);
+                    let (reads, written) =
+                        within(timeout, conn.read_and_set_many(lead, &writes), io_error).await?;
+                    looked.extend(reads);
+                    written
                 };
                 pending = undecided;
                 self.note_written(
@@ -242,8 +249,11 @@ impl MemcachedStore {
                 }
             }
         }
+        if !lead.is_empty() {
+            looked = within(timeout, conn.get_many(lead), io_error).await?;
+        }
         conn.set_healthy(true);
-        Ok(answers)
+        Ok((answers, looked))
     }
 
     /// Takes the answers of the writes of `planned` that were stored (and keeps the values
@@ -392,6 +402,64 @@ impl MemcachedStore {
         }
         (planned, undecided)
     }
+}
+
+/// A batch's outcome: each operation's, and each look's read.
+type Gathered = (
+    Vec<Result<Outcome, StoreError>>,
+    Vec<Result<Read, StoreError>>,
+);
+
+/// Each server's answers, and its reads of the looks, or its error.
+type ServerResult = Result<(Vec<(usize, Outcome)>, Vec<Read>), StoreError>;
+
+/// Each operation's outcome (`server_of_op` gives each one's server) and each look's read,
+/// from the servers' `results`: what a server that failed leaves unanswered takes its error.
+fn gather(
+    results: Vec<ServerResult>,
+    ops: usize,
+    server_of_op: Vec<usize>,
+    looks: &[(usize, &str)],
+) -> Gathered {
+    let mut outcomes: Vec<Option<Result<Outcome, StoreError>>> = vec![None; ops];
+    let mut failures: Vec<Option<StoreError>> = vec![None; results.len()];
+    let mut reads_of: Vec<std::vec::IntoIter<Read>> = Vec::with_capacity(failures.len());
+    for (server, result) in results.into_iter().enumerate() {
+        match result {
+            Ok((answers, reads)) => {
+                for (index, outcome) in answers {
+                    outcomes[index] = Some(Ok(outcome));
+                }
+                reads_of.push(reads.into_iter());
+            }
+            Err(err) => {
+                failures[server] = Some(err);
+                reads_of.push(Vec::new().into_iter());
+            }
+        }
+    }
+    // Each server's reads, in the order of its looks.
+    let reads = looks
+        .iter()
+        .map(|&(server, _)| match &failures[server] {
+            Some(err) => Err(err.clone()),
+            None => reads_of[server]
+                .next()
+                .ok_or_else(|| StoreError::Protocol("a read of a batch went unanswered".into())),
+        })
+        .collect();
+    let outcomes = outcomes
+        .into_iter()
+        .zip(server_of_op)
+        .map(|(outcome, server)| {
+            outcome.unwrap_or_else(|| {
+                Err(failures[server].clone().unwrap_or_else(|| {
+                    StoreError::Protocol("an operation of a batch went unanswered".into())
+                }))
+            })
+        })
+        .collect();
+    (outcomes, reads)
 }
 
 /// Operations' outcomes: (index in the batch, outcome).

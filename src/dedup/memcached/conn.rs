@@ -133,16 +133,17 @@ impl PipeConn {
     pub(super) async fn get_many(&mut self, keys: &[&str]) -> io::Result<Vec<Read>> {
         let mut out = std::mem::take(&mut self.out);
         out.clear();
-        for key in keys {
-            out.extend_from_slice(b"mg ");
-            out.extend_from_slice(key.as_bytes());
-            out.extend_from_slice(b" v c\r\n");
-        }
+        push_reads(&mut out, keys);
         let sent = self.send(&out).await;
         self.out = out;
         sent?;
-        let mut reads = Vec::with_capacity(keys.len());
-        for _ in keys {
+        self.read_values(keys.len()).await
+    }
+
+    /// Reads the answers of `count` reads (`mg <key> v c`), in order.
+    async fn read_values(&mut self, count: usize) -> io::Result<Vec<Read>> {
+        let mut reads = Vec::with_capacity(count);
+        for _ in 0..count {
             self.read_line().await?;
             if self.line.starts_with(b"EN") {
                 reads.push(None);
@@ -181,13 +182,24 @@ impl PipeConn {
 
     /// Writes `writes` in one round trip, each as a compare-and-swap or an add; each answered
     /// write asks for the item's new CAS token, each quiet one is answered only if it fails.
+    pub(super) async fn set_many(&mut self, writes: &[Write<'_>]) -> io::Result<Vec<Written>> {
+        Ok(self.read_and_set_many(&[], writes).await?.1)
+    }
+
+    /// Reads `keys` (as [`PipeConn::get_many`]), then writes `writes` (as
+    /// [`PipeConn::set_many`]), in one round trip.
     ///
     /// A quiet write carries its index as the opaque token (`O<n>`), which memcached repeats in
     /// a failure's answer; the pipeline then ends with `mn`, answered `MN` after every other
     /// answer, so we know that the quiet writes not named before it were stored.
-    pub(super) async fn set_many(&mut self, writes: &[Write<'_>]) -> io::Result<Vec<Written>> {
+    pub(super) async fn read_and_set_many(
+        &mut self,
+        keys: &[&str],
+        writes: &[Write<'_>],
+    ) -> io::Result<(Vec<Read>, Vec<Written>)> {
         let mut out = std::mem::take(&mut self.out);
         out.clear();
+        push_reads(&mut out, keys);
         let mut quiet = 0;
         for (index, write) in writes.iter().enumerate() {
             out.extend_from_slice(b"ms ");
@@ -218,6 +230,7 @@ impl PipeConn {
         let sent = self.send(&out).await;
         self.out = out;
         sent?;
+        let reads = self.read_values(keys.len()).await?;
         // Until answered otherwise, a quiet write was stored (its token unknown).
         let mut written = vec![Written::Stored(None); writes.len()];
         // The answered writes, in order, and how many of them are still to be answered.
@@ -225,12 +238,12 @@ impl PipeConn {
         let mut unanswered = writes.len() - quiet;
         loop {
             if quiet == 0 && unanswered == 0 {
-                return Ok(written);
+                return Ok((reads, written));
             }
             self.read_line().await?;
             if quiet > 0 && self.line.as_slice() == b"MN" {
                 if unanswered == 0 {
-                    return Ok(written);
+                    return Ok((reads, written));
                 }
                 return Err(self.unexpected("mn"));
             }
@@ -343,6 +356,15 @@ impl PipeConn {
                 String::from_utf8_lossy(&self.line)
             ),
         )
+    }
+}
+
+/// Appends a read of each of `keys`, with its CAS token (`mg <key> v c`), to `out`.
+fn push_reads(out: &mut Vec<u8>, keys: &[&str]) {
+    for key in keys {
+        out.extend_from_slice(b"mg ");
+        out.extend_from_slice(key.as_bytes());
+        out.extend_from_slice(b" v c\r\n");
     }
 }
 

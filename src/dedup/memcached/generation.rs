@@ -2,20 +2,23 @@
 //! [`crate::dedup::generational`]): the descriptor item `<prefix>:table`, read with its CAS
 //! token and replaced by a compare-and-swap (an add where it does not exist), and a claim's
 //! read-only look-up in a previous shape's set, one read of the set's item decided as a
-//! claim would decide it.
+//! claim would decide it. The reads of a burst's previous items lead the first round trip of
+//! its claims on each server (`MemcachedStore::run_ops_reading`), so a claim during a resize
+//! costs no round trip of its own, and the digests of one item share its read.
 //!
 //! The descriptor has no expiry; memcached may still evict it under memory pressure, as any
 //! item, but every consumer reads it at each fleet interval, which keeps it recently used.
 
 use std::time::Duration;
 
-use futures_util::future::join_all;
+use std::collections::HashMap;
 
+use super::batch::BuildSetHasher;
 use super::conn::{Read, Write, Written};
 use super::layout::{COMPACT_FORMAT, SETS_FORMAT};
 use super::set::{Op, Outcome};
 use super::{unavailable, MemcachedStore};
-use crate::dedup::generational::{Generation, Shape, DESCRIPTOR_SUFFIX};
+use crate::dedup::generational::{Generation, LookedUp, Shape, DESCRIPTOR_SUFFIX};
 use crate::dedup::{Claim, Digest, Geometry};
 use crate::error::StoreError;
 
@@ -39,6 +42,48 @@ impl MemcachedStore {
             .map_err(|error| unavailable(server, &error))?;
         conn.set_healthy(true);
         Ok(read)
+    }
+
+    /// The keys of the items `digests` fall in, each once, and each digest's index among them.
+    fn look_keys(&self, digests: &[Digest]) -> (Vec<String>, Vec<usize>) {
+        let mut keys: Vec<String> = Vec::with_capacity(digests.len());
+        let mut index: HashMap<u64, usize, BuildSetHasher> =
+            HashMap::with_capacity_and_hasher(digests.len(), BuildSetHasher::default());
+        let item_of = digests
+            .iter()
+            .map(|&digest| {
+                let item = self.item_of(digest);
+                *index.entry(item).or_insert_with(|| {
+                    keys.push(self.key_of_set(item));
+                    keys.len() - 1
+                })
+            })
+            .collect();
+        (keys, item_of)
+    }
+
+    /// What a claim of each digest would answer on the reads of its item (`item_of` indexes
+    /// `reads`), decided on a copy never written back.
+    fn decide_looks(
+        &self,
+        digests: &[Digest],
+        item_of: &[usize],
+        reads: Vec<Result<Read, StoreError>>,
+    ) -> Vec<Result<Claim, StoreError>> {
+        let facts = self.lease_facts();
+        digests
+            .iter()
+            .zip(item_of)
+            .map(|(&digest, &i)| {
+                let value = reads[i].as_ref().map_err(Clone::clone)?;
+                let item = self.item_of(digest);
+                let mut unit = self.decode_counted(value.as_ref().map(|(v, _)| &v[..]), item);
+                match self.apply(&mut unit, Op::Claim, digest, facts).0 {
+                    Outcome::Claim(claim) => Ok(claim),
+                    Outcome::Held(_) => Err(StoreError::Protocol("a claim answered held".into())),
+                }
+            })
+            .collect()
     }
 
     /// Writes `write` to server `server`.
@@ -125,48 +170,35 @@ impl Generation for MemcachedStore {
         MemcachedStore::new_lazy_in(self.inner.config.clone(), shape.geometry, shape.format)
     }
 
+    /// One read of each item the digests fall in (a burst's digests of one item share it),
+    /// one round trip per server.
     async fn look_up_many(&self, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
-        let keys: Vec<String> = digests.iter().map(|&d| self.item_key(d)).collect();
-        let mut by_server: Vec<(usize, Vec<usize>)> = Vec::new();
-        for (i, key) in keys.iter().enumerate() {
-            let server = self.route(key);
-            match by_server.iter_mut().find(|(s, _)| *s == server) {
-                Some((_, items)) => items.push(i),
-                None => by_server.push((server, vec![i])),
-            }
-        }
-        let reads = join_all(by_server.iter().map(|(server, items)| {
-            let keys: Vec<&str> = items.iter().map(|&i| keys[i].as_str()).collect();
-            async move { self.read_items(*server, &keys).await }
-        }))
-        .await;
-        let facts = self.lease_facts();
-        let mut answers: Vec<Result<Claim, StoreError>> =
-            vec![Err(StoreError::Protocol("no answer".into())); digests.len()];
-        for ((_, items), read) in by_server.iter().zip(reads) {
-            match read {
-                Err(error) => {
-                    for &i in items {
-                        answers[i] = Err(error.clone());
-                    }
-                }
-                Ok(values) => {
-                    for (&i, value) in items.iter().zip(values) {
-                        // Decided as a claim would decide, on a copy never written back.
-                        let item = self.item_of(digests[i]);
-                        let mut unit =
-                            self.decode_counted(value.as_ref().map(|(v, _)| &v[..]), item);
-                        answers[i] = match self.apply(&mut unit, Op::Claim, digests[i], facts).0 {
-                            Outcome::Claim(claim) => Ok(claim),
-                            Outcome::Held(_) => {
-                                Err(StoreError::Protocol("a claim answered held".into()))
-                            }
-                        };
-                    }
-                }
-            }
-        }
-        answers
+        let (keys, item_of) = self.look_keys(digests);
+        let looks: Vec<(usize, &str)> = keys.iter().map(|k| (self.route(k), k.as_str())).collect();
+        let reads = self.run_ops_reading(&[], &looks).await.1;
+        self.decide_looks(digests, &item_of, reads)
+    }
+
+    /// The claims and the look-ups in one pipeline per server: each server's reads of the
+    /// previous items lead the first round trip of this table's claims there.
+    async fn claim_looking_up(&self, previous: &Self, digests: &[Digest], done: bool) -> LookedUp {
+        let (keys, item_of) = previous.look_keys(digests);
+        // The same servers in the same order (`reshaped`), so a server's index is the same.
+        let looks: Vec<(usize, &str)> = keys
+            .iter()
+            .map(|k| (previous.route(k), k.as_str()))
+            .collect();
+        let op = if done { Op::ClaimDone } else { Op::Claim };
+        let ops: Vec<(Op, Digest)> = digests.iter().map(|&d| (op, d)).collect();
+        let (outcomes, reads) = self.run_ops_reading(&ops, &looks).await;
+        let claims = outcomes
+            .into_iter()
+            .map(|outcome| match outcome? {
+                Outcome::Claim(claim) => Ok(claim),
+                Outcome::Held(_) => Err(StoreError::Protocol("claim gave no claim".into())),
+            })
+            .collect();
+        (claims, previous.decide_looks(digests, &item_of, reads))
     }
 
     async fn descriptor(

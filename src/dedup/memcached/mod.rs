@@ -24,7 +24,9 @@
 //! entry is final: nobody may erase it, not even its claimer (erase is for a claim whose
 //! processing failed). An entry claimed done at once keeps its record until its lease ends, so
 //! that its claimer can still erase it for a handler that failed all the same. The value's
-//! bytes are in `item.rs`.
+//! bytes are in `item.rs`. An item that is still filling holds each set's slots only up to its
+//! last occupied one (its short form), so that a table that is filling costs memcached the
+//! slots it uses, not whole items.
 //!
 //! The earlier layout (key format 1, `set.rs`: an item per set, `<prefix>:v1:<sets>x<ways>:<set>`,
 //! 3 + 34 × entries bytes with the whole digest, state, time and owner of each entry) is
@@ -94,7 +96,8 @@
 //!
 //! Items are stored without expiry; memcached's LRU is what eventually removes the items of a
 //! namespace nobody uses any more. A full item of `g` sets of `w` ways takes its value
-//! (4 + g + 8 × g × w bytes, 12 per entry with `max_age`, and 17 per entry in flight), its key
+//! (4 + g + 8 × g × w bytes, 12 per entry with `max_age`, and 17 per entry in flight; an item
+//! not yet full takes g bytes more and 8 or 12 less per slot it does not hold), its key
 //! and memcached's item header (about 90 bytes with the key): at 64 slots an item, about
 //! 9.5 bytes a slot, which [`sizing::memcached_bytes_estimate`](crate::sizing::memcached_bytes_estimate)
 //! estimates for `size`. Give memcached that, with headroom for its slab rounding. If

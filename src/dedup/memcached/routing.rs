@@ -5,7 +5,6 @@ use std::sync::atomic::Ordering;
 
 use super::conn::PipeConn;
 use super::health::{self, Failed};
-use super::set::Outcome;
 use super::{is_connection_error, Inner, MemcachedStore, Server};
 use crate::error::StoreError;
 
@@ -68,11 +67,7 @@ impl MemcachedStore {
 
     /// Notes how an operation on `server` went; ejects it after `eject_after` of failures and
     /// starts asking it whether it is back.
-    pub(super) fn note_health(
-        &self,
-        server: &Server,
-        result: &Result<Vec<(usize, Outcome)>, StoreError>,
-    ) {
+    pub(super) fn note_health(&self, server: &Server, result: &Result<impl Sized, StoreError>) {
         match result {
             Ok(_) => server.health.succeeded(),
             Err(error) if is_connection_error(error) => {
