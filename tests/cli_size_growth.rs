@@ -21,10 +21,10 @@ Memory:       at the start, 22.0 KiB in-process; about 26.4 KiB in Memcached, 14
 Window:       30s at the rate the table meets
 Probability:  0.990000 that a copy arriving a whole window late is caught, the target it grows for
 
-Growing:      every 250ms, the distinct rate of the last 1s (for a shared table, the larger of the fleet's and this consumer's over 500ms times its share of the fleet) is checked against the table; when a copy one window late would be caught with less than 0.990000, a new generation takes the new messages, sized for 2 times that rate.
+Growing:      every 250ms, the distinct rate of the last 1s (for a shared table, the larger of the fleet's and this consumer's over 500ms divided by its share of the fleet) is checked against the table; when a copy one window late would be caught with less than 0.990000, a new generation takes the new messages, sized for 2 times that rate.
               The previous generation stays, read-only, until the new one has taken as many new messages as it has buckets (or max age has passed): memory peaks at both generations, and each claim reads the previous one too, one look-up more (one set in process; one key, in the same round trip, in a shared store).
 Ceiling:      64.0 MiB in-process for every generation held at once (`--max-memory`).
-              A table of all of it, 8,388,608 buckets, catches a copy one window late with probability 0.990000 up to 101,575 distinct messages a second.
+              A table of all of it, 8,388,608 buckets, catches a copy one window late with probability 0.990000 up to 101,575 distinct messages a second; the largest one reached is smaller, at least half of it, as the generations before it are held beside it until they retire.
 "
     );
     let v = json(&args);

@@ -248,6 +248,12 @@ async fn the_ceiling_holds_the_table_and_says_so() {
         "{warning}"
     );
     assert!(warning.contains("max_memory=64.0 KiB"), "{warning}");
+    // It names the ceiling that would let the table grow as far as it needs.
+    assert!(
+        warning.contains("so `--max-memory` of at least ")
+            && warning.contains(" held now, until they retire) lets it grow there."),
+        "{warning}"
+    );
     assert!(
         sent.max_held_bytes > 0.0 && sent.max_held_bytes <= 65536.0,
         "{} bytes held",

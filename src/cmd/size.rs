@@ -210,8 +210,8 @@ fn self_sizing_text(args: &SizeArgs, sizing: &SelfSizing) -> String {
     let _ = writeln!(
         out,
         "Growing:      every {}, the distinct rate of the last {} (for a shared table, the \
-         larger of the fleet's and this consumer's over {} times its share of the fleet) is checked against the \
-         table; when a copy one window late would be caught with less than {target}, a new \
+         larger of the fleet's and this consumer's over {} divided by its share of the fleet) is checked \
+         against the table; when a copy one window late would be caught with less than {target}, a new \
          generation takes the new messages, sized for {} times that rate.",
         format_duration(crate::sizing::growth::CHECK_EVERY),
         format_duration(crate::sizing::growth::RATE_SPAN),
@@ -233,7 +233,9 @@ fn self_sizing_text(args: &SizeArgs, sizing: &SelfSizing) -> String {
         let _ = writeln!(
             out,
             "              A table of all of it, {}, catches a copy one window late with \
-             probability {target} up to {} distinct messages a second.",
+             probability {target} up to {} distinct messages a second; the largest one reached \
+             is smaller, at least half of it, as the generations before it are held beside it \
+             until they retire.",
             plural(table.slots(), "bucket", "buckets"),
             format_count(rate.floor() as u64),
         );

@@ -77,7 +77,7 @@ pub(super) async fn grow_loop<H: Handler>(
                         distinct_rate = format_args!("{rate:.1}"),
                         catch_probability = format_args!("{probability:.6}"),
                         capped,
-                        "The table grew: at {rate:.0} distinct messages a second it evicted entries younger than the window ({}), catching a copy one window late with probability {probability:.4}, below the target {}.",
+                        "The table grew: at {rate:.0} distinct messages a second its entries would be evicted before the window ({}) ends, catching a copy one window late with probability {probability:.4}, below the target {}.",
                         format_duration(growth.window),
                         growth.probability,
                     );
@@ -89,6 +89,8 @@ pub(super) async fn grow_loop<H: Handler>(
             } => {
                 if warned.is_none_or(|at| now.duration_since(at) >= warn_every) {
                     warned = Some(now);
+                    let needed_bytes =
+                        needed.memory_bytes() * growth.slot_bytes / crate::Geometry::SLOT_BYTES;
                     tracing::warn!(
                         catch_probability = format_args!("{probability:.6}"),
                         target = growth.probability,
@@ -97,9 +99,11 @@ pub(super) async fn grow_loop<H: Handler>(
                         buckets = geometry.slots(),
                         needed_buckets = needed.slots(),
                         max_memory = %format_bytes(growth.max_bytes),
-                        "The table is too small for the recent rate and cannot grow past {ceiling}: a copy one window late is caught with probability {probability:.4}, below the target {}; a table of {} (besides what the previous generations hold until they retire) would meet it.",
+                        "The table is too small for the recent rate and cannot grow past {ceiling}: a copy one window late is caught with probability {probability:.4}, below the target {}; a table of {} would meet it, so {ceiling} of at least {} (that table and the {} held now, until they retire) lets it grow there.",
                         growth.probability,
-                        format_bytes(needed.memory_bytes() * growth.slot_bytes / crate::Geometry::SLOT_BYTES),
+                        format_bytes(needed_bytes),
+                        format_bytes(needed_bytes + held),
+                        format_bytes(held),
                     );
                 }
             }

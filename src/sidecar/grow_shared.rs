@@ -4,8 +4,8 @@
 //!
 //! The fleet's rate is the larger of the one the store's counters give (see
 //! [`crate::dedup::fleet`], learnt every `store.fleet_interval`) and this consumer's own over
-//! the last half second ([`SHARED_RATE_SPAN`]) scaled by its share of the fleet (the counters' rate
-//! over this consumer's own over the counters' span): the counters are a minute's average
+//! the last half second ([`SHARED_RATE_SPAN`]) divided by its share of the fleet (times the
+//! counters' rate over this consumer's own over the counters' span): the counters are a minute's average
 //! (at the default interval), so a sudden rise shows first in each consumer's own rate.
 //!
 //! Whichever consumer decides first makes its decision the fleet's by a compare-and-set of the
@@ -150,14 +150,15 @@ fn log_growth(
         distinct_rate = format_args!("{rate:.1}"),
         catch_probability = format_args!("{probability:.6}"),
         capped,
-        "The shared table grew: at {rate:.0} distinct messages a second across the fleet it evicted entries younger than the window ({}), catching a copy one window late with probability {probability:.4}, below the target {}.",
+        "The shared table grew: at {rate:.0} distinct messages a second across the fleet its entries would be evicted before the window ({}) ends, catching a copy one window late with probability {probability:.4}, below the target {}.",
         format_duration(growth.window),
         growth.probability,
     );
 }
 
 /// The rate a growth is sized for: the fleet's, or this consumer's rate over the last
-/// [`SHARED_RATE_SPAN`] times its share of the fleet (`own_long`, its rate over the fleet's span),
+/// [`SHARED_RATE_SPAN`] divided by its share of the fleet (`own_long`, its rate over the fleet's span,
+/// over the fleet's),
 /// whichever is higher, so that a rise shows before the fleet's counters have seen it.
 fn rise_rate(fleet: Option<f64>, own: f64, own_long: f64) -> f64 {
     match fleet {
