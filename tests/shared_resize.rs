@@ -698,6 +698,9 @@ fn store_config(urls: Vec<String>, cluster: bool) -> RedisConfig {
         urls,
         cluster,
         namespace: "generations".into(),
+        // These tests are of answers, not of time limits: a busy machine may take longer
+        // than the default 500 ms to answer a connect.
+        timeout: Duration::from_secs(5),
         ..RedisConfig::default()
     }
 }

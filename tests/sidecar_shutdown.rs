@@ -305,6 +305,22 @@ async fn second_signal_exit_status(signal: &str) -> Option<i32> {
         log_text,
     )
     .await;
+    // The handler has the message once its POST connects: in flight at nsqd alone, it may
+    // still be on its way to the handler, and a stop then hands it back at once.
+    black_hole.set_nonblocking(true).unwrap();
+    let mut posts = Vec::new();
+    wait_until_or(
+        "the handler's POST",
+        Duration::from_secs(20),
+        || {
+            if let Ok((post, _)) = black_hole.accept() {
+                posts.push(post);
+            }
+            !posts.is_empty()
+        },
+        log_text,
+    )
+    .await;
     let child = guard.0.as_mut().unwrap();
     let pid = child.id().to_string();
     assert!(Command::new("kill")
