@@ -772,10 +772,10 @@ fn completions_and_the_man_page_generate() {
     assert!(page.contains("completions"), "{page}");
 }
 
-/// What `run` logs in its first 700 ms, in `--log-format` `format`, into a pipe, while it
-/// tries to reach an nsqd that is not there.
+/// What `run` logs until its first failed connect, in `--log-format` `format`, into a pipe,
+/// while it tries to reach an nsqd that is not there.
 fn first_logs(format: &str) -> String {
-    let child = Child::spawn_reading(
+    let mut child = Child::spawn_reading(
         std::process::Command::new(assert_cmd::cargo::cargo_bin("nsq-dedupe"))
             .args(["--log-format", format, "run", "--topic", "t"])
             .args([
@@ -789,7 +789,11 @@ fn first_logs(format: &str) -> String {
             .stdin(Stdio::null()),
         Reading::Stderr,
     );
-    std::thread::sleep(Duration::from_millis(700));
+    // Bounded: a busy machine may take longer than the first retry's 700 ms.
+    let _ = child.line_on_stderr(
+        "Could not connect to nsqd; retrying.",
+        Duration::from_secs(10),
+    );
     let stderr = child.stop_within("KILL", Duration::from_secs(10)).stderr;
     assert!(
         stderr.contains("Could not connect to nsqd; retrying."),

@@ -25,13 +25,7 @@
 mod batcher;
 mod built_in;
 mod dead_letter;
-mod file;
-mod http;
-mod nsq;
-mod null;
 mod room;
-pub mod serve;
-mod stdout;
 
 use std::future::Future;
 
@@ -47,15 +41,13 @@ use room::Room;
 pub use crate::http::{HttpClientConfig, HttpError};
 pub use dead_letter::{DeadLetter, DeadLetterError, DeadLetterRecord};
 pub use file::{
-    FileSink, FileSinkConfig, DEFAULT_DATETIME_FORMAT, DEFAULT_FILENAME_FORMAT, DEFAULT_GZIP_LEVEL,
+    FileSinkConfig, DEFAULT_DATETIME_FORMAT, DEFAULT_FILENAME_FORMAT, DEFAULT_GZIP_LEVEL,
 };
 pub use http::{
-    with_content_type, BatchFormat, HttpMode, HttpSink, HttpSinkConfig, OneOrMany,
-    DEFAULT_BATCH_TIMEOUT, DEFAULT_CONCURRENCY, DEFAULT_CONTENT_TYPE, DEFAULT_IDEMPOTENCY_HEADER,
+    with_content_type, BatchFormat, HttpMode, HttpSinkConfig, OneOrMany, DEFAULT_BATCH_TIMEOUT,
+    DEFAULT_CONCURRENCY, DEFAULT_CONTENT_TYPE, DEFAULT_IDEMPOTENCY_HEADER,
 };
-pub use nsq::{NsqSink, NsqSinkConfig};
-pub use null::NullSink;
-pub use stdout::StdoutSink;
+pub use nsq::NsqSinkConfig;
 
 /// Why a handler did not take a message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -301,7 +293,8 @@ pub(crate) enum BuildError {
 }
 
 // The sidecar's sinks, one line each: its variant, its name in the file and on the command
-// line, its room and type, and its settings' type (none for a sink without settings). The
+// line, its room (`pub` for a public module) and type, and its settings' type (none for a
+// sink without settings). The list declares each room and re-exports its sink type. The
 // first is the sink of a config without `sink.kind`. A new sink is its room and a line here
 // (see `room`).
 room::sinks! {
@@ -316,5 +309,5 @@ room::sinks! {
     /// Accept and discard everything (benchmarks, dry runs).
     Null = "null", null::NullSink;
     /// Serve NSQ consumers as nsqd does; a consumer's FIN delivers.
-    Serve = "serve", serve::ServeSink(serve::ServeConfig);
+    Serve = "serve", pub serve::ServeSink(serve::ServeConfig);
 }

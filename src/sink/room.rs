@@ -12,8 +12,9 @@
 //! ```
 //!
 //! its variant, its name in the file and on the command line, its room and sink type and the
-//! type of its settings (none for a sink without settings). From the lines, `sinks!` makes
-//! `SinkKind` (the names), the `Sink` enum with its `Handler` and `BuiltIn` (each call handed
+//! type of its settings (none for a sink without settings); `pub` before the room makes its
+//! module public. From the lines, `sinks!` makes the rooms' `mod`s and the sink types'
+//! re-exports, `SinkKind` (the names), the `Sink` enum with its `Handler` and `BuiltIn` (each call handed
 //! to the sink's own), `SinkSettings` with its summary, the `[sink]` section `RawSink` (the
 //! kind, then each room's keys, in the order of the list) with its validation, and
 //! `build`. The first sink listed is the one used when `sink.kind` is not given.
@@ -63,8 +64,10 @@ pub(crate) struct Build<'a> {
 macro_rules! sinks {
     ($(
         $(#[doc = $doc:literal])*
-        $variant:ident = $name:literal, $room:ident :: $sink:ident $(($settings:ty))?;
+        $variant:ident = $name:literal, $vis:vis $room:ident :: $sink:ident $(($settings:ty))?;
     )*) => {
+        $( $vis mod $room; pub use $room::$sink; )*
+
         /// Where unique messages go: the value of `sink.kind` and `--sink`.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
         pub enum SinkKind {
