@@ -42,6 +42,9 @@ a cluster client does.
 Defaults: 300,000 messages per case, bursts of 128, 4 bursts at once, redis and memcached
 (redis-cluster when named).
 Every answer is checked (a fresh digest claimed new, its commit held, each naive write stored).
+A commit may answer false only for an entry that 8 newer claims of its set may have pushed out
+between its claim and its commit (a burst that waited while the others went on): those are
+counted and printed above the case, any other commit answering false fails the run.
 
 Needs redis-server and memcached (or $REDIS_SERVER_BIN, $MEMCACHED_BIN), for valkey the
 Valkey 8.1.8 that `bash tests/run.sh` fetches into target/valkey-8.1.8 (or

@@ -991,3 +991,85 @@ async fn commits_on_a_full_table_keep_their_token_for_the_next_claim() {
         "each set is as this store's last commit wrote it: the claim needs no read"
     );
 }
+
+/// Claims then commits bursts of fresh digests (numbers from `first` on), `tasks` bursts at a
+/// time for `rounds` rounds, the stores of `stores` taking the bursts in turn. A round's
+/// bursts go concurrently, each claimed then committed; the next round starts when all are
+/// done, so that no claim of a later round comes between a claim and its commit. Returns the
+/// claims not answered new and the commits not answered true.
+async fn claim_and_commit_in_rounds(
+    stores: &[MemcachedStore],
+    geometry: Geometry,
+    (tasks, rounds, burst): (u64, u64, u64),
+    first: u64,
+) -> (u64, u64) {
+    use std::sync::Arc;
+    let numbers = move |round: u64, task: u64| {
+        let start = first + (round * tasks + task) * burst;
+        start..start + burst
+    };
+    // Within a round, fewer claims of any set than its ways: none can push out another.
+    for round in 0..rounds {
+        let mut per_set = std::collections::HashMap::new();
+        for n in (0..tasks).flat_map(|task| numbers(round, task)) {
+            *per_set.entry(geometry.set_of(digest(n))).or_insert(0u64) += 1;
+        }
+        assert!(per_set
+            .values()
+            .all(|&count| count < u64::from(geometry.ways())));
+    }
+    let barrier = Arc::new(tokio::sync::Barrier::new(tasks as usize));
+    let handles: Vec<_> = (0..tasks)
+        .map(|task| {
+            let (stores, barrier) = (stores.to_vec(), barrier.clone());
+            tokio::spawn(async move {
+                let (mut not_new, mut lost) = (0, 0);
+                for round in 0..rounds {
+                    let store = &stores[((round * tasks + task) % stores.len() as u64) as usize];
+                    let digests: Vec<Digest> = numbers(round, task).map(digest).collect();
+                    let claims = claimed(store.claim_many(&digests).await).unwrap();
+                    not_new += claims.iter().filter(|&&c| c != Claim::New).count() as u64;
+                    for commit in store.commit_many(&digests).await {
+                        lost += u64::from(!commit.expect("a commit answered"));
+                    }
+                    barrier.wait().await;
+                }
+                (not_new, lost)
+            })
+        })
+        .collect();
+    let (mut not_new, mut lost) = (0, 0);
+    for handle in handles {
+        let (n, l) = handle.await.expect("a task of bursts");
+        (not_new, lost) = (not_new + n, lost + l);
+    }
+    (not_new, lost)
+}
+
+/// Four bursts at once of one store's claims and commits, and of two stores' (two owners),
+/// on a table filled first: every fresh digest is claimed new and its commit holds. Bursts
+/// go in rounds with fewer claims of any set than its ways, so that the table's eviction
+/// cannot push out an entry between its claim and its commit however the bursts are timed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_bursts_on_a_full_table_commit_every_claim() {
+    let server = MemcachedServer::start();
+    // 8,192 sets of 8 ways, 1,024 items.
+    let geometry = Geometry::new(65_536, 8).unwrap();
+    for consumers in [1, 2] {
+        let namespace = unique_namespace("full-concurrent");
+        let mut stores = Vec::new();
+        for _ in 0..consumers {
+            stores.push(store_at(&server.addr(), &namespace, geometry).await);
+        }
+        let first = consumers * 10_000_000;
+        // Twice the slots: 16 claims a set on average, so that nearly every set is full.
+        let fill = claim_and_commit_in_rounds(&stores, geometry, (4, 256, 128), first).await;
+        let fresh =
+            claim_and_commit_in_rounds(&stores, geometry, (4, 50, 128), first + 5_000_000).await;
+        assert_eq!(
+            (fill, fresh),
+            ((0, 0), (0, 0)),
+            "{consumers} store(s): (claims not new, commits not held) while filling, then full"
+        );
+    }
+}
