@@ -6,24 +6,18 @@ use crate::util::bin;
 
 #[test]
 fn classic_table_for_an_hour_at_a_thousand_per_second() {
-    let out = bin()
-        .args([
-            "size",
-            "--probability",
-            "0.9",
-            "--rate",
-            "1000",
-            "--window",
-            "1h",
-        ])
-        .args(["--ways", "1"])
-        .assert()
-        .success()
-        .get_output()
-        .stdout
-        .clone();
+    let out = text(&[
+        "--probability",
+        "0.9",
+        "--rate",
+        "1000",
+        "--window",
+        "1h",
+        "--ways",
+        "1",
+    ]);
     assert_eq!(
-        String::from_utf8(out).unwrap(),
+        out,
         "\
 Table:        34,168,399 buckets (one bucket per set, the classic table)
 Memory:       260.7 MiB in-process; about 341.1 MiB in Memcached, 4.9 GiB in Redis
@@ -61,6 +55,12 @@ fn the_often_quoted_size_catches_one_copy_in_ten_an_hour_late() {
         .stdout(predicate::str::contains(
             "Probability:  0.100000 that a copy arriving a whole window late is caught",
         ));
+}
+
+/// What `size ARGS` prints.
+pub(crate) fn text(args: &[&str]) -> String {
+    let out = bin().arg("size").args(args).assert().success();
+    String::from_utf8(out.get_output().stdout.clone()).expect("size prints UTF-8")
 }
 
 /// `size ARGS --json`, parsed.
@@ -172,23 +172,16 @@ pub(crate) fn refused(cases: &[(&[&str], &str)]) {
 fn a_max_age_shorter_than_the_window_gives_the_probability_it_leaves() {
     // A copy a whole window late is past max age: the probability printed is the one it has,
     // 0, not the table's alone, which is given beside it.
-    let out = bin()
-        .args([
-            "size",
-            "--window",
-            "1h",
-            "--rate",
-            "100",
-            "--probability",
-            "0.99",
-        ])
-        .args(["--max-age", "30m"])
-        .assert()
-        .success()
-        .get_output()
-        .stdout
-        .clone();
-    let out = String::from_utf8(out).unwrap();
+    let out = text(&[
+        "--window",
+        "1h",
+        "--rate",
+        "100",
+        "--probability",
+        "0.99",
+        "--max-age",
+        "30m",
+    ]);
     assert!(
         out.contains(
             "Probability:  0 that a copy arriving a whole window late is caught: max age 30m is \
@@ -201,15 +194,16 @@ fn a_max_age_shorter_than_the_window_gives_the_probability_it_leaves() {
 
 #[test]
 fn max_age_cuts_the_curve_and_suggests_the_table_it_makes_enough() {
-    let out = bin()
-        .args(["size", "--json", "--buckets", "1000000", "--rate", "100"])
-        .args(["--window", "1h", "--max-age", "30m"])
-        .assert()
-        .success()
-        .get_output()
-        .stdout
-        .clone();
-    let json: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let json = json(&[
+        "--buckets",
+        "1000000",
+        "--rate",
+        "100",
+        "--window",
+        "1h",
+        "--max-age",
+        "30m",
+    ]);
     let geometry = nsq_dedupe::Geometry::new(1_000_000, 8).unwrap();
     let delays = json["delays"].as_array().unwrap();
     assert!(delays.len() >= 4, "{json}");
@@ -262,30 +256,14 @@ fn max_age_cuts_the_curve_and_suggests_the_table_it_makes_enough() {
 #[test]
 fn the_memory_size_prints_can_be_typed_back() {
     let window = ["--rate", "100000000", "--window", "30d"];
-    let out = bin()
-        .args(["size", "-p", "0.99"])
-        .args(window)
-        .assert()
-        .success()
-        .get_output()
-        .stdout
-        .clone();
-    let out = String::from_utf8(out).unwrap();
+    let out = text(&[["-p", "0.99"].as_slice(), &window].concat());
     let memory = out
         .lines()
         .find_map(|line| line.strip_prefix("Memory:"))
         .and_then(|rest| rest.trim().split(" in-process").next())
         .unwrap_or_else(|| panic!("no memory in\n{out}"));
     assert!(memory.ends_with(" PiB"), "{out}");
-    let out = bin()
-        .args(["size", "--json", "--memory", memory])
-        .args(window)
-        .assert()
-        .success()
-        .get_output()
-        .stdout
-        .clone();
-    let json: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let json = json(&[["--memory", memory].as_slice(), &window].concat());
     let probability = json["probability"].as_f64().unwrap();
     assert!((0.98..=0.995).contains(&probability), "{memory}: {json}");
 }

@@ -27,6 +27,18 @@ struct Phase {
     length: Duration,
 }
 
+/// The step the growth tests send: 200 messages a second for 3 s, then 2,000 for 4 s.
+const RISE: [Phase; 2] = [
+    Phase {
+        rate: 200.0,
+        length: Duration::from_secs(3),
+    },
+    Phase {
+        rate: 2000.0,
+        length: Duration::from_secs(4),
+    },
+];
+
 /// What a run of [`send`] published, and what the metrics page said meanwhile.
 struct Sent {
     /// Originals of each phase: ids `start..end`.
@@ -131,21 +143,7 @@ async fn a_sudden_rise_grows_the_table_and_copies_a_window_late_are_still_caught
     let page = scrape(addr);
     let initial = metric(&page, "nsq_dedupe_table_slots").unwrap();
 
-    let sent = send(
-        &broker,
-        addr,
-        &[
-            Phase {
-                rate: 200.0,
-                length: Duration::from_secs(3),
-            },
-            Phase {
-                rate: 2000.0,
-                length: Duration::from_secs(4),
-            },
-        ],
-    )
-    .await;
+    let sent = send(&broker, addr, &RISE).await;
     let originals = sent.phases.last().unwrap().end;
     wait_all_delivered(&recorder, &[&broker], originals, "").await;
     let page = scrape(addr);
@@ -482,21 +480,7 @@ async fn a_shared_table_grows(
     let addr = a.metrics_addr.unwrap();
     let before = descriptor();
 
-    let sent = send(
-        &broker,
-        addr,
-        &[
-            Phase {
-                rate: 200.0,
-                length: Duration::from_secs(3),
-            },
-            Phase {
-                rate: 2000.0,
-                length: Duration::from_secs(4),
-            },
-        ],
-    )
-    .await;
+    let sent = send(&broker, addr, &RISE).await;
     let originals = sent.phases.last().unwrap().end;
     wait_all_delivered(&recorder, &[&broker], originals, "").await;
     let (page_a, page_b) = (scrape(addr), scrape(b.metrics_addr.unwrap()));
