@@ -131,4 +131,18 @@ impl Voice<'_> {
             format_bytes(held),
         );
     }
+
+    /// The WARN of a consumer that found the table holding `held` bytes, more than its own
+    /// ceiling: another consumer, with a higher one, grew it.
+    pub(super) fn above_ceiling(&self, held: u64) {
+        let (growth, ceiling) = (self.growth, &self.ceiling);
+        tracing::warn!(
+            held_memory = %format_bytes(held),
+            max_memory = %format_bytes(growth.max_bytes),
+            "{} holds {} in its generations, more than this consumer's {ceiling} of {}: another consumer grew it. This one follows it as it is (a table never shrinks) and does not grow it further. Give every consumer of the table the same {ceiling}.",
+            self.whose.table(),
+            format_bytes(held),
+            format_bytes(growth.max_bytes),
+        );
+    }
 }

@@ -51,6 +51,9 @@ pub(super) async fn grow_loop<S: Generation, H: Handler>(
     };
     let mut seen = table.geometry();
     voice.start(seen);
+    if held(&table) > growth.max_bytes {
+        voice.above_ceiling(held(&table));
+    }
     let mut recent = RecentRate::over(SHARED_RATE_SPAN);
     let mut share = RecentRate::over(table.fleet_interval() * FLEET_BUCKETS as u32);
     let mut warned: Option<Instant> = None;
