@@ -512,14 +512,12 @@ mod tests {
     use crate::nsq::connection::Outgoing;
     use crate::nsq::refusal::Role;
 
+    /// A connection's handle and what is sent to it.
+    type Recorded = (Arc<ConnHandle>, mpsc::UnboundedReceiver<Outgoing>);
+
     /// A control task with `max_in_flight` over two live connections, `a` and `b`, that
     /// record what is sent to them.
-    fn two_connections(
-        max_in_flight: u32,
-    ) -> (
-        ControlTask,
-        [(Arc<ConnHandle>, mpsc::UnboundedReceiver<Outgoing>); 2],
-    ) {
+    fn two_connections(max_in_flight: u32) -> (ControlTask, [Recorded; 2]) {
         let mut config = ConsumerConfig::new("t", "c");
         config.max_in_flight = max_in_flight;
         let transport = config.transport.prepare_for(Role::Consumer).unwrap();
