@@ -209,15 +209,6 @@ struct Answering {
     parked: AtomicU32,
 }
 
-impl std::fmt::Debug for ConnHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ConnHandle")
-            .field("addr", &self.addr)
-            .field("closed", &self.closed)
-            .finish_non_exhaustive()
-    }
-}
-
 impl ConnHandle {
     /// A handle whose messages call back `consumer`, and the receiving end for its [`Writer`].
     pub(crate) fn new(
