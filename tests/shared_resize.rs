@@ -402,7 +402,11 @@ async fn a_fleet_moves_to_the_compact_layout_without_forgetting_in_memcached() {
     )
     .await;
     assert!(
-        log_text(&log_a).contains("earlier layout (key format 1)"),
+        log_text(&log_a).contains(&format!(
+            "earlier layout (key format 1): following it. Once every consumer of the table runs \
+             this version, `nsq-dedupe resize --buckets {OLD_BUCKETS}` (with the store's flags) \
+             moves it to key format 2 without forgetting"
+        )),
         "{}",
         log_text(&log_a)
     );
@@ -913,6 +917,24 @@ fn resize_fails(args: &[&str]) -> (i32, String) {
         out.status.code().expect("exited, not killed by a signal"),
         String::from_utf8(out.stderr).unwrap(),
     )
+}
+
+/// `resize` given no size is a setting to add (78), not the default size written into every
+/// consumer's table; it names the flags, and touches no store.
+#[test]
+fn resize_without_a_size_is_refused() {
+    assert_eq!(
+        resize_fails(&["--store", "redis", "--redis-url", "redis://127.0.0.1:1"]),
+        (
+            78,
+            "error: `resize` sets the size of the table every consumer shares, and none was \
+             given: pass `--buckets N`, `--memory SIZE` or `--rate R` (or set `store.buckets`, \
+             `store.memory` or `store.rate` in the config file). The size the table has now, \
+             given again, moves it to this version's layout without resizing it (a consumer \
+             following a table of an earlier layout names it in its WARN)\n"
+                .into()
+        )
+    );
 }
 
 /// `resize` of a store that keeps no shared table is a setting to change (78), and says

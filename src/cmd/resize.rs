@@ -21,6 +21,9 @@ pub(crate) fn run(
     };
     args.apply(&mut raw, from_env, aliases);
     crate::cmd::entry::name_settings_as(raw.flags.clone());
+    if raw.store.buckets.is_none() && raw.store.memory.is_none() && raw.store.rate.is_none() {
+        return Err(NoSize.into());
+    }
     let store = raw.validate_store()?;
     let namespace = match &store {
         StoreSettings::Redis(config, _) => config.namespace.clone(),
@@ -96,3 +99,14 @@ fn report(namespace: &str, before: Option<Descriptor>, after: Descriptor) -> Str
      takes its size from `--buckets` at start"
 )]
 pub(crate) struct NotShared(&'static str);
+
+/// `resize` was given no size: it would write the default size into every consumer's table.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "`resize` sets the size of the table every consumer shares, and none was given: pass \
+     `--buckets N`, `--memory SIZE` or `--rate R` (or set `store.buckets`, `store.memory` or \
+     `store.rate` in the config file). The size the table has now, given again, moves it to \
+     this version's layout without resizing it (a consumer following a table of an earlier \
+     layout names it in its WARN)"
+)]
+pub(crate) struct NoSize;
