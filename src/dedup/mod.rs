@@ -16,6 +16,8 @@
 #[cfg(feature = "sidecar")]
 pub mod backend;
 pub mod clock;
+#[cfg(feature = "memcached")]
+pub(crate) mod compact;
 pub(crate) mod digest;
 #[cfg(any(feature = "memcached", feature = "redis"))]
 pub mod fleet;
