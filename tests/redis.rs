@@ -45,6 +45,9 @@ pub struct Redis {
     urls: Vec<String>,
     cluster: bool,
     flavor: Flavor,
+    /// The key format of the tables it connects stores to: `None` for the store's own, else
+    /// 2 (a key per set) or 3 (the compact layout).
+    format: Option<u8>,
     _servers: Option<(Option<RedisServer>, Option<RedisCluster>)>,
 }
 
@@ -61,7 +64,26 @@ impl Redis {
             urls: vec![server.url()],
             cluster: false,
             flavor,
+            format: None,
             _servers: Some((Some(server), None)),
+        }
+    }
+
+    /// The key format of the tables a store connects to by default.
+    fn format_of_store(&self) -> u8 {
+        RedisStore::new_lazy(
+            config(&self.urls, self.cluster, "format"),
+            Geometry::new(64, 8).unwrap(),
+        )
+        .unwrap()
+        .key_format()
+    }
+
+    /// The same harness, for tables of key format `format`.
+    pub fn in_format(self, format: u8) -> Redis {
+        Redis {
+            format: Some(format),
+            ..self
         }
     }
 
@@ -80,6 +102,7 @@ impl Redis {
             urls: cluster.urls(),
             cluster: true,
             flavor,
+            format: None,
             _servers: Some((None, Some(cluster))),
         }
     }
@@ -97,9 +120,11 @@ impl Harness for Redis {
             fleet_interval: spec.fleet_interval.unwrap_or(defaults.fleet_interval),
             ..config(&self.urls, self.cluster, &spec.namespace)
         };
-        let store = RedisStore::connect(settings, spec.geometry)
-            .await
-            .expect("connect to redis");
+        let store = match self.format {
+            Some(format) => RedisStore::connect_in(settings, spec.geometry, format).await,
+            None => RedisStore::connect(settings, spec.geometry).await,
+        }
+        .expect("connect to redis");
         assert_eq!(
             store.uses_ifeq(),
             self.flavor == Flavor::Valkey,
@@ -114,6 +139,11 @@ impl Harness for Redis {
 
     fn unreadable_values(store: &RedisStore) -> u64 {
         store.unreadable_values()
+    }
+
+    /// In the compact layout (key format 3), as in Memcached's.
+    fn committed_is_final(&self) -> bool {
+        self.format == Some(COMPACT)
     }
 
     /// Fewer than Memcached's 64: each operation is a script run, and Memcached's cases check
@@ -133,10 +163,19 @@ impl SharedHarness for Redis {
         if self.flavor == Flavor::Valkey {
             address.push_str("+valkey");
         }
+        if let Some(format) = self.format {
+            address.push_str(&format!("+v{format}"));
+        }
         address
     }
 
     fn reach(address: &str) -> Redis {
+        let (address, format) = match address.rsplit_once("+v") {
+            Some((address, format)) if format.bytes().all(|b| b.is_ascii_digit()) => {
+                (address, format.parse().ok())
+            }
+            _ => (address, None),
+        };
         let (address, flavor) = match address.strip_suffix("+valkey") {
             Some(address) => (address, Flavor::Valkey),
             None => (address, Flavor::Redis),
@@ -149,14 +188,16 @@ impl SharedHarness for Redis {
             urls: urls.split(',').map(str::to_owned).collect(),
             cluster,
             flavor,
+            format,
             _servers: None,
         }
     }
 
-    /// The `SET … IFEQ` writes that found their set changed (Valkey); none on Redis 7.0,
-    /// whose script cannot lose a race.
+    /// The compare-and-set writes that found their key changed: `SET … IFEQ` (Valkey), and
+    /// in the compact layout the compare-and-set script too; none where the set script
+    /// decides (Redis 7.0 in a key per set), which cannot lose a race.
     fn cas_conflicts(store: &RedisStore) -> Option<u64> {
-        store.uses_ifeq().then(|| store.ifeq_conflicts())
+        (store.uses_ifeq() || store.key_format() == COMPACT).then(|| store.ifeq_conflicts())
     }
 }
 
@@ -171,6 +212,27 @@ mod valkey_contract {
 
     crate::store_contract::store_contract_tests!(
         shared: super::Redis::standalone(Flavor::Valkey)
+    );
+}
+
+/// The key format of the compact layout (see `redis_compact`).
+pub const COMPACT: u8 = 3;
+
+/// The rules on tables of the compact layout, on Redis 7.0: decided in the client, written
+/// by the compare-and-set script.
+mod compact_contract {
+    crate::store_contract::store_contract_tests!(
+        shared: super::Redis::start().in_format(super::COMPACT)
+    );
+}
+
+/// The rules on tables of the compact layout on Valkey 8.1, written with `SET … IFEQ` (and
+/// by one store of each table through the compare-and-set script).
+mod valkey_compact_contract {
+    use crate::support::redis::Flavor;
+
+    crate::store_contract::store_contract_tests!(
+        shared: super::Redis::standalone(Flavor::Valkey).in_format(super::COMPACT)
     );
 }
 
@@ -975,11 +1037,18 @@ async fn claim_in_chunks(store: &RedisStore, digests: &[Digest]) -> Vec<Claim> {
     claims
 }
 
-/// The store contract against a cluster (its six servers start once), then the same cluster
-/// resharded and failed over while claims run.
+/// The store contract against a cluster (its six servers start once), on tables of both
+/// layouts, then the same cluster resharded and failed over while claims run.
 #[test]
 fn redis_cluster_shares_one_table_through_reshard_and_failover() {
     let harness = Redis::start_cluster(Flavor::Redis);
+    crate::store_contract::run_all(&harness);
+    let other = if harness.format_of_store() == COMPACT {
+        2
+    } else {
+        COMPACT
+    };
+    let harness = harness.in_format(other);
     crate::store_contract::run_all(&harness);
     let runtime = crate::store_contract::runtime();
     runtime.block_on(a_burst_costs_each_master_at_most_one_script_run(
@@ -992,6 +1061,13 @@ fn redis_cluster_shares_one_table_through_reshard_and_failover() {
 #[test]
 fn valkey_cluster_shares_one_table_through_reshard_and_failover() {
     let harness = Redis::start_cluster(Flavor::Valkey);
+    crate::store_contract::run_all(&harness);
+    let other = if harness.format_of_store() == COMPACT {
+        2
+    } else {
+        COMPACT
+    };
+    let harness = harness.in_format(other);
     crate::store_contract::run_all(&harness);
     let runtime = crate::store_contract::runtime();
     runtime.block_on(reshard_and_failover(harness.cluster()));

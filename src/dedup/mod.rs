@@ -16,7 +16,7 @@
 #[cfg(feature = "sidecar")]
 pub mod backend;
 pub mod clock;
-#[cfg(feature = "memcached")]
+#[cfg(any(feature = "memcached", feature = "redis"))]
 pub(crate) mod compact;
 pub(crate) mod digest;
 #[cfg(any(feature = "memcached", feature = "redis"))]

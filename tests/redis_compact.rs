@@ -1,0 +1,146 @@
+//! The Redis store's compact layout (key format 3, `src/dedup/redis/layout.rs`, `items.rs`):
+//! 64 slots a key, 8-byte entries, decided in the client and written back whole by a
+//! compare-and-set, `SET … IFEQ` on Valkey 8.1 and the compare-and-set script on Redis 7.0.
+//! The rules of the store contract are checked on it in `redis` (`compact_contract`,
+//! `valkey_compact_contract`, and the cluster tests); here, what a burst costs each server in
+//! commands, the bytes of a key, and a server that lost its script.
+
+use std::time::Duration;
+
+use nsq_dedupe::{Claim, Digest, Geometry, RedisConfig, RedisStore, Store};
+
+use crate::redis::{command_calls, COMPACT};
+use crate::store_contract::{digest, unique_namespace};
+use crate::support::redis::{Flavor, RedisServer};
+use crate::util::claimed;
+
+fn config(url: &str, namespace: &str) -> RedisConfig {
+    RedisConfig {
+        urls: vec![url.to_owned()],
+        namespace: namespace.to_owned(),
+        timeout: Duration::from_secs(2),
+        ..RedisConfig::default()
+    }
+}
+
+/// `count` digests whose keys differ, for `store`, then `more` more of the first one's key.
+fn distinct_keys(store: &RedisStore, count: usize, more: usize) -> Vec<Digest> {
+    let mut keys = std::collections::HashSet::new();
+    let mut burst: Vec<Digest> = (0..)
+        .map(digest)
+        .filter(|d| keys.insert(store.set_key(*d)))
+        .take(count)
+        .collect();
+    let first = store.set_key(burst[0]);
+    burst.extend(
+        (1_000_000..)
+            .map(digest)
+            .filter(|d| store.set_key(*d) == first)
+            .take(more),
+    );
+    burst
+}
+
+/// A burst costs each key one command while the table fills (`SET … NX GET`, which creates
+/// it), and one conditional write (`SET … IFEQ` on Valkey 8.1, an `EVALSHA` of the
+/// compare-and-set script on Redis 7.0) for the key whose other digests were decided on the
+/// value it created; their commits are one conditional write a key and no read (the store
+/// keeps the values it wrote). A key holds 8 sets of 8 ways, in its short form while it fills:
+/// a key of one committed entry is 28 bytes.
+#[tokio::test]
+async fn a_compact_burst_is_one_command_a_key_and_its_keys_hold_64_slots() {
+    for flavor in [Flavor::Redis, Flavor::Valkey] {
+        let server = RedisServer::of(flavor, &[]);
+        let namespace = unique_namespace("compact");
+        let geometry = Geometry::new(1 << 20, 8).unwrap();
+        let store = RedisStore::connect_in(config(&server.url(), &namespace), geometry, COMPACT)
+            .await
+            .unwrap();
+        assert_eq!(store.key_format(), COMPACT);
+        let burst = distinct_keys(&store, 50, 3);
+        let key = store.set_key(burst[1]);
+        let prefix = format!("{namespace}:v3:131072x8g8:");
+        assert!(key.starts_with(&prefix), "{key}");
+        // Counted with the commands a script runs: the compare-and-set script's own `GET`
+        // and `SET` on Redis 7.0.
+        let expected = |plain_sets: u64, scripts: u64| {
+            let mut calls = std::collections::BTreeMap::new();
+            if flavor == Flavor::Valkey {
+                calls.insert("set".to_owned(), plain_sets + scripts);
+            } else {
+                calls.insert("set".to_owned(), plain_sets + scripts);
+                calls.insert("get".to_owned(), scripts);
+                calls.insert("evalsha".to_owned(), scripts);
+            }
+            calls.retain(|_, &mut n| n > 0);
+            calls
+        };
+        server.cli(&["config", "resetstat"]);
+        assert_eq!(
+            claimed(store.claim_many(&burst).await).unwrap(),
+            vec![Claim::New; burst.len()],
+            "{flavor:?}"
+        );
+        assert_eq!(calls(&server), expected(50, 1), "{flavor:?}");
+        server.cli(&["config", "resetstat"]);
+        let committed = store.commit_many(&burst).await;
+        assert!(committed.iter().all(|c| c == &Ok(true)), "{committed:?}");
+        assert_eq!(calls(&server), expected(0, 50), "{flavor:?}: no read");
+        let value = raw(&server, &key);
+        // Short form, untimed (5); 8 sets of 8 ways; nothing in flight; 8 cursors, 8 lengths,
+        // one fingerprint.
+        assert_eq!(value[..4], [5, 8, 8, 0], "{flavor:?}: {value:?}");
+        assert_eq!(value.len(), 4 + 8 + 8 + 8, "{flavor:?}: {value:?}");
+        assert_eq!(
+            claimed(store.claim_many(&burst).await).unwrap(),
+            vec![Claim::Duplicate; burst.len()],
+            "{flavor:?}"
+        );
+        let errors = server.cli(&["info", "errorstats"]);
+        assert!(!errors.contains("errorstat_"), "{flavor:?}: {errors}");
+    }
+}
+
+/// A Redis 7.0 that lost its scripts (restarted, or `SCRIPT FLUSH`) answers the pipelined
+/// compare-and-set `NOSCRIPT`: the keys are read and written again one by one through the
+/// script, loaded again, and every commit holds.
+#[tokio::test]
+async fn a_server_that_lost_the_compare_and_set_script_gets_every_write() {
+    let server = RedisServer::of(Flavor::Redis, &[]);
+    let geometry = Geometry::new(1 << 20, 8).unwrap();
+    let store = RedisStore::connect_in(
+        config(&server.url(), &unique_namespace("noscript")),
+        geometry,
+        COMPACT,
+    )
+    .await
+    .unwrap();
+    let burst = distinct_keys(&store, 20, 0);
+    assert_eq!(
+        claimed(store.claim_many(&burst).await).unwrap(),
+        vec![Claim::New; burst.len()]
+    );
+    server.cli(&["script", "flush"]);
+    let committed = store.commit_many(&burst).await;
+    assert!(committed.iter().all(|c| c == &Ok(true)), "{committed:?}");
+    let errors = server.cli(&["info", "errorstats"]);
+    assert!(errors.contains("errorstat_NOSCRIPT"), "{errors}");
+    assert_eq!(
+        claimed(store.claim_many(&burst).await).unwrap(),
+        vec![Claim::Duplicate; burst.len()]
+    );
+}
+
+/// The commands the server ran since `CONFIG RESETSTAT`, but that one.
+fn calls(server: &RedisServer) -> std::collections::BTreeMap<String, u64> {
+    let mut calls = command_calls(server);
+    calls.retain(|command, _| !command.starts_with("config"));
+    calls
+}
+
+/// The raw value of `key`.
+fn raw(server: &RedisServer, key: &str) -> Vec<u8> {
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    redis::cmd("GET").arg(key).query(&mut conn).unwrap()
+}
