@@ -27,7 +27,9 @@ mod servers;
 
 use std::time::Duration;
 
-use nsq_dedupe::sizing::{memcached_bytes_estimate, redis_bytes_estimate, slots_for};
+use nsq_dedupe::sizing::{
+    memcached_bytes_estimate, redis_bytes_estimate, redis_sets_bytes_estimate, slots_for,
+};
 use nsq_dedupe::{
     Claim, Digest, Geometry, MemcachedConfig, MemcachedStore, RedisConfig, RedisStore, Store,
 };
@@ -216,7 +218,15 @@ async fn redis_case(settings: &Settings, program: Program) -> Result<(), String>
         },
         geometry,
         settings,
-        [ours, naive, redis_bytes_estimate(geometry)],
+        [
+            ours,
+            naive,
+            if settings.redis_format == Some(2) {
+                redis_sets_bytes_estimate(geometry)
+            } else {
+                redis_bytes_estimate(geometry)
+            },
+        ],
     );
     Ok(())
 }

@@ -1,9 +1,9 @@
 //! The Redis store's compact layout (key format 3, `src/dedup/redis/layout.rs`, `items.rs`):
 //! 64 slots a key, 8-byte entries, decided in the client and written back whole by a
 //! compare-and-set, `SET … IFEQ` on Valkey 8.1 and the compare-and-set script on Redis 7.0.
-//! The rules of the store contract are checked on it in `redis` (`compact_contract`,
-//! `valkey_compact_contract`, and the cluster tests); here, what a burst costs each server in
-//! commands, the bytes of a key, and a server that lost its script.
+//! The rules of the store contract are checked on it in `redis` (`contract`, `valkey_contract`
+//! and the cluster tests, on both layouts); here, what a burst costs each server in commands,
+//! the bytes of a key, the memory `size` counts, and a server that lost its script.
 
 use std::time::Duration;
 
@@ -129,6 +129,92 @@ async fn a_server_that_lost_the_compare_and_set_script_gets_every_write() {
         claimed(store.claim_many(&burst).await).unwrap(),
         vec![Claim::Duplicate; burst.len()]
     );
+}
+
+/// A full key of the compact layout takes what `size` counts for it (`MEMORY USAGE`, Redis
+/// 7.0), untimed and timed (`max_age`), in a production-sized table's namespace.
+#[tokio::test]
+async fn a_full_key_takes_what_size_counts_for_it() {
+    let server = RedisServer::of(Flavor::Redis, &[]);
+    for max_age in [None, Some(Duration::from_secs(3600))] {
+        let geometry = Geometry::new(1 << 23, 8).unwrap();
+        let settings = RedisConfig {
+            max_age,
+            ..config(&server.url(), "nsq-dedupe")
+        };
+        let store = RedisStore::connect(settings, geometry).await.unwrap();
+        let key = store.set_key(digest(0));
+        // Eight digests of each of the key's eight sets.
+        let mut per_set = std::collections::HashMap::new();
+        let full: Vec<Digest> = (0..)
+            .map(digest)
+            .filter(|d| {
+                let held = per_set.entry(geometry.set_of(*d)).or_insert(0);
+                store.set_key(*d) == key && *held < 8 && {
+                    *held += 1;
+                    true
+                }
+            })
+            .take(64)
+            .collect();
+        assert_eq!(
+            claimed(store.claim_many(&full).await).unwrap(),
+            vec![Claim::New; 64]
+        );
+        assert!(store
+            .commit_many(&full)
+            .await
+            .iter()
+            .all(|c| c == &Ok(true)));
+        let measured: u64 = server
+            .cli(&["memory", "usage", &key, "samples", "0"])
+            .trim()
+            .parse()
+            .unwrap();
+        let reported = nsq_dedupe::sizing::redis_key_bytes(8, 8, max_age.is_some());
+        assert!(
+            measured.abs_diff(reported) <= 16,
+            "max_age {max_age:?}: MEMORY USAGE says {measured}, size counts {reported}"
+        );
+        server.cli(&["flushall"]);
+    }
+}
+
+/// `size`'s estimate of a table's memory in Redis (`sizing::redis_bytes_estimate`) is within
+/// a tenth of what Redis counts for it (`used_memory`) once the table is full (twice its slots
+/// of digests: nearly every set at its ways), written as a sidecar writes it: claims then
+/// commits.
+#[tokio::test]
+async fn the_memory_estimate_is_within_a_tenth_of_what_redis_counts() {
+    let server = RedisServer::of(Flavor::Redis, &[]);
+    let geometry = Geometry::new(16_384 * 8, 8).unwrap();
+    // A generous time limit: a debug build on a loaded machine.
+    let settings = RedisConfig {
+        timeout: Duration::from_secs(10),
+        ..config(&server.url(), &unique_namespace("memory"))
+    };
+    let store = RedisStore::connect(settings, geometry).await.unwrap();
+    let before = used_memory(&server);
+    let digests: Vec<Digest> = (0..2 * geometry.slots()).map(digest).collect();
+    for burst in digests.chunks(128) {
+        claimed(store.claim_many(burst).await).unwrap();
+        assert!(store.commit_many(burst).await.iter().all(Result::is_ok));
+    }
+    let measured = used_memory(&server) - before;
+    let estimate = nsq_dedupe::sizing::redis_bytes_estimate(geometry);
+    assert!(
+        estimate.abs_diff(measured) * 10 <= measured,
+        "estimated {estimate} bytes, Redis counts {measured}"
+    );
+}
+
+/// Redis's `used_memory`.
+fn used_memory(server: &RedisServer) -> u64 {
+    let info = server.cli(&["info", "memory"]);
+    info.lines()
+        .find_map(|line| line.strip_prefix("used_memory:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("used_memory in INFO memory")
 }
 
 /// The commands the server ran since `CONFIG RESETSTAT`, but that one.

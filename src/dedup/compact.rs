@@ -1,5 +1,5 @@
-//! The compact layout of a shared table (Memcached's key format 2), in one
-//! store-neutral model with no I/O: several consecutive sets of the table in one stored
+//! The compact layout of a shared table (Memcached's key format 2, Redis's key format 3), in
+//! one store-neutral model with no I/O: several consecutive sets of the table in one stored
 //! value (a Memcached item, a Redis key), each entry an 8-byte fingerprint (and, when done
 //! entries expire, the second of its commit), and a lease's owner and expiry kept only while
 //! its entry is in flight. How an operation changes an item ([`apply`]) and the value's bytes

@@ -58,6 +58,11 @@ pub enum Claim {
 /// every build, because `size` estimates a table's Memcached memory with it.
 pub(crate) const MEMCACHED_SLOTS_PER_ITEM: u32 = 64;
 
+/// Slots a Redis key holds in the compact layout (key format 3): whole sets, as many as fit.
+/// Beside the geometry, in every build, because `size` estimates a table's Redis memory with
+/// it.
+pub(crate) const REDIS_SLOTS_PER_KEY: u32 = 64;
+
 /// The shape of a table: how many slots, grouped in sets of how many ways.
 ///
 /// Every store maps a digest to a set the same way, so a table's contents do not depend on

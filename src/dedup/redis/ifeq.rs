@@ -55,6 +55,7 @@ use futures::future::join_all;
 use redis::Value;
 use tokio::time::Instant;
 
+use super::layout::Layout;
 use super::value::Facts;
 use super::{Op, RedisStore};
 use crate::dedup::shared::{now_ms, value_version};
@@ -64,6 +65,11 @@ use crate::fold_hash::IdHasher;
 
 /// Reads and writes of one set before it is left to the script.
 const MAX_ROUNDS: usize = 4;
+
+/// The same in the compact layout, whose keys are fewer (a key holds 8 sets) and so met by
+/// more writers at once, and whose keys left over are each read and written alone (`items`),
+/// which costs more than a round of a pipeline.
+const MAX_ROUNDS_COMPACT: usize = 8;
 
 /// The most sets whose last written value a store keeps (up to 275 bytes each at 8 ways).
 const KNOWN_SETS: usize = 16_384;
@@ -252,7 +258,11 @@ impl RedisStore {
         let mut sets = self.sets_of(run);
         let mut answers: Answers = vec![None; run.len()];
         let mut pending: Vec<usize> = (0..sets.len()).collect();
-        for round in 0..MAX_ROUNDS {
+        let rounds = match self.inner.layout {
+            Layout::Sets => MAX_ROUNDS,
+            Layout::Items { .. } => MAX_ROUNDS_COMPACT,
+        };
+        for round in 0..rounds {
             if pending.is_empty() {
                 break;
             }

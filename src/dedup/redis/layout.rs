@@ -28,10 +28,10 @@ pub(crate) const SETS_FORMAT: u8 = REDIS_KEY_VERSION;
 pub(crate) const ITEMS_FORMAT: u8 = 3;
 
 /// Slots a key of the compact layout holds: whole sets, as many as fit (8 sets of 8 ways).
-/// Redis spends about 70 bytes on a key besides its value (the key's entry, object and
-/// name), a byte a slot at 64; a key of 64 slots is a 524-byte value when full, which its
-/// allocator keeps in 640 bytes (its size class above 512).
-pub(crate) const SLOTS_PER_KEY: u32 = 64;
+/// Redis spends about 100 bytes on a key besides its value (the key's entry, object, name
+/// and dictionary slot), under 2 bytes a slot at 64; a key of 64 slots is a 524-byte value
+/// when full, which its allocator keeps in 640 bytes (its size class above 512).
+pub(crate) const SLOTS_PER_KEY: u32 = crate::dedup::REDIS_SLOTS_PER_KEY;
 
 // A slot's number, and the count of records, are a byte.
 const _: () = assert!(SLOTS_PER_KEY as usize <= compact::MAX_SLOTS);

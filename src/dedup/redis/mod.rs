@@ -2,15 +2,27 @@
 //! (or Valkey) server or spread over a Redis Cluster.
 //!
 //! [`RedisStore`] keeps the Memcached store's table: the same [`Geometry`], the same
-//! digest-to-set mapping, one key per set named `<prefix>:v<format>:<sets>x<ways>:<set>`, the
-//! same 34-byte entries, replacement order, leases, owners and `max_age` (see
-//! [`MemcachedStore`](crate::MemcachedStore)). Only the value's layout differs (key format 2):
-//! a set is always `3 + 34 × ways` bytes, the entry of slot `i` at byte `3 + 34 i`, an empty
-//! slot all zeros and an erased one marked by a digest field of 0xFF bytes (`set.lua` has the
-//! layout), so that the script checks a stored set by its
-//! length and header alone and writes only the bytes an operation changes (`SETRANGE`), never a
-//! whole new value. Every set may live on any slot, so in a cluster the sets spread over all
-//! masters.
+//! digest-to-set mapping, replacement order, leases, owners and `max_age` (see
+//! [`MemcachedStore`](crate::MemcachedStore)), in one of two layouts (`layout`), named by the
+//! key format in the namespace `<prefix>:v<format>:<sets>x<ways>`:
+//!
+//! - **The compact layout** (key format 3, new tables'): Memcached's compact items
+//!   ([`crate::dedup::compact`]) in Redis keys, `<namespace>g<sets a key>:<n>`, 64 slots a
+//!   key (8 sets of 8 ways), 8-byte entries and a lease record only while an entry is in
+//!   flight. Every operation is decided in the client and the key written back whole by a
+//!   compare-and-set: `SET key new IFEQ old` where the servers have it (Valkey 8.1 or later),
+//!   else an `EVALSHA` of a compare-and-set script (`cas.lua`), pipelined the same way
+//!   (`ifeq`); a key the pipelines leave is read and written on its own through the script
+//!   (`items`). A committed entry keeps no owner, so it is final (an erase answers `false`).
+//! - **A key per set** (key format 2, which a table moves from: read and written as the
+//!   previous generation until it retires, see [`crate::dedup::generational`]): a set is
+//!   always `3 + 34 × ways` bytes, the entry of slot `i` at byte `3 + 34 i`, an empty slot all
+//!   zeros and an erased one marked by a digest field of 0xFF bytes (`set.lua` has the
+//!   layout), so that the script checks a stored set by its length and header alone and
+//!   writes only the bytes an operation changes (`SETRANGE`), never a whole new value.
+//!
+//! Every key may live on any slot, so in a cluster the keys spread over all masters. The
+//! rest of these docs, but where they name the compact layout, are about a key per set.
 //!
 //! A claim answers the slot of its digest's entry, and the store keeps it while the claim is
 //! in flight (`hints`): the digest's erase or renew then reads only that entry (`GETRANGE` of
@@ -83,11 +95,12 @@
 //!
 //! # Memory
 //!
-//! The sets have no expiry (the fleet's counters do): give Redis `maxmemory` with
-//! `maxmemory-policy allkeys-lru` to let it remove the sets of namespaces nobody uses. An
-//! expiry an operator gives a set's key is kept by every write of either path (`SETRANGE`,
-//! and `SET … KEEPTTL` where a whole set is written). `nsq-dedupe size` reports the bytes per
-//! set that `MEMORY USAGE` measures on a full set.
+//! The keys have no expiry (the fleet's counters do): give Redis `maxmemory` with
+//! `maxmemory-policy allkeys-lru` to let it remove the keys of namespaces nobody uses. An
+//! expiry an operator gives a key is kept by every write of every path (`SETRANGE`, and
+//! `SET … KEEPTTL` where a whole value is written, the compare-and-set script's included).
+//! `nsq-dedupe size` reports the memory of a full table in the compact layout
+//! ([`crate::sizing::redis_bytes_estimate`]).
 
 mod commit;
 mod config;
@@ -110,7 +123,7 @@ use std::sync::Arc;
 
 use self::conn::Link;
 use self::hints::Hints;
-use self::layout::{Layout, SETS_FORMAT};
+use self::layout::{Layout, ITEMS_FORMAT};
 use self::script::Target;
 use self::slots::key_slot;
 use crate::dedup::shared::random_owner;
@@ -203,9 +216,9 @@ impl std::fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
-    /// Builds a store for a table of shape `geometry`, connects, loads the script (on every
-    /// node of a cluster), and asks whether the servers have `SET … IFEQ` (see
-    /// [`RedisStore::uses_ifeq`]).
+    /// Builds a store for a table of shape `geometry` in the compact layout (key format 3),
+    /// connects, loads its script (on every node of a cluster), and asks whether the servers
+    /// have `SET … IFEQ` (see [`RedisStore::uses_ifeq`]).
     ///
     /// # Errors
     ///
@@ -224,7 +237,7 @@ impl RedisStore {
     ///
     /// [`StoreError::Config`] for an invalid `config`.
     pub fn new_lazy(config: RedisConfig, geometry: Geometry) -> Result<Self, StoreError> {
-        Self::new_lazy_in(config, geometry, SETS_FORMAT)
+        Self::new_lazy_in(config, geometry, ITEMS_FORMAT)
     }
 
     /// [`RedisStore::connect`] for a table of key format `format`: 2, a key per set, or 3, the
