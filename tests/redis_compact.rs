@@ -10,18 +10,10 @@ use std::time::Duration;
 use nsq_dedupe::{Claim, Digest, Geometry, RedisConfig, RedisStore, Store};
 
 use crate::redis::{command_calls, COMPACT};
+use crate::redis_ifeq::config;
 use crate::store_contract::{digest, unique_namespace};
 use crate::support::redis::{Flavor, RedisServer};
 use crate::util::claimed;
-
-fn config(url: &str, namespace: &str) -> RedisConfig {
-    RedisConfig {
-        urls: vec![url.to_owned()],
-        namespace: namespace.to_owned(),
-        timeout: Duration::from_secs(2),
-        ..RedisConfig::default()
-    }
-}
 
 /// `count` digests whose keys differ, for `store`, then `more` more of the first one's key.
 fn distinct_keys(store: &RedisStore, count: usize, more: usize) -> Vec<Digest> {

@@ -17,7 +17,8 @@ use crate::support::hold::Hold;
 use crate::support::redis::{Flavor, RedisServer};
 use crate::util::{claimed, wait_until_or};
 
-fn config(url: &str, namespace: &str) -> RedisConfig {
+/// The settings of a store of `namespace` on the server at `url`, 2 s an operation.
+pub(crate) fn config(url: &str, namespace: &str) -> RedisConfig {
     RedisConfig {
         urls: vec![url.to_owned()],
         namespace: namespace.to_owned(),

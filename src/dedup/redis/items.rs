@@ -39,9 +39,21 @@ const MAX_TRIES: u32 = 64;
 const PAUSE_STEP_US: u64 = 200;
 
 impl RedisStore {
+    /// `op` on each digest of a table of the compact layout: the burst's pipelines (`ifeq`),
+    /// then one key at a time here for what they left; the answers as the set script gives
+    /// them.
+    pub(super) async fn compact_many(
+        &self,
+        op: Op,
+        digests: &[Digest],
+    ) -> Vec<Result<i64, StoreError>> {
+        let answers = self.ifeq_many(op, digests).await;
+        self.items_rest(op, answers, digests).await
+    }
+
     /// Each of `answers`, the ones it lacks decided here: `op` on those of `digests` (see the
     /// module docs), a key at a time, the keys at once.
-    pub(super) async fn items_rest(
+    async fn items_rest(
         &self,
         op: Op,
         mut answers: Vec<Option<Result<i64, StoreError>>>,

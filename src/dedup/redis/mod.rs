@@ -426,13 +426,8 @@ impl RedisStore {
         let hints = &self.inner.hints;
         let ifeq = self.ifeq_on().await;
         if self.inner.layout != Layout::Sets {
-            let answers = self.ifeq_many(op, digests).await;
-            return self
-                .items_rest(op, answers, digests)
-                .await
-                .into_iter()
-                .map(|answer| held_answer(op, answer))
-                .collect();
+            let answers = self.compact_many(op, digests).await;
+            return answers.into_iter().map(|a| held_answer(op, a)).collect();
         }
         let slots = match op {
             // Claims made with IFEQ keep no hint.
@@ -496,13 +491,8 @@ impl RedisStore {
         let filling = &self.inner.filling;
         let ifeq = self.ifeq_on().await;
         if self.inner.layout != Layout::Sets {
-            let answers = self.ifeq_many(op, digests).await;
-            return self
-                .items_rest(op, answers, digests)
-                .await
-                .into_iter()
-                .map(|answer| claim_answer(answer?))
-                .collect();
+            let answers = self.compact_many(op, digests).await;
+            return answers.into_iter().map(|a| claim_answer(a?)).collect();
         }
         let creating = !ifeq && filling.get();
         let answers = if ifeq {
