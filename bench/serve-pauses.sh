@@ -9,11 +9,15 @@ Usage: bench/serve-pauses.sh [OPTIONS]
 
 Publishes N distinct messages to each of two real nsqd (every message on both, as a producer
 that publishes for resilience does), runs the sidecar on both with --sink serve and
---key json:/id, and reads its served port with nsq_to_file --max-in-flight M, which writes and
-FINs in batches of M (else every 30 s). Polls both nsqd's /stats every 50 ms and prints the
-longest time during which no upstream message was finished (the pause), the drain time, the
-sidecar's requeues of copies (in_flight_requeues_total, copies_held_total), and checks that
-the output files hold every message exactly once. Everything runs on 127.0.0.1 on free ports.
+--key json:/id, and reads its served port with nsq_to_file --max-in-flight M. Then, as the
+baseline in the same run, nsq_to_file --max-in-flight M reads the same N messages from one
+nsqd directly. nsq_to_file writes and FINs a batch once it holds 85% of its RDY (go-nsq's
+"starved"), else on its 30 s sync timer: the last batch, smaller, waits for that timer
+whoever serves it. For each, polls the nsqd's /stats every 50 ms and prints the longest time
+during which no upstream message was finished (the pause), the longest such time before
+the last batch (what the server can change), the drain time and when all but the last batch
+were finished, and for the sidecar its requeues of copies (in_flight_requeues_total,
+copies_held_total); checks that the output files hold every message exactly once. Everything runs on 127.0.0.1 on free ports.
 
 Options:
   -n, --messages N     distinct messages, each published to both nsqd (default 20000)
@@ -26,8 +30,8 @@ Environment:
   NSQ_DEDUPE_BIN   the sidecar binary (default: `cargo build --release` of this checkout)
   NSQ_BIN_DIR      directory with NSQ v1.3.0's nsqd and nsq_to_file (default /work/nsq-real/bin)
 
-The last line is machine-readable:
-  RESULT n=20000 max_in_flight=200 longest_pause_s=0.35 drain_s=4.1 in_flight_requeues=0 copies_held=812 lines=20000 distinct=20000
+The last line is machine-readable (base_: nsq_to_file on one nsqd directly):
+  RESULT n=20000 max_in_flight=200 longest_pause_s=28.80 before_last_s=0.02 drain_s=30.0 all_but_last_s=1.2 base_longest_pause_s=29.10 base_before_last_s=0.05 base_drain_s=30.1 base_all_but_last_s=0.9 in_flight_requeues=0 copies_held=13164 lines=20000 distinct=20000
 EOF2
 }
 
@@ -93,7 +97,46 @@ def remaining(nsqds):
     return total
 
 
-def main():
+def watch(nsqds, total):
+    """Polls until `nsqds` hold nothing of the `total` messages; returns (drain s, longest
+    pause s, longest pause before the last batch s, s until all but the last batch were
+    finished), or None at the timeout. The last batch is what was finished within a second of
+    the end (its originals and their copies may take two polls)."""
+    start = time.monotonic()
+    left, progress = total, [start]
+    while left > 0:
+        if time.monotonic() - start > TIMEOUT:
+            print(f"TIMEOUT after {TIMEOUT:.0f} s with {left} upstream messages left")
+            return None
+        time.sleep(0.05)
+        now_left = remaining(nsqds)
+        if now_left < left:
+            progress.append(time.monotonic())
+            left = now_left
+    pauses = [b - a for a, b in zip(progress, progress[1:])]
+    last_batch = next(i for i, t in enumerate(progress) if t >= progress[-1] - 1.0)
+    before = max(pauses[:max(last_batch - 1, 0)], default=0.0)
+    return progress[-1] - start, max(pauses), before, progress[max(last_batch - 1, 0)] - start
+
+
+def output_lines(out):
+    lines = []
+    for path in glob.glob(os.path.join(out, "*")):
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rt") as f:
+            lines += f.read().splitlines()
+    return lines
+
+
+def to_file(tcp, out, log):
+    os.makedirs(out)
+    return nb.spawn([f"{NSQ}/nsq_to_file", f"--nsqd-tcp-address=127.0.0.1:{tcp}",
+                     f"--topic={TOPIC}", f"--channel={CHANNEL}", f"--max-in-flight={MIF}",
+                     f"--output-dir={out}"], log)
+
+
+def served():
+    """The sidecar on two replicated nsqd, nsq_to_file on its served port."""
     nsqds = [nb.Nsqd(NSQ, WORK, name, N + nb.CHUNK) for name in ("a", "b")]
     for d in nsqds:
         d.fill(TOPIC, CHANNEL, "m", N)
@@ -105,8 +148,6 @@ def main():
     for d in nsqds:
         argv += ["--nsqd-tcp-address", f"127.0.0.1:{d.tcp}"]
     sidecar = nb.spawn(argv, os.path.join(WORK, "sidecar.log"))
-    out = os.path.join(WORK, "out")
-    os.makedirs(out)
     deadline = time.monotonic() + 10
     while True:
         try:
@@ -116,42 +157,53 @@ def main():
             if sidecar.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"the sidecar did not serve:\n{nb.tail(os.path.join(WORK, 'sidecar.log'))}")
             time.sleep(0.05)
-    to_file = nb.spawn([f"{NSQ}/nsq_to_file", f"--nsqd-tcp-address=127.0.0.1:{serve_tcp}",
-                        f"--topic={TOPIC}", f"--channel={CHANNEL}", f"--max-in-flight={MIF}",
-                        f"--output-dir={out}"], os.path.join(WORK, "nsq_to_file.log"))
-    start = time.monotonic()
-    left, last_progress, longest = 2 * N, start, 0.0
-    while left > 0:
-        now = time.monotonic()
-        if now - start > TIMEOUT:
-            print(f"TIMEOUT after {TIMEOUT:.0f} s with {left} upstream messages left")
-            return True
-        time.sleep(0.05)
-        now_left = remaining(nsqds)
-        now = time.monotonic()
-        if now_left < left:
-            longest = max(longest, now - last_progress)
-            last_progress, left = now, now_left
-        else:
-            longest = max(longest, now - last_progress)
-    drain = time.monotonic() - start
+    out = os.path.join(WORK, "out")
+    consumer = to_file(serve_tcp, out, os.path.join(WORK, "nsq_to_file.log"))
+    watched = watch(nsqds, 2 * N)
     requeues = metric(metrics, "nsq_dedupe_in_flight_requeues_total")
     held = metric(metrics, "nsq_dedupe_copies_held_total")
-    nb.stop(to_file)
+    nb.stop(consumer)
     nb.stop(sidecar)
-    lines = []
-    for path in glob.glob(os.path.join(out, "*")):
-        opener = gzip.open if path.endswith(".gz") else open
-        with opener(path, "rt") as f:
-            lines += f.read().splitlines()
+    for d in nsqds:
+        nb.stop(d.proc)
+    return watched, requeues, held, output_lines(out)
+
+
+def direct():
+    """The baseline: nsq_to_file on one nsqd holding the N messages."""
+    d = nb.Nsqd(NSQ, WORK, "direct", N + nb.CHUNK)
+    d.fill(TOPIC, CHANNEL, "m", N)
+    out = os.path.join(WORK, "out-direct")
+    consumer = to_file(d.tcp, out, os.path.join(WORK, "nsq_to_file-direct.log"))
+    watched = watch([d], N)
+    nb.stop(consumer)
+    nb.stop(d.proc)
+    return watched, output_lines(out)
+
+
+def main():
+    watched, requeues, held, lines = served()
+    base, base_lines = direct()
+    if watched is None or base is None:
+        return True
+    (drain, longest, before, rest), (bdrain, blongest, bbefore, brest) = watched, base
     distinct = len(set(lines))
-    print(f"{N} messages on each of 2 nsqd, nsq_to_file --max-in-flight={MIF}: drained in "
-          f"{drain:.1f} s, longest pause {longest:.2f} s, in_flight_requeues {requeues}, "
-          f"copies_held {held}, {len(lines)} lines, {distinct} distinct")
-    print(f"RESULT n={N} max_in_flight={MIF} longest_pause_s={longest:.2f} drain_s={drain:.1f} "
-          f"in_flight_requeues={requeues} copies_held={held} lines={len(lines)} distinct={distinct}")
+    print(f"{N} messages on each of 2 nsqd, nsq_to_file --max-in-flight={MIF} on the sidecar: "
+          f"drained in {drain:.1f} s (all but the last batch in {rest:.1f} s), longest pause "
+          f"{longest:.2f} s ({before:.2f} s before the last batch), in_flight_requeues {requeues}, copies_held {held}, {len(lines)} lines, "
+          f"{distinct} distinct")
+    print(f"{N} messages on 1 nsqd, nsq_to_file --max-in-flight={MIF} on nsqd directly: "
+          f"drained in {bdrain:.1f} s (all but the last batch in {brest:.1f} s), longest pause "
+          f"{blongest:.2f} s ({bbefore:.2f} s before the last batch), {len(base_lines)} lines")
+    print(f"RESULT n={N} max_in_flight={MIF} longest_pause_s={longest:.2f} before_last_s={before:.2f} "
+          f"drain_s={drain:.1f} all_but_last_s={rest:.1f} base_longest_pause_s={blongest:.2f} base_before_last_s={bbefore:.2f} "
+          f"base_drain_s={bdrain:.1f} base_all_but_last_s={brest:.1f} in_flight_requeues={requeues} copies_held={held} "
+          f"lines={len(lines)} distinct={distinct}")
     if distinct != N or len(lines) != N:
         print(f"LOST or COPIES: expected {N} distinct lines, each once")
+        return True
+    if len(set(base_lines)) != N or len(base_lines) != N:
+        print(f"the baseline wrote {len(base_lines)} lines, {len(set(base_lines))} distinct, not {N}")
         return True
     return False
 

@@ -193,11 +193,32 @@ fn free_port() -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ceiling_holds_the_table_and_says_so() {
+    the_ceiling_holds(&[], "The table is too small for the recent rate").await;
+}
+
+/// The same for a table shared in Redis: its WARN names the fleet's rate, and the ceiling that
+/// would let it grow as far as it needs, counted as `--max-memory` counts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ceiling_holds_a_shared_table_and_says_so() {
+    let redis = crate::support::redis::RedisServer::start();
+    let url = redis.url();
+    let store = ["--store", "redis", "--redis-url", &url];
+    the_ceiling_holds(
+        &store,
+        "The shared table is too small for the fleet's recent rate",
+    )
+    .await;
+}
+
+/// A sidecar with `store` (none: the in-process table) sizing itself under a `--max-memory`
+/// of 64 KiB, sent 2,000 new messages a second: it stays under the ceiling and warns, starting
+/// with `says`, what ceiling would let it grow.
+async fn the_ceiling_holds(store: &[&str], says: &str) {
     let broker = Broker::start(BrokerConfig::default()).await;
     let port = free_port();
     let metrics = format!("127.0.0.1:{port}");
     let nsqd = broker.tcp_addr().to_string();
-    let mut child = Child::bin([
+    let mut args = vec![
         "run",
         "--topic",
         TOPIC,
@@ -217,10 +238,12 @@ async fn the_ceiling_holds_the_table_and_says_so() {
         "3s",
         "--max-memory",
         "64KiB",
-    ]);
+    ];
+    args.extend(store);
+    let mut child = Child::bin(args);
     assert!(
         child
-            .line_on_stderr("The table sizes itself", Duration::from_secs(60))
+            .line_on_stderr("sizes itself", Duration::from_secs(60))
             .is_some(),
         "{}",
         child.stderr()
@@ -239,10 +262,10 @@ async fn the_ceiling_holds_the_table_and_says_so() {
     let finished = child.stop_within("TERM", Duration::from_secs(15));
     let warning = warning.unwrap_or_else(|| panic!("no warning:\n{}", finished.stderr));
     assert!(
-        warning.contains(
-            "The table is too small for the recent rate and cannot grow past `--max-memory`: \
-             a copy one window late is caught with probability"
-        ),
+        warning.contains(&format!(
+            "{says} and cannot grow past `--max-memory`: a copy one window late is caught with \
+             probability"
+        )),
         "{warning}"
     );
     assert!(warning.contains("max_memory=64.0 KiB"), "{warning}");

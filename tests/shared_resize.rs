@@ -562,6 +562,31 @@ async fn a_sidecar_restarted_with_another_size_follows_the_stores_table(shared: 
 /// store's size and says so once at INFO: no warning of a size it was never given.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sidecar_that_sizes_itself_follows_a_grown_table_without_a_warning() {
+    let said = a_sidecar_that_sizes_itself_joins_a_grown_table("").await;
+    let followed = "The table sizes itself and follows the store's table of 1048576 buckets.";
+    assert_eq!(said.matches(followed).count(), 1, "{said}");
+    assert!(logged_at(&said, " INFO ", followed), "{said}");
+    assert!(!said.contains(" WARN "), "no warning: {said}");
+}
+
+/// The same sidecar given a `max_memory` below what the grown table holds (8 MiB, counted as
+/// an in-process table) follows it all the same, and says once, at WARN, that another
+/// consumer grew it past this one's ceiling and that a fleet's consumers want the same one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_that_sizes_itself_below_a_grown_table_says_whose_ceiling_differs() {
+    let said = a_sidecar_that_sizes_itself_joins_a_grown_table("max_memory = \"4MiB\"\n").await;
+    let warned = "The shared table holds 8.0 MiB in its generations, more than this consumer's \
+                  `store.max_memory` of 4.0 MiB: another consumer grew it. This one follows it \
+                  as it is (a table never shrinks) and does not grow it further. Give every \
+                  consumer of the table the same `store.max_memory`.";
+    assert_eq!(said.matches(warned).count(), 1, "{said}");
+    assert!(logged_at(&said, " WARN ", warned), "{said}");
+    assert!(!said.contains("nothing is wrong with its data"), "{said}");
+}
+
+/// A sidecar sizing itself (its `[store]` also given `extra`) joins a Redis table resized to
+/// [`NEW_BUCKETS`] and takes 200 messages, every one out; what it logged.
+async fn a_sidecar_that_sizes_itself_joins_a_grown_table(extra: &str) -> String {
     let shared = Shared::redis();
     let broker = Broker::start(BrokerConfig::default()).await;
     let dir = tempfile::tempdir().unwrap();
@@ -570,7 +595,7 @@ async fn a_sidecar_that_sizes_itself_follows_a_grown_table_without_a_warning() {
     let growing = dir.path().join("growing.toml");
     let text = std::fs::read_to_string(&fixed).unwrap().replace(
         &format!("buckets = {NEW_BUCKETS}\n"),
-        "probability = 0.99\nwindow = \"30s\"\n",
+        &format!("probability = 0.99\nwindow = \"30s\"\n{extra}"),
     );
     std::fs::write(&growing, text).unwrap();
     let log = dir.path().join("sidecar.log");
@@ -578,16 +603,8 @@ async fn a_sidecar_that_sizes_itself_follows_a_grown_table_without_a_warning() {
     const N: usize = 200;
     broker.publish_many(TOPIC, (0..N).map(payload));
     wait_out(&broker, N, &[&log]).await;
-    let said = std::fs::read_to_string(&log).unwrap();
-    let followed = "The table sizes itself and follows the store's table of 1048576 buckets.";
-    assert_eq!(said.matches(followed).count(), 1, "{said}");
-    assert!(logged_at(&said, " INFO ", followed), "{said}");
-    assert!(
-        !said.contains("nothing is wrong with its data"),
-        "no warning: {}",
-        warnings(&[&log])
-    );
     drop(sidecar);
+    std::fs::read_to_string(&log).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

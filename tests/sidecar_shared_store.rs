@@ -214,28 +214,26 @@ async fn sidecars_sharing_a_store_report_the_fleets_distinct_rate(shared: impl F
     .await;
 
     // The rate a sidecar reports covers six whole intervals ending up to two intervals before,
-    // and is reported after seven shares: read it 10 intervals into the steady stream, which
-    // runs for 12.
-    let scrape_at = (INTERVAL * 10).as_millis() / TICK.as_millis();
-    let ticks = (INTERVAL * 12).as_millis() / TICK.as_millis();
+    // and is reported after seven shares: read it at each interval from the 10th of a steady
+    // stream of 16. A loaded machine can delay a share into the next interval, which moves the
+    // rate of the intervals read by a sixth until it leaves them; so each sidecar is asked to
+    // report the fleet's rate in one of the six reads, never its own.
+    let intervals = INTERVAL.as_millis() / TICK.as_millis();
+    let ticks = 16 * intervals;
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let mut sent = 0;
-    let mut pages = Vec::new();
+    let mut scrapes = Vec::new();
     for t in 0..ticks {
         tick.tick().await;
         for (broker, n) in brokers.iter().zip(PER_TICK) {
             broker.publish_many(TOPIC, (sent..sent + n).map(payload));
             sent += n;
         }
-        if t == scrape_at {
-            for sidecar in &sidecars {
+        if t >= 10 * intervals && t % intervals == 0 {
+            for (i, sidecar) in sidecars.iter().enumerate() {
                 let addr = sidecar.metrics_addr.expect("metrics are served");
-                pages.push(
-                    tokio::task::spawn_blocking(move || scrape(addr))
-                        .await
-                        .unwrap(),
-                );
+                scrapes.push((i, tokio::task::spawn_blocking(move || scrape(addr))));
             }
         }
     }
@@ -249,15 +247,17 @@ async fn sidecars_sharing_a_store_report_the_fleets_distinct_rate(shared: impl F
     for sidecar in sidecars {
         sidecar.stop().await;
     }
-    let rates: Vec<f64> = pages
-        .iter()
-        .map(|page| metric(page, "nsq_dedupe_distinct_rate").expect("distinct_rate is exposed"))
-        .collect();
+    let mut rates = vec![Vec::new(); brokers.len()];
+    for (i, scrape) in scrapes {
+        let page = scrape.await.unwrap();
+        rates[i].push(metric(&page, "nsq_dedupe_distinct_rate").expect("distinct_rate is exposed"));
+    }
     assert!(
         rates
             .iter()
-            .all(|rate| (rate - FLEET).abs() <= FLEET * 0.1),
-        "each sidecar reports the fleet's rate, {FLEET} distinct messages a second, within 10%: {rates:?}"
+            .all(|reads| reads.iter().any(|rate| (rate - FLEET).abs() <= FLEET * 0.1)),
+        "each sidecar reports the fleet's rate, {FLEET} distinct messages a second, within 10%, \
+         in one of its reads: {rates:?}"
     );
 }
 

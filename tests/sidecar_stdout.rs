@@ -96,7 +96,8 @@ async fn a_table_too_small_for_the_rate_warns_and_names_the_size_that_would_do()
             && warning.contains(" or --memory ")
             && warning.contains(
                 "(with --ways 8) would meet it, or --probability 0.99 --window 1h with no \
-                 --rate, --buckets or --memory lets the table size itself. "
+                 --rate, --buckets or --memory lets the table size itself (a restart at a new \
+                 size keeps what the table holds only with --table-file). "
             ),
         "{warning}"
     );

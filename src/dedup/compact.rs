@@ -380,7 +380,14 @@ pub(crate) fn encode_into(item: &ItemState, version: u8, out: &mut Vec<u8>) {
     let timed = version == COMPACT_TIMED;
     let width = slot_bytes(timed);
     let sets = item.cursors.len();
-    let held: usize = (0..sets).map(|set| held_len(item, set)).sum();
+    // Each set's length in the short form, found once: at most `ways`, so a byte, and at
+    // most MAX_SLOTS sets.
+    let mut lengths = [0u8; MAX_SLOTS];
+    let lengths = &mut lengths[..sets];
+    for (set, len) in lengths.iter_mut().enumerate() {
+        *len = held_len(item, set) as u8;
+    }
+    let held: usize = lengths.iter().map(|&len| usize::from(len)).sum();
     let full = value_bytes(sets, item.ways, item.flights.len(), timed);
     let short = full - (sets * item.ways - held) * width + sets;
     let short_form = short < full;
@@ -393,28 +400,41 @@ pub(crate) fn encode_into(item: &ItemState, version: u8, out: &mut Vec<u8>) {
     out.push(item.flights.len() as u8);
     out.extend_from_slice(&item.cursors);
     if short_form {
-        // At most `ways`, a byte.
-        out.extend((0..sets).map(|set| held_len(item, set) as u8));
+        out.extend_from_slice(lengths);
     }
-    for set in 0..sets {
+    // The slots and records are written into place, a field at a time, in one pass each.
+    let at = out.len();
+    out.resize(full.min(short), 0);
+    let (slots_out, records_out) =
+        out[at..].split_at_mut((if short_form { held } else { sets * item.ways }) * width);
+    let mut slots_out = slots_out.chunks_exact_mut(width);
+    for (set, &len) in lengths.iter().enumerate() {
         let first = set * item.ways;
         let len = if short_form {
-            held_len(item, set)
+            usize::from(len)
         } else {
             item.ways
         };
-        for slot in &item.slots[first..first + len] {
-            out.extend_from_slice(&slot.fingerprint.to_be_bytes());
+        // The slots first: `zip` asks its first iterator first, and must not take a place
+        // of the next set once this set's slots are done.
+        for (slot, raw) in item.slots[first..first + len]
+            .iter()
+            .zip(slots_out.by_ref())
+        {
+            raw[..8].copy_from_slice(&slot.fingerprint.to_be_bytes());
             if timed {
-                out.extend_from_slice(&slot.done_s.to_be_bytes());
+                raw[8..12].copy_from_slice(&slot.done_s.to_be_bytes());
             }
         }
     }
-    for flight in &item.flights {
-        out.push(flight.slot);
+    for (raw, flight) in records_out
+        .chunks_exact_mut(FLIGHT_BYTES)
+        .zip(&item.flights)
+    {
+        raw[0] = flight.slot;
         let lease = flight.lease_until_ms | if flight.done { DONE_BIT } else { 0 };
-        out.extend_from_slice(&lease.to_be_bytes());
-        out.extend_from_slice(&flight.owner.to_be_bytes());
+        raw[1..9].copy_from_slice(&lease.to_be_bytes());
+        raw[9..17].copy_from_slice(&flight.owner.to_be_bytes());
     }
 }
 
@@ -493,15 +513,20 @@ pub(crate) fn decode(value: &[u8], sets: usize, ways: usize) -> Result<ItemState
         slots,
         flights: Vec::with_capacity(flights + 1),
     };
+    // The slots that have a record so far, a bit each: a repeated one is refused without a
+    // search of the records before it.
+    let mut recorded = [0u64; 4];
     for raw in records.chunks_exact(FLIGHT_BYTES) {
         let slot = raw[0];
         let held = item
             .slots
             .get(usize::from(slot))
             .is_some_and(|s| s.fingerprint != 0);
-        if !held || item.flight(usize::from(slot)).is_some() {
+        let (word, bit) = (usize::from(slot / 64), 1u64 << (slot % 64));
+        if !held || recorded[word] & bit != 0 {
             return Err(DecodeError::Slot(slot));
         }
+        recorded[word] |= bit;
         let lease = u64::from_be_bytes(array(&raw[1..9]));
         item.flights.push(Flight {
             slot,

@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::fold_hash::IdHasher;
 
+use super::delegate::MessageDelegate;
 use super::error::{broker_error, Error};
 use super::frame::{Command, Frame, FrameCodec, MessageId};
 pub(crate) use super::identify::{Identify, IdentifyResponse};
@@ -181,32 +182,57 @@ impl Connection {
 /// The in-flight set is the single source of truth for "does anyone still owe nsqd an answer
 /// for this ID": FIN/REQ remove the ID before queueing the command, so a message is answered at
 /// most once however many tasks race (the handler, the message's drop, shutdown's final REQ).
-#[derive(Debug)]
+///
+/// What answering writes (the in-flight set, the count set aside) lies on lines of its own
+/// ([`Answering`]): every message read takes a reference to the handle and every message
+/// answered drops one, often on another core, and the reference count must not share a line
+/// with a lock those cores take.
 pub(crate) struct ConnHandle {
     pub(crate) addr: Arc<str>,
+    /// The consumer its messages call back when they are answered.
+    pub(crate) consumer: Arc<dyn MessageDelegate>,
     /// Commands for the [`Writer`] task. Its receiver is closed when the connection ends, so a
     /// late FIN fails with [`Error::ConnectionClosed`] instead of vanishing.
     commands: mpsc::UnboundedSender<Outgoing>,
+    closed: AtomicBool,
+    answering: Answering,
+}
+
+/// The parts of a [`ConnHandle`] that answering writes, aligned to 128 bytes (two cache
+/// lines, as the CPU prefetches them in pairs) away from its reference count.
+#[repr(align(128))]
+struct Answering {
     /// `std` mutex: held for one set operation, never across an `.await`.
     in_flight: Mutex<HashSet<MessageId, IdHasher>>,
     /// Messages in flight that the application set aside (`Message::park`): they do not count
     /// toward `max_in_flight`, so RDY is raised by as many.
     parked: AtomicU32,
-    closed: AtomicBool,
 }
 
 impl ConnHandle {
-    /// A handle and the receiving end for its [`Writer`].
-    pub(crate) fn new(addr: Arc<str>) -> (Arc<ConnHandle>, mpsc::UnboundedReceiver<Outgoing>) {
+    /// A handle whose messages call back `consumer`, and the receiving end for its [`Writer`].
+    pub(crate) fn new(
+        addr: Arc<str>,
+        consumer: Arc<dyn MessageDelegate>,
+    ) -> (Arc<ConnHandle>, mpsc::UnboundedReceiver<Outgoing>) {
         let (commands, rx) = mpsc::unbounded_channel();
         let handle = ConnHandle {
             addr,
+            consumer,
             commands,
-            in_flight: Mutex::new(HashSet::with_capacity_and_hasher(64, IdHasher)),
-            parked: AtomicU32::new(0),
             closed: AtomicBool::new(false),
+            answering: Answering {
+                in_flight: Mutex::new(HashSet::with_capacity_and_hasher(64, IdHasher)),
+                parked: AtomicU32::new(0),
+            },
         };
         (Arc::new(handle), rx)
+    }
+
+    /// A handle for unit tests, whose messages call back a consumer that does nothing.
+    #[cfg(test)]
+    pub(crate) fn for_test(addr: &str) -> (Arc<ConnHandle>, mpsc::UnboundedReceiver<Outgoing>) {
+        ConnHandle::new(addr.into(), Arc::new(super::delegate::Nobody))
     }
 
     /// Queues a command that answers no message (RDY, NOP, CLS).
@@ -233,7 +259,7 @@ impl ConnHandle {
 
     /// Messages of this connection set aside now.
     pub(crate) fn parked(&self) -> u32 {
-        self.parked.load(Ordering::Relaxed)
+        self.answering.parked.load(Ordering::Relaxed)
     }
 
     /// One more message set aside (`parked`), or one fewer.
@@ -241,20 +267,25 @@ impl ConnHandle {
         // Relaxed: a count the control task reads when it computes RDY; the notice that
         // follows each change makes it read again.
         if parked {
-            self.parked.fetch_add(1, Ordering::Relaxed);
+            self.answering.parked.fetch_add(1, Ordering::Relaxed);
         } else {
-            self.parked.fetch_sub(1, Ordering::Relaxed);
+            self.answering.parked.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
-    /// Records a delivered message as in flight.
-    pub(crate) fn track(&self, id: MessageId) {
-        self.in_flight.lock().expect("in-flight lock").insert(id);
+    /// Records delivered messages as in flight, under one lock for a burst.
+    pub(crate) fn track(&self, ids: impl IntoIterator<Item = MessageId>) {
+        self.ids().extend(ids);
+    }
+
+    /// The IDs in flight, locked.
+    fn ids(&self) -> std::sync::MutexGuard<'_, HashSet<MessageId, IdHasher>> {
+        self.answering.in_flight.lock().expect("in-flight lock")
     }
 
     /// Answers message `id` with `command` (FIN or REQ) if it is still in flight here.
     pub(crate) fn answer(&self, id: MessageId, command: Command) -> Result<(), Error> {
-        let removed = self.in_flight.lock().expect("in-flight lock").remove(&id);
+        let removed = self.ids().remove(&id);
         if !removed {
             return Err(self.not_in_flight(id));
         }
@@ -268,7 +299,7 @@ impl ConnHandle {
         let mut results = Vec::with_capacity(answers.len());
         let mut commands = Vec::with_capacity(answers.len());
         {
-            let mut in_flight = self.in_flight.lock().expect("in-flight lock");
+            let mut in_flight = self.ids();
             for (id, command) in answers {
                 if in_flight.remove(&id) {
                     commands.push(command);
@@ -288,21 +319,17 @@ impl ConnHandle {
 
     /// Whether `id` is still owed an answer.
     pub(crate) fn is_in_flight(&self, id: &MessageId) -> bool {
-        self.in_flight.lock().expect("in-flight lock").contains(id)
+        self.ids().contains(id)
     }
 
     /// How many messages are owed an answer.
     pub(crate) fn in_flight(&self) -> usize {
-        self.in_flight.lock().expect("in-flight lock").len()
+        self.ids().len()
     }
 
     /// Takes every ID still in flight, so the caller can requeue them.
     pub(crate) fn take_in_flight(&self) -> Vec<MessageId> {
-        self.in_flight
-            .lock()
-            .expect("in-flight lock")
-            .drain()
-            .collect()
+        self.ids().drain().collect()
     }
 
     /// Marks the connection as gone; later answers fail with [`Error::ConnectionClosed`].
@@ -535,10 +562,8 @@ mod tests {
     /// A writer on a recorded wire, with messages `a` to `z` in flight, after it wrote
     /// `RDY rdy`.
     async fn writer(rdy: u32) -> Running {
-        let (handle, commands) = ConnHandle::new("nsqd".into());
-        for id in b'a'..=b'z' {
-            handle.track(MessageId([id; 16]));
-        }
+        let (handle, commands) = ConnHandle::for_test("nsqd");
+        handle.track((b'a'..=b'z').map(|id| MessageId([id; 16])));
         let wire = Recorded::default();
         let close = CancellationToken::new();
         let task = tokio::spawn(

@@ -21,7 +21,7 @@ use super::identify::Identify;
 use super::jitter::random_unit;
 use super::lookupd;
 use super::message::Message;
-use super::rdy::{self, BackoffPhase, RDY_SETTLE};
+use super::rdy::{self, BackoffPhase, CONTROL_TICK, RDY_SETTLE};
 use super::shared::{ConsumerShared, Control};
 use super::supervisor::Supervisor;
 use super::transport::Prepared;
@@ -128,9 +128,13 @@ impl ControlTask {
     pub(super) async fn run(mut self) {
         let has_lookupd = !self.config.lookupd_http_addresses.is_empty();
         let mut next_lookup = Instant::now();
-        let mut tick = tokio::time::interval(RDY_SETTLE);
+        let mut tick = tokio::time::interval(CONTROL_TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            // A lowered RDY's budget is given on the moment it settles, not at the next tick:
+            // a connection waiting for it (another's copies taken back while its own were
+            // set aside) would otherwise get nothing for up to a tick.
+            let release = self.next_release();
             tokio::select! {
                 _ = self.hard_stop.cancelled() => break,
                 msg = self.control_rx.recv() => {
@@ -149,6 +153,7 @@ impl ControlTask {
                     next_lookup = Instant::now() + self.config.lookupd_poll_interval.mul_f64(1.0 + jitter);
                 }
                 _ = tick.tick() => self.on_tick(),
+                _ = tokio::time::sleep_until(release.unwrap_or_else(Instant::now)), if release.is_some() => self.on_tick(),
             }
         }
         // Hard stop: supervisors watch the same token.
@@ -350,6 +355,14 @@ impl ControlTask {
         self.rebalance();
     }
 
+    /// When the first lowered RDY still counted at its old value settles.
+    fn next_release(&self) -> Option<Instant> {
+        self.entries
+            .values()
+            .filter_map(|e| e.live.as_ref()?.release_at)
+            .min()
+    }
+
     fn on_tick(&mut self) {
         let now = Instant::now();
         for entry in self.entries.values_mut() {
@@ -490,5 +503,103 @@ impl ControlTask {
                 clean,
             });
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nsq::connection::Outgoing;
+    use crate::nsq::refusal::Role;
+
+    /// A connection's handle and what is sent to it.
+    type Recorded = (Arc<ConnHandle>, mpsc::UnboundedReceiver<Outgoing>);
+
+    /// A control task with `max_in_flight` over two live connections, `a` and `b`, that
+    /// record what is sent to them.
+    fn two_connections(max_in_flight: u32) -> (ControlTask, [Recorded; 2]) {
+        let mut config = ConsumerConfig::new("t", "c");
+        config.max_in_flight = max_in_flight;
+        let transport = config.transport.prepare_for(Role::Consumer).unwrap();
+        let (control_tx, control_rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(ConsumerShared::new(&config, control_tx.clone()));
+        let (msg_tx, _) = mpsc::unbounded_channel();
+        let control = (control_tx, control_rx);
+        let mut task = ControlTask::new(
+            config,
+            transport,
+            shared,
+            control,
+            msg_tx,
+            CancellationToken::new(),
+        );
+        let conns = ["a", "b"].map(|addr| {
+            let (conn, commands) = ConnHandle::for_test(addr);
+            let live = Live {
+                conn: conn.clone(),
+                max_rdy: 2500,
+                rdy_sent: 0,
+                rdy_held: 0,
+                release_at: None,
+            };
+            let entry = Entry {
+                from_lookupd: false,
+                drain: watch::channel(None).0,
+                retiring: false,
+                task: tokio::spawn(async {}),
+                live: Some(live),
+            };
+            task.entries.insert(addr.into(), entry);
+            (conn, commands)
+        });
+        (task, conns)
+    }
+
+    /// The RDY counts sent to a connection since the last call.
+    fn rdys(commands: &mut mpsc::UnboundedReceiver<Outgoing>) -> Vec<u32> {
+        std::iter::from_fn(|| commands.try_recv().ok())
+            .filter_map(|sent| match sent {
+                Outgoing::One(Command::Rdy(count)) => Some(count),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Lets the control task run what is ready, without moving the (paused) clock.
+    async fn settle() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Copies taken back on one connection while others are set aside on the other (two
+    /// replicated nsqd): the second one's raise waits for the first one's lower RDY to settle,
+    /// and no longer.
+    #[tokio::test(start_paused = true)]
+    async fn a_raise_waiting_for_a_lowered_rdy_comes_as_it_settles() {
+        let (task, [(a, mut to_a), (b, mut to_b)]) = two_connections(2);
+        let control = task.control_tx.clone();
+        let running = tokio::spawn(task.run());
+        settle().await;
+        assert_eq!((rdys(&mut to_a), rdys(&mut to_b)), (vec![1], vec![1]));
+        a.park(true);
+        control.send(Control::Rebalance).unwrap();
+        settle().await;
+        assert_eq!(rdys(&mut to_a), [2], "a copy set aside raises its RDY");
+        // Between two of the control task's ticks, its copy is taken back as one arrives on b.
+        tokio::time::advance(CONTROL_TICK / 3).await;
+        a.park(false);
+        b.park(true);
+        control.send(Control::Rebalance).unwrap();
+        settle().await;
+        assert_eq!(rdys(&mut to_a), [1]);
+        assert_eq!(rdys(&mut to_b), [0u32; 0], "a's old RDY still counts");
+        // A millisecond at a time, as the clock runs.
+        for _ in 0..=RDY_SETTLE.as_millis() {
+            tokio::time::advance(Duration::from_millis(1)).await;
+            settle().await;
+        }
+        assert_eq!(rdys(&mut to_b), [2], "raised once a's lower RDY settled");
+        running.abort();
     }
 }

@@ -19,3 +19,21 @@ pub(crate) trait MessageDelegate: Send + Sync {
     /// again.
     fn on_parked(&self);
 }
+
+/// A consumer that does nothing, for the unit tests of messages and connections.
+#[cfg(test)]
+pub(crate) struct Nobody;
+
+#[cfg(test)]
+impl MessageDelegate for Nobody {
+    fn default_requeue_delay(&self, _: u16) -> Duration {
+        Duration::ZERO
+    }
+    fn clamp_requeue_delay(&self, delay: Duration) -> Duration {
+        delay
+    }
+    fn on_finished(&self, _: u64) {}
+    fn on_requeued(&self, _: bool) {}
+    fn on_touched(&self) {}
+    fn on_parked(&self) {}
+}

@@ -7,7 +7,6 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::connection::ConnHandle;
-use super::delegate::MessageDelegate;
 use super::error::Error;
 use super::frame::{Command, MessageId, RawMessage};
 
@@ -29,8 +28,6 @@ pub enum Answer {
 /// The answers of [`Message::answer_all`] to one connection.
 struct Group {
     conn: Arc<ConnHandle>,
-    /// The consumer of the connection's messages.
-    consumer: Arc<dyn MessageDelegate>,
     /// Each answer with its place in the caller's list.
     answers: Vec<(usize, Answer)>,
     commands: Vec<(MessageId, Command)>,
@@ -52,26 +49,23 @@ pub struct Message {
     attempts: u16,
     timestamp_ns: i64,
     body: Bytes,
+    /// Its connection, and through it the consumer it calls back ([`ConnHandle::consumer`]):
+    /// one reference counted per message, not two, as every message takes one when it is
+    /// read and drops it when it is answered, often on another core.
     conn: Arc<ConnHandle>,
-    consumer: Arc<dyn MessageDelegate>,
     answered: bool,
     /// Set aside by [`park`](Message::park).
     parked: bool,
 }
 
 impl Message {
-    pub(crate) fn new(
-        raw: RawMessage,
-        conn: Arc<ConnHandle>,
-        consumer: Arc<dyn MessageDelegate>,
-    ) -> Self {
+    pub(crate) fn new(raw: RawMessage, conn: Arc<ConnHandle>) -> Self {
         Message {
             id: raw.id,
             attempts: raw.attempts,
             timestamp_ns: raw.timestamp_ns,
             body: raw.body,
             conn,
-            consumer,
             answered: false,
             parked: false,
         }
@@ -113,7 +107,7 @@ impl Message {
         self.answered = true;
         let result = self.conn.answer(self.id, Command::Fin(self.id));
         if result.is_ok() {
-            self.consumer.on_finished(1);
+            self.conn.consumer.on_finished(1);
         }
         result
     }
@@ -150,15 +144,15 @@ impl Message {
         }
         self.parked = parked;
         self.conn.park(parked);
-        self.consumer.on_parked();
+        self.conn.consumer.on_parked();
     }
 
     /// The delay a REQ of this message with `delay` waits at nsqd: `delay` capped at the
     /// consumer's `max_requeue_delay`, or its default for `None`.
     pub fn requeue_delay(&self, delay: Option<Duration>) -> Duration {
         match delay {
-            Some(delay) => self.consumer.clamp_requeue_delay(delay),
-            None => self.consumer.default_requeue_delay(self.attempts),
+            Some(delay) => self.conn.consumer.clamp_requeue_delay(delay),
+            None => self.conn.consumer.default_requeue_delay(self.attempts),
         }
     }
 
@@ -168,7 +162,7 @@ impl Message {
         let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
         let result = self.conn.answer(self.id, Command::Req(self.id, delay_ms));
         if result.is_ok() {
-            self.consumer.on_requeued(backoff);
+            self.conn.consumer.on_requeued(backoff);
         }
         result
     }
@@ -199,7 +193,6 @@ impl Message {
                 None => {
                     groups.push(Group {
                         conn: message.conn.clone(),
-                        consumer: message.consumer.clone(),
                         answers: Vec::new(),
                         commands: Vec::new(),
                     });
@@ -219,13 +212,13 @@ impl Message {
                 if result.is_ok() {
                     match answer {
                         Answer::Finish => finished += 1,
-                        Answer::Requeue { backoff, .. } => group.consumer.on_requeued(backoff),
+                        Answer::Requeue { backoff, .. } => group.conn.consumer.on_requeued(backoff),
                     }
                 }
                 results[index] = result;
             }
             if finished > 0 {
-                group.consumer.on_finished(finished);
+                group.conn.consumer.on_finished(finished);
             }
         }
         results
@@ -250,7 +243,7 @@ impl Message {
             });
         }
         self.conn.send(Command::Touch(self.id))?;
-        self.consumer.on_touched();
+        self.conn.consumer.on_touched();
         Ok(())
     }
 }
@@ -262,11 +255,11 @@ impl Drop for Message {
         if self.answered || !self.conn.is_in_flight(&self.id) {
             return;
         }
-        let delay = self.consumer.default_requeue_delay(self.attempts);
+        let delay = self.conn.consumer.default_requeue_delay(self.attempts);
         let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
         match self.conn.answer(self.id, Command::Req(self.id, delay_ms)) {
             Ok(()) => {
-                self.consumer.on_requeued(false);
+                self.conn.consumer.on_requeued(false);
                 tracing::warn!(id = %self.id, nsqd = %self.conn.addr, delay_ms, "Message dropped without an answer; requeued.");
             }
             Err(error) => {
@@ -293,26 +286,13 @@ impl Message {
     /// A message with ID `id` of a connection that is not open, for the unit tests of code
     /// that keeps messages: answering it fails, and dropping it does nothing.
     pub(crate) fn for_test(id: u8) -> Message {
-        struct Nobody;
-        impl MessageDelegate for Nobody {
-            fn default_requeue_delay(&self, _: u16) -> Duration {
-                Duration::ZERO
-            }
-            fn clamp_requeue_delay(&self, delay: Duration) -> Duration {
-                delay
-            }
-            fn on_finished(&self, _: u64) {}
-            fn on_requeued(&self, _: bool) {}
-            fn on_touched(&self) {}
-            fn on_parked(&self) {}
-        }
-        let (conn, _) = ConnHandle::new("test".into());
+        let (conn, _) = ConnHandle::for_test("test");
         let raw = RawMessage {
             timestamp_ns: 0,
             attempts: 1,
             id: MessageId([id; 16]),
             body: Bytes::new(),
         };
-        Message::new(raw, conn, Arc::new(Nobody))
+        Message::new(raw, conn)
     }
 }

@@ -11,8 +11,18 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// How long a lowered RDY keeps counting at its old value before its budget is given to
-/// another connection. Loopback and LAN deliver the lower RDY well within this.
-pub(super) const RDY_SETTLE: Duration = Duration::from_millis(50);
+/// another connection: the time for nsqd to read the lower RDY, which the writer sends at once
+/// (it holds answers, never a RDY). Loopback and LAN deliver it well within this.
+/// With replicated input, copies set aside on one connection and taken back on another lower
+/// one RDY and raise another for every batch a consumer answers, and the raise waits this
+/// long: a batching consumer behind the serve sink waited 50 to 100 ms a batch when it was
+/// 50 ms, checked on a 50 ms tick (see docs/benchmarks.md). Should nsqd read the lower RDY
+/// later, it may send that connection up to the difference more than `max_in_flight` for
+/// that moment.
+pub(super) const RDY_SETTLE: Duration = Duration::from_millis(5);
+
+/// How often the control task looks at backoff's pause and RDY's rotation.
+pub(super) const CONTROL_TICK: Duration = Duration::from_millis(50);
 
 /// Where the consumer is in go-nsq's handler-failure backoff.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -152,7 +152,7 @@ impl Supervisor {
     async fn serve(&mut self, conn: Connection) -> Result<Served, Error> {
         let max_rdy = conn.settings().max_rdy_count;
         let (reader, write) = conn.into_parts();
-        let (handle, commands) = ConnHandle::new(self.addr.clone());
+        let (handle, commands) = ConnHandle::new(self.addr.clone(), self.shared.clone());
         let close = CancellationToken::new();
         let writer = tokio::spawn(
             Writer {
@@ -265,6 +265,9 @@ impl Supervisor {
                         }
                     };
                     self.shared.counters.messages_received.fetch_add(received, Ordering::Relaxed);
+                    // Tracked once per burst: the in-flight set's lock is taken by every core
+                    // that answers.
+                    handle.track(burst.iter().map(|message| *message.id()));
                     self.hand_out(burst);
                     if let Some(ended) = ended {
                         return ended;
@@ -318,7 +321,8 @@ impl Supervisor {
         }
     }
 
-    /// Acts on one frame; a message is added to `burst`.
+    /// Acts on one frame; a message is added to `burst`, which the caller records as in flight
+    /// before handing it out.
     fn on_frame(
         &self,
         frame: Frame,
@@ -328,11 +332,11 @@ impl Supervisor {
     ) -> Result<(), Error> {
         match frame {
             Frame::Message(raw) => {
-                handle.track(raw.id);
                 let max = self.config.max_attempts;
                 let attempts = raw.attempts;
-                let message = Message::new(raw, handle.clone(), self.shared.clone());
+                let message = Message::new(raw, handle.clone());
                 if max > 0 && attempts > max {
+                    handle.track([*message.id()]);
                     let id = message.id().to_string();
                     tracing::warn!(nsqd = %self.addr, %id, attempts, max_attempts = max, "Message exceeded max_attempts; finishing it without handling.");
                     inc(&self.shared.counters.max_attempts_exceeded);

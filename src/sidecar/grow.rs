@@ -14,38 +14,47 @@ use crate::metrics::get;
 use crate::pipeline::Dedupe;
 use crate::sink::Handler;
 use crate::sizing::growth::{Decision, Growth, CHECK_EVERY, RATE_SPAN};
-use crate::units::{format_bytes, format_duration};
 use crate::wording::{FlagOrigins, Named};
 use crate::{LocalTable, Table};
+
+use super::grow_log::{Voice, Whose};
 
 /// How long a new generation waits for the table's lock at most before the next check
 /// decides again (a snapshot being written holds it).
 const PUSH_PATIENCE: Duration = Duration::from_secs(5);
 
+/// What both growth loops take: the pipeline whose table grows, the rule, how often a table at
+/// its ceiling warns, how the user named the settings, and when to stop.
+pub(super) struct Growing<H: Handler> {
+    pub(super) dedupe: Dedupe<Backend, H>,
+    pub(super) growth: Growth,
+    pub(super) warn_every: Duration,
+    pub(super) names: FlagOrigins,
+    pub(super) stop: CancellationToken,
+}
+
+impl<H: Handler> Growing<H> {
+    /// What the table of `whose` says as it grows.
+    pub(super) fn voice(&self, whose: Whose) -> Voice<'_> {
+        let ceiling = self.names.show(&Named::key("store.max_memory")).to_string();
+        Voice {
+            whose,
+            growth: &self.growth,
+            ceiling,
+        }
+    }
+}
+
 /// Checks the table every [`CHECK_EVERY`] until `stop`, growing it as [`Growth::decide`] says.
-pub(super) async fn grow_loop<H: Handler>(
-    dedupe: Dedupe<Backend, H>,
-    growth: Growth,
-    warn_every: Duration,
-    names: FlagOrigins,
-    stop: CancellationToken,
-) {
+pub(super) async fn grow_loop<H: Handler>(growing: Growing<H>) {
+    let (dedupe, growth, stop) = (&growing.dedupe, &growing.growth, &growing.stop);
     let table = match dedupe.store() {
         Backend::Memory(table) | Backend::Journalled(table, _) if table.is_growable() => table,
         _ => return,
     };
     let metrics = dedupe.metrics();
-    let ceiling = Named::key("store.max_memory");
-    let ceiling = names.show(&ceiling);
-    let geometry = table.with(Table::geometry);
-    tracing::info!(
-        buckets = geometry.slots(),
-        memory = %format_bytes(geometry.memory_bytes()),
-        max_memory = %format_bytes(growth.max_bytes),
-        target = growth.probability,
-        window = %format_duration(growth.window),
-        "The table sizes itself: it grows for the distinct rate it meets, up to {ceiling}."
-    );
+    let voice = growing.voice(Whose::Own);
+    voice.start(Some(table.with(Table::geometry)));
     let mut recent = RecentRate::default();
     let mut warned: Option<Instant> = None;
     let mut tick = tick();
@@ -66,45 +75,19 @@ pub(super) async fn grow_loop<H: Handler>(
                 probability,
                 capped,
             } => {
-                if grow(table, next, &stop).await {
+                if grow(table, next, stop).await {
                     metrics.table_resizes.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(
-                        old_buckets = geometry.slots(),
-                        new_buckets = next.slots(),
-                        old_memory = %format_bytes(geometry.memory_bytes()),
-                        new_memory = %format_bytes(next.memory_bytes()),
-                        held_memory = %format_bytes(table.with(Table::held_bytes)),
-                        distinct_rate = format_args!("{rate:.1}"),
-                        catch_probability = format_args!("{probability:.6}"),
-                        capped,
-                        "The table grew: at {rate:.0} distinct messages a second its entries would be evicted before the window ({}) ends, catching a copy one window late with probability {probability:.4}, below the target {}.",
-                        format_duration(growth.window),
-                        growth.probability,
-                    );
+                    let held = table.with(Table::held_bytes);
+                    voice.grew(rate, (geometry, next), (probability, capped), held);
                 }
             }
             Decision::AtCeiling {
                 probability,
                 needed,
             } => {
-                if warned.is_none_or(|at| now.duration_since(at) >= warn_every) {
+                if warned.is_none_or(|at| now.duration_since(at) >= growing.warn_every) {
                     warned = Some(now);
-                    let needed_bytes =
-                        needed.memory_bytes() * growth.slot_bytes / crate::Geometry::SLOT_BYTES;
-                    tracing::warn!(
-                        catch_probability = format_args!("{probability:.6}"),
-                        target = growth.probability,
-                        distinct_rate = format_args!("{rate:.1}"),
-                        window = %format_duration(growth.window),
-                        buckets = geometry.slots(),
-                        needed_buckets = needed.slots(),
-                        max_memory = %format_bytes(growth.max_bytes),
-                        "The table is too small for the recent rate and cannot grow past {ceiling}: a copy one window late is caught with probability {probability:.4}, below the target {}; a table of {} would meet it, so {ceiling} of at least {} (that table and the {} held now, until they retire) lets it grow there.",
-                        growth.probability,
-                        format_bytes(needed_bytes),
-                        format_bytes(needed_bytes + held),
-                        format_bytes(held),
-                    );
+                    voice.at_ceiling(rate, (geometry, needed), probability, held);
                 }
             }
         }

@@ -22,35 +22,26 @@
 //! not half-way through it.
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use tokio_util::sync::CancellationToken;
-
-use super::grow::{tick, RecentRate};
-use crate::dedup::backend::Backend;
+use super::grow::{tick, Growing, RecentRate};
+use super::grow_log::Whose;
 use crate::dedup::fleet::{FleetCounters, FLEET_BUCKETS};
 use crate::dedup::generational::{Generation, Generations};
 use crate::dedup::shared::now_ms;
-use crate::dedup::{Geometry, Store};
+use crate::dedup::Store;
 use crate::metrics::get;
-use crate::pipeline::Dedupe;
 use crate::sink::Handler;
-use crate::sizing::growth::{Decision, Growth, SHARED_RATE_SPAN};
-use crate::units::{format_bytes, format_duration};
-use crate::wording::{FlagOrigins, Named};
+use crate::sizing::growth::{Decision, SHARED_RATE_SPAN};
 
 /// Checks the shared table every tick until `stop`, growing it as [`Growth::decide`] says.
 pub(super) async fn grow_loop<S: Generation, H: Handler>(
     table: Generations<S>,
-    dedupe: Dedupe<Backend, H>,
-    growth: Growth,
-    warn_every: Duration,
-    names: FlagOrigins,
-    stop: CancellationToken,
+    growing: Growing<H>,
 ) {
+    let (dedupe, growth, stop) = (&growing.dedupe, &growing.growth, &growing.stop);
     let metrics = dedupe.metrics();
-    let ceiling = Named::key("store.max_memory");
-    let ceiling = names.show(&ceiling);
+    let voice = growing.voice(Whose::Fleet);
     let held = |table: &Generations<S>| {
         let slots = table.geometry().map_or(0, |g| g.slots())
             + table
@@ -59,13 +50,10 @@ pub(super) async fn grow_loop<S: Generation, H: Handler>(
         slots.saturating_mul(growth.slot_bytes)
     };
     let mut seen = table.geometry();
-    tracing::info!(
-        buckets = seen.map_or(0, |g| g.slots()),
-        max_memory = %format_bytes(growth.max_bytes),
-        target = growth.probability,
-        window = %format_duration(growth.window),
-        "The shared table sizes itself: it grows for the fleet's distinct rate, up to {ceiling}."
-    );
+    voice.start(seen);
+    if held(&table) > growth.max_bytes {
+        voice.above_ceiling(held(&table));
+    }
     let mut recent = RecentRate::over(SHARED_RATE_SPAN);
     let mut share = RecentRate::over(table.fleet_interval() * FLEET_BUCKETS as u32);
     let mut warned: Option<Instant> = None;
@@ -114,7 +102,8 @@ pub(super) async fn grow_loop<S: Generation, H: Handler>(
                 Ok(true) => {
                     seen = table.geometry();
                     metrics.table_resizes.fetch_add(1, Ordering::Relaxed);
-                    log_growth(&growth, rate, geometry, next, probability, capped);
+                    let shapes = (geometry, next);
+                    voice.grew(rate, shapes, (probability, capped), held(&table));
                 }
                 // Another consumer grew it first: followed, counted at the next tick.
                 Ok(false) => {}
@@ -126,34 +115,13 @@ pub(super) async fn grow_loop<S: Generation, H: Handler>(
                 probability,
                 needed,
             } => {
-                if warned.is_none_or(|at| now.duration_since(at) >= warn_every) {
+                if warned.is_none_or(|at| now.duration_since(at) >= growing.warn_every) {
                     warned = Some(now);
-                    warn_at_ceiling(&growth, &ceiling, rate, geometry, probability, needed);
+                    voice.at_ceiling(rate, (geometry, needed), probability, held(&table));
                 }
             }
         }
     }
-}
-
-/// The INFO of a growth this consumer made the fleet's.
-fn log_growth(
-    growth: &Growth,
-    rate: f64,
-    geometry: Geometry,
-    next: Geometry,
-    probability: f64,
-    capped: bool,
-) {
-    tracing::info!(
-        old_buckets = geometry.slots(),
-        new_buckets = next.slots(),
-        distinct_rate = format_args!("{rate:.1}"),
-        catch_probability = format_args!("{probability:.6}"),
-        capped,
-        "The shared table grew: at {rate:.0} distinct messages a second across the fleet its entries would be evicted before the window ({}) ends, catching a copy one window late with probability {probability:.4}, below the target {}.",
-        format_duration(growth.window),
-        growth.probability,
-    );
 }
 
 /// The rate a growth is sized for: the fleet's, or this consumer's rate over the last
@@ -166,27 +134,4 @@ fn rise_rate(fleet: Option<f64>, own: f64, own_long: f64) -> f64 {
         Some(fleet) => fleet.max(own),
         None => own,
     }
-}
-
-/// The WARN of a shared table that needs more than its ceiling (`store.max_memory`).
-fn warn_at_ceiling(
-    growth: &Growth,
-    ceiling: &dyn std::fmt::Display,
-    rate: f64,
-    geometry: Geometry,
-    probability: f64,
-    needed: Geometry,
-) {
-    tracing::warn!(
-        catch_probability = format_args!("{probability:.6}"),
-        target = growth.probability,
-        distinct_rate = format_args!("{rate:.1}"),
-        window = %format_duration(growth.window),
-        buckets = geometry.slots(),
-        needed_buckets = needed.slots(),
-        max_memory = %format_bytes(growth.max_bytes),
-        "The shared table is too small for the fleet's recent rate and cannot grow past {ceiling}: a copy one window late is caught with probability {probability:.4}, below the target {}; a table of {} buckets would meet it.",
-        growth.probability,
-        needed.slots(),
-    );
 }

@@ -20,6 +20,7 @@ mod drain;
 mod endpoints;
 mod fleet;
 mod grow;
+mod grow_log;
 mod grow_shared;
 mod sink;
 mod snapshot;
@@ -314,31 +315,21 @@ impl<H: Handler> Sidecar<H> {
         ));
         fleet::spawn(dedupe.store(), dedupe.metrics(), &background);
         if let Some(growth) = settings.growth {
-            let (warn_every, names) = (settings.status_interval, settings.names.clone());
+            let growing = grow::Growing {
+                dedupe: dedupe.clone(),
+                growth,
+                warn_every: settings.status_interval,
+                names: settings.names.clone(),
+                stop: background.clone(),
+            };
             match dedupe.store() {
-                Backend::Redis(table, _) => tokio::spawn(grow_shared::grow_loop(
-                    table.clone(),
-                    dedupe.clone(),
-                    growth,
-                    warn_every,
-                    names,
-                    background.clone(),
-                )),
-                Backend::Memcached(table, _) => tokio::spawn(grow_shared::grow_loop(
-                    table.clone(),
-                    dedupe.clone(),
-                    growth,
-                    warn_every,
-                    names,
-                    background.clone(),
-                )),
-                _ => tokio::spawn(grow::grow_loop(
-                    dedupe.clone(),
-                    growth,
-                    warn_every,
-                    names,
-                    background.clone(),
-                )),
+                Backend::Redis(table, _) => {
+                    tokio::spawn(grow_shared::grow_loop(table.clone(), growing))
+                }
+                Backend::Memcached(table, _) => {
+                    tokio::spawn(grow_shared::grow_loop(table.clone(), growing))
+                }
+                _ => tokio::spawn(grow::grow_loop(growing)),
             };
         }
         if let (Some(file), Some(settings)) = (&table_file, &settings.table_file) {

@@ -123,7 +123,8 @@ pub(super) fn log_status<H: Handler>(dedupe: &Dedupe<Backend, H>, target: Target
         Backend::Memory(_) | Backend::Journalled(..) => format!(
             "--buckets {buckets} or --memory {}MiB (with --ways {ways}) would meet it, or \
              --probability {probability} --window {} with no --rate, --buckets or --memory lets \
-             the table size itself",
+             the table size itself (a restart at a new size keeps what the table holds only with \
+             --table-file)",
             small.suggested.memory_bytes().div_ceil(1 << 20),
             crate::units::format_duration(window),
         ),

@@ -240,6 +240,10 @@ fn values_round_trip_and_refuse_what_they_are_not() {
     let first_record = bytes.len() - 4 * FLIGHT_BYTES;
     record[first_record] = 1;
     assert_eq!(decode(&record, 3, 2), Err(DecodeError::Slot(1)));
+    // A second record of a slot that has one (slot 0, held and in flight).
+    let mut repeated = bytes.clone();
+    repeated[first_record + FLIGHT_BYTES] = 0;
+    assert_eq!(decode(&repeated, 3, 2), Err(DecodeError::Slot(0)));
 }
 
 #[test]

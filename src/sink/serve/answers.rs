@@ -36,12 +36,31 @@ pub(crate) struct Reply {
 }
 
 impl Reply {
-    /// Answers the record. Returns the call's waker when the call waits and no answer since
-    /// it last read took the waker: the caller wakes it once it has released its lock.
-    #[must_use = "the call waits until its waker is woken"]
-    pub(crate) fn resolve(mut self, result: Result<(), HandlerError>) -> Option<Waker> {
-        self.answered = true;
-        self.call.answer(self.index, result)
+    /// Answers each reply with its result, exactly once: the
+    /// replies of one call next to each other are pushed under one lock of its results and
+    /// take its waker once, rather than once each, since the call's task reads those results
+    /// from another core. Returns the wakers of the calls to wake once the caller has
+    /// released its lock.
+    pub(crate) fn resolve_all(mut resolved: Vec<(Reply, Result<(), HandlerError>)>) -> Vec<Waker> {
+        let mut wakers = Vec::new();
+        let mut at = 0;
+        while at < resolved.len() {
+            let call = resolved[at].0.call.clone();
+            let run = resolved[at..]
+                .iter()
+                .take_while(|(reply, _)| Arc::ptr_eq(&reply.call, &call))
+                .count();
+            {
+                let mut answered = call.lock();
+                for (reply, result) in &mut resolved[at..at + run] {
+                    reply.answered = true;
+                    answered.push((reply.index, std::mem::replace(result, Ok(()))));
+                }
+            }
+            wakers.extend(call.waker.take());
+            at += run;
+        }
+        wakers
     }
 
     /// Whether the call no longer waits for this record.
@@ -158,6 +177,11 @@ mod tests {
     use super::*;
     use futures::FutureExt;
 
+    /// Answers one record; its call's waker if this answer took it.
+    fn resolve(reply: Reply, result: Result<(), HandlerError>) -> Option<Waker> {
+        Reply::resolve_all(vec![(reply, result)]).pop()
+    }
+
     #[test]
     fn each_run_of_answers_is_a_part_and_wakes_the_call_once() {
         let (mut answers, replies) = Answers::new(3);
@@ -168,10 +192,8 @@ mod tests {
         assert!(answers.next().now_or_never().is_none(), "nothing yet");
         // The first answer after the call waited hands back its waker; the next one of the
         // same run does not.
-        assert!(third
-            .resolve(Err(HandlerError::Retry("requeued".into())))
-            .is_some());
-        assert!(first.resolve(Ok(())).is_none());
+        assert!(resolve(third, Err(HandlerError::Retry("requeued".into()))).is_some());
+        assert!(resolve(first, Ok(())).is_none());
         assert_eq!(
             answers.next().now_or_never().unwrap(),
             Some(vec![
@@ -180,7 +202,7 @@ mod tests {
             ])
         );
         assert!(answers.next().now_or_never().is_none(), "one left");
-        assert!(second.resolve(Ok(())).is_some());
+        assert!(resolve(second, Ok(())).is_some());
         assert_eq!(
             answers.next().now_or_never().unwrap(),
             Some(vec![(1, Ok(()))])
@@ -204,5 +226,25 @@ mod tests {
                 "the serve endpoint stopped".into()
             ))]
         );
+    }
+
+    #[test]
+    fn records_answered_together_take_each_calls_waker_once() {
+        let (mut one, replies) = Answers::new(2);
+        let ones: Vec<Reply> = replies.collect();
+        let (mut other, replies) = Answers::new(1);
+        let others: Vec<Reply> = replies.collect();
+        assert!(one.next().now_or_never().is_none());
+        assert!(other.next().now_or_never().is_none());
+        let mut resolved: Vec<_> = ones.into_iter().map(|reply| (reply, Ok(()))).collect();
+        resolved.extend(others.into_iter().map(|reply| (reply, Ok(()))));
+        assert_eq!(Reply::resolve_all(resolved).len(), 2, "one waker per call");
+        assert_eq!(
+            one.next().now_or_never().unwrap(),
+            Some(vec![(0, Ok(())), (1, Ok(()))]),
+            "one part"
+        );
+        assert_eq!(other.next().now_or_never().unwrap(), Some(vec![(0, Ok(()))]));
+        assert_eq!(one.next().now_or_never().unwrap(), None, "all answered");
     }
 }

@@ -19,7 +19,6 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-use std::task::Waker;
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -155,8 +154,9 @@ struct State {
     /// The consumer that got the last message: the next one goes to the one after it.
     cursor: ClientId,
     counters: ServeCounters,
-    /// Handler calls answered under the lock: woken once it is released.
-    wakers: Vec<Waker>,
+    /// Records answered under the lock: their calls get the results, and are woken, once it
+    /// is released.
+    resolved: Vec<(Reply, Result<(), HandlerError>)>,
     /// The sidecar is stopping ([`Dispatcher::stop`]): records no consumer can take are
     /// handed back at once.
     stopping: bool,
@@ -192,9 +192,9 @@ impl Dispatcher {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let result = change(&mut state);
-        let wakers = std::mem::take(&mut state.wakers);
+        let resolved = std::mem::take(&mut state.resolved);
         drop(state);
-        for waker in wakers {
+        for waker in Reply::resolve_all(resolved) {
             waker.wake();
         }
         result
@@ -424,12 +424,11 @@ impl State {
         }
     }
 
-    /// Answers a record; its call is woken once the lock is released, unless an answer of the
-    /// same run woke it already.
+    /// Answers a record once the lock is released, with the other records of its call
+    /// answered under the same lock; its call is woken then, unless an answer of the same run
+    /// woke it already.
     fn resolve(&mut self, reply: Reply, result: Result<(), HandlerError>) {
-        if let Some(waker) = reply.resolve(result) {
-            self.wakers.push(waker);
-        }
+        self.resolved.push((reply, result));
     }
 
     /// Takes message `id` out of flight for `client`, as nsqd's channel does for FIN and REQ.
