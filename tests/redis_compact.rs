@@ -3,7 +3,8 @@
 //! compare-and-set, `SET … IFEQ` on Valkey 8.1 and the compare-and-set script on Redis 7.0.
 //! The rules of the store contract are checked on it in `redis` (`contract`, `valkey_contract`
 //! and the cluster tests, on both layouts); here, what a burst costs each server in commands,
-//! the bytes of a key, the memory `size` counts, and a server that lost its script.
+//! the bytes of a key, the memory `size` counts, a server that lost its script, and a burst in
+//! a cluster sent to the master of each key.
 
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use nsq_dedupe::{Claim, Digest, Geometry, RedisConfig, RedisStore, Store};
 use crate::redis::{command_calls, COMPACT};
 use crate::redis_ifeq::config;
 use crate::store_contract::{digest, unique_namespace};
-use crate::support::redis::{Flavor, RedisServer};
+use crate::support::redis::{Flavor, RedisCluster, RedisServer};
 use crate::util::claimed;
 
 /// `count` digests whose keys differ, for `store`, then `more` more of the first one's key.
@@ -90,6 +91,40 @@ async fn a_compact_burst_is_one_command_a_key_and_its_keys_hold_64_slots() {
         );
         let errors = server.cli(&["info", "errorstats"]);
         assert!(!errors.contains("errorstat_"), "{flavor:?}: {errors}");
+    }
+}
+
+/// In a cluster, a burst's keys go to their masters grouped by the slot of each key (an item
+/// of 8 sets), not of its sets' own numbers: no command meets `MOVED`, which would send its
+/// key on alone, one command and a reading of the slot map each, and slow every burst down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compact_burst_in_a_cluster_meets_no_redirect() {
+    for flavor in [Flavor::Redis, Flavor::Valkey] {
+        let cluster = RedisCluster::of(flavor, Duration::from_secs(1));
+        let settings = RedisConfig {
+            urls: cluster.urls(),
+            cluster: true,
+            ..config("", &unique_namespace("compact-cluster"))
+        };
+        let store = RedisStore::connect_in(settings, Geometry::new(1 << 20, 8).unwrap(), COMPACT)
+            .await
+            .unwrap();
+        let burst: Vec<Digest> = (0..300).map(digest).collect();
+        assert_eq!(
+            claimed(store.claim_many(&burst).await).unwrap(),
+            vec![Claim::New; burst.len()],
+            "{flavor:?}"
+        );
+        let committed = store.commit_many(&burst).await;
+        assert!(committed.iter().all(|c| c == &Ok(true)), "{committed:?}");
+        assert_eq!(store.redirects(), 0, "{flavor:?}: MOVED or ASK followed");
+        for m in cluster.masters(0) {
+            let errors = cluster.nodes[m].cli(&["info", "errorstats"]);
+            assert!(
+                !errors.contains("errorstat_"),
+                "{flavor:?}: master {m}: {errors}"
+            );
+        }
     }
 }
 
