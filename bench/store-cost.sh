@@ -6,7 +6,8 @@ set -euo pipefail
 usage() {
   cat <<'USAGE'
 Usage: bench/store-cost.sh [--messages N] [--burst B] [--tasks T] [--full-slots S]
-                           [--consumers C] [--slots-per-item S] [--instructions]
+                           [--consumers C] [--slots-per-item S] [--redis-format F]
+                           [--instructions]
                            [redis] [redis-cluster] [valkey] [memcached]
 
 Starts its own redis-server, Redis Cluster (three masters, no replicas), valkey-server and
@@ -25,8 +26,11 @@ after each case) for:
 with the ratio ours/naive and the messages per second one server core would serve.
 valkey runs these cases twice on one Valkey 8.1 server: as the store runs there (claims and
 commits decided in the client and written with SET … IFEQ), then with the store forced
-through the set script (valkey-script), as on Redis 7.0.
+through its script (valkey-script), as on Redis 7.0 and Valkey 8.0: in the compact layout the
+compare-and-set script, in a key per set (--redis-format 2) the set script.
 --slots-per-item S: the slots of a Memcached item (default 64; 8 is an item per 8-way set).
+--redis-format F: the key format of the Redis and Valkey tables (standalone): 3, the compact
+layout (the default), or 2, a key per 8-way set (the earlier layout).
 --consumers C: C stores of each table (C owners, a fleet's consumers) take the bursts in
 turn, so that a set is often written last by another store than the one that meets it (the
 stores keep the sets they wrote last, and such a kept value is then out of date).

@@ -6,7 +6,7 @@ set -euo pipefail
 usage() {
   cat <<'USAGE'
 Usage: bench/store-density.sh [--messages N] [--probability P] [--slots-per-item S]
-                              [redis] [valkey] [memcached]
+                              [--redis-format F] [redis] [valkey] [memcached]
 
 Starts its own redis-server, valkey-server and memcached on free loopback ports and prints, for each, the
 bytes of the server's memory per remembered message:
@@ -20,6 +20,8 @@ bytes of the server's memory per remembered message:
   size est.  what `size` prints for the table, divided by N
 Memory is Redis's `used_memory` (INFO memory) and Memcached's `bytes` (stats).
 --slots-per-item S: the slots of a Memcached item (default 64).
+--redis-format F: the key format of the Redis/Valkey table: 3, the compact layout (64 slots
+a key, the default), or 2, a key per 8-way set (the earlier layout).
 Defaults: N = 300,000, P = 0.99, every store.
 
 Needs redis-server, Valkey 8.1 (as tests/run.sh fetches it) and memcached (or

@@ -78,6 +78,8 @@ struct Settings {
     consumers: u64,
     /// Slots a Memcached item holds (`MemcachedConfig::slots_per_item`).
     slots_per_item: u32,
+    /// The key format of the Redis tables (`None`: the store's own, the compact layout).
+    redis_format: Option<u8>,
     stores: Vec<String>,
 }
 
@@ -91,6 +93,7 @@ impl Settings {
             instructions: false,
             consumers: 1,
             slots_per_item: MemcachedConfig::default().slots_per_item,
+            redis_format: None,
             stores: Vec::new(),
         };
         let mut args = std::env::args().skip(1);
@@ -123,11 +126,18 @@ impl Settings {
                     settings.slots_per_item = u32::try_from(number("--slots-per-item")?)
                         .map_err(|_| "--slots-per-item is at most 255".to_owned())?;
                 }
+                "--redis-format" => {
+                    settings.redis_format = Some(
+                        u8::try_from(number("--redis-format")?)
+                            .map_err(|_| "--redis-format is 2 or 3".to_owned())?,
+                    );
+                }
                 "redis" | "redis-cluster" | "valkey" | "memcached" => settings.stores.push(arg),
                 other => {
                     return Err(format!(
                         "unknown argument {other:?}: give --messages, --burst, --tasks, \
-                         --full-slots, --consumers, --slots-per-item, --instructions, redis, \
+                         --full-slots, --consumers, --slots-per-item, --redis-format, \
+                         --instructions, redis, \
                          redis-cluster, valkey or memcached"
                     ))
                 }
@@ -443,17 +453,19 @@ async fn redis_server_cases(
 ) -> Result<(), String> {
     let url = format!("redis://{}", server.addr);
     let connect = |namespace: &str, slots: u64| {
-        let store = RedisStore::connect(
-            RedisConfig {
-                urls: vec![url.clone()],
-                namespace: namespace.into(),
-                timeout: servers::BENCH_TIMEOUT,
-                ..RedisConfig::default()
-            },
-            Geometry::new(slots, WAYS).expect("a valid geometry"),
-        );
+        let config = RedisConfig {
+            urls: vec![url.clone()],
+            namespace: namespace.into(),
+            timeout: servers::BENCH_TIMEOUT,
+            ..RedisConfig::default()
+        };
+        let geometry = Geometry::new(slots, WAYS).expect("a valid geometry");
+        let format = settings.redis_format;
         async move {
-            let store = store.await?;
+            let store = match format {
+                Some(format) => RedisStore::connect_in(config, geometry, format).await?,
+                None => RedisStore::connect(config, geometry).await?,
+            };
             if script {
                 store.force_script();
             }

@@ -27,7 +27,9 @@ mod servers;
 
 use std::time::Duration;
 
-use nsq_dedupe::sizing::{memcached_bytes_estimate, redis_bytes_estimate, slots_for};
+use nsq_dedupe::sizing::{
+    memcached_bytes_estimate, redis_bytes_estimate, redis_sets_bytes_estimate, slots_for,
+};
 use nsq_dedupe::{
     Claim, Digest, Geometry, MemcachedConfig, MemcachedStore, RedisConfig, RedisStore, Store,
 };
@@ -49,6 +51,8 @@ struct Settings {
     probability: f64,
     /// Slots a Memcached item holds (`MemcachedConfig::slots_per_item`).
     slots_per_item: u32,
+    /// The key format of the Redis table (`None`: the store's own).
+    redis_format: Option<u8>,
     stores: Vec<String>,
 }
 
@@ -58,6 +62,7 @@ impl Settings {
             messages: 300_000,
             probability: 0.99,
             slots_per_item: MemcachedConfig::default().slots_per_item,
+            redis_format: None,
             stores: Vec::new(),
         };
         // `cargo test --all-targets` runs this binary without `--bench`, which `cargo bench`
@@ -87,6 +92,13 @@ impl Settings {
                     settings.slots_per_item = v
                         .parse()
                         .map_err(|_| format!("--slots-per-item: {v:?} is not a whole number"))?;
+                }
+                "--redis-format" => {
+                    let v = value("--redis-format")?;
+                    settings.redis_format = Some(
+                        v.parse()
+                            .map_err(|_| format!("--redis-format: {v:?} is not 2 or 3"))?,
+                    );
                 }
                 "redis" | "valkey" | "memcached" => settings.stores.push(arg),
                 other => return Err(format!("unknown argument {other:?}: see --help")),
@@ -154,15 +166,15 @@ async fn redis_case(settings: &Settings, program: Program) -> Result<(), String>
         .get_multiplexed_async_connection()
         .await
         .map_err(|e| e.to_string())?;
-    let store = RedisStore::connect(
-        RedisConfig {
-            urls: vec![url.clone()],
-            timeout: TIMEOUT,
-            ..RedisConfig::default()
-        },
-        geometry,
-    )
-    .await
+    let config = RedisConfig {
+        urls: vec![url.clone()],
+        timeout: TIMEOUT,
+        ..RedisConfig::default()
+    };
+    let store = match settings.redis_format {
+        Some(format) => RedisStore::connect_in(config, geometry, format).await,
+        None => RedisStore::connect(config, geometry).await,
+    }
     .map_err(|e| e.to_string())?;
     let before = redis_used_memory(&mut plain).await?;
     fill(&store, settings.messages).await;
@@ -206,7 +218,15 @@ async fn redis_case(settings: &Settings, program: Program) -> Result<(), String>
         },
         geometry,
         settings,
-        [ours, naive, redis_bytes_estimate(geometry)],
+        [
+            ours,
+            naive,
+            if settings.redis_format == Some(2) {
+                redis_sets_bytes_estimate(geometry)
+            } else {
+                redis_bytes_estimate(geometry)
+            },
+        ],
     );
     Ok(())
 }

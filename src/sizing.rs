@@ -17,9 +17,9 @@
 //! The in-process table takes 8 bytes per slot ([`Geometry::SLOT_BYTES`]), 16 with `max_age`
 //! (a time beside each). In Memcached an item holds 64 slots (whole sets) of 8 bytes (12 with
 //! `max_age`); [`memcached_bytes_estimate`] adds memcached's
-//! per-item overhead. In Redis
-//! each set is one string key; [`redis_bytes_estimate`] uses what `MEMORY USAGE` reports for a
-//! full set.
+//! per-item overhead. In Redis a key holds 64 slots in the same layout;
+//! [`redis_bytes_estimate`] adds what Redis spends on a key besides its value, and rounds the
+//! value up to its allocator's size class, as `MEMORY USAGE` reports a full key.
 //!
 //! Worked example (1,000 msg/s, a one-hour window, so x = 3.6 M):
 //!
@@ -57,6 +57,26 @@ const MEMCACHED_ITEM_HEADER_BYTES: u64 = 4;
 /// Redis's bytes per key outside `MEMORY USAGE`: its slot in the main dictionary (410 bytes
 /// per 8-way set measured as `used_memory` over 100,000 keys, 392 by `MEMORY USAGE`).
 const REDIS_DICT_BYTES: u64 = 18;
+
+/// Redis's bytes for a key besides its value's allocation, as `MEMORY USAGE` counts them
+/// (Redis 7.0, 64-bit, jemalloc): the value's object (16), the key's name
+/// (`nsq-dedupe:v3:<sets>x<ways>g<sets a key>:<n>`, 30 to 40 bytes, in a 48-byte
+/// allocation) and its dictionary entry (24). Valkey 8.1 embeds the key in its object and
+/// spends less.
+const REDIS_KEY_BYTES: u64 = 16 + 48 + 24;
+
+/// What jemalloc allocates for a request of `bytes`: its size class (8, then steps of 16 up to
+/// 128, then four classes between two powers of two).
+fn jemalloc_class(bytes: u64) -> u64 {
+    if bytes <= 8 {
+        return 8;
+    }
+    if bytes <= 128 {
+        return bytes.div_ceil(16) * 16;
+    }
+    let step = bytes.next_power_of_two() / 8;
+    bytes.div_ceil(step) * step
+}
 
 /// The probability that a copy arriving `distinct_after` distinct messages after the original
 /// is still caught by a table of this shape.
@@ -257,7 +277,8 @@ fn memcached_bytes(geometry: Geometry, entry_bytes: u64) -> u64 {
         + geometry.sets() * (1 + entry_bytes * ways)
 }
 
-/// Bytes one full set of `ways` ways takes in Redis: what Redis 7.0 (64-bit, jemalloc)
+/// Bytes one full set of `ways` ways takes in Redis in the layout of a key per set (key
+/// format 2, which a table moves from): what Redis 7.0 (64-bit, jemalloc)
 /// reports with `MEMORY USAGE` for a full set's key (`nsq-dedupe:v1:<sets>x<ways>:<set>`,
 /// value 3 + 34 × ways bytes): the key, the value and their headers in jemalloc's size
 /// classes. The Redis tests measure it again.
@@ -271,10 +292,44 @@ pub fn redis_set_bytes(ways: u32) -> u64 {
     }
 }
 
-/// Redis memory for a full table of this shape: one string key per set, each as large as
-/// `MEMORY USAGE` measures a full set, plus its slot in the main dictionary.
-pub fn redis_bytes_estimate(geometry: Geometry) -> u64 {
+/// Redis memory for a full table of this shape in the layout of a key per set (key format
+/// 2): one string key per set, each as large as `MEMORY USAGE` measures a full set, plus its
+/// slot in the main dictionary.
+pub fn redis_sets_bytes_estimate(geometry: Geometry) -> u64 {
     geometry.sets() * (redis_set_bytes(geometry.ways()) + REDIS_DICT_BYTES)
+}
+
+/// Bytes a full key of the compact layout takes in Redis, as `MEMORY USAGE` reports it: its
+/// value (a header, a cursor per set, 8 bytes an entry, 12 when `timed`, for `max_age`), in
+/// its string's header and jemalloc's size class, and the key's own bytes. A key of 64 slots
+/// of 8 bytes is a 524-byte value, kept in 640.
+pub fn redis_key_bytes(sets: u64, ways: u32, timed: bool) -> u64 {
+    let entry = MEMCACHED_ENTRY_BYTES + if timed { 4 } else { 0 };
+    let value = MEMCACHED_ITEM_HEADER_BYTES + sets * (1 + entry * u64::from(ways));
+    // A string's header: 3 bytes below 256, 5 below 65,536; and its final zero.
+    let header = if value < 256 { 3 } else { 5 };
+    jemalloc_class(value + header + 1) + REDIS_KEY_BYTES
+}
+
+/// Redis memory for a full table of this shape in the compact layout (key format 3): a key
+/// per 64 slots (whole sets, `REDIS_SLOTS_PER_KEY`), each as [`redis_key_bytes`] says, plus
+/// its slot in the main dictionary; no entry in flight and no `max_age`.
+pub fn redis_bytes_estimate(geometry: Geometry) -> u64 {
+    redis_bytes(geometry, false)
+}
+
+/// [`redis_bytes_estimate`] for a table with `max_age`, whose entries carry a time.
+#[cfg(feature = "cli")]
+pub(crate) fn redis_timed_bytes_estimate(geometry: Geometry) -> u64 {
+    redis_bytes(geometry, true)
+}
+
+fn redis_bytes(geometry: Geometry, timed: bool) -> u64 {
+    let ways = geometry.ways();
+    let per_key = (u64::from(crate::dedup::REDIS_SLOTS_PER_KEY) / u64::from(ways)).max(1);
+    let (full, rest) = (geometry.sets() / per_key, geometry.sets() % per_key);
+    let key = |sets: u64| redis_key_bytes(sets, ways, timed) + REDIS_DICT_BYTES;
+    full * key(per_key) + if rest > 0 { key(rest) } else { 0 }
 }
 
 #[cfg(test)]

@@ -42,7 +42,9 @@ impl Memcached {
 impl Harness for Memcached {
     type Store = MemcachedStore;
     const OWNERS: bool = true;
-    const COMMITTED_IS_FINAL: bool = true;
+    fn committed_is_final(&self) -> bool {
+        true
+    }
 
     async fn connect(&self, spec: &Spec) -> MemcachedStore {
         let defaults = MemcachedConfig::default();

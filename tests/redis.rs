@@ -45,6 +45,9 @@ pub struct Redis {
     urls: Vec<String>,
     cluster: bool,
     flavor: Flavor,
+    /// The key format of the tables it connects stores to: `None` for the store's own, else
+    /// 2 (a key per set) or 3 (the compact layout).
+    format: Option<u8>,
     _servers: Option<(Option<RedisServer>, Option<RedisCluster>)>,
 }
 
@@ -61,7 +64,26 @@ impl Redis {
             urls: vec![server.url()],
             cluster: false,
             flavor,
+            format: None,
             _servers: Some((Some(server), None)),
+        }
+    }
+
+    /// The key format of the tables a store connects to by default.
+    fn format_of_store(&self) -> u8 {
+        RedisStore::new_lazy(
+            config(&self.urls, self.cluster, "format"),
+            Geometry::new(64, 8).unwrap(),
+        )
+        .unwrap()
+        .key_format()
+    }
+
+    /// The same harness, for tables of key format `format`.
+    pub fn in_format(self, format: u8) -> Redis {
+        Redis {
+            format: Some(format),
+            ..self
         }
     }
 
@@ -80,6 +102,7 @@ impl Redis {
             urls: cluster.urls(),
             cluster: true,
             flavor,
+            format: None,
             _servers: Some((None, Some(cluster))),
         }
     }
@@ -97,9 +120,11 @@ impl Harness for Redis {
             fleet_interval: spec.fleet_interval.unwrap_or(defaults.fleet_interval),
             ..config(&self.urls, self.cluster, &spec.namespace)
         };
-        let store = RedisStore::connect(settings, spec.geometry)
-            .await
-            .expect("connect to redis");
+        let store = match self.format {
+            Some(format) => RedisStore::connect_in(settings, spec.geometry, format).await,
+            None => RedisStore::connect(settings, spec.geometry).await,
+        }
+        .expect("connect to redis");
         assert_eq!(
             store.uses_ifeq(),
             self.flavor == Flavor::Valkey,
@@ -114,6 +139,11 @@ impl Harness for Redis {
 
     fn unreadable_values(store: &RedisStore) -> u64 {
         store.unreadable_values()
+    }
+
+    /// In the compact layout (key format 3), as in Memcached's.
+    fn committed_is_final(&self) -> bool {
+        self.format.unwrap_or_else(|| self.format_of_store()) == COMPACT
     }
 
     /// Fewer than Memcached's 64: each operation is a script run, and Memcached's cases check
@@ -133,10 +163,19 @@ impl SharedHarness for Redis {
         if self.flavor == Flavor::Valkey {
             address.push_str("+valkey");
         }
+        if let Some(format) = self.format {
+            address.push_str(&format!("+v{format}"));
+        }
         address
     }
 
     fn reach(address: &str) -> Redis {
+        let (address, format) = match address.rsplit_once("+v") {
+            Some((address, format)) if format.bytes().all(|b| b.is_ascii_digit()) => {
+                (address, format.parse().ok())
+            }
+            _ => (address, None),
+        };
         let (address, flavor) = match address.strip_suffix("+valkey") {
             Some(address) => (address, Flavor::Valkey),
             None => (address, Flavor::Redis),
@@ -149,18 +188,22 @@ impl SharedHarness for Redis {
             urls: urls.split(',').map(str::to_owned).collect(),
             cluster,
             flavor,
+            format,
             _servers: None,
         }
     }
 
-    /// The `SET … IFEQ` writes that found their set changed (Valkey); none on Redis 7.0,
-    /// whose script cannot lose a race.
+    /// The compare-and-set writes that found their key changed: `SET … IFEQ` (Valkey), and
+    /// in the compact layout the compare-and-set script too; none where the set script
+    /// decides (Redis 7.0 in a key per set), which cannot lose a race.
     fn cas_conflicts(store: &RedisStore) -> Option<u64> {
-        store.uses_ifeq().then(|| store.ifeq_conflicts())
+        (store.uses_ifeq() || store.key_format() == COMPACT).then(|| store.ifeq_conflicts())
     }
 }
 
-/// The rules every shared store keeps, against a standalone server.
+/// The rules every shared store keeps, against a standalone server, on a table of the layout
+/// new tables have (the compact layout: decided in the client, written by the compare-and-set
+/// script on Redis 7.0).
 mod contract {
     crate::store_contract::store_contract_tests!(shared: super::Redis::start());
 }
@@ -171,6 +214,39 @@ mod valkey_contract {
 
     crate::store_contract::store_contract_tests!(
         shared: super::Redis::standalone(Flavor::Valkey)
+    );
+}
+
+/// The key format of the compact layout, new tables' (see `redis_compact`).
+pub const COMPACT: u8 = 3;
+
+/// The key format of a key per set, which a table moves from (the script's layout).
+pub const SETS: u8 = 2;
+
+/// A store of a table of a key per set (key format 2): for the tests of what only that layout
+/// does (its script, its commits through a claim's slot, its bytes).
+pub(crate) async fn connect_sets(
+    config: RedisConfig,
+    geometry: Geometry,
+) -> Result<RedisStore, nsq_dedupe::error::StoreError> {
+    RedisStore::connect_in(config, geometry, SETS).await
+}
+
+/// The rules on tables of a key per set (key format 2), which a fleet still reads and writes
+/// while its table moves to the compact layout, on Redis 7.0: the set script.
+mod sets_contract {
+    crate::store_contract::store_contract_tests!(
+        shared: super::Redis::start().in_format(super::SETS)
+    );
+}
+
+/// The rules on tables of a key per set on Valkey 8.1, written with `SET … IFEQ` (and by one
+/// store of each table through the set script).
+mod valkey_sets_contract {
+    use crate::support::redis::Flavor;
+
+    crate::store_contract::store_contract_tests!(
+        shared: super::Redis::standalone(Flavor::Valkey).in_format(super::SETS)
     );
 }
 
@@ -216,10 +292,8 @@ async fn a_set_is_one_key_of_fixed_slots_on(flavor: Flavor) {
     let namespace = unique_namespace("owner");
     let geometry = Geometry::new(64, 4).unwrap();
     let settings = config(&[server.url()], false, &namespace);
-    let a = RedisStore::connect(settings.clone(), geometry)
-        .await
-        .unwrap();
-    let b = RedisStore::connect(settings, geometry).await.unwrap();
+    let a = connect_sets(settings.clone(), geometry).await.unwrap();
+    let b = connect_sets(settings, geometry).await.unwrap();
     let (d, e) = same_set_pair(geometry);
     assert_eq!(a.claim(d).await.unwrap(), Claim::New);
     assert_eq!(b.claim(e).await.unwrap(), Claim::New);
@@ -275,7 +349,7 @@ async fn an_erased_slot_is_marked_and_taken_on(flavor: Flavor) {
         "{flavor:?}: c took the erased slot"
     );
     assert_eq!(&value[4..20], &a.to_bytes(), "{flavor:?}: a kept its slot");
-    let other = RedisStore::connect(settings, geometry).await.unwrap();
+    let other = connect_sets(settings, geometry).await.unwrap();
     assert_eq!(
         claimed(other.claim_many(&[a, b, c]).await).unwrap(),
         [Claim::InFlight, Claim::New, Claim::InFlight]
@@ -293,7 +367,7 @@ async fn max_age_keeps_sets_in_the_timed_format_on(flavor: Flavor) {
     let server = RedisServer::of(flavor, &[]);
     let namespace = unique_namespace("max-age");
     let geometry = Geometry::new(64, 4).unwrap();
-    let store = RedisStore::connect(
+    let store = connect_sets(
         RedisConfig {
             max_age: Some(Duration::from_millis(600)),
             ..config(&[server.url()], false, &namespace)
@@ -320,7 +394,7 @@ async fn unreadable_value_is_counted_and_replaced_on(flavor: Flavor) {
     let server = RedisServer::of(flavor, &[]);
     let namespace = unique_namespace("garbage");
     let geometry = Geometry::new(8, 2).unwrap();
-    let store = RedisStore::connect(config(&[server.url()], false, &namespace), geometry)
+    let store = connect_sets(config(&[server.url()], false, &namespace), geometry)
         .await
         .unwrap();
     let d = digest(5);
@@ -347,7 +421,7 @@ async fn a_burst_with_a_set_that_cannot_be_read_on(flavor: Flavor) {
     let namespace = unique_namespace("failed-burst");
     // 512 sets of 8 ways: no digest of the burst pushes out another.
     let geometry = Geometry::new(4096, 8).unwrap();
-    let store = RedisStore::connect(config(&[server.url()], false, &namespace), geometry)
+    let store = connect_sets(config(&[server.url()], false, &namespace), geometry)
         .await
         .unwrap();
     let burst: Vec<Digest> = (0..40).map(digest).collect();
@@ -398,7 +472,7 @@ async fn a_burst_with_a_set_that_cannot_be_read_on(flavor: Flavor) {
     }
     server.cli(&["del", &broken]);
     server.cli(&["rename", "aside", &broken]);
-    let other = RedisStore::connect(config(&[server.url()], false, &namespace), geometry)
+    let other = connect_sets(config(&[server.url()], false, &namespace), geometry)
         .await
         .unwrap();
     let expected: Vec<Claim> = of_broken
@@ -476,7 +550,7 @@ async fn a_claim_on_a_set_that_holds_nothing_is_one_write_and_no_read() {
     assert_eq!(&value[..4], &[1, 0, 8, 0]);
     assert_eq!(&value[4..20], &burst[0].to_bytes());
     assert_eq!(value[20], 1, "in flight");
-    let other = RedisStore::connect(settings, geometry).await.unwrap();
+    let other = connect_sets(settings, geometry).await.unwrap();
     assert_eq!(
         claimed(other.claim_many(&burst).await).unwrap(),
         vec![Claim::InFlight; burst.len()]
@@ -686,9 +760,7 @@ async fn server_and_store_on(
 ) -> (RedisServer, RedisConfig, RedisStore) {
     let server = RedisServer::of(flavor, &[]);
     let settings = config(&[server.url()], false, &unique_namespace(tag));
-    let store = RedisStore::connect(settings.clone(), geometry)
-        .await
-        .unwrap();
+    let store = connect_sets(settings.clone(), geometry).await.unwrap();
     (server, settings, store)
 }
 
@@ -723,7 +795,7 @@ async fn a_commit_erase_or_renew_after_its_claim_reads_only_its_entry() {
     assert_eq!(calls.get("get"), None, "no set read whole: {calls:?}");
     assert_eq!(calls.get("setrange"), Some(&5), "{calls:?}");
 
-    let other = RedisStore::connect(settings, geometry).await.unwrap();
+    let other = connect_sets(settings, geometry).await.unwrap();
     assert_eq!(
         claimed(other.claim_many(&[d, e, f, g]).await).unwrap(),
         [
@@ -740,7 +812,7 @@ async fn a_hint_to_an_entry_taken_over_after_its_lease_is_refused() {
     let geometry = Geometry::new(64, 4).unwrap();
     let (server, settings, next) = server_and_store("hint-lease", geometry).await;
     let lease = Duration::from_millis(300);
-    let slow = RedisStore::connect(
+    let slow = connect_sets(
         RedisConfig {
             lease,
             ..settings.clone()
@@ -773,7 +845,7 @@ async fn a_hint_to_an_entry_taken_over_after_its_lease_is_refused() {
     assert_eq!(calls.get("setrange"), None, "nothing written: {calls:?}");
 
     // The new owner's claims stand.
-    let third = RedisStore::connect(settings, geometry).await.unwrap();
+    let third = connect_sets(settings, geometry).await.unwrap();
     assert_eq!(
         claimed(third.claim_many(&digests).await).unwrap(),
         vec![Claim::InFlight; 3]
@@ -822,7 +894,7 @@ async fn a_hint_to_an_entry_pushed_out_or_moved_falls_back_to_the_set() {
     let calls = command_calls(&server);
     assert_eq!(calls.get("getrange"), Some(&2), "{calls:?}");
     assert!(calls.contains_key("get"), "the set read whole: {calls:?}");
-    let other = RedisStore::connect(settings, geometry).await.unwrap();
+    let other = connect_sets(settings, geometry).await.unwrap();
     assert_eq!(
         claimed(other.claim_many(&[c, b]).await).unwrap(),
         vec![Claim::Duplicate; 2]
@@ -834,7 +906,7 @@ async fn a_password_from_the_config_opens_a_protected_server() {
     let server = RedisServer::start_with_args(&["--requirepass", "s3cret-pw"]);
     let namespace = unique_namespace("auth");
     let geometry = Geometry::new(8, 2).unwrap();
-    let wrong = RedisStore::connect(
+    let wrong = connect_sets(
         RedisConfig {
             password: Some(nsq_dedupe::RedisPassword::new("wrong-pw")),
             ..config(&[server.url()], false, &namespace)
@@ -846,7 +918,7 @@ async fn a_password_from_the_config_opens_a_protected_server() {
     .to_string();
     assert!(!wrong.contains("wrong-pw"), "{wrong}");
     let in_url = format!("redis://:s3cret-pw@{}", server.addr());
-    let store = RedisStore::connect(config(&[in_url], false, &namespace), geometry)
+    let store = connect_sets(config(&[in_url], false, &namespace), geometry)
         .await
         .unwrap();
     assert_eq!(store.config().urls, [server.url()]);
@@ -865,7 +937,7 @@ async fn killed_server_fails_fast_then_recovers_on(flavor: Flavor) {
     let mut server = RedisServer::of(flavor, &[]);
     let namespace = unique_namespace("outage");
     let geometry = Geometry::new(64, 4).unwrap();
-    let store = RedisStore::connect(
+    let store = connect_sets(
         RedisConfig {
             timeout: Duration::from_millis(300),
             ..config(&[server.url()], false, &namespace)
@@ -975,11 +1047,18 @@ async fn claim_in_chunks(store: &RedisStore, digests: &[Digest]) -> Vec<Claim> {
     claims
 }
 
-/// The store contract against a cluster (its six servers start once), then the same cluster
-/// resharded and failed over while claims run.
+/// The store contract against a cluster (its six servers start once), on tables of both
+/// layouts, then the same cluster resharded and failed over while claims run.
 #[test]
 fn redis_cluster_shares_one_table_through_reshard_and_failover() {
     let harness = Redis::start_cluster(Flavor::Redis);
+    crate::store_contract::run_all(&harness);
+    let other = if harness.format_of_store() == COMPACT {
+        2
+    } else {
+        COMPACT
+    };
+    let harness = harness.in_format(other);
     crate::store_contract::run_all(&harness);
     let runtime = crate::store_contract::runtime();
     runtime.block_on(a_burst_costs_each_master_at_most_one_script_run(
@@ -993,6 +1072,13 @@ fn redis_cluster_shares_one_table_through_reshard_and_failover() {
 fn valkey_cluster_shares_one_table_through_reshard_and_failover() {
     let harness = Redis::start_cluster(Flavor::Valkey);
     crate::store_contract::run_all(&harness);
+    let other = if harness.format_of_store() == COMPACT {
+        2
+    } else {
+        COMPACT
+    };
+    let harness = harness.in_format(other);
+    crate::store_contract::run_all(&harness);
     let runtime = crate::store_contract::runtime();
     runtime.block_on(reshard_and_failover(harness.cluster()));
 }
@@ -1002,7 +1088,7 @@ fn valkey_cluster_shares_one_table_through_reshard_and_failover() {
 /// no run per set, no slot map read again, no redirect, no script loaded again, no error.
 async fn a_burst_costs_each_master_at_most_one_script_run(cluster: &RedisCluster) {
     const BURST: u64 = 300;
-    let store = RedisStore::connect(
+    let store = connect_sets(
         config(&cluster.urls(), true, &unique_namespace("cluster-runs")),
         Geometry::new(1 << 20, 8).unwrap(),
     )
@@ -1089,7 +1175,7 @@ async fn reshard_and_failover(cluster: &RedisCluster) {
     // Large enough that 6,000 digests never overflow a set: whatever is missing was lost.
     let geometry = Geometry::new(1 << 17, 8).unwrap();
     let lease = Duration::from_millis(1_000);
-    let store = RedisStore::connect(
+    let store = connect_sets(
         RedisConfig {
             lease,
             ..config(&urls, true, &unique_namespace("cluster"))
@@ -1229,21 +1315,19 @@ async fn two_sidecars_sharing_a_full_table_on(flavor: Flavor) {
     // 300 payloads in 512 sets: none is pushed out before its copy comes.
     two_sidecars_deliver_each_payload_once(&server, &namespace, BUCKETS, 300).await;
     let calls = command_calls(&server);
-    // The script writes what changes; `SET … IFEQ` the whole set, and the script runs only for
-    // a set whose compare failed four rounds in a row while both sidecars wrote it.
-    let writes = match flavor {
-        Flavor::Redis => "setrange",
-        Flavor::Valkey => "set",
-    };
-    let writes = calls.get(writes).copied().unwrap_or(0);
+    // Each key of the compact layout is written whole by a compare-and-set: the script's on
+    // Redis 7.0 (its own `SET`s counted too), `SET … IFEQ` on Valkey 8.1, where the script
+    // runs only for a key whose compare failed eight rounds in a row while both sidecars
+    // wrote it (64 keys here, so that they meet often).
+    let writes = calls.get("set").copied().unwrap_or(0);
     assert!(
         writes >= 300,
         "{flavor:?}: claims replaced entries of full sets: {calls:?}"
     );
     let scripts = calls.get("evalsha").copied().unwrap_or(0);
     match flavor {
-        Flavor::Redis => assert!(scripts > 0, "{calls:?}"),
-        Flavor::Valkey => assert!(scripts * 20 < writes, "few script runs: {calls:?}"),
+        Flavor::Redis => assert!(scripts >= 300, "{calls:?}"),
+        Flavor::Valkey => assert!(scripts * 10 < writes, "few script runs: {calls:?}"),
     }
 }
 
@@ -1406,7 +1490,7 @@ async fn a_full_set_takes_what_size_reports() {
     for ways in [1, 2, 4, 8] {
         // The default namespace and a production-sized table, so the key is as long as in use.
         let geometry = Geometry::new(1 << 23, ways).unwrap();
-        let store = RedisStore::connect(config(&[server.url()], false, "nsq-dedupe"), geometry)
+        let store = connect_sets(config(&[server.url()], false, "nsq-dedupe"), geometry)
             .await
             .unwrap();
         let set = geometry.set_of(digest(0));
@@ -1615,7 +1699,7 @@ async fn a_burst_on_valkey_fails_only_the_digests_of_a_failed_master() {
 
 async fn a_burst_fails_only_the_digests_of_a_failed_master_on(flavor: Flavor) {
     let cluster = RedisCluster::of(flavor, Duration::from_secs(1));
-    let store = RedisStore::connect(
+    let store = connect_sets(
         RedisConfig {
             timeout: Duration::from_millis(300),
             ..config(&cluster.urls(), true, &unique_namespace("burst-failover"))

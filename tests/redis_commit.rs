@@ -8,10 +8,11 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use nsq_dedupe::{Claim, Digest, Geometry, RedisConfig, RedisStore, Store};
+use nsq_dedupe::{Claim, Digest, Geometry, RedisConfig, Store};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::redis::connect_sets;
 use crate::store_contract::{digest, unique_namespace};
 use crate::support::hold::Hold;
 use crate::support::redis::RedisServer;
@@ -43,7 +44,7 @@ async fn commits_racing_claims_of_their_slot_answer_duplicate_only_for_delivered
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut workers = Vec::new();
     for owner in 0..OWNERS {
-        let store = RedisStore::connect(config(&server, &namespace, lease), geometry)
+        let store = connect_sets(config(&server, &namespace, lease), geometry)
             .await
             .unwrap();
         let delivered = Arc::clone(&delivered);
@@ -112,7 +113,7 @@ async fn commits_racing_claims_of_their_slot_answer_duplicate_only_for_delivered
 async fn a_set_made_by_a_commits_write_is_read_and_its_header_written() {
     let server = RedisServer::start();
     let geometry = Geometry::new(64, 4).unwrap();
-    let store = RedisStore::connect(
+    let store = connect_sets(
         config(
             &server,
             &unique_namespace("zero-header"),
@@ -176,7 +177,7 @@ async fn a_set_made_by_a_commits_write_is_read_and_its_header_written() {
         .unwrap();
     assert_eq!(&value[..3], &[1, 1, 4], "the cursor moved on");
     assert_eq!(&value[4..20], &f.to_bytes(), "in slot 0");
-    let other = RedisStore::connect(
+    let other = connect_sets(
         RedisConfig {
             namespace: store.config().namespace.clone(),
             ..config(&server, "", Duration::from_secs(60))
@@ -213,11 +214,11 @@ async fn a_claim_between_a_commits_read_and_write_is_forgotten_not_made_a_duplic
         urls: vec![format!("redis://{}", hold.addr)],
         ..config(&server, &namespace, lease)
     };
-    let a = RedisStore::connect(via_hold, geometry).await.unwrap();
-    let b = RedisStore::connect(config(&server, &namespace, lease), geometry)
+    let a = connect_sets(via_hold, geometry).await.unwrap();
+    let b = connect_sets(config(&server, &namespace, lease), geometry)
         .await
         .unwrap();
-    let c = RedisStore::connect(config(&server, &namespace, lease), geometry)
+    let c = connect_sets(config(&server, &namespace, lease), geometry)
         .await
         .unwrap();
     let (d, e) = (digest(1), digest(2));

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use nsq_dedupe::{Claim, Digest, Geometry, RedisConfig, RedisStore, Store};
 
-use crate::redis::command_calls;
+use crate::redis::{command_calls, connect_sets};
 use crate::store_contract::{digest, unique_namespace};
 use crate::store_refusals::{start, stop};
 use crate::support::broker::{Broker, BrokerConfig};
@@ -17,7 +17,8 @@ use crate::support::hold::Hold;
 use crate::support::redis::{Flavor, RedisServer};
 use crate::util::{claimed, wait_until_or};
 
-fn config(url: &str, namespace: &str) -> RedisConfig {
+/// The settings of a store of `namespace` on the server at `url`, 2 s an operation.
+pub(crate) fn config(url: &str, namespace: &str) -> RedisConfig {
     RedisConfig {
         urls: vec![url.to_owned()],
         namespace: namespace.to_owned(),
@@ -76,7 +77,7 @@ async fn on_valkey_a_burst_is_plain_commands_and_no_script_run() {
     let server = valkey();
     let namespace = unique_namespace("plain");
     let geometry = Geometry::new(1 << 20, 8).unwrap();
-    let store = RedisStore::connect(config(&server.url(), &namespace), geometry)
+    let store = connect_sets(config(&server.url(), &namespace), geometry)
         .await
         .unwrap();
     let mut burst = distinct_sets(&store, 100);
@@ -116,7 +117,7 @@ async fn on_valkey_a_burst_is_plain_commands_and_no_script_run() {
         assert_eq!(calls.get(read), Some(&100), "one read a set: {calls:?}");
         assert_eq!(calls.len(), 2, "nothing else: {calls:?}");
     }
-    let other = RedisStore::connect(config(&server.url(), &namespace), geometry)
+    let other = connect_sets(config(&server.url(), &namespace), geometry)
         .await
         .unwrap();
     assert_eq!(
@@ -179,7 +180,7 @@ async fn a_commit_whose_set_changed_since_its_claim_keeps_the_other_entry() {
     assert_eq!(committed, Ok(true));
     assert_eq!(a.ifeq_conflicts(), 1);
     assert_eq!(b.commit(e).await, Ok(true), "e kept its entry");
-    let c = RedisStore::connect(
+    let c = connect_sets(
         config(&server.url(), &namespace),
         Geometry::new(2, 2).unwrap(),
     )
@@ -205,7 +206,7 @@ async fn sets_written_with_ifeq_are_the_bytes_the_script_writes() {
     ];
     let mut values = Vec::new();
     for (i, namespace) in stores.iter().enumerate() {
-        let store = RedisStore::connect(
+        let store = connect_sets(
             RedisConfig {
                 max_age: Some(Duration::from_secs(3_600)),
                 ..config(&server.url(), namespace)
@@ -252,7 +253,7 @@ async fn writes_keep_an_expiry_the_keys_were_given() {
         (Flavor::Redis, true),
     ] {
         let server = RedisServer::of(flavor, &[]);
-        let store = RedisStore::connect(
+        let store = connect_sets(
             config(&server.url(), &unique_namespace("keepttl")),
             geometry,
         )
@@ -313,13 +314,13 @@ async fn held_and_direct(name: &str) -> (RedisServer, Hold, RedisStore, RedisSto
     let hold = Hold::start(server.addr().parse().unwrap(), b"IFEQ").await;
     let namespace = unique_namespace(name);
     let geometry = Geometry::new(2, 2).unwrap();
-    let a = RedisStore::connect(
+    let a = connect_sets(
         config(&format!("redis://{}", hold.addr), &namespace),
         geometry,
     )
     .await
     .unwrap();
-    let b = RedisStore::connect(config(&server.url(), &namespace), geometry)
+    let b = connect_sets(config(&server.url(), &namespace), geometry)
         .await
         .unwrap();
     (server, hold, a, b, namespace)

@@ -353,10 +353,21 @@ async fn a_fleet_resized_one_sidecar_at_a_time_forgets_nothing(shared: Shared) {
 /// delivered again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_moves_to_the_compact_layout_without_forgetting_in_memcached() {
-    let shared = Shared::memcached();
-    let Shared::Memcached(server) = &shared else {
-        unreachable!()
-    };
+    a_fleet_moves_to_the_compact_layout_without_forgetting(Shared::memcached(), 1, 2).await;
+}
+
+/// The same in Redis: from a key per set (key format 2) to the compact layout (key format 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_moves_to_the_compact_layout_without_forgetting_in_redis() {
+    a_fleet_moves_to_the_compact_layout_without_forgetting(Shared::redis(), 2, 3).await;
+}
+
+/// A fleet on `shared`'s table of key format `earlier` moves to key format `compact`.
+async fn a_fleet_moves_to_the_compact_layout_without_forgetting(
+    shared: Shared,
+    earlier: u8,
+    compact: u8,
+) {
     let Fleet {
         broker,
         dir: _dir,
@@ -374,19 +385,16 @@ async fn a_fleet_moves_to_the_compact_layout_without_forgetting_in_memcached() {
         "the fleet's descriptor written",
         Duration::from_secs(10),
         || {
-            descriptor = memcached_text(&server.addr(), "resize:table");
+            descriptor = shared.text("resize:table");
             descriptor.is_some()
         },
         String::new,
     )
     .await;
     let descriptor = descriptor.unwrap();
-    assert!(descriptor.starts_with("v1 current=2:"), "{descriptor}");
-    memcached_set(
-        &server.addr(),
-        "resize:table",
-        &descriptor.replace("current=2:", "current=1:"),
-    );
+    let (now, then) = (format!("current={compact}:"), format!("current={earlier}:"));
+    assert!(descriptor.starts_with(&format!("v1 {now}")), "{descriptor}");
+    shared.set_text("resize:table", &descriptor.replace(&now, &then));
     let log_text = |log: &Path| std::fs::read_to_string(log).unwrap_or_default();
     let followed = |log: &Path, times: usize| {
         log_text(log)
@@ -403,9 +411,9 @@ async fn a_fleet_moves_to_the_compact_layout_without_forgetting_in_memcached() {
     .await;
     assert!(
         log_text(&log_a).contains(&format!(
-            "earlier layout (key format 1): following it. Once every consumer of the table runs \
-             this version, `nsq-dedupe resize --buckets {OLD_BUCKETS}` (with the store's flags) \
-             moves it to key format 2 without forgetting"
+            "earlier layout (key format {earlier}): following it. Once every consumer of the \
+             table runs this version, `nsq-dedupe resize --buckets {OLD_BUCKETS}` (with the \
+             store's flags) moves it to key format {compact} without forgetting"
         )),
         "{}",
         log_text(&log_a)
@@ -417,7 +425,10 @@ async fn a_fleet_moves_to_the_compact_layout_without_forgetting_in_memcached() {
 
     let said = resize_command(&shared, OLD_BUCKETS);
     assert!(
-        said.contains("key format 2); it was 262144 buckets (32768 sets of 8 ways, key format 1)"),
+        said.contains(&format!(
+            "key format {compact}); it was 262144 buckets (32768 sets of 8 ways, key format \
+             {earlier})"
+        )),
         "{said}"
     );
     wait_until_or(
@@ -442,6 +453,30 @@ async fn a_fleet_moves_to_the_compact_layout_without_forgetting_in_memcached() {
         "each of the 2,000 new ones delivered"
     );
     drop((a, b));
+}
+
+impl Shared {
+    /// The text the store holds under `key`, if any.
+    fn text(&self, key: &str) -> Option<String> {
+        match self {
+            Shared::Memcached(server) => memcached_text(&server.addr(), key),
+            Shared::Redis(server) => {
+                Some(server.cli(&["GET", key]).trim_end().to_owned()).filter(|t| !t.is_empty())
+            }
+            Shared::Cluster(_) => unimplemented!("a descriptor read from a cluster's node"),
+        }
+    }
+
+    /// Sets `key` to the text `value` in the store.
+    fn set_text(&self, key: &str, value: &str) {
+        match self {
+            Shared::Memcached(server) => memcached_set(&server.addr(), key, value),
+            Shared::Redis(server) => {
+                server.cli(&["SET", key, value]);
+            }
+            Shared::Cluster(_) => unimplemented!("a descriptor written to a cluster's node"),
+        }
+    }
 }
 
 /// The text memcached at `addr` holds under `key`, if any (meta protocol).
@@ -793,6 +828,56 @@ async fn a_table_kept_without_a_descriptor_is_read_as_the_previous_generation_in
     assert_eq!(empty.previous(), None);
 }
 
+/// Claims, commits and erases made in a Redis table of a key per set (key format 2, as earlier
+/// versions keep it), seen by a consumer of the compact layout (key format 3) after `resize`
+/// moved the table there, and kept by the consumer that made them, which follows: on Redis 7.0
+/// (the set script, then the compare-and-set script) and Valkey 8.1 (`SET … IFEQ`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_in_a_key_per_set_are_caught_after_the_move_to_the_compact_layout() {
+    for flavor in [Flavor::Redis, Flavor::Valkey] {
+        let server = RedisServer::of(flavor, &[]);
+        let config = store_config(vec![server.url()], false);
+        let before = RedisStore::connect_in(config.clone(), small(), 2)
+            .await
+            .unwrap();
+        let after = RedisStore::connect(config, large()).await.unwrap();
+        assert_eq!((before.key_format(), after.key_format()), (2, 3));
+        claims_across(before, after).await;
+    }
+}
+
+/// A namespace in which a version before descriptors kept a Redis table (a key per set, and
+/// no descriptor): the first consumer of this version reads it as the previous generation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_kept_without_a_descriptor_is_read_as_the_previous_generation_in_redis() {
+    let redis = RedisServer::start();
+    let config = store_config(vec![redis.url()], false);
+    let geometry = large();
+    let earlier = RedisStore::connect_in(config.clone(), geometry, 2)
+        .await
+        .unwrap();
+    let seen: Vec<Digest> = (0..500).map(digest).collect();
+    assert_eq!(
+        earlier.claim_done_many(&seen).await,
+        vec![Ok(Claim::New); 500]
+    );
+    let store = Generations::new(RedisStore::connect(config, geometry).await.unwrap());
+    store.follow().await.unwrap();
+    assert_eq!(
+        store.previous().map(|(shape, _)| shape),
+        Some(Shape {
+            format: 2,
+            geometry
+        })
+    );
+    assert_eq!(
+        store.claim_many(&seen).await,
+        vec![Ok(Claim::Duplicate); 500],
+        "taken by the earlier version: copies"
+    );
+    assert_eq!(store.claim(digest(5_000)).await, Ok(Claim::New));
+}
+
 /// The same on Valkey 8.1, whose operations are decided in the client and written with
 /// `SET … IFEQ`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -819,7 +904,7 @@ async fn a_descriptor_of_another_key_format_is_not_followed() {
     assert_eq!(
         store.follow().await.unwrap_err().to_string(),
         "store protocol error: the table's descriptor `generations:table` names a table of key \
-         format 9, and this version reads and writes key format 2: upgrade every consumer of \
+         format 9, and this version reads and writes key format 3: upgrade every consumer of \
          the table to one version"
     );
     assert_eq!(store.geometry(), Some(small()));
@@ -855,8 +940,10 @@ async fn claims_across<S: Generation>(before: S, after: S) {
     assert_eq!(claims, vec![Ok(Claim::New); 3]);
     assert_eq!(before.commit(done).await, Ok(true));
 
-    let resized = resize(&before.current(), large).await.unwrap();
+    // Resized as `nsq-dedupe resize` of the new version does it: to its own layout.
+    let resized = resize(&after, large).await.unwrap();
     assert_eq!(resized.after.current.geometry, large);
+    assert_eq!(resized.after.current.format, after.format());
     // A consumer started with the new size, and the one that made the claims following.
     let after = Generations::new(after);
     after.follow().await.unwrap();
@@ -1050,7 +1137,7 @@ async fn two_consumers_growing_at_once_follow_the_one_whose_growth_won() {
     }
     let descriptor = redis.cli(&["GET", "generations:table"]);
     assert!(
-        descriptor.starts_with("v1 current=2:4096x4 previous=2:1024x4 since="),
+        descriptor.starts_with("v1 current=3:4096x4 previous=3:1024x4 since="),
         "{descriptor}"
     );
 }

@@ -129,10 +129,12 @@ pub trait Harness: Sync {
     fn unreadable_values(store: &Self::Store) -> u64;
 
     /// Whether a committed entry is final: its owner's erase answers `false` as anyone's (the
-    /// Memcached store's compact layout keeps no owner of a committed entry). Where it is not,
+    /// shared stores' compact layout keeps no owner of a committed entry). Where it is not,
     /// the owner may erase it. An entry claimed done at once stays its claimer's to erase
     /// either way (while its lease lasts), for a final handler that failed all the same.
-    const COMMITTED_IS_FINAL: bool = false;
+    fn committed_is_final(&self) -> bool {
+        false
+    }
 
     /// The cases of [`random_operations_match_the_table_model`].
     const MODEL_CASES: u32 = 64;
@@ -381,7 +383,7 @@ struct Model {
     /// Whether renew asks for the caller's in-flight claim (stores with owners) or only
     /// whether the digest is held.
     owners: bool,
-    /// Whether a committed entry is final, even to its owner ([`Harness::COMMITTED_IS_FINAL`]).
+    /// Whether a committed entry is final, even to its owner ([`Harness::committed_is_final`]).
     committed_final: bool,
     sets: HashMap<u64, ModelSet>,
 }
@@ -485,7 +487,7 @@ async fn run_case<H: Harness>(h: &H, ways: u32, actions: &[Action]) -> Result<()
     let mut model = Model {
         geometry,
         owners: H::OWNERS,
-        committed_final: H::COMMITTED_IS_FINAL,
+        committed_final: h.committed_is_final(),
         sets: HashMap::new(),
     };
     let mut ever_claimed = HashSet::new();
@@ -669,7 +671,7 @@ pub async fn renew_keeps_the_claim<H: SharedHarness>(h: &H) {
 
 /// Commit and erase touch only the caller's own entry: a non-owner's do nothing, and the
 /// owner's leave the other entries of the set as they were. A committed entry is final where
-/// the store says so ([`Harness::COMMITTED_IS_FINAL`]).
+/// the store says so ([`Harness::committed_is_final`]).
 pub async fn commit_and_erase_by_a_non_owner_do_nothing<H: SharedHarness>(h: &H) {
     let geometry = Geometry::new(64, 4).unwrap();
     let (a, b) = two_stores(h, &Spec::new("owner", geometry)).await;
@@ -692,7 +694,7 @@ pub async fn commit_and_erase_by_a_non_owner_do_nothing<H: SharedHarness>(h: &H)
     );
     assert!(!b.erase(d).await.unwrap());
     assert_eq!(b.claim(d).await.unwrap(), Claim::Duplicate);
-    if H::COMMITTED_IS_FINAL {
+    if h.committed_is_final() {
         assert!(
             !a.erase(d).await.unwrap(),
             "committed, it is final, even to its owner"

@@ -38,6 +38,7 @@ mod outage_logs;
 mod package;
 mod redis;
 mod redis_commit;
+mod redis_compact;
 mod redis_ifeq;
 mod redis_tls;
 mod secrets;

@@ -20,8 +20,7 @@ pub(super) struct TableBytes {
 
 impl TableBytes {
     /// A full table of `geometry`; `timed` (`max_age`) puts a time beside each entry: 16 bytes
-    /// a slot in process instead of 8, 12 an entry in Memcached instead of 8. A Redis entry
-    /// carries its time either way.
+    /// a slot in process instead of 8, 12 an entry in Memcached and Redis instead of 8.
     pub(super) fn of(geometry: Geometry, timed: bool) -> Self {
         TableBytes {
             in_process: geometry.memory_bytes() * if timed { 2 } else { 1 },
@@ -30,7 +29,11 @@ impl TableBytes {
             } else {
                 sizing::memcached_bytes_estimate(geometry)
             },
-            redis: sizing::redis_bytes_estimate(geometry),
+            redis: if timed {
+                sizing::redis_timed_bytes_estimate(geometry)
+            } else {
+                sizing::redis_bytes_estimate(geometry)
+            },
         }
     }
 

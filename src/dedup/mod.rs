@@ -16,6 +16,8 @@
 #[cfg(feature = "sidecar")]
 pub mod backend;
 pub mod clock;
+#[cfg(any(feature = "memcached", feature = "redis"))]
+pub(crate) mod compact;
 pub(crate) mod digest;
 #[cfg(any(feature = "memcached", feature = "redis"))]
 pub mod fleet;
@@ -55,6 +57,11 @@ pub enum Claim {
 /// (`MemcachedConfig::slots_per_item`): whole sets, as many as fit. Beside the geometry, in
 /// every build, because `size` estimates a table's Memcached memory with it.
 pub(crate) const MEMCACHED_SLOTS_PER_ITEM: u32 = 64;
+
+/// Slots a Redis key holds in the compact layout (key format 3): whole sets, as many as fit.
+/// Beside the geometry, in every build, because `size` estimates a table's Redis memory with
+/// it.
+pub(crate) const REDIS_SLOTS_PER_KEY: u32 = 64;
 
 /// The shape of a table: how many slots, grouped in sets of how many ways.
 ///

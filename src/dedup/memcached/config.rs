@@ -131,11 +131,11 @@ impl MemcachedConfig {
         if self.max_cas_retries == 0 {
             return invalid("`max_cas_retries` (MemcachedConfig) must be at least 1".into());
         }
-        if !(1..=super::item::MAX_SLOTS as u32).contains(&self.slots_per_item) {
+        if !(1..=crate::dedup::compact::MAX_SLOTS as u32).contains(&self.slots_per_item) {
             return invalid(
                 format!(
                     "`slots_per_item` (MemcachedConfig) must be from 1 to {}, got {}",
-                    super::item::MAX_SLOTS,
+                    crate::dedup::compact::MAX_SLOTS,
                     self.slots_per_item
                 )
                 .into(),

@@ -4,7 +4,7 @@
 //! - **format 1** (`set.rs`): an item per set, each entry 34 bytes (the whole digest, state,
 //!   time and owner). Read and written as the previous generation of a table that moves to
 //!   format 2, never made anew.
-//! - **format 2** (`item.rs`, the default): an item holds `sets_per_item` consecutive sets
+//! - **format 2** (`dedup/compact.rs`, the default): an item holds `sets_per_item` consecutive sets
 //!   (so that it has [`MemcachedConfig::slots_per_item`](super::MemcachedConfig::slots_per_item)
 //!   slots), each entry 8 bytes (12 with `max_age`), an entry in flight 17 more.
 //!
@@ -13,8 +13,8 @@
 
 use std::time::Duration;
 
-use super::item::{self, ItemState, COMPACT_TIMED, COMPACT_UNTIMED};
 use super::set::{self, LeaseFacts, Op, Outcome, SetState};
+use crate::dedup::compact::{self as item, ItemState, COMPACT_TIMED, COMPACT_UNTIMED};
 use crate::dedup::shared::value_version;
 use crate::dedup::{Digest, Geometry};
 

@@ -8,7 +8,7 @@
 //! # Items
 //!
 //! The table's sets are kept in items, several consecutive sets an item (the layout, key
-//! format 2, `item.rs`): item `i` holds sets `i × g` to `i × g + g - 1`, where `g` is as many
+//! format 2, [`crate::dedup::compact`]): item `i` holds sets `i × g` to `i × g + g - 1`, where `g` is as many
 //! whole sets as fit [`MemcachedConfig::slots_per_item`] slots (64 by default: 8 sets of 8
 //! ways). Its key is `<namespace>:<i>`, where the namespace is
 //! `<prefix>:v<format>:<sets>x<ways>g<g>`: tables of different shapes or layouts never read
@@ -24,7 +24,7 @@
 //! entry is final: nobody may erase it, not even its claimer (erase is for a claim whose
 //! processing failed). An entry claimed done at once keeps its record until its lease ends, so
 //! that its claimer can still erase it for a handler that failed all the same. The value's
-//! bytes are in `item.rs`. An item that is still filling holds each set's slots only up to its
+//! bytes are in [`crate::dedup::compact`]. An item that is still filling holds each set's slots only up to its
 //! last occupied one (its short form), so that a table that is filling costs memcached the
 //! slots it uses, not whole items.
 //!
@@ -143,7 +143,7 @@
 //! reached the server before the error stands as an in-flight entry that expires with its
 //! lease.
 //!
-//! Files: `item.rs` is the pure model of an item's value, `set.rs` that of the earlier
+//! Files: `dedup/compact.rs` is the pure model of an item's value, `set.rs` that of the earlier
 //! layout's, `layout.rs` picks one by the key format, `batch.rs` runs a batch's pipelines,
 //! `coalesce.rs` gathers single operations into batches, `conn.rs` and `pool.rs` are the
 //! connections, `routing.rs` and `health.rs` pick a set's server and eject a failing one,
@@ -156,7 +156,6 @@ mod conn;
 mod fleet;
 mod generation;
 mod health;
-mod item;
 mod layout;
 mod pool;
 mod routing;

@@ -2,6 +2,7 @@
 //! them ([`apply`]), and the value's bytes ([`encode`], [`decode`]). No I/O: the store reads a
 //! value, applies operations here and compare-and-swaps the result.
 
+pub(super) use crate::dedup::compact::{LeaseFacts, Op, Outcome};
 use crate::dedup::shared::{FORMAT_VERSION, FORMAT_VERSION_TIMED};
 use crate::dedup::{Claim, Digest};
 
@@ -10,25 +11,6 @@ pub(super) const ENTRY_BYTES: usize = 34;
 
 /// Bytes before the first entry: version, cursor, count.
 const HEADER_BYTES: usize = 3;
-
-/// What one operation does to the entry of its digest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Op {
-    Claim,
-    /// A claim whose new entry is written done, as a claim then a commit would leave it:
-    /// for a handler whose accepted message is final.
-    ClaimDone,
-    Commit,
-    Erase,
-    Renew,
-}
-
-/// The answer of one operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Outcome {
-    Claim(Claim),
-    Held(bool),
-}
 
 /// The state of an entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,16 +28,6 @@ pub(super) struct Entry {
     /// 1, or committed without `max_age`). Milliseconds since the Unix epoch.
     pub(super) lease_until_ms: u64,
     pub(super) owner: u64,
-}
-
-/// What a decision needs to know besides the set: the time, the lease, who we are.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct LeaseFacts {
-    pub(super) now_ms: u64,
-    pub(super) lease_until_ms: u64,
-    pub(super) owner: u64,
-    /// Done entries committed longer ago than this count as not seen.
-    pub(super) max_age_ms: Option<u64>,
 }
 
 /// The most ways a set has ([`Geometry::SUPPORTED_WAYS`](crate::dedup::Geometry::SUPPORTED_WAYS)).

@@ -1,8 +1,8 @@
 //! The Redis side of a table's generations (the rules are in
 //! [`crate::dedup::generational`]): the descriptor key `<prefix>:table`, read and replaced
 //! by one script run (a compare-and-set Redis runs whole), and a claim's read-only look-up in
-//! a previous shape's set, one read of the set's key (a pipelined `GET`) decided as a claim
-//! would decide it.
+//! a previous shape's set, one read of the key that holds the set (a pipelined `GET`) decided
+//! as a claim would decide it, in either layout (`layout`).
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -10,11 +10,11 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use redis::Value;
 
+use super::layout::{ITEMS_FORMAT, SETS_FORMAT};
 use super::slots::key_slot;
-use super::value::{self, Stored};
-use super::{Op, RedisStore};
+use super::{claim_answer, Op, RedisStore};
 use crate::dedup::generational::{Generation, Shape, DESCRIPTOR_SUFFIX};
-use crate::dedup::shared::{now_ms, REDIS_KEY_VERSION};
+use crate::dedup::shared::now_ms;
 use crate::dedup::{Claim, Digest, Geometry};
 use crate::error::StoreError;
 
@@ -29,6 +29,10 @@ static READ_OR_SWAP: LazyLock<redis::Script> = LazyLock::new(|| {
          return held",
     )
 });
+
+/// Sets of the layout of a key per set read to find whether a namespace without a
+/// descriptor holds a table of it.
+const PROBED_SETS: u64 = 64;
 
 impl RedisStore {
     /// What `key` holds (`None`: nothing), and with `swap = Some((expected, new))` writes
@@ -125,7 +129,13 @@ impl RedisStore {
 
 impl Generation for RedisStore {
     fn format(&self) -> u8 {
-        REDIS_KEY_VERSION
+        self.inner.layout.format()
+    }
+
+    /// Its own format, and the other of the two layouts: a key per set (format 2), which a
+    /// table moves from, and the compact layout (format 3).
+    fn reads_format(&self, format: u8) -> bool {
+        format == SETS_FORMAT || format == ITEMS_FORMAT
     }
 
     fn table(&self) -> Geometry {
@@ -136,15 +146,39 @@ impl Generation for RedisStore {
         self.inner.config.max_age
     }
 
+    /// The table of a key per set (key format 2) at this store's geometry, when a key of it
+    /// is found among 64 sets spread over the table (`PROBED_SETS`, one pipeline of reads
+    /// per node): a table that versions before descriptors kept. A table whose probed sets
+    /// are all absent holds little (most of its sets are empty) and is not read.
+    async fn earlier_table(&self) -> Result<Option<Shape>, StoreError> {
+        if self.inner.layout.format() != ITEMS_FORMAT {
+            return Ok(None);
+        }
+        let geometry = self.inner.geometry;
+        let earlier = RedisStore::new_lazy_in(self.inner.config.clone(), geometry, SETS_FORMAT)?;
+        let sets = geometry.sets();
+        let mut probed: Vec<u64> = (0..PROBED_SETS).map(|i| i * sets / PROBED_SETS).collect();
+        probed.dedup();
+        for read in earlier.read_previous_sets(&probed).await {
+            if read?.is_some() {
+                return Ok(Some(Shape {
+                    format: SETS_FORMAT,
+                    geometry,
+                }));
+            }
+        }
+        Ok(None)
+    }
+
     fn reshaped(&self, shape: Shape) -> Result<Self, StoreError> {
-        RedisStore::new_lazy(self.inner.config.clone(), shape.geometry)
+        RedisStore::new_lazy_in(self.inner.config.clone(), shape.geometry, shape.format)
     }
 
     async fn look_up_many(&self, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
-        let geometry = self.inner.geometry;
+        let (geometry, layout) = (self.inner.geometry, self.inner.layout);
         let mut sets: Vec<u64> = digests
             .iter()
-            .map(|&digest| geometry.set_of(digest))
+            .map(|&digest| layout.key_of(geometry.set_of(digest)))
             .collect();
         sets.sort_unstable();
         sets.dedup();
@@ -153,18 +187,21 @@ impl Generation for RedisStore {
         digests
             .iter()
             .map(|&digest| {
-                let set = self.inner.geometry.set_of(digest);
+                let set = layout.key_of(geometry.set_of(digest));
                 let at = sets
                     .binary_search(&set)
                     .map_err(|_| StoreError::Protocol("a look-up lost its set".into()))?;
-                let held = read[at].clone()?;
+                let held = read[at].as_ref().map_err(Clone::clone)?;
                 // Decided as a claim would decide, on a copy that is never written back.
-                let (answer, _) = value::apply(&mut Stored(held), Op::Claim, digest, &facts);
-                Ok(match answer & 3 {
-                    1 => Claim::InFlight,
-                    2 => Claim::Duplicate,
-                    _ => Claim::New,
-                })
+                let decided = layout.decide(
+                    (set, geometry),
+                    held.as_deref(),
+                    Op::Claim,
+                    std::iter::once((0, digest)),
+                    &facts,
+                );
+                let answer = decided.staged.first().map_or(0, |&(_, answer)| answer);
+                claim_answer(answer)
             })
             .collect()
     }

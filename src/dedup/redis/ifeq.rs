@@ -55,7 +55,8 @@ use futures::future::join_all;
 use redis::Value;
 use tokio::time::Instant;
 
-use super::value::{self, Facts, Shape};
+use super::layout::Layout;
+use super::value::Facts;
 use super::{Op, RedisStore};
 use crate::dedup::shared::{now_ms, value_version};
 use crate::dedup::Digest;
@@ -64,6 +65,11 @@ use crate::fold_hash::IdHasher;
 
 /// Reads and writes of one set before it is left to the script.
 const MAX_ROUNDS: usize = 4;
+
+/// The same in the compact layout, whose keys are fewer (a key holds 8 sets) and so met by
+/// more writers at once, and whose keys left over are each read and written alone (`items`),
+/// which costs more than a round of a pipeline.
+const MAX_ROUNDS_COMPACT: usize = 8;
 
 /// The most sets whose last written value a store keeps (up to 275 bytes each at 8 ways).
 const KNOWN_SETS: usize = 16_384;
@@ -104,7 +110,7 @@ impl Ifeq {
 
     /// Keeps `value`, just written to `set`; when [`KNOWN_SETS`] are kept, all are forgotten
     /// first.
-    fn remember(&self, set: u64, value: Vec<u8>) {
+    pub(super) fn remember(&self, set: u64, value: Vec<u8>) {
         let mut known = self.known();
         if known.len() >= KNOWN_SETS && !known.contains_key(&set) {
             known.clear();
@@ -131,10 +137,18 @@ impl Ifeq {
     pub(super) fn conflicts(&self) -> u64 {
         self.conflicts.load(Ordering::Relaxed)
     }
+
+    /// Counts a write that found its key changed since it was read.
+    pub(super) fn conflicted(&self) {
+        // A statistic: nothing else depends on it.
+        self.conflicts.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
-/// One set of a run: its operations and what the key holds.
+/// One key of a run (a set's, or in the compact layout an item's): its operations and what
+/// it holds.
 struct SetWork {
+    /// The key's number: its set's, or in the compact layout its item's.
     set: u64,
     key: String,
     /// Its operations, as indices into the run, in order.
@@ -244,7 +258,11 @@ impl RedisStore {
         let mut sets = self.sets_of(run);
         let mut answers: Answers = vec![None; run.len()];
         let mut pending: Vec<usize> = (0..sets.len()).collect();
-        for round in 0..MAX_ROUNDS {
+        let rounds = match self.inner.layout {
+            Layout::Sets => MAX_ROUNDS,
+            Layout::Items { .. } => MAX_ROUNDS_COMPACT,
+        };
+        for round in 0..rounds {
             if pending.is_empty() {
                 break;
             }
@@ -271,12 +289,14 @@ impl RedisStore {
         answers
     }
 
-    /// The sets of `run`'s digests in order of first appearance, each with its operations.
+    /// The keys of `run`'s digests (a set's, or in the compact layout an item's of several
+    /// sets) in order of first appearance, each with its operations.
     fn sets_of(&self, run: &[Digest]) -> Vec<SetWork> {
         let mut sets: Vec<SetWork> = Vec::new();
         let mut index: HashMap<u64, usize, IdHasher> = HashMap::default();
+        let layout = self.inner.layout;
         for (i, digest) in run.iter().enumerate() {
-            let set = self.inner.geometry.set_of(*digest);
+            let set = layout.key_of(self.inner.geometry.set_of(*digest));
             let at = *index.entry(set).or_insert_with(|| {
                 sets.push(SetWork {
                     set,
@@ -299,9 +319,4 @@ impl RedisStore {
 pub(super) fn is_syntax_error(reply: &Value) -> bool {
     matches!(reply, Value::ServerError(error)
         if error.details().is_some_and(|d| d.contains("syntax error")))
-}
-
-/// Whether what a key holds reads as a set that holds nothing (nothing, or not a set).
-fn holds_no_set(read: Option<&[u8]>, facts: &Facts) -> bool {
-    value::shape(read, facts) == Shape::Empty
 }

@@ -2,15 +2,27 @@
 //! (or Valkey) server or spread over a Redis Cluster.
 //!
 //! [`RedisStore`] keeps the Memcached store's table: the same [`Geometry`], the same
-//! digest-to-set mapping, one key per set named `<prefix>:v<format>:<sets>x<ways>:<set>`, the
-//! same 34-byte entries, replacement order, leases, owners and `max_age` (see
-//! [`MemcachedStore`](crate::MemcachedStore)). Only the value's layout differs (key format 2):
-//! a set is always `3 + 34 × ways` bytes, the entry of slot `i` at byte `3 + 34 i`, an empty
-//! slot all zeros and an erased one marked by a digest field of 0xFF bytes (`set.lua` has the
-//! layout), so that the script checks a stored set by its
-//! length and header alone and writes only the bytes an operation changes (`SETRANGE`), never a
-//! whole new value. Every set may live on any slot, so in a cluster the sets spread over all
-//! masters.
+//! digest-to-set mapping, replacement order, leases, owners and `max_age` (see
+//! [`MemcachedStore`](crate::MemcachedStore)), in one of two layouts (`layout`), named by the
+//! key format in the namespace `<prefix>:v<format>:<sets>x<ways>`:
+//!
+//! - **The compact layout** (key format 3, new tables'): Memcached's compact items
+//!   ([`crate::dedup::compact`]) in Redis keys, `<namespace>g<sets a key>:<n>`, 64 slots a
+//!   key (8 sets of 8 ways), 8-byte entries and a lease record only while an entry is in
+//!   flight. Every operation is decided in the client and the key written back whole by a
+//!   compare-and-set: `SET key new IFEQ old` where the servers have it (Valkey 8.1 or later),
+//!   else an `EVALSHA` of a compare-and-set script (`cas.lua`), pipelined the same way
+//!   (`ifeq`); a key the pipelines leave is read and written on its own through the script
+//!   (`items`). A committed entry keeps no owner, so it is final (an erase answers `false`).
+//! - **A key per set** (key format 2, which a table moves from: read and written as the
+//!   previous generation until it retires, see [`crate::dedup::generational`]): a set is
+//!   always `3 + 34 × ways` bytes, the entry of slot `i` at byte `3 + 34 i`, an empty slot all
+//!   zeros and an erased one marked by a digest field of 0xFF bytes (`set.lua` has the
+//!   layout), so that the script checks a stored set by its length and header alone and
+//!   writes only the bytes an operation changes (`SETRANGE`), never a whole new value.
+//!
+//! Every key may live on any slot, so in a cluster the keys spread over all masters. The
+//! rest of these docs, but where they name the compact layout, are about a key per set.
 //!
 //! A claim answers the slot of its digest's entry, and the store keeps it while the claim is
 //! in flight (`hints`): the digest's erase or renew then reads only that entry (`GETRANGE` of
@@ -83,11 +95,12 @@
 //!
 //! # Memory
 //!
-//! The sets have no expiry (the fleet's counters do): give Redis `maxmemory` with
-//! `maxmemory-policy allkeys-lru` to let it remove the sets of namespaces nobody uses. An
-//! expiry an operator gives a set's key is kept by every write of either path (`SETRANGE`,
-//! and `SET … KEEPTTL` where a whole set is written). `nsq-dedupe size` reports the bytes per
-//! set that `MEMORY USAGE` measures on a full set.
+//! The keys have no expiry (the fleet's counters do): give Redis `maxmemory` with
+//! `maxmemory-policy allkeys-lru` to let it remove the keys of namespaces nobody uses. An
+//! expiry an operator gives a key is kept by every write of every path (`SETRANGE`, and
+//! `SET … KEEPTTL` where a whole value is written, the compare-and-set script's included).
+//! `nsq-dedupe size` reports the memory of a full table in the compact layout
+//! ([`crate::sizing::redis_bytes_estimate`]).
 
 mod commit;
 mod config;
@@ -98,6 +111,8 @@ mod fleet;
 mod generation;
 mod hints;
 mod ifeq;
+mod items;
+mod layout;
 mod refusal;
 mod script;
 mod slots;
@@ -108,15 +123,19 @@ use std::sync::Arc;
 
 use self::conn::Link;
 use self::hints::Hints;
+use self::layout::{Layout, ITEMS_FORMAT};
 use self::script::Target;
 use self::slots::key_slot;
-use crate::dedup::shared::{random_owner, REDIS_KEY_VERSION};
+use crate::dedup::shared::random_owner;
 use crate::dedup::{Claim, Digest, Geometry, Store};
 use crate::error::StoreError;
 pub use config::{RedisConfig, RedisPassword};
 
-/// The script of every operation.
+/// The script of every operation on a table of a key per set.
 const SET_SCRIPT: &str = include_str!("set.lua");
+
+/// The compare-and-set of the compact layout, for servers without `SET … IFEQ`.
+const CAS_SCRIPT: &str = include_str!("cas.lua");
 
 /// What one operation does to the entry of its digest, as the script's first argument.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,6 +149,18 @@ enum Op {
 }
 
 impl Op {
+    /// The operation as the compact layout's model names it.
+    fn compact(self) -> crate::dedup::compact::Op {
+        use crate::dedup::compact::Op as Compact;
+        match self {
+            Op::Claim => Compact::Claim,
+            Op::ClaimDone => Compact::ClaimDone,
+            Op::Commit => Compact::Commit,
+            Op::Erase => Compact::Erase,
+            Op::Renew => Compact::Renew,
+        }
+    }
+
     fn code(self) -> &'static str {
         match self {
             Op::Claim => "c",
@@ -153,10 +184,14 @@ pub struct RedisStore {
 struct Inner {
     config: RedisConfig,
     geometry: Geometry,
-    /// `<prefix>:v<format>:<sets>x<ways>`.
+    /// How the table's sets are kept in keys: its key format.
+    layout: Layout,
+    /// `<prefix>:v<format>:<sets>x<ways>`, and `g<sets a key>` in the compact layout.
     namespace: String,
     owner: u64,
     link: Link,
+    /// The script of the layout: `set.lua` for a key per set, the compare-and-set `cas.lua`
+    /// for the compact layout.
     script: redis::Script,
     /// The script of the fleet's counters (`fleet.rs`), loaded on its first use.
     fleet_script: redis::Script,
@@ -181,9 +216,9 @@ impl std::fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
-    /// Builds a store for a table of shape `geometry`, connects, loads the script (on every
-    /// node of a cluster), and asks whether the servers have `SET … IFEQ` (see
-    /// [`RedisStore::uses_ifeq`]).
+    /// Builds a store for a table of shape `geometry` in the compact layout (key format 3),
+    /// connects, loads its script (on every node of a cluster), and asks whether the servers
+    /// have `SET … IFEQ` (see [`RedisStore::uses_ifeq`]).
     ///
     /// # Errors
     ///
@@ -201,24 +236,64 @@ impl RedisStore {
     /// # Errors
     ///
     /// [`StoreError::Config`] for an invalid `config`.
-    pub fn new_lazy(mut config: RedisConfig, geometry: Geometry) -> Result<Self, StoreError> {
+    pub fn new_lazy(config: RedisConfig, geometry: Geometry) -> Result<Self, StoreError> {
+        Self::new_lazy_in(config, geometry, ITEMS_FORMAT)
+    }
+
+    /// [`RedisStore::connect`] for a table of key format `format`: 2, a key per set, or 3, the
+    /// compact layout (see `layout`).
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisStore::connect`], and [`StoreError::Protocol`] for a key format this
+    /// version does not read.
+    #[doc(hidden)]
+    pub async fn connect_in(
+        config: RedisConfig,
+        geometry: Geometry,
+        format: u8,
+    ) -> Result<Self, StoreError> {
+        let store = Self::new_lazy_in(config, geometry, format)?;
+        store.load_script().await?;
+        store.probe_ifeq().await;
+        Ok(store)
+    }
+
+    /// [`RedisStore::new_lazy`] for a table of key format `format`.
+    fn new_lazy_in(
+        mut config: RedisConfig,
+        geometry: Geometry,
+        format: u8,
+    ) -> Result<Self, StoreError> {
         config.take_url_passwords()?;
         config.validate()?;
-        let namespace = format!(
-            "{}:v{REDIS_KEY_VERSION}:{}x{}",
-            config.namespace,
-            geometry.sets(),
-            geometry.ways()
-        );
+        let layout = Layout::of(format, geometry.ways()).ok_or_else(|| {
+            StoreError::Protocol(format!(
+                "a Redis table of key format {format}, which this version does not read"
+            ))
+        })?;
+        let (sets, ways) = (geometry.sets(), geometry.ways());
+        let namespace = match layout {
+            Layout::Sets => format!("{}:v{format}:{sets}x{ways}", config.namespace),
+            Layout::Items { sets_per_key } => format!(
+                "{}:v{format}:{sets}x{ways}g{sets_per_key}",
+                config.namespace
+            ),
+        };
+        let script = match layout {
+            Layout::Sets => SET_SCRIPT,
+            Layout::Items { .. } => CAS_SCRIPT,
+        };
         let link = Link::new(&config)?;
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 config,
                 geometry,
+                layout,
                 namespace,
                 owner: random_owner(),
                 link,
-                script: redis::Script::new(SET_SCRIPT),
+                script: redis::Script::new(script),
                 fleet_script: redis::Script::new(fleet::FLEET_SCRIPT),
                 unreadable: AtomicU64::new(0),
                 hints: Hints::default(),
@@ -275,9 +350,17 @@ impl RedisStore {
         &self.inner.namespace
     }
 
-    /// The Redis key of the set that `digest` belongs to.
+    /// The Redis key of the set that `digest` belongs to (in the compact layout, of the key
+    /// that holds its set).
     pub fn set_key(&self, digest: Digest) -> String {
-        self.key_of_set(self.inner.geometry.set_of(digest))
+        let set = self.inner.geometry.set_of(digest);
+        self.key_of_set(self.inner.layout.key_of(set))
+    }
+
+    /// The table's key format: 2, a key per set, or 3, the compact layout.
+    #[doc(hidden)]
+    pub fn key_format(&self) -> u8 {
+        self.inner.layout.format()
     }
 
     /// The Redis Cluster slot of `key`, as the cluster computes it (CRC16 of the key, or of
@@ -305,6 +388,7 @@ impl RedisStore {
         self.inner.link.retries.load(Ordering::Relaxed)
     }
 
+    /// The key of number `set`: a set's, or in the compact layout an item's of several sets.
     fn key_of_set(&self, set: u64) -> String {
         let mut key = String::new();
         self.write_key(&mut key, set);
@@ -341,6 +425,10 @@ impl RedisStore {
     async fn held_many(&self, op: Op, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
         let hints = &self.inner.hints;
         let ifeq = self.ifeq_on().await;
+        if self.inner.layout != Layout::Sets {
+            let answers = self.compact_many(op, digests).await;
+            return answers.into_iter().map(|a| held_answer(op, a)).collect();
+        }
         let slots = match op {
             // Claims made with IFEQ keep no hint.
             _ if ifeq => vec![None; digests.len()],
@@ -358,13 +446,7 @@ impl RedisStore {
         self.script_the_rest(op, answers, |i| targets[i])
             .await
             .into_iter()
-            .map(|answer| match answer? {
-                0 => Ok(false),
-                1 => Ok(true),
-                other => Err(StoreError::Protocol(format!(
-                    "the set script answered {other} to a {op:?}"
-                ))),
-            })
+            .map(|answer| held_answer(op, answer))
             .collect()
     }
 
@@ -408,6 +490,10 @@ impl RedisStore {
     async fn claims(&self, op: Op, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
         let filling = &self.inner.filling;
         let ifeq = self.ifeq_on().await;
+        if self.inner.layout != Layout::Sets {
+            let answers = self.compact_many(op, digests).await;
+            return answers.into_iter().map(|a| claim_answer(a?)).collect();
+        }
         let creating = !ifeq && filling.get();
         let answers = if ifeq {
             self.ifeq_many(op, digests).await
@@ -429,18 +515,8 @@ impl RedisStore {
             .into_iter()
             .zip(digests)
             .map(|(answer, &digest)| {
-                // The answer's low two bits, and the entry's slot above them.
                 let answer = answer?;
-                let claim = match answer & 3 {
-                    0 => Claim::New,
-                    1 => Claim::InFlight,
-                    2 => Claim::Duplicate,
-                    _ => {
-                        return Err(StoreError::Protocol(format!(
-                            "the set script answered {answer} to a claim"
-                        )))
-                    }
-                };
+                let claim = claim_answer(answer)?;
                 // A claim's commit, erase or renew goes through its slot; an entry claimed
                 // done has no commit to follow.
                 match u8::try_from(answer >> 2) {
@@ -454,6 +530,30 @@ impl RedisStore {
             .collect();
         self.inner.hints.remember(claimed);
         claims
+    }
+}
+
+/// A claim as the set script answers it: the answer's low two bits, and the entry's slot
+/// above them.
+fn claim_answer(answer: i64) -> Result<Claim, StoreError> {
+    match answer & 3 {
+        0 => Ok(Claim::New),
+        1 => Ok(Claim::InFlight),
+        2 => Ok(Claim::Duplicate),
+        _ => Err(StoreError::Protocol(format!(
+            "the set script answered {answer} to a claim"
+        ))),
+    }
+}
+
+/// A commit, erase or renew as the set script answers it.
+fn held_answer(op: Op, answer: Result<i64, StoreError>) -> Result<bool, StoreError> {
+    match answer? {
+        0 => Ok(false),
+        1 => Ok(true),
+        other => Err(StoreError::Protocol(format!(
+            "the set script answered {other} to a {op:?}"
+        ))),
     }
 }
 

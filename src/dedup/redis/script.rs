@@ -100,13 +100,15 @@ impl RedisStore {
     }
 
     /// The indices `0..count` of digests (`digest(i)` the `i`th) in runs of at most
-    /// [`MAX_RUN`]: standalone, in their order; in a cluster, grouped by the master of their
-    /// set's slot in the slot map as last read (in order of first appearance).
+    /// [`MAX_RUN`]: standalone, in their order; in a cluster, grouped by the master of the
+    /// slot of their key (their set's, or in the compact layout their item's) in the slot map
+    /// as last read (in order of first appearance).
     pub(super) fn runs(&self, count: usize, digest: impl Fn(usize) -> Digest) -> Vec<Vec<usize>> {
         let inner = &*self.inner;
         let mut key = String::with_capacity(inner.namespace.len() + 21);
         self.runs_by_slot(count, |i| {
-            self.write_key(&mut key, inner.geometry.set_of(digest(i)));
+            let set = inner.geometry.set_of(digest(i));
+            self.write_key(&mut key, inner.layout.key_of(set));
             key_slot(key.as_bytes())
         })
     }

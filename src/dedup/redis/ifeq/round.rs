@@ -8,9 +8,10 @@ use redis::Value;
 use tokio::time::Instant;
 
 use super::super::entry::{command, ENTRY_BYTES};
-use super::super::value::{self, Facts, Stored};
+use super::super::layout::Layout;
+use super::super::value::Facts;
 use super::super::{key_slot, Op, RedisStore};
-use super::{holds_no_set, is_syntax_error, Answers, SetWork, REFUSED};
+use super::{is_syntax_error, Answers, SetWork, REFUSED};
 use crate::dedup::Digest;
 use crate::error::StoreError;
 
@@ -46,6 +47,7 @@ impl RedisStore {
         (facts, answers): (&Facts, &mut Answers),
     ) -> Result<(), StoreError> {
         let inner = &*self.inner;
+        let (layout, geometry) = (inner.layout, inner.geometry);
         let claiming = matches!(op, Op::Claim | Op::ClaimDone);
         let reads = self.kept_or_read((op, run), (sets, pending), round, facts);
         let Some(&(first, _)) = reads.first() else {
@@ -82,7 +84,7 @@ impl RedisStore {
                     no_set += 1;
                 }
                 (Value::BulkString(stored), _) => {
-                    if holds_no_set(Some(&stored), facts) {
+                    if layout.holds_nothing(Some(&stored), work.set, geometry, facts) {
                         no_set += 1;
                         unreadable += 1;
                     }
@@ -134,9 +136,16 @@ impl RedisStore {
             }
             work.kept = false;
             let create = (creating && work.settled == 0).then(|| {
-                let mut created = Stored(None);
-                let (answer, _) = value::apply(&mut created, op, run[work.ops[0]], facts);
-                (created.0.unwrap_or_default(), answer)
+                let first = work.ops[0];
+                let created = inner.layout.decide(
+                    (work.set, inner.geometry),
+                    None,
+                    op,
+                    std::iter::once((first, run[first])),
+                    facts,
+                );
+                let answer = created.staged.first().map_or(0, |&(_, answer)| answer);
+                (created.value.unwrap_or_default(), answer)
             });
             reads.push((s, create));
         }
@@ -160,16 +169,16 @@ impl RedisStore {
             if work.to_script {
                 continue;
             }
-            let mut stored = Stored(work.read.clone());
-            let mut staged = Vec::with_capacity(work.ops.len() - work.settled);
-            let mut changed = false;
-            for &i in &work.ops[work.settled..] {
-                let (answer, wrote) = value::apply(&mut stored, op, run[i], facts);
-                staged.push((i, answer));
-                changed |= wrote;
-            }
-            match (changed, stored.0) {
-                (true, Some(value)) => writes.push(Planned {
+            let decided = self.inner.layout.decide(
+                (work.set, self.inner.geometry),
+                work.read.as_deref(),
+                op,
+                work.ops[work.settled..].iter().map(|&i| (i, run[i])),
+                facts,
+            );
+            let staged = decided.staged;
+            match decided.value {
+                Some(value) => writes.push(Planned {
                     set: s,
                     value,
                     staged,
@@ -207,7 +216,10 @@ impl RedisStore {
             return Ok(());
         };
         let slot = key_slot(sets[first.set].key.as_bytes());
-        let pipe = write_commands(sets, &writes);
+        // The compact layout on servers without IFEQ compares and sets by script.
+        let by_script =
+            (inner.layout != Layout::Sets && !inner.ifeq.on()).then(|| inner.script.get_hash());
+        let pipe = write_commands(sets, &writes, by_script);
         let replies = match inner
             .link
             .pipeline(slot, &pipe, writes.len(), deadline)
@@ -230,16 +242,15 @@ impl RedisStore {
         for (write, reply) in writes.into_iter().zip(replies) {
             let work = &mut sets[write.set];
             match reply {
-                Value::Okay => {
+                Value::Okay | Value::Int(1) => {
                     for (i, answer) in write.staged {
                         answers[i] = Some(Ok(answer));
                     }
                     inner.ifeq.remember(work.set, write.value);
                 }
                 // The set is not what it was decided on (or, for NX, exists now).
-                Value::Nil => {
-                    // A statistic: nothing else depends on it.
-                    inner.ifeq.conflicts.fetch_add(1, Ordering::Relaxed);
+                Value::Nil | Value::Int(0) => {
+                    inner.ifeq.conflicted();
                     pending.push(write.set);
                 }
                 reply => {
@@ -323,23 +334,44 @@ fn read_commands(sets: &[SetWork], reads: &[Read]) -> redis::Pipeline {
     pipe
 }
 
-/// The write of each of `writes` (see [`RedisStore::write_sets`]).
-fn write_commands(sets: &[SetWork], writes: &[Planned]) -> redis::Pipeline {
+/// The write of each of `writes` (see [`RedisStore::write_sets`]): with `by_script`, the
+/// compare-and-set script's hash, a key that held a value is written by that script
+/// (`EVALSHA <hash> 1 key new old`) instead of `SET … IFEQ`.
+fn write_commands(
+    sets: &[SetWork],
+    writes: &[Planned],
+    by_script: Option<&str>,
+) -> redis::Pipeline {
     let mut pipe = redis::Pipeline::with_capacity(writes.len());
     for write in writes {
         let work = &sets[write.set];
         let key = work.key.as_str();
         let bytes = key.len() + 2 * (write.value.len() + ENTRY_BYTES);
-        let mut cmd = command("SET", 7, bytes);
-        cmd.arg(key).arg(&write.value[..]);
-        match &work.read {
-            Some(old) => {
-                cmd.arg("IFEQ").arg(&old[..]).arg("KEEPTTL");
+        let cmd = match (&work.read, by_script) {
+            (Some(old), Some(hash)) => {
+                let mut cmd = command("EVALSHA", 6, bytes + hash.len());
+                cmd.arg(hash)
+                    .arg(1)
+                    .arg(key)
+                    .arg(&write.value[..])
+                    .arg(&old[..]);
+                cmd
             }
-            None => {
-                cmd.arg("NX");
+            (Some(old), None) => {
+                let mut cmd = command("SET", 6, bytes);
+                cmd.arg(key)
+                    .arg(&write.value[..])
+                    .arg("IFEQ")
+                    .arg(&old[..])
+                    .arg("KEEPTTL");
+                cmd
             }
-        }
+            (None, _) => {
+                let mut cmd = command("SET", 4, bytes);
+                cmd.arg(key).arg(&write.value[..]).arg("NX");
+                cmd
+            }
+        };
         pipe.add_command(cmd);
     }
     pipe

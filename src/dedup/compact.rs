@@ -1,8 +1,10 @@
-//! The pure model of one item of the compact layout (key format 2): several consecutive sets
-//! of the table in one memcached value, each entry an 8-byte fingerprint (and, when done
+//! The compact layout of a shared table (Memcached's key format 2, Redis's key format 3), in
+//! one store-neutral model with no I/O: several consecutive sets of the table in one stored
+//! value (a Memcached item, a Redis key), each entry an 8-byte fingerprint (and, when done
 //! entries expire, the second of its commit), and a lease's owner and expiry kept only while
 //! its entry is in flight. How an operation changes an item ([`apply`]) and the value's bytes
-//! ([`encode_into`], [`decode`]); no I/O.
+//! ([`encode_into`], [`decode`]). Each store reads a value, applies operations here and writes
+//! the result back with its own compare-and-set.
 //!
 //! The value, big-endian, in one of two forms. The full form holds every slot:
 //!
@@ -52,7 +54,7 @@
 //! is the low half: two digests of one set are told apart by 64 bits, so a message is taken
 //! for another one with a chance of about `ways` in 2^64 a claim.
 //!
-//! Two rules differ from the 34-byte entries of format 1 (see `set.rs`), both for the bytes a
+//! Two rules differ from the 34-byte entries (Memcached's format 1, `memcached/set.rs`), both for the bytes a
 //! done entry would otherwise keep. A committed entry has no owner, so it is final: an erase
 //! answers `false` for it, whoever asks (erase is for a claim whose processing failed). An
 //! entry claimed done at once keeps its claimer's record until its lease ends, so that a
@@ -63,13 +65,40 @@
 
 use crate::dedup::{Claim, Digest};
 
-use super::set::{LeaseFacts, Op, Outcome};
+/// What one operation does to the entry of its digest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    Claim,
+    /// A claim whose new entry is written done, as a claim then a commit would leave it:
+    /// for a handler whose accepted message is final.
+    ClaimDone,
+    Commit,
+    Erase,
+    Renew,
+}
+
+/// The answer of one operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Claim(Claim),
+    Held(bool),
+}
+
+/// What a decision needs to know besides the stored value: the time, the lease, who we are.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LeaseFacts {
+    pub(crate) now_ms: u64,
+    pub(crate) lease_until_ms: u64,
+    pub(crate) owner: u64,
+    /// Done entries committed longer ago than this count as not seen.
+    pub(crate) max_age_ms: Option<u64>,
+}
 
 /// The value format without times: done entries never expire.
-pub(super) const COMPACT_UNTIMED: u8 = 3;
+pub(crate) const COMPACT_UNTIMED: u8 = 3;
 
 /// The value format with the second of each done entry's commit (written with `max_age`).
-pub(super) const COMPACT_TIMED: u8 = 4;
+pub(crate) const COMPACT_TIMED: u8 = 4;
 
 /// The short form of [`COMPACT_UNTIMED`] and [`COMPACT_TIMED`]: each set's slots up to its
 /// last occupied one (see the module docs). The short format is the full one plus this.
@@ -79,10 +108,10 @@ const SHORT: u8 = 2;
 const HEADER_BYTES: usize = 4;
 
 /// Bytes of one in-flight record: slot, lease expiry, owner.
-pub(super) const FLIGHT_BYTES: usize = 17;
+pub(crate) const FLIGHT_BYTES: usize = 17;
 
 /// Bytes of one slot: a fingerprint, and in the timed format a second.
-pub(super) const fn slot_bytes(timed: bool) -> usize {
+pub(crate) const fn slot_bytes(timed: bool) -> usize {
     if timed {
         12
     } else {
@@ -91,16 +120,16 @@ pub(super) const fn slot_bytes(timed: bool) -> usize {
 }
 
 /// The most slots an item has: a slot's number, and the count of records, are a byte.
-pub(super) const MAX_SLOTS: usize = 255;
+pub(crate) const MAX_SLOTS: usize = 255;
 
 /// The value's length for an item of `sets` sets of `ways` ways and `flights` entries in
 /// flight.
-pub(super) const fn value_bytes(sets: usize, ways: usize, flights: usize, timed: bool) -> usize {
+pub(crate) const fn value_bytes(sets: usize, ways: usize, flights: usize, timed: bool) -> usize {
     HEADER_BYTES + sets + sets * ways * slot_bytes(timed) + flights * FLIGHT_BYTES
 }
 
 /// The fingerprint a digest is held by in its set.
-pub(super) fn fingerprint(digest: Digest) -> u64 {
+pub(crate) fn fingerprint(digest: Digest) -> u64 {
     digest.lo().max(1)
 }
 
@@ -125,7 +154,7 @@ const DONE_BIT: u64 = 1 << 63;
 
 /// One item: its sets' cursors, slots and in-flight leases.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct ItemState {
+pub(crate) struct ItemState {
     ways: usize,
     cursors: Vec<u8>,
     slots: Vec<Slot>,
@@ -134,7 +163,7 @@ pub(super) struct ItemState {
 
 impl ItemState {
     /// An item of `sets` empty sets of `ways` ways (`sets × ways` at most [`MAX_SLOTS`]).
-    pub(super) fn empty(sets: usize, ways: usize) -> Self {
+    pub(crate) fn empty(sets: usize, ways: usize) -> Self {
         ItemState {
             ways,
             cursors: vec![0; sets],
@@ -145,7 +174,7 @@ impl ItemState {
 
     /// How many entries are in flight.
     #[cfg(test)]
-    pub(super) fn in_flight(&self) -> usize {
+    pub(crate) fn in_flight(&self) -> usize {
         self.flights.len()
     }
 
@@ -191,9 +220,9 @@ fn done_second(facts: LeaseFacts) -> u32 {
 /// Applies `op` for `digest`, which belongs to set `set` of the item (its number within the
 /// item). Returns the answer and whether the item changed (and must be written).
 ///
-/// Replacement within the set is the in-process table's, as in `set.rs`: a new digest takes
+/// Replacement within the set is the in-process table's, as in `memcached/set.rs`: a new digest takes
 /// the first empty slot, else the slot at the cursor, and the cursor moves on by one.
-pub(super) fn apply(
+pub(crate) fn apply(
     item: &mut ItemState,
     set: usize,
     op: Op,
@@ -347,7 +376,7 @@ fn held_len(item: &ItemState, set: usize) -> usize {
 /// Encodes an item (see the module docs) in format `version` ([`COMPACT_UNTIMED`] or
 /// [`COMPACT_TIMED`]) into `out`, replacing what it held: in the short form when that is
 /// shorter than the full one.
-pub(super) fn encode_into(item: &ItemState, version: u8, out: &mut Vec<u8>) {
+pub(crate) fn encode_into(item: &ItemState, version: u8, out: &mut Vec<u8>) {
     let timed = version == COMPACT_TIMED;
     let width = slot_bytes(timed);
     let sets = item.cursors.len();
@@ -411,7 +440,7 @@ pub(super) fn encode_into(item: &ItemState, version: u8, out: &mut Vec<u8>) {
 
 /// Why a value could not be decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum DecodeError {
+pub(crate) enum DecodeError {
     /// Shorter or longer than its counts say.
     Length,
     /// Written by another format.
@@ -423,7 +452,7 @@ pub(super) enum DecodeError {
 }
 
 /// Decodes an item of `sets` sets of `ways` ways, in either form.
-pub(super) fn decode(value: &[u8], sets: usize, ways: usize) -> Result<ItemState, DecodeError> {
+pub(crate) fn decode(value: &[u8], sets: usize, ways: usize) -> Result<ItemState, DecodeError> {
     let [version, held_sets, held_ways, flights, rest @ ..] = value else {
         return Err(DecodeError::Length);
     };
