@@ -999,7 +999,7 @@ async fn process_all(
     digests: &[Digest],
     at: usize,
     during: impl FnOnce() + Send + 'static,
-) -> u32 {
+) -> Processed {
     let done = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let next = Arc::new(AtomicU64::new(0));
@@ -1029,13 +1029,26 @@ async fn process_all(
                 std::thread::sleep(Duration::from_millis(5));
             }
             during();
+            done.load(Ordering::Relaxed) as usize
         })
     };
     for task in tasks {
         task.await.expect("a worker panicked");
     }
-    watcher.await.expect("the disruption ran");
-    errors.load(Ordering::Relaxed) as u32
+    let done_after = watcher.await.expect("the disruption ran");
+    Processed {
+        errors: errors.load(Ordering::Relaxed) as u32,
+        left_after: digests.len().saturating_sub(done_after),
+    }
+}
+
+/// What [`process_all`] saw.
+struct Processed {
+    /// Store errors the workers retried.
+    errors: u32,
+    /// Digests not yet processed when the disruption had been made: more than none, or it
+    /// came too late to test anything.
+    left_after: usize,
 }
 
 /// The claims of `digests`, 100 at a time.
@@ -1193,7 +1206,7 @@ async fn reshard_and_failover(cluster: &RedisCluster) {
     let resharded = Arc::new(std::sync::Mutex::new(String::new()));
     let log = resharded.clone();
     let cli = cluster.flavor.cli_bin();
-    let errors = process_all(&store, &digests, 500, move || {
+    let Processed { errors, .. } = process_all(&store, &digests, 500, move || {
         let output = finish_within(
             std::process::Command::new(cli)
                 .args(["--cluster", "reshard", &format!("127.0.0.1:{seed_port}")])
@@ -1230,7 +1243,7 @@ async fn reshard_and_failover(cluster: &RedisCluster) {
     let survivor = (0..6).find(|&i| i != victim).unwrap();
     let pid = cluster.nodes[victim].pid().expect("the victim runs");
     let began = Instant::now();
-    let errors = process_all(&store, &digests, 500, move || {
+    let Processed { errors, left_after } = process_all(&store, &digests, 500, move || {
         let status = std::process::Command::new("kill")
             .args(["-KILL", &pid.to_string()])
             .status()
@@ -1248,11 +1261,14 @@ async fn reshard_and_failover(cluster: &RedisCluster) {
     let claims = claim_in_chunks(&store, &digests).await;
     let repeats = claims.iter().filter(|c| **c != Claim::Duplicate).count();
     println!(
-        "failover: 3000 messages in {took:?}, {errors} store errors retried, {repeats} would be delivered again (writes the dead master acknowledged but had not replicated)"
+        "failover: 3000 messages in {took:?}, {left_after} left when the master was killed, {errors} store errors retried, {repeats} would be delivered again (writes the dead master acknowledged but had not replicated)"
     );
+    // A store may wait out the failover inside one operation (the compact layout's key-by-key
+    // path follows it until `store.timeout`) and answer no error: the test holds if the master
+    // died while work was left.
     assert!(
-        errors > 0,
-        "the failover was not noticed: nothing was tested"
+        left_after > 0,
+        "the master was killed after every message was processed: nothing was tested"
     );
 }
 
