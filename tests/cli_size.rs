@@ -20,7 +20,7 @@ fn classic_table_for_an_hour_at_a_thousand_per_second() {
         out,
         "\
 Table:        34,168,399 buckets (one bucket per set, the classic table)
-Memory:       260.7 MiB in-process; about 341.1 MiB in Memcached, 379.8 MiB in Redis
+Memory:       260.7 MiB in-process; about 341.1 MiB in Memcached, 379.8 MiB in Redis or Valkey
 Window:       1h at 1000 msg/s = 3,600,000 distinct messages
 Probability:  0.900000 that a copy arriving a whole window late is caught
 
@@ -31,7 +31,7 @@ Delay           Messages later  Catch probability
 1h                   3,600,000  0.900000
 2h                   7,200,000  0.810000
 
-Resizing:     to twice this size (68,336,798 buckets, by `nsq-dedupe resize` or a table file of another size), this table stays, read-only, beside the new one: memory peaks at 782.1 MiB in-process; about 1023.4 MiB in Memcached, 1.1 GiB in Redis.
+Resizing:     to twice this size (68,336,798 buckets, by `nsq-dedupe resize` or a table file of another size), this table stays, read-only, beside the new one: memory peaks at 782.1 MiB in-process; about 1023.4 MiB in Memcached, 1.1 GiB in Redis or Valkey.
               It is read until the new table has taken 68,336,798 new messages (18h58m57s at 1000 msg/s); each claim meanwhile reads it too, one look-up more (one set in process; one key, in the same round trip, in a shared store).
 "
     );

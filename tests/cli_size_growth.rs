@@ -17,7 +17,7 @@ fn a_probability_and_a_window_without_a_rate_describe_the_table_that_sizes_itsel
         text(&args),
         "\
 Table:        sizes itself (no rate and no size given): starts at 2,816 buckets (352 sets of 8 ways), room for 1,024 distinct messages a window
-Memory:       at the start, 22.0 KiB in-process; about 26.4 KiB in Memcached, 32.1 KiB in Redis
+Memory:       at the start, 22.0 KiB in-process; about 26.4 KiB in Memcached, 32.1 KiB in Redis or Valkey
 Window:       30s at the rate the table meets
 Probability:  0.990000 that a copy arriving a whole window late is caught, the target it grows for
 
@@ -110,7 +110,7 @@ fn a_table_of_fixed_size_says_what_growing_it_to_twice_costs() {
             "\n\nResizing:     to twice this size (19,820,336 buckets, by `nsq-dedupe resize` or \
              a table file of another size), this table stays, read-only, beside the new one: \
              memory peaks at 226.8 MiB in-process; about 272.0 MiB in Memcached, 330.5 MiB in \
-             Redis.\n              It is read until the new table has taken 19,820,336 new \
+             Redis or Valkey.\n              It is read until the new table has taken 19,820,336 new \
              messages (5h30m20s at 1000 msg/s); each claim meanwhile reads it too, one look-up \
              more (one set in process; one key, in the same round trip, in a shared store).\n"
         ),
@@ -153,7 +153,7 @@ fn max_age_counts_its_times_in_the_memory_and_text_and_json_give_one_probability
     // 991,016 buckets: 16 bytes each in process, 12 an entry in Memcached and in Redis.
     assert!(
         out.contains(
-            "Memory:       15.1 MiB in-process; about 12.8 MiB in Memcached, 14.8 MiB in Redis\n"
+            "Memory:       15.1 MiB in-process; about 12.8 MiB in Memcached, 14.8 MiB in Redis or Valkey\n"
         ),
         "{out}"
     );

@@ -38,7 +38,7 @@ async fn sized_at_5000() -> String {
     assert!(
         text.starts_with(
             "Table:        49,550,840 buckets (6,193,855 sets of 8 ways)\n\
-             Memory:       378.0 MiB in-process; about 453.4 MiB in Memcached, 550.8 MiB in Redis\n\
+             Memory:       378.0 MiB in-process; about 453.4 MiB in Memcached, 550.8 MiB in Redis or Valkey\n\
              Window:       1h at 5000 msg/s = 18,000,000 distinct messages\n"
         ),
         "{text}"

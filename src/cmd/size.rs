@@ -276,7 +276,7 @@ const PREVIOUS_READ: &str = "The previous generation stays, read-only, until the
 /// A table's memory in each store, as the Memory line says it.
 fn memory_text(bytes: TableBytes) -> String {
     format!(
-        "{} in-process; about {} in Memcached, {} in Redis",
+        "{} in-process; about {} in Memcached, {} in Redis or Valkey",
         format_bytes(bytes.in_process),
         format_bytes(bytes.memcached),
         format_bytes(bytes.redis)
