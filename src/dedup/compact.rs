@@ -63,7 +63,7 @@
 //! done entry's time is a whole second, so `max_age` is counted up to a second long, never
 //! short.
 
-use crate::dedup::{Claim, Digest};
+use crate::dedup::{Claim, Digest, Geometry};
 
 /// What one operation does to the entry of its digest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,6 +94,17 @@ pub(crate) struct LeaseFacts {
     pub(crate) max_age_ms: Option<u64>,
 }
 
+/// The facts the tests decide by: `owner` at `now_ms`, a lease of 100 ms, no `max_age`.
+#[cfg(test)]
+pub(crate) fn test_facts(now_ms: u64, owner: u64) -> LeaseFacts {
+    LeaseFacts {
+        now_ms,
+        lease_until_ms: now_ms + 100,
+        owner,
+        max_age_ms: None,
+    }
+}
+
 /// The value format without times: done entries never expire.
 pub(crate) const COMPACT_UNTIMED: u8 = 3;
 
@@ -121,6 +132,18 @@ pub(crate) const fn slot_bytes(timed: bool) -> usize {
 
 /// The most slots an item has: a slot's number, and the count of records, are a byte.
 pub(crate) const MAX_SLOTS: usize = 255;
+
+/// Whole sets of `ways` ways an item of `slots` slots holds, at least one: a store's item or
+/// key holds that many consecutive sets, the last item of a table fewer.
+pub(crate) fn sets_per_item(slots: u32, ways: u32) -> u64 {
+    u64::from((slots / ways.max(1)).max(1))
+}
+
+/// How many sets item `item` holds in a table of `geometry` whose items hold `per` sets
+/// each: `per`, or fewer for the last item. At most `per`, which fits a byte.
+pub(crate) fn sets_in(item: u64, per: u64, geometry: Geometry) -> usize {
+    geometry.sets().saturating_sub(item * per).min(per) as usize
+}
 
 /// The value's length for an item of `sets` sets of `ways` ways and `flights` entries in
 /// flight.

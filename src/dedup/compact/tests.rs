@@ -1,13 +1,6 @@
 use super::*;
 
-fn facts(now_ms: u64, owner: u64) -> LeaseFacts {
-    LeaseFacts {
-        now_ms,
-        lease_until_ms: now_ms + 100,
-        owner,
-        max_age_ms: None,
-    }
-}
+use super::test_facts as facts;
 
 fn d(n: u128) -> Digest {
     Digest::from_u128(n)

@@ -40,7 +40,7 @@ impl Layout {
         match format {
             SETS_FORMAT => Some(Layout::Sets),
             COMPACT_FORMAT => Some(Layout::Items {
-                sets_per_item: u64::from((slots_per_item / ways).max(1)),
+                sets_per_item: item::sets_per_item(slots_per_item, ways),
             }),
             _ => None,
         }
@@ -69,9 +69,7 @@ impl Layout {
 
     /// How many sets item `item` of a table of `geometry` holds.
     fn sets_in(self, item: u64, geometry: Geometry) -> usize {
-        let per = self.sets_per_item();
-        // At most `sets_per_item`, which fits a byte.
-        geometry.sets().saturating_sub(item * per).min(per) as usize
+        item::sets_in(item, self.sets_per_item(), geometry)
     }
 
     /// Item `item` with nothing in it.

@@ -263,6 +263,7 @@ pub(super) fn decode(value: &[u8], ways: usize) -> Result<SetState, DecodeError>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dedup::compact::test_facts as facts;
 
     fn entry(n: u128, state: State, owner: u64) -> Entry {
         Entry {
@@ -274,15 +275,6 @@ mod tests {
                 1_000 + n as u64 % 1_000
             },
             owner,
-        }
-    }
-
-    fn facts(now_ms: u64, owner: u64) -> LeaseFacts {
-        LeaseFacts {
-            now_ms,
-            lease_until_ms: now_ms + 100,
-            owner,
-            max_age_ms: None,
         }
     }
 

@@ -61,7 +61,7 @@ impl Layout {
         match format {
             SETS_FORMAT => Some(Layout::Sets),
             ITEMS_FORMAT => Some(Layout::Items {
-                sets_per_key: u64::from((SLOTS_PER_KEY / ways.max(1)).max(1)),
+                sets_per_key: compact::sets_per_item(SLOTS_PER_KEY, ways),
             }),
             _ => None,
         }
@@ -90,9 +90,7 @@ impl Layout {
 
     /// How many sets key `key` of a table of `geometry` holds.
     fn sets_in(self, key: u64, geometry: Geometry) -> usize {
-        let per = self.sets_per_key();
-        // At most `sets_per_key`, which fits a byte.
-        geometry.sets().saturating_sub(key * per).min(per) as usize
+        compact::sets_in(key, self.sets_per_key(), geometry)
     }
 
     /// Whether what key `key` holds reads as nothing: no value, or one that is not a key of
