@@ -83,10 +83,7 @@ impl RedisStore {
                 answers[i] = Some(answer);
             }
         }
-        answers
-            .into_iter()
-            .map(|answer| answer.unwrap_or_else(|| Err(StoreError::Protocol("no answer".into()))))
-            .collect()
+        super::answered(answers)
     }
 
     /// `op` on the digests `ops` (indices into `digests`) of key number `key`: read, decided,

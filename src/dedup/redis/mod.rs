@@ -469,10 +469,7 @@ impl RedisStore {
                 answers[i] = Some(answer);
             }
         }
-        answers
-            .into_iter()
-            .map(|answer| answer.unwrap_or_else(|| Err(StoreError::Protocol("no answer".into()))))
-            .collect()
+        answered(answers)
     }
 
     async fn held(&self, op: Op, digest: Digest) -> Result<bool, StoreError> {
@@ -535,6 +532,14 @@ impl RedisStore {
 
 /// A claim as the set script answers it: the answer's low two bits, and the entry's slot
 /// above them.
+/// Each of `answers`; one that no path gave is a protocol error.
+fn answered(answers: Vec<Option<Result<i64, StoreError>>>) -> Vec<Result<i64, StoreError>> {
+    answers
+        .into_iter()
+        .map(|answer| answer.unwrap_or_else(|| Err(StoreError::Protocol("no answer".into()))))
+        .collect()
+}
+
 fn claim_answer(answer: i64) -> Result<Claim, StoreError> {
     match answer & 3 {
         0 => Ok(Claim::New),
