@@ -51,8 +51,9 @@ pub(super) async fn grow_loop<S: Generation, H: Handler>(
     };
     let mut seen = table.geometry();
     voice.start(seen);
-    if held(&table) > growth.max_bytes {
-        voice.above_ceiling(held(&table));
+    let held_at_start = held(&table);
+    if held_at_start > growth.max_bytes {
+        voice.above_ceiling(held_at_start);
     }
     let mut recent = RecentRate::over(SHARED_RATE_SPAN);
     let mut share = RecentRate::over(table.fleet_interval() * FLEET_BUCKETS as u32);
