@@ -106,6 +106,7 @@ pub(crate) async fn run(shared: Arc<Shared>, id: ClientId, stream: TcpStream, re
         input: BytesMut::with_capacity(4096),
         last_read: Instant::now(),
         just_read: false,
+        mark_raised: false,
         beat: heartbeat_ticker(conn.heartbeat),
         conn,
     };
@@ -129,6 +130,9 @@ struct Session {
     last_read: Instant,
     /// The last wait ended with a read: its answers are settled, and the next read may wait.
     just_read: bool,
+    /// The socket's low-water mark is raised (`lowat`): set by a gathering, kept while the
+    /// reads after it find answers, lowered before the connection waits for bytes.
+    mark_raised: bool,
     beat: Option<tokio::time::Interval>,
 }
 
@@ -144,7 +148,14 @@ impl Session {
                 if let Err(reason) = self.gather().await {
                     return reason;
                 }
+                match self.read_gathered() {
+                    // Read: answered next, and the mark stays raised for the next gathering.
+                    Ok(true) => continue,
+                    Ok(false) => {}
+                    Err(reason) => return reason,
+                }
             }
+            self.lower_mark();
             if let Err(reason) = self.write_and_wait().await {
                 return reason;
             }
@@ -207,13 +218,38 @@ impl Session {
     /// frames the dispatcher hands over meanwhile, with the socket's low-water mark raised;
     /// an error is why the connection closes.
     async fn gather(&mut self) -> Result<(), String> {
+        if !self.mark_raised {
+            lowat::raise(self.stream.as_ref().ok_or("no stream")?);
+            self.mark_raised = true;
+        }
+        self.gather_until(self.last_read + GATHER_WINDOW).await
+    }
+
+    /// After a gathering, reads what the consumer sent meanwhile without waiting, the mark
+    /// still raised: `Ok(true)` if it read something, `Ok(false)` if nothing came or the
+    /// stream cannot be read so (TLS: the connection then waits for it as usual); an error is
+    /// why the connection closes.
+    fn read_gathered(&mut self) -> Result<bool, String> {
         let stream = self.stream.as_ref().ok_or("no stream")?;
-        lowat::raise(stream);
-        let gathered = self.gather_until(self.last_read + GATHER_WINDOW).await;
-        if let Some(stream) = &self.stream {
+        match lowat::read_now(stream, &mut self.input) {
+            None => Ok(false),
+            Some(Ok(0)) => Err("the consumer closed the connection".into()),
+            Some(Ok(_)) => {
+                self.last_read = Instant::now();
+                self.just_read = true;
+                Ok(true)
+            }
+            Some(Err(error)) if error.kind() == std::io::ErrorKind::WouldBlock => Ok(false),
+            Some(Err(error)) => Err(format!("reading failed: {error}")),
+        }
+    }
+
+    /// Lowers the mark if a gathering raised it, before the connection waits for bytes.
+    fn lower_mark(&mut self) {
+        if let (true, Some(stream)) = (self.mark_raised, &self.stream) {
             lowat::lower(stream);
         }
-        gathered
+        self.mark_raised = false;
     }
 
     async fn gather_until(&mut self, until: Instant) -> Result<(), String> {
@@ -228,6 +264,8 @@ impl Session {
                 () = self.conn.wake.notified() => {
                     self.conn.held = shared.dispatcher.take_frames(self.conn.id, &mut self.conn.out);
                 }
+                // A consumer that keeps the connection gathering still gets its heartbeats.
+                _ = tick(&mut self.beat) => response(&mut self.conn.out, HEARTBEAT),
             }
         }
     }
