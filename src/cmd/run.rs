@@ -46,9 +46,19 @@ pub(crate) fn run(
     let result = runtime.block_on(async move {
         // Before anything connects: a signal from then on starts a graceful stop.
         let stop = signals();
-        let sidecar = crate::Sidecar::new(settings).await?;
-        sidecar.run(stop).await?;
-        anyhow::Ok(())
+        // On a worker, not on this thread: the run loop takes each burst from the consumer's
+        // task and spawns the burst's own task, and on a worker both are woken and started
+        // on the core that has the burst, where from this thread each cost a wake-up of
+        // another thread.
+        let run = tokio::spawn(async move {
+            let sidecar = crate::Sidecar::new(settings).await?;
+            sidecar.run(stop).await?;
+            anyhow::Ok(())
+        });
+        match run.await {
+            Ok(result) => result,
+            Err(error) => std::panic::resume_unwind(error.into_panic()),
+        }
     });
     // A closed output keeps its cause, and a setting error its kind, which `main` looks for.
     result.map_err(|error| {
