@@ -7,9 +7,10 @@
 //! they made room for included, and the task waits for more bytes, the dispatcher's word
 //! that frames wait for it, the heartbeat tick, or the read deadline. After a read, while the
 //! consumer holds many messages, the task waits a moment before it reads again
-//! ([`GATHER_WINDOW`]), still writing the frames it is handed: the consumer's FINs, written
-//! one by one, are then read many at once, and on Linux do not wake the endpoint as they
-//! arrive (`lowat`).
+//! ([`GATHER_WINDOW`]): the consumer's FINs, written one by one, are then read many at once,
+//! and on Linux do not wake the endpoint as they arrive (`lowat`); the frames handed over
+//! meanwhile wait for the window's end, and go out in one write with those the answers read
+//! then made room for, so the task wakes once a window, not also once a burst.
 //! States follow nsqd's: before SUB (IDENTIFY, AUTH), subscribed (RDY, FIN, REQ, TOUCH, CLS),
 //! closing after CLS (no more messages; what it holds may still be answered); `answer` has a
 //! function per command. A consumer that sends nothing for two heartbeat intervals is closed,
@@ -214,9 +215,9 @@ impl Session {
         Ok(())
     }
 
-    /// Waits until [`GATHER_WINDOW`] after the last read, writing what is queued and the
-    /// frames the dispatcher hands over meanwhile, with the socket's low-water mark raised;
-    /// an error is why the connection closes.
+    /// Waits until [`GATHER_WINDOW`] after the last read with the socket's low-water mark
+    /// raised, having written what is queued, then takes the frames the dispatcher handed
+    /// over meanwhile; an error is why the connection closes.
     async fn gather(&mut self) -> Result<(), String> {
         if !self.mark_raised {
             lowat::raise(self.stream.as_ref().ok_or("no stream")?);
@@ -257,12 +258,16 @@ impl Session {
             let stream = self.stream.as_mut().ok_or("no stream")?;
             write_out(stream, &mut self.conn.out, self.conn.heartbeat).await?;
             let shared = &self.conn.shared;
+            // Frames handed over meanwhile wait for the window's end, when the answers read
+            // then make room for more and both go out in one write: the consumer still holds
+            // many messages to work on, and the connection is woken once per window, not
+            // once per burst the pipeline hands over as well.
             tokio::select! {
                 biased;
                 () = shared.cancel.cancelled() => return Err("the endpoint stopped".into()),
-                () = tokio::time::sleep_until(until) => return Ok(()),
-                () = self.conn.wake.notified() => {
+                () = tokio::time::sleep_until(until) => {
                     self.conn.held = shared.dispatcher.take_frames(self.conn.id, &mut self.conn.out);
+                    return Ok(());
                 }
                 // A consumer that keeps the connection gathering still gets its heartbeats.
                 _ = tick(&mut self.beat) => response(&mut self.conn.out, HEARTBEAT),

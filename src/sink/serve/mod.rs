@@ -38,7 +38,8 @@
 //! their timeout; after CLS a consumer gets no more messages but may still answer those it
 //! holds (as go-nsq does when it stops), and whatever it still holds when it disconnects is
 //! handed back; a consumer holding many messages has its answers read at most every
-//! millisecond, many at once (`connection`).
+//! millisecond, many at once, and the messages that came for it meanwhile written then
+//! (`connection`).
 //!
 //! What serving a message costs the sidecar is kept per burst, not per message: a consumer's
 //! run of answers is settled under one lock and wakes its call once, the frames written from
