@@ -131,3 +131,55 @@ fn manpage_dir_writes_a_page_per_command_with_every_flag() {
         std::fs::read_to_string(pages.join("nsq-dedupe.1")).unwrap()
     );
 }
+
+/// `resize --help` lists the store flags a resize uses; those only a running consumer uses
+/// (its lease, near table, fleet interval, table file, self-sizing bound) are left out, and
+/// still accepted, as the `[store]` section of `run`'s config file holds them.
+#[test]
+fn resize_help_leaves_out_the_flags_only_a_running_consumer_uses() {
+    let run_only = [
+        "--lease <",
+        "--near-table <",
+        "--fleet-interval <",
+        "--table-file <",
+        "--table-file-on-mismatch <",
+        "--max-memory <",
+    ];
+    let resize = stdout(&["resize", "--help"]);
+    let run = stdout(&["run", "--help"]);
+    for flag in run_only {
+        assert!(
+            !resize.contains(flag),
+            "resize --help lists {flag}:\n{resize}"
+        );
+        assert!(run.contains(flag), "run --help does not list {flag}");
+    }
+    for flag in [
+        "--buckets <",
+        "--redis-url <",
+        "--memcached-address <",
+        "--namespace <",
+    ] {
+        assert!(
+            resize.contains(flag),
+            "resize --help does not list {flag}:\n{resize}"
+        );
+    }
+    // Accepted: the refusal is of the in-process store, not of the flag.
+    let out = bin()
+        .args([
+            "resize",
+            "--lease",
+            "70s",
+            "--near-table",
+            "off",
+            "--buckets",
+            "1024",
+        ])
+        .args(["--store", "memory"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("the store given is \"memory\""), "{stderr}");
+}

@@ -53,6 +53,16 @@ pub(crate) struct Cli {
     pub(crate) unread_variables: Vec<String>,
 }
 
+/// The store settings (by key) that `resize` takes and does not use.
+const RUN_ONLY_STORE_SETTINGS: [&str; 6] = [
+    "store.lease",
+    "store.near_table",
+    "store.fleet_interval",
+    "store.table_file",
+    "store.table_file_on_mismatch",
+    "store.max_memory",
+];
+
 impl Cli {
     /// The command line's definition, with every flag of `run` also read from the environment
     /// as `NSQ_DEDUPE_<FLAG>` (`--max-in-flight` from `NSQ_DEDUPE_MAX_IN_FLIGHT`): one rule
@@ -68,6 +78,14 @@ impl Cli {
                     arg.env(env)
                 }
                 _ => arg,
+            })
+        });
+        // `resize` accepts the store settings that only a running consumer uses, as the
+        // `[store]` section of `run`'s file holds them, and leaves them out of its help.
+        let definition = definition.mut_subcommand("resize", |resize| {
+            resize.mut_args(|arg| {
+                let hidden = RUN_ONLY_STORE_SETTINGS.contains(&arg.get_id().as_str());
+                arg.hide(hidden)
             })
         });
         map_args(definition, |arg| arg.hide_env_values(true))

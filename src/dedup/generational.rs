@@ -403,7 +403,7 @@ impl<S: Generation> Generations<S> {
                 from_format = state.shape.format,
                 to_format = descriptor.current.format,
                 previous_read = previous.is_some(),
-                "Following the store's table to its new size or layout."
+                "Following the store's table to the size and layout its descriptor names."
             );
         } else if previous.is_none() {
             tracing::info!(

@@ -171,7 +171,11 @@ impl Generation for RedisStore {
     }
 
     fn reshaped(&self, shape: Shape) -> Result<Self, StoreError> {
-        RedisStore::new_lazy_in(self.inner.config.clone(), shape.geometry, shape.format)
+        let store =
+            RedisStore::new_lazy_in(self.inner.config.clone(), shape.geometry, shape.format)?;
+        // The same servers: what this store learnt of `IFEQ`, and said, holds for it.
+        store.inner.ifeq.inherit(&self.inner.ifeq);
+        Ok(store)
     }
 
     async fn look_up_many(&self, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {

@@ -118,6 +118,21 @@ impl Ifeq {
         known.insert(set, value);
     }
 
+    /// Takes what `other`, a store of the same servers, learnt: whether they have `IFEQ`,
+    /// whether it is forced off, and what the log said of it (so that it is not said again).
+    /// The values it wrote are its own table's, and are not taken.
+    pub(super) fn inherit(&self, other: &Ifeq) {
+        let support = other.support.load(Ordering::Relaxed);
+        if support != UNKNOWN {
+            self.support.store(support, Ordering::Relaxed);
+        }
+        if other.forced_off.load(Ordering::Relaxed) {
+            self.forced_off.store(true, Ordering::Relaxed);
+        }
+        self.said
+            .store(other.said.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+
     /// Forgets every kept value (the server may have restarted, or another path written).
     pub(super) fn forget_all(&self) {
         self.known().clear();
