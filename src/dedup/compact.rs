@@ -4,7 +4,9 @@
 //! entries expire, the second of its commit), and a lease's owner and expiry kept only while
 //! its entry is in flight. How an operation changes an item ([`apply`]) and the value's bytes
 //! ([`encode_into`], [`decode`]). Each store reads a value, applies operations here and writes
-//! the result back with its own compare-and-set.
+//! the result back with its own compare-and-set. The stores apply them to the value's bytes in
+//! place ([`Edit`], `compact/edit.rs`); the decoded [`ItemState`] is the model those edits are
+//! tested against, and [`apply`] makes the same decisions on both ([`Slots`]).
 //!
 //! The value, big-endian, in one of two forms. The full form holds every slot:
 //!

@@ -45,8 +45,8 @@
 //!
 //! # Atomicity
 //!
-//! The item model (`item`, and `set` for the earlier layout: entries, `apply`, `encode_into`,
-//! `decode`) is pure and tested without I/O; settings are in `config`, connections in `conn`
+//! The item model (`compact`, changed in its value's bytes, and `set` for the earlier layout:
+//! entries, `apply`, `encode_into`, `decode`) is pure and tested without I/O; settings are in `config`, connections in `conn`
 //! and `pool`, which server takes an item (and around an ejected one) in `routing`.
 //!
 //! Every operation reads the item with its CAS token, decides, and writes with
