@@ -21,7 +21,8 @@ use crate::dedup::Digest;
 /// An item being changed by operations, and written once they are done.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Edit {
-    /// The value format to write, [`COMPACT_UNTIMED`](super::COMPACT_UNTIMED) or [`COMPACT_TIMED`].
+    /// The value format to write: [`COMPACT_UNTIMED`](super::COMPACT_UNTIMED), or
+    /// [`COMPACT_TIMED`].
     version: u8,
     held: Held,
 }

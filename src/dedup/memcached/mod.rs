@@ -46,8 +46,9 @@
 //! # Atomicity
 //!
 //! The item model (`compact`, changed in its value's bytes, and `set` for the earlier layout:
-//! entries, `apply`, `encode_into`, `decode`) is pure and tested without I/O; settings are in `config`, connections in `conn`
-//! and `pool`, which server takes an item (and around an ejected one) in `routing`.
+//! entries, `apply`, `encode_into`, `decode`) is pure and tested without I/O; settings are in
+//! `config`, connections in `conn` and `pool`, which server takes an item (and around an
+//! ejected one) in `routing`.
 //!
 //! Every operation reads the item with its CAS token, decides, and writes with
 //! compare-and-swap (`ms ... C<token>`), or add-if-absent (`ms ... ME`) when the item did not
