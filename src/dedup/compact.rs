@@ -4,7 +4,9 @@
 //! entries expire, the second of its commit), and a lease's owner and expiry kept only while
 //! its entry is in flight. How an operation changes an item ([`apply`]) and the value's bytes
 //! ([`encode_into`], [`decode`]). Each store reads a value, applies operations here and writes
-//! the result back with its own compare-and-set.
+//! the result back with its own compare-and-set. The stores apply them to the value's bytes in
+//! place ([`Edit`], `compact/edit.rs`); the decoded [`ItemState`] is the model those edits are
+//! tested against, and [`apply`] makes the same decisions on both ([`Slots`]).
 //!
 //! The value, big-endian, in one of two forms. The full form holds every slot:
 //!
@@ -64,6 +66,12 @@
 //! short.
 
 use crate::dedup::{Claim, Digest, Geometry};
+
+mod edit;
+
+#[cfg(feature = "redis")]
+pub(crate) use edit::decodes;
+pub(crate) use edit::Edit;
 
 /// What one operation does to the entry of its digest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,14 +166,14 @@ pub(crate) fn fingerprint(digest: Digest) -> u64 {
 
 /// One slot: the fingerprint of its entry (0: empty) and its commit's second (0: none).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-struct Slot {
+pub(crate) struct Slot {
     fingerprint: u64,
     done_s: u32,
 }
 
 /// The lease of an entry in flight, or of one claimed done at once (`done`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Flight {
+pub(crate) struct Flight {
     slot: u8,
     lease_until_ms: u64,
     owner: u64,
@@ -200,31 +208,91 @@ impl ItemState {
     pub(crate) fn in_flight(&self) -> usize {
         self.flights.len()
     }
+}
 
-    fn flight(&self, slot: usize) -> Option<usize> {
-        self.flights
-            .iter()
-            .position(|f| usize::from(f.slot) == slot)
+/// An item's slots, cursors and in-flight records as [`apply`] reads and changes them: decoded
+/// ([`ItemState`], the model) or in its value's bytes ([`Edit`]). Slots are numbered as in the
+/// value, `set × ways + way`; a slot that is not held reads as empty.
+pub(crate) trait Slots {
+    /// Ways of each set.
+    fn ways(&self) -> usize;
+    /// The way of set `set` whose fingerprint is `print` (never 0).
+    fn find(&self, set: usize, print: u64) -> Option<usize>;
+    /// The first empty way of set `set`.
+    fn first_empty(&self, set: usize) -> Option<usize>;
+    fn slot(&self, at: usize) -> Slot;
+    fn set_slot(&mut self, at: usize, slot: Slot);
+    fn cursor(&self, set: usize) -> u8;
+    fn set_cursor(&mut self, set: usize, cursor: u8);
+    /// The record of slot `at`, and its place among the records.
+    fn flight(&self, at: usize) -> Option<(usize, Flight)>;
+    /// Replaces record `i`'s lease expiry (its other fields stay).
+    fn set_lease(&mut self, i: usize, lease_until_ms: u64);
+    /// Drops slot `at`'s record, if any: the last record takes its place.
+    fn land(&mut self, at: usize);
+    /// Gives slot `flight.slot` the record `flight`: in place of its record, else last.
+    fn fly(&mut self, flight: Flight);
+    /// Drops the records for which `keep` is false, the others keeping their order.
+    fn retain(&mut self, keep: impl FnMut(&Flight) -> bool);
+}
+
+impl Slots for ItemState {
+    fn ways(&self) -> usize {
+        self.ways
     }
 
-    fn land(&mut self, slot: usize) {
-        if let Some(i) = self.flight(slot) {
+    fn find(&self, set: usize, print: u64) -> Option<usize> {
+        self.slots[set * self.ways..(set + 1) * self.ways]
+            .iter()
+            .position(|slot| slot.fingerprint == print)
+    }
+
+    fn first_empty(&self, set: usize) -> Option<usize> {
+        self.find(set, 0)
+    }
+
+    fn slot(&self, at: usize) -> Slot {
+        self.slots[at]
+    }
+
+    fn set_slot(&mut self, at: usize, slot: Slot) {
+        self.slots[at] = slot;
+    }
+
+    fn cursor(&self, set: usize) -> u8 {
+        self.cursors[set]
+    }
+
+    fn set_cursor(&mut self, set: usize, cursor: u8) {
+        self.cursors[set] = cursor;
+    }
+
+    fn flight(&self, at: usize) -> Option<(usize, Flight)> {
+        self.flights
+            .iter()
+            .position(|f| usize::from(f.slot) == at)
+            .map(|i| (i, self.flights[i]))
+    }
+
+    fn set_lease(&mut self, i: usize, lease_until_ms: u64) {
+        self.flights[i].lease_until_ms = lease_until_ms;
+    }
+
+    fn land(&mut self, at: usize) {
+        if let Some((i, _)) = self.flight(at) {
             self.flights.swap_remove(i);
         }
     }
 
-    fn fly(&mut self, slot: usize, facts: LeaseFacts, done: bool) {
-        let flight = Flight {
-            // Below MAX_SLOTS, so a byte.
-            slot: slot as u8,
-            lease_until_ms: facts.lease_until_ms & !DONE_BIT,
-            owner: facts.owner,
-            done,
-        };
-        match self.flight(slot) {
-            Some(i) => self.flights[i] = flight,
+    fn fly(&mut self, flight: Flight) {
+        match self.flight(usize::from(flight.slot)) {
+            Some((i, _)) => self.flights[i] = flight,
             None => self.flights.push(flight),
         }
+    }
+
+    fn retain(&mut self, keep: impl FnMut(&Flight) -> bool) {
+        self.flights.retain(keep);
     }
 }
 
@@ -246,30 +314,23 @@ fn done_second(facts: LeaseFacts) -> u32 {
 /// Replacement within the set is the in-process table's, as in `memcached/set.rs`: a new digest takes
 /// the first empty slot, else the slot at the cursor, and the cursor moves on by one.
 pub(crate) fn apply(
-    item: &mut ItemState,
+    item: &mut impl Slots,
     set: usize,
     op: Op,
     digest: Digest,
     facts: LeaseFacts,
 ) -> (Outcome, bool) {
-    let ways = item.ways;
+    let ways = item.ways();
     let first = set * ways;
     let print = fingerprint(digest);
-    let found = item.slots[first..first + ways]
-        .iter()
-        .position(|slot| slot.fingerprint == print)
-        .map(|way| first + way);
-    let Some(at) = found else {
+    let Some(at) = item.find(set, print).map(|way| first + way) else {
         return match op {
             Op::Claim | Op::ClaimDone => {
-                let way = match item.slots[first..first + ways]
-                    .iter()
-                    .position(|slot| slot.fingerprint == 0)
-                {
+                let way = match item.first_empty(set) {
                     Some(empty) => empty,
                     None => {
-                        let victim = usize::from(item.cursors[set]) % ways;
-                        item.cursors[set] = ((victim + 1) % ways) as u8;
+                        let victim = usize::from(item.cursor(set)) % ways;
+                        item.set_cursor(set, ((victim + 1) % ways) as u8);
                         victim
                     }
                 };
@@ -283,7 +344,7 @@ pub(crate) fn apply(
             Op::Commit | Op::Erase | Op::Renew => (Outcome::Held(false), false),
         };
     };
-    let (outcome, changed) = match item.flight(at).map(|i| (i, item.flights[i])) {
+    let (outcome, changed) = match item.flight(at) {
         Some((i, flight)) if !flight.done => in_flight(item, (at, i, flight), op, print, facts),
         claimed_done => done(item, at, claimed_done.map(|(_, f)| f), op, print, facts),
     };
@@ -293,9 +354,9 @@ pub(crate) fn apply(
     (outcome, changed)
 }
 
-/// [`apply`] to the entry in flight in slot `at`, whose record is `flights[i]`, `flight`.
+/// [`apply`] to the entry in flight in slot `at`, whose record is the `i`th, `flight`.
 fn in_flight(
-    item: &mut ItemState,
+    item: &mut impl Slots,
     (at, i, flight): (usize, usize, Flight),
     op: Op,
     print: u64,
@@ -314,16 +375,23 @@ fn in_flight(
         }
         Op::Commit if mine => {
             item.land(at);
-            item.slots[at].done_s = done_second(facts);
+            let slot = item.slot(at);
+            item.set_slot(
+                at,
+                Slot {
+                    done_s: done_second(facts),
+                    ..slot
+                },
+            );
             (Outcome::Held(true), true)
         }
         Op::Erase if mine => {
             item.land(at);
-            item.slots[at] = Slot::default();
+            item.set_slot(at, Slot::default());
             (Outcome::Held(true), true)
         }
         Op::Renew if mine => {
-            item.flights[i].lease_until_ms = facts.lease_until_ms & !DONE_BIT;
+            item.set_lease(i, facts.lease_until_ms & !DONE_BIT);
             (Outcome::Held(true), true)
         }
         Op::Commit | Op::Erase | Op::Renew => (Outcome::Held(false), false),
@@ -333,14 +401,14 @@ fn in_flight(
 /// [`apply`] to the done entry in slot `at`; `claimed_done` is its record when it was claimed
 /// done at once and the record is still there.
 fn done(
-    item: &mut ItemState,
+    item: &mut impl Slots,
     at: usize,
     claimed_done: Option<Flight>,
     op: Op,
     print: u64,
     facts: LeaseFacts,
 ) -> (Outcome, bool) {
-    let done_s = item.slots[at].done_s;
+    let done_s = item.slot(at).done_s;
     // Whole seconds: counted from the end of the commit's second, so never short.
     let expired = done_s != 0
         && facts.max_age_ms.is_some_and(|max| {
@@ -361,7 +429,7 @@ fn done(
         Op::Commit => (Outcome::Held(true), false),
         Op::Erase if erasable => {
             item.land(at);
-            item.slots[at] = Slot::default();
+            item.set_slot(at, Slot::default());
             (Outcome::Held(true), true)
         }
         // Otherwise a done entry is final, and has no lease.
@@ -371,20 +439,28 @@ fn done(
 
 /// Drops the records of entries claimed done whose lease ended by `now_ms`: they go with the
 /// item's next write.
-fn prune(item: &mut ItemState, now_ms: u64) {
-    item.flights
-        .retain(|f| !f.done || f.lease_until_ms > now_ms);
+fn prune(item: &mut impl Slots, now_ms: u64) {
+    item.retain(|f| !f.done || f.lease_until_ms > now_ms);
 }
 
 /// Writes the claim `op` of the entry `print` into slot `at`: in flight with this owner's
 /// lease, or done at once.
-fn claim_into(item: &mut ItemState, at: usize, op: Op, print: u64, facts: LeaseFacts) {
+fn claim_into(item: &mut impl Slots, at: usize, op: Op, print: u64, facts: LeaseFacts) {
     let done = op == Op::ClaimDone;
-    item.slots[at] = Slot {
-        fingerprint: print,
-        done_s: if done { done_second(facts) } else { 0 },
-    };
-    item.fly(at, facts, done);
+    item.set_slot(
+        at,
+        Slot {
+            fingerprint: print,
+            done_s: if done { done_second(facts) } else { 0 },
+        },
+    );
+    item.fly(Flight {
+        // Below MAX_SLOTS, so a byte.
+        slot: at as u8,
+        lease_until_ms: facts.lease_until_ms & !DONE_BIT,
+        owner: facts.owner,
+        done,
+    });
 }
 
 /// How many slots set `set` holds in the short form: up to its last occupied one.

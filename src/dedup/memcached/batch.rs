@@ -355,14 +355,26 @@ impl MemcachedStore {
         // read, and the outcomes that the write would make true.
         let mut planned = Vec::with_capacity(reads.len());
         let mut undecided = Vec::new();
-        for (i, (p, read)) in reads.into_iter().enumerate() {
+        let mut reads = reads.into_iter();
+        for ahead in reads.as_slice().iter().take(PREFETCH_AHEAD) {
+            prefetch(ahead);
+        }
+        let mut i = 0;
+        while let Some((p, read)) = reads.next() {
+            if let Some(ahead) = reads.as_slice().get(PREFETCH_AHEAD - 1) {
+                prefetch(ahead);
+            }
             let cached = i < from_known;
+            i += 1;
             first_try[p] = false;
-            // The value read is decoded, then its buffer takes the new value.
+            // The value read is changed in its own buffer (in the compact layout).
             let item = chunk[p].set;
-            let (mut entries, cas, mut value) = match read {
-                Some((value, cas)) => (self.decode_counted(Some(&value), item), Some(cas), value),
-                None => (self.decode_counted(None, item), None, Vec::new()),
+            let (value, cas) = read.map_or((None, None), |(value, cas)| (Some(value), Some(cas)));
+            // A kept value is one this store wrote: as it writes them.
+            let mut entries = if cached {
+                self.decode_written(value, item)
+            } else {
+                self.decode_counted(value, item)
             };
             let set_ops = batch.ops_of(&chunk[p]);
             let first = staged.len();
@@ -385,10 +397,9 @@ impl MemcachedStore {
                     && set_ops.iter().all(|&index| {
                         matches!(batch.ops[index].0, Op::ClaimDone | Op::Commit | Op::Erase)
                     });
-                self.encode_into(&entries, &mut value);
                 planned.push(Planned {
                     set: p,
-                    value,
+                    value: self.encode(entries),
                     cas,
                     quiet,
                     outcomes,
@@ -402,6 +413,30 @@ impl MemcachedStore {
         }
         (planned, undecided)
     }
+}
+
+/// How many values ahead of the one it decides [`MemcachedStore::plan`] has the processor
+/// load: most values are kept ones, written a whole batch earlier and out of cache by now,
+/// and each costs a wait for memory at its header, its set and its records otherwise.
+const PREFETCH_AHEAD: usize = 4;
+
+/// Asks the processor to start loading the value `read` into cache, all of it (it is read,
+/// changed and copied out whole).
+fn prefetch((_, read): &(usize, conn::Read)) {
+    let Some((value, _)) = read else {
+        return;
+    };
+    #[cfg(target_arch = "x86_64")]
+    for line in value.chunks(64) {
+        // SAFETY: a prefetch is a hint: it never faults and changes no program state; the
+        // pointer is in bounds of `value` anyway.
+        unsafe {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast());
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = value;
 }
 
 /// A batch's outcome: each operation's, and each look's read.

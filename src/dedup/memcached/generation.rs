@@ -77,7 +77,7 @@ impl MemcachedStore {
             .map(|(&digest, &i)| {
                 let value = reads[i].as_ref().map_err(Clone::clone)?;
                 let item = self.item_of(digest);
-                let mut unit = self.decode_counted(value.as_ref().map(|(v, _)| &v[..]), item);
+                let mut unit = self.decode_counted(value.as_ref().map(|(v, _)| v.clone()), item);
                 match self.apply(&mut unit, Op::Claim, digest, facts).0 {
                     Outcome::Claim(claim) => Ok(claim),
                     Outcome::Held(_) => Err(StoreError::Protocol("a claim answered held".into())),

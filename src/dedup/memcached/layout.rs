@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use super::set::{self, LeaseFacts, Op, Outcome, SetState};
-use crate::dedup::compact::{self as item, ItemState, COMPACT_TIMED, COMPACT_UNTIMED};
+use crate::dedup::compact::{self as item, Edit, COMPACT_TIMED, COMPACT_UNTIMED};
 use crate::dedup::shared::value_version;
 use crate::dedup::{Digest, Geometry};
 
@@ -72,29 +72,61 @@ impl Layout {
         item::sets_in(item, self.sets_per_item(), geometry)
     }
 
-    /// Item `item` with nothing in it.
-    pub(super) fn empty(self, item: u64, geometry: Geometry) -> Unit {
+    /// Item `item` with nothing in it, to be written timed when done entries expire
+    /// (`max_age`).
+    pub(super) fn empty(self, item: u64, geometry: Geometry, max_age: Option<Duration>) -> Unit {
         let ways = geometry.ways() as usize;
         match self {
             Layout::Sets => Unit::Set(Box::new(SetState::empty(ways))),
-            Layout::Items { .. } => {
-                Unit::Item(ItemState::empty(self.sets_in(item, geometry), ways))
-            }
+            Layout::Items { .. } => Unit::Item(Edit::empty(
+                self.sets_in(item, geometry),
+                ways,
+                compact_version(max_age),
+            )),
         }
     }
 
-    /// Item `item`'s value, decoded; `None` when it cannot be (truncated, foreign, of
-    /// another shape).
-    pub(super) fn decode(self, value: &[u8], item: u64, geometry: Geometry) -> Option<Unit> {
+    /// Item `item`'s value, to be changed and written timed when done entries expire
+    /// (`max_age`); `None` when it cannot be decoded (truncated, foreign, of another shape).
+    pub(super) fn decode(
+        self,
+        value: Vec<u8>,
+        item: u64,
+        geometry: Geometry,
+        max_age: Option<Duration>,
+    ) -> Option<Unit> {
         let ways = geometry.ways() as usize;
         match self {
-            Layout::Sets => set::decode(value, ways)
+            Layout::Sets => set::decode(&value, ways)
                 .ok()
                 .map(|set| Unit::Set(Box::new(set))),
-            Layout::Items { .. } => item::decode(value, self.sets_in(item, geometry), ways)
-                .ok()
-                .map(Unit::Item),
+            Layout::Items { .. } => Edit::read(
+                value,
+                self.sets_in(item, geometry),
+                ways,
+                compact_version(max_age),
+            )
+            .ok()
+            .map(Unit::Item),
         }
+    }
+
+    /// Item `item`'s value as this version writes it with `max_age` (decoded in format 1,
+    /// not checked in format 2); a value that is not one is read as empty.
+    pub(super) fn written(
+        self,
+        value: Vec<u8>,
+        item: u64,
+        geometry: Geometry,
+        max_age: Option<Duration>,
+    ) -> Unit {
+        match self {
+            Layout::Sets => self.decode(value, item, geometry, max_age),
+            Layout::Items { .. } => {
+                Some(Unit::Item(Edit::written(value, compact_version(max_age))))
+            }
+        }
+        .unwrap_or_else(|| self.empty(item, geometry, max_age))
     }
 
     /// Bytes of a full item's value in a table of `ways` ways, no entry in flight.
@@ -110,13 +142,24 @@ impl Layout {
     }
 }
 
-/// One item's value, decoded.
+/// The compact layout's value format: timed when done entries expire (`max_age`).
+fn compact_version(max_age: Option<Duration>) -> u8 {
+    if max_age.is_some() {
+        COMPACT_TIMED
+    } else {
+        COMPACT_UNTIMED
+    }
+}
+
+/// One item's value, to be changed by operations.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Unit {
     /// Boxed: the earlier layout's set holds its slots in place (400 bytes), and is read only
     /// as a previous generation.
     Set(Box<SetState>),
-    Item(ItemState),
+    /// Changed in its value's bytes, as written in the format of the `max_age` it was read
+    /// with.
+    Item(Edit),
 }
 
 impl Unit {
@@ -134,23 +177,20 @@ impl Unit {
             Unit::Item(state) => {
                 // Below `sets_per_item`.
                 let within = (set % layout.sets_per_item()) as usize;
-                item::apply(state, within, op, digest, facts)
+                state.apply(within, op, digest, facts)
             }
         }
     }
 
-    /// Encodes the value into `out`, timed when done entries expire (`max_age`).
-    pub(super) fn encode_into(&self, max_age: Option<Duration>, out: &mut Vec<u8>) {
+    /// The value to write, timed when done entries expire (`max_age`, as read).
+    pub(super) fn into_value(self, max_age: Option<Duration>) -> Vec<u8> {
         match self {
-            Unit::Set(state) => set::encode_into(state, value_version(max_age), out),
-            Unit::Item(state) => {
-                let version = if max_age.is_some() {
-                    COMPACT_TIMED
-                } else {
-                    COMPACT_UNTIMED
-                };
-                item::encode_into(state, version, out);
+            Unit::Set(state) => {
+                let mut out = Vec::new();
+                set::encode_into(&state, value_version(max_age), &mut out);
+                out
             }
+            Unit::Item(edit) => edit.into_value(),
         }
     }
 }

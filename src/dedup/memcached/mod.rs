@@ -45,9 +45,10 @@
 //!
 //! # Atomicity
 //!
-//! The item model (`item`, and `set` for the earlier layout: entries, `apply`, `encode_into`,
-//! `decode`) is pure and tested without I/O; settings are in `config`, connections in `conn`
-//! and `pool`, which server takes an item (and around an ejected one) in `routing`.
+//! The item model (`compact`, changed in its value's bytes, and `set` for the earlier layout:
+//! entries, `apply`, `encode_into`, `decode`) is pure and tested without I/O; settings are in
+//! `config`, connections in `conn` and `pool`, which server takes an item (and around an
+//! ejected one) in `routing`.
 //!
 //! Every operation reads the item with its CAS token, decides, and writes with
 //! compare-and-swap (`ms ... C<token>`), or add-if-absent (`ms ... ME`) when the item did not
@@ -471,16 +472,29 @@ impl MemcachedStore {
 
     /// Item `item`'s value, decoded; absent, it is empty, and one that cannot be decoded is
     /// counted and read as empty.
-    fn decode_counted(&self, value: Option<&[u8]>, item: u64) -> Unit {
+    fn decode_counted(&self, value: Option<Vec<u8>>, item: u64) -> Unit {
         let layout = self.inner.layout;
         let geometry = self.inner.geometry;
+        let max_age = self.inner.config.max_age;
         let Some(value) = value else {
-            return layout.empty(item, geometry);
+            return layout.empty(item, geometry, max_age);
         };
-        layout.decode(value, item, geometry).unwrap_or_else(|| {
-            self.inner.unreadable.fetch_add(1, Ordering::Relaxed);
-            layout.empty(item, geometry)
-        })
+        layout
+            .decode(value, item, geometry, max_age)
+            .unwrap_or_else(|| {
+                self.inner.unreadable.fetch_add(1, Ordering::Relaxed);
+                layout.empty(item, geometry, max_age)
+            })
+    }
+
+    /// Item `item`'s value as this store wrote it (`None`: absent), taken without a check.
+    fn decode_written(&self, value: Option<Vec<u8>>, item: u64) -> Unit {
+        let (layout, geometry) = (self.inner.layout, self.inner.geometry);
+        let max_age = self.inner.config.max_age;
+        match value {
+            Some(value) => layout.written(value, item, geometry, max_age),
+            None => layout.empty(item, geometry, max_age),
+        }
     }
 
     /// Applies `op` for `digest` to the value of its item.
@@ -489,9 +503,9 @@ impl MemcachedStore {
         unit.apply(self.inner.layout, set, op, digest, facts)
     }
 
-    /// Encodes an item's value as this store writes it.
-    fn encode_into(&self, unit: &Unit, out: &mut Vec<u8>) {
-        unit.encode_into(self.inner.config.max_age, out);
+    /// An item's value as this store writes it.
+    fn encode(&self, unit: Unit) -> Vec<u8> {
+        unit.into_value(self.inner.config.max_age)
     }
 }
 
@@ -624,10 +638,12 @@ mod tests {
         let geometry = Geometry::new(8, 2).unwrap();
         let store = MemcachedStore::new_lazy(MemcachedConfig::default(), geometry).unwrap();
         let empty = store.decode_counted(None, 0);
-        assert_eq!(store.decode_counted(Some(b"\x03\x00\x05garbage"), 0), empty);
-        let mut bytes = Vec::new();
-        store.encode_into(&empty, &mut bytes);
-        assert_eq!(store.decode_counted(Some(&bytes), 0), empty);
+        assert_eq!(
+            store.decode_counted(Some(b"\x03\x00\x05garbage".to_vec()), 0),
+            empty
+        );
+        let bytes = store.encode(empty.clone());
+        assert_eq!(store.decode_counted(Some(bytes), 0), empty);
         assert_eq!(store.unreadable_values(), 1);
     }
 

@@ -17,7 +17,7 @@
 
 use super::value::{self, Facts, Stored};
 use super::Op;
-use crate::dedup::compact::{self, ItemState, LeaseFacts, Outcome, COMPACT_TIMED, COMPACT_UNTIMED};
+use crate::dedup::compact::{self, Edit, LeaseFacts, Outcome, COMPACT_TIMED, COMPACT_UNTIMED};
 use crate::dedup::shared::REDIS_KEY_VERSION;
 use crate::dedup::{Claim, Digest, Geometry};
 
@@ -105,7 +105,7 @@ impl Layout {
         match self {
             Layout::Sets => value::shape(read, facts) == value::Shape::Empty,
             Layout::Items { .. } => read.is_none_or(|read| {
-                compact::decode(read, self.sets_in(key, geometry), facts.ways.into()).is_err()
+                !compact::decodes(read, self.sets_in(key, geometry), facts.ways.into())
             }),
         }
     }
@@ -136,28 +136,23 @@ impl Layout {
             }
             Layout::Items { sets_per_key } => {
                 let (sets, ways) = (self.sets_in(key, geometry), usize::from(facts.ways));
+                let version = if facts.max_age_ms.is_some() {
+                    COMPACT_TIMED
+                } else {
+                    COMPACT_UNTIMED
+                };
                 let mut item = read
-                    .and_then(|read| compact::decode(read, sets, ways).ok())
-                    .unwrap_or_else(|| ItemState::empty(sets, ways));
+                    .and_then(|read| Edit::read(read.to_vec(), sets, ways, version).ok())
+                    .unwrap_or_else(|| Edit::empty(sets, ways, version));
                 let lease = lease_facts(facts);
                 for (i, digest) in ops {
                     // Below `sets_per_key`.
                     let within = (geometry.set_of(digest) % sets_per_key) as usize;
-                    let (outcome, wrote) =
-                        compact::apply(&mut item, within, op.compact(), digest, lease);
+                    let (outcome, wrote) = item.apply(within, op.compact(), digest, lease);
                     staged.push((i, code(outcome)));
                     changed |= wrote;
                 }
-                changed.then(|| {
-                    let version = if facts.max_age_ms.is_some() {
-                        COMPACT_TIMED
-                    } else {
-                        COMPACT_UNTIMED
-                    };
-                    let mut out = Vec::new();
-                    compact::encode_into(&item, version, &mut out);
-                    out
-                })
+                changed.then(|| item.into_value())
             }
         };
         Decided {
