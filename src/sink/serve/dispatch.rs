@@ -5,8 +5,9 @@
 //! One `std` mutex guards the state (never held across an `.await`): the records waiting for
 //! a consumer, the subscribed consumers, and the messages in flight to them by the IDs this
 //! endpoint gave them (`flights`). A record in flight resolves its handler call exactly once:
-//! `Ok` on FIN; [`HandlerError::Requeued`] with the consumer's delay on a REQ;
-//! [`HandlerError::Retry`] at once when its consumer times out or goes away. The pipeline
+//! `Ok` on FIN; [`HandlerError::Requeued`] with the consumer's delay on a REQ, and with none
+//! when its consumer goes away; [`HandlerError::Retry`] at once when its consumer times out.
+//! The pipeline
 //! then commits the claim and FINs upstream, or erases it and REQs upstream, as soon as the
 //! answer reaches it, without waiting for the rest of its burst.
 //!
@@ -337,11 +338,13 @@ impl Dispatcher {
             state.slots.remove(at);
             for flight in state.flights.take_if(|f| f.client == client) {
                 state.counters.abandoned += 1;
+                // As nsqd does for a client that closes: requeued at once, and not a failure
+                // of the sidecar (the receiver went away, as when it sends a REQ).
                 state.resolve(
                     flight.reply,
-                    Err(HandlerError::Retry(
-                        "a consumer disconnected with the message in flight".into(),
-                    )),
+                    Err(HandlerError::Requeued {
+                        after: Duration::ZERO,
+                    }),
                 );
             }
             state.pump(Instant::now());
@@ -651,7 +654,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn req_timeout_and_disconnect_fail_the_record_and_others_may_not_answer() {
+    async fn req_disconnect_and_timeout_hand_the_record_back_and_others_may_not_answer() {
         let d = Dispatcher::new(Duration::from_secs(900));
         let a = d.submit_many(vec![delivery("a")]);
         let b = d.submit_many(vec![delivery("b")]);
@@ -670,7 +673,7 @@ mod tests {
         d.remove(1);
         assert!(matches!(
             &b.in_order().await[..],
-            [Err(HandlerError::Retry(_))]
+            [Err(HandlerError::Requeued { after })] if after.is_zero()
         ));
         let c = d.submit_many(vec![delivery("c")]);
         let _three = consumer(&d, 3);
