@@ -743,7 +743,7 @@ async fn a_shared_table_too_small_names_nsq_dedupe_resize() {
         .find(|line| line.contains("The table is too small for the recent rate"))
         .unwrap();
     assert!(
-        warning.contains("below the default target 0.99 (no --probability was given); `nsq-dedupe resize --buckets ")
+        warning.contains("below the default target 0.99 (no --probability was given); `nsq-dedupe resize --namespace resize --buckets ")
             && warning.contains(
                 "(with --ways 8 and the store's flags) resizes the table of every consumer to \
                  meet it, without forgetting what it holds."
@@ -1031,6 +1031,82 @@ fn resize_without_a_size_is_refused() {
                 .into()
         )
     );
+}
+
+/// `resize` given neither a namespace nor the sidecars' stream is refused (78): each stream's
+/// consumers keep their own table by default, and it cannot tell which one is meant.
+#[test]
+fn resize_without_a_namespace_or_a_topic_is_refused() {
+    assert_eq!(
+        resize_fails(&[
+            "--store",
+            "redis",
+            "--redis-url",
+            "redis://127.0.0.1:1",
+            "--buckets",
+            "1024"
+        ]),
+        (
+            78,
+            "error: `resize` needs to know whose table to resize, and neither a namespace nor \
+             a topic was given: pass the sidecars' `--namespace`, or `--config` with the \
+             sidecars' config file (its `[source]` topic and channel name their table when it \
+             sets no `store.namespace`: `nsq-dedupe.<topic>.<channel>`)\n"
+                .into()
+        )
+    );
+}
+
+/// `resize --config` with the sidecars' file resizes the table they use: their stream's
+/// when the file names no namespace, with their digest key's fingerprint when they key it.
+#[test]
+fn resize_with_the_sidecars_config_resizes_their_table() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("digest.key");
+    std::fs::write(&key, [7u8; 32]).unwrap();
+    let fingerprint = nsq_dedupe::DigestKey::from_file_contents(&[7u8; 32])
+        .unwrap()
+        .fingerprint();
+    for (dedupe, namespace) in [
+        (String::new(), "nsq-dedupe.orders.billing".to_owned()),
+        (
+            format!(
+                "[dedupe]\ndigest_key_file = {:?}\n",
+                key.display().to_string()
+            ),
+            format!("nsq-dedupe.orders.billing.k{fingerprint}"),
+        ),
+    ] {
+        let file = dir.path().join("sidecar.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "[source]\nnsqd_tcp_addresses = [\"127.0.0.1:4150\"]\ntopic = \"orders\"\n\
+                 channel = \"billing\"\n{dedupe}[store]\nkind = \"redis\"\n\
+                 redis_urls = [{:?}]\nbuckets = 1048576\n",
+                server.url()
+            ),
+        )
+        .unwrap();
+        let out = Command::new(sidecar_binary())
+            .args([
+                "resize",
+                "--config",
+                file.to_str().unwrap(),
+                "--buckets",
+                "2097152",
+            ])
+            .stdin(Stdio::null())
+            .output()
+            .expect("the nsq-dedupe binary runs");
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && said.contains(&format!("namespace {namespace:?}")),
+            "{said}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 /// `resize` of a store that keeps no shared table is a setting to change (78), and says

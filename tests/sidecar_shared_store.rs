@@ -387,3 +387,61 @@ grace = "2s"
     println!("crash: second run's final status: {last_stop}");
     assert!(log.contains("Sidecar stopped."));
 }
+
+/// Two channels of one topic, each consumed by its own sidecar, with one Redis server and no
+/// namespace given: each channel gets every message. Their tables are their streams' own
+/// (`nsq-dedupe.<topic>.<channel>`), so one channel's messages are not taken for copies of
+/// the other's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_channels_sharing_a_store_each_get_every_message() {
+    const OTHER: &str = "archive";
+    const N: usize = 500;
+    let redis = RedisServer::start();
+    let a = Broker::start(BrokerConfig::default()).await;
+    let b = Broker::start(BrokerConfig::default()).await;
+    let sidecar = |channel: &str| {
+        let mut raw = raw_config(&[a.tcp_addr(), b.tcp_addr()]);
+        raw.source.channel = Some(channel.to_owned());
+        raw.store.kind = Some(StoreKind::Redis);
+        raw.store.redis_urls = Some(vec![redis.url()]);
+        raw.store.buckets = Some(1 << 16);
+        raw.validate().unwrap()
+    };
+    let (first, second) = (Recorder::default(), Recorder::default());
+    let one = Running::start(sidecar(CHANNEL), first.clone()).await;
+    let two = Running::start(sidecar(OTHER), second.clone()).await;
+    // Both channels exist before anything is published, on both brokers.
+    wait_until_or(
+        "both channels subscribed on both brokers",
+        Duration::from_secs(10),
+        || {
+            [&a, &b].iter().all(|broker| {
+                let subscribed: HashSet<String> = broker
+                    .clients()
+                    .into_iter()
+                    .filter_map(|client| client.subscription.map(|(_, channel)| channel))
+                    .collect();
+                subscribed.contains(CHANNEL) && subscribed.contains(OTHER)
+            })
+        },
+        String::new,
+    )
+    .await;
+    a.publish_many(TOPIC, (0..N).map(payload));
+    b.publish_many(TOPIC, (0..N).map(payload));
+    wait_until_or(
+        "every message delivered on both channels",
+        Duration::from_secs(30),
+        || first.distinct_delivered() == N && second.distinct_delivered() == N,
+        || {
+            format!(
+                "{} distinct on {CHANNEL}, {} on {OTHER}",
+                first.distinct_delivered(),
+                second.distinct_delivered()
+            )
+        },
+    )
+    .await;
+    one.stop().await;
+    two.stop().await;
+}

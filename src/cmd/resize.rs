@@ -25,6 +25,13 @@ pub(crate) fn run(
         return Err(NoSize.into());
     }
     let store = raw.validate_store()?;
+    let shared = matches!(
+        store,
+        StoreSettings::Redis(..) | StoreSettings::Memcached(..)
+    );
+    if shared && !raw.names_its_table() {
+        return Err(NoNamespace.into());
+    }
     let namespace = match &store {
         StoreSettings::Redis(config, _) => config.namespace.clone(),
         StoreSettings::Memcached(config, _) => config.namespace.clone(),
@@ -110,3 +117,14 @@ pub(crate) struct NotShared(&'static str);
      layout names it in its WARN)"
 )]
 pub(crate) struct NoSize;
+
+/// `resize` was given neither the table's namespace nor its consumers' stream: each stream's
+/// consumers keep their own table by default, and `resize` cannot tell which is meant.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "`resize` needs to know whose table to resize, and neither a namespace nor a topic was \
+     given: pass the sidecars' `--namespace`, or `--config` with the sidecars' config file \
+     (its `[source]` topic and channel name their table when it sets no `store.namespace`: \
+     `nsq-dedupe.<topic>.<channel>`)"
+)]
+pub(crate) struct NoNamespace;

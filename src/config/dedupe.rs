@@ -59,13 +59,10 @@ section! {
 }
 
 impl RawDedupe {
-    pub(super) fn validate(&self, source: &Source) -> Result<(Keyer, Policy), ConfigError> {
-        let key: KeySpec = self.key.as_deref().unwrap_or("body").parse().map_err(
-            |e: crate::error::SpecError| {
-                invalid("dedupe.key", quote(self.key.as_deref()), e.to_string())
-            },
-        )?;
-        let digest = match (&self.digest_key_file, self.digest.as_deref()) {
+    /// The digest the settings name: keyed BLAKE3 with the key read from
+    /// `dedupe.digest_key_file`, else `dedupe.digest` (xxh3 by default).
+    pub(super) fn digest_algorithm(&self) -> Result<DigestAlgorithm, ConfigError> {
+        Ok(match (&self.digest_key_file, self.digest.as_deref()) {
             (Some(path), None | Some("blake3")) => {
                 DigestAlgorithm::Blake3Keyed(read_digest_key("dedupe.digest_key_file", path)?)
             }
@@ -92,7 +89,16 @@ impl RawDedupe {
                         invalid("dedupe.digest", quote(digest), e.to_string())
                     })?
             }
-        };
+        })
+    }
+
+    pub(super) fn validate(&self, source: &Source) -> Result<(Keyer, Policy), ConfigError> {
+        let key: KeySpec = self.key.as_deref().unwrap_or("body").parse().map_err(
+            |e: crate::error::SpecError| {
+                invalid("dedupe.key", quote(self.key.as_deref()), e.to_string())
+            },
+        )?;
+        let digest = self.digest_algorithm()?;
         let defaults = Policy::default();
         let policy = Policy {
             on_in_flight: self.on_in_flight.unwrap_or(defaults.on_in_flight),

@@ -40,7 +40,7 @@
 //! # redis_cluster = false          # true: the URLs are seed nodes of a Redis Cluster
 //! # redis_password_file = "/run/secrets/redis"  # or NSQ_DEDUPE_REDIS_PASSWORD
 //! # redis_tls_root_ca_file = "/etc/nsq-dedupe/redis-ca.pem"
-//! namespace = "nsq-dedupe"
+//! namespace = "events"            # default: "nsq-dedupe.<topic>.<channel>", a table per stream
 //! lease = "65s"                     # default: msg_timeout + 5 s
 //! # table_file = "/var/lib/nsq-dedupe/table"  # memory: kept between runs
 //! # snapshot_interval = "10s"       # default
@@ -289,9 +289,47 @@ impl RawConfig {
             .msg_timeout
             .map_or(source::DEFAULT_MSG_TIMEOUT, |d| d.0);
         let timed = self.dedupe.max_age_duration()?.is_some();
-        self.store
-            .validate(msg_timeout, timed)
-            .map(|(store, _, _)| store)
+        let (mut store, _, _) = self.store.validate(msg_timeout, timed)?;
+        let channel = self
+            .source
+            .channel
+            .as_deref()
+            .unwrap_or(source::DEFAULT_CHANNEL);
+        let stream = self.source.topic.as_deref().map(|topic| (topic, channel));
+        self.name_table(&mut store, stream, self.dedupe.digest_algorithm()?);
+        Ok(store)
+    }
+
+    /// Whether a shared store's table is named: by `store.namespace`, or by `source.topic`
+    /// (a consumer's default namespace is its stream's, see [`RawConfig::name_table`]).
+    #[cfg(feature = "cli")]
+    pub(crate) fn names_its_table(&self) -> bool {
+        self.store.namespace.is_some() || self.source.topic.is_some()
+    }
+
+    /// Gives a shared store the namespace of its consumers' table: the one given, else the
+    /// stores' default followed by the topic and channel of `stream` (streams that share a
+    /// store never share a table unless told to: another topic's or channel's messages would
+    /// be taken for copies and dropped); then, for a keyed digest, its key's fingerprint
+    /// (consumers with different keys must never read each other's sets: their digests of
+    /// one body differ, so a shared set would only hold noise for the other).
+    fn name_table(
+        &self,
+        store: &mut StoreSettings,
+        stream: Option<(&str, &str)>,
+        digest: DigestAlgorithm,
+    ) {
+        let namespace = match store {
+            StoreSettings::Memcached(config, _) => &mut config.namespace,
+            StoreSettings::Redis(config, _) => &mut config.namespace,
+            StoreSettings::Memory(_) | StoreSettings::None => return,
+        };
+        if let (None, Some((topic, channel))) = (&self.store.namespace, stream) {
+            *namespace = format!("{namespace}.{topic}.{channel}");
+        }
+        if let DigestAlgorithm::Blake3Keyed(key) = digest {
+            *namespace = format!("{namespace}.k{}", key.fingerprint());
+        }
     }
 
     fn validate_sections(&self) -> Result<Settings, ConfigError> {
@@ -333,18 +371,11 @@ impl RawConfig {
         if let StoreSettings::Redis(config, _) = &mut store {
             config.max_age = max_age;
         }
-        if let DigestAlgorithm::Blake3Keyed(key) = keyer.algorithm() {
-            // Consumers with different keys must never read each other's sets: their digests
-            // of one body differ, so a shared set would only hold noise for the other.
-            let namespace = match &mut store {
-                StoreSettings::Memcached(config, _) => Some(&mut config.namespace),
-                StoreSettings::Redis(config, _) => Some(&mut config.namespace),
-                _ => None,
-            };
-            if let Some(namespace) = namespace {
-                *namespace = format!("{namespace}.k{}", key.fingerprint());
-            }
-        }
+        let stream = (
+            source.consumer.topic.as_str(),
+            source.consumer.channel.as_str(),
+        );
+        self.name_table(&mut store, Some(stream), keyer.algorithm());
         let sink = self
             .sink
             .validate(&source.consumer.topic, &source.consumer.channel)?;
@@ -426,6 +457,23 @@ mod tests {
     }
 
     #[test]
+    fn a_shared_tables_namespace_is_the_streams_unless_one_is_given() {
+        let shared = |store: &str| {
+            let text = format!(
+                "[source]\ntopic = \"orders\"\nchannel = \"billing\"\n\
+                 nsqd_tcp_addresses = [\"a:1\"]\n[store]\nkind = \"redis\"\n\
+                 redis_urls = [\"redis://127.0.0.1:6379\"]\n{store}"
+            );
+            match Settings::from_toml(&text).unwrap().store {
+                StoreSettings::Redis(config, _) => config.namespace,
+                other => panic!("redis, not {other:?}"),
+            }
+        };
+        assert_eq!(shared(""), "nsq-dedupe.orders.billing");
+        assert_eq!(shared("namespace = \"events\"\n"), "events");
+    }
+
+    #[test]
     fn a_digest_key_puts_its_fingerprint_in_the_memcached_namespace() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("key");
@@ -445,9 +493,10 @@ mod tests {
         let StoreSettings::Memcached(config, _) = settings.store else {
             panic!("memcached")
         };
+        // After the stream's topic and channel, the default's.
         assert_eq!(
             config.namespace,
-            format!("nsq-dedupe.k{}", key.fingerprint())
+            format!("nsq-dedupe.t.nsq-dedupe.k{}", key.fingerprint())
         );
         let e = err("[source]\ntopic = \"t\"\nnsqd_tcp_addresses = [\"a:1\"]\n[dedupe]\ndigest = \"blake3\"\n");
         assert_eq!(

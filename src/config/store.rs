@@ -143,7 +143,7 @@ section! {
         /// Memcached server host:port (repeatable, or comma-separated).
         memcached_addresses: Vec<String>, only(&MEMCACHED),
             flag("memcached-address", rank: 2, value_name: "ADDR", value: FlagValue::List { delimiter: Some(',') });
-        /// Prefix of the shared store's keys; consumers with the same one share a table.
+        /// Prefix of the shared store's keys; consumers with the same one share a table (default: the stream's, `nsq-dedupe.<topic>.<channel>`).
         namespace: String, only(&SHARED), flag("namespace", rank: 14, value_name: "PREFIX");
         /// How long a shared store's claim stays in flight without renewal (default msg-timeout + 5s).
         lease: Dur, only(&SHARED),

@@ -128,10 +128,13 @@ pub(super) fn log_status<H: Handler>(dedupe: &Dedupe<Backend, H>, target: Target
             small.suggested.memory_bytes().div_ceil(1 << 20),
             crate::units::format_duration(window),
         ),
-        _ => format!(
-            "`nsq-dedupe resize --buckets {buckets}` (with --ways {ways} and the store's flags) \
-             resizes the table of every consumer to meet it, without forgetting what it holds"
-        ),
+        Backend::Memcached(store, _) => {
+            resize_remedy(&store.current().config().namespace, buckets, ways)
+        }
+        Backend::Redis(store, _) => {
+            resize_remedy(&store.current().config().namespace, buckets, ways)
+        }
+        Backend::None(_) => return,
     };
     // Say which rate the figures come from: a burst shorter than the window is taken as if it
     // lasted a whole window, and asks for a larger table than the window's messages need.
@@ -164,4 +167,13 @@ fn format_span(span: std::time::Duration) -> String {
     crate::units::format_duration(std::time::Duration::from_secs(
         span.as_secs_f64().round().max(1.0) as u64,
     ))
+}
+
+/// The `resize` command that would give a shared table of `namespace` `buckets` slots.
+fn resize_remedy(namespace: &str, buckets: u64, ways: u32) -> String {
+    format!(
+        "`nsq-dedupe resize --namespace {namespace} --buckets {buckets}` (with --ways {ways} and \
+         the store's flags) resizes the table of every consumer to meet it, without forgetting \
+         what it holds"
+    )
 }
