@@ -1109,6 +1109,55 @@ fn resize_with_the_sidecars_config_resizes_their_table() {
     }
 }
 
+/// `resize` keeps a table's ways unless told: without `--ways`, a table of other ways than
+/// the default is refused (78), naming both; with them, it is resized.
+#[test]
+fn resize_without_ways_keeps_or_refuses_the_tables_ways() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let run = |args: &[&str]| {
+        let out = Command::new(sidecar_binary())
+            .args([
+                "resize",
+                "--store",
+                "redis",
+                "--redis-url",
+                &url,
+                "--namespace",
+                "w",
+            ])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("the nsq-dedupe binary runs");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (status, said, _) = run(&["--ways", "4", "--buckets", "65536"]);
+    assert_eq!(status, Some(0));
+    assert!(said.contains("(16384 sets of 4 ways)"), "{said}");
+    let (status, said, stderr) = run(&["--buckets", "131072"]);
+    assert_eq!((status, said.as_str()), (Some(78), ""));
+    assert_eq!(
+        stderr.lines().last(),
+        Some(
+            "error: resizing the table of namespace \"w\": the table has 4 ways, and `resize` \
+             without `--ways` would give it 8: pass `--ways 4` to keep them (or `--ways 8` to \
+             change them)"
+        ),
+        "{stderr}"
+    );
+    let (status, said, _) = run(&["--ways", "4", "--buckets", "131072"]);
+    assert_eq!(status, Some(0));
+    assert!(
+        said.contains("is now 131072 buckets (32768 sets of 4 ways)"),
+        "{said}"
+    );
+}
+
 /// `resize` of a store that keeps no shared table is a setting to change (78), and says
 /// which; a descriptor that holds something else is named, with what to do, and left alone.
 #[test]

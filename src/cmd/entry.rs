@@ -74,6 +74,7 @@ fn is_setting_error(err: &anyhow::Error) -> bool {
         || err.downcast_ref::<cmd::resize::NotShared>().is_some()
         || err.downcast_ref::<cmd::resize::NoSize>().is_some()
         || err.downcast_ref::<cmd::resize::NoNamespace>().is_some()
+        || err.downcast_ref::<cmd::resize::OtherWays>().is_some()
         || err
             .downcast_ref::<crate::error::StoreError>()
             .is_some_and(|error| {

@@ -5,8 +5,8 @@ use anyhow::Context as _;
 
 use crate::cli::{FromEnv, ResizeArgs, TypedAliases};
 use crate::config::{RawConfig, StoreSettings};
-use crate::dedup::generational::resize;
-use crate::{Descriptor, MemcachedStore, RedisStore, Shape};
+use crate::dedup::generational::{resize, Generation, Resized};
+use crate::{Descriptor, Geometry, MemcachedStore, RedisStore, Shape};
 
 /// Builds the store's settings from `--config`, the flags and the environment, and writes
 /// the new size into the store's descriptor; prints what changed.
@@ -42,22 +42,48 @@ pub(crate) fn run(
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    let ways_given = raw.store.ways.is_some();
     let resized = runtime.block_on(async move {
-        anyhow::Ok(match store {
+        match store {
             StoreSettings::Redis(config, geometry) => {
-                resize(&RedisStore::connect(config, geometry).await?, geometry).await?
+                let store = RedisStore::connect(config, geometry).await?;
+                resize_keeping_ways(&store, geometry, ways_given).await
             }
             StoreSettings::Memcached(config, geometry) => {
-                resize(&MemcachedStore::connect(config, geometry).await?, geometry).await?
+                let store = MemcachedStore::connect(config, geometry).await?;
+                resize_keeping_ways(&store, geometry, ways_given).await
             }
-            StoreSettings::Memory(_) => return Err(NotShared("memory").into()),
-            StoreSettings::None => return Err(NotShared("none").into()),
-        })
+            StoreSettings::Memory(_) => Err(NotShared("memory").into()),
+            StoreSettings::None => Err(NotShared("none").into()),
+        }
     });
     let resized =
         resized.with_context(|| format!("resizing the table of namespace {namespace:?}"))?;
     crate::cmd::output::write_stdout(report(&namespace, resized.before, resized.after).as_bytes())?;
     Ok(())
+}
+
+/// [`resize`], refused when `--ways` was not given and the table has other ways than the
+/// default: a resize is not where a table's ways change unasked.
+async fn resize_keeping_ways<S: Generation>(
+    store: &S,
+    geometry: Geometry,
+    ways_given: bool,
+) -> anyhow::Result<Resized> {
+    if !ways_given {
+        if let Some(text) = store.descriptor(None).await? {
+            let current = Descriptor::parse(&store.descriptor_key(), &text)?.current;
+            let ways = current.geometry.ways();
+            if ways != geometry.ways() {
+                return Err(OtherWays {
+                    table: ways,
+                    default: geometry.ways(),
+                }
+                .into());
+            }
+        }
+    }
+    Ok(resize(store, geometry).await?)
 }
 
 /// What `resize` prints.
@@ -128,3 +154,14 @@ pub(crate) struct NoSize;
      `nsq-dedupe.<topic>.<channel>`)"
 )]
 pub(crate) struct NoNamespace;
+
+/// `resize` was not given `--ways`, and the table has other ways than the default.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the table has {table} ways, and `resize` without `--ways` would give it {default}: pass \
+     `--ways {table}` to keep them (or `--ways {default}` to change them)"
+)]
+pub(crate) struct OtherWays {
+    table: u32,
+    default: u32,
+}
