@@ -119,6 +119,15 @@ pub(crate) const COMPACT_UNTIMED: u8 = 3;
 /// The value format with the second of each done entry's commit (written with `max_age`).
 pub(crate) const COMPACT_TIMED: u8 = 4;
 
+/// The value format a store writes: timed when done entries expire (`max_age`).
+pub(crate) const fn version(timed: bool) -> u8 {
+    if timed {
+        COMPACT_TIMED
+    } else {
+        COMPACT_UNTIMED
+    }
+}
+
 /// The short form of [`COMPACT_UNTIMED`] and [`COMPACT_TIMED`]: each set's slots up to its
 /// last occupied one (see the module docs). The short format is the full one plus this.
 const SHORT: u8 = 2;

@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use super::set::{self, LeaseFacts, Op, Outcome, SetState};
-use crate::dedup::compact::{self as item, Edit, COMPACT_TIMED, COMPACT_UNTIMED};
+use crate::dedup::compact::{self as item, Edit};
 use crate::dedup::shared::value_version;
 use crate::dedup::{Digest, Geometry};
 
@@ -81,7 +81,7 @@ impl Layout {
             Layout::Items { .. } => Unit::Item(Edit::empty(
                 self.sets_in(item, geometry),
                 ways,
-                compact_version(max_age),
+                item::version(max_age.is_some()),
             )),
         }
     }
@@ -104,7 +104,7 @@ impl Layout {
                 value,
                 self.sets_in(item, geometry),
                 ways,
-                compact_version(max_age),
+                item::version(max_age.is_some()),
             )
             .ok()
             .map(Unit::Item),
@@ -122,9 +122,10 @@ impl Layout {
     ) -> Unit {
         match self {
             Layout::Sets => self.decode(value, item, geometry, max_age),
-            Layout::Items { .. } => {
-                Some(Unit::Item(Edit::written(value, compact_version(max_age))))
-            }
+            Layout::Items { .. } => Some(Unit::Item(Edit::written(
+                value,
+                item::version(max_age.is_some()),
+            ))),
         }
         .unwrap_or_else(|| self.empty(item, geometry, max_age))
     }
@@ -139,15 +140,6 @@ impl Layout {
             }
         };
         bytes as u64
-    }
-}
-
-/// The compact layout's value format: timed when done entries expire (`max_age`).
-fn compact_version(max_age: Option<Duration>) -> u8 {
-    if max_age.is_some() {
-        COMPACT_TIMED
-    } else {
-        COMPACT_UNTIMED
     }
 }
 

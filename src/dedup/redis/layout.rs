@@ -17,7 +17,7 @@
 
 use super::value::{self, Facts, Stored};
 use super::Op;
-use crate::dedup::compact::{self, Edit, LeaseFacts, Outcome, COMPACT_TIMED, COMPACT_UNTIMED};
+use crate::dedup::compact::{self, Edit, LeaseFacts, Outcome};
 use crate::dedup::shared::REDIS_KEY_VERSION;
 use crate::dedup::{Claim, Digest, Geometry};
 
@@ -136,11 +136,7 @@ impl Layout {
             }
             Layout::Items { sets_per_key } => {
                 let (sets, ways) = (self.sets_in(key, geometry), usize::from(facts.ways));
-                let version = if facts.max_age_ms.is_some() {
-                    COMPACT_TIMED
-                } else {
-                    COMPACT_UNTIMED
-                };
+                let version = compact::version(facts.max_age_ms.is_some());
                 let mut item = read
                     .and_then(|read| Edit::read(read.to_vec(), sets, ways, version).ok())
                     .unwrap_or_else(|| Edit::empty(sets, ways, version));
