@@ -290,11 +290,7 @@ impl RawConfig {
             .map_or(source::DEFAULT_MSG_TIMEOUT, |d| d.0);
         let timed = self.dedupe.max_age_duration()?.is_some();
         let (mut store, _, _) = self.store.validate(msg_timeout, timed)?;
-        let channel = self
-            .source
-            .channel
-            .as_deref()
-            .unwrap_or(source::DEFAULT_CHANNEL);
+        let channel = self.source.channel_or_default();
         let stream = self.source.topic.as_deref().map(|topic| (topic, channel));
         self.name_table(&mut store, stream, self.dedupe.digest_algorithm()?);
         Ok(store)

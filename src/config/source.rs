@@ -117,6 +117,11 @@ fn check_addresses(consumer: &ConsumerConfig) -> Result<(), ConfigError> {
 }
 
 impl RawSource {
+    /// The channel given, else the default.
+    pub(super) fn channel_or_default(&self) -> &str {
+        self.channel.as_deref().unwrap_or(DEFAULT_CHANNEL)
+    }
+
     pub(super) fn validate(&self) -> Result<Source, ConfigError> {
         let no_addresses = [&self.nsqd_tcp_addresses, &self.lookupd_http_addresses]
             .iter()
@@ -136,10 +141,7 @@ impl RawSource {
                 topic
             });
         };
-        let channel = self
-            .channel
-            .clone()
-            .unwrap_or_else(|| DEFAULT_CHANNEL.into());
+        let channel = self.channel_or_default().to_owned();
         check_name("source.topic", "topic", &topic)?;
         check_name("source.channel", "channel", &channel)?;
         let mut consumer = ConsumerConfig::new(topic, channel);
