@@ -5,6 +5,8 @@
 //! Time limits here are generous (2 s per network step) because tests run as debug builds on
 //! shared machines; the outage and timeout tests set short limits and check them.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_memcached::{AsciiProtocol, Client, MetaProtocol};
@@ -517,20 +519,30 @@ async fn killed_under_load_every_call_answers_and_none_is_a_false_duplicate() {
     .await
     .unwrap();
     let began = Instant::now();
-    let run_for = Duration::from_millis(2_500);
+    // The load runs until a claim has been answered after the restart (or 20 s have passed),
+    // so that a slow restart under load shortens nothing the test asserts.
+    let stop = Arc::new(AtomicBool::new(false));
+    let restarted = Arc::new(AtomicBool::new(false));
+    let answered_after_restart = Arc::new(AtomicUsize::new(0));
     // Eight tasks claim fresh digests without pause, recording when each call started and
     // ended and what it returned.
     let mut tasks = Vec::new();
     for t in 0..8u64 {
         let store = store.clone();
+        let (stop, restarted) = (stop.clone(), restarted.clone());
+        let answered_after_restart = answered_after_restart.clone();
         tasks.push(tokio::spawn(async move {
             let mut calls = Vec::new();
             let mut n = 0;
-            while began.elapsed() < run_for && calls.len() < 100_000 {
+            while !stop.load(Ordering::Relaxed) && calls.len() < 200_000 {
                 n += 1;
+                let after_restart = restarted.load(Ordering::Relaxed);
                 let start = began.elapsed();
                 let result = store.claim(digest(1_000_000 * (t + 1) + n)).await;
                 let failed = result.is_err();
+                if after_restart && !failed {
+                    answered_after_restart.fetch_add(1, Ordering::Relaxed);
+                }
                 calls.push((start, began.elapsed(), result));
                 if failed {
                     // Back off a little, as a consumer would.
@@ -545,7 +557,16 @@ async fn killed_under_load_every_call_answers_and_none_is_a_false_duplicate() {
     server.stop();
     tokio::time::sleep(Duration::from_millis(700)).await;
     let restarted_at = began.elapsed();
+    restarted.store(true, Ordering::Relaxed);
     server.restart();
+    let waiting = Instant::now();
+    while answered_after_restart.load(Ordering::Relaxed) == 0
+        && waiting.elapsed() < Duration::from_secs(20)
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::Relaxed);
 
     let (mut errors, mut after_restart_ok) = (0, 0);
     for task in tasks {
@@ -1005,7 +1026,6 @@ async fn claim_and_commit_in_rounds(
     (tasks, rounds, burst): (u64, u64, u64),
     first: u64,
 ) -> (u64, u64) {
-    use std::sync::Arc;
     let numbers = move |round: u64, task: u64| {
         let start = first + (round * tasks + task) * burst;
         start..start + burst
