@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::cli_errors::run_until_exit;
 use crate::support::broker::{Broker, BrokerConfig};
 use crate::support::child::Child;
+use crate::support::memcached::MemcachedServer;
 
 /// The "Sidecar started." line of `run` with `source` flags (nothing answers at those
 /// addresses; the line comes before any connection).
@@ -52,4 +53,23 @@ async fn tls_refused_by_nsqd_says_to_remove_the_flag() {
              --tls-cert and --tls-key); give nsqd a certificate, or remove `--tls`"
         )
     );
+}
+
+/// With a shared store, the start line names the table's namespace: the one the sidecars of
+/// a topic and channel share by default, so that `resize --namespace` can be given it.
+#[test]
+fn the_start_line_names_a_shared_tables_namespace() {
+    let memcached = MemcachedServer::start();
+    let line = start_line(&[
+        "--nsqd-tcp-address",
+        "127.0.0.1:1",
+        "--channel",
+        "c",
+        "--store",
+        "memcached",
+        "--memcached-address",
+        &memcached.addr(),
+    ]);
+    assert!(line.contains("store=\"memcached\""), "{line}");
+    assert!(line.contains("namespace=nsq-dedupe.t.c"), "{line}");
 }

@@ -51,6 +51,15 @@ impl Backend {
         }
     }
 
+    /// The shared table's namespace (its keys' prefix), for a shared store.
+    pub(crate) fn namespace(&self) -> Option<String> {
+        match self {
+            Backend::Memcached(store, _) => Some(store.current().config().namespace.clone()),
+            Backend::Redis(store, _) => Some(store.current().config().namespace.clone()),
+            _ => None,
+        }
+    }
+
     /// Fraction of slots that hold an entry, where the store can tell cheaply enough for a
     /// periodic report: only the in-process table (a scan of its slots) answers.
     pub fn occupancy(&self) -> Option<f64> {

@@ -146,6 +146,8 @@ pub struct Metrics {
     pub table_resizes: AtomicU64,
     /// The distinct rate now and its peak over the window, sampled by [`sample_rate`](Metrics::sample_rate).
     pub(crate) rates: RateTracker,
+    /// The received rate now, for the status line, sampled with the distinct rate.
+    received_rates: RateTracker,
     /// The handler's own figures, if it has any (the serve sink's consumers), read at each
     /// scrape; set once by [`watch_handler`](Metrics::watch_handler).
     handler: OnceLock<Arc<dyn HandlerMetrics>>,
@@ -207,6 +209,7 @@ impl Metrics {
             store_failing: AtomicBool::new(false),
             table_resizes: AtomicU64::new(0),
             rates: RateTracker::new(window),
+            received_rates: RateTracker::new(window),
             handler: OnceLock::new(),
         }
     }
@@ -355,7 +358,21 @@ impl Metrics {
 
     /// Records the distinct count now, for the recent rate; the sidecar calls it every second.
     pub fn sample_rate(&self) {
-        self.rates.sample(Instant::now(), self.distinct());
+        self.sample_rates_at(Instant::now());
+    }
+
+    fn sample_rates_at(&self, now: Instant) {
+        self.rates.sample(now, self.distinct());
+        self.received_rates.sample(now, self.received_total());
+    }
+
+    /// Messages received per second over the last `rate::RECENT_SPAN` (since the start until
+    /// two samples were taken): the status line's `rate`.
+    pub(crate) fn received_rate(&self) -> f64 {
+        self.received_rates.recent().unwrap_or_else(|| {
+            let secs = self.uptime().as_secs_f64().max(1e-3);
+            self.received_total() as f64 / secs
+        })
     }
 
     /// Distinct messages per second: the fleet's when consumers share a store and it is known
@@ -417,5 +434,26 @@ impl Metrics {
             rate: self.distinct_rate(),
             suggested: self.suggested_geometry(table)?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The status line's rate is the last minute's, not the average since the start: a
+    /// sidecar idle for ten minutes after a burst reports 0.
+    #[test]
+    fn the_received_rate_is_the_last_minutes() {
+        let metrics = Metrics::default();
+        let start = Instant::now();
+        metrics.sample_rates_at(start);
+        metrics.received_many("nsqd", 6_000);
+        metrics.sample_rates_at(start + Duration::from_secs(60));
+        assert_eq!(metrics.received_rate(), 100.0);
+        for minute in 2..=11 {
+            metrics.sample_rates_at(start + Duration::from_secs(60 * minute));
+        }
+        assert_eq!(metrics.received_rate(), 0.0);
     }
 }

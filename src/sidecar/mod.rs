@@ -374,6 +374,7 @@ fn log_started<H: Handler>(settings: &Settings, dedupe: &Dedupe<Backend, H>, sin
         nsqd = (!source.nsqd_tcp_addresses.is_empty()).then(|| tracing::field::display(source.nsqd_tcp_addresses.join(","))),
         lookupd = (!source.lookupd_http_addresses.is_empty()).then(|| tracing::field::display(crate::redact::urls(source.lookupd_http_addresses.iter().map(String::as_str)))),
         store = dedupe.store().kind(),
+        namespace = dedupe.store().namespace().map(tracing::field::display),
         buckets = geometry.map(|g| g.slots()),
         ways = geometry.map(|g| g.ways()),
         sink = %sink,

@@ -75,11 +75,10 @@ pub(super) async fn status_loop<H: Handler>(
 pub(super) fn log_status<H: Handler>(dedupe: &Dedupe<Backend, H>, target: Target, what: &str) {
     let m = dedupe.metrics();
     let view = table_view(dedupe.store(), target);
-    let secs = m.uptime().as_secs_f64().max(1e-3);
     tracing::info!(
         nsqd_connections = get(&m.nsqd_connections),
         received = m.received_total(),
-        rate = format_args!("{:.1}", m.received_total() as f64 / secs),
+        rate = format_args!("{:.1}", m.received_rate()),
         unique = get(&m.unique),
         duplicates = get(&m.duplicates),
         in_flight_requeues = get(&m.in_flight_requeues),
@@ -128,13 +127,8 @@ pub(super) fn log_status<H: Handler>(dedupe: &Dedupe<Backend, H>, target: Target
             small.suggested.memory_bytes().div_ceil(1 << 20),
             crate::units::format_duration(window),
         ),
-        Backend::Memcached(store, _) => {
-            resize_remedy(&store.current().config().namespace, buckets, ways)
-        }
-        Backend::Redis(store, _) => {
-            resize_remedy(&store.current().config().namespace, buckets, ways)
-        }
         Backend::None(_) => return,
+        shared => resize_remedy(&shared.namespace().unwrap_or_default(), buckets, ways),
     };
     // Say which rate the figures come from: a burst shorter than the window is taken as if it
     // lasted a whole window, and asks for a larger table than the window's messages need.
