@@ -334,6 +334,14 @@ async fn second_signal_exit_status(signal: &str) -> Option<i32> {
         "exited before the grace period:\n{}",
         log_text()
     );
+    assert!(
+        log_text().contains(
+            "Shutting down: taking no new messages; waiting for the sink to settle those in \
+             hand. grace=30s messages_in_hand=1"
+        ),
+        "{}",
+        log_text()
+    );
     // Exits at once: well within the grace period of 30 s.
     let status = signal_and_wait(child, signal, Duration::from_secs(3)).await;
     assert!(

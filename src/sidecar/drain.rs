@@ -57,14 +57,14 @@ pub(super) trait Steps {
 ///
 /// [`RunError::TableFile`] if the table cannot be saved to its file.
 pub(super) async fn drain(steps: &mut impl Steps, grace: Duration) -> Result<RunReport, RunError> {
-    tracing::info!(grace = ?grace, records = steps.handling(), "Shutting down: no new messages; waiting for the records with the handler.");
+    tracing::info!(grace = ?grace, messages_in_hand = steps.handling(), "Shutting down: taking no new messages; waiting for the sink to settle those in hand.");
     steps.stop_handler();
     let report = steps.close_source(grace).await;
     let abandoned = steps.handling();
     if abandoned > 0 {
         tracing::warn!(
-            records = abandoned,
-            "Records still with the handler after the grace period; their messages were requeued."
+            messages = abandoned,
+            "Messages still with the sink after the grace period were requeued."
         );
     }
     // Their messages are requeued already.
@@ -85,7 +85,7 @@ pub(super) async fn drain(steps: &mut impl Steps, grace: Duration) -> Result<Run
         requeued_unseen = report.requeued_unseen,
         requeued_at_deadline = report.requeued_at_deadline,
         clean = report.clean,
-        "Consumer closed."
+        "Connections to nsqd closed."
     );
     Ok(RunReport {
         shutdown: report,
