@@ -312,12 +312,10 @@ async fn a_fleet_resized_one_sidecar_at_a_time_forgets_nothing(shared: Shared) {
     assert!(
         logged_at(
             &warned,
-            " WARN ",
-            "The store's table was resized from 262144 to 1048576 buckets: this consumer \
-             follows the store's table, and nothing is wrong with its data. To stop this \
-             warning, give it the store's size (1048576 buckets), or no size (a probability and \
-             a window without a rate: a table that sizes itself). `nsq-dedupe resize` changes \
-             the store's size."
+            " INFO ",
+            "The store's table was resized from 262144 to 1048576 buckets: following it. Give \
+             this consumer the new size (1048576 buckets), or no size (a probability and a \
+             window without a rate: a table that sizes itself), before it next starts."
         ),
         "the sidecar given the old size says it follows the store's: {warned}"
     );
@@ -563,8 +561,10 @@ async fn a_sidecar_restarted_with_another_size_follows_the_stores_table(shared: 
         logged_at(
             &said,
             " WARN ",
-            "The store's table has 262144 buckets, not the 1048576 given here: this consumer \
-             follows the store's table, and nothing is wrong with its data."
+            "The store's table has 262144 buckets, not the 1048576 given here: following the \
+             store's table, whose data is intact. Give this consumer the store's size (262144 \
+             buckets), or no size (a probability and a window without a rate: a table that \
+             sizes itself); `nsq-dedupe resize` changes the store's size."
         ),
         "{said}"
     );
@@ -594,7 +594,7 @@ async fn a_sidecar_that_sizes_itself_below_a_grown_table_says_whose_ceiling_diff
                   consumer of the table the same `store.max_memory`.";
     assert_eq!(said.matches(warned).count(), 1, "{said}");
     assert!(logged_at(&said, " WARN ", warned), "{said}");
-    assert!(!said.contains("nothing is wrong with its data"), "{said}");
+    assert!(!said.contains("whose data is intact"), "{said}");
 }
 
 /// A sidecar sizing itself (its `[store]` also given `extra`) joins a Redis table resized to

@@ -1,8 +1,8 @@
 //! What a consumer says, once, when it follows a store's table other than the one it was
-//! given: an earlier layout (WARN, naming `nsq-dedupe resize`, which moves it), another size
-//! given (WARN: both sizes, that nothing is wrong with its data, and how to stop the warning),
-//! or no size given, its table sizing itself (INFO: following the store's size is what it is
-//! meant to do).
+//! given: an earlier layout (WARN, naming `nsq-dedupe resize`, which moves it); another size
+//! given (WARN: both sizes, that the data is intact, and the size to give); a resize from the
+//! size given (INFO: following a resize is what it is for; and the size to give before the next
+//! start); or no size given, its table sizing itself (INFO).
 
 use super::{Descriptor, Shape};
 
@@ -34,18 +34,25 @@ pub(super) fn following(key: &str, given: Shape, descriptor: &Descriptor, sizes_
     }
     let resized =
         matches!(descriptor.previous, Some((previous, _)) if previous.geometry.slots() == given);
-    let what = if resized {
-        format!("The store's table was resized from {given} to {store} buckets")
-    } else {
-        format!("The store's table has {store} buckets, not the {given} given here")
-    };
+    if resized {
+        // A resize, most likely the operator's own: following it is the point of one.
+        tracing::info!(
+            descriptor = %key,
+            given_buckets = given,
+            store_buckets = store,
+            "The store's table was resized from {given} to {store} buckets: following it. Give \
+             this consumer the new size ({store} buckets), or no size (a probability and a \
+             window without a rate: a table that sizes itself), before it next starts."
+        );
+        return;
+    }
     tracing::warn!(
         descriptor = %key,
         given_buckets = given,
         store_buckets = store,
-        "{what}: this consumer follows the store's table, and nothing is wrong with its data. \
-         To stop this warning, give it the store's size ({store} buckets), or no size (a \
-         probability and a window without a rate: a table that sizes itself). `nsq-dedupe \
-         resize` changes the store's size."
+        "The store's table has {store} buckets, not the {given} given here: following the \
+         store's table, whose data is intact. Give this consumer the store's size ({store} \
+         buckets), or no size (a probability and a window without a rate: a table that sizes \
+         itself); `nsq-dedupe resize` changes the store's size."
     );
 }
