@@ -368,6 +368,7 @@ impl Metrics {
 
     /// Messages received per second over the last `rate::RECENT_SPAN` (since the start until
     /// two samples were taken): the status line's `rate`.
+    #[cfg(any(feature = "sidecar", test))]
     pub(crate) fn received_rate(&self) -> f64 {
         self.received_rates.recent().unwrap_or_else(|| {
             let secs = self.uptime().as_secs_f64().max(1e-3);
