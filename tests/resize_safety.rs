@@ -479,3 +479,41 @@ fn flags_only_a_running_consumer_uses_are_refused() {
     ]);
     assert_eq!((status, stderr.as_str()), (0, ""));
 }
+
+/// Back to the previous size while it is still read: that table becomes the current one
+/// again, so nothing is forgotten, and the resize is let through without `--force`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resize_back_to_the_previous_size_is_let_through() {
+    let redis = RedisServer::start();
+    let config = redis_config(&redis);
+    let open = |buckets| RedisStore::new_lazy(config.clone(), geometry(buckets)).unwrap();
+    let fleet = Generations::new(open(262_144));
+    fleet.follow().await.unwrap();
+    let committed = digests(100, 3);
+    assert!(fleet.claim_many(&committed).await.iter().all(Result::is_ok));
+    assert!(fleet
+        .commit_many(&committed)
+        .await
+        .iter()
+        .all(Result::is_ok));
+    let url = redis.url();
+    let args = |buckets| {
+        [
+            "--store",
+            "redis",
+            "--redis-url",
+            &url,
+            "--namespace",
+            "twice",
+            "--buckets",
+            buckets,
+        ]
+        .to_vec()
+    };
+    let (status, _, stderr) = resize(&args("1048576"));
+    assert_eq!((status, stderr.as_str()), (0, ""));
+    let (status, stdout, stderr) = resize(&args("262144"));
+    assert_eq!((status, stderr.as_str()), (0, ""));
+    assert!(!stdout.contains("Forgotten"), "{stdout}");
+    assert_eq!(caught(open(262_144), &committed).await, 100);
+}

@@ -100,7 +100,6 @@ pub(crate) fn run(
             .store
             .window
             .map_or(crate::config::DEFAULT_WINDOW, |w| w.0),
-        forced: args.force,
     }
     .text(&outcome, &rules);
     crate::cmd::output::write_stdout(text.as_bytes())?;

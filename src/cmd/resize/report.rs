@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::rules::{still_read, Oldest, Rules};
+use super::rules::{forgets, Oldest, Rules};
 use super::{Outcome, Rate, Sizing};
 use crate::cmd::format_probability;
 use crate::dedup::generational::{Descriptor, Shape};
@@ -20,8 +20,6 @@ pub(super) struct Report<'a> {
     pub(super) rate: Rate,
     /// The window the catch probability is given for.
     pub(super) window: Duration,
-    /// Whether `--force` was given.
-    pub(super) forced: bool,
 }
 
 impl Report<'_> {
@@ -35,24 +33,23 @@ impl Report<'_> {
         text.push_str(&self.sized(after.current));
         if let Some(before) = before {
             text.push_str(&self.shrunk(before.current, after.current));
-            if let Some(previous) = before.previous {
-                if self.forced && still_read(previous, outcome.max_age, outcome.now_ms) {
-                    let oldest = Oldest {
-                        previous,
-                        current: before.current,
-                        max_age: outcome.max_age,
-                        rate: rules.rate,
-                        now_ms: outcome.now_ms,
-                    };
-                    text.push_str(&format!(
-                        "Forgotten (`--force`): the {}-bucket table, from before the resize {}, \
-                         which its consumers read {}. Copies of the messages remembered only \
-                         there pass as new; nothing is lost.\n",
-                        oldest.buckets(),
-                        oldest.since(),
-                        oldest.until()
-                    ));
-                }
+            // Let through while it was still read: `--force` was given.
+            if let Some(previous) = forgets(&before, &after, outcome.max_age, outcome.now_ms) {
+                let oldest = Oldest {
+                    previous,
+                    current: before.current,
+                    max_age: outcome.max_age,
+                    rate: rules.rate,
+                    now_ms: outcome.now_ms,
+                };
+                text.push_str(&format!(
+                    "Forgotten (`--force`): the {}-bucket table, from before the resize {}, \
+                     which its consumers read {}. Copies of the messages remembered only there \
+                     pass as new; nothing is lost.\n",
+                    oldest.buckets(),
+                    oldest.since(),
+                    oldest.until()
+                ));
             }
         }
         text

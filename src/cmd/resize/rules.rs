@@ -46,26 +46,33 @@ impl Rules {
                 default: given,
             });
         }
-        match before.previous {
-            Some(previous) if !self.force && still_read(previous, max_age, now_ms) => {
-                Err(Refused::StillRead(Oldest {
-                    previous,
-                    current: before.current,
-                    max_age,
-                    rate: self.rate,
-                    now_ms,
-                }))
-            }
+        match forgets(before, after, max_age, now_ms) {
+            Some(previous) if !self.force => Err(Refused::StillRead(Oldest {
+                previous,
+                current: before.current,
+                max_age,
+                rate: self.rate,
+                now_ms,
+            })),
             _ => Ok(()),
         }
     }
 }
 
-/// Whether the previous shape of a descriptor, switched from at `since`, is still read: a
-/// consumer drops it from the descriptor once it no longer counts, so one that is named
-/// counts, unless `max_age` (when known) has passed since the switch.
-pub(super) fn still_read((_, since): (Shape, u64), max_age: Option<Duration>, now_ms: u64) -> bool {
-    max_age.is_none_or(|age| now_ms < since.saturating_add(millis(age)))
+/// The previous shape of `before`, and the switch from it, that replacing `before` by
+/// `after` forgets: one still read (a consumer drops it from the descriptor once it no
+/// longer counts, so one that is named counts, unless `max_age`, when known, has passed since
+/// the switch), and not the shape `after` makes current again.
+pub(super) fn forgets(
+    before: &Descriptor,
+    after: &Descriptor,
+    max_age: Option<Duration>,
+    now_ms: u64,
+) -> Option<(Shape, u64)> {
+    before.previous.filter(|&(shape, since)| {
+        shape != after.current
+            && max_age.is_none_or(|age| now_ms < since.saturating_add(millis(age)))
+    })
 }
 
 fn millis(duration: Duration) -> u64 {
