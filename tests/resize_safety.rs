@@ -191,6 +191,23 @@ fn redis_flags(redis: &RedisServer) -> Vec<String> {
         .to_vec()
 }
 
+/// [`resize`] of the table of `namespace` in `redis`, with `extra`.
+fn resize_in(redis: &RedisServer, namespace: &str, extra: &[&str]) -> (i32, String, String) {
+    let flags = redis_flags(redis);
+    let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    args.extend_from_slice(&["--namespace", namespace]);
+    args.extend_from_slice(extra);
+    resize(&args)
+}
+
+/// A consumer of the table in `redis` given `buckets`, following the store's.
+async fn consumer(redis: &RedisServer, buckets: u64) -> Generations<RedisStore> {
+    let store = RedisStore::new_lazy(redis_config(redis), geometry(buckets)).unwrap();
+    let consumer = Generations::new(store);
+    consumer.follow().await.unwrap();
+    consumer
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_resize_while_the_previous_size_is_read_is_refused_in_redis() {
     let redis = RedisServer::start();
@@ -230,11 +247,8 @@ async fn a_second_resize_while_the_previous_size_is_read_is_refused_in_memcached
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_previous_size_is_read_until_a_consumer_retires_it() {
     let redis = RedisServer::start();
-    let config = redis_config(&redis);
-    let open = |buckets| RedisStore::new_lazy(config.clone(), geometry(buckets)).unwrap();
-    let fleet = Generations::new(open(512));
-    fleet.follow().await.unwrap();
-    nsq_dedupe::dedup::generational::resize(&open(512), geometry(1024))
+    let fleet = consumer(&redis, 512).await;
+    nsq_dedupe::dedup::generational::resize(&fleet.current(), geometry(1024))
         .await
         .unwrap();
     fleet.follow().await.unwrap();
@@ -275,16 +289,7 @@ async fn the_previous_size_is_read_until_a_consumer_retires_it() {
         "v1 current=3:128x8",
         "the consumer that retired the previous size dropped it from the descriptor"
     );
-    let (status, stdout, stderr) = resize(&[
-        "--store",
-        "redis",
-        "--redis-url",
-        &redis.url(),
-        "--namespace",
-        "twice",
-        "--buckets",
-        "2048",
-    ]);
+    let (status, stdout, stderr) = resize_in(&redis, "twice", &["--buckets", "2048"]);
     assert_eq!((status, stderr.as_str()), (0, ""));
     assert!(
         stdout.starts_with("The table of namespace \"twice\" is now 2048 buckets")
@@ -298,19 +303,7 @@ async fn the_previous_size_is_read_until_a_consumer_retires_it() {
 #[test]
 fn a_shrink_says_so_and_what_it_costs() {
     let redis = RedisServer::start();
-    let url = redis.url();
-    let run = |namespace: &str, extra: &[&str]| {
-        let mut args = vec![
-            "--store",
-            "redis",
-            "--redis-url",
-            &url,
-            "--namespace",
-            namespace,
-        ];
-        args.extend_from_slice(extra);
-        resize(&args)
-    };
+    let run = |namespace: &str, extra: &[&str]| resize_in(&redis, namespace, extra);
     let (status, stdout, stderr) = run("shrink", &["--buckets", "262144", "--create"]);
     assert_eq!(
         (status, stdout.as_str(), stderr.as_str()),
@@ -356,18 +349,8 @@ fn a_shrink_says_so_and_what_it_costs() {
 #[test]
 fn a_namespace_without_a_table_is_refused_unless_created() {
     let redis = RedisServer::start();
-    let url = redis.url();
-    let args = [
-        "--store",
-        "redis",
-        "--redis-url",
-        &url,
-        "--namespace",
-        "evnets",
-        "--buckets",
-        "1048576",
-    ];
-    let (status, stdout, stderr) = resize(&args);
+    let args = ["--buckets", "1048576"];
+    let (status, stdout, stderr) = resize_in(&redis, "evnets", &args);
     assert_eq!(
         (status, stdout.as_str(), stderr.as_str()),
         (
@@ -381,7 +364,7 @@ fn a_namespace_without_a_table_is_refused_unless_created() {
         )
     );
     assert_eq!(redis.cli(&["DBSIZE"]).trim(), "0", "nothing written");
-    let (status, _, stderr) = resize(&[&args[..], &["--create"]].concat());
+    let (status, _, stderr) = resize_in(&redis, "evnets", &[&args[..], &["--create"]].concat());
     assert_eq!((status, stderr.as_str()), (0, ""));
     assert_eq!(
         redis.cli(&["GET", "evnets:table"]).trim(),
@@ -394,18 +377,7 @@ fn a_namespace_without_a_table_is_refused_unless_created() {
 #[test]
 fn a_size_from_the_rate_says_how_it_was_computed() {
     let redis = RedisServer::start();
-    let url = redis.url();
-    let (status, stdout, stderr) = resize(&[
-        "--store",
-        "redis",
-        "--redis-url",
-        &url,
-        "--namespace",
-        "rate",
-        "--rate",
-        "1000",
-        "--create",
-    ]);
+    let (status, stdout, stderr) = resize_in(&redis, "rate", &["--rate", "1000", "--create"]);
     assert_eq!(
         (status, stdout.as_str(), stderr.as_str()),
         (
@@ -485,10 +457,7 @@ fn flags_only_a_running_consumer_uses_are_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resize_back_to_the_previous_size_is_let_through() {
     let redis = RedisServer::start();
-    let config = redis_config(&redis);
-    let open = |buckets| RedisStore::new_lazy(config.clone(), geometry(buckets)).unwrap();
-    let fleet = Generations::new(open(262_144));
-    fleet.follow().await.unwrap();
+    let fleet = consumer(&redis, 262_144).await;
     let committed = digests(100, 3);
     assert!(fleet.claim_many(&committed).await.iter().all(Result::is_ok));
     assert!(fleet
@@ -496,24 +465,11 @@ async fn a_resize_back_to_the_previous_size_is_let_through() {
         .await
         .iter()
         .all(Result::is_ok));
-    let url = redis.url();
-    let args = |buckets| {
-        [
-            "--store",
-            "redis",
-            "--redis-url",
-            &url,
-            "--namespace",
-            "twice",
-            "--buckets",
-            buckets,
-        ]
-        .to_vec()
-    };
-    let (status, _, stderr) = resize(&args("1048576"));
+    let (status, _, stderr) = resize_in(&redis, "twice", &["--buckets", "1048576"]);
     assert_eq!((status, stderr.as_str()), (0, ""));
-    let (status, stdout, stderr) = resize(&args("262144"));
+    let (status, stdout, stderr) = resize_in(&redis, "twice", &["--buckets", "262144"]);
     assert_eq!((status, stderr.as_str()), (0, ""));
     assert!(!stdout.contains("Forgotten"), "{stdout}");
-    assert_eq!(caught(open(262_144), &committed).await, 100);
+    let store = RedisStore::new_lazy(redis_config(&redis), geometry(262_144)).unwrap();
+    assert_eq!(caught(store, &committed).await, 100);
 }
