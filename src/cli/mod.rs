@@ -189,8 +189,9 @@ pub(crate) enum Command {
     Run(Box<RunArgs>),
     /// Change the size of a shared store's table for the whole fleet, without forgetting.
     ///
-    /// Takes `run`'s store flags (or `--config`'s `[store]`) with the new size (--buckets,
-    /// --memory, or --probability with --rate and --window). The store's descriptor key
+    /// Takes `run`'s store flags (or `--config`'s `[store]`) with the new size: --buckets, or
+    /// --rate, sized for --probability (0.99 by default) over --window (1h by default), as it
+    /// says. The store's descriptor key
     /// (`<namespace>:table`) then names the new size and keeps the old one as the previous
     /// generation, which claims still read until it no longer counts; running sidecars follow
     /// within one --fleet-interval. Refused while the previous size is still read (--force
