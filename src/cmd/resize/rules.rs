@@ -231,3 +231,69 @@ pub(crate) struct NoNamespace;
      it (a `[store]` key of the sidecars' config file given with `--config` is left unused)"
 )]
 pub(crate) struct RunOnly(pub(super) &'static str);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dedup::Geometry;
+
+    fn shape(buckets: u64) -> Shape {
+        Shape {
+            format: 3,
+            geometry: Geometry::new(buckets, 8).unwrap(),
+        }
+    }
+
+    const SINCE: u64 = 1_795_982_000_000;
+
+    #[test]
+    fn with_the_rate_the_earliest_time_the_previous_size_retires_is_said() {
+        let oldest = Oldest {
+            previous: (shape(262_144), SINCE),
+            current: shape(1_048_576),
+            max_age: None,
+            rate: Some(1000.0),
+            now_ms: SINCE + 60_000,
+        };
+        assert_eq!(oldest.since(), "1m ago (Sun, 29 Nov 2026 19:53:20 GMT)");
+        assert!(
+            oldest.until().ends_with(
+                ": at 1000 distinct messages a second, not before Sun, 29 Nov 2026 20:10:48 GMT \
+                 (in 16m28s)"
+            ),
+            "{}",
+            oldest.until()
+        );
+        // Past that time, no estimate: a consumer has not said it stopped reading it.
+        let later = Oldest {
+            now_ms: SINCE + 3_600_000,
+            ..oldest
+        };
+        assert!(
+            later.until().ends_with("if they set one"),
+            "{}",
+            later.until()
+        );
+    }
+
+    #[test]
+    fn only_a_previous_size_still_read_and_not_made_current_again_is_forgotten() {
+        let before = Descriptor {
+            current: shape(1_048_576),
+            previous: Some((shape(262_144), SINCE)),
+        };
+        let to = |buckets| Descriptor {
+            current: shape(buckets),
+            previous: Some((before.current, SINCE + 1)),
+        };
+        let now = SINCE + 1_000;
+        assert_eq!(forgets(&before, &to(524_288), None, now), before.previous);
+        assert_eq!(forgets(&before, &to(262_144), None, now), None, "back");
+        let age = Some(Duration::from_secs(1));
+        assert_eq!(forgets(&before, &to(524_288), age, now), None, "aged");
+        assert_eq!(
+            forgets(&before, &to(524_288), age, now - 1),
+            before.previous
+        );
+    }
+}
