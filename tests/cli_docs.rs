@@ -133,8 +133,8 @@ fn manpage_dir_writes_a_page_per_command_with_every_flag() {
 }
 
 /// `resize --help` lists the store flags a resize uses; those only a running consumer uses
-/// (its lease, near table, fleet interval, table file, self-sizing bound) are left out, and
-/// still accepted, as the `[store]` section of `run`'s config file holds them.
+/// (its lease, near table, fleet interval, table file and its snapshots and journal,
+/// self-sizing bound) are left out, and refused when given (tests/resize_safety.rs).
 #[test]
 fn resize_help_leaves_out_the_flags_only_a_running_consumer_uses() {
     let run_only = [
@@ -143,6 +143,8 @@ fn resize_help_leaves_out_the_flags_only_a_running_consumer_uses() {
         "--fleet-interval <",
         "--table-file <",
         "--table-file-on-mismatch <",
+        "--snapshot-interval <",
+        "--journal-fsync",
         "--max-memory <",
     ];
     let resize = stdout(&["resize", "--help"]);
@@ -165,21 +167,4 @@ fn resize_help_leaves_out_the_flags_only_a_running_consumer_uses() {
             "resize --help does not list {flag}:\n{resize}"
         );
     }
-    // Accepted: the refusal is of the in-process store, not of the flag.
-    let out = bin()
-        .args([
-            "resize",
-            "--lease",
-            "70s",
-            "--near-table",
-            "off",
-            "--buckets",
-            "1024",
-        ])
-        .args(["--store", "memory"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(78));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("the store given is \"memory\""), "{stderr}");
 }

@@ -424,7 +424,7 @@ fn size_wants_a_whole_count_of_messages() {
 /// Every `--flag` of every subcommand, read from `--help`.
 fn all_flags() -> BTreeSet<String> {
     let mut flags = BTreeSet::new();
-    for command in ["run", "size", "filter", "manpage"] {
+    for command in ["run", "size", "filter", "resize", "manpage"] {
         let help = bin().args([command, "--help"]).output().unwrap().stdout;
         for word in String::from_utf8(help).unwrap().split_whitespace() {
             let word = word.trim_end_matches([',', '.']);

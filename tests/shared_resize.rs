@@ -142,10 +142,16 @@ grace = "2s"
 
 /// `nsq-dedupe resize` of the test's namespace to `buckets`; its stdout.
 fn resize_command(shared: &Shared, buckets: u64) -> String {
+    resize_command_with(shared, buckets, &[])
+}
+
+/// [`resize_command`] with `extra` flags.
+fn resize_command_with(shared: &Shared, buckets: u64, extra: &[&str]) -> String {
     let out = Command::new(sidecar_binary())
         .args(["resize", "--namespace", "resize"])
         .args(shared.flags())
         .args(["--buckets", &buckets.to_string()])
+        .args(extra)
         .stdin(Stdio::null())
         .output()
         .expect("the nsq-dedupe binary runs");
@@ -603,7 +609,8 @@ async fn a_sidecar_that_sizes_itself_joins_a_grown_table(extra: &str) -> String 
     let shared = Shared::redis();
     let broker = Broker::start(BrokerConfig::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    resize_command(&shared, NEW_BUCKETS);
+    // The table started at that size before the fleet.
+    resize_command_with(&shared, NEW_BUCKETS, &["--create"]);
     let fixed = config(dir.path(), "fixed", &broker, &shared, NEW_BUCKETS);
     let growing = dir.path().join("growing.toml");
     let text = std::fs::read_to_string(&fixed).unwrap().replace(
@@ -1096,6 +1103,7 @@ fn resize_with_the_sidecars_config_resizes_their_table() {
                 file.to_str().unwrap(),
                 "--buckets",
                 "2097152",
+                "--create",
             ])
             .stdin(Stdio::null())
             .output()
@@ -1136,7 +1144,7 @@ fn resize_without_ways_keeps_or_refuses_the_tables_ways() {
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     };
-    let (status, said, _) = run(&["--ways", "4", "--buckets", "65536"]);
+    let (status, said, _) = run(&["--ways", "4", "--buckets", "65536", "--create"]);
     assert_eq!(status, Some(0));
     assert!(said.contains("(16384 sets of 4 ways)"), "{said}");
     let (status, said, stderr) = run(&["--buckets", "131072"]);

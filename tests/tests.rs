@@ -41,6 +41,7 @@ mod redis_commit;
 mod redis_compact;
 mod redis_ifeq;
 mod redis_tls;
+mod resize_safety;
 mod secrets;
 mod self_sizing;
 mod serve;

@@ -53,13 +53,17 @@ pub(crate) struct Cli {
     pub(crate) unread_variables: Vec<String>,
 }
 
-/// The store settings (by key) that `resize` takes and does not use.
-const RUN_ONLY_STORE_SETTINGS: [&str; 6] = [
+/// The store settings (by key) that only a running consumer uses: `resize` leaves their flags
+/// out of its help and refuses them, and leaves them unused in the `[store]` section of
+/// `run`'s config file, which it reads.
+pub(crate) const RUN_ONLY_STORE_SETTINGS: [&str; 8] = [
     "store.lease",
     "store.near_table",
     "store.fleet_interval",
     "store.table_file",
+    "store.snapshot_interval",
     "store.table_file_on_mismatch",
+    "store.journal_fsync",
     "store.max_memory",
 ];
 
@@ -80,8 +84,8 @@ impl Cli {
                 _ => arg,
             })
         });
-        // `resize` accepts the store settings that only a running consumer uses, as the
-        // `[store]` section of `run`'s file holds them, and leaves them out of its help.
+        // `resize` leaves the store settings that only a running consumer uses out of its
+        // help; given, they are refused by name (`cmd::resize`).
         let definition = definition.mut_subcommand("resize", |resize| {
             resize.mut_args(|arg| {
                 let hidden = RUN_ONLY_STORE_SETTINGS.contains(&arg.get_id().as_str());
@@ -185,11 +189,14 @@ pub(crate) enum Command {
     Run(Box<RunArgs>),
     /// Change the size of a shared store's table for the whole fleet, without forgetting.
     ///
-    /// Takes `run`'s store flags (or `--config`'s `[store]`) with the new size (--buckets,
-    /// --memory, or --probability with --rate and --window). The store's descriptor key
+    /// Takes `run`'s store flags (or `--config`'s `[store]`) with the new size: --buckets, or
+    /// --rate, sized for --probability (0.99 by default) over --window (1h by default), as it
+    /// says. The store's descriptor key
     /// (`<namespace>:table`) then names the new size and keeps the old one as the previous
     /// generation, which claims still read until it no longer counts; running sidecars follow
-    /// within one --fleet-interval. Redis (one server or a cluster) and Memcached.
+    /// within one --fleet-interval. Refused while the previous size is still read (--force
+    /// forgets it), and where the namespace has no table (--create starts one). Redis (one
+    /// server or a cluster) and Memcached.
     Resize(Box<ResizeArgs>),
     /// Print a shell completion script, e.g. `nsq-dedupe completions bash > /etc/bash_completion.d/nsq-dedupe`.
     Completions {

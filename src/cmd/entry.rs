@@ -25,7 +25,13 @@ pub(crate) fn main() -> ExitCode {
     };
     let is_service = matches!(cli.command, Command::Run(_) | Command::Resize(_));
     let log_level_variable = cli.from_env.variable("--log-level");
-    if let Err(err) = start_logging(&cli.log, log_level_variable) {
+    // A one-shot command prints its result; its log says only what went wrong.
+    let default_level = if matches!(cli.command, Command::Resize(_)) {
+        "warn"
+    } else {
+        "info"
+    };
+    if let Err(err) = start_logging(&cli.log, log_level_variable, default_level) {
         report(&err);
         return bad_value_status(is_service, log_level_variable.is_some());
     }
@@ -74,7 +80,8 @@ fn is_setting_error(err: &anyhow::Error) -> bool {
         || err.downcast_ref::<cmd::resize::NotShared>().is_some()
         || err.downcast_ref::<cmd::resize::NoSize>().is_some()
         || err.downcast_ref::<cmd::resize::NoNamespace>().is_some()
-        || err.downcast_ref::<cmd::resize::OtherWays>().is_some()
+        || err.downcast_ref::<cmd::resize::Refused>().is_some()
+        || err.downcast_ref::<cmd::resize::RunOnly>().is_some()
         || err
             .downcast_ref::<crate::error::StoreError>()
             .is_some_and(|error| {
@@ -109,9 +116,13 @@ fn report(err: &anyhow::Error) {
     };
 }
 
-/// Logs to stderr at `--log-level` (else RUST_LOG, else info), as text or JSON lines;
-/// `variable` is the environment variable the level came from, if it came from one.
-fn start_logging(flags: &cli::LogFlags, variable: Option<&str>) -> anyhow::Result<()> {
+/// Logs to stderr at `--log-level` (else RUST_LOG, else `default_level`), as text or JSON
+/// lines; `variable` is the environment variable the level came from, if it came from one.
+fn start_logging(
+    flags: &cli::LogFlags,
+    variable: Option<&str>,
+    default_level: &str,
+) -> anyhow::Result<()> {
     use tracing_subscriber::EnvFilter;
     let filter = match &flags.log_level {
         Some(level) => check_log_level(level)
@@ -123,7 +134,7 @@ fn start_logging(flags: &cli::LogFlags, variable: Option<&str>) -> anyhow::Resul
                     variable.unwrap_or("--log-level")
                 )
             })?,
-        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level)),
     };
     // A log line that cannot be written (stderr closed) is dropped, not reported on the
     // same closed stderr.

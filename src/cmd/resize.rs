@@ -1,12 +1,36 @@
 //! `nsq-dedupe resize`: sets the size of a shared store's table for every consumer of it,
 //! through the store's descriptor (see `crate::dedup::generational`).
+//!
+//! What it refuses, and when (`rules`), and what it prints (`report`), are beside it.
 
 use anyhow::Context as _;
 
-use crate::cli::{FromEnv, ResizeArgs, TypedAliases};
+use crate::cli::{FromEnv, ResizeArgs, TypedAliases, RUN_ONLY_STORE_SETTINGS};
 use crate::config::{RawConfig, StoreSettings};
-use crate::dedup::generational::{resize, Generation, Resized};
-use crate::{Descriptor, Geometry, MemcachedStore, RedisStore, Shape};
+use crate::dedup::generational::{resize_if, Generation, Resized};
+use crate::{Geometry, MemcachedStore, RedisStore};
+
+mod report;
+mod rules;
+
+pub(crate) use rules::{NoNamespace, NoSize, NotShared, Refused, RunOnly};
+
+/// How `resize` came to its size, for its report: each setting as the user gave it (the flag,
+/// or the config file's key).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Sizing {
+    /// `store.buckets`, and the count given.
+    Buckets(&'static str, u64),
+    /// `store.probability` (`None`: the default target) with `store.rate` and `store.window`
+    /// (`None`: the default).
+    Rate {
+        probability: (f64, Option<&'static str>),
+        window: (std::time::Duration, Option<&'static str>),
+    },
+}
+
+/// The fleet's rate, when given (`store.rate`), and how.
+pub(super) type Rate = Option<(f64, &'static str)>;
 
 /// Builds the store's settings from `--config`, the flags and the environment, and writes
 /// the new size into the store's descriptor; prints what changed.
@@ -21,9 +45,13 @@ pub(crate) fn run(
     };
     args.apply(&mut raw, from_env, aliases);
     crate::cmd::entry::name_settings_as(raw.flags.clone());
-    if raw.store.buckets.is_none() && raw.store.memory.is_none() && raw.store.rate.is_none() {
-        return Err(NoSize.into());
+    if let Some(flag) = RUN_ONLY_STORE_SETTINGS
+        .iter()
+        .find_map(|key| raw.flags.flag_for(key))
+    {
+        return Err(RunOnly(flag).into());
     }
+    let (sizing, rate) = sizing_of(&mut raw)?;
     let store = raw.validate_store()?;
     let shared = matches!(
         store,
@@ -42,126 +70,101 @@ pub(crate) fn run(
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let ways_given = raw.store.ways.is_some();
-    let resized = runtime.block_on(async move {
+    let rules = rules::Rules {
+        ways_given: raw.store.ways.is_some(),
+        force: args.force,
+        create: args.create,
+        rate: rate.map(|(rate, _)| rate),
+    };
+    let resized = runtime.block_on(async {
         match store {
             StoreSettings::Redis(config, geometry) => {
                 let store = RedisStore::connect(config, geometry).await?;
-                resize_keeping_ways(&store, geometry, ways_given).await
+                resize_by(&store, geometry, &rules).await
             }
             StoreSettings::Memcached(config, geometry) => {
                 let store = MemcachedStore::connect(config, geometry).await?;
-                resize_keeping_ways(&store, geometry, ways_given).await
+                resize_by(&store, geometry, &rules).await
             }
             StoreSettings::Memory(_) => Err(NotShared("memory").into()),
             StoreSettings::None => Err(NotShared("none").into()),
         }
     });
-    let resized =
+    let outcome =
         resized.with_context(|| format!("resizing the table of namespace {namespace:?}"))?;
-    crate::cmd::output::write_stdout(report(&namespace, resized.before, resized.after).as_bytes())?;
+    let text = report::Report {
+        namespace: &namespace,
+        sizing,
+        rate,
+        window: raw
+            .store
+            .window
+            .map_or(crate::config::DEFAULT_WINDOW, |w| w.0),
+    }
+    .text(&outcome, &rules);
+    crate::cmd::output::write_stdout(text.as_bytes())?;
     Ok(())
 }
 
-/// [`resize`], refused when `--ways` was not given and the table has other ways than the
-/// default: a resize is not where a table's ways change unasked.
-async fn resize_keeping_ways<S: Generation>(
+/// A resize done, with what judged it: the table's `max_age` as the settings give it, and
+/// the time it was judged at (Unix ms).
+pub(super) struct Outcome {
+    resized: Resized,
+    max_age: Option<std::time::Duration>,
+    now_ms: u64,
+}
+
+/// [`resize_if`] by `rules`.
+async fn resize_by<S: Generation>(
     store: &S,
     geometry: Geometry,
-    ways_given: bool,
-) -> anyhow::Result<Resized> {
-    if !ways_given {
-        if let Some(text) = store.descriptor(None).await? {
-            let current = Descriptor::parse(&store.descriptor_key(), &text)?.current;
-            let ways = current.geometry.ways();
-            if ways != geometry.ways() {
-                return Err(OtherWays {
-                    table: ways,
-                    default: geometry.ways(),
-                }
-                .into());
-            }
+    rules: &rules::Rules,
+) -> anyhow::Result<Outcome> {
+    let max_age = store.max_age();
+    let now_ms = crate::dedup::shared::now_ms();
+    let resized = resize_if(store, geometry, |before, after| {
+        rules.admit(before, after, max_age, now_ms)
+    })
+    .await??;
+    Ok(Outcome {
+        resized,
+        max_age,
+        now_ms,
+    })
+}
+
+/// Refuses a resize given no size, and gives `store.rate` alone (no `store.buckets`,
+/// `store.memory` or `store.probability`) the default target probability, so that the table
+/// is sized for that rate over the window, as the consumers' "too small" WARN sizes it,
+/// rather than given the default size; says which settings gave the size, and the rate.
+fn sizing_of(raw: &mut RawConfig) -> anyhow::Result<(Sizing, Rate)> {
+    let store = &mut raw.store;
+    if store.buckets.is_none() && store.memory.is_none() && store.rate.is_none() {
+        return Err(NoSize.into());
+    }
+    let named = |key: &'static str| raw.flags.flag_for(key).unwrap_or(key);
+    let rate = store.rate.map(|rate| (rate, named("store.rate")));
+    if store.buckets.is_some() || store.memory.is_some() {
+        let given = store.buckets.unwrap_or_default();
+        return Ok((Sizing::Buckets(named("store.buckets"), given), rate));
+    }
+    let probability = match store.probability {
+        Some(probability) => (probability, Some(named("store.probability"))),
+        None => {
+            let probability = crate::metrics::DEFAULT_TARGET_PROBABILITY;
+            store.probability = Some(probability);
+            (probability, None)
         }
-    }
-    Ok(resize(store, geometry).await?)
-}
-
-/// What `resize` prints.
-fn report(namespace: &str, before: Option<Descriptor>, after: Descriptor) -> String {
-    // The layout is named where it changed (a store's key format: see docs/design.md).
-    let relaid = before.is_some_and(|before| before.current.format != after.current.format);
-    let size = |shape: Shape| {
-        let geometry = shape.geometry;
-        let layout = if relaid {
-            format!(", key format {}", shape.format)
-        } else {
-            String::new()
-        };
-        format!(
-            "{} buckets ({} sets of {} ways{layout})",
-            geometry.slots(),
-            geometry.sets(),
-            geometry.ways()
-        )
     };
-    match (before, after.previous) {
-        (Some(before), _) if before == after => format!(
-            "The table of namespace {namespace:?} is already {}: nothing changed.\n",
-            size(after.current)
-        ),
-        (Some(before), Some(_)) => format!(
-            "The table of namespace {namespace:?} is now {}; it was {}, which claims read \
-             until it has turned over (or `max_age` has passed). Running consumers follow \
-             within one fleet interval.\n",
-            size(after.current),
-            size(before.current)
-        ),
-        _ => format!(
-            "The table of namespace {namespace:?} had no descriptor: it is now {}.\n",
-            size(after.current)
-        ),
-    }
-}
-
-/// `resize` was given a store without a shared table.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "`resize` changes the size of a table shared through Redis or Memcached, and the store \
-     given is {0:?}: pass `--store redis` with `--redis-url`, or `--store memcached` with \
-     `--memcached-address` (or set `store.kind` in the config file); an in-process table \
-     takes its size from `--buckets` at start"
-)]
-pub(crate) struct NotShared(&'static str);
-
-/// `resize` was given no size: it would write the default size into every consumer's table.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "`resize` sets the size of the table every consumer shares, and none was given: pass \
-     `--buckets N`, `--memory SIZE` or `--rate R` (or set `store.buckets`, `store.memory` or \
-     `store.rate` in the config file). The size the table has now, given again, moves it to \
-     this version's layout without resizing it (a consumer following a table of an earlier \
-     layout names it in its WARN)"
-)]
-pub(crate) struct NoSize;
-
-/// `resize` was given neither the table's namespace nor its consumers' stream: each stream's
-/// consumers keep their own table by default, and `resize` cannot tell which is meant.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "`resize` needs to know whose table to resize, and neither a namespace nor a topic was \
-     given: pass the sidecars' `--namespace`, or `--config` with the sidecars' config file \
-     (its `[source]` topic and channel name their table when it sets no `store.namespace`: \
-     `nsq-dedupe.<topic>.<channel>`)"
-)]
-pub(crate) struct NoNamespace;
-
-/// `resize` was not given `--ways`, and the table has other ways than the default.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "the table has {table} ways, and `resize` without `--ways` would give it {default}: pass \
-     `--ways {table}` to keep them (or `--ways {default}` to change them)"
-)]
-pub(crate) struct OtherWays {
-    table: u32,
-    default: u32,
+    let window = match store.window {
+        Some(window) => (window.0, Some(named("store.window"))),
+        None => (crate::config::DEFAULT_WINDOW, None),
+    };
+    Ok((
+        Sizing::Rate {
+            probability,
+            window,
+        },
+        rate,
+    ))
 }

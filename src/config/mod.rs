@@ -277,7 +277,8 @@ impl RawConfig {
     }
 
     /// Checks the store's settings alone (`[store]` and its flags, the lease from
-    /// `source.msg_timeout`) as [`RawConfig::validate`] checks them: for a command that opens
+    /// `source.msg_timeout`, `max_age` from `dedupe.max_age`) as [`RawConfig::validate`]
+    /// checks them: for a command that opens
     /// the store and nothing else (`nsq-dedupe resize`).
     ///
     /// # Errors
@@ -288,8 +289,13 @@ impl RawConfig {
             .source
             .msg_timeout
             .map_or(source::DEFAULT_MSG_TIMEOUT, |d| d.0);
-        let timed = self.dedupe.max_age_duration()?.is_some();
-        let (mut store, _, _) = self.store.validate(msg_timeout, timed)?;
+        let max_age = self.dedupe.max_age_duration()?;
+        let (mut store, _, _) = self.store.validate(msg_timeout, max_age.is_some())?;
+        match &mut store {
+            StoreSettings::Memcached(config, _) => config.max_age = max_age,
+            StoreSettings::Redis(config, _) => config.max_age = max_age,
+            StoreSettings::Memory(_) | StoreSettings::None => {}
+        }
         let channel = self.source.channel_or_default();
         let stream = self.source.topic.as_deref().map(|topic| (topic, channel));
         self.name_table(&mut store, stream, self.dedupe.digest_algorithm()?);

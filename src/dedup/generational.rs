@@ -35,7 +35,10 @@
 //!   consumer has made as many new entries in the current shape as it has slots (the fleet
 //!   has then made at least as many, and a table of the new size would have turned over).
 //!   Each consumer decides for itself, at its fleet interval; a consumer started later counts
-//!   from its start, which keeps the previous shape read longer, never shorter.
+//!   from its start, which keeps the previous shape read longer, never shorter. The first
+//!   consumer to retire it drops it from the descriptor (a compare-and-set), and the others
+//!   follow: a descriptor that names a previous shape is one still read, which is how
+//!   `nsq-dedupe resize` refuses a second resize that would forget it.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -52,8 +55,8 @@ mod notice;
 mod resize;
 
 pub use descriptor::{Descriptor, Shape};
-use resize::grow_once;
-pub use resize::{resize, Resized};
+use resize::{forget_previous, grow_once};
+pub use resize::{resize, resize_if, Resized};
 
 /// The name of the descriptor's key after the namespace's prefix: `<prefix>:table`.
 pub(crate) const DESCRIPTOR_SUFFIX: &str = "table";
@@ -290,7 +293,8 @@ impl<S: Generation> Generations<S> {
 
     /// Reads the descriptor (writing it, with the shape in use, where the store has none) and
     /// follows it: the current generation becomes the descriptor's, the previous one is read
-    /// while it counts (see the module docs).
+    /// while it counts (see the module docs), and once it no longer does, dropped from the
+    /// descriptor.
     ///
     /// Until the store has answered a read of the descriptor, claims read it first, and fail
     /// with the store's error while it does not answer: a consumer that does not know the
@@ -332,6 +336,13 @@ impl<S: Generation> Generations<S> {
         };
         self.shared.read.store(true, Ordering::Relaxed);
         let descriptor = Descriptor::parse(&key, &text)?;
+        if let Some((shape, since)) = descriptor.previous {
+            let ours =
+                descriptor.current == state.shape && state.current.reads_format(shape.format);
+            if ours && self.retired(&state, since) {
+                forget_previous(&state.current, &text, descriptor).await;
+            }
+        }
         self.apply(&state, descriptor)
     }
 

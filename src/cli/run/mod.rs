@@ -92,6 +92,14 @@ pub(crate) struct ResizeArgs {
     pub(crate) config: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) store: SectionFlags<RawStore>,
+    /// Resize even while the table's previous size is still read: the copies of messages
+    /// remembered only in that table then pass as new (nothing is lost).
+    #[arg(long)]
+    pub(crate) force: bool,
+    /// Start the table where the namespace has none (no descriptor), before the fleet starts;
+    /// without it, such a namespace is refused, as a namespace mistyped would be.
+    #[arg(long)]
+    pub(crate) create: bool,
 }
 
 impl ResizeArgs {

@@ -1,5 +1,6 @@
-//! Writing a new shape into a table's descriptor: [`resize`], as `nsq-dedupe resize` does, and
-//! one consumer's growth, a compare-and-set that only the shape it decided on lets through.
+//! Writing a new shape into a table's descriptor: [`resize`] and [`resize_if`], as
+//! `nsq-dedupe resize` does, one consumer's growth, a compare-and-set that only the shape it
+//! decided on lets through, and a consumer's note that the previous shape is no longer read.
 
 use super::{Descriptor, Generation, Shape};
 use crate::dedup::shared::now_ms;
@@ -17,14 +18,43 @@ pub struct Resized {
 
 /// Sets the table of `store`'s namespace to `geometry`: replaces the descriptor with a
 /// compare-and-set, the current shape becoming the previous one (a store without a
-/// descriptor gets one naming `geometry` alone). A table already of that shape is left as it
-/// is.
+/// descriptor gets one naming `geometry`, with a table of an earlier layout found there,
+/// [`Generation::earlier_table`], as its previous shape). A table already of that shape is
+/// left as it is. A previous shape the descriptor held is dropped: [`resize_if`] lets the
+/// caller refuse while it is still read.
 ///
 /// # Errors
 ///
 /// [`StoreError`] when the store does not answer, its descriptor cannot be read, or other
 /// writers kept changing it.
 pub async fn resize<S: Generation>(store: &S, geometry: Geometry) -> Result<Resized, StoreError> {
+    let admitted = resize_if(store, geometry, |_, _| {
+        Ok::<(), std::convert::Infallible>(())
+    });
+    admitted.await.map(|resized| match resized {
+        Ok(resized) => resized,
+        Err(never) => match never {},
+    })
+}
+
+/// [`resize`], if `admit` lets it through: `admit` is shown the descriptor the store holds
+/// (`None`: none) and the one that would replace it, each time the compare-and-set is tried,
+/// and its error stops the resize with nothing written. A table already of the shape given is
+/// left as it is without asking.
+///
+/// # Errors
+///
+/// [`StoreError`] when the store does not answer, its descriptor cannot be read, or other
+/// writers kept changing it; `Ok(Err(_))` with `admit`'s error.
+pub async fn resize_if<S, E, F>(
+    store: &S,
+    geometry: Geometry,
+    mut admit: F,
+) -> Result<Result<Resized, E>, StoreError>
+where
+    S: Generation,
+    F: FnMut(Option<&Descriptor>, &Descriptor) -> Result<(), E>,
+{
     let key = store.descriptor_key();
     let target = Shape {
         format: store.format(),
@@ -39,10 +69,10 @@ pub async fn resize<S: Generation>(store: &S, geometry: Geometry) -> Result<Resi
             .transpose()?;
         let after = match before {
             Some(before) if before.current == target => {
-                return Ok(Resized {
+                return Ok(Ok(Resized {
                     before: Some(before),
                     after: before,
-                })
+                }))
             }
             Some(before) => Descriptor {
                 current: target,
@@ -50,15 +80,22 @@ pub async fn resize<S: Generation>(store: &S, geometry: Geometry) -> Result<Resi
             },
             None => Descriptor {
                 current: target,
-                previous: None,
+                previous: store
+                    .earlier_table()
+                    .await?
+                    .filter(|&earlier| earlier != target)
+                    .map(|earlier| (earlier, now_ms())),
             },
         };
+        if let Err(refused) = admit(before.as_ref(), &after) {
+            return Ok(Err(refused));
+        }
         let encoded = after.encode();
         let held = store
             .descriptor(Some((text.as_deref(), encoded.as_str())))
             .await?;
         if held == text {
-            return Ok(Resized { before, after });
+            return Ok(Ok(Resized { before, after }));
         }
     }
     Err(StoreError::Contended { attempts: ATTEMPTS })
@@ -97,4 +134,23 @@ pub(super) async fn grow_once<S: Generation>(
         .descriptor(Some((Some(text.as_str()), after.as_str())))
         .await?;
     Ok(held.as_deref() == Some(text.as_str()))
+}
+
+/// Drops the previous shape from the descriptor `text` (`descriptor`, as read) once this
+/// consumer no longer reads it (see [`Generations::follow`](super::Generations::follow)),
+/// with a compare-and-set: a descriptor changed meanwhile is left to its writer. By then the
+/// previous shape no longer counts for any consumer (`max_age` has passed since the switch,
+/// or this consumer alone made as many new entries as the table has slots, and the fleet at
+/// least as many), so the others stop reading it at their next follow, and `nsq-dedupe
+/// resize` can tell that a new size forgets nothing.
+pub(super) async fn forget_previous<S: Generation>(store: &S, text: &str, descriptor: Descriptor) {
+    let after = Descriptor {
+        previous: None,
+        ..descriptor
+    }
+    .encode();
+    if let Err(error) = store.descriptor(Some((Some(text), after.as_str()))).await {
+        // The next follow tries again.
+        tracing::debug!(%error, "Writing that the previous table is no longer read failed.");
+    }
 }
