@@ -740,14 +740,14 @@ async fn a_shared_table_too_small_names_nsq_dedupe_resize() {
     wait_until_or(
         "a warning that the table is too small",
         Duration::from_secs(10),
-        || log_text().contains("The table is too small for the recent rate"),
+        || log_text().contains("The table is too small for its window"),
         log_text,
     )
     .await;
     let text = log_text();
     let warning = text
         .lines()
-        .find(|line| line.contains("The table is too small for the recent rate"))
+        .find(|line| line.contains("The table is too small for its window"))
         .unwrap();
     assert!(
         warning.contains("below the default target 0.99 (no --probability was given); `nsq-dedupe resize --namespace resize --buckets ")
@@ -758,6 +758,19 @@ async fn a_shared_table_too_small_names_nsq_dedupe_resize() {
             && !warning.contains("--memory"),
         "{warning}"
     );
+    // Resized, still too small for the window's 2,000 messages: while the previous size is
+    // read, a second resize would forget it, and the warning says to wait instead.
+    resize_command(&shared, 4_160);
+    let before = log_text().len();
+    let waiting = "; a resize is under way (the previous size, 4096 buckets, is still read): \
+                   once it is no longer read, `nsq-dedupe resize --namespace resize --buckets ";
+    wait_until_or(
+        "a warning that says to wait for the resize under way",
+        Duration::from_secs(10),
+        || log_text()[before..].contains(waiting),
+        || log_text()[before..].to_owned(),
+    )
+    .await;
     drop(sidecar);
 }
 

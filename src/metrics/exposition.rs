@@ -356,7 +356,7 @@ fn table_gauges(m: &Metrics, table: &TableView, gauges: &mut Vec<GaugeCopy>) {
         ));
         gauges.push((
             "nsq_dedupe_table_too_small",
-            "1 when the catch probability is below the target (store.probability, else 0.99).",
+            "1 when the last window's distinct messages leave a copy one window late caught below the target (store.probability, else 0.99).",
             if m.too_small(table).is_some() {
                 1.0
             } else {

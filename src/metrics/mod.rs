@@ -274,14 +274,15 @@ pub struct TableView {
 #[cfg(feature = "sidecar")]
 pub(crate) const DEFAULT_TARGET_PROBABILITY: f64 = 0.99;
 
-/// A table too small for the rate it sees: what it catches and what would do.
+/// A table too small for the messages of its last window: what it catches and what would do.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TooSmall {
-    /// The catch probability at the recent rate.
+    /// The catch probability of a copy one window late, after the last window's distinct
+    /// messages.
     pub probability: f64,
-    /// The recent distinct rate.
+    /// The last window's distinct messages a second (its count over the whole window).
     pub rate: f64,
-    /// A table that would meet the target at that rate (same ways).
+    /// A table that would meet the target for that many messages (same ways).
     pub suggested: Geometry,
 }
 
@@ -424,16 +425,21 @@ impl Metrics {
         .ok()
     }
 
-    /// `Some` when the catch probability at the recent rate is below `table.target`.
+    /// `Some` when the distinct messages of the last window (of the time since the start,
+    /// early on) leave a copy one window late caught with a probability below `table.target`.
+    /// A burst counts for the messages it brought: a minute at ten times the rate the table
+    /// was sized for is a sixth of an hour's messages, not ten hours' worth.
     pub fn too_small(&self, table: &TableView) -> Option<TooSmall> {
-        let probability = self.catch_probability(table)?;
+        let geometry = table.geometry?;
+        let count = self.rates.window_count()?;
+        let probability = sizing::catch_probability(geometry, count);
         if probability >= table.target {
             return None;
         }
         Some(TooSmall {
             probability,
-            rate: self.distinct_rate(),
-            suggested: self.suggested_geometry(table)?,
+            rate: count / table.window.as_secs_f64(),
+            suggested: sizing::slots_for(table.target, geometry.ways(), count).ok()?,
         })
     }
 }

@@ -1,12 +1,16 @@
-//! The distinct rate as it is now and its peak over the window: what the table fills at.
+//! The distinct rate as it is now, its peak over the window, and the distinct messages of the
+//! last window: what the table fills at, and what it had to hold.
 //!
 //! A rate averaged since the start hides this morning's peak behind a quiet night. The
 //! sidecar samples the count of distinct messages once a second; the recent rate is the count
 //! over the last [`RECENT_SPAN`] (or over what was sampled, early on), and the peak is the
 //! highest recent rate seen in the last window (kept per [`PEAK_BUCKETS`]th of the window).
+//! The same parts count the messages of the last window: a burst shorter than the window
+//! counts for what it brought, not for its rate over a whole window.
 //!
 //! Consumers that share a store also learn the fleet's rate through it
-//! ([`note_fleet`](RateTracker::note_fleet)); from then on the peak is the fleet's.
+//! ([`note_fleet`](RateTracker::note_fleet)); from then on the peak is the fleet's, and the
+//! window's count adds the fleet's rate over the time between two notes.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -30,12 +34,24 @@ pub(crate) struct RateTracker {
 struct State {
     /// (when, count), oldest first, covering at least `RECENT_SPAN` once that much passed.
     samples: VecDeque<(Instant, u64)>,
-    /// (start of the part, highest recent rate in it), oldest first.
-    peaks: VecDeque<(Instant, f64)>,
+    /// The parts of the last window, oldest first.
+    parts: VecDeque<Part>,
+    /// When the count was last added to: the last sample, or the fleet's last note once known.
+    counted_at: Option<(Instant, u64)>,
     recent: Option<f64>,
-    /// The fleet's rate, once known, and the span the store's counters measured it over;
-    /// the peak then follows it instead of our own.
-    fleet: Option<(f64, Duration)>,
+    /// The fleet's rate, once known: the peak and the window's count then follow it instead
+    /// of our own.
+    fleet: Option<f64>,
+}
+
+/// A [`PEAK_BUCKETS`]th of the window.
+#[derive(Debug)]
+struct Part {
+    start: Instant,
+    /// The highest recent rate in it.
+    peak: f64,
+    /// The distinct messages it counted.
+    count: f64,
 }
 
 impl RateTracker {
@@ -55,6 +71,14 @@ impl RateTracker {
         while state.samples.len() > 2 && now.duration_since(state.samples[1].0) >= RECENT_SPAN {
             state.samples.pop_front();
         }
+        // Counted from the first sample on, until the fleet's rate takes over.
+        let added = match state.counted_at {
+            Some((_, before)) if state.fleet.is_none() => count.saturating_sub(before) as f64,
+            _ => 0.0,
+        };
+        if state.fleet.is_none() {
+            state.counted_at = Some((now, count));
+        }
         let (first, first_count) = state.samples[0];
         let span = now.duration_since(first).as_secs_f64();
         if span <= 0.0 {
@@ -63,58 +87,60 @@ impl RateTracker {
         let rate = count.saturating_sub(first_count) as f64 / span;
         state.recent = Some(rate);
         if state.fleet.is_none() {
-            self.note_peak(&mut state, now, rate);
+            self.note_part(&mut state, now, rate, added);
         }
     }
 
-    /// Records the fleet's rate over the last `span`, as learnt at `now` from the shared
-    /// store.
+    /// Records the fleet's rate, as learnt at `now` from the shared store.
     #[cfg(feature = "sidecar")]
-    pub(crate) fn note_fleet(&self, now: Instant, rate: f64, span: Duration) {
+    pub(crate) fn note_fleet(&self, now: Instant, rate: f64) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if state.fleet.is_none() {
-            // Our own rates so far were a share of the fleet's: not its peak.
-            state.peaks.clear();
+            // Our own rates so far were a share of the fleet's: not its peak. Our own counts
+            // stay, as the least the fleet's could have been.
+            state.parts.iter_mut().for_each(|part| part.peak = 0.0);
         }
-        state.fleet = Some((rate, span));
-        self.note_peak(&mut state, now, rate);
+        state.fleet = Some(rate);
+        // The fleet's rate held since the last note (or sample), up to a part's length: a
+        // consumer that was stopped meanwhile does not count its pause.
+        let since = state
+            .counted_at
+            .map_or(Duration::ZERO, |(at, _)| now.saturating_duration_since(at))
+            .min(self.part());
+        state.counted_at = Some((now, 0));
+        self.note_part(&mut state, now, rate, rate * since.as_secs_f64());
     }
 
     /// The fleet's rate, once the shared store told it.
     pub(crate) fn fleet(&self) -> Option<f64> {
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.fleet.map(|(rate, _)| rate)
+        state.fleet
     }
 
-    /// The span the rate in use was measured over: the fleet's counters' once known, else
-    /// this consumer's recent one ([`RECENT_SPAN`], or less early on); `None` before two
-    /// samples.
-    #[cfg(feature = "sidecar")]
-    pub(crate) fn span(&self) -> Option<Duration> {
-        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, span)) = state.fleet {
-            return Some(span);
-        }
-        match (state.samples.front(), state.samples.back()) {
-            (Some(&(first, _)), Some(&(last, _))) if last > first => {
-                Some(last.duration_since(first))
+    /// The length of one part of the window.
+    fn part(&self) -> Duration {
+        (self.window / PEAK_BUCKETS).max(Duration::from_secs(1))
+    }
+
+    fn note_part(&self, state: &mut State, now: Instant, rate: f64, added: f64) {
+        let part = self.part();
+        match state.parts.back_mut() {
+            Some(last) if now.duration_since(last.start) < part => {
+                last.peak = last.peak.max(rate);
+                last.count += added;
             }
-            _ => None,
-        }
-    }
-
-    fn note_peak(&self, state: &mut State, now: Instant, rate: f64) {
-        let part = (self.window / PEAK_BUCKETS).max(Duration::from_secs(1));
-        match state.peaks.back_mut() {
-            Some((start, peak)) if now.duration_since(*start) < part => *peak = peak.max(rate),
-            _ => state.peaks.push_back((now, rate)),
+            _ => state.parts.push_back(Part {
+                start: now,
+                peak: rate,
+                count: added,
+            }),
         }
         while state
-            .peaks
+            .parts
             .front()
-            .is_some_and(|(start, _)| now.duration_since(*start) > self.window)
+            .is_some_and(|first| now.duration_since(first.start) > self.window)
         {
-            state.peaks.pop_front();
+            state.parts.pop_front();
         }
     }
 
@@ -126,7 +152,15 @@ impl RateTracker {
     /// The highest recent rate in the last window; `None` before two samples.
     pub(crate) fn peak(&self) -> Option<f64> {
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.peaks.iter().map(|(_, p)| *p).reduce(f64::max)
+        state.parts.iter().map(|part| part.peak).reduce(f64::max)
+    }
+
+    /// The distinct messages of the last window (of the time since the start, early on);
+    /// `None` before two samples.
+    pub(crate) fn window_count(&self) -> Option<f64> {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.recent?;
+        Some(state.parts.iter().map(|part| part.count).sum())
     }
 }
 
@@ -161,24 +195,50 @@ mod tests {
             tracker.sample(at(s), total);
         }
         assert_eq!(tracker.peak(), Some(100.0));
+        // The last window's messages: its last 600 seconds at 100 a second, give or take a
+        // part (10 s).
+        let count = tracker.window_count().unwrap();
+        assert!((59_000.0..=61_100.0).contains(&count), "{count}");
     }
 
-    #[cfg(feature = "sidecar")]
+    /// A burst counts for what it brought: 20,000 messages in two seconds, then ten quiet
+    /// minutes, are 20,000 messages of an hour's window, not two seconds' rate for an hour.
     #[test]
-    fn the_span_of_the_rate_in_use_is_known() {
+    fn the_window_counts_a_burst_for_what_it_brought() {
         let tracker = RateTracker::new(Duration::from_secs(3600));
         let start = Instant::now();
         let at = |s: u64| start + Duration::from_secs(s);
-        assert_eq!(tracker.span(), None);
+        assert_eq!(tracker.window_count(), None);
         tracker.sample(at(0), 0);
-        tracker.sample(at(3), 2000);
-        // Early on, what was sampled.
-        assert_eq!(tracker.span(), Some(Duration::from_secs(3)));
-        for s in 4..=200 {
-            tracker.sample(at(s), 2000);
+        tracker.sample(at(1), 10_000);
+        tracker.sample(at(2), 20_000);
+        assert_eq!(tracker.window_count(), Some(20_000.0));
+        assert_eq!(tracker.recent(), Some(10_000.0));
+        for s in 3..=600 {
+            tracker.sample(at(s), 20_000);
         }
-        assert_eq!(tracker.span(), Some(RECENT_SPAN));
-        tracker.note_fleet(at(200), 50.0, Duration::from_secs(12));
-        assert_eq!(tracker.span(), Some(Duration::from_secs(12)));
+        assert_eq!(tracker.window_count(), Some(20_000.0));
+        assert_eq!(tracker.recent(), Some(0.0));
+        // An hour after the burst, it has left the window.
+        for s in 601..=3700 {
+            tracker.sample(at(s), 20_000);
+        }
+        assert_eq!(tracker.window_count(), Some(0.0));
+    }
+
+    /// Once the fleet's rate is known, the window counts it over the time between notes.
+    #[cfg(feature = "sidecar")]
+    #[test]
+    fn the_window_counts_the_fleets_rate_once_known() {
+        let tracker = RateTracker::new(Duration::from_secs(3600));
+        let start = Instant::now();
+        let at = |s: u64| start + Duration::from_secs(s);
+        tracker.sample(at(0), 0);
+        tracker.sample(at(10), 1_000);
+        for s in (20..=120).step_by(10) {
+            tracker.note_fleet(at(s), 300.0);
+        }
+        // Our own 1,000, then 300 a second for 110 s (from the last sample at 10 s).
+        assert_eq!(tracker.window_count(), Some(1_000.0 + 300.0 * 110.0));
     }
 }

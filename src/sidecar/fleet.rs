@@ -44,10 +44,7 @@ async fn fleet_loop(
                 shares += 1;
                 // The first buckets read were written before this consumer counted in them.
                 if shares > FLEET_BUCKETS {
-                    let span = store.fleet_interval() * FLEET_BUCKETS as u32;
-                    metrics
-                        .rates
-                        .note_fleet(std::time::Instant::now(), rate, span);
+                    metrics.rates.note_fleet(std::time::Instant::now(), rate);
                 }
             }
             // Added to the next share instead.

@@ -128,29 +128,46 @@ pub(super) fn log_status<H: Handler>(dedupe: &Dedupe<Backend, H>, target: Target
             crate::units::format_duration(window),
         ),
         Backend::None(_) => return,
-        shared => resize_remedy(&shared.namespace().unwrap_or_default(), buckets, ways),
+        shared => {
+            let remedy = resize_remedy(&shared.namespace().unwrap_or_default(), buckets, ways);
+            match view.resizing.flatten() {
+                // A second resize now would forget the size still read: wait for it.
+                Some(previous) => format!(
+                    "a resize is under way (the previous size, {} buckets, is still read{}): \
+                     once it is no longer read, {remedy}",
+                    previous.previous_slots,
+                    previous.seconds_left.map_or_else(String::new, |s| format!(
+                        " for another {}",
+                        crate::units::format_duration(std::time::Duration::from_secs(s))
+                    )),
+                ),
+                None => remedy,
+            }
+        }
     };
-    // Say which rate the figures come from: a burst shorter than the window is taken as if it
-    // lasted a whole window, and asks for a larger table than the window's messages need.
     let whose = if m.rates.fleet().is_some() {
-        "the fleet's"
+        "the fleet's count"
     } else {
-        "this consumer's"
+        "this consumer's count"
     };
-    let span = m.rates.span().map_or_else(
-        || "since the start".to_owned(),
-        |span| format!("over the last {}", format_span(span)),
-    );
+    let uptime = m.uptime();
+    let over = if uptime < window {
+        format!("since the start {} ago", format_span(uptime))
+    } else {
+        format!("in the last {}", crate::units::format_duration(window))
+    };
+    let count = small.rate * window.as_secs_f64();
     tracing::warn!(
         catch_probability = format_args!("{:.6}", small.probability),
         target = probability,
         target_given = target.given,
-        distinct_rate = format_args!("{:.1}", small.rate),
+        window_distinct = format_args!("{count:.0}"),
         window = %crate::units::format_duration(window),
         buckets = geometry.slots(),
         suggested_buckets = buckets,
-        "The table is too small for the recent rate: at {:.1} distinct messages a second ({whose} rate {span}) for a whole window ({}), a copy one window late is caught with probability {:.4}, below {below}; {remedy}. These figures take that rate as lasting the window: a burst shorter than it asks for less.",
-        small.rate,
+        "The table is too small for its window: after the {count:.0} distinct messages {over} \
+         ({whose}), a copy one window ({}) late is caught with probability {:.4}, below \
+         {below}; {remedy}.",
         crate::units::format_duration(window),
         small.probability,
     );
