@@ -234,6 +234,17 @@ async fn run_serve_loses_nothing_when_a_consumer_is_killed_mid_stream() {
         assert!(last.contains(&field), "no {field:?} in {last:?}");
     }
     assert!(!stderr.contains("Handler failed"), "{stderr}");
+    // Its close says it left, and how many messages it held went back.
+    let closed = stderr
+        .lines()
+        .find(|l| l.contains("Consumer connection closed; the messages it held are handed back."))
+        .unwrap_or_else(|| panic!("no close line in\n{stderr}"));
+    assert!(
+        closed.contains(&format!(
+            " reason=the consumer closed the connection handed_back={held}"
+        )),
+        "{closed}"
+    );
 }
 
 /// `run --sink serve` with `extra` flags, refused: its exit status and stderr.

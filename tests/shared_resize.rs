@@ -425,8 +425,9 @@ async fn a_fleet_moves_to_the_compact_layout_without_forgetting(
     assert!(
         log_text(&log_a).contains(&format!(
             "earlier layout (key format {earlier}): following it. Once every consumer of the \
-             table runs this version, `nsq-dedupe resize --buckets {OLD_BUCKETS}` (with the \
-             store's flags) moves it to key format {compact} without forgetting"
+             table runs this version, `nsq-dedupe resize --namespace resize --buckets \
+             {OLD_BUCKETS} --ways 8` (with the store's flags) moves it to key format {compact} \
+             without forgetting"
         )),
         "{}",
         log_text(&log_a)
@@ -1068,9 +1069,9 @@ fn resize_without_a_namespace_or_a_topic_is_refused() {
         ]),
         (
             78,
-            "error: `resize` needs to know whose table to resize, and neither a namespace nor \
-             a topic was given: pass the sidecars' `--namespace`, or `--config` with the \
-             sidecars' config file (its `[source]` topic and channel name their table when it \
+            "error: `resize` needs to know whose table to resize, and neither `--namespace` \
+             nor `--config` naming a topic was given: pass the sidecars' `--namespace`, or \
+             `--config` with the sidecars' config file (its `[source]` topic and channel name their table when it \
              sets no `store.namespace`: `nsq-dedupe.<topic>.<channel>`)\n"
                 .into()
         )

@@ -631,7 +631,7 @@ impl<S: Generation> FleetCounters for Generations<S> {
 
     async fn share_distinct(&self, distinct: u64) -> Result<f64, StoreError> {
         if let Err(error) = self.follow().await {
-            tracing::warn!(%error, "Reading the table's descriptor failed; the table stays as it was.");
+            tracing::warn!(%error, "Reading the table's descriptor failed; this consumer keeps the table size it has until it can.");
         }
         self.current().share_distinct(distinct).await
     }

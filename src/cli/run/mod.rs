@@ -87,7 +87,8 @@ fn apply_store(
 /// Flags of `nsq-dedupe resize`: `run`'s store flags, with the table's new size.
 #[derive(Debug, Args)]
 pub(crate) struct ResizeArgs {
-    /// TOML config file: its `[store]` section names the store (see config/).
+    /// The sidecars' TOML config file: its `[store]` section names the store, and its
+    /// `store.namespace` (else its `[source]` topic and channel, and its digest key) the table.
     #[arg(long, short = 'c', value_name = "FILE", env = "NSQ_DEDUPE_CONFIG")]
     pub(crate) config: Option<PathBuf>,
     #[command(flatten)]

@@ -217,8 +217,9 @@ pub(crate) struct NoSize;
 /// consumers keep their own table by default, and `resize` cannot tell which is meant.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "`resize` needs to know whose table to resize, and neither a namespace nor a topic was \
-     given: pass the sidecars' `--namespace`, or `--config` with the sidecars' config file \
+    "`resize` needs to know whose table to resize, and neither `--namespace` nor `--config` \
+     naming a topic was given: pass the sidecars' `--namespace`, or `--config` with the \
+     sidecars' config file \
      (its `[source]` topic and channel name their table when it sets no `store.namespace`: \
      `nsq-dedupe.<topic>.<channel>`)"
 )]

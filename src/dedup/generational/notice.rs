@@ -11,15 +11,17 @@ use super::{Descriptor, Shape};
 pub(super) fn following(key: &str, given: Shape, descriptor: &Descriptor, sizes_itself: bool) {
     let current = descriptor.current;
     if current.format != given.format {
-        let buckets = current.geometry.slots();
+        let (buckets, ways) = (current.geometry.slots(), current.geometry.ways());
+        // The descriptor's key is `<namespace>:table`.
+        let namespace = key.rsplit_once(':').map_or(key, |(namespace, _)| namespace);
         tracing::warn!(
             descriptor = %key,
             store_format = current.format,
             given_format = given.format,
             store_buckets = buckets,
             "The store's table has an earlier layout (key format {}): following it. Once every \
-             consumer of the table runs this version, `nsq-dedupe resize --buckets {buckets}` \
-             (with the store's flags) moves it to key format {} without forgetting; a consumer \
+             consumer of the table runs this version, `nsq-dedupe resize --namespace \
+             {namespace} --buckets {buckets} --ways {ways}` (with the store's flags) moves it to key format {} without forgetting; a consumer \
              of an earlier version still running after that works on the earlier keys alone, \
              and copies can pass between it and the others.",
             current.format,

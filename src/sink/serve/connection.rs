@@ -114,9 +114,9 @@ pub(crate) async fn run(shared: Arc<Shared>, id: ClientId, stream: TcpStream, re
     let reason = session.serve().await;
     // What it holds goes back before the socket's last write: no message goes to a
     // connection that is closing.
-    shared.dispatcher.remove(id);
+    let handed_back = shared.dispatcher.remove(id);
     session.close().await;
-    tracing::info!(client = id, %remote, %reason, "Consumer connection closed.");
+    tracing::info!(client = id, %remote, %reason, handed_back, "Consumer connection closed; the messages it held are handed back.");
 }
 
 /// The socket side of one connection: what it has read, what it waits for, and the protocol
@@ -234,14 +234,14 @@ impl Session {
         let stream = self.stream.as_ref().ok_or("no stream")?;
         match lowat::read_now(stream, &mut self.input) {
             None => Ok(false),
-            Some(Ok(0)) => Err("the consumer closed the connection".into()),
+            Some(Ok(0)) => Err(CLOSED.into()),
             Some(Ok(_)) => {
                 self.last_read = Instant::now();
                 self.just_read = true;
                 Ok(true)
             }
             Some(Err(error)) if error.kind() == std::io::ErrorKind::WouldBlock => Ok(false),
-            Some(Err(error)) => Err(format!("reading failed: {error}")),
+            Some(Err(error)) => Err(failed("reading", &error)),
         }
     }
 
@@ -287,12 +287,12 @@ impl Session {
             biased;
             () = shared.cancel.cancelled() => return Err("the endpoint stopped".into()),
             read = stream.read_buf(&mut self.input) => match read {
-                Ok(0) => return Err("the consumer closed the connection".into()),
+                Ok(0) => return Err(CLOSED.into()),
                 Ok(_) => {
                     self.last_read = Instant::now();
                     self.just_read = true;
                 }
-                Err(error) => return Err(format!("reading failed: {error}")),
+                Err(error) => return Err(failed("reading", &error)),
             },
             () = self.conn.wake.notified() => {
                 self.conn.held = shared.dispatcher.take_frames(self.conn.id, &mut self.conn.out);
@@ -363,7 +363,7 @@ async fn write_out(
     out.clear();
     match written {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(error)) => Err(format!("writing failed: {error}")),
+        Ok(Err(error)) => Err(failed("writing", &error)),
         Err(_) => Err(format!("the consumer read nothing for {limit:?}")),
     }
 }
@@ -377,5 +377,22 @@ async fn upgrade(shared: &Shared, stream: Option<Stream>) -> Result<Stream, Stri
         Ok(Ok(tls)) => Ok(Either::Right(Box::new(tls))),
         Ok(Err(error)) => Err(format!("the TLS handshake failed: {error}")),
         Err(_) => Err("the TLS handshake took more than 10 s".into()),
+    }
+}
+
+/// Why a connection ended when the consumer closed it: its own exit, or its process's end.
+const CLOSED: &str = "the consumer closed the connection";
+
+/// Why a connection ended after `action` (reading, writing) failed with `error`: a consumer
+/// that closed or reset its end is a consumer that left (`nsq_tail -n` exiting closes while
+/// messages are on their way), not a failure.
+fn failed(action: &str, error: &std::io::Error) -> String {
+    use std::io::ErrorKind;
+    match error.kind() {
+        ErrorKind::BrokenPipe
+        | ErrorKind::ConnectionReset
+        | ErrorKind::ConnectionAborted
+        | ErrorKind::UnexpectedEof => CLOSED.to_owned(),
+        _ => format!("{action} failed: {error}"),
     }
 }

@@ -330,13 +330,15 @@ impl Dispatcher {
     }
 
     /// The consumer's connection closed: what it holds is handed back at once.
-    pub(crate) fn remove(&self, client: ClientId) {
+    pub(crate) fn remove(&self, client: ClientId) -> usize {
         self.with_state(|state| {
             let Ok(at) = state.slots.binary_search_by_key(&client, |s| s.client) else {
-                return;
+                return 0;
             };
             state.slots.remove(at);
-            for flight in state.flights.take_if(|f| f.client == client) {
+            let flights = state.flights.take_if(|f| f.client == client);
+            let handed_back = flights.len();
+            for flight in flights {
                 state.counters.abandoned += 1;
                 // As nsqd does for a client that closes: requeued at once, and not a failure
                 // of the sidecar (the receiver went away, as when it sends a REQ).
@@ -350,7 +352,8 @@ impl Dispatcher {
             state.pump(Instant::now());
             state.wake_connections(None);
             state.hand_back_if_unserved();
-        });
+            handed_back
+        })
     }
 
     /// Hands back every message whose consumer's timeout passed by `now`.
