@@ -36,6 +36,10 @@ pub(crate) mod growth;
 /// The window the catch probability is reported for when none is configured: one hour.
 pub const DEFAULT_WINDOW: std::time::Duration = std::time::Duration::from_secs(3600);
 
+/// The catch probability a table is expected to keep when `store.probability` is not given:
+/// the target `store.rate` alone sizes for, and the one the "too small" warning holds it to.
+pub(crate) const DEFAULT_TARGET_PROBABILITY: f64 = 0.99;
+
 /// Memcached's per-item overhead as its `bytes` statistic counts it: the item header with
 /// its CAS value (56 bytes), the value's line end, and the key
 /// (`<namespace>:v2:<sets>x<ways>g<sets per item>:<item>`, about 32 bytes). Slab rounding

@@ -135,6 +135,16 @@ fn a_table_larger_than_the_machine_is_refused_under_the_setting_that_sized_it() 
         )),
         "{stderr}"
     );
+    // A rate alone sizes for the default target: it is named, with the window.
+    let (code, stderr) = refused(&[], &["--rate", "1000000", "--window", "7d"]);
+    assert_eq!(code, 78, "{stderr}");
+    assert!(
+        stderr.ends_with(&format!(
+            "memory=12.1 TiB\n{}",
+            expected("--rate", "1000000", "12.1 TiB", "`--rate` or `--window`")
+        )),
+        "{stderr}"
+    );
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("big.toml");
     std::fs::write(&config, "[store]\nmemory = \"1TiB\"\n").unwrap();

@@ -73,3 +73,11 @@ fn the_start_line_names_a_shared_tables_namespace() {
     assert!(line.contains("store=\"memcached\""), "{line}");
     assert!(line.contains("namespace=nsq-dedupe.t.c"), "{line}");
 }
+
+/// `--rate` alone sizes the table for the default target probability (0.99) over the window,
+/// as the "too small" warning would hold it to, rather than take the default size.
+#[test]
+fn a_rate_alone_sizes_the_table_for_the_default_target() {
+    let line = start_line(&["--nsqd-tcp-address", "127.0.0.1:1", "--rate", "1000"]);
+    assert!(line.contains(" buckets=9910168 ways=8 "), "{line}");
+}

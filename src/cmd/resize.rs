@@ -151,7 +151,7 @@ fn sizing_of(raw: &mut RawConfig) -> anyhow::Result<(Sizing, Rate)> {
     let probability = match store.probability {
         Some(probability) => (probability, Some(named("store.probability"))),
         None => {
-            let probability = crate::metrics::DEFAULT_TARGET_PROBABILITY;
+            let probability = crate::sizing::DEFAULT_TARGET_PROBABILITY;
             store.probability = Some(probability);
             (probability, None)
         }

@@ -127,7 +127,8 @@ section! {
         probability: f64, only(&TABLE),
             flag("probability", rank: 10, value_name: "P", value: FlagValue::Probability,
                  conflicts: &["buckets"], replaces: &["buckets", "memory"]);
-        /// Distinct messages per second, for sizing and the reported catch probability.
+        /// Distinct messages per second, for sizing and the reported catch probability. Alone,
+        /// it sizes the table for the default target probability, 0.99, over the window.
         /// Without it (and without --buckets or --memory), the table sizes itself for
         /// --probability at the rate it meets (a shared table, at the fleet's).
         rate: f64, only(&TABLE), flag("rate", rank: 11, value_name: "MSG/S", value: FlagValue::Rate);
@@ -388,7 +389,18 @@ impl RawStore {
                             .text(" or ")
                             .key("store.window"),
                     ),
-                    (None, None, None) => return Ok(()),
+                    (None, None, None) => match self.rate {
+                        Some(rate) => (
+                            *geometry,
+                            "store.rate",
+                            rate.to_string(),
+                            Wording::default()
+                                .key("store.rate")
+                                .text(" or ")
+                                .key("store.window"),
+                        ),
+                        None => return Ok(()),
+                    },
                 }
             }
             (
@@ -453,7 +465,7 @@ impl RawStore {
             )),
             (Some(buckets), None) => Geometry::new(buckets, ways)
                 .map_err(|e| invalid("store.buckets", buckets.to_string(), e.to_string())),
-            (None, Some(probability)) => {
+            (None, given) if given.is_some() || self.rate.is_some() => {
                 let rate = self.rate.ok_or(ConfigError::required(
                     "store.rate",
                     Wording::default().key("store.probability"),
@@ -465,13 +477,21 @@ impl RawStore {
                         "must be more than 0 messages per second",
                     ));
                 }
+                // A rate alone sizes for the default target, as the "too small" warning
+                // holds the table to it.
+                let probability = given.unwrap_or(crate::sizing::DEFAULT_TARGET_PROBABILITY);
                 let messages = rate * window.as_secs_f64();
-                let geometry =
-                    crate::sizing::slots_for(probability, ways, messages).map_err(|e| {
-                        invalid("store.probability", probability.to_string(), e.to_string())
-                    })?;
+                let geometry = crate::sizing::slots_for(probability, ways, messages).map_err(
+                    |e| match given {
+                        Some(_) => {
+                            invalid("store.probability", probability.to_string(), e.to_string())
+                        }
+                        None => invalid("store.rate", rate.to_string(), e.to_string()),
+                    },
+                )?;
                 tracing::info!(
                     probability,
+                    probability_given = given.is_some(),
                     rate,
                     window = %crate::units::format_duration(window),
                     buckets = geometry.slots(),
@@ -481,7 +501,7 @@ impl RawStore {
                 );
                 Ok(geometry)
             }
-            (None, None) => Ok(Geometry::new(Geometry::DEFAULT_SLOTS, ways)
+            (None, _) => Ok(Geometry::new(Geometry::DEFAULT_SLOTS, ways)
                 .expect("the default size is valid for every supported way count")),
         }
     }

@@ -270,10 +270,6 @@ pub struct TableView {
     pub cluster_retries: Option<(u64, u64)>,
 }
 
-/// The catch probability a table is expected to keep when `store.probability` is not given.
-#[cfg(feature = "sidecar")]
-pub(crate) const DEFAULT_TARGET_PROBABILITY: f64 = 0.99;
-
 /// A table too small for the messages of its last window: what it catches and what would do.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TooSmall {

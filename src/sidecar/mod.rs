@@ -298,7 +298,7 @@ impl<H: Handler> Sidecar<H> {
             window: settings.window,
             probability: settings
                 .target_probability
-                .unwrap_or(crate::metrics::DEFAULT_TARGET_PROBABILITY),
+                .unwrap_or(crate::sizing::DEFAULT_TARGET_PROBABILITY),
             given: settings.target_probability.is_some(),
             sizes_itself: settings.growth.is_some(),
         };
