@@ -38,6 +38,7 @@ pub const DEFAULT_WINDOW: std::time::Duration = std::time::Duration::from_secs(3
 
 /// The catch probability a table is expected to keep when `store.probability` is not given:
 /// the target `store.rate` alone sizes for, and the one the "too small" warning holds it to.
+#[cfg(feature = "sidecar")]
 pub(crate) const DEFAULT_TARGET_PROBABILITY: f64 = 0.99;
 
 /// Memcached's per-item overhead as its `bytes` statistic counts it: the item header with
