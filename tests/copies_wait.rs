@@ -5,6 +5,9 @@
 //! delivered, instead of bouncing between nsqd and the sidecar; a copy of a message that a
 //! consumer asked to have later comes back no sooner than the consumer asked.
 //!
+//! A copy is TOUCHed with its original while it waits, so that nsqd times out neither of
+//! them behind a sink slower than the message timeout.
+//!
 //! Every wait is bounded; every server is on loopback and stops when its test ends.
 
 use std::collections::{HashMap, HashSet};
@@ -243,4 +246,73 @@ async fn copies_held_beside_a_dead_consumers_messages_are_served_to_the_next() {
     running.stop().await;
     task.abort();
     assert_eq!(served.0.stats().counters.abandoned, 40);
+}
+
+/// Standard output behind a slow reader: each write blocks for `per_write`, as a pipe whose
+/// reader takes its time; the lines written are kept.
+#[derive(Clone)]
+struct SlowPipe {
+    per_write: Duration,
+    written: Arc<Mutex<Vec<u8>>>,
+}
+
+impl std::io::Write for SlowPipe {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        std::thread::sleep(self.per_write);
+        self.written.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The stdout sink behind a reader slower than nsqd's message timeout (2 s; each write takes
+/// 3 s), on two replicated brokers: the copies that arrive while their original is being
+/// written wait beside it, TOUCHed with it, and nsqd times out none of them, nor any
+/// original.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_held_beside_an_original_a_slow_reader_holds_are_touched() {
+    const N: usize = 40;
+    let a = Broker::start(BrokerConfig::default()).await;
+    let b = Broker::start(BrokerConfig::default()).await;
+    let settings = raw_config(&[a.tcp_addr(), b.tcp_addr()])
+        .validate()
+        .unwrap();
+    let pipe = SlowPipe {
+        per_write: Duration::from_secs(3),
+        written: Arc::default(),
+    };
+    let written = pipe.written.clone();
+    let running = Running::start(settings, nsq_dedupe::sink::StdoutSink::new(pipe)).await;
+    // The original from one broker first, its copy from the other a moment later, while the
+    // original's write is blocked.
+    a.publish_many(TOPIC, (0..N).map(payload));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    b.publish_many(TOPIC, (0..N).map(payload));
+    let lines = || {
+        String::from_utf8_lossy(&written.lock().unwrap())
+            .lines()
+            .count()
+    };
+    wait_until_or(
+        "every payload written and both brokers drained",
+        Duration::from_secs(60),
+        || lines() >= N && drained(&a) && drained(&b),
+        || format!("{} written", lines()),
+    )
+    .await;
+    let metrics = running.metrics.clone();
+    running.stop().await;
+    assert_eq!(lines(), N, "each payload written once");
+    assert!(get(&metrics.copies_held) > 0, "no copy was held");
+    let (sa, sb) = (a.stats(), b.stats());
+    assert_eq!(
+        (sa.timeouts, sb.timeouts),
+        (0, 0),
+        "nsqd timed out messages ({} copies held, {} TOUCHes)",
+        get(&metrics.copies_held),
+        get(&metrics.touches)
+    );
+    assert!(sa.touch_ok + sb.touch_ok > 0, "no TOUCH reached nsqd");
 }

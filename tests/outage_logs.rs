@@ -14,14 +14,14 @@ use crate::support::memcached::MemcachedServer;
 use crate::support::redis::RedisServer;
 use crate::util::wait_until_or;
 
-const TOPIC: &str = "events";
+pub(crate) const TOPIC: &str = "events";
 
-fn body(i: usize) -> Bytes {
+pub(crate) fn body(i: usize) -> Bytes {
     Bytes::from(format!("{{\"id\":{i}}}"))
 }
 
 /// `run` on `broker` with the store `store`, store errors requeued after 100 ms.
-fn start_on(broker: &Broker, store: &[&str]) -> Child {
+pub(crate) fn start_on(broker: &Broker, store: &[&str]) -> Child {
     let nsqd = broker.tcp_addr().to_string();
     let mut args = vec![
         "--topic",
@@ -40,7 +40,7 @@ fn start_on(broker: &Broker, store: &[&str]) -> Child {
 }
 
 /// Waits (at most `limit`) until `running` has delivered `n` messages.
-async fn wait_delivered(running: &Child, n: usize, limit: Duration) {
+pub(crate) async fn wait_delivered(running: &Child, n: usize, limit: Duration) {
     wait_until_or(
         &format!("{n} delivered"),
         limit,
@@ -51,7 +51,7 @@ async fn wait_delivered(running: &Child, n: usize, limit: Duration) {
 }
 
 /// Checks that `stdout` holds the bodies of `0..n`, each once.
-fn assert_each_once(stdout: &str, n: usize) {
+pub(crate) fn assert_each_once(stdout: &str, n: usize) {
     let mut lines: Vec<&str> = stdout.lines().collect();
     lines.sort_unstable();
     let mut expected: Vec<String> = (0..n)

@@ -34,6 +34,7 @@ mod near_table;
 mod nsq;
 mod nsq_transport;
 mod odd_files;
+mod outage_backoff;
 mod outage_logs;
 mod package;
 mod redis;

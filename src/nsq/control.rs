@@ -1,6 +1,7 @@
 //! The consumer's control task: owns the table of connections, decides every `RDY` (with
-//! [`rdy`](super::rdy)), backs off on handler failures as go-nsq does, and polls nsqlookupd,
-//! joining new nsqd and draining vanished ones.
+//! [`rdy`](super::rdy)), backs off on handler failures as go-nsq does and on outages (with
+//! [`backoff`](super::backoff)), and polls nsqlookupd, joining new nsqd and draining vanished
+//! ones.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -12,6 +13,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::backoff::{Backoff, Change, Signal};
 use super::config::ConsumerConfig;
 use super::connection::ConnHandle;
 use super::error::Error;
@@ -70,8 +72,7 @@ pub(super) struct ControlTask {
     msg_tx: mpsc::UnboundedSender<Vec<Message>>,
     hard_stop: CancellationToken,
     entries: HashMap<Arc<str>, Entry>,
-    backoff_level: u32,
-    backoff: BackoffPhase,
+    backoff: Backoff,
     test_rotor: usize,
     rotation_offset: usize,
     last_rotation: Instant,
@@ -95,6 +96,7 @@ impl ControlTask {
     ) -> Self {
         let (control_tx, control_rx) = control;
         let config_connect_timeout = config.connect_timeout;
+        let backoff = Backoff::new(config.backoff_multiplier, config.max_backoff);
         let mut task = ControlTask {
             identify: Arc::new(config.identify()),
             transport,
@@ -105,8 +107,7 @@ impl ControlTask {
             msg_tx,
             hard_stop,
             entries: HashMap::new(),
-            backoff_level: 0,
-            backoff: BackoffPhase::Normal,
+            backoff,
             test_rotor: 0,
             rotation_offset: 0,
             last_rotation: Instant::now(),
@@ -196,7 +197,11 @@ impl ControlTask {
                 }
                 self.rebalance();
             }
-            Control::Outcome { success } => self.on_outcome(success),
+            // RDY is set before `lowered` is dropped: its sender's answers come after it.
+            Control::Backoff(signal, lowered) => {
+                self.on_signal(signal);
+                drop(lowered);
+            }
             Control::Rebalance => {
                 self.shared
                     .rebalance_pending
@@ -302,54 +307,51 @@ impl ControlTask {
         self.rebalance();
     }
 
-    fn backoff_delay(&self) -> Duration {
-        let exp = self.backoff_level.saturating_sub(1).min(30);
-        self.config
-            .backoff_multiplier
-            .saturating_mul(1u32 << exp)
-            .min(self.config.max_backoff)
-    }
-
-    fn on_outcome(&mut self, success: bool) {
-        if self.config.backoff_multiplier.is_zero() {
+    /// Applies a message's outcome to the backoff, says what changed, and sets RDY.
+    fn on_signal(&mut self, signal: Signal) {
+        let Some(change) = self.backoff.on(signal, Instant::now()) else {
             return;
-        }
-        match (self.backoff, success) {
-            // Answers to messages delivered before the pause say nothing new.
-            (BackoffPhase::Waiting { .. }, _) => return,
-            (BackoffPhase::Normal, true) => return,
-            (BackoffPhase::Normal, false) | (BackoffPhase::Testing, false) => {
-                // As go-nsq: no deeper once the pause reaches `max_backoff`, so that a handler
-                // that works again eases back in as many successes as it took failures to get
-                // there, not one per failure of a long outage.
-                if self.backoff_level == 0 || self.backoff_delay() < self.config.max_backoff {
-                    self.backoff_level = (self.backoff_level + 1).min(31);
+        };
+        let shared = &self.shared;
+        shared
+            .backoff_active
+            .store(self.backoff.handler_active(), Ordering::Relaxed);
+        shared
+            .outage_active
+            .store(self.backoff.outage_active(), Ordering::Relaxed);
+        match change {
+            Change::Paused {
+                signal,
+                level,
+                delay,
+            } => {
+                let delay_ms = delay.as_millis() as u64;
+                match signal {
+                    Signal::HandlerSucceeded => {
+                        tracing::info!(level, delay_ms, "Handler succeeded; easing backoff.");
+                        shared.event(ConsumerEvent::BackoffEased { level, delay });
+                    }
+                    Signal::HandlerFailed => {
+                        tracing::warn!(level, delay_ms, "Handler failed; backing off.");
+                        shared.event(ConsumerEvent::BackoffStarted { level, delay });
+                    }
+                    Signal::Outage | Signal::OutageOver => {
+                        tracing::warn!(level, delay_ms, "Requeued for an outage; backing off: RDY 0, then one message tests it.");
+                        shared.event(ConsumerEvent::OutageBackoff { level, delay });
+                    }
                 }
             }
-            (BackoffPhase::Testing, true) => {
-                self.backoff_level = self.backoff_level.saturating_sub(1);
-            }
-        }
-        if self.backoff_level == 0 {
-            self.backoff = BackoffPhase::Normal;
-            self.shared.backoff_active.store(false, Ordering::Relaxed);
-            tracing::info!("Handler backoff ended; restoring RDY.");
-            self.shared.event(ConsumerEvent::BackoffEnded);
-        } else {
-            let delay = self.backoff_delay();
-            self.backoff = BackoffPhase::Waiting {
-                until: Instant::now() + delay,
-            };
-            self.shared.backoff_active.store(true, Ordering::Relaxed);
-            let (level, delay_ms) = (self.backoff_level, delay.as_millis() as u64);
-            if success {
-                tracing::info!(level, delay_ms, "Handler succeeded; easing backoff.");
-                self.shared
-                    .event(ConsumerEvent::BackoffEased { level, delay });
-            } else {
-                tracing::warn!(level, delay_ms, "Handler failed; backing off.");
-                self.shared
-                    .event(ConsumerEvent::BackoffStarted { level, delay });
+            Change::Ended { signal, resumed } => {
+                if signal == Signal::OutageOver {
+                    // The caller says at INFO what answers again; this is its consequence.
+                    tracing::debug!(resumed, "Outage over; restoring RDY.");
+                    shared.event(ConsumerEvent::OutageEnded);
+                } else {
+                    tracing::info!("Handler backoff ended; restoring RDY.");
+                }
+                if resumed {
+                    shared.event(ConsumerEvent::BackoffEnded);
+                }
             }
         }
         self.rebalance();
@@ -373,11 +375,8 @@ impl ControlTask {
                 }
             }
         }
-        if let BackoffPhase::Waiting { until } = self.backoff {
-            if until <= now {
-                self.backoff = BackoffPhase::Testing;
-                self.test_rotor = self.test_rotor.wrapping_add(1);
-            }
+        if self.backoff.tick(now) {
+            self.test_rotor = self.test_rotor.wrapping_add(1);
         }
         if now.duration_since(self.last_rotation) >= self.config.rdy_redistribute_interval {
             self.last_rotation = now;
@@ -387,7 +386,7 @@ impl ControlTask {
             // The test phase waits for a message on one connection; if that nsqd has nothing
             // queued, none would ever come. Move the test RDY on, as go-nsq's redistribution
             // does, so that an idle nsqd cannot stall the consumer.
-            if self.backoff == BackoffPhase::Testing {
+            if self.backoff.phase() == BackoffPhase::Testing {
                 self.test_rotor = self.test_rotor.wrapping_add(1);
             }
         }
@@ -399,7 +398,7 @@ impl ControlTask {
     /// may still hold) allows. Out of backoff, messages set aside (`Message::park`) do not
     /// count: each connection's target and the budget grow by as many as it has set aside.
     fn rebalance(&mut self) {
-        let parked = |l: &Live| match self.backoff {
+        let parked = |l: &Live| match self.backoff.phase() {
             BackoffPhase::Normal => l.conn.parked(),
             _ => 0,
         };
@@ -421,7 +420,7 @@ impl ControlTask {
         let targets: HashMap<Arc<str>, u32> = rdy::targets(
             self.config.max_in_flight,
             active.len(),
-            self.backoff,
+            self.backoff.phase(),
             self.test_rotor,
             self.rotation_offset,
         )

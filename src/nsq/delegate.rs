@@ -13,6 +13,11 @@ pub(crate) trait MessageDelegate: Send + Sync {
     fn on_finished(&self, count: u64);
     /// A REQ was queued; `backoff` when it counts as a handler failure.
     fn on_requeued(&self, backoff: bool);
+    /// A message could not be handled for an outage of something its handler needs;
+    /// `lowered` is dropped once RDY is set for it.
+    fn on_outage(&self, lowered: tokio::sync::oneshot::Sender<()>);
+    /// What the handler needs answered again for a message.
+    fn on_outage_over(&self);
     /// A TOUCH was queued.
     fn on_touched(&self);
     /// A message of `conn` was set aside or taken back (see `Message::park`): its RDY is due
@@ -34,6 +39,8 @@ impl MessageDelegate for Nobody {
     }
     fn on_finished(&self, _: u64) {}
     fn on_requeued(&self, _: bool) {}
+    fn on_outage(&self, _: tokio::sync::oneshot::Sender<()>) {}
+    fn on_outage_over(&self) {}
     fn on_touched(&self) {}
     fn on_parked(&self) {}
 }

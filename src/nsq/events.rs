@@ -86,6 +86,19 @@ pub enum ConsumerEvent {
     },
     /// Backoff ended; full RDY is restored.
     BackoffEnded,
+    /// A message could not be handled for an outage ([`Message::outage`](super::Message::outage))
+    /// and started or deepened the outage's backoff (or, at the level whose pause reaches
+    /// `max_backoff`, kept it).
+    OutageBackoff {
+        /// The outage's backoff level (1 = its first pause).
+        level: u32,
+        /// Pause before testing with RDY 1.
+        delay: Duration,
+    },
+    /// What the handler needs answered again ([`Message::outage_over`](super::Message::outage_over)):
+    /// the outage's backoff ended at once ([`ConsumerEvent::BackoffEnded`] follows unless
+    /// handler failures still hold the consumer back).
+    OutageEnded,
     /// A message exceeded `max_attempts` and was finished without being handed out.
     MaxAttemptsExceeded {
         /// The message ID.

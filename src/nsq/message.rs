@@ -133,6 +133,31 @@ impl Message {
         self.requeue_inner(delay, false)
     }
 
+    /// Tells the consumer that this message could not be handled because something its
+    /// handler needs does not answer (a shared store down), and completes once the consumer
+    /// has set RDY for it: answer the message after that (a
+    /// [`requeue_without_backoff`](Message::requeue_without_backoff) with a delay), so that
+    /// the requeue does not make room for the next message before RDY 0 is on the wire.
+    ///
+    /// The consumer backs off as for a handler failure (RDY 0 for `backoff_multiplier`, then
+    /// one message to test, each test that meets the outage again doubling the pause, up to
+    /// `max_backoff`), but the first message for which [`outage_over`](Message::outage_over)
+    /// is told ends it at once, with full RDY. Told during a pause (by a message delivered
+    /// before it), it changes nothing. Once for a burst of messages is enough.
+    pub async fn outage(&self) {
+        let (lowered, set) = tokio::sync::oneshot::channel();
+        self.conn.consumer.on_outage(lowered);
+        // Dropped, not sent: an error here is the answer.
+        let _ = set.await;
+    }
+
+    /// Tells the consumer that what the handler needs answered for this message: a backoff
+    /// for an outage ([`outage`](Message::outage)) ends at once. One atomic read when there
+    /// is none, so it can be told for every burst.
+    pub fn outage_over(&self) {
+        self.conn.consumer.on_outage_over();
+    }
+
     /// Sets the message aside (`true`) or takes it back (`false`): while set aside it stays in
     /// flight at nsqd, TOUCHed and answered as usual, but does not count toward the consumer's
     /// `max_in_flight`, whose RDY rises by one meanwhile. For a message kept waiting on

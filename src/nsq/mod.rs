@@ -16,13 +16,15 @@
 //! - [`Consumer`] and [`Message`]: many nsqd, RDY flow control, reconnects, backoff, shutdown.
 //!   Split as go-nsq splits it: `config` ([`ConsumerConfig`], IDENTIFY), `consumer` (the public
 //!   handle), `control` (the task that owns connections, RDY, backoff and lookupd polls),
-//!   `rdy` (the RDY budget as pure functions), `supervisor` (one task per nsqd), `shared` (state
+//!   `backoff` (handler-failure and outage backoff as a pure state machine), `rdy` (the RDY
+//!   budget as pure functions), `supervisor` (one task per nsqd), `shared` (state
 //!   the tasks share), `events` (events, counters, shutdown report), `delegate` (what a message
 //!   calls back through), `names` (nsqd's name rule) and `jitter`.
 //! - [`Producer`]: PUB, MPUB and DPUB with answers matched in order.
 //! - `lookupd`: `GET /lookup?topic=` over plain HTTP/1.1.
 //! - [`Error`]: the error type.
 
+mod backoff;
 mod config;
 pub(crate) mod connection;
 mod consumer;

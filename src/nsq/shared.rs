@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
+use super::backoff::Signal;
 use super::config::ConsumerConfig;
 use super::connection::ConnHandle;
 use super::delegate::MessageDelegate;
@@ -42,8 +43,12 @@ pub(crate) struct ConsumerShared {
     pub(super) counters: Counters,
     pub(super) default_requeue_delay: Duration,
     pub(super) max_requeue_delay: Duration,
-    /// True while backing off: only then do finishes report to the control task.
+    /// True while backing off on handler failures: only then do finishes report to the
+    /// control task.
     pub(super) backoff_active: AtomicBool,
+    /// True while backing off for an outage: only then does its end report to the control
+    /// task.
+    pub(super) outage_active: AtomicBool,
     /// True once shutdown began: dropped messages are requeued with no delay.
     pub(super) shutting_down: AtomicBool,
     /// True while a `Control::Rebalance` is queued and not yet handled.
@@ -72,7 +77,9 @@ impl MessageDelegate for ConsumerShared {
         self.counters.finished.fetch_add(count, Ordering::Relaxed);
         if self.backoff_active.load(Ordering::Relaxed) {
             for _ in 0..count {
-                let _ = self.control.send(Control::Outcome { success: true });
+                let _ = self
+                    .control
+                    .send(Control::Backoff(Signal::HandlerSucceeded, None));
             }
         }
     }
@@ -80,7 +87,24 @@ impl MessageDelegate for ConsumerShared {
     fn on_requeued(&self, backoff: bool) {
         inc(&self.counters.requeued);
         if backoff {
-            let _ = self.control.send(Control::Outcome { success: false });
+            let _ = self
+                .control
+                .send(Control::Backoff(Signal::HandlerFailed, None));
+        }
+    }
+
+    fn on_outage(&self, lowered: oneshot::Sender<()>) {
+        let _ = self
+            .control
+            .send(Control::Backoff(Signal::Outage, Some(lowered)));
+    }
+
+    fn on_outage_over(&self) {
+        // Relaxed: a report that comes a moment late ends the pause at the next one.
+        if self.outage_active.load(Ordering::Relaxed) {
+            let _ = self
+                .control
+                .send(Control::Backoff(Signal::OutageOver, None));
         }
     }
 
@@ -105,6 +129,7 @@ impl ConsumerShared {
             default_requeue_delay: config.default_requeue_delay,
             max_requeue_delay: config.max_requeue_delay,
             backoff_active: AtomicBool::new(false),
+            outage_active: AtomicBool::new(false),
             shutting_down: AtomicBool::new(false),
             rebalance_pending: AtomicBool::new(false),
             control,
@@ -140,9 +165,9 @@ pub(crate) enum Control {
     Down {
         addr: Arc<str>,
     },
-    Outcome {
-        success: bool,
-    },
+    /// A message's outcome that backing off depends on, and who waits until RDY is set for
+    /// it (dropped then).
+    Backoff(Signal, Option<oneshot::Sender<()>>),
     /// Messages were set aside or taken back: RDY is computed again.
     Rebalance,
     Lookup(Vec<(String, Result<Vec<String>, Error>)>),

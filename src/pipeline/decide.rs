@@ -125,6 +125,8 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
             false => None,
         };
         let claims = self.claim(&digests).await;
+        // Before the answers: the consumer lowers RDY before the requeues free its window.
+        self.tell_outage(&claimed, &claims).await;
         if let Some(started) = started {
             // One clock read ends the claim and starts the handler: at hundreds of thousands
             // of messages a second, reading the clock is a few percent of the work.

@@ -41,6 +41,9 @@
 //! 3. A store error at claim follows [`StoreErrorPolicy`]: `Requeue` (REQ, decided later) or
 //!    `Process` (delivered without de-duplication). Each message has its own claim: where a
 //!    burst's sets live on several servers and one fails, only its messages take the policy.
+//!    A burst the store decided none of (down, not one server of several) is an outage: the
+//!    consumer backs off, RDY 0 for a pause that doubles, then one message tests the store, and
+//!    the first claim it answers ends the pause at once (`outage.rs`).
 //!    Errors of `commit`, `erase` and `renew` are counted and logged, and the message goes on:
 //!    a stale claim only delays or duplicates a later copy, it never drops one. Failed commits
 //!    and erases, and the erases of requeued claims that got no answer, are sent again before
@@ -54,9 +57,9 @@
 //!
 //! The steps, each in its file: `decide.rs` (key, claim, decide), `deliver.rs` (the handler
 //! call and its keep-alive), `settle.rs` (commit, erase, and the writes sent again),
-//! `answer.rs` (FIN, REQ, dead-letter); `held.rs` keeps the copies that wait beside their
-//! original, `deferred.rs` the digests requeued at their receiver's request; `policy.rs`
-//! holds the decisions' settings.
+//! `answer.rs` (FIN, REQ, dead-letter), `outage.rs` (the consumer told of a store outage);
+//! `held.rs` keeps the copies that wait beside their original, `deferred.rs` the digests
+//! requeued at their receiver's request; `policy.rs` holds the decisions' settings.
 
 mod answer;
 mod decide;
@@ -65,6 +68,7 @@ mod deliver;
 mod failure_log;
 mod handed;
 mod held;
+mod outage;
 mod policy;
 mod settle;
 mod store_error_log;
