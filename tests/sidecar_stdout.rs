@@ -71,9 +71,10 @@ async fn a_table_too_small_for_the_rate_warns_and_names_the_size_that_would_do()
     drain.join().unwrap().unwrap();
     let mut log = String::new();
     c.stderr.take().unwrap().read_to_string(&mut log).unwrap();
+    // The last one: every message decided by then.
     let warning = log
         .lines()
-        .find(|l| l.contains("The table is too small for its window"))
+        .rfind(|l| l.contains("The table is too small for its window"))
         .unwrap_or_else(|| panic!("no warning in\n{log}"));
     // The figures are the messages the window brought: 2,000 in the seconds since the start,
     // not those seconds' rate for an hour.
