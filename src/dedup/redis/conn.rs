@@ -35,6 +35,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{ErrorKind, IntoConnectionInfo, RedisError, Script};
 use tokio::time::Instant;
 
+mod lean;
 mod operation;
 mod routing;
 
@@ -71,6 +72,8 @@ pub(super) struct Link {
     stale: AtomicBool,
     /// Held while the slot map is read again, so that one failover reloads it once.
     refreshing: tokio::sync::Mutex<()>,
+    /// The idle connections of the hot path's pipelines (`lean`), by node.
+    lean: lean::Idle,
     /// `MOVED` and `ASK` answers followed.
     pub(super) redirects: AtomicU64,
     /// Operations tried again after a node failed or the cluster was failing over.
@@ -155,6 +158,7 @@ impl Link {
             generation: AtomicU64::new(0),
             stale: AtomicBool::new(false),
             refreshing: tokio::sync::Mutex::new(()),
+            lean: lean::Idle::default(),
             redirects: AtomicU64::new(0),
             retries: AtomicU64::new(0),
             addr,
@@ -377,7 +381,10 @@ impl Link {
     /// Drops the connection to `node` after an error that may have broken it: `open`, the
     /// connection the operation used, unless another operation has replaced it already;
     /// with no `open` (an error from a step that does not know it), whichever the node has.
+    /// The node's idle connections of the hot path (`lean`) go too.
     fn drop_conn(&self, node: &str, open: Option<&Open>) {
+        // The hot path's connections to the node may be broken too.
+        self.lean.clear(node);
         let mut nodes = self.nodes_map();
         if open.is_none_or(|open| nodes.get(node).is_some_and(|current| current.id == open.id)) {
             nodes.remove(node);

@@ -52,10 +52,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 
 use futures::future::join_all;
-use redis::Value;
 use tokio::time::Instant;
 
 use super::layout::Layout;
+use super::resp::Reply;
 use super::value::Facts;
 use super::{Op, RedisStore};
 use crate::dedup::shared::{now_ms, value_version};
@@ -331,7 +331,6 @@ impl RedisStore {
 }
 
 /// Whether `reply` is a syntax error: the answer of a server without `IFEQ`.
-pub(super) fn is_syntax_error(reply: &Value) -> bool {
-    matches!(reply, Value::ServerError(error)
-        if error.details().is_some_and(|d| d.contains("syntax error")))
+pub(super) fn is_syntax_error(reply: &Reply) -> bool {
+    matches!(reply, Reply::Error(error) if error.contains("syntax error"))
 }

@@ -114,6 +114,7 @@ mod ifeq;
 mod items;
 mod layout;
 mod refusal;
+mod resp;
 mod script;
 mod slots;
 mod value;
