@@ -3,7 +3,8 @@
 //!
 //! A multiplexed connection pipelines concurrent commands: whatever callers send while
 //! earlier commands are on the wire goes out in the next write, so concurrent operations share
-//! round trips without a queue of our own.
+//! round trips without a queue of our own. The compact layout's hot path sends its pipelines
+//! on connections of our own instead (`lean`), with the same deadlines and routing.
 //!
 //! In a cluster, the slot map comes from `CLUSTER SLOTS`, asked of every known node at once
 //! (the masters in the map and the seeds), the first answer winning, so that a dead or frozen

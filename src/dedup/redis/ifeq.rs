@@ -55,6 +55,7 @@ use futures::future::join_all;
 use tokio::time::Instant;
 
 use super::layout::Layout;
+use super::recycle;
 use super::resp::Reply;
 use super::value::Facts;
 use super::{Op, RedisStore};
@@ -115,7 +116,9 @@ impl Ifeq {
         if known.len() >= KNOWN_SETS && !known.contains_key(&set) {
             known.clear();
         }
-        known.insert(set, value);
+        if let Some(replaced) = known.insert(set, value) {
+            recycle::give(replaced);
+        }
     }
 
     /// Takes what `other`, a store of the same servers, learnt: whether they have `IFEQ`,
@@ -175,6 +178,9 @@ struct SetWork {
     read: Option<Vec<u8>>,
     /// Whether `read` is the value this store wrote last, not a read.
     kept: bool,
+    /// Whether `read` is a value exactly as this store writes it (kept, or checked when read),
+    /// decided on without a second check.
+    as_written: bool,
     /// Left to the script.
     to_script: bool,
 }
@@ -301,6 +307,9 @@ impl RedisStore {
             }
         }
         // Sets still changing under this store after every round are the script's.
+        for read in sets.into_iter().filter_map(|work| work.read) {
+            recycle::give(read);
+        }
         answers
     }
 
@@ -320,6 +329,7 @@ impl RedisStore {
                     settled: 0,
                     read: None,
                     kept: false,
+                    as_written: false,
                     to_script: false,
                 });
                 sets.len() - 1

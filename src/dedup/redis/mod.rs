@@ -113,6 +113,7 @@ mod hints;
 mod ifeq;
 mod items;
 mod layout;
+mod recycle;
 mod refusal;
 mod resp;
 mod script;

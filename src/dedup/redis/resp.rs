@@ -9,6 +9,7 @@
 //!
 //! See: <https://redis.io/docs/latest/develop/reference/protocol-spec/>
 
+use super::recycle;
 use crate::decimal::put_decimal;
 
 /// The most elements of an array reply, and bytes of a bulk string, this parser takes: far
@@ -24,10 +25,11 @@ pub(super) struct Commands {
 }
 
 impl Commands {
-    /// An empty pipeline whose buffer holds `bytes` before it grows.
+    /// An empty pipeline whose buffer holds `bytes` before it grows (a buffer used before,
+    /// when the thread has one: see `recycle`).
     pub(super) fn with_capacity(bytes: usize) -> Self {
         Commands {
-            bytes: Vec::with_capacity(bytes),
+            bytes: recycle::pipeline(bytes),
             count: 0,
         }
     }
@@ -60,6 +62,12 @@ impl Commands {
     /// Whether it holds no command.
     pub(super) fn is_empty(&self) -> bool {
         self.count == 0
+    }
+}
+
+impl Drop for Commands {
+    fn drop(&mut self) {
+        recycle::give_pipeline(std::mem::take(&mut self.bytes));
     }
 }
 
@@ -133,7 +141,7 @@ pub(super) fn parse(bytes: &[u8]) -> Result<Option<(Reply, usize)>, Invalid> {
             if &bytes[end..end + 2] != b"\r\n" {
                 return Err(Invalid("a bulk string not ended by CRLF".into()));
             }
-            let value = bytes[at..end].to_vec();
+            let value = recycle::copy_of(&bytes[at..end]);
             at = end + 2;
             Reply::Bulk(value)
         }

@@ -23,6 +23,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use super::super::recycle;
 use super::super::resp::{parse, Commands, Reply};
 use super::{Link, Template};
 use crate::error::StoreError;
@@ -70,8 +71,6 @@ impl Idle {
 /// A connection to one node that carries one pipeline at a time.
 pub(super) struct LeanConn {
     stream: TcpStream,
-    /// Bytes read and not yet parsed (kept to reuse its allocation).
-    read: Vec<u8>,
 }
 
 impl LeanConn {
@@ -80,10 +79,7 @@ impl LeanConn {
     async fn connect(node: &str, template: &Template) -> io::Result<Self> {
         let stream = TcpStream::connect(node).await?;
         stream.set_nodelay(true)?;
-        let mut conn = LeanConn {
-            stream,
-            read: Vec::with_capacity(READ_ROOM),
-        };
+        let mut conn = LeanConn { stream };
         let mut hello = Commands::with_capacity(128);
         if let Some(password) = &template.password {
             match &template.username {
@@ -112,12 +108,20 @@ impl LeanConn {
     /// replies (or more of them than commands sent): the connection is then out of step.
     pub(super) async fn exchange(&mut self, commands: &Commands) -> io::Result<Vec<Reply>> {
         self.stream.write_all(commands.bytes()).await?;
-        let count = commands.len();
+        // The bytes read and not yet parsed: a buffer of the thread's (`recycle`), as a
+        // pipeline's replies may take megabytes that an idle connection should not hold.
+        let mut read = recycle::pipeline(READ_ROOM);
+        let replies = self.read_replies(commands.len(), &mut read).await;
+        recycle::give_pipeline(read);
+        replies
+    }
+
+    /// Reads `count` replies, using `read` for the bytes read.
+    async fn read_replies(&mut self, count: usize, read: &mut Vec<u8>) -> io::Result<Vec<Reply>> {
         let mut replies = Vec::with_capacity(count);
-        self.read.clear();
         let mut at = 0;
         while replies.len() < count {
-            match parse(&self.read[at..]) {
+            match parse(&read[at..]) {
                 Ok(Some((reply, used))) => {
                     replies.push(reply);
                     at += used;
@@ -128,16 +132,16 @@ impl LeanConn {
                     return Err(io::Error::new(io::ErrorKind::InvalidData, invalid));
                 }
             }
-            if self.read.capacity() - self.read.len() < READ_ROOM {
-                self.read.drain(..at);
+            if read.capacity() - read.len() < READ_ROOM {
+                read.drain(..at);
                 at = 0;
-                self.read.reserve(READ_ROOM);
+                read.reserve(READ_ROOM);
             }
-            if self.stream.read_buf(&mut self.read).await? == 0 {
+            if self.stream.read_buf(read).await? == 0 {
                 return Err(io::ErrorKind::UnexpectedEof.into());
             }
         }
-        if at != self.read.len() {
+        if at != read.len() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "more replies than commands",

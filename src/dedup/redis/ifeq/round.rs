@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use tokio::time::Instant;
 
 use super::super::layout::Layout;
+use super::super::recycle;
 use super::super::resp::{Commands, Reply};
 use super::super::value::Facts;
 use super::super::{key_slot, Op, RedisStore};
@@ -71,8 +72,9 @@ impl RedisStore {
                     // Written: the key held nothing. Its first claim is decided.
                     answers[work.ops[0]] = Some(Ok(claim));
                     work.settled = 1;
-                    inner.ifeq.remember(work.set, created.clone());
+                    inner.ifeq.remember(work.set, recycle::copy_of(&created));
                     work.read = Some(created);
+                    work.as_written = true;
                     no_set += 1;
                 }
                 (Reply::Nil, None) => {
@@ -80,11 +82,17 @@ impl RedisStore {
                     no_set += 1;
                 }
                 (Reply::Bulk(stored), _) => {
-                    if layout.holds_nothing(Some(&stored), work.set, geometry, facts) {
+                    // Checked once: a value as this store writes it is decided on as it is.
+                    work.as_written = layout.is_as_written(&stored, work.set, geometry, facts);
+                    if !work.as_written
+                        && layout.holds_nothing(Some(&stored), work.set, geometry, facts)
+                    {
                         no_set += 1;
                         unreadable += 1;
                     }
-                    work.read = Some(stored);
+                    if let Some(replaced) = work.read.replace(stored) {
+                        recycle::give(replaced);
+                    }
                 }
                 // An error reply (a slot that moved, a key of another type): the script's.
                 (reply, _) => {
@@ -128,6 +136,7 @@ impl RedisStore {
             if let Some(kept) = kept {
                 work.read = Some(kept);
                 work.kept = true;
+                work.as_written = true;
                 continue;
             }
             work.kept = false;
@@ -165,9 +174,9 @@ impl RedisStore {
             if work.to_script {
                 continue;
             }
-            let decided = self.inner.layout.decide(
+            let decided = self.inner.layout.decide_on(
                 (work.set, self.inner.geometry),
-                work.read.as_deref(),
+                (work.read.as_deref(), work.as_written),
                 op,
                 work.ops[work.settled..].iter().map(|&i| (i, run[i])),
                 facts,
