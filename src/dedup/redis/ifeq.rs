@@ -110,8 +110,12 @@ impl Ifeq {
     }
 
     /// Keeps `value`, just written to `set`; when [`KNOWN_SETS`] are kept, all are forgotten
-    /// first.
-    pub(super) fn remember(&self, set: u64, value: Vec<u8>) {
+    /// first. A value in a buffer much larger than itself (one used again, or grown by an
+    /// edit) is kept in one of its size: the kept values are most of the store's memory.
+    pub(super) fn remember(&self, set: u64, mut value: Vec<u8>) {
+        if value.capacity() > value.len() + value.len() / 4 {
+            value.shrink_to_fit();
+        }
         let mut known = self.known();
         if known.len() >= KNOWN_SETS && !known.contains_key(&set) {
             known.clear();
