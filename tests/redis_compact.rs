@@ -110,13 +110,7 @@ async fn a_compact_burst_in_a_cluster_meets_no_redirect() {
             .await
             .unwrap();
         let burst: Vec<Digest> = (0..300).map(digest).collect();
-        assert_eq!(
-            claimed(store.claim_many(&burst).await).unwrap(),
-            vec![Claim::New; burst.len()],
-            "{flavor:?}"
-        );
-        let committed = store.commit_many(&burst).await;
-        assert!(committed.iter().all(|c| c == &Ok(true)), "{committed:?}");
+        claims_and_commits(&store, &burst, flavor).await;
         assert_eq!(store.redirects(), 0, "{flavor:?}: MOVED or ASK followed");
         for m in cluster.masters(0) {
             let errors = cluster.nodes[m].cli(&["info", "errorstats"]);
@@ -181,13 +175,7 @@ async fn a_compact_store_logs_in_and_selects_its_database_on_every_connection() 
             .await
             .unwrap();
         let burst = distinct_keys(&store, 30, 2);
-        assert_eq!(
-            claimed(store.claim_many(&burst).await).unwrap(),
-            vec![Claim::New; burst.len()],
-            "{flavor:?}"
-        );
-        let committed = store.commit_many(&burst).await;
-        assert!(committed.iter().all(|c| c == &Ok(true)), "{committed:?}");
+        claims_and_commits(&store, &burst, flavor).await;
         assert_eq!(
             claimed(store.claim_many(&burst).await).unwrap(),
             vec![Claim::Duplicate; burst.len()],
@@ -316,6 +304,17 @@ fn calls(server: &RedisServer) -> std::collections::BTreeMap<String, u64> {
     let mut calls = command_calls(server);
     calls.retain(|command, _| !command.starts_with("config"));
     calls
+}
+
+/// Claims `burst` on `store`, each new, and commits it, each held.
+async fn claims_and_commits(store: &RedisStore, burst: &[Digest], flavor: Flavor) {
+    assert_eq!(
+        claimed(store.claim_many(burst).await).unwrap(),
+        vec![Claim::New; burst.len()],
+        "{flavor:?}"
+    );
+    let committed = store.commit_many(burst).await;
+    assert!(committed.iter().all(|c| c == &Ok(true)), "{committed:?}");
 }
 
 /// The raw value of `key`.
