@@ -1,11 +1,12 @@
 //! Buffers used again: the compact layout's hot path reads a key's value (0.5 to 1.6 KB),
 //! copies it to edit it, keeps the value it wrote and drops the one it replaced, a few buffers
 //! of that size an operation, and gathers each pipeline (up to a few MB: two values a write)
-//! and the bytes of its replies in buffers of their own. glibc serves blocks over 1 KB from its bins, not its per-thread
-//! cache, and a pipeline's buffer from a fresh `mmap` whose every page faults when first
-//! written; both were a large part of the sidecar's CPU (`docs/benchmarks.md`, "Our own RESP
-//! client for the hot path"). Here each thread keeps the buffers given back, up to a bound,
-//! for the next value or pipeline.
+//! and the bytes of its replies in buffers of their own. glibc serves blocks over 1 KB from
+//! its bins, not its per-thread cache, and a block of megabytes from fresh pages (above its
+//! `mmap` threshold) that fault when first written; freeing and allocating these values was
+//! the largest part of `malloc` and `free`'s share of the sidecar's CPU (`docs/benchmarks.md`,
+//! "Our own RESP client for the hot path"). Here each thread keeps the buffers given back, up
+//! to a bound, for the next value or pipeline.
 
 use std::cell::RefCell;
 
