@@ -1,5 +1,6 @@
 //! Integers written in ASCII decimal straight into a wire buffer, without going through `fmt`:
-//! NSQ's FIN/REQ/RDY and Memcached's write headers are on the hot path.
+//! NSQ's FIN/REQ/RDY, Memcached's write headers and the lengths in Redis's commands are on the
+//! hot path.
 
 use bytes::BufMut;
 

@@ -67,7 +67,7 @@ mod cli;
 mod cmd;
 #[cfg(feature = "sidecar")]
 pub mod config;
-#[cfg(any(feature = "nsq", feature = "memcached"))]
+#[cfg(any(feature = "nsq", feature = "memcached", feature = "redis"))]
 mod decimal;
 pub mod dedup;
 pub mod error;

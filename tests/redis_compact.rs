@@ -110,13 +110,7 @@ async fn a_compact_burst_in_a_cluster_meets_no_redirect() {
             .await
             .unwrap();
         let burst: Vec<Digest> = (0..300).map(digest).collect();
-        assert_eq!(
-            claimed(store.claim_many(&burst).await).unwrap(),
-            vec![Claim::New; burst.len()],
-            "{flavor:?}"
-        );
-        let committed = store.commit_many(&burst).await;
-        assert!(committed.iter().all(|c| c == &Ok(true)), "{committed:?}");
+        claims_and_commits(&store, &burst, flavor).await;
         assert_eq!(store.redirects(), 0, "{flavor:?}: MOVED or ASK followed");
         for m in cluster.masters(0) {
             let errors = cluster.nodes[m].cli(&["info", "errorstats"]);
@@ -156,6 +150,50 @@ async fn a_server_that_lost_the_compare_and_set_script_gets_every_write() {
         claimed(store.claim_many(&burst).await).unwrap(),
         vec![Claim::Duplicate; burst.len()]
     );
+}
+
+/// A compact store of a user with a password, on database 3, claims and commits through
+/// connections that all log in as that user and use that database: the store's own
+/// connections of the hot path too (more than the one connection a node of the `redis`
+/// crate's), which would otherwise fail (`NOAUTH`) and leave every key to the script.
+#[tokio::test]
+async fn a_compact_store_logs_in_and_selects_its_database_on_every_connection() {
+    for flavor in [Flavor::Redis, Flavor::Valkey] {
+        let server = RedisServer::of(flavor, &["--requirepass", "admin-pw"]);
+        let admin = |args: &[&str]| {
+            let mut all = vec!["--no-auth-warning", "-a", "admin-pw"];
+            all.extend_from_slice(args);
+            server.cli(&all)
+        };
+        admin(&[
+            "ACL", "SETUSER", "app", "on", ">app-pw", "~*", "&*", "+@all",
+        ]);
+        let url = format!("redis://app:app-pw@{}/3", server.addr());
+        let namespace = unique_namespace("login");
+        let geometry = Geometry::new(1 << 20, 8).unwrap();
+        let store = RedisStore::connect_in(config(&url, &namespace), geometry, COMPACT)
+            .await
+            .unwrap();
+        let burst = distinct_keys(&store, 30, 2);
+        claims_and_commits(&store, &burst, flavor).await;
+        assert_eq!(
+            claimed(store.claim_many(&burst).await).unwrap(),
+            vec![Claim::Duplicate; burst.len()],
+            "{flavor:?}"
+        );
+        assert_eq!(admin(&["-n", "0", "DBSIZE"]).trim(), "0", "{flavor:?}");
+        assert_ne!(admin(&["-n", "3", "DBSIZE"]).trim(), "0", "{flavor:?}");
+        let clients = admin(&["CLIENT", "LIST"]);
+        let app: Vec<&str> = clients
+            .lines()
+            .filter(|client| client.contains(" user=app "))
+            .collect();
+        assert!(app.len() >= 2, "{flavor:?}: {clients}");
+        assert!(
+            app.iter().all(|client| client.contains(" db=3 ")),
+            "{flavor:?}: {clients}"
+        );
+    }
 }
 
 /// A full key of the compact layout takes what `size` counts for it (`MEMORY USAGE`, Redis
@@ -266,6 +304,17 @@ fn calls(server: &RedisServer) -> std::collections::BTreeMap<String, u64> {
     let mut calls = command_calls(server);
     calls.retain(|command, _| !command.starts_with("config"));
     calls
+}
+
+/// Claims `burst` on `store`, each new, and commits it, each held.
+async fn claims_and_commits(store: &RedisStore, burst: &[Digest], flavor: Flavor) {
+    assert_eq!(
+        claimed(store.claim_many(burst).await).unwrap(),
+        vec![Claim::New; burst.len()],
+        "{flavor:?}"
+    );
+    let committed = store.commit_many(burst).await;
+    assert!(committed.iter().all(|c| c == &Ok(true)), "{committed:?}");
 }
 
 /// The raw value of `key`.

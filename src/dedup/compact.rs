@@ -71,6 +71,8 @@ mod edit;
 
 #[cfg(feature = "redis")]
 pub(crate) use edit::decodes;
+#[cfg(feature = "redis")]
+pub(crate) use edit::is_as_written;
 pub(crate) use edit::Edit;
 
 /// What one operation does to the entry of its digest.

@@ -74,9 +74,10 @@ impl Edit {
         Ok(Edit { version, held })
     }
 
-    /// The item whose value is `value`, as [`Edit::into_value`] gave it for format `version`:
-    /// taken without a check (its bytes are the only ones an edit reads).
-    #[cfg(feature = "memcached")]
+    /// The item whose value is `value`, as [`Edit::into_value`] gave it for format `version`
+    /// (or as [`is_as_written`] found it): taken without a check (its bytes are the only ones
+    /// an edit reads).
+    #[cfg(any(feature = "memcached", feature = "redis"))]
     pub(crate) fn written(value: Vec<u8>, version: u8) -> Edit {
         debug_assert!(value.len() >= HEADER_BYTES);
         debug_assert!(Bytes::<&[u8]>::canonical(
@@ -140,6 +141,13 @@ pub(crate) fn decodes(value: &[u8], sets: usize, ways: usize) -> bool {
         .into_iter()
         .any(|version| Bytes::<&[u8]>::canonical(value, sets, ways, version))
         || decode(value, sets, ways).is_ok()
+}
+
+/// Whether `value` is an item of `sets` sets of `ways` ways exactly as [`Edit::into_value`]
+/// writes it in format `version`: one [`Edit::written`] takes without a second check.
+#[cfg(feature = "redis")]
+pub(crate) fn is_as_written(value: &[u8], sets: usize, ways: usize, version: u8) -> bool {
+    Bytes::<&[u8]>::canonical(value, sets, ways, version)
 }
 
 /// A value seen as [`Slots`] (a canonical one, and in a `Vec` to change it): its header read

@@ -3,7 +3,8 @@
 //!
 //! A multiplexed connection pipelines concurrent commands: whatever callers send while
 //! earlier commands are on the wire goes out in the next write, so concurrent operations share
-//! round trips without a queue of our own.
+//! round trips without a queue of our own. The compact layout's hot path sends its pipelines
+//! on connections of our own instead (`lean`), with the same deadlines and routing.
 //!
 //! In a cluster, the slot map comes from `CLUSTER SLOTS`, asked of every known node at once
 //! (the masters in the map and the seeds), the first answer winning, so that a dead or frozen
@@ -35,6 +36,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{ErrorKind, IntoConnectionInfo, RedisError, Script};
 use tokio::time::Instant;
 
+mod lean;
 mod operation;
 mod routing;
 
@@ -71,6 +73,8 @@ pub(super) struct Link {
     stale: AtomicBool,
     /// Held while the slot map is read again, so that one failover reloads it once.
     refreshing: tokio::sync::Mutex<()>,
+    /// The idle connections of the hot path's pipelines (`lean`), by node.
+    lean: lean::Idle,
     /// `MOVED` and `ASK` answers followed.
     pub(super) redirects: AtomicU64,
     /// Operations tried again after a node failed or the cluster was failing over.
@@ -155,6 +159,7 @@ impl Link {
             generation: AtomicU64::new(0),
             stale: AtomicBool::new(false),
             refreshing: tokio::sync::Mutex::new(()),
+            lean: lean::Idle::default(),
             redirects: AtomicU64::new(0),
             retries: AtomicU64::new(0),
             addr,
@@ -377,7 +382,10 @@ impl Link {
     /// Drops the connection to `node` after an error that may have broken it: `open`, the
     /// connection the operation used, unless another operation has replaced it already;
     /// with no `open` (an error from a step that does not know it), whichever the node has.
+    /// The node's idle connections of the hot path (`lean`) go too.
     fn drop_conn(&self, node: &str, open: Option<&Open>) {
+        // The hot path's connections to the node may be broken too.
+        self.lean.clear(node);
         let mut nodes = self.nodes_map();
         if open.is_none_or(|open| nodes.get(node).is_some_and(|current| current.id == open.id)) {
             nodes.remove(node);

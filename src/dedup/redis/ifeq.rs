@@ -52,10 +52,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 
 use futures::future::join_all;
-use redis::Value;
 use tokio::time::Instant;
 
 use super::layout::Layout;
+use super::recycle;
+use super::resp::Reply;
 use super::value::Facts;
 use super::{Op, RedisStore};
 use crate::dedup::shared::{now_ms, value_version};
@@ -109,13 +110,19 @@ impl Ifeq {
     }
 
     /// Keeps `value`, just written to `set`; when [`KNOWN_SETS`] are kept, all are forgotten
-    /// first.
-    pub(super) fn remember(&self, set: u64, value: Vec<u8>) {
+    /// first. A value in a buffer much larger than itself (one used again, or grown by an
+    /// edit) is kept in one of its size: the kept values are most of the store's memory.
+    pub(super) fn remember(&self, set: u64, mut value: Vec<u8>) {
+        if value.capacity() > value.len() + value.len() / 4 {
+            value.shrink_to_fit();
+        }
         let mut known = self.known();
         if known.len() >= KNOWN_SETS && !known.contains_key(&set) {
             known.clear();
         }
-        known.insert(set, value);
+        if let Some(replaced) = known.insert(set, value) {
+            recycle::give(replaced);
+        }
     }
 
     /// Takes what `other`, a store of the same servers, learnt: whether they have `IFEQ`,
@@ -175,6 +182,9 @@ struct SetWork {
     read: Option<Vec<u8>>,
     /// Whether `read` is the value this store wrote last, not a read.
     kept: bool,
+    /// Whether `read` is a value exactly as this store writes it (kept, or checked when read),
+    /// decided on without a second check.
+    as_written: bool,
     /// Left to the script.
     to_script: bool,
 }
@@ -301,6 +311,9 @@ impl RedisStore {
             }
         }
         // Sets still changing under this store after every round are the script's.
+        for read in sets.into_iter().filter_map(|work| work.read) {
+            recycle::give(read);
+        }
         answers
     }
 
@@ -320,6 +333,7 @@ impl RedisStore {
                     settled: 0,
                     read: None,
                     kept: false,
+                    as_written: false,
                     to_script: false,
                 });
                 sets.len() - 1
@@ -331,7 +345,6 @@ impl RedisStore {
 }
 
 /// Whether `reply` is a syntax error: the answer of a server without `IFEQ`.
-pub(super) fn is_syntax_error(reply: &Value) -> bool {
-    matches!(reply, Value::ServerError(error)
-        if error.details().is_some_and(|d| d.contains("syntax error")))
+pub(super) fn is_syntax_error(reply: &Reply) -> bool {
+    matches!(reply, Reply::Error(error) if error.contains("syntax error"))
 }

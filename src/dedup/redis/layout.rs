@@ -15,6 +15,7 @@
 //! table's replacement), so the layout is only how many sets share a key and how an entry is
 //! written.
 
+use super::recycle;
 use super::value::{self, Facts, Stored};
 use super::Op;
 use crate::dedup::compact::{self, Edit, LeaseFacts, Outcome};
@@ -110,14 +111,48 @@ impl Layout {
         }
     }
 
+    /// Whether `read`, what key `key` holds, is a value exactly as this store writes it, which
+    /// [`Layout::decide_on`] then takes without checking it again: in the compact layout, a
+    /// check of its bytes; a key per set is read as it is, and never is.
+    pub(super) fn is_as_written(
+        self,
+        read: &[u8],
+        key: u64,
+        geometry: Geometry,
+        facts: &Facts,
+    ) -> bool {
+        match self {
+            Layout::Sets => false,
+            Layout::Items { .. } => compact::is_as_written(
+                read,
+                self.sets_in(key, geometry),
+                facts.ways.into(),
+                compact::version(facts.max_age_ms.is_some()),
+            ),
+        }
+    }
+
     /// Decides `ops` (each one's index in its run and its digest, all of key `key`) in order
     /// on `read`, what the key holds: their answers, as the set script gives them (a claim 0
     /// new, 1 in flight, 2 duplicate, plus 4 times its slot in format 2; the others 1 held, 0
     /// not), and the new value if any changed it.
     pub(super) fn decide(
         self,
-        (key, geometry): (u64, Geometry),
+        at: (u64, Geometry),
         read: Option<&[u8]>,
+        op: Op,
+        ops: impl Iterator<Item = (usize, Digest)>,
+        facts: &Facts,
+    ) -> Decided {
+        self.decide_on(at, (read, false), op, ops, facts)
+    }
+
+    /// [`Layout::decide`] on `read`, taken without a check when `as_written` (this store
+    /// wrote it, or [`Layout::is_as_written`] said so).
+    pub(super) fn decide_on(
+        self,
+        (key, geometry): (u64, Geometry),
+        (read, as_written): (Option<&[u8]>, bool),
         op: Op,
         ops: impl Iterator<Item = (usize, Digest)>,
         facts: &Facts,
@@ -137,9 +172,12 @@ impl Layout {
             Layout::Items { sets_per_key } => {
                 let (sets, ways) = (self.sets_in(key, geometry), usize::from(facts.ways));
                 let version = compact::version(facts.max_age_ms.is_some());
-                let mut item = read
-                    .and_then(|read| Edit::read(read.to_vec(), sets, ways, version).ok())
-                    .unwrap_or_else(|| Edit::empty(sets, ways, version));
+                let mut item = match read {
+                    Some(read) if as_written => Edit::written(recycle::copy_of(read), version),
+                    Some(read) => Edit::read(recycle::copy_of(read), sets, ways, version)
+                        .unwrap_or_else(|_| Edit::empty(sets, ways, version)),
+                    None => Edit::empty(sets, ways, version),
+                };
                 let lease = lease_facts(facts);
                 for (i, digest) in ops {
                     // Below `sets_per_key`.

@@ -4,11 +4,11 @@
 
 use std::sync::atomic::Ordering;
 
-use redis::Value;
 use tokio::time::Instant;
 
-use super::super::entry::{command, ENTRY_BYTES};
 use super::super::layout::Layout;
+use super::super::recycle;
+use super::super::resp::{Commands, Reply};
 use super::super::value::Facts;
 use super::super::{key_slot, Op, RedisStore};
 use super::{is_syntax_error, Answers, SetWork, REFUSED};
@@ -53,12 +53,9 @@ impl RedisStore {
         let Some(&(first, _)) = reads.first() else {
             return Ok(());
         };
-        let pipe = read_commands(sets, &reads);
+        let commands = read_commands(sets, &reads);
         let slot = key_slot(sets[first].key.as_bytes());
-        let values = inner
-            .link
-            .pipeline(slot, &pipe, reads.len(), deadline)
-            .await?;
+        let values = inner.link.send_commands(slot, &commands, deadline).await?;
         if values.len() != reads.len() {
             return Err(StoreError::Protocol(format!(
                 "{} answers to {} reads",
@@ -71,24 +68,31 @@ impl RedisStore {
         for ((s, create), answer) in reads.into_iter().zip(values) {
             let work = &mut sets[s];
             match (answer, create) {
-                (Value::Nil, Some((created, claim))) => {
+                (Reply::Nil, Some((created, claim))) => {
                     // Written: the key held nothing. Its first claim is decided.
                     answers[work.ops[0]] = Some(Ok(claim));
                     work.settled = 1;
-                    inner.ifeq.remember(work.set, created.clone());
+                    inner.ifeq.remember(work.set, recycle::copy_of(&created));
                     work.read = Some(created);
+                    work.as_written = true;
                     no_set += 1;
                 }
-                (Value::Nil, None) => {
+                (Reply::Nil, None) => {
                     work.read = None;
                     no_set += 1;
                 }
-                (Value::BulkString(stored), _) => {
-                    if layout.holds_nothing(Some(&stored), work.set, geometry, facts) {
+                (Reply::Bulk(stored), _) => {
+                    // Checked once: a value as this store writes it is decided on as it is.
+                    work.as_written = layout.is_as_written(&stored, work.set, geometry, facts);
+                    if !work.as_written
+                        && layout.holds_nothing(Some(&stored), work.set, geometry, facts)
+                    {
                         no_set += 1;
                         unreadable += 1;
                     }
-                    work.read = Some(stored);
+                    if let Some(replaced) = work.read.replace(stored) {
+                        recycle::give(replaced);
+                    }
                 }
                 // An error reply (a slot that moved, a key of another type): the script's.
                 (reply, _) => {
@@ -132,6 +136,7 @@ impl RedisStore {
             if let Some(kept) = kept {
                 work.read = Some(kept);
                 work.kept = true;
+                work.as_written = true;
                 continue;
             }
             work.kept = false;
@@ -169,9 +174,9 @@ impl RedisStore {
             if work.to_script {
                 continue;
             }
-            let decided = self.inner.layout.decide(
+            let decided = self.inner.layout.decide_on(
                 (work.set, self.inner.geometry),
-                work.read.as_deref(),
+                (work.read.as_deref(), work.as_written),
                 op,
                 work.ops[work.settled..].iter().map(|&i| (i, run[i])),
                 facts,
@@ -219,12 +224,8 @@ impl RedisStore {
         // The compact layout on servers without IFEQ compares and sets by script.
         let by_script =
             (inner.layout != Layout::Sets && !inner.ifeq.on()).then(|| inner.script.get_hash());
-        let pipe = write_commands(sets, &writes, by_script);
-        let replies = match inner
-            .link
-            .pipeline(slot, &pipe, writes.len(), deadline)
-            .await
-        {
+        let commands = write_commands(sets, &writes, by_script);
+        let replies = match inner.link.send_commands(slot, &commands, deadline).await {
             Ok(replies) if replies.len() == writes.len() => replies,
             Ok(replies) => {
                 pending.extend(writes.iter().map(|write| write.set));
@@ -242,14 +243,14 @@ impl RedisStore {
         for (write, reply) in writes.into_iter().zip(replies) {
             let work = &mut sets[write.set];
             match reply {
-                Value::Okay | Value::Int(1) => {
+                Reply::Okay | Reply::Int(1) => {
                     for (i, answer) in write.staged {
                         answers[i] = Some(Ok(answer));
                     }
                     inner.ifeq.remember(work.set, write.value);
                 }
                 // The set is not what it was decided on (or, for NX, exists now).
-                Value::Nil | Value::Int(0) => {
+                Reply::Nil | Reply::Int(0) => {
                     inner.ifeq.conflicted();
                     pending.push(write.set);
                 }
@@ -264,7 +265,7 @@ impl RedisStore {
 
     /// What a write's error reply means: a syntax error is a server without `IFEQ` after
     /// all (a failover to a replica of an older version), which turns the path off.
-    fn write_refused(&self, reply: &Value) {
+    fn write_refused(&self, reply: &Reply) {
         if is_syntax_error(reply) {
             self.inner.ifeq.support.store(REFUSED, Ordering::Relaxed);
         } else {
@@ -275,14 +276,11 @@ impl RedisStore {
     /// Learns from a command's error reply: a slot that moved (`MOVED`) has the slot map
     /// read again before the next operation routes by it, and counts with an `ASK` among the
     /// redirections (the script follows them, for the operations this path leaves to it).
-    fn note_refused(&self, reply: &Value) {
-        let Value::ServerError(error) = reply else {
-            return;
-        };
+    fn note_refused(&self, reply: &Reply) {
         let link = &self.inner.link;
-        match error.code() {
-            "MOVED" => link.mark_stale(),
-            "ASK" => {}
+        match reply.error_code() {
+            Some("MOVED") => link.mark_stale(),
+            Some("ASK") => {}
             _ => return,
         }
         // A statistic: nothing else depends on it.
@@ -313,66 +311,44 @@ impl RedisStore {
 }
 
 /// The read of each of `reads`: `SET key <set> NX GET` where it creates a set, else `GET key`.
-fn read_commands(sets: &[SetWork], reads: &[Read]) -> redis::Pipeline {
-    let mut pipe = redis::Pipeline::with_capacity(reads.len());
+fn read_commands(sets: &[SetWork], reads: &[Read]) -> Commands {
+    let bytes: usize = reads
+        .iter()
+        .map(|(s, create)| sets[*s].key.len() + create.as_ref().map_or(0, |(set, _)| set.len()))
+        .sum();
+    let mut commands = Commands::with_capacity(bytes + 48 * reads.len());
     for (s, create) in reads {
-        let key = sets[*s].key.as_str();
-        let cmd = match create {
-            Some((set, _)) => {
-                let mut cmd = command("SET", 5, key.len() + set.len() + 16);
-                cmd.arg(key).arg(&set[..]).arg("NX").arg("GET");
-                cmd
-            }
-            None => {
-                let mut cmd = command("GET", 2, key.len() + 8);
-                cmd.arg(key);
-                cmd
-            }
-        };
-        pipe.add_command(cmd);
+        let key = sets[*s].key.as_bytes();
+        match create {
+            Some((set, _)) => commands.push(&[b"SET", key, set, b"NX", b"GET"]),
+            None => commands.push(&[b"GET", key]),
+        }
     }
-    pipe
+    commands
 }
 
 /// The write of each of `writes` (see [`RedisStore::write_sets`]): with `by_script`, the
 /// compare-and-set script's hash, a key that held a value is written by that script
 /// (`EVALSHA <hash> 1 key new old`) instead of `SET … IFEQ`.
-fn write_commands(
-    sets: &[SetWork],
-    writes: &[Planned],
-    by_script: Option<&str>,
-) -> redis::Pipeline {
-    let mut pipe = redis::Pipeline::with_capacity(writes.len());
+fn write_commands(sets: &[SetWork], writes: &[Planned], by_script: Option<&str>) -> Commands {
+    let bytes: usize = writes
+        .iter()
+        .map(|write| {
+            let work = &sets[write.set];
+            work.key.len() + write.value.len() + work.read.as_ref().map_or(0, Vec::len)
+        })
+        .sum();
+    let mut commands = Commands::with_capacity(bytes + 96 * writes.len());
     for write in writes {
         let work = &sets[write.set];
-        let key = work.key.as_str();
-        let bytes = key.len() + 2 * (write.value.len() + ENTRY_BYTES);
-        let cmd = match (&work.read, by_script) {
+        let (key, value) = (work.key.as_bytes(), &write.value[..]);
+        match (&work.read, by_script) {
             (Some(old), Some(hash)) => {
-                let mut cmd = command("EVALSHA", 6, bytes + hash.len());
-                cmd.arg(hash)
-                    .arg(1)
-                    .arg(key)
-                    .arg(&write.value[..])
-                    .arg(&old[..]);
-                cmd
+                commands.push(&[b"EVALSHA", hash.as_bytes(), b"1", key, value, old]);
             }
-            (Some(old), None) => {
-                let mut cmd = command("SET", 6, bytes);
-                cmd.arg(key)
-                    .arg(&write.value[..])
-                    .arg("IFEQ")
-                    .arg(&old[..])
-                    .arg("KEEPTTL");
-                cmd
-            }
-            (None, _) => {
-                let mut cmd = command("SET", 4, bytes);
-                cmd.arg(key).arg(&write.value[..]).arg("NX");
-                cmd
-            }
-        };
-        pipe.add_command(cmd);
+            (Some(old), None) => commands.push(&[b"SET", key, value, b"IFEQ", old, b"KEEPTTL"]),
+            (None, _) => commands.push(&[b"SET", key, value, b"NX"]),
+        }
     }
-    pipe
+    commands
 }
