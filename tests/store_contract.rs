@@ -816,13 +816,21 @@ pub async fn racing_bursts_of_two_owners_get_one_new_per_digest<H: SharedHarness
 }
 
 /// Two consumers of one table add 300 and 100 distinct messages per 200 ms bucket: each
-/// learns the fleet's 2,000 a second, and a consumer of another table only its own 250.
+/// learns the fleet's 2,000 a second, and a consumer of another table only its own 250. The
+/// two are at two sizes, as during a resize, when one follows the new size before the other:
+/// the fleet's count is the table's, not a size's.
 pub async fn consumers_of_one_table_each_learn_the_fleets_distinct_rate<H: SharedHarness>(h: &H) {
     let spec = Spec {
         fleet_interval: Some(Duration::from_millis(200)),
         ..Spec::new("fleet", Geometry::new(1024, 8).unwrap())
     };
-    let (a, b) = two_stores(h, &spec).await;
+    let a = h.connect(&spec).await;
+    let b = h
+        .connect(&Spec {
+            geometry: Geometry::new(2048, 8).unwrap(),
+            ..spec.clone()
+        })
+        .await;
     let other = h
         .connect(&Spec {
             namespace: unique_namespace("fleet-other"),

@@ -8,7 +8,8 @@
 //! last [`FLEET_BUCKETS`] whole buckets in the same round trip: their sum over their span is
 //! the fleet's rate. Each consumer adds in the middle of a bucket (`until_next_share`), so
 //! every whole bucket holds exactly one count of each. The fleet is every consumer with the
-//! same namespace and table shape, which is every consumer of the same table. Buckets go by
+//! same namespace, which is every consumer of the same table, whatever size each follows: the
+//! counters are the table's, not a size's, so a resize keeps the fleet's count. Buckets go by
 //! wall clocks, so keep them in sync (NTP); each counter expires after three minutes (or
 //! eight buckets, if longer).
 //!

@@ -367,7 +367,7 @@ fn table_gauges(m: &Metrics, table: &TableView, gauges: &mut Vec<GaugeCopy>) {
     if let Some(suggested) = m.suggested_geometry(table) {
         gauges.push((
             "nsq_dedupe_table_suggested_slots",
-            "Slots (--buckets) that would meet the target catch probability at the recent rate.",
+            "Slots (--buckets) that would meet the target catch probability for the last window's distinct messages.",
             suggested.slots() as f64,
         ));
     }
@@ -515,10 +515,11 @@ mod tests {
     }
 
     #[test]
-    fn a_table_too_small_for_the_recent_rate_says_so_and_what_would_do() {
+    fn a_table_too_small_for_its_window_says_so_and_what_would_do() {
         let m = Metrics::default();
         let start = std::time::Instant::now();
-        // 1,000 distinct a second: 60,000 in the 60 s window, far more than 1,024 slots hold.
+        // 1,000 distinct a second for 10 s: 10,000 in the 60 s window, far more than 1,024
+        // slots hold; the size suggested holds those 10,000.
         m.rates.sample(start, 0);
         m.rates.sample(start + Duration::from_secs(10), 10_000);
         let text = page(&m, false);
@@ -536,9 +537,9 @@ mod tests {
             .and_then(|v| v.trim_end_matches(".0").parse().ok())
             .unwrap_or_else(|| panic!("no suggested slots in\n{text}"));
         let suggested = Geometry::new(slots, 8).unwrap();
-        assert!(crate::sizing::catch_probability(suggested, 60_000.0) >= 0.99);
+        assert!(crate::sizing::catch_probability(suggested, 10_000.0) >= 0.99);
         let smaller = Geometry::new(slots - 8 * 64, 8).unwrap();
-        assert!(crate::sizing::catch_probability(smaller, 60_000.0) < 0.99);
+        assert!(crate::sizing::catch_probability(smaller, 10_000.0) < 0.99);
         // At 1 a second the same table is large enough.
         let quiet = Metrics::default();
         quiet.rates.sample(start, 0);

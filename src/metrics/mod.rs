@@ -405,20 +405,16 @@ impl Metrics {
         ))
     }
 
-    /// The table's shape that meets `table.target` at the recent rate, `None` without a table
-    /// or traffic.
+    /// The table's shape that meets `table.target` for the distinct messages of the last
+    /// window (since the start, early on), as the "too small" warning sizes it; `None` without
+    /// a table or traffic.
     pub fn suggested_geometry(&self, table: &TableView) -> Option<Geometry> {
         let geometry = table.geometry?;
-        let rate = self.distinct_rate();
-        if rate <= 0.0 {
+        let count = self.rates.window_count()?;
+        if count <= 0.0 {
             return None;
         }
-        sizing::slots_for(
-            table.target,
-            geometry.ways(),
-            rate * table.window.as_secs_f64(),
-        )
-        .ok()
+        sizing::slots_for(table.target, geometry.ways(), count).ok()
     }
 
     /// `Some` when the distinct messages of the last window (of the time since the start,
@@ -435,7 +431,7 @@ impl Metrics {
         Some(TooSmall {
             probability,
             rate: count / table.window.as_secs_f64(),
-            suggested: sizing::slots_for(table.target, geometry.ways(), count).ok()?,
+            suggested: self.suggested_geometry(table)?,
         })
     }
 }

@@ -15,7 +15,8 @@ impl FleetCounters for MemcachedStore {
 
     async fn share_distinct(&self, distinct: u64) -> Result<f64, StoreError> {
         let share = Share::now(self.fleet_interval());
-        let base = format!("{}:fleet", self.namespace());
+        // The table's namespace, not the shape's: a fleet keeps one count across a resize.
+        let base = format!("{}:fleet", self.inner.config.namespace);
         let key = |b: u64| format!("{base}:{b}");
         let counters: Vec<String> = share.read.iter().map(|&b| key(b)).collect();
         let server = &self.inner.servers[self.route(&base)];

@@ -16,7 +16,8 @@ pub(super) const FLEET_SCRIPT: &str = include_str!("fleet.lua");
 impl RedisStore {
     /// The key of bucket `bucket`'s counter.
     fn fleet_key(&self, bucket: u64) -> String {
-        format!("{{{}:fleet}}:{bucket}", self.inner.namespace)
+        // The table's namespace, not the shape's: a fleet keeps one count across a resize.
+        format!("{{{}:fleet}}:{bucket}", self.inner.config.namespace)
     }
 }
 
