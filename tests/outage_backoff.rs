@@ -55,7 +55,10 @@ impl Server for RedisServer {
 /// [`MOST_REQUEUES`], and every message is then delivered once.
 async fn outage(store_args: &[&str], server: &mut impl Server) {
     let broker = Broker::start(BrokerConfig::default()).await;
-    let running = start_on(&broker, store_args);
+    // The fleet's rounds, which read the table's descriptor, every half second: several fail
+    // during the outage.
+    let store_args = [store_args, &["--fleet-interval", "500ms"]].concat();
+    let running = start_on(&broker, &store_args);
     broker.publish_many(TOPIC, (0..20).map(body));
     wait_delivered(&running, 20, Duration::from_secs(20)).await;
     assert_eq!(
@@ -96,6 +99,18 @@ async fn outage(store_args: &[&str], server: &mut impl Server) {
         .collect::<Vec<_>>();
     assert_eq!(back.len(), 1, "said once:\n{}", stopped.stderr);
     assert!(back[0].contains(" INFO "), "{}", back[0]);
+    // The descriptor's failed reads are said once, and their end once.
+    for (line, times) in [
+        ("Reading the table's descriptor failed;", 1),
+        ("The table's descriptor reads again.", 1),
+    ] {
+        assert_eq!(
+            stopped.stderr.matches(line).count(),
+            times,
+            "{line}\n{}",
+            stopped.stderr
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

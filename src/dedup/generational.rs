@@ -176,6 +176,9 @@ struct Shared<S> {
     /// Whether the store has answered a read of the descriptor. Until it has, the table's
     /// size is not known, and claims fail as in an outage (see [`Generations::follow`]).
     read: AtomicBool,
+    /// Whether the last read of the descriptor in the fleet's rounds failed: its WARN is
+    /// logged once an outage, and its return once.
+    follow_failing: AtomicBool,
 }
 
 struct State<S> {
@@ -229,6 +232,7 @@ impl<S: Generation> Generations<S> {
                 warned: AtomicBool::new(false),
                 retired_since: AtomicU64::new(0),
                 read: AtomicBool::new(false),
+                follow_failing: AtomicBool::new(false),
             }),
         }
     }
@@ -630,8 +634,17 @@ impl<S: Generation> FleetCounters for Generations<S> {
     }
 
     async fn share_distinct(&self, distinct: u64) -> Result<f64, StoreError> {
-        if let Err(error) = self.follow().await {
-            tracing::warn!(%error, "Reading the table's descriptor failed; this consumer keeps the table size it has until it can.");
+        match self.follow().await {
+            Err(error) => {
+                if !self.shared.follow_failing.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(%error, "Reading the table's descriptor failed; this consumer keeps the table size it has until it can (said once until it reads it again).");
+                }
+            }
+            Ok(()) => {
+                if self.shared.follow_failing.swap(false, Ordering::Relaxed) {
+                    tracing::info!("The table's descriptor reads again.");
+                }
+            }
         }
         self.current().share_distinct(distinct).await
     }
