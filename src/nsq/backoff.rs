@@ -12,7 +12,9 @@
 //!   handler, and nothing is gained by easing back in.
 //!
 //! The pause at level `n` is `backoff_multiplier` doubled `n - 1` times, at most
-//! `max_backoff`; with both causes, the deeper level sets it. A pause is RDY 0 everywhere; when
+//! `max_backoff`, and for an outage at most [`OUTAGE_MOST_PAUSE`] too: a test message every
+//! few seconds costs one requeue, and a store that is back is used again within that pause,
+//! not after minutes. With both causes, the longer pause is taken. A pause is RDY 0 everywhere; when
 //! it ends, one connection gets RDY 1 and its next message tests what failed. Reports made
 //! during a pause come from messages delivered before it and say nothing new: they are
 //! ignored.
@@ -22,6 +24,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::rdy::BackoffPhase;
+
+/// The longest pause an outage makes, whatever `max_backoff` is.
+pub(crate) const OUTAGE_MOST_PAUSE: Duration = Duration::from_secs(10);
 
 /// What the control task is told about a message's outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,10 +92,15 @@ impl Backoff {
         self.outage_level > 0
     }
 
-    /// The pause at `level`.
-    fn delay(&self, level: u32) -> Duration {
+    /// The pause at `level`, at most `max`.
+    fn delay(&self, level: u32, max: Duration) -> Duration {
         let exp = level.saturating_sub(1).min(30);
-        self.multiplier.saturating_mul(1u32 << exp).min(self.max)
+        self.multiplier.saturating_mul(1u32 << exp).min(max)
+    }
+
+    /// The most an outage pauses.
+    fn outage_max(&self) -> Duration {
+        self.max.min(OUTAGE_MOST_PAUSE)
     }
 
     /// Deepens `level` by one, unless its pause already reaches `max`: a cause that clears
@@ -112,12 +122,13 @@ impl Backoff {
         let level = match signal {
             Signal::HandlerFailed => {
                 let level = self.handler_level;
-                self.handler_level = Self::deepen(level, self.delay(level), self.max);
+                self.handler_level = Self::deepen(level, self.delay(level, self.max), self.max);
                 self.handler_level
             }
             Signal::Outage => {
                 let level = self.outage_level;
-                self.outage_level = Self::deepen(level, self.delay(level), self.max);
+                let max = self.outage_max();
+                self.outage_level = Self::deepen(level, self.delay(level, max), max);
                 self.outage_level
             }
             // Only a test message's success says the handler works again.
@@ -145,7 +156,9 @@ impl Backoff {
             }
             Signal::OutageOver => return None,
         };
-        let delay = self.delay(self.handler_level.max(self.outage_level));
+        let delay = self
+            .delay(self.handler_level, self.max)
+            .max(self.delay(self.outage_level, self.outage_max()));
         self.phase = BackoffPhase::Waiting { until: now + delay };
         Some(Change::Paused {
             signal,
@@ -221,6 +234,32 @@ mod tests {
         assert!(!b.outage_active());
         // The next outage starts from the first level.
         assert_eq!(b.on(Signal::Outage, now), paused(Signal::Outage, 1, 1));
+    }
+
+    /// With go-nsq's `max_backoff` of two minutes, an outage's pauses stop at ten seconds,
+    /// so a store that is back is used again within them; handler failures still go to two
+    /// minutes, and with both the longer pause is taken.
+    #[test]
+    fn an_outage_pauses_at_most_ten_seconds() {
+        let now = Instant::now();
+        let mut b = Backoff::new(SECOND, 120 * SECOND);
+        assert_eq!(b.on(Signal::Outage, now), paused(Signal::Outage, 1, 1));
+        for (level, secs) in [(2, 2), (3, 4), (4, 8), (5, 10), (5, 10)] {
+            test(&mut b, now);
+            assert_eq!(
+                b.on(Signal::Outage, now),
+                paused(Signal::Outage, level, secs)
+            );
+        }
+        let mut h = Backoff::new(SECOND, 120 * SECOND);
+        for (level, secs) in [(1, 1), (2, 2), (3, 4), (4, 8), (5, 16), (6, 32)] {
+            assert_eq!(
+                h.on(Signal::HandlerFailed, now),
+                paused(Signal::HandlerFailed, level, secs)
+            );
+            test(&mut h, now);
+        }
+        assert_eq!(h.on(Signal::Outage, now), paused(Signal::Outage, 1, 32));
     }
 
     #[test]
