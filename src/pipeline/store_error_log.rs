@@ -17,7 +17,7 @@
 //! outage is logged as soon as it appears.
 //!
 //! ```text
-//! INFO nsq_dedupe::pipeline::store_error_log: Store answers again. failed_for=42.113s errors=12873
+//! INFO nsq_dedupe::pipeline::store_error_log: Store answers again. failed_for=42.113s answered_after=43.2s errors=12873
 //! ```
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -53,11 +53,14 @@ pub(super) struct StoreErrorLog {
     errors: AtomicU64,
 }
 
-/// An outage that ended: how long the store failed (from its first error to its last) and how
-/// many errors it gave.
+/// An outage that ended: how long the store failed (from its first error to its last), how
+/// long from its first error to the answer that ended it (under an outage's backoff, the last
+/// error is that of the last failed test, well before the store came back), and how many
+/// errors it gave.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Recovered {
     pub(super) failed_for: Duration,
+    pub(super) answered_after: Duration,
     pub(super) errors: u64,
 }
 
@@ -100,8 +103,13 @@ impl StoreErrorLog {
         if self.failing_since.load(Ordering::Relaxed) == 0 {
             return;
         }
-        if let Some(Recovered { failed_for, errors }) = self.recovered(now()) {
-            tracing::info!(?failed_for, errors, "Store answers again.");
+        if let Some(Recovered {
+            failed_for,
+            answered_after,
+            errors,
+        }) = self.recovered(now())
+        {
+            tracing::info!(?failed_for, ?answered_after, errors, "Store answers again.");
         }
     }
 
@@ -123,6 +131,7 @@ impl StoreErrorLog {
         self.unlogged.store(0, Ordering::Relaxed);
         Some(Recovered {
             failed_for: Duration::from_millis(last.saturating_sub(since)),
+            answered_after: Duration::from_millis(millis(now).saturating_sub(since)),
             errors: self.errors.swap(0, Ordering::Relaxed),
         })
     }
@@ -198,6 +207,7 @@ mod tests {
             log.recovered(at(5.9)),
             Some(Recovered {
                 failed_for: Duration::from_millis(3_900),
+                answered_after: Duration::from_millis(4_900),
                 errors: 6
             })
         );
@@ -208,6 +218,7 @@ mod tests {
             log.recovered(at(9.0)),
             Some(Recovered {
                 failed_for: Duration::ZERO,
+                answered_after: Duration::from_millis(1_000),
                 errors: 1
             })
         );
