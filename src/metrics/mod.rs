@@ -367,9 +367,15 @@ impl Metrics {
     /// two samples were taken): the status line's `rate`.
     #[cfg(any(feature = "sidecar", test))]
     pub(crate) fn received_rate(&self) -> f64 {
-        self.received_rates.recent().unwrap_or_else(|| {
+        self.recent_or_average(&self.received_rates, self.received_total())
+    }
+
+    /// `rates`' recent rate, or before it has two samples, `count` over the time since the
+    /// start.
+    fn recent_or_average(&self, rates: &RateTracker, count: u64) -> f64 {
+        rates.recent().unwrap_or_else(|| {
             let secs = self.uptime().as_secs_f64().max(1e-3);
-            self.received_total() as f64 / secs
+            count as f64 / secs
         })
     }
 
@@ -384,10 +390,7 @@ impl Metrics {
     /// This process's distinct messages per second over the last `rate::RECENT_SPAN` (since
     /// the start until two samples were taken).
     pub fn own_distinct_rate(&self) -> f64 {
-        self.rates.recent().unwrap_or_else(|| {
-            let secs = self.uptime().as_secs_f64().max(1e-3);
-            self.distinct() as f64 / secs
-        })
+        self.recent_or_average(&self.rates, self.distinct())
     }
 
     /// The highest [`distinct_rate`](Metrics::distinct_rate) of the last window.
@@ -409,12 +412,7 @@ impl Metrics {
     /// window (since the start, early on), as the "too small" warning sizes it; `None` without
     /// a table or traffic.
     pub fn suggested_geometry(&self, table: &TableView) -> Option<Geometry> {
-        let geometry = table.geometry?;
-        let count = self.rates.window_count()?;
-        if count <= 0.0 {
-            return None;
-        }
-        sizing::slots_for(table.target, geometry.ways(), count).ok()
+        suggested_for(table, self.rates.window_count()?)
     }
 
     /// `Some` when the distinct messages of the last window (of the time since the start,
@@ -431,9 +429,19 @@ impl Metrics {
         Some(TooSmall {
             probability,
             rate: count / table.window.as_secs_f64(),
-            suggested: self.suggested_geometry(table)?,
+            suggested: suggested_for(table, count)?,
         })
     }
+}
+
+/// The shape of `table`'s ways that meets its target for `count` distinct messages a window;
+/// `None` without a table or messages.
+fn suggested_for(table: &TableView, count: f64) -> Option<Geometry> {
+    let geometry = table.geometry?;
+    if count <= 0.0 {
+        return None;
+    }
+    sizing::slots_for(table.target, geometry.ways(), count).ok()
 }
 
 #[cfg(test)]
