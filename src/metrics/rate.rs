@@ -36,12 +36,10 @@ struct State {
     samples: VecDeque<(Instant, u64)>,
     /// The parts of the last window, oldest first.
     parts: VecDeque<Part>,
-    /// When the count was last added to: the last sample, or the fleet's last note once known.
-    counted_at: Option<(Instant, u64)>,
     recent: Option<f64>,
-    /// The fleet's rate, once known: the peak and the window's count then follow it instead
-    /// of our own.
-    fleet: Option<f64>,
+    /// The fleet's rate, once known, and when it was last noted: the peak and the window's
+    /// count then follow it instead of our own.
+    fleet: Option<(f64, Instant)>,
 }
 
 /// A [`PEAK_BUCKETS`]th of the window.
@@ -67,17 +65,14 @@ impl RateTracker {
     pub(crate) fn sample(&self, now: Instant, count: u64) {
         // A plain mutex: one sample a second and a few readers, never held across an await.
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        // What came since the last sample, counted until the fleet's rate takes over.
+        let added = match (state.fleet, state.samples.back()) {
+            (None, Some(&(_, before))) => count.saturating_sub(before) as f64,
+            _ => 0.0,
+        };
         state.samples.push_back((now, count));
         while state.samples.len() > 2 && now.duration_since(state.samples[1].0) >= RECENT_SPAN {
             state.samples.pop_front();
-        }
-        // Counted from the first sample on, until the fleet's rate takes over.
-        let added = match state.counted_at {
-            Some((_, before)) if state.fleet.is_none() => count.saturating_sub(before) as f64,
-            _ => 0.0,
-        };
-        if state.fleet.is_none() {
-            state.counted_at = Some((now, count));
         }
         let (first, first_count) = state.samples[0];
         let span = now.duration_since(first).as_secs_f64();
@@ -100,21 +95,24 @@ impl RateTracker {
             // stay, as the least the fleet's could have been.
             state.parts.iter_mut().for_each(|part| part.peak = 0.0);
         }
-        state.fleet = Some(rate);
-        // The fleet's rate held since the last note (or sample), up to a part's length: a
-        // consumer that was stopped meanwhile does not count its pause.
-        let since = state
-            .counted_at
-            .map_or(Duration::ZERO, |(at, _)| now.saturating_duration_since(at))
+        // The fleet's rate held since the last note (or our own last sample, which counted
+        // what came before), up to a part's length: a consumer that was stopped meanwhile
+        // does not count its pause.
+        let counted_at = match state.fleet {
+            Some((_, noted)) => Some(noted),
+            None => state.samples.back().map(|&(at, _)| at),
+        };
+        let since = counted_at
+            .map_or(Duration::ZERO, |at| now.saturating_duration_since(at))
             .min(self.part());
-        state.counted_at = Some((now, 0));
+        state.fleet = Some((rate, now));
         self.note_part(&mut state, now, rate, rate * since.as_secs_f64());
     }
 
     /// The fleet's rate, once the shared store told it.
     pub(crate) fn fleet(&self) -> Option<f64> {
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.fleet
+        state.fleet.map(|(rate, _)| rate)
     }
 
     /// The length of one part of the window.
