@@ -51,7 +51,7 @@ pub(crate) fn run(
     {
         return Err(RunOnly(flag).into());
     }
-    let (sizing, rate) = sizing_of(&mut raw)?;
+    let (sizing, rate) = sizing_of(&raw)?;
     let store = raw.validate_store()?;
     let shared = matches!(
         store,
@@ -133,12 +133,11 @@ async fn resize_by<S: Generation>(
     })
 }
 
-/// Refuses a resize given no size, and gives `store.rate` alone (no `store.buckets`,
-/// `store.memory` or `store.probability`) the default target probability, so that the table
-/// is sized for that rate over the window, as the consumers' "too small" WARN sizes it,
-/// rather than given the default size; says which settings gave the size, and the rate.
-fn sizing_of(raw: &mut RawConfig) -> anyhow::Result<(Sizing, Rate)> {
-    let store = &mut raw.store;
+/// Refuses a resize given no size; says which settings gave the size (`store.rate` alone
+/// sizes for the default target probability, as the settings' validation does), and the
+/// rate.
+fn sizing_of(raw: &RawConfig) -> anyhow::Result<(Sizing, Rate)> {
+    let store = &raw.store;
     if store.buckets.is_none() && store.memory.is_none() && store.rate.is_none() {
         return Err(NoSize.into());
     }
@@ -150,11 +149,7 @@ fn sizing_of(raw: &mut RawConfig) -> anyhow::Result<(Sizing, Rate)> {
     }
     let probability = match store.probability {
         Some(probability) => (probability, Some(named("store.probability"))),
-        None => {
-            let probability = crate::sizing::DEFAULT_TARGET_PROBABILITY;
-            store.probability = Some(probability);
-            (probability, None)
-        }
+        None => (crate::sizing::DEFAULT_TARGET_PROBABILITY, None),
     };
     let window = match store.window {
         Some(window) => (window.0, Some(named("store.window"))),
