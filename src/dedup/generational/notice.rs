@@ -12,8 +12,11 @@ pub(super) fn following(key: &str, given: Shape, descriptor: &Descriptor, sizes_
     let current = descriptor.current;
     if current.format != given.format {
         let (buckets, ways) = (current.geometry.slots(), current.geometry.ways());
-        // The descriptor's key is `<namespace>:table`.
-        let namespace = key.rsplit_once(':').map_or(key, |(namespace, _)| namespace);
+        // The descriptor's key is `<namespace>:<DESCRIPTOR_SUFFIX>`.
+        let namespace = key
+            .strip_suffix(super::DESCRIPTOR_SUFFIX)
+            .and_then(|key| key.strip_suffix(':'))
+            .unwrap_or(key);
         tracing::warn!(
             descriptor = %key,
             store_format = current.format,
