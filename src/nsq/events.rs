@@ -87,8 +87,8 @@ pub enum ConsumerEvent {
     /// Backoff ended; full RDY is restored.
     BackoffEnded,
     /// A message could not be handled for an outage ([`Message::outage`](super::Message::outage))
-    /// and started or deepened the outage's backoff (or, at the level whose pause reaches
-    /// `max_backoff`, kept it).
+    /// and started or deepened the outage's backoff (or, at the level whose pause reaches its
+    /// most, 10 s or `max_backoff` if lower, kept it).
     OutageBackoff {
         /// The outage's backoff level (1 = its first pause).
         level: u32,

@@ -141,7 +141,7 @@ impl Message {
     ///
     /// The consumer backs off as for a handler failure (RDY 0 for `backoff_multiplier`, then
     /// one message to test, each test that meets the outage again doubling the pause, up to
-    /// `max_backoff`), but the first message for which [`outage_over`](Message::outage_over)
+    /// 10 s or `max_backoff` if lower), but the first message for which [`outage_over`](Message::outage_over)
     /// is told ends it at once, with full RDY. Told during a pause (by a message delivered
     /// before it), it changes nothing. Once for a burst of messages is enough.
     pub async fn outage(&self) {
