@@ -30,12 +30,7 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
         let mut answers = Vec::with_capacity(count);
         let mut undeliverable = Vec::new();
         for (record, result) in records.into_iter().zip(results) {
-            let Record {
-                index,
-                message,
-                digest,
-                ..
-            } = record;
+            let Record { index, message, .. } = record;
             match result {
                 Ok(()) => {
                     inc(&metrics.handler_successes);
@@ -46,35 +41,19 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
                 Err(HandlerError::Requeued { after }) => {
                     inc(&metrics.handler_requeues);
                     let delay = message.requeue_delay(Some(after));
-                    if let Some(digest) = digest {
-                        inner.deferred.defer(digest, delay);
-                    }
                     tracing::debug!(id = %message.id(), delay_ms = delay.as_millis() as u64, "Requeued at its receiver's request.");
                     outcomes.push((index, Outcome::Requeued));
                     answers.push((message, requeue(Some(delay), false)));
                 }
                 Err(error) => {
                     inc(&metrics.handler_failures);
-                    let attempts = message.attempts();
-                    let give_up = matches!(error, HandlerError::Reject(_))
-                        || (inner.policy.max_attempts > 0 && attempts >= inner.policy.max_attempts);
-                    if give_up {
+                    if self.gives_up(&message, &error) {
                         undeliverable.push((index, message, error));
                         continue;
                     }
                     inc(&metrics.retries);
-                    // The consumer caps the delay at its `max_requeue_delay`, as nsqd does.
-                    let delay = inner
-                        .policy
-                        .retry_delay(attempts)
-                        .max(error.retry_after().unwrap_or_default());
-                    // A server that said when to come back gets the content no sooner, copies
-                    // included.
-                    if let (Some(digest), Some(_)) = (digest, error.retry_after()) {
-                        inner
-                            .deferred
-                            .defer(digest, message.requeue_delay(Some(delay)));
-                    }
+                    let attempts = message.attempts();
+                    let delay = self.retry_delay(&message, &error);
                     tracing::debug!(id = %message.id(), attempts, %error, delay_ms = delay.as_millis() as u64, "Handler failed; requeued.");
                     inner.failure_log.requeued(&error);
                     outcomes.push((index, Outcome::Retried));
@@ -89,6 +68,46 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
             outcomes.push((index, Box::pin(self.dead_letter(message, &error)).await));
         }
         outcomes
+    }
+
+    /// Defers the digests whose receiver asked for their content later (see `deferred.rs`):
+    /// a REQ from the receiver, or a failure that said when to come back. Called before the
+    /// records' claims are erased, so that a copy claimed new after the erase finds the
+    /// deferral (see `decide.rs`).
+    pub(super) fn defer_requested(&self, records: &[Record], results: &[Result<(), HandlerError>]) {
+        for (record, result) in records.iter().zip(results) {
+            let (Some(digest), Err(error)) = (record.digest, result) else {
+                continue;
+            };
+            let message = &record.message;
+            let delay = match error {
+                HandlerError::Requeued { after } => message.requeue_delay(Some(*after)),
+                // A server that said when to come back gets the content no sooner, copies
+                // included.
+                error if error.retry_after().is_some() && !self.gives_up(message, error) => {
+                    message.requeue_delay(Some(self.retry_delay(message, error)))
+                }
+                _ => continue,
+            };
+            self.inner.deferred.defer(digest, delay);
+        }
+    }
+
+    /// Whether a failed record is undeliverable: rejected, or failed on its
+    /// `max_attempts`-th delivery.
+    fn gives_up(&self, message: &Message, error: &HandlerError) -> bool {
+        let max_attempts = self.inner.policy.max_attempts;
+        matches!(error, HandlerError::Reject(_))
+            || (max_attempts > 0 && message.attempts() >= max_attempts)
+    }
+
+    /// The delay of a failed record's retry: the policy's, or later if the handler said when
+    /// to come back. The consumer caps it at its `max_requeue_delay`, as nsqd does.
+    fn retry_delay(&self, message: &Message, error: &HandlerError) -> Duration {
+        self.inner
+            .policy
+            .retry_delay(message.attempts())
+            .max(error.retry_after().unwrap_or_default())
     }
 
     /// Sends an undeliverable message to the dead-letter, and FINs it once the dead-letter

@@ -125,6 +125,9 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
             false => None,
         };
         let claims = self.claim(&digests).await;
+        let (claimed, digests, claims) = self
+            .defer_late(claimed, digests, claims, owner.is_some(), decided, outcomes)
+            .await;
         // Before the answers: the consumer lowers RDY before the requeues free its window.
         self.tell_outage(&claimed, &claims).await;
         if let Some(started) = started {
@@ -174,6 +177,56 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
                     kept.1.push(digest);
                 }
             }
+        }
+        kept
+    }
+
+    /// Takes out the new claims whose digest was deferred after `defer` looked (its
+    /// original's receiver asked for it later, and the original's claim was erased while
+    /// this burst claimed): their claims are erased again and the messages requeued as
+    /// `defer` would have. Returns the others, to apply.
+    async fn defer_late(
+        &self,
+        claimed: Vec<(usize, Message)>,
+        digests: Vec<Digest>,
+        claims: Vec<Result<Claim, StoreError>>,
+        holding: bool,
+        decided: &mut Decided,
+        outcomes: &mut [Outcome],
+    ) -> (
+        Vec<(usize, Message)>,
+        Vec<Digest>,
+        Vec<Result<Claim, StoreError>>,
+    ) {
+        let Some(remaining) = self.inner.deferred.remaining(&digests, Instant::now()) else {
+            return (claimed, digests, claims);
+        };
+        let mut kept = (Vec::new(), Vec::new(), Vec::new());
+        let mut erased = Vec::new();
+        let entries = claimed.into_iter().zip(digests).zip(claims).zip(remaining);
+        for ((((index, message), digest), claim), remaining) in entries {
+            match (claim, remaining) {
+                (Ok(Claim::New), Some(delay)) => {
+                    if holding {
+                        // Its entry was joined for this claim: left as a claim in flight.
+                        self.leave(digest, &Ok(Claim::InFlight), decided);
+                    }
+                    inc(&self.inner.metrics.deferred_copies);
+                    outcomes[index] = Outcome::InFlight;
+                    decided.answers.push((message, requeue(Some(delay), false)));
+                    erased.push(digest);
+                }
+                (claim, _) => {
+                    kept.0.push((index, message));
+                    kept.1.push(digest);
+                    kept.2.push(claim);
+                }
+            }
+        }
+        let erases = self.erase_all(&erased).await;
+        if let Some(error) = erases.iter().find_map(|erase| erase.as_ref().err()) {
+            self.store_error("erase", error);
+            self.keep_unsettled(&[], &[], &erased, &erases);
         }
         kept
     }

@@ -128,6 +128,9 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
             .metrics
             .handler_duration
             .observe_many(handled - started, answered.records.len() as u64);
+        // Before the erases: a copy claimed new once its original's claim is erased finds
+        // the deferral its receiver asked for.
+        self.defer_requested(&answered.records, &answered.results);
         self.settle(&answered.records, &answered.results, handled)
             .await;
         // Settled: a copy decided again now finds its original's entry committed or erased.
