@@ -196,4 +196,19 @@ async fn a_store_that_answers_again_is_said_once_at_info() {
     .parse()
     .unwrap();
     assert!(errors > 0 && errors == counted, "{line}: {counted} counted");
+    // Each ERROR line gives the errors of the call it reports and those not logged since the
+    // line before: together no more than counted, the rest came after the last line.
+    let logged: u64 = log
+        .iter()
+        .filter(|l| l.contains("Store error."))
+        .map(|l| {
+            let reported: u64 = field(l, "errors").parse().unwrap();
+            assert!(reported > 0, "{l}");
+            reported + field(l, "suppressed").parse::<u64>().unwrap()
+        })
+        .sum();
+    assert!(
+        logged > 0 && logged <= counted,
+        "{logged} logged, {counted} counted"
+    );
 }

@@ -305,13 +305,15 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
     }
 
     /// Counts `count` store errors of one failed call, and logs it when `store_error_log`
-    /// lets it through (a new cause at once, then at most once an interval).
+    /// lets it through (a new cause at once, then at most once an interval): the line's
+    /// `errors` are the call's, its `suppressed` those not logged since the line before, so
+    /// that the lines add up to `store_errors_total`.
     fn store_errors(&self, operation: &'static str, error: &StoreError, count: usize) {
         let inner = &*self.inner;
         add(&inner.metrics.store_errors, count);
         let now = inner.metrics.uptime();
         if let Some(suppressed) = inner.store_error_log.note(error, count as u64, now) {
-            tracing::error!(operation, %error, suppressed, policy = ?inner.policy.on_store_error, "Store error.");
+            tracing::error!(operation, %error, errors = count, suppressed, policy = ?inner.policy.on_store_error, "Store error.");
         }
     }
 }
