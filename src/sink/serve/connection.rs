@@ -234,14 +234,22 @@ impl Session {
         let stream = self.stream.as_ref().ok_or("no stream")?;
         match lowat::read_now(stream, &mut self.input) {
             None => Ok(false),
-            Some(Ok(0)) => Err(CLOSED.into()),
-            Some(Ok(_)) => {
+            Some(Err(error)) if error.kind() == std::io::ErrorKind::WouldBlock => Ok(false),
+            Some(read) => self.took(read).map(|()| true),
+        }
+    }
+
+    /// Takes the outcome of a read into `input`: bytes came, the consumer closed its end (0
+    /// bytes), or the read failed; an error is why the connection closes.
+    fn took(&mut self, read: std::io::Result<usize>) -> Result<(), String> {
+        match read {
+            Ok(0) => Err(CLOSED.into()),
+            Ok(_) => {
                 self.last_read = Instant::now();
                 self.just_read = true;
-                Ok(true)
+                Ok(())
             }
-            Some(Err(error)) if error.kind() == std::io::ErrorKind::WouldBlock => Ok(false),
-            Some(Err(error)) => Err(failed("reading", &error)),
+            Err(error) => Err(failed("reading", &error)),
         }
     }
 
@@ -286,14 +294,7 @@ impl Session {
         tokio::select! {
             biased;
             () = shared.cancel.cancelled() => return Err("the endpoint stopped".into()),
-            read = stream.read_buf(&mut self.input) => match read {
-                Ok(0) => return Err(CLOSED.into()),
-                Ok(_) => {
-                    self.last_read = Instant::now();
-                    self.just_read = true;
-                }
-                Err(error) => return Err(failed("reading", &error)),
-            },
+            read = stream.read_buf(&mut self.input) => self.took(read)?,
             () = self.conn.wake.notified() => {
                 self.conn.held = shared.dispatcher.take_frames(self.conn.id, &mut self.conn.out);
             }
