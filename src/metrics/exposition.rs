@@ -96,7 +96,7 @@ fn message_counters(m: &Metrics) -> Vec<CounterCopy> {
     vec![
         (
             "nsq_dedupe_unique",
-            "Messages claimed as new and handed to the handler.",
+            "Messages claimed as new and handed to the handler; one that comes back after a failure or a REQ counts again.",
             get(&m.unique),
         ),
         (

@@ -87,7 +87,8 @@ pub struct Metrics {
     /// Messages received, per source nsqd address. A read lock and a linear scan per message:
     /// there are a handful of sources, and the write lock is only taken for a new one.
     received: RwLock<Vec<(String, AtomicU64)>>,
-    /// Digests claimed as new and handed to the handler.
+    /// Digests claimed as new and handed to the handler: a message that comes back after a
+    /// failure or a REQ (its claim erased) is claimed new again and counted again.
     pub unique: AtomicU64,
     /// Copies recognised and finished without reaching the handler.
     pub duplicates: AtomicU64,
