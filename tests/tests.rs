@@ -23,6 +23,7 @@ mod closed_output;
 mod cluster_failover;
 mod code_shape;
 mod copies_wait;
+mod deferral_race;
 mod doc_commands;
 mod docs;
 mod file_sink;
