@@ -928,12 +928,14 @@ type Claimed = (Vec<Digest>, u64, u64, u64);
 
 /// One claimer: from the wall-clock instant `start_ms`, claims every digest in a seeded random
 /// order, by `seed % 3`: singly one after another, in batches of 16, or 16 single claims at
-/// once (which the store pipelines).
+/// once (which the store pipelines). Once its first 16 are claimed it waits at `meeting` for
+/// the other claimers' first 16: on a loaded machine a claimer (a whole process) started
+/// after the others had claimed every digest, and there was no race.
 async fn claim_all<H: SharedHarness>(
     store: &H::Store,
     digests: &[Digest],
     seed: u64,
-    start_ms: u64,
+    (start_ms, meeting): (u64, &std::path::Path),
 ) -> Claimed {
     let mut order = digests.to_vec();
     order.shuffle(&mut StdRng::seed_from_u64(seed));
@@ -943,7 +945,10 @@ async fn claim_all<H: SharedHarness>(
     }
     let start = now_ms();
     let mut news = Vec::new();
-    for chunk in order.chunks(16) {
+    for (i, chunk) in order.chunks(16).enumerate() {
+        if i == 1 {
+            meet(meeting, seed).await;
+        }
         let claims = match seed % 3 {
             0 => {
                 let mut claims = Vec::new();
@@ -968,6 +973,34 @@ async fn claim_all<H: SharedHarness>(
     (news, start, now_ms(), conflicts)
 }
 
+/// The claimers of the race in [`tasks_and_processes_get_one_new_per_digest`].
+const CLAIMERS: usize = 8;
+
+/// Says at `meeting` (a directory) that claimer `seed` is there, then waits until all
+/// [`CLAIMERS`] are.
+async fn meet(meeting: &std::path::Path, seed: u64) {
+    std::fs::write(meeting.join(format!("met-{seed}")), "").expect("a claimer says it met");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let met = std::fs::read_dir(meeting)
+            .expect("the meeting's directory")
+            .filter(|entry| {
+                entry
+                    .as_ref()
+                    .is_ok_and(|e| e.file_name().to_string_lossy().starts_with("met-"))
+            })
+            .count();
+        if met >= CLAIMERS {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{met} of {CLAIMERS} claimers met in 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
 /// Two stores of the table of `spec` for two claimers, each its own owner; the store's other
 /// path for the second.
 async fn two_owners<H: SharedHarness>(h: &H, spec: &Spec) -> [H::Store; 2] {
@@ -978,19 +1011,22 @@ async fn two_owners<H: SharedHarness>(h: &H, spec: &Spec) -> [H::Store; 2] {
     [h.connect(spec).await, h.connect(&other_path).await]
 }
 
-/// A claimer on each of `stores`, with `seeds`, starting at `start_ms`.
+/// A claimer on each of `stores`, with `seeds`, starting at `start_ms`, meeting the others
+/// at `meeting` (see [`claim_all`]).
 fn start_claimers<H: SharedHarness>(
     stores: [H::Store; 2],
     seeds: [u64; 2],
-    start_ms: u64,
+    (start_ms, meeting): (u64, &std::path::Path),
 ) -> Vec<tokio::task::JoinHandle<Claimed>> {
     let (_, digests) = contention_scenario();
     stores
         .into_iter()
         .zip(seeds)
         .map(|(store, seed)| {
-            let digests = digests.clone();
-            tokio::spawn(async move { claim_all::<H>(&store, &digests, seed, start_ms).await })
+            let (digests, meeting) = (digests.clone(), meeting.to_owned());
+            tokio::spawn(async move {
+                claim_all::<H>(&store, &digests, seed, (start_ms, &meeting)).await
+            })
         })
         .collect()
 }
@@ -1057,9 +1093,11 @@ async fn claim_worker<H: SharedHarness>(
     };
     let stores = two_owners(&h, &spec).await;
     std::fs::write(out.with_extension("ready"), "").expect("worker says it is ready");
-    let start = start_of_the_race(&out.with_file_name("go")).await;
+    let go = out.with_file_name("go");
+    let start = start_of_the_race(&go).await;
+    let meeting = go.parent().expect("the race's directory");
     let mut report = String::new();
-    for task in start_claimers::<H>(stores, [seed * 10, seed * 10 + 1], start) {
+    for task in start_claimers::<H>(stores, [seed * 10, seed * 10 + 1], (start, meeting)) {
         let (news, begin, end, conflicts) = task.await.expect("worker task");
         report.push_str(&format!("T {begin} {end} {conflicts}\n"));
         for d in news {
@@ -1122,8 +1160,8 @@ pub async fn tasks_and_processes_get_one_new_per_digest<H: SharedHarness>(h: &H)
     let go = dir.path().join("go");
     std::fs::write(go.with_extension("new"), start.to_string()).expect("write the start");
     std::fs::rename(go.with_extension("new"), &go).expect("publish the start");
-    let mut tasks = start_claimers::<H>(first, [0, 1], start);
-    tasks.extend(start_claimers::<H>(second, [2, 3], start));
+    let mut tasks = start_claimers::<H>(first, [0, 1], (start, dir.path()));
+    tasks.extend(start_claimers::<H>(second, [2, 3], (start, dir.path())));
     let mut news: HashMap<Digest, u32> = HashMap::new();
     let mut intervals = Vec::new();
     let mut conflicts = 0;

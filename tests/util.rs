@@ -103,26 +103,41 @@ pub fn claimed(
     answers.into_iter().collect()
 }
 
-/// Claims `digests` in bursts until every claim of one burst is answered (a shared store that
-/// failed answers again), every 100 ms; the claims, or a panic after `limit` with the first
-/// error.
+/// Claims `digests` until every one is answered (a shared store that failed answers again),
+/// every 100 ms, each burst claiming again only those whose claim failed: a claim answered
+/// once is not sent again, or it would find its own claim in flight. The claims, or a panic
+/// after `limit` with the first error.
 pub async fn claim_until_answered<S: nsq_dedupe::Store>(
     store: &S,
     digests: &[nsq_dedupe::Digest],
     limit: Duration,
 ) -> Vec<nsq_dedupe::Claim> {
     let deadline = Instant::now() + limit;
+    let mut claims: Vec<Option<nsq_dedupe::Claim>> = vec![None; digests.len()];
     loop {
-        let answers = store.claim_many(digests).await;
-        if answers.iter().all(Result::is_ok) {
-            return claimed(answers).unwrap();
+        let unanswered: Vec<usize> = (0..digests.len())
+            .filter(|&i| claims[i].is_none())
+            .collect();
+        if unanswered.is_empty() {
+            return claims.into_iter().flatten().collect();
         }
-        let failed = answers.iter().filter(|a| a.is_err()).count();
+        let burst: Vec<nsq_dedupe::Digest> = unanswered.iter().map(|&i| digests[i]).collect();
+        let answers = store.claim_many(&burst).await;
+        let mut first_error = None;
+        for (i, answer) in unanswered.into_iter().zip(answers) {
+            match answer {
+                Ok(claim) => claims[i] = Some(claim),
+                Err(error) => {
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        let Some(error) = first_error else { continue };
+        let failed = claims.iter().filter(|c| c.is_none()).count();
         assert!(
             Instant::now() < deadline,
-            "{failed} of {} claims still fail after {limit:?}: {:?}",
+            "{failed} of {} claims still fail after {limit:?}: {error}",
             digests.len(),
-            answers.iter().find(|a| a.is_err())
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -65,8 +65,11 @@ impl RateTracker {
     pub(crate) fn sample(&self, now: Instant, count: u64) {
         // A plain mutex: one sample a second and a few readers, never held across an await.
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        // What came since the last sample, counted until the fleet's rate takes over.
+        // What came since the last sample, counted until the fleet's rate takes over. Counts
+        // start at 0, so the first part counts all that came before the first sample too (the
+        // messages decided before the first tick).
         let added = match (state.fleet, state.samples.back()) {
+            (None, Some(_)) if state.parts.is_empty() => count as f64,
             (None, Some(&(_, before))) => count.saturating_sub(before) as f64,
             _ => 0.0,
         };
@@ -165,6 +168,20 @@ impl RateTracker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Messages counted before the first sample (decided before the first tick) are the
+    /// window's too.
+    #[test]
+    fn the_window_counts_what_came_before_the_first_sample() {
+        let tracker = RateTracker::new(Duration::from_secs(3600));
+        let start = Instant::now();
+        tracker.sample(start, 200);
+        assert_eq!(tracker.window_count(), None);
+        tracker.sample(start + Duration::from_secs(1), 2000);
+        assert_eq!(tracker.window_count(), Some(2000.0));
+        tracker.sample(start + Duration::from_secs(2), 2500);
+        assert_eq!(tracker.window_count(), Some(2500.0));
+    }
 
     #[test]
     fn the_recent_rate_follows_the_last_minute_and_the_peak_the_window() {

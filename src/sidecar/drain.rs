@@ -147,7 +147,10 @@ impl<H: Handler> Steps for Running<H> {
         Ok(())
     }
 
+    /// The last status line, on rates sampled now: the second's samples may not have come
+    /// since the last messages, which the line (and its "too small" warning) would leave out.
     fn log_stopped(&self) {
+        self.dedupe.metrics().sample_rate();
         log_status(&self.dedupe, self.target, "Sidecar stopped.");
     }
 }

@@ -10,6 +10,7 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::server::{Package, ServerProcess};
@@ -470,6 +471,18 @@ fn try_cli(flavor: Flavor, port: u16, args: &[&str]) -> Result<String, String> {
 /// Runs `command` to its end within `limit`: its standard output, or (killed once out of
 /// time) why it failed, with what it printed last.
 pub fn finish_within(command: &mut Command, limit: Duration) -> Result<String, String> {
+    finish_while_printing(command, limit, limit)
+}
+
+/// Runs `command` to its end while it keeps printing: killed once it printed nothing for
+/// `quiet` (stuck), or after `limit` in all. Its standard output, or why it failed, with what
+/// it printed last. For work whose length follows the machine's load but whose every step
+/// prints, such as moving slots one by one.
+pub fn finish_while_printing(
+    command: &mut Command,
+    quiet: Duration,
+    limit: Duration,
+) -> Result<String, String> {
     let program = command.get_program().to_string_lossy().into_owned();
     let mut child = command
         .stdin(Stdio::null())
@@ -477,12 +490,19 @@ pub fn finish_within(command: &mut Command, limit: Duration) -> Result<String, S
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|err| format!("cannot run {program} ({err})"))?;
+    // When it last printed, to either stream.
+    let printed = Arc::new(Mutex::new(Instant::now()));
     // Read while it runs: a pipe it fills would stop it.
     let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        let printed = printed.clone();
         std::thread::spawn(move || {
             let mut text = Vec::new();
             if let Some(mut pipe) = pipe {
-                let _ = pipe.read_to_end(&mut text);
+                let mut chunk = [0; 4096];
+                while let Ok(n @ 1..) = pipe.read(&mut chunk) {
+                    text.extend_from_slice(&chunk[..n]);
+                    *printed.lock().unwrap() = Instant::now();
+                }
             }
             String::from_utf8_lossy(&text).into_owned()
         })
@@ -492,12 +512,13 @@ pub fn finish_within(command: &mut Command, limit: Duration) -> Result<String, S
     let deadline = Instant::now() + limit;
     let status = loop {
         if let Some(status) = child.try_wait().map_err(|err| err.to_string())? {
-            break Some(status);
+            break Ok(status);
         }
-        if Instant::now() >= deadline {
+        let silent = printed.lock().unwrap().elapsed();
+        if Instant::now() >= deadline || silent >= quiet {
             let _ = child.kill();
             let _ = child.wait();
-            break None;
+            break Err(silent >= quiet);
         }
         std::thread::sleep(Duration::from_millis(50));
     };
@@ -509,14 +530,19 @@ pub fn finish_within(command: &mut Command, limit: Duration) -> Result<String, S
         lines[lines.len().saturating_sub(20)..].join("\n")
     };
     match status {
-        Some(status) if status.success() => Ok(stdout),
-        Some(status) => Err(format!(
+        Ok(status) if status.success() => Ok(stdout),
+        Ok(status) => Err(format!(
             "{program} failed ({status}): {}\n{}",
             tail(&stdout),
             tail(&stderr)
         )),
-        None => Err(format!(
-            "{program} did not finish within {limit:?}: {}\n{}",
+        Err(stuck) => Err(format!(
+            "{program} did not finish: {}: {}\n{}",
+            if stuck && quiet < limit {
+                format!("it printed nothing for {quiet:?}")
+            } else {
+                format!("not within {limit:?}")
+            },
             tail(&stdout),
             tail(&stderr)
         )),
