@@ -224,8 +224,10 @@ impl<S: Store, H: Handler> Dedupe<S, H> {
             }
         }
         let erases = self.erase_all(&erased).await;
+        let failed = erases.iter().filter(|erase| erase.is_err()).count();
         if let Some(error) = erases.iter().find_map(|erase| erase.as_ref().err()) {
-            self.store_error("erase", error);
+            // Each failed erase counted, as `settle` counts its own.
+            self.store_errors("erase", error, failed);
             self.keep_unsettled(&[], &[], &erased, &erases);
         }
         kept
