@@ -122,7 +122,7 @@ impl CommandParser {
         if let [rest @ .., b'\r'] = line {
             line = rest;
         }
-        let params: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
+        let params = Params::of(line);
         let name = params[0];
         let command = match name {
             b"IDENTIFY" | b"AUTH" => {
@@ -243,6 +243,46 @@ impl CommandParser {
     }
 }
 
+/// A command line's parameters, split at spaces as nsqd splits them: the first three (all
+/// any command reads) and how many there are, without allocating for each command.
+struct Params<'a> {
+    first: [&'a [u8]; 3],
+    len: usize,
+}
+
+impl<'a> Params<'a> {
+    fn of(line: &'a [u8]) -> Self {
+        let mut params = Params {
+            first: [&[]; 3],
+            len: 0,
+        };
+        for param in line.split(|&b| b == b' ') {
+            if let Some(place) = params.first.get_mut(params.len) {
+                *place = param;
+            }
+            params.len += 1;
+        }
+        params
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn get(&self, index: usize) -> Option<&'a [u8]> {
+        self.first.get(index).filter(|_| index < self.len).copied()
+    }
+}
+
+impl<'a> std::ops::Index<usize> for Params<'a> {
+    type Output = &'a [u8];
+
+    fn index(&self, index: usize) -> &Self::Output {
+        assert!(index < self.len, "parameter {index} of {}", self.len);
+        &self.first[index]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -307,6 +347,29 @@ mod tests {
                 ClientCommand::Nop,
                 ClientCommand::Cls,
             ]
+        );
+    }
+
+    #[test]
+    fn parameters_past_those_a_command_reads_are_ignored_as_nsqd_ignores_them() {
+        let id = MessageId(*b"0123456789abcdef");
+        let (got, error) =
+            parse_all(b"FIN 0123456789abcdef x y z\nREQ 0123456789abcdef 5 x y\nSUB t c x\n");
+        assert_eq!(error, None);
+        assert_eq!(
+            got,
+            vec![
+                ClientCommand::Fin(id),
+                ClientCommand::Req(id, 5),
+                ClientCommand::Sub {
+                    topic: Bytes::from_static(b"t"),
+                    channel: Bytes::from_static(b"c")
+                },
+            ]
+        );
+        assert_eq!(
+            refusal(b"AUTH x y z w\n"),
+            "E_INVALID AUTH invalid number of parameters"
         );
     }
 
