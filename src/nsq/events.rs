@@ -3,8 +3,10 @@
 
 use std::time::Duration;
 
-/// Something that happened to the consumer, for logs, metrics and tests.
+/// Something that happened to the consumer, for logs, metrics and tests. New kinds of event
+/// may be added: a `match` on it needs a catch-all arm.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ConsumerEvent {
     /// A connection was established and subscribed.
     Connected {
