@@ -206,9 +206,7 @@ impl Store for Backend {
 
     async fn commit_many(&self, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
         match self {
-            Backend::Memory(table) => {
-                table.with(|t| digests.iter().map(|&d| Ok(t.commit(d))).collect())
-            }
+            Backend::Memory(table) => table.with(|t| each_held(|h| t.commit_many_into(digests, h))),
             Backend::Journalled(table, journal) => {
                 // A burst's records, then one wait for all of them when commits are synced.
                 let held = journal_each(
@@ -235,9 +233,7 @@ impl Store for Backend {
 
     async fn erase_many(&self, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
         match self {
-            Backend::Memory(table) => {
-                table.with(|t| digests.iter().map(|&d| Ok(t.erase(d))).collect())
-            }
+            Backend::Memory(table) => table.with(|t| each_held(|h| t.erase_many_into(digests, h))),
             Backend::Journalled(table, journal) => {
                 let held = journal_each(
                     digests,
@@ -319,6 +315,13 @@ fn each(fill: impl FnOnce(&mut Vec<Claim>)) -> Vec<Claim> {
 /// The in-process table's claims as a store's answers.
 fn answers(claims: Vec<Claim>) -> Vec<Result<Claim, StoreError>> {
     claims.into_iter().map(Ok).collect()
+}
+
+/// The in-process table's answers to commits or erases, which `fill` writes, as a store's.
+fn each_held(fill: impl FnOnce(&mut Vec<bool>)) -> Vec<Result<bool, StoreError>> {
+    let mut held = Vec::new();
+    fill(&mut held);
+    held.into_iter().map(Ok).collect()
 }
 
 /// Makes the near-table, if any, remember digests delivered: their copies are caught here

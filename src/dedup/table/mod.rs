@@ -397,6 +397,24 @@ impl Table {
         self.prefetched(digests, |digest| seen.push(self.contains_and_add(digest)));
     }
 
+    /// [`commit`](Table::commit) on every digest of `digests` in order, appending to `held`
+    /// whether each set still held its digest, with the sets of the next digests requested
+    /// while one is committed (as [`claim_many_into`](Table::claim_many_into)): a part's
+    /// commits come a handler's answer after their claims, when a consumer holding thousands
+    /// of messages has long pushed their sets out of cache.
+    pub fn commit_many_into(&self, digests: &[Digest], held: &mut Vec<bool>) {
+        held.reserve(digests.len());
+        self.prefetched(digests, |digest| held.push(self.commit(digest)));
+    }
+
+    /// [`erase`](Table::erase) on every digest of `digests` in order, appending to `held`
+    /// whether each set still held its digest, with the sets of the next digests requested
+    /// while one is erased (as [`commit_many_into`](Table::commit_many_into)).
+    pub fn erase_many_into(&self, digests: &[Digest], held: &mut Vec<bool>) {
+        held.reserve(digests.len());
+        self.prefetched(digests, |digest| held.push(self.erase(digest)));
+    }
+
     /// Calls `decide` on each digest in order, having asked for the sets of the next few.
     #[inline]
     fn prefetched(&self, digests: &[Digest], mut decide: impl FnMut(Digest)) {

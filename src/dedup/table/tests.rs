@@ -441,3 +441,30 @@ fn claim_many_answers_as_single_claims_do() {
     assert_eq!(claims, expected);
     assert!(claims.contains(&Claim::New) && claims.contains(&Claim::InFlight));
 }
+
+#[test]
+fn commit_many_and_erase_many_answer_as_single_calls_do() {
+    let geometry = Geometry::new(64, 4).unwrap();
+    let (batched, single) = (Table::new(geometry).unwrap(), Table::new(geometry).unwrap());
+    // Claimed first, more than the sets keep (some entries were pushed out), then committed
+    // and erased in a mixed order with repeats and digests never claimed.
+    let d = pool(5);
+    for table in [&batched, &single] {
+        for digest in &d[..24] {
+            table.claim(*digest);
+        }
+    }
+    let commits: Vec<Digest> = (0..200).map(|i| d[(i * 7) % d.len()]).collect();
+    let erases: Vec<Digest> = (0..200).map(|i| d[(i * 11 + 3) % d.len()]).collect();
+    let (mut committed, mut erased) = (Vec::new(), Vec::new());
+    batched.commit_many_into(&commits, &mut committed);
+    batched.erase_many_into(&erases, &mut erased);
+    let expected_commits: Vec<bool> = commits.iter().map(|x| single.commit(*x)).collect();
+    let expected_erases: Vec<bool> = erases.iter().map(|x| single.erase(*x)).collect();
+    assert_eq!(committed, expected_commits);
+    assert_eq!(erased, expected_erases);
+    assert!(committed.contains(&true) && committed.contains(&false));
+    assert!(erased.contains(&true) && erased.contains(&false));
+    let claims = |table: &Table| d.iter().map(|x| table.claim(*x)).collect::<Vec<_>>();
+    assert_eq!(claims(&batched), claims(&single), "the same entries after");
+}
