@@ -506,7 +506,18 @@ async fn a_shared_table_grows(
     let sent = send(&broker, addr, &RISE).await;
     let originals = sent.phases.last().unwrap().end;
     wait_all_delivered(&recorder, &[&broker], originals, "").await;
-    let (page_a, page_b) = (scrape(addr), scrape(b.metrics_addr.unwrap()));
+    // A growth decided just now reaches the other sidecar at its next look at the store's
+    // descriptor (every `fleet_interval`): wait, boundedly, until both claim in one table.
+    let mut pages = (scrape(addr), scrape(b.metrics_addr.unwrap()));
+    for _ in 0..50 {
+        let slots = |page: &str| metric(page, "nsq_dedupe_table_slots");
+        if slots(&pages.0) == slots(&pages.1) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        pages = (scrape(addr), scrape(b.metrics_addr.unwrap()));
+    }
+    let (page_a, page_b) = pages;
     a.stop().await;
     b.stop().await;
     let after = descriptor();
