@@ -377,24 +377,21 @@ impl Table {
     /// start; here the sets of the next few digests are requested while one is being decided,
     /// so their waits overlap.
     pub fn claim_many_into(&self, digests: &[Digest], claims: &mut Vec<Claim>) {
-        claims.reserve(digests.len());
-        self.prefetched(digests, |digest| claims.push(self.claim(digest)));
+        self.many_into(digests, claims, Table::claim);
     }
 
     /// [`claim_done`](Table::claim_done) on every digest of `digests` in order, appending the
     /// answers to `claims`, with the sets of the next digests requested while one is decided
     /// (as [`claim_many_into`](Table::claim_many_into)).
     pub fn claim_done_many_into(&self, digests: &[Digest], claims: &mut Vec<Claim>) {
-        claims.reserve(digests.len());
-        self.prefetched(digests, |digest| claims.push(self.claim_done(digest)));
+        self.many_into(digests, claims, Table::claim_done);
     }
 
     /// [`contains_and_add`](Table::contains_and_add) on every digest of `digests` in order,
     /// appending the answers to `seen`, with the sets of the next digests requested while one
     /// is decided (as [`claim_many_into`](Table::claim_many_into)).
     pub fn contains_and_add_many_into(&self, digests: &[Digest], seen: &mut Vec<bool>) {
-        seen.reserve(digests.len());
-        self.prefetched(digests, |digest| seen.push(self.contains_and_add(digest)));
+        self.many_into(digests, seen, Table::contains_and_add);
     }
 
     /// [`commit`](Table::commit) on every digest of `digests` in order, appending to `held`
@@ -403,16 +400,27 @@ impl Table {
     /// commits come a handler's answer after their claims, when a consumer holding thousands
     /// of messages has long pushed their sets out of cache.
     pub fn commit_many_into(&self, digests: &[Digest], held: &mut Vec<bool>) {
-        held.reserve(digests.len());
-        self.prefetched(digests, |digest| held.push(self.commit(digest)));
+        self.many_into(digests, held, Table::commit);
     }
 
     /// [`erase`](Table::erase) on every digest of `digests` in order, appending to `held`
     /// whether each set still held its digest, with the sets of the next digests requested
     /// while one is erased (as [`commit_many_into`](Table::commit_many_into)).
     pub fn erase_many_into(&self, digests: &[Digest], held: &mut Vec<bool>) {
-        held.reserve(digests.len());
-        self.prefetched(digests, |digest| held.push(self.erase(digest)));
+        self.many_into(digests, held, Table::erase);
+    }
+
+    /// Appends `one`'s answer for each digest of `digests` to `answers`, in order, with the
+    /// sets of the next digests requested while one is decided.
+    #[inline]
+    fn many_into<T>(
+        &self,
+        digests: &[Digest],
+        answers: &mut Vec<T>,
+        one: impl Fn(&Self, Digest) -> T,
+    ) {
+        answers.reserve(digests.len());
+        self.prefetched(digests, |digest| answers.push(one(self, digest)));
     }
 
     /// Calls `decide` on each digest in order, having asked for the sets of the next few.
