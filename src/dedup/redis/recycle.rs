@@ -18,9 +18,14 @@ const VALUES_KEPT: usize = 1024;
 const MAX_VALUE_BYTES: usize = 32 * 1024;
 
 /// Pipeline buffers (a pipeline's commands, or the bytes of its replies) a thread keeps: a
-/// run's commands and its replies at once. Each kept one is memory the sidecar holds (a burst
-/// of 1,000 keys of 1.6 KB writes 3 MB).
-const PIPELINES_KEPT: usize = 2;
+/// run holds its reads' replies while it sends its writes and reads their replies, three at
+/// once, and a thread runs several bursts' runs at once. Fewer, and buffers given back were
+/// freed while others were allocated, their fresh pages faulting as they were first written.
+const PIPELINES_KEPT: usize = 8;
+
+/// The most bytes of pipeline buffers a thread keeps: each kept one is memory the sidecar
+/// holds (a burst of 1,000 keys of 1.6 KB writes 3 MB).
+const PIPELINE_BYTES_KEPT: usize = 8 * 1024 * 1024;
 
 /// Larger pipeline buffers are freed, not kept.
 const MAX_PIPELINE_BYTES: usize = 4 * 1024 * 1024;
@@ -30,20 +35,21 @@ thread_local! {
     static PIPELINES: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
 }
 
-/// A copy of `bytes`, in a buffer given back if the thread has one.
+/// A copy of `bytes`, in a buffer given back if the thread has one that holds it. A new
+/// buffer has room for an eighth more (an edit adds an entry or an in-flight record).
 pub(super) fn copy_of(bytes: &[u8]) -> Vec<u8> {
-    match take(&VALUES) {
-        Some(mut buffer) => {
-            buffer.extend_from_slice(bytes);
-            buffer
-        }
-        None => bytes.to_vec(),
-    }
+    let mut buffer = match take(&VALUES) {
+        Some(buffer) if buffer.capacity() >= bytes.len() => buffer,
+        // One too small is freed, not grown: growing it would copy what it held.
+        _ => Vec::with_capacity(bytes.len() + bytes.len() / 8),
+    };
+    buffer.extend_from_slice(bytes);
+    buffer
 }
 
 /// Gives the value buffer `buffer` back, to hold a later copy.
 pub(super) fn give(buffer: Vec<u8>) {
-    put(&VALUES, buffer, VALUES_KEPT, MAX_VALUE_BYTES);
+    put(&VALUES, buffer, VALUES_KEPT, MAX_VALUE_BYTES, usize::MAX);
 }
 
 /// An empty pipeline buffer of at least `capacity` bytes: one given back if the thread has one.
@@ -55,7 +61,13 @@ pub(super) fn pipeline(capacity: usize) -> Vec<u8> {
 
 /// Gives the pipeline buffer `buffer` back.
 pub(super) fn give_pipeline(buffer: Vec<u8>) {
-    put(&PIPELINES, buffer, PIPELINES_KEPT, MAX_PIPELINE_BYTES);
+    put(
+        &PIPELINES,
+        buffer,
+        PIPELINES_KEPT,
+        MAX_PIPELINE_BYTES,
+        PIPELINE_BYTES_KEPT,
+    );
 }
 
 type Shelf = std::thread::LocalKey<RefCell<Vec<Vec<u8>>>>;
@@ -67,15 +79,19 @@ fn take(shelf: &'static Shelf) -> Option<Vec<u8>> {
     Some(buffer)
 }
 
-/// Keeps `buffer` on `shelf` if it holds fewer than `kept` and `buffer` is at most `max_bytes`.
-fn put(shelf: &'static Shelf, buffer: Vec<u8>, kept: usize, max_bytes: usize) {
+/// Keeps `buffer` on `shelf` if it holds fewer than `kept`, `buffer` is at most `max_bytes`,
+/// and the buffers kept with it are at most `total_bytes`.
+fn put(shelf: &'static Shelf, buffer: Vec<u8>, kept: usize, max_bytes: usize, total_bytes: usize) {
     if buffer.capacity() == 0 || buffer.capacity() > max_bytes {
         return;
     }
     // A thread being torn down has no shelf left: the buffer is freed.
     let _ = shelf.try_with(|shelf| {
         let mut shelf = shelf.borrow_mut();
-        if shelf.len() < kept {
+        let total = || -> usize { shelf.iter().map(Vec::capacity).sum() };
+        if shelf.len() < kept
+            && (total_bytes == usize::MAX || total() + buffer.capacity() <= total_bytes)
+        {
             shelf.push(buffer);
         }
     });
