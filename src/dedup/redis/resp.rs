@@ -312,7 +312,9 @@ pub(super) mod tests {
     /// Every reply of `replies`, with its bulk strings' bytes.
     pub(in crate::dedup::redis) fn owned_all(replies: &mut Replies) -> Vec<Owned> {
         let list = replies.take_list();
-        list.iter().map(|reply| owned(reply, &replies.bytes)).collect()
+        list.iter()
+            .map(|reply| owned(reply, &replies.bytes))
+            .collect()
     }
 
     /// `reply` as Redis writes it.
