@@ -56,7 +56,7 @@ use tokio::time::Instant;
 
 use super::layout::Layout;
 use super::recycle;
-use super::resp::Reply;
+use super::resp::{Replies, Reply, Span};
 use super::value::Facts;
 use super::{Op, RedisStore};
 use crate::dedup::shared::{now_ms, value_version};
@@ -179,7 +179,7 @@ struct SetWork {
     /// the set).
     settled: usize,
     /// The value its operations are decided on: what the key held (`None`: nothing).
-    read: Option<Vec<u8>>,
+    read: Option<Held>,
     /// Whether `read` is the value this store wrote last, not a read.
     kept: bool,
     /// Whether `read` is a value exactly as this store writes it (kept, or checked when read),
@@ -187,6 +187,36 @@ struct SetWork {
     as_written: bool,
     /// Left to the script.
     to_script: bool,
+}
+
+impl SetWork {
+    /// The value its operations are decided on (see [`SetWork::read`]), a value read lying in
+    /// `replies`, those of its round's reads.
+    fn value<'a>(&'a self, replies: &'a Replies) -> Option<&'a [u8]> {
+        match &self.read {
+            None => None,
+            Some(Held::Own(value)) => Some(value),
+            Some(Held::Read(span)) => Some(replies.bulk(*span)),
+        }
+    }
+
+    /// Sets the value to decide on, giving a buffer of the one it replaces back.
+    fn hold(&mut self, read: Option<Held>) {
+        if let Some(Held::Own(replaced)) = std::mem::replace(&mut self.read, read) {
+            recycle::give(replaced);
+        }
+    }
+}
+
+/// A value a key's operations are decided on.
+enum Held {
+    /// A value of this store's own: the one it wrote last, or the set its `SET … NX GET`
+    /// created.
+    Own(Vec<u8>),
+    /// A value read: where it lies in the replies of its round's reads, which the round keeps
+    /// until its writes are sent (they send it again, as `IFEQ`'s old value), so that it is
+    /// never copied out of them.
+    Read(Span),
 }
 
 /// A run's answers: per digest, the script's code, an error, or `None` for the script.
@@ -299,20 +329,34 @@ impl RedisStore {
                     (facts, &mut answers),
                 )
                 .await;
-            if let Err(error) = read {
-                return self.pipeline_failed(error, deadline, (&sets, &pending), answers);
-            }
-            let writes = self.decide((op, run), (&mut sets, &mut pending), facts, &mut answers);
+            // The replies of the round's reads, which its values read lie in.
+            let replies = match read {
+                Ok(replies) => replies,
+                Err(error) => {
+                    return self.pipeline_failed(error, deadline, (&sets, &pending), answers);
+                }
+            };
+            let writes = self.decide(
+                (op, run),
+                (&mut sets, &mut pending),
+                (facts, &replies),
+                &mut answers,
+            );
             let written = self
-                .write_sets((&mut sets, &mut pending), writes, deadline, &mut answers)
+                .write_sets(
+                    (&mut sets, &mut pending),
+                    (writes, &replies),
+                    deadline,
+                    &mut answers,
+                )
                 .await;
             if let Err(error) = written {
                 return self.pipeline_failed(error, deadline, (&sets, &pending), answers);
             }
         }
         // Sets still changing under this store after every round are the script's.
-        for read in sets.into_iter().filter_map(|work| work.read) {
-            recycle::give(read);
+        for mut work in sets {
+            work.hold(None);
         }
         answers
     }

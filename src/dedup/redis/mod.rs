@@ -392,7 +392,8 @@ impl RedisStore {
 
     /// The key of number `set`: a set's, or in the compact layout an item's of several sets.
     fn key_of_set(&self, set: u64) -> String {
-        let mut key = String::new();
+        // Room for the namespace, `:` and a number of up to 20 digits: written without growing.
+        let mut key = String::with_capacity(self.inner.namespace.len() + 21);
         self.write_key(&mut key, set);
         key
     }

@@ -1,6 +1,7 @@
 //! The Redis protocol (RESP2) as the store's own connection speaks it (`conn::lean`): commands
 //! written once, straight into one buffer for a whole pipeline, and replies parsed in place
-//! from the bytes read, a bulk string copied once into its own value.
+//! from the bytes read, a bulk string left where it was read ([`Span`]) in the buffer of its
+//! pipeline's replies ([`Replies`]), not copied out.
 //!
 //! The `redis` crate builds each command as a vector of arguments, copies them into a packed
 //! buffer, and parses each reply into a [`redis::Value`] through a decoder of its own; on the
@@ -82,8 +83,8 @@ pub(super) enum Reply {
     Status(String),
     /// `:…`.
     Int(i64),
-    /// `$…`: a bulk string.
-    Bulk(Vec<u8>),
+    /// `$…`: a bulk string, where it lies in the bytes it was parsed from.
+    Bulk(Span),
     /// `*…`.
     Array(Vec<Reply>),
     /// `-…`: an error reply, its code first (`MOVED 3999 127.0.0.1:7001`, `ERR syntax error`).
@@ -100,6 +101,73 @@ impl Reply {
     }
 }
 
+/// Where a bulk string lies in the bytes its reply was parsed from: its first byte's offset,
+/// and the offset after its last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Span {
+    start: usize,
+    end: usize,
+}
+
+impl Span {
+    /// Its bytes in `bytes`, those it was parsed from.
+    ///
+    /// # Panics
+    ///
+    /// If `bytes` is shorter than the bytes it was parsed from.
+    pub(super) fn of<'a>(&self, bytes: &'a [u8]) -> &'a [u8] {
+        &bytes[self.start..self.end]
+    }
+
+    /// `value`, appended to `bytes`, as a bulk string parsed from them.
+    pub(super) fn appended(bytes: &mut Vec<u8>, value: &[u8]) -> Span {
+        let start = bytes.len();
+        bytes.extend_from_slice(value);
+        Span {
+            start,
+            end: bytes.len(),
+        }
+    }
+}
+
+/// The replies of a pipeline, in order, and the bytes read that their bulk strings lie in: a
+/// value read is used where it was read (decided on, and sent again as `IFEQ`'s old value)
+/// while these are kept, and never copied out. The bytes go back to the thread's buffers
+/// (`recycle`) when dropped.
+#[derive(Debug, Default)]
+pub(super) struct Replies {
+    bytes: Vec<u8>,
+    list: Vec<Reply>,
+}
+
+impl Replies {
+    /// `list`, parsed from `bytes`.
+    pub(super) fn new(bytes: Vec<u8>, list: Vec<Reply>) -> Self {
+        Replies { bytes, list }
+    }
+
+    /// The bytes of the bulk string at `span`.
+    pub(super) fn bulk(&self, span: Span) -> &[u8] {
+        span.of(&self.bytes)
+    }
+
+    /// How many replies.
+    pub(super) fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    /// The replies, taken out (the bytes stay, for their bulk strings).
+    pub(super) fn take_list(&mut self) -> Vec<Reply> {
+        std::mem::take(&mut self.list)
+    }
+}
+
+impl Drop for Replies {
+    fn drop(&mut self) {
+        recycle::give_pipeline(std::mem::take(&mut self.bytes));
+    }
+}
+
 /// Bytes that are not a reply of Redis's: the connection is out of step and must go.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Invalid(pub(super) String);
@@ -112,14 +180,15 @@ impl std::fmt::Display for Invalid {
 
 impl std::error::Error for Invalid {}
 
-/// The reply at the start of `bytes` and how many bytes it took, or `None` when `bytes` holds
-/// only the start of one (read more, and parse again from the same start).
+/// The reply at offset `from` of `bytes` and the offset after it, or `None` when `bytes` holds
+/// only the start of one (read more, and parse again from the same offset). Its bulk strings
+/// are [`Span`]s of `bytes`.
 ///
 /// # Errors
 ///
 /// [`Invalid`] for bytes that cannot begin a RESP2 reply.
-pub(super) fn parse(bytes: &[u8]) -> Result<Option<(Reply, usize)>, Invalid> {
-    let Some((line, mut at)) = line(bytes, 0)? else {
+pub(super) fn parse(bytes: &[u8], from: usize) -> Result<Option<(Reply, usize)>, Invalid> {
+    let Some((line, mut at)) = line(bytes, from)? else {
         return Ok(None);
     };
     let Some((&kind, rest)) = line.split_first() else {
@@ -141,7 +210,7 @@ pub(super) fn parse(bytes: &[u8]) -> Result<Option<(Reply, usize)>, Invalid> {
             if &bytes[end..end + 2] != b"\r\n" {
                 return Err(Invalid("a bulk string not ended by CRLF".into()));
             }
-            let value = recycle::copy_of(&bytes[at..end]);
+            let value = Span { start: at, end };
             at = end + 2;
             Reply::Bulk(value)
         }
@@ -152,11 +221,11 @@ pub(super) fn parse(bytes: &[u8]) -> Result<Option<(Reply, usize)>, Invalid> {
             // Not sized by `len` before its elements are here: a length is only a claim.
             let mut elements = Vec::new();
             for _ in 0..len {
-                let Some((element, used)) = parse(&bytes[at..])? else {
+                let Some((element, next)) = parse(bytes, at)? else {
                     return Ok(None);
                 };
                 elements.push(element);
-                at += used;
+                at = next;
             }
             Reply::Array(elements)
         }
@@ -208,25 +277,60 @@ fn number(text: &[u8]) -> Result<i64, Invalid> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use proptest::prelude::*;
 
-    use super::{parse, Commands, Invalid, Reply};
+    use super::{parse, Commands, Invalid, Replies, Reply};
+
+    /// A reply with its bulk strings' bytes, to compare with what was encoded.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub(in crate::dedup::redis) enum Owned {
+        Nil,
+        Okay,
+        Status(String),
+        Int(i64),
+        Bulk(Vec<u8>),
+        Array(Vec<Owned>),
+        Error(String),
+    }
+
+    /// `reply`, parsed from `bytes`, with its bulk strings' bytes.
+    fn owned(reply: &Reply, bytes: &[u8]) -> Owned {
+        match reply {
+            Reply::Nil => Owned::Nil,
+            Reply::Okay => Owned::Okay,
+            Reply::Status(text) => Owned::Status(text.clone()),
+            Reply::Int(n) => Owned::Int(*n),
+            Reply::Bulk(span) => Owned::Bulk(span.of(bytes).to_vec()),
+            Reply::Array(elements) => {
+                Owned::Array(elements.iter().map(|e| owned(e, bytes)).collect())
+            }
+            Reply::Error(text) => Owned::Error(text.clone()),
+        }
+    }
+
+    /// Every reply of `replies`, with its bulk strings' bytes.
+    pub(in crate::dedup::redis) fn owned_all(replies: &mut Replies) -> Vec<Owned> {
+        let list = replies.take_list();
+        list.iter()
+            .map(|reply| owned(reply, &replies.bytes))
+            .collect()
+    }
 
     /// `reply` as Redis writes it.
-    fn encode(reply: &Reply, out: &mut Vec<u8>) {
+    fn encode(reply: &Owned, out: &mut Vec<u8>) {
         match reply {
-            Reply::Nil => out.extend_from_slice(b"$-1\r\n"),
-            Reply::Okay => out.extend_from_slice(b"+OK\r\n"),
-            Reply::Status(text) => out.extend_from_slice(format!("+{text}\r\n").as_bytes()),
-            Reply::Error(text) => out.extend_from_slice(format!("-{text}\r\n").as_bytes()),
-            Reply::Int(n) => out.extend_from_slice(format!(":{n}\r\n").as_bytes()),
-            Reply::Bulk(bytes) => {
+            Owned::Nil => out.extend_from_slice(b"$-1\r\n"),
+            Owned::Okay => out.extend_from_slice(b"+OK\r\n"),
+            Owned::Status(text) => out.extend_from_slice(format!("+{text}\r\n").as_bytes()),
+            Owned::Error(text) => out.extend_from_slice(format!("-{text}\r\n").as_bytes()),
+            Owned::Int(n) => out.extend_from_slice(format!(":{n}\r\n").as_bytes()),
+            Owned::Bulk(bytes) => {
                 out.extend_from_slice(format!("${}\r\n", bytes.len()).as_bytes());
                 out.extend_from_slice(bytes);
                 out.extend_from_slice(b"\r\n");
             }
-            Reply::Array(elements) => {
+            Owned::Array(elements) => {
                 out.extend_from_slice(format!("*{}\r\n", elements.len()).as_bytes());
                 for element in elements {
                     encode(element, out);
@@ -236,14 +340,21 @@ mod tests {
     }
 
     /// Every reply `bytes` holds, parsed as a connection does: from the start, again from the
-    /// same start whenever a reply is not whole yet.
-    fn parse_all(bytes: &[u8]) -> Result<(Vec<Reply>, usize), Invalid> {
+    /// same offset whenever a reply is not whole yet.
+    fn parse_all(bytes: &[u8]) -> Result<(Vec<Owned>, usize), Invalid> {
         let (mut replies, mut at) = (Vec::new(), 0);
-        while let Some((reply, used)) = parse(&bytes[at..])? {
-            replies.push(reply);
-            at += used;
+        while let Some((reply, next)) = parse(bytes, at)? {
+            replies.push(owned(&reply, bytes));
+            at = next;
         }
         Ok((replies, at))
+    }
+
+    /// The first reply of `bytes`, with its bytes.
+    fn first(bytes: &[u8]) -> Option<(Owned, usize)> {
+        parse(bytes, 0)
+            .unwrap()
+            .map(|(reply, next)| (owned(&reply, bytes), next))
     }
 
     fn line_text() -> impl Strategy<Value = String> {
@@ -251,19 +362,19 @@ mod tests {
         "[ -~]{0,40}"
     }
 
-    fn reply() -> impl Strategy<Value = Reply> {
+    fn reply() -> impl Strategy<Value = Owned> {
         let leaf = prop_oneof![
-            Just(Reply::Nil),
-            Just(Reply::Okay),
+            Just(Owned::Nil),
+            Just(Owned::Okay),
             line_text()
                 .prop_filter("+OK is Okay", |text| text != "OK")
-                .prop_map(Reply::Status),
-            line_text().prop_map(Reply::Error),
-            any::<i64>().prop_map(Reply::Int),
-            proptest::collection::vec(any::<u8>(), 0..200).prop_map(Reply::Bulk),
+                .prop_map(Owned::Status),
+            line_text().prop_map(Owned::Error),
+            any::<i64>().prop_map(Owned::Int),
+            proptest::collection::vec(any::<u8>(), 0..200).prop_map(Owned::Bulk),
         ];
         leaf.prop_recursive(3, 24, 6, |inner| {
-            proptest::collection::vec(inner, 0..6).prop_map(Reply::Array)
+            proptest::collection::vec(inner, 0..6).prop_map(Owned::Array)
         })
     }
 
@@ -308,9 +419,9 @@ mod tests {
             prop_assert_eq!(pipe.is_empty(), commands.is_empty());
             let (read, used) = parse_all(pipe.bytes()).unwrap();
             prop_assert_eq!(used, pipe.bytes().len());
-            let expected: Vec<Reply> = commands
+            let expected: Vec<Owned> = commands
                 .iter()
-                .map(|args| Reply::Array(args.iter().cloned().map(Reply::Bulk).collect()))
+                .map(|args| Owned::Array(args.iter().cloned().map(Owned::Bulk).collect()))
                 .collect();
             prop_assert_eq!(read, expected);
         }
@@ -318,15 +429,31 @@ mod tests {
 
     #[test]
     fn nil_errors_and_codes() {
-        assert_eq!(parse(b"$-1\r\n").unwrap(), Some((Reply::Nil, 5)));
-        assert_eq!(parse(b"*-1\r\n").unwrap(), Some((Reply::Nil, 5)));
-        let moved = parse(b"-MOVED 3999 127.0.0.1:6381\r\n").unwrap().unwrap().0;
+        assert_eq!(first(b"$-1\r\n"), Some((Owned::Nil, 5)));
+        assert_eq!(first(b"*-1\r\n"), Some((Owned::Nil, 5)));
+        let moved = parse(b"-MOVED 3999 127.0.0.1:6381\r\n", 0)
+            .unwrap()
+            .unwrap()
+            .0;
         assert_eq!(moved.error_code(), Some("MOVED"));
         assert_eq!(Reply::Okay.error_code(), None);
         assert_eq!(
-            parse(b"*2\r\n$3\r\nfoo\r\n:7\r\n").unwrap().unwrap().0,
-            Reply::Array(vec![Reply::Bulk(b"foo".to_vec()), Reply::Int(7)])
+            first(b"*2\r\n$3\r\nfoo\r\n:7\r\n").unwrap().0,
+            Owned::Array(vec![Owned::Bulk(b"foo".to_vec()), Owned::Int(7)])
         );
+    }
+
+    /// A bulk string is where it was read: a span of the bytes, from the offset parsed at.
+    #[test]
+    fn a_bulk_string_is_a_span_of_the_bytes_read() {
+        let bytes = b":1\r\n$5\r\nhello\r\n";
+        let (reply, next) = parse(bytes, 4).unwrap().unwrap();
+        assert_eq!(next, bytes.len());
+        let Reply::Bulk(span) = reply else {
+            panic!("{reply:?}");
+        };
+        assert_eq!(span.of(bytes), b"hello");
+        assert_eq!(span.of(bytes).as_ptr(), bytes[8..].as_ptr());
     }
 
     #[test]
@@ -340,7 +467,7 @@ mod tests {
             b"$3\r\nfoobar\r\n",
             b"*9999999999999\r\n",
         ] {
-            assert!(parse(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+            assert!(parse(bad, 0).is_err(), "{:?}", String::from_utf8_lossy(bad));
         }
     }
 }

@@ -24,7 +24,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::super::recycle;
-use super::super::resp::{parse, Commands, Reply};
+use super::super::resp::{parse, Commands, Replies, Reply, Span};
 use super::{Link, Template};
 use crate::error::StoreError;
 
@@ -91,7 +91,7 @@ impl LeanConn {
             hello.push(&[b"SELECT", template.db.to_string().as_bytes()]);
         }
         if !hello.is_empty() {
-            for reply in conn.exchange(&hello).await? {
+            for reply in conn.exchange(&hello).await?.take_list() {
                 if let Reply::Error(error) = reply {
                     return Err(io::Error::other(error));
                 }
@@ -100,31 +100,37 @@ impl LeanConn {
         Ok(conn)
     }
 
-    /// Sends `commands` and reads their replies, in order.
+    /// Sends `commands` and reads their replies, in order, with the bytes they were read in.
     ///
     /// # Errors
     ///
     /// The connection's, or [`io::ErrorKind::InvalidData`] for bytes that are not Redis's
     /// replies (or more of them than commands sent): the connection is then out of step.
-    pub(super) async fn exchange(&mut self, commands: &Commands) -> io::Result<Vec<Reply>> {
+    pub(super) async fn exchange(&mut self, commands: &Commands) -> io::Result<Replies> {
         self.stream.write_all(commands.bytes()).await?;
-        // The bytes read and not yet parsed: a buffer of the thread's (`recycle`), as a
-        // pipeline's replies may take megabytes that an idle connection should not hold.
+        // The bytes read: a buffer of the thread's (`recycle`), as a pipeline's replies may
+        // take megabytes that an idle connection should not hold. The replies' bulk strings
+        // lie in it, so it goes back only once they are done with (`Replies`).
         let mut read = recycle::pipeline(READ_ROOM);
-        let replies = self.read_replies(commands.len(), &mut read).await;
-        recycle::give_pipeline(read);
-        replies
+        match self.read_replies(commands.len(), &mut read).await {
+            Ok(list) => Ok(Replies::new(read, list)),
+            Err(error) => {
+                recycle::give_pipeline(read);
+                Err(error)
+            }
+        }
     }
 
-    /// Reads `count` replies, using `read` for the bytes read.
+    /// Reads `count` replies into `read`, which keeps every byte read: their bulk strings
+    /// are spans of it.
     async fn read_replies(&mut self, count: usize, read: &mut Vec<u8>) -> io::Result<Vec<Reply>> {
         let mut replies = Vec::with_capacity(count);
         let mut at = 0;
         while replies.len() < count {
-            match parse(&read[at..]) {
-                Ok(Some((reply, used))) => {
+            match parse(read, at) {
+                Ok(Some((reply, next))) => {
                     replies.push(reply);
-                    at += used;
+                    at = next;
                     continue;
                 }
                 Ok(None) => {}
@@ -132,11 +138,7 @@ impl LeanConn {
                     return Err(io::Error::new(io::ErrorKind::InvalidData, invalid));
                 }
             }
-            if read.capacity() - read.len() < READ_ROOM {
-                read.drain(..at);
-                at = 0;
-                read.reserve(READ_ROOM);
-            }
+            read.reserve(READ_ROOM);
             if self.stream.read_buf(read).await? == 0 {
                 return Err(io::ErrorKind::UnexpectedEof.into());
             }
@@ -165,7 +167,7 @@ impl Link {
         slot: u16,
         commands: &Commands,
         deadline: Instant,
-    ) -> Result<Vec<Reply>, StoreError> {
+    ) -> Result<Replies, StoreError> {
         if self.template.tls {
             return self.send_by_crate(slot, commands, deadline).await;
         }
@@ -222,34 +224,44 @@ impl Link {
         slot: u16,
         commands: &Commands,
         deadline: Instant,
-    ) -> Result<Vec<Reply>, StoreError> {
+    ) -> Result<Replies, StoreError> {
         let mut pipe = redis::Pipeline::with_capacity(commands.len());
-        let mut at = 0;
-        while let Ok(Some((Reply::Array(args), used))) = parse(&commands.bytes()[at..]) {
+        let (bytes, mut at) = (commands.bytes(), 0);
+        while let Ok(Some((Reply::Array(args), next))) = parse(bytes, at) {
             let mut cmd = redis::Cmd::with_capacity(args.len(), 0);
             for arg in args {
                 if let Reply::Bulk(arg) = arg {
-                    cmd.arg(arg);
+                    cmd.arg(arg.of(bytes));
                 }
             }
             pipe.add_command(cmd);
-            at += used;
+            at = next;
         }
         let values = self.pipeline(slot, &pipe, commands.len(), deadline).await?;
-        Ok(values.into_iter().map(reply_of).collect())
+        let mut read = recycle::pipeline(0);
+        let list = values
+            .into_iter()
+            .map(|value| reply_of(value, &mut read))
+            .collect();
+        Ok(Replies::new(read, list))
     }
 }
 
-/// The [`Reply`] of a crate's `value`.
-fn reply_of(value: redis::Value) -> Reply {
+/// The [`Reply`] of a crate's `value`, its bulk strings appended to `bytes`.
+fn reply_of(value: redis::Value, bytes: &mut Vec<u8>) -> Reply {
     use redis::Value;
     match value {
         Value::Nil => Reply::Nil,
         Value::Okay => Reply::Okay,
         Value::SimpleString(text) => Reply::Status(text),
         Value::Int(n) => Reply::Int(n),
-        Value::BulkString(bytes) => Reply::Bulk(bytes),
-        Value::Array(values) => Reply::Array(values.into_iter().map(reply_of).collect()),
+        Value::BulkString(value) => Reply::Bulk(Span::appended(bytes, &value)),
+        Value::Array(values) => Reply::Array(
+            values
+                .into_iter()
+                .map(|value| reply_of(value, bytes))
+                .collect(),
+        ),
         Value::ServerError(error) => Reply::Error(match error.details() {
             Some(details) => format!("{} {details}", error.code()),
             None => error.code().to_owned(),
@@ -267,6 +279,7 @@ mod tests {
 
     use super::{Commands, Idle, LeanConn, Reply, Template};
     use crate::dedup::redis::resp::parse;
+    use crate::dedup::redis::resp::tests::{owned_all, Owned};
 
     /// A server that answers each command (an array of bulk strings) with its last argument,
     /// in pieces of a few bytes, so that replies arrive cut anywhere.
@@ -287,14 +300,15 @@ mod tests {
                         }
                         input.extend_from_slice(&buf[..n]);
                         let mut out = Vec::new();
-                        while let Ok(Some((Reply::Array(args), used))) = parse(&input) {
-                            input.drain(..used);
+                        while let Ok(Some((Reply::Array(args), next))) = parse(&input, 0) {
                             let Some(Reply::Bulk(last)) = args.last() else {
                                 return;
                             };
+                            let last = last.of(&input);
                             out.extend_from_slice(format!("${}\r\n", last.len()).as_bytes());
                             out.extend_from_slice(last);
                             out.extend_from_slice(b"\r\n");
+                            input.drain(..next);
                         }
                         for piece in out.chunks(7) {
                             if socket.write_all(piece).await.is_err() {
@@ -339,9 +353,9 @@ mod tests {
                         for value in &values {
                             commands.push(&[b"SET", b"key", value]);
                         }
-                        let replies = conn.exchange(&commands).await.unwrap();
-                        let expected: Vec<Reply> = values.into_iter().map(Reply::Bulk).collect();
-                        assert_eq!(replies, expected);
+                        let mut replies = conn.exchange(&commands).await.unwrap();
+                        let expected: Vec<Owned> = values.into_iter().map(Owned::Bulk).collect();
+                        assert_eq!(owned_all(&mut replies), expected);
                         idle.put(&node, conn);
                     }
                 })

@@ -8,10 +8,10 @@ use tokio::time::Instant;
 
 use super::super::layout::Layout;
 use super::super::recycle;
-use super::super::resp::{Commands, Reply};
+use super::super::resp::{Commands, Replies, Reply};
 use super::super::value::Facts;
 use super::super::{key_slot, Op, RedisStore};
-use super::{is_syntax_error, Answers, SetWork, REFUSED};
+use super::{is_syntax_error, Answers, Held, SetWork, REFUSED};
 use crate::dedup::Digest;
 use crate::error::StoreError;
 
@@ -34,7 +34,8 @@ impl RedisStore {
     /// this store wrote last if it kept it; else a read, one pipeline to the run's node. While
     /// the table fills, a claim's set is read in the first round with `SET … NX GET` of the
     /// set of its one new entry: answered nil, it created the set, and that claim is decided.
-    /// Sets answered with an error are the script's.
+    /// Sets answered with an error are the script's. The values read lie in the replies
+    /// answered (empty when nothing was read).
     ///
     /// # Errors
     ///
@@ -45,17 +46,19 @@ impl RedisStore {
         (sets, pending): Pending<'_>,
         (round, deadline): (usize, Instant),
         (facts, answers): (&Facts, &mut Answers),
-    ) -> Result<(), StoreError> {
+    ) -> Result<Replies, StoreError> {
         let inner = &*self.inner;
         let (layout, geometry) = (inner.layout, inner.geometry);
         let claiming = matches!(op, Op::Claim | Op::ClaimDone);
         let reads = self.kept_or_read((op, run), (sets, pending), round, facts);
         let Some(&(first, _)) = reads.first() else {
-            return Ok(());
+            return Ok(Replies::default());
         };
         let commands = read_commands(sets, &reads);
         let slot = key_slot(sets[first].key.as_bytes());
-        let values = inner.link.send_commands(slot, &commands, deadline).await?;
+        let mut replies = inner.link.send_commands(slot, &commands, deadline).await?;
+        drop(commands);
+        let values = replies.take_list();
         if values.len() != reads.len() {
             return Err(StoreError::Protocol(format!(
                 "{} answers to {} reads",
@@ -73,26 +76,25 @@ impl RedisStore {
                     answers[work.ops[0]] = Some(Ok(claim));
                     work.settled = 1;
                     inner.ifeq.remember(work.set, recycle::copy_of(&created));
-                    work.read = Some(created);
+                    work.hold(Some(Held::Own(created)));
                     work.as_written = true;
                     no_set += 1;
                 }
                 (Reply::Nil, None) => {
-                    work.read = None;
+                    work.hold(None);
                     no_set += 1;
                 }
-                (Reply::Bulk(stored), _) => {
+                (Reply::Bulk(span), _) => {
                     // Checked once: a value as this store writes it is decided on as it is.
-                    work.as_written = layout.is_as_written(&stored, work.set, geometry, facts);
+                    let stored = replies.bulk(span);
+                    work.as_written = layout.is_as_written(stored, work.set, geometry, facts);
                     if !work.as_written
-                        && layout.holds_nothing(Some(&stored), work.set, geometry, facts)
+                        && layout.holds_nothing(Some(stored), work.set, geometry, facts)
                     {
                         no_set += 1;
                         unreadable += 1;
                     }
-                    if let Some(replaced) = work.read.replace(stored) {
-                        recycle::give(replaced);
-                    }
+                    work.hold(Some(Held::Read(span)));
                 }
                 // An error reply (a slot that moved, a key of another type): the script's.
                 (reply, _) => {
@@ -108,7 +110,7 @@ impl RedisStore {
             // A statistic: no other memory depends on it.
             inner.unreadable.fetch_add(unreadable, Ordering::Relaxed);
         }
-        Ok(())
+        Ok(replies)
     }
 
     /// Gives each pending set of a commit, an erase or a renew the value this store wrote
@@ -134,7 +136,7 @@ impl RedisStore {
                 .filter(|_| !claiming)
                 .and_then(|known| known.remove(&work.set));
             if let Some(kept) = kept {
-                work.read = Some(kept);
+                work.hold(Some(Held::Own(kept)));
                 work.kept = true;
                 work.as_written = true;
                 continue;
@@ -159,12 +161,13 @@ impl RedisStore {
 
     /// Decides the operations of each pending set on its value, in order: the sets that
     /// changed, to write; the answers of the sets read that did not, in `answers`; the sets
-    /// decided on a kept value that did not change, pending again (to be read).
+    /// decided on a kept value that did not change, pending again (to be read). The values
+    /// read lie in `replies`.
     pub(super) fn decide(
         &self,
         (op, run): (Op, &[Digest]),
         (sets, pending): Pending<'_>,
-        facts: &Facts,
+        (facts, replies): (&Facts, &Replies),
         answers: &mut Answers,
     ) -> Vec<Planned> {
         let mut writes = Vec::new();
@@ -176,7 +179,7 @@ impl RedisStore {
             }
             let decided = self.inner.layout.decide_on(
                 (work.set, self.inner.geometry),
-                (work.read.as_deref(), work.as_written),
+                (work.value(replies), work.as_written),
                 op,
                 work.ops[work.settled..].iter().map(|&i| (i, run[i])),
                 facts,
@@ -204,7 +207,8 @@ impl RedisStore {
     /// Writes each planned set, one pipeline to the run's node: `SET key new IFEQ old
     /// KEEPTTL`, or `SET key new NX` where the key held nothing. A write that succeeded makes
     /// its answers true and its value kept; one whose compare failed puts its set back in
-    /// `pending`, to be read and decided again.
+    /// `pending`, to be read and decided again. The values read (each write's old value) lie
+    /// in `replies`.
     ///
     /// # Errors
     ///
@@ -212,7 +216,7 @@ impl RedisStore {
     pub(super) async fn write_sets(
         &self,
         (sets, pending): Pending<'_>,
-        writes: Vec<Planned>,
+        (writes, replies): (Vec<Planned>, &Replies),
         deadline: Instant,
         answers: &mut Answers,
     ) -> Result<(), StoreError> {
@@ -224,9 +228,9 @@ impl RedisStore {
         // The compact layout on servers without IFEQ compares and sets by script.
         let by_script =
             (inner.layout != Layout::Sets && !inner.ifeq.on()).then(|| inner.script.get_hash());
-        let commands = write_commands(sets, &writes, by_script);
+        let commands = write_commands((sets, replies), &writes, by_script);
         let replies = match inner.link.send_commands(slot, &commands, deadline).await {
-            Ok(replies) if replies.len() == writes.len() => replies,
+            Ok(mut replies) if replies.len() == writes.len() => replies.take_list(),
             Ok(replies) => {
                 pending.extend(writes.iter().map(|write| write.set));
                 return Err(StoreError::Protocol(format!(
@@ -327,22 +331,27 @@ fn read_commands(sets: &[SetWork], reads: &[Read]) -> Commands {
     commands
 }
 
-/// The write of each of `writes` (see [`RedisStore::write_sets`]): with `by_script`, the
-/// compare-and-set script's hash, a key that held a value is written by that script
-/// (`EVALSHA <hash> 1 key new old`) instead of `SET … IFEQ`.
-fn write_commands(sets: &[SetWork], writes: &[Planned], by_script: Option<&str>) -> Commands {
+/// The write of each of `writes` (see [`RedisStore::write_sets`]), the values read lying in
+/// `replies`: with `by_script`, the compare-and-set script's hash, a key that held a value is
+/// written by that script (`EVALSHA <hash> 1 key new old`) instead of `SET … IFEQ`.
+fn write_commands(
+    (sets, replies): (&[SetWork], &Replies),
+    writes: &[Planned],
+    by_script: Option<&str>,
+) -> Commands {
     let bytes: usize = writes
         .iter()
         .map(|write| {
             let work = &sets[write.set];
-            work.key.len() + write.value.len() + work.read.as_ref().map_or(0, Vec::len)
+            let old = work.value(replies).map_or(0, <[u8]>::len);
+            work.key.len() + write.value.len() + old
         })
         .sum();
     let mut commands = Commands::with_capacity(bytes + 96 * writes.len());
     for write in writes {
         let work = &sets[write.set];
         let (key, value) = (work.key.as_bytes(), &write.value[..]);
-        match (&work.read, by_script) {
+        match (work.value(replies), by_script) {
             (Some(old), Some(hash)) => {
                 commands.push(&[b"EVALSHA", hash.as_bytes(), b"1", key, value, old]);
             }
