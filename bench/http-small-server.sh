@@ -82,12 +82,7 @@ while [ $# -gt 0 ]; do
     *) echo "http-small-server.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-for pair in "messages:$messages" "rounds:$rounds" "max-in-flight:$max_in_flight" "timeout:${timeout:-1}"; do
-  if ! [[ ${pair#*:} =~ ^[1-9][0-9]*$ ]]; then
-    echo "http-small-server.sh: --${pair%%:*} must be a positive whole number, got '${pair#*:}'" >&2
-    exit 2
-  fi
-done
+positive_whole http-small-server.sh "messages:$messages" "rounds:$rounds" "max-in-flight:$max_in_flight" "timeout:${timeout:-1}"
 if [ -n "$before" ] && [ ! -x "$before" ]; then
   echo "http-small-server.sh: --before $before is not an executable file" >&2
   exit 2

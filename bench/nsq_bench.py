@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 TICK = os.sysconf("SC_CLK_TCK")
 # Messages per /mpub request when publishing.
@@ -122,6 +123,21 @@ def tail(path, lines=15):
             return "".join(f.readlines()[-lines:])
     except OSError:
         return ""
+
+
+def wait_served(sidecar, http_port, log):
+    """Waits until the sidecar `sidecar` (--sink serve) answers /ping on `http_port`: a
+    consumer such as nsq_tail gives up on a port that does not answer yet. Exits with the
+    end of `log` if it stops or does not answer within 10 s."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{http_port}/ping", timeout=1).read()
+            return
+        except OSError:
+            if sidecar.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the sidecar did not serve:\n{tail(log)}")
+            time.sleep(0.05)
 
 
 class Nsqd:

@@ -30,3 +30,16 @@ sidecar_binary() {
     echo "$checkout/target/release/nsq-dedupe"
   fi
 }
+
+# positive_whole NAME FLAG:VALUE...: exits 2, naming the script NAME and the flag as typed
+# (--FLAG), unless every VALUE is a positive whole number.
+positive_whole() {
+  local name=$1 pair
+  shift
+  for pair in "$@"; do
+    if ! [[ ${pair#*:} =~ ^[1-9][0-9]*$ ]]; then
+      echo "$name: --${pair%%:*} must be a positive whole number, got '${pair#*:}'" >&2
+      exit 2
+    fi
+  done
+}

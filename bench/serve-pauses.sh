@@ -52,12 +52,7 @@ while [ $# -gt 0 ]; do
     *) echo "serve-pauses.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-for pair in "messages:$messages" "max-in-flight:$mif" "timeout:$timeout"; do
-  if ! [[ ${pair#*:} =~ ^[1-9][0-9]*$ ]]; then
-    echo "serve-pauses.sh: --${pair%%:*} must be a positive whole number, got '${pair#*:}'" >&2
-    exit 2
-  fi
-done
+positive_whole serve-pauses.sh "messages:$messages" "max-in-flight:$mif" "timeout:$timeout"
 nsq_bin_dir=${NSQ_BIN_DIR:-/work/nsq-real/bin}
 need_tools serve-pauses.sh "$nsq_bin_dir" nsqd nsq_to_file
 ours=$(sidecar_binary serve-pauses.sh "$here")
@@ -148,15 +143,7 @@ def served():
     for d in nsqds:
         argv += ["--nsqd-tcp-address", f"127.0.0.1:{d.tcp}"]
     sidecar = nb.spawn(argv, os.path.join(WORK, "sidecar.log"))
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{serve_http}/ping", timeout=1).read()
-            break
-        except OSError:
-            if sidecar.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the sidecar did not serve:\n{nb.tail(os.path.join(WORK, 'sidecar.log'))}")
-            time.sleep(0.05)
+    nb.wait_served(sidecar, serve_http, os.path.join(WORK, "sidecar.log"))
     out = os.path.join(WORK, "out")
     consumer = to_file(serve_tcp, out, os.path.join(WORK, "nsq_to_file.log"))
     watched = watch(nsqds, 2 * N)

@@ -69,12 +69,7 @@ case $sink in
   serve|relay) ;;
   *) echo "sidecar-ab.sh: --sink must be serve or relay, got '$sink'" >&2; exit 2 ;;
 esac
-for pair in "messages:$messages" "rounds:$rounds" "max-in-flight:$mif"; do
-  if ! [[ ${pair#*:} =~ ^[1-9][0-9]*$ ]]; then
-    echo "sidecar-ab.sh: --${pair%%:*} must be a positive whole number, got '${pair#*:}'" >&2
-    exit 2
-  fi
-done
+positive_whole sidecar-ab.sh "messages:$messages" "rounds:$rounds" "max-in-flight:$mif"
 nsq_bin_dir=${NSQ_BIN_DIR:-/work/nsq-real/bin}
 need_tools sidecar-ab.sh "$nsq_bin_dir" nsqd nsq_tail
 work=$(mktemp -d "${TMPDIR:-/tmp}/sidecar-ab.XXXXXX")
@@ -84,7 +79,7 @@ export BENCH_SINK=$sink BENCH_N=$messages BENCH_ROUNDS=$rounds BENCH_MIF=$mif BE
   BENCH_WORK=$work BENCH_KEEP=$keep BENCH_A=${builds[0]} BENCH_B=${builds[1]} BENCH_NSQ_BIN=$nsq_bin_dir
 export PYTHONPATH="$here/bench${PYTHONPATH:+:$PYTHONPATH}"
 exec python3 - <<'PY'
-import os, shlex, statistics, subprocess, time, urllib.request
+import os, shlex, statistics, subprocess
 import nsq_bench as nb
 
 SINK = os.environ["BENCH_SINK"]
@@ -116,16 +111,7 @@ def one_run(build, run):
     log = os.path.join(WORK, f"sidecar{run}.log")
     sidecar = nb.spawn(argv, log)
     if SINK == "serve":
-        # nsq_tail gives up on a port that does not answer yet.
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{http}/ping", timeout=1).read()
-                break
-            except OSError:
-                if sidecar.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"the sidecar did not serve:\n{nb.tail(log)}")
-                time.sleep(0.05)
+        nb.wait_served(sidecar, http, log)
     out = os.path.join(WORK, f"out{run}.txt")
     with open(out, "wb") as f:
         subprocess.run([f"{NSQ}/nsq_tail", f"--nsqd-tcp-address=127.0.0.1:{tail_port}",

@@ -155,13 +155,8 @@ if ! [[ ${store_fill:-0} =~ ^[0-9]+$ ]]; then
   echo "sidecar-vs-go.sh: --store-fill must be a whole number of messages (0 for an empty table), got '$store_fill'" >&2
   exit 2
 fi
-for pair in "messages:${messages:-1}" "pairs:$pairs" "max-in-flight:$max_in_flight" "timeout:${timeout:-1}" \
-  "store-buckets:$store_buckets"; do
-  if ! [[ ${pair#*:} =~ ^[1-9][0-9]*$ ]]; then
-    echo "sidecar-vs-go.sh: --${pair%%:*} must be a positive whole number, got '${pair#*:}'" >&2
-    exit 2
-  fi
-done
+positive_whole sidecar-vs-go.sh "messages:${messages:-1}" "pairs:$pairs" "max-in-flight:$max_in_flight" "timeout:${timeout:-1}" \
+  "store-buckets:$store_buckets"
 if [ ${#scenarios[@]} -eq 0 ]; then
   echo "sidecar-vs-go.sh: name at least one scenario (null stdout nsq http https memcached redis table table-file serve serve-relay all); see --help" >&2
   exit 2
