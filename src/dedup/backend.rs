@@ -133,7 +133,7 @@ impl Store for Backend {
     async fn claim_many(&self, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
         match self {
             Backend::Memory(table) | Backend::Journalled(table, _) => {
-                answers(table.with(|t| each(|c| t.claim_many_into(digests, c))))
+                table.with(|t| answered(|c| t.claim_many_into(digests, c)))
             }
             Backend::Memcached(store, near) => {
                 claim_many_behind(store, near.as_ref(), digests, false).await
@@ -148,12 +148,12 @@ impl Store for Backend {
     async fn claim_done_many(&self, digests: &[Digest]) -> Vec<Result<Claim, StoreError>> {
         match self {
             Backend::Memory(table) => {
-                answers(table.with(|t| each(|c| t.claim_done_many_into(digests, c))))
+                table.with(|t| answered(|c| t.claim_done_many_into(digests, c)))
             }
             Backend::Journalled(table, journal) => {
                 // Each new entry is a commit in the journal, so that a restart keeps it; one
                 // wait for the burst's records when commits are synced.
-                let claims = answers(table.with(|t| each(|c| t.claim_done_many_into(digests, c))));
+                let claims = table.with(|t| answered(|c| t.claim_done_many_into(digests, c)));
                 let mut any = false;
                 for (&digest, claim) in digests.iter().zip(&claims) {
                     if claim == &Ok(Claim::New) {
@@ -206,7 +206,7 @@ impl Store for Backend {
 
     async fn commit_many(&self, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
         match self {
-            Backend::Memory(table) => table.with(|t| each_held(|h| t.commit_many_into(digests, h))),
+            Backend::Memory(table) => table.with(|t| answered(|h| t.commit_many_into(digests, h))),
             Backend::Journalled(table, journal) => {
                 // A burst's records, then one wait for all of them when commits are synced.
                 let held = journal_each(
@@ -233,7 +233,7 @@ impl Store for Backend {
 
     async fn erase_many(&self, digests: &[Digest]) -> Vec<Result<bool, StoreError>> {
         match self {
-            Backend::Memory(table) => table.with(|t| each_held(|h| t.erase_many_into(digests, h))),
+            Backend::Memory(table) => table.with(|t| answered(|h| t.erase_many_into(digests, h))),
             Backend::Journalled(table, journal) => {
                 let held = journal_each(
                     digests,
@@ -305,23 +305,12 @@ impl Store for Backend {
     }
 }
 
-/// The claims `fill` writes into a new vector.
-fn each(fill: impl FnOnce(&mut Vec<Claim>)) -> Vec<Claim> {
-    let mut claims = Vec::new();
-    fill(&mut claims);
-    claims
-}
-
-/// The in-process table's claims as a store's answers.
-fn answers(claims: Vec<Claim>) -> Vec<Result<Claim, StoreError>> {
-    claims.into_iter().map(Ok).collect()
-}
-
-/// The in-process table's answers to commits or erases, which `fill` writes, as a store's.
-fn each_held(fill: impl FnOnce(&mut Vec<bool>)) -> Vec<Result<bool, StoreError>> {
-    let mut held = Vec::new();
-    fill(&mut held);
-    held.into_iter().map(Ok).collect()
+/// The in-process table's answers that `fill` writes into a new vector (claims, or whether
+/// each commit or erase found its entry), as a store's.
+fn answered<T>(fill: impl FnOnce(&mut Vec<T>)) -> Vec<Result<T, StoreError>> {
+    let mut answers = Vec::new();
+    fill(&mut answers);
+    answers.into_iter().map(Ok).collect()
 }
 
 /// Makes the near-table, if any, remember digests delivered: their copies are caught here

@@ -50,7 +50,7 @@ pub(super) fn copy_of(bytes: &[u8]) -> Vec<u8> {
 
 /// Gives the value buffer `buffer` back, to hold a later copy.
 pub(super) fn give(buffer: Vec<u8>) {
-    put(&VALUES, buffer, VALUES_KEPT, MAX_VALUE_BYTES, usize::MAX);
+    put(&VALUES, buffer, VALUES_KEPT, MAX_VALUE_BYTES, None);
 }
 
 /// An empty pipeline buffer of at least `capacity` bytes: the smallest given back that holds
@@ -88,7 +88,7 @@ pub(super) fn give_pipeline(buffer: Vec<u8>) {
         buffer,
         PIPELINES_KEPT,
         MAX_PIPELINE_BYTES,
-        PIPELINE_BYTES_KEPT,
+        Some(PIPELINE_BYTES_KEPT),
     );
 }
 
@@ -102,8 +102,14 @@ fn take(shelf: &'static Shelf) -> Option<Vec<u8>> {
 }
 
 /// Keeps `buffer` on `shelf` if it holds fewer than `kept`, `buffer` is at most `max_bytes`,
-/// and the buffers kept with it are at most `total_bytes`.
-fn put(shelf: &'static Shelf, buffer: Vec<u8>, kept: usize, max_bytes: usize, total_bytes: usize) {
+/// and the buffers kept with it are at most `total_bytes` (`None`: no bound).
+fn put(
+    shelf: &'static Shelf,
+    buffer: Vec<u8>,
+    kept: usize,
+    max_bytes: usize,
+    total_bytes: Option<usize>,
+) {
     if buffer.capacity() == 0 || buffer.capacity() > max_bytes {
         return;
     }
@@ -112,7 +118,7 @@ fn put(shelf: &'static Shelf, buffer: Vec<u8>, kept: usize, max_bytes: usize, to
         let mut shelf = shelf.borrow_mut();
         let total = || -> usize { shelf.iter().map(Vec::capacity).sum() };
         if shelf.len() < kept
-            && (total_bytes == usize::MAX || total() + buffer.capacity() <= total_bytes)
+            && total_bytes.is_none_or(|bound| total() + buffer.capacity() <= bound)
         {
             shelf.push(buffer);
         }
